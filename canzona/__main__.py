@@ -1,0 +1,3 @@
+from canzona.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,59 @@
+"""What every layer of Canzona knows about a parameter: a name, its FULL shape, how TP splits it.
+
+Shapes are always the unsharded (full-matrix) shapes: matrix optimizers reason about whole
+matrices, and the TP shard shape is derived (``shard_shape``) rather than stored twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+from typing import Literal
+
+from canzona.errors import ConfigError
+
+Route = Literal["matrix", "adamw"]
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One model parameter.
+
+    name:           Megatron-style dotted name (``decoder.layers.3.mlp.linear_fc1.weight``).
+    shape:          FULL shape, as if TP = 1.
+    partition_dim:  TP split dimension (0 column-parallel, 1 row-parallel) or None (replicated).
+    route:          "matrix" (matrix optimizer) or "adamw".
+    layer:          transformer layer index, None outside the blocks (embedding, output, final norm).
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    partition_dim: int | None
+    route: Route
+    layer: int | None = None
+
+    def __post_init__(self) -> None:
+        if any(d <= 0 for d in self.shape):
+            raise ConfigError(f"parameter {self.name!r} has a non-positive dimension {self.shape}")
+        if self.partition_dim is not None and not 0 <= self.partition_dim < len(self.shape):
+            raise ConfigError(
+                f"parameter {self.name!r}: partition_dim {self.partition_dim} out of range for shape {self.shape}"
+            )
+
+    @property
+    def numel(self) -> int:
+        return prod(self.shape)
+
+    def shard_shape(self, tp: int) -> tuple[int, ...]:
+        """Shape of one TP rank's shard; raises if TP does not divide the partitioned dimension."""
+        if self.partition_dim is None or tp == 1:
+            return self.shape
+        d = self.partition_dim
+        if self.shape[d] % tp:
+            raise ConfigError(
+                f"TP={tp} does not divide dim {d} (= {self.shape[d]}) of {self.name!r}; choose a TP size that divides it"
+            )
+        return self.shape[:d] + (self.shape[d] // tp,) + self.shape[d + 1 :]
+
+    def shard_numel(self, tp: int) -> int:
+        return prod(self.shard_shape(tp))

@@ -1,0 +1,96 @@
+"""The single-matrix optimizer interface every distribution strategy builds on.
+
+A ``MatrixOptimizer`` sees one FULL 2-D gradient and its state and returns the update
+direction ``U``; applying it is the same everywhere (``apply_update``), including on a TP
+shard of the parameter: ``p ← p·(1 − lr·wd) − lr·U``. Keeping the math this small is what
+lets ``canzona.dist`` compute ``U`` on any rank and ship shards of it anywhere.
+No process groups live here.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import torch
+
+from canzona.cost import CostKind, CostModel, CostSettings
+from canzona.errors import ConfigError, NonFiniteGradientError
+
+NonFinitePolicy = Literal["raise", "skip"]
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """Fields shared by every matrix optimizer; subclasses add their own."""
+
+    lr: float = 0.02
+    weight_decay: float = 0.0
+
+
+State = dict[str, torch.Tensor]
+
+
+class MatrixOptimizer(ABC):
+    """Update rule for one full matrix. Subclasses set ``name`` and a config dataclass."""
+
+    name: ClassVar[str]
+
+    def __init__(self, config: OptimizerConfig) -> None:
+        self.config = config
+
+    @abstractmethod
+    def init_state(self, shape: tuple[int, int], *, device: torch.device | str = "cpu") -> State:
+        """Fresh state tensors for a FULL matrix of ``shape`` (fp32)."""
+
+    @abstractmethod
+    def direction(self, grad: torch.Tensor, state: State, step: int) -> torch.Tensor:
+        """Advance ``state`` with the full ``grad`` and return the update direction U (grad's shape).
+
+        ``step`` is 1-based and counts optimizer steps taken, including this one.
+        """
+
+    def cost_settings(self) -> CostSettings:
+        return CostSettings()
+
+    def cost_model(self, kind: CostKind = "flops") -> CostModel:
+        return CostModel(self.name, kind, self.cost_settings())
+
+    def cost(self, shape: tuple[int, int], kind: CostKind = "flops") -> float:
+        """Cost of one step on ``shape`` from the shared cost model (canzona.cost)."""
+        return self.cost_model(kind)(shape)
+
+
+def check_matrix(grad: torch.Tensor, name: str = "parameter") -> None:
+    if grad.dim() != 2:
+        raise ConfigError(
+            f"{name}: matrix optimizers need a 2-D gradient, got shape {tuple(grad.shape)}; route it to AdamW instead"
+        )
+    if grad.numel() == 0:
+        raise ConfigError(f"{name}: gradient has a zero-size dimension {tuple(grad.shape)}")
+
+
+def all_finite(grad: torch.Tensor) -> bool:
+    return bool(torch.isfinite(grad).all())
+
+
+def check_finite(grad: torch.Tensor, name: str, policy: NonFinitePolicy) -> bool:
+    """True if the gradient is finite. Non-finite: raise (policy 'raise') or return False ('skip')."""
+    if policy not in ("raise", "skip"):
+        raise ConfigError(f"unknown non-finite policy {policy!r}; use 'raise' or 'skip'")
+    if all_finite(grad):
+        return True
+    if policy == "raise":
+        raise NonFiniteGradientError(
+            f"{name}: gradient contains NaN/Inf; lower the LR, enable loss scaling, or set nonfinite='skip' to skip the step"
+        )
+    return False
+
+
+@torch.no_grad()
+def apply_update(param: torch.Tensor, update: torch.Tensor, lr: float, weight_decay: float) -> None:
+    """Decoupled weight decay + step, valid on a whole matrix or any shard of it."""
+    if weight_decay:
+        param.mul_(1.0 - lr * weight_decay)
+    param.add_(update.to(param.dtype), alpha=-lr)

@@ -1,0 +1,205 @@
+"""Plans are data: frozen dataclasses that print, compare, serialise to JSON and hash.
+
+A ``Plan`` answers, for one PP stage's matrix parameters on a DP×TP layout:
+  * where each gradient lives in the flat DP buckets (``Bucket``/``BucketEntry``, TP-local numel),
+  * which DP rank(s) own each matrix and where each bucket is cut (``DPPlan``),
+  * which TP rank hosts each TP-sharded matrix, grouped into micro-groups (``TPSchedule``).
+The runtime only executes a plan; it never decides anything a plan could say.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator
+
+from canzona.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The parallel layout: world = dp · tp · pp."""
+
+    dp: int
+    tp: int = 1
+    pp: int = 1
+
+    def __post_init__(self) -> None:
+        for k in ("dp", "tp", "pp"):
+            v = getattr(self, k)
+            if not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{k} must be a positive integer, got {v!r}")
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def check_world(self, world: int) -> None:
+        if self.world != world:
+            raise ConfigError(
+                f"dp·tp·pp = {self.dp}·{self.tp}·{self.pp} = {self.world} but world size is {world}; "
+                "choose dp = world / (tp·pp)"
+            )
+
+
+@dataclass(frozen=True)
+class PlanItem:
+    """One unit of optimizer work: a full matrix (or a split view of one) and its cost."""
+
+    name: str
+    shape: tuple[int, int]
+    partition_dim: int | None
+    cost: float
+
+    @property
+    def numel(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+
+@dataclass(frozen=True)
+class BucketEntry:
+    """A parameter's TP-local gradient at ``[start, start + numel)`` of its bucket."""
+
+    name: str
+    start: int
+    numel: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.numel
+
+
+@dataclass(frozen=True)
+class Bucket:
+    index: int
+    entries: tuple[BucketEntry, ...]
+    size: int  # padded length (multiple of lcm(dp, 128))
+
+
+@dataclass(frozen=True)
+class DPPlan:
+    """Who owns which matrix across DP, and how gradients/params move.
+
+    ``cuts[b]`` holds DP+1 offsets into bucket b (rank r owns ``[cuts[b][r], cuts[b][r+1])``);
+    it is empty for plans that ignore bucket geometry (layer-wise).
+    ``owners`` maps a name to a tuple of DP ranks: one rank today; a group of k ranks is
+    reserved for cooperative updates of matrices costlier than the mean load.
+    """
+
+    strategy: str  # zero | zero-atomic | layerwise | canzona
+    algo: str  # equal | first-element | round-robin | lpt | blend | exact | refine ...
+    buckets: tuple[Bucket, ...]
+    cuts: tuple[tuple[int, ...], ...]
+    owners: tuple[tuple[str, tuple[int, ...]], ...]
+    grad_sync: str  # reduce-scatter | all-reduce
+    param_sync: str  # all-gather | all-gather-v
+    split_params: tuple[str, ...] = ()  # params cut across ranks (only `zero`)
+
+    def owner_map(self) -> dict[str, tuple[int, ...]]:
+        return dict(self.owners)
+
+
+@dataclass(frozen=True)
+class MicroGroup:
+    """Matrices reconstructed together: ONE fused gather, parallel compute, ONE fused scatter."""
+
+    hosts: tuple[tuple[str, int], ...]  # (param name, host TP rank)
+
+
+@dataclass(frozen=True)
+class TPSchedule:
+    """Per DP rank, the micro-groups of the TP-sharded matrices it owns.
+
+    mode ``sc``: no hosts, every TP rank gathers and computes every matrix (groups empty).
+    """
+
+    mode: str  # sc | no | sorted | global
+    capacity_bytes: int | None
+    groups: tuple[tuple[MicroGroup, ...], ...]  # indexed by DP rank
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """Every input choice that shapes a plan (hashed together with the items and layout)."""
+
+    strategy: str = "canzona"
+    optimizer: str = "muon"
+    cost: str = "flops"
+    alpha: float = 1.0
+    dp_algo: str = "refine"
+    tp_mode: str = "global"
+    bucket_size: int = 40_000_000
+    capacity_bytes: int | None = None
+    grad_dtype_bytes: int = 4
+
+
+@dataclass(frozen=True)
+class Plan:
+    layout: Layout
+    config: PlanConfig
+    items: tuple[PlanItem, ...]
+    dp: DPPlan
+    tp: TPSchedule
+    input_hash: str
+    planner_seconds: float = field(default=0.0, compare=False)
+
+    def item(self, name: str) -> PlanItem:
+        for it in self.items:
+            if it.name == name:
+                return it
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[PlanItem]:
+        return iter(self.items)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Plan":
+        def tup(x: Any) -> Any:
+            return tuple(tup(v) for v in x) if isinstance(x, list) else x
+
+        dp = d["dp"]
+        tp = d["tp"]
+        return cls(
+            layout=Layout(**d["layout"]),
+            config=PlanConfig(**d["config"]),
+            items=tuple(PlanItem(i["name"], tup(i["shape"]), i["partition_dim"], i["cost"]) for i in d["items"]),
+            dp=DPPlan(
+                strategy=dp["strategy"],
+                algo=dp["algo"],
+                buckets=tuple(
+                    Bucket(b["index"], tuple(BucketEntry(**e) for e in b["entries"]), b["size"]) for b in dp["buckets"]
+                ),
+                cuts=tup(dp["cuts"]),
+                owners=tuple((n, tup(o)) for n, o in dp["owners"]),
+                grad_sync=dp["grad_sync"],
+                param_sync=dp["param_sync"],
+                split_params=tup(dp.get("split_params", [])),
+            ),
+            tp=TPSchedule(
+                mode=tp["mode"],
+                capacity_bytes=tp["capacity_bytes"],
+                groups=tuple(tuple(MicroGroup(tup(g["hosts"])) for g in per) for per in tp["groups"]),
+            ),
+            input_hash=d["input_hash"],
+            planner_seconds=d.get("planner_seconds", 0.0),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        return cls.from_dict(json.loads(text))
+
+
+def input_hash(layout: Layout, config: PlanConfig, items: tuple[PlanItem, ...]) -> str:
+    """SHA-256 over every planning input, so ranks can check they hold the same plan."""
+    payload = json.dumps(
+        {"layout": asdict(layout), "config": asdict(config), "items": [asdict(i) for i in items]},
+        sort_keys=True,
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
