@@ -12,7 +12,7 @@ from typing import Callable, Iterable
 
 from canzona.errors import ConfigError
 from canzona.models.spec import ParamSpec
-from canzona.optim.routing import DEFAULT_ROUTING, RoutingRule
+from canzona.models.routing import DEFAULT_ROUTING, RoutingRule
 
 
 @dataclass(frozen=True)
