@@ -1,0 +1,144 @@
+"""`canzona bench-step`: optimizer-step latency of every strategy, side by side, in ONE run.
+
+Forks N gloo ranks (or uses NCCL on GPUs), builds a Qwen3-structured model's parameters, and
+times sc, layerwise, asc and canzona on the same seeded gradients, one after another inside the
+same processes, so the ratios compare like with like. Prints one JSON object (medians over
+measured steps, max across ranks) and optionally writes it and schema records to results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from typing import Any
+
+import torch
+
+from canzona.dist.config import STRATEGIES, DistConfig
+from canzona.errors import ConfigError
+from canzona.models import get_model, list_params
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nproc", type=int, default=4, help="ranks to fork (= dp·tp)")
+    p.add_argument("--dp", type=int, default=2)
+    p.add_argument("--tp", type=int, default=2)
+    p.add_argument("--model", default="qwen3-tiny")
+    p.add_argument("--optimizer", default="muon", choices=("muon", "shampoo", "soap"))
+    p.add_argument("--steps", type=int, default=20, help="measured steps per strategy")
+    p.add_argument("--warmup", type=int, default=3, help="unmeasured steps per strategy")
+    p.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated subset of " + ",".join(STRATEGIES))
+    p.add_argument("--alpha", type=float, default=1.0)
+    p.add_argument("--bucket-size", type=int, default=40_000_000)
+    p.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
+    p.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    p.add_argument("--out", help="also write the JSON object to this file (atomically)")
+    p.add_argument("--results", help="append one schema record (kind 'step') per strategy to this JSONL file")
+
+
+def _groups(rank: int, dp: int, tp: int) -> tuple[Any, Any]:
+    import torch.distributed as dist
+
+    dpg = tpg = None
+    for t in range(tp):
+        g = dist.new_group([d * tp + t for d in range(dp)])
+        dpg = g if rank % tp == t else dpg
+    for d in range(dp):
+        g = dist.new_group([d * tp + t for t in range(tp)])
+        tpg = g if rank // tp == d else tpg
+    return dpg, tpg
+
+
+def _rank(info: Any, model: str, dp: int, tp: int, strategies: list[str], cfg_kw: dict, steps: int, warmup: int) -> dict:
+    from canzona.dist.optimizer import DistributedOptimizer
+
+    specs = list_params(get_model(model))
+    groups = _groups(info.rank, dp, tp)
+    d, t = info.rank // tp, info.rank % tp
+    gen = torch.Generator().manual_seed(1234 + d)
+    out: dict[str, Any] = {}
+    for strategy in strategies:
+        params = []
+        for s in specs:
+            local = s.shard_shape(tp)
+            params.append((s.name, s, torch.nn.Parameter(torch.randn(local, generator=torch.Generator().manual_seed(7)).to(info.device) * 0.02)))
+        opt = DistributedOptimizer(params, *groups, DistConfig(strategy=strategy, **cfg_kw))
+        times = []
+        for i in range(warmup + steps):
+            for _, _, p in params:
+                p.grad.copy_(torch.randn(p.shape, generator=gen).to(info.device))
+            opt.finish_grad_sync()
+            timing = opt.step()
+            opt.zero_grad()
+            if i >= warmup:
+                times.append(timing)
+        out[strategy] = {"timings": times, "collective_modes": opt.collective_modes,
+                         "plan_hash": opt.plan.input_hash if opt.plan else None}
+        del opt, params
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from canzona.dist.launch import launch
+    from canzona.results.env import environment
+
+    if args.dp * args.tp != args.nproc:
+        raise ConfigError(f"dp·tp = {args.dp}·{args.tp} = {args.dp * args.tp} must equal --nproc {args.nproc}")
+    get_model(args.model).validate_layout(tp=args.tp)
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown:
+        raise ConfigError(f"unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}")
+    cfg_kw = dict(optimizer=args.optimizer, alpha=args.alpha, bucket_size=args.bucket_size)
+    DistConfig(**cfg_kw)  # validate before forking
+    per_rank = launch(_rank, args.nproc, args.model, args.dp, args.tp, strategies, cfg_kw, args.steps, args.warmup,
+                      backend=args.backend, timeout_s=600)
+    res = per_rank[0]  # timings are already max across ranks
+    med = {s: {ph: statistics.median(t[ph] for t in res[s]["timings"]) for ph in res[s]["timings"][0]} for s in strategies}
+    step_ms = {s: med[s]["total"] for s in strategies}
+    device = torch.device("cuda" if args.backend == "nccl" else "cpu")
+    env = environment(device, args.backend)
+    out = {
+        "world": args.nproc, "dp": args.dp, "tp": args.tp, "model": args.model, "optimizer": args.optimizer,
+        "steps": args.steps, "warmup": args.warmup, "threads_per_rank": 1,
+        "step_ms": step_ms,
+        "speedup_vs_sc": {s: step_ms["sc"] / v for s, v in step_ms.items()} if "sc" in step_ms else {},
+        "speedup_vs_layerwise": {s: step_ms["layerwise"] / v for s, v in step_ms.items()} if "layerwise" in step_ms else {},
+        "phases_ms": {s: {k: v for k, v in med[s].items() if k not in ("total", "skipped")} for s in strategies},
+        "collective_modes": {s: res[s]["collective_modes"] for s in strategies},
+        "provenance": "measured",
+        "provenance_detail": f"{env['device']}, {args.nproc} forked {args.backend} ranks on one host",
+        "env": env,
+    }
+    text = json.dumps(out, indent=None if args.json else 2, sort_keys=True)
+    if args.out:
+        from canzona.results.schema import write_atomic
+
+        write_atomic(args.out, json.dumps(out, indent=2, sort_keys=True) + "\n")
+    if args.results:
+        _append_records(args, out, med)
+    if args.json:
+        print(text)
+    else:
+        print(f"{args.model} {args.optimizer}: world {args.nproc} = dp {args.dp} × tp {args.tp}, median of {args.steps} steps")
+        for s in strategies:
+            print(f"  {s:<10} step {step_ms[s]:9.1f} ms   vs sc {out['speedup_vs_sc'].get(s, float('nan')):5.2f}x")
+    sys.stdout.flush()
+    return 0
+
+
+def _append_records(args: argparse.Namespace, out: dict, med: dict) -> None:
+    from canzona.results.schema import SCHEMA_VERSION, append_record, cell_key
+
+    for s, ms in out["step_ms"].items():
+        config = {"model": args.model, "tp": args.tp, "pp": 1, "dp": args.dp, "world": args.nproc, "method": s,
+                  "optimizer": args.optimizer, "seq_len": None, "global_batch": None, "alpha": args.alpha,
+                  "bucket_size": args.bucket_size, "warmup": args.warmup, "iters": args.steps, "dtype": "fp32"}
+        append_record(args.results, {
+            "schema_version": SCHEMA_VERSION, "kind": "step", "provenance": "measured",
+            "provenance_detail": out["provenance_detail"], "config": config, "env": out["env"],
+            "timings": {"step_ms": {"median": ms, "n": args.steps}, "phases_ms": out["phases_ms"][s]},
+            "loss": None, "cell": cell_key(config),
+        })

@@ -1,0 +1,113 @@
+"""Shared scaffolding for multi-rank runtime tests: DP×TP groups, seeded grads, a reference run."""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+import torch.distributed as dist
+
+from canzona.dist import DistConfig, DistributedOptimizer
+from canzona.models import get_model, list_params
+from canzona.models.spec import ParamSpec
+from canzona.optim import make_matrix_optimizer
+from canzona.optim.adamw import AdamWConfig, make_adamw
+from canzona.optim.base import apply_update
+
+SPECS: list[ParamSpec] = list_params(get_model("qwen3-micro"))
+LR, WD, ADAMW_LR = 0.02, 0.01, 1e-3
+
+
+def make_groups(rank: int, dp: int, tp: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
+    """Megatron order: TP ranks are contiguous (rank = d·tp + t). Every rank creates every group."""
+    mine_dp = mine_tp = None
+    for t in range(tp):
+        g = dist.new_group([d * tp + t for d in range(dp)])
+        if rank % tp == t:
+            mine_dp = g
+    for d in range(dp):
+        g = dist.new_group([d * tp + t for t in range(tp)])
+        if rank // tp == d:
+            mine_tp = g
+    return mine_dp, mine_tp
+
+
+def _seed(*parts) -> int:
+    return zlib.crc32(repr(parts).encode())
+
+
+def init_param(spec: ParamSpec, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(_seed(seed, spec.name))
+    return torch.randn(spec.shape, generator=g) * 0.1
+
+
+def full_grad(spec: ParamSpec, step: int, dp_index: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(_seed(seed, spec.name, step, dp_index))
+    return torch.randn(spec.shape, generator=g)
+
+
+def shard(t: torch.Tensor, spec: ParamSpec, tp: int, r: int) -> torch.Tensor:
+    return t if spec.partition_dim is None else t.chunk(tp, dim=spec.partition_dim)[r]
+
+
+def dist_config(strategy: str, optimizer: str, **kw) -> DistConfig:
+    # Well-posed preconditioners, so fp32 summation order (which differs between gloo's all-reduce
+    # and the reference) moves results by rounding only: Shampoo's epsilon 0.1 bounds the inverse
+    # root of rank-deficient factors (at 1e-3 association order alone moves params by 7e-5);
+    # SOAP preconditions only sides whose factor is full rank (max_precond_dim 64), since eigh's basis of a null space is arbitrary and would differ between any two summation orders.
+    opts = {"shampoo": {"precondition_frequency": 2, "epsilon": 0.1},
+            "soap": {"precondition_frequency": 2, "max_precond_dim": 64}}.get(optimizer, {})
+    base = dict(strategy=strategy, optimizer=optimizer, lr=LR, weight_decay=WD, optimizer_options=opts,
+                adamw_lr=ADAMW_LR, adamw_weight_decay=WD, bucket_size=20_000)
+    base.update(kw)
+    return DistConfig(**base)
+
+
+def build(rank: int, dp: int, tp: int, cfg: DistConfig, seed: int, groups) -> tuple[DistributedOptimizer, dict]:
+    t = rank % tp
+    params = {s.name: torch.nn.Parameter(shard(init_param(s, seed), s, tp, t).clone()) for s in SPECS}
+    opt = DistributedOptimizer([(s.name, s, params[s.name]) for s in SPECS], groups[0], groups[1], cfg)
+    return opt, params
+
+
+def run_steps(opt: DistributedOptimizer, params: dict, rank: int, tp: int, steps: range, seed: int) -> None:
+    d, t = rank // tp, rank % tp
+    for s in steps:
+        for spec in SPECS:
+            params[spec.name].grad.copy_(shard(full_grad(spec, s, d, seed), spec, tp, t))
+        opt.finish_grad_sync()
+        opt.step()
+        opt.zero_grad()
+
+
+def reference(optimizer: str, dp: int | list[int], steps: range, seed: int) -> dict[str, torch.Tensor]:
+    """The single-process optimizer on full matrices with the DP-mean gradient.
+
+    ``dp`` may be a list (one DP size per step) to model a run resumed at another layout.
+    """
+    dps = dp if isinstance(dp, list) else [dp] * len(steps)
+    params = {s.name: init_param(s, seed) for s in SPECS}
+    mats = [s for s in SPECS if s.route == "matrix" and optimizer != "adamw"]
+    rest = [s for s in SPECS if s not in mats]
+    math = make_matrix_optimizer(optimizer, lr=LR, weight_decay=WD, **dist_config("sc", optimizer).optimizer_options) if mats else None
+    states = {s.name: math.init_state(s.shape) for s in mats}
+    leaves = {s.name: torch.nn.Parameter(params[s.name]) for s in rest}
+    adamw = make_adamw(list(leaves.values()), AdamWConfig(lr=ADAMW_LR, betas=(0.9, 0.95), weight_decay=WD))
+    for step_no, (s, n_dp) in enumerate(zip(steps, dps), 1):
+        grads = {spec.name: sum(full_grad(spec, s, d, seed) for d in range(n_dp)) / n_dp for spec in SPECS}
+        for spec in mats:
+            u = math.direction(grads[spec.name], states[spec.name], step_no)
+            apply_update(params[spec.name], u, LR, WD)
+        for spec in rest:
+            leaves[spec.name].grad = grads[spec.name]
+        adamw.step()
+    return {**params, **{n: p.detach() for n, p in leaves.items()}}
+
+
+def assemble(shards_per_rank: list[dict], dp: int, tp: int) -> dict[str, torch.Tensor]:
+    """Full params from DP index 0's TP shards (all DP replicas must agree; checked by caller)."""
+    out = {}
+    for spec in SPECS:
+        parts = [shards_per_rank[t][spec.name] for t in range(tp)]
+        out[spec.name] = parts[0] if spec.partition_dim is None else torch.cat(parts, dim=spec.partition_dim)
+    return out
