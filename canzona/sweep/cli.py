@@ -1,0 +1,126 @@
+"""`canzona sweep`: run, render, inspect and collect benchmark sweeps.
+
+    canzona sweep show    SWEEP.toml                          cells, layouts and the reason for each
+    canzona sweep run     SWEEP.toml [--backend local|debug]  run locally (forked ranks), resuming
+    canzona sweep run     SWEEP.toml --backend slurm --profile PROFILE.toml [--wait] [--force]
+    canzona sweep run     SWEEP.toml --backend slurm --profile PROFILE.toml --dry-run [--out DIR]
+    canzona sweep status  SWEEP.toml                          done / failed / pending per cell, with reasons
+    canzona sweep collect SWEEP.toml                          merge per-cell lines into results/<sweep>.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    """Subcommands show / run / status / collect, all taking the sweep file first."""
+    sub = p.add_subparsers(dest="sweep_command", metavar="ACTION", required=True)
+
+    def common(q: argparse.ArgumentParser) -> None:
+        q.add_argument("sweep", help="sweep definition (TOML), e.g. slurm/sweeps/table2.toml")
+        q.add_argument("--runs-dir", default="runs", help="parent of the per-sweep run folder (default: runs)")
+        q.add_argument("--results-dir", default="results", help="where <sweep>.jsonl is collected (default: results)")
+        q.add_argument("--only", action="append", default=[], metavar="FRAGMENT",
+                       help="only cells whose key contains FRAGMENT, e.g. method=canzona (repeatable, all must match)")
+
+    q = sub.add_parser("show", help="list the cells, layouts and the reason for each layout")
+    common(q)
+    q.add_argument("--profile", help="cluster profile: also print nodes per cell")
+
+    q = sub.add_parser("run", help="run (local) or submit (slurm) every cell without a valid result line")
+    common(q)
+    q.add_argument("--backend", choices=("local", "debug", "slurm"), default="local",
+                   help="local: submitit LocalExecutor, ranks forked by `canzona train --nproc`; "
+                        "debug: in-process submitit DebugExecutor; slurm: submitit SlurmExecutor arrays")
+    q.add_argument("--profile", help="cluster profile TOML (required for --backend slurm)")
+    q.add_argument("--dry-run", action="store_true", help="slurm: render the sbatch scripts, submit nothing")
+    q.add_argument("--out", help="dry-run output folder (default: runs/<sweep>/dry-run)")
+    q.add_argument("--wait", action="store_true", help="slurm: wait for the jobs, then collect")
+    q.add_argument("--force", action="store_true", help="slurm: resubmit cells whose earlier job looks in flight")
+    q.add_argument("--max-world", type=int, default=4, help="local: refuse cells with more ranks (default: 4)")
+    q.add_argument("--timeout-s", type=float, default=None, help="local: per-cell limit (default: the cell's time_min)")
+    q.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    q = sub.add_parser("status", help="done / failed / pending per cell with the reason and log tail")
+    common(q)
+    q.add_argument("--tail", type=int, default=8, help="log lines shown per failed cell (default: 8)")
+
+    q = sub.add_parser("collect", help="merge per-cell result lines into results/<sweep>.jsonl (atomic)")
+    common(q)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Dispatch; run returns 1 when a local cell failed so scripts can tell, else 0."""
+    from canzona.errors import ConfigError
+    from canzona.sweep.definition import estimate_memory_gb, load_sweep
+    from canzona.sweep.local import run_local, select_cells
+    from canzona.sweep.profile import load_profile
+    from canzona.sweep.state import SweepPaths, collect, format_status, sweep_status
+
+    defn = load_sweep(args.sweep)
+    paths = SweepPaths.for_sweep(defn.name, args.runs_dir, args.results_dir)
+    cells = select_cells(defn, args.only)
+    action = args.sweep_command
+
+    if action == "show":
+        profile = load_profile(args.profile) if args.profile else None
+        print(f"sweep {defn.name}: {len(cells)} cells, world {defn.world}, seq_len {defn.seq_len}, "
+              f"micro_batch {defn.micro_batch}, global_batch {defn.global_batch}, warmup {defn.warmup}, iters {defn.iters}")
+        if defn.description:
+            print(defn.description.strip())
+        for lay in defn.layouts:
+            est = estimate_memory_gb(lay.model, lay.tp, lay.pp, lay.dp, defn.seq_len, defn.micro_batch)
+            nodes = f", {profile.nodes_for(lay.world)} nodes" if profile else ""
+            print(f"\n{lay.model}: TP={lay.tp} PP={lay.pp} DP={lay.dp}{nodes}, est. {est:.1f} GB/GPU\n  {lay.reason}")
+        print()
+        for c in cells:
+            print(f"[{c.grid}] {c.key}")
+        return 0
+
+    if action == "collect":
+        rep = collect(paths)
+        for q in rep.quarantined:
+            print(f"quarantined {q}")
+        print(f"{rep.results}: {rep.records} record(s), {rep.added} new")
+        return 0
+
+    if action == "status":
+        print(format_status(defn, paths, sweep_status(defn, paths, tail=args.tail, cells=cells)))
+        return 0
+
+    # run
+    if args.backend == "slurm":
+        from canzona.sweep.slurm import render_dry_run, submit_slurm
+
+        if not args.profile:
+            raise ConfigError("--backend slurm needs --profile PROFILE.toml (copy slurm/profiles/example.toml)")
+        profile = load_profile(args.profile)
+        if args.dry_run:
+            out = Path(args.out) if args.out else paths.run_dir / "dry-run"
+            files = render_dry_run(defn, profile, out, paths=paths, cells=cells)
+            print(f"dry run: {len(cells)} cells in {len(files) // 2} array script(s), nothing submitted")
+            for f in files:
+                print(f"  {f}")
+            return 0
+        rep = submit_slurm(defn, profile, paths=paths, cells=cells, force=args.force, wait=args.wait,
+                           progress=not args.no_progress)
+        print(f"submitted {len(rep.submitted)} cell(s) in array job(s) {', '.join(rep.arrays) or '-'}; "
+              f"{len(rep.skipped_done)} already done, {len(rep.skipped_in_flight)} still in flight")
+        for key, why in rep.skipped_in_flight:
+            print(f"  in flight: {key}: {why}")
+        if not args.wait:
+            print(f"follow with: canzona sweep status {args.sweep}   then: canzona sweep collect {args.sweep}")
+        return 0
+    if args.dry_run:
+        raise ConfigError("--dry-run renders Slurm scripts; add --backend slurm --profile PROFILE.toml")
+    rep = run_local(defn, paths=paths, cells=cells, backend=args.backend, max_world=args.max_world,
+                    timeout_s=args.timeout_s, progress=not args.no_progress)
+    for q in rep.quarantined:
+        print(f"quarantined {q}")
+    print(f"sweep {defn.name}: {len(rep.ok)} ran ok, {len(rep.failed)} failed, {len(rep.skipped)} already done; "
+          f"results: {rep.results}")
+    for key, why in rep.failed:
+        print(f"  failed: {key}: {why}")
+    return 0 if rep.success else 1

@@ -1,0 +1,104 @@
+"""`canzona sweep` through the top-level CLI (exit codes, ConfigError -> 2, outputs)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+import canzona.cli as top
+
+ROOT = Path(__file__).resolve().parents[1]
+TABLE2 = str(ROOT / "slurm/sweeps/table2.toml")
+PROFILE = str(ROOT / "slurm/profiles/example.toml")
+
+
+@pytest.fixture()
+def main(monkeypatch):
+    # Only our command: other subcommands may be mid-development in the same tree.
+    assert "sweep" in top.COMMANDS
+    monkeypatch.setattr(top, "COMMANDS", {"sweep": top.COMMANDS["sweep"]})
+    return top.main
+
+
+def test_show_prints_layouts_with_reasons_and_nodes(main, capsys):
+    assert main(["sweep", "show", TABLE2, "--profile", PROFILE]) == 0
+    out = capsys.readouterr().out
+    assert "65 cells" in out and "qwen3-32b: TP=8 PP=1 DP=32, 32 nodes" in out and "NVLink" in out
+
+
+def test_dry_run_writes_scripts_and_submits_nothing(main, capsys, tmp_path):
+    rc = main(["sweep", "run", TABLE2, "--backend", "slurm", "--profile", PROFILE, "--dry-run",
+               "--out", str(tmp_path / "dry"), "--runs-dir", str(tmp_path / "runs"), "--only", "method=canzona"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "dry run: 15 cells" in out and "nothing submitted" in out
+    scripts = sorted((tmp_path / "dry").glob("*.sbatch"))
+    assert scripts and all(str(s) in out for s in scripts)
+    assert not (tmp_path / "runs" / "table2" / "jobs.json").exists()
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["run", TABLE2, "--backend", "slurm"], "needs --profile"),
+    (["run", TABLE2, "--dry-run"], "add --backend slurm"),
+    (["run", TABLE2, "--backend", "local"], "at most 4 forked ranks"),
+    (["show", TABLE2, "--only", "method=zero3"], "no cell of sweep table2 matches"),
+])
+def test_user_errors_exit_2_with_one_line(main, capsys, tmp_path, argv, match):
+    assert main(["sweep", *argv, "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "res")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("canzona sweep: error:") and match in err
+
+
+def test_bad_profile_exits_2_naming_the_key(main, capsys, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[cluster]\ngpus_per_node = 8\naccount = "x"\n')
+    assert main(["sweep", "run", TABLE2, "--backend", "slurm", "--profile", str(bad), "--dry-run",
+                 "--out", str(tmp_path / "dry")]) == 2
+    assert "missing required key 'partition'" in capsys.readouterr().err
+    assert not (tmp_path / "dry").exists()
+
+
+def test_status_of_a_fresh_sweep_lists_every_cell_pending(main, capsys, tmp_path):
+    assert main(["sweep", "status", TABLE2, "--runs-dir", str(tmp_path / "runs"),
+                 "--results-dir", str(tmp_path / "res")]) == 0
+    out = capsys.readouterr().out
+    assert "0 done, 0 failed, 65 pending of 65 cells" in out and out.count("not submitted") == 65
+
+
+def _reproduce_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("reproduce_table2", ROOT / "experiments/reproduce_table2.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_reproduce_table2_slurm_mode_needs_a_profile(capsys):
+    mod = _reproduce_module()
+    assert mod.main(["--cluster", "slurm"]) == 2
+    assert "needs a cluster profile" in capsys.readouterr().err
+
+
+def test_reproduce_table2_runs_megatron_muon_from_the_peer_env_only_when_it_exists(tmp_path, monkeypatch):
+    from canzona.sweep.definition import load_sweep
+
+    mod = _reproduce_module()
+    cells = {c.method: c for c in load_sweep(ROOT / "slurm/sweeps/local.toml").cells() if c.tp == 2}
+    monkeypatch.setattr(mod, "PEER_PY", tmp_path / "absent" / "python")
+    assert mod.local_builder(cells["megatron-muon"], tmp_path / "r.jsonl", 4)[0] == mod.PY
+    peer = tmp_path / "python"
+    peer.write_text("")
+    monkeypatch.setattr(mod, "PEER_PY", peer)
+    assert mod.local_builder(cells["megatron-muon"], tmp_path / "r.jsonl", 4)[0] == str(peer)
+    assert mod.local_builder(cells["canzona"], tmp_path / "r.jsonl", 4)[0] == mod.PY
+
+
+def test_status_respects_only(main, capsys, tmp_path):
+    assert main(["sweep", "status", TABLE2, "--only", "model=qwen3-32b", "--only", "optimizer=muon",
+                 "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "res")]) == 0
+    out = capsys.readouterr().out
+    assert "65 pending" not in out and "5 pending of 5 cells" in out and "qwen3-8b" not in out

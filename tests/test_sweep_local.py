@@ -1,0 +1,196 @@
+"""End-to-end sweep execution through submitit's debug and local executors, resume, and the
+truncated-line path.
+
+The per-cell command here is a real, tiny Python program (not `canzona train`, which these
+tests must not depend on): it appends one schema-valid record for its cell with
+``canzona.results.schema.append_record``, logs each invocation to a counter file (so resume
+can be checked by counting runs), and can be told to fail or to exit 0 without writing.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from canzona.results.schema import iter_records
+from canzona.sweep.definition import Cell, parse_sweep
+from canzona.sweep.local import run_local
+from canzona.sweep.state import JobBook, SweepPaths, collect, sweep_status, format_status
+from canzona.sweep.task import train_command
+
+FAKE_TRAIN = r"""
+import json, sys
+from canzona.results.schema import append_record
+config, results, mode, counter = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+with open(counter, "a") as f:
+    f.write(json.dumps({"cell": sys.argv[5], "nproc": sys.argv[6]}) + "\n")
+print("fake harness starting", config["method"], flush=True)
+if mode == "fail":
+    print("RuntimeError: simulated rank failure in all_to_all", file=sys.stderr)
+    sys.exit(3)
+if mode == "silent":
+    sys.exit(0)
+from canzona.results.schema import cell_key
+rec = {
+    "schema_version": 1, "kind": "train", "provenance": "measured",
+    "provenance_detail": "fake harness (tests)", "config": dict(config, dtype="fp32"),
+    "env": {"device": "cpu", "backend": "gloo"},
+    "timings": {"iteration_ms": {"median": 12.5, "p90": 13.0, "n": 3},
+                "step_ms": {"median": 4.25, "p90": 4.5, "n": 3}},
+    "loss": {"first": 7.0, "last": 6.5}, "cell": cell_key(config),
+}
+append_record(results, rec)
+"""
+
+SWEEP = {
+    "sweep": {"name": "t-sweep", "world": 4, "seq_len": 32, "micro_batch": 1, "global_batch": 4,
+              "warmup": 1, "iters": 2, "time_min": 1},
+    "layout": [{"model": "qwen3-micro", "tp": 2, "pp": 1, "dp": 2, "reason": "test layout"}],
+    "grid": [{"methods": ["sc", "canzona"], "optimizers": ["muon"]}],
+}
+
+
+def make_builder(tmp_path: Path, modes: dict[str, str] | None = None):
+    counter = tmp_path / "invocations.jsonl"
+    modes = modes or {}
+
+    def builder(cell: Cell, results: Path, nproc: int | None) -> list[str]:
+        return [sys.executable, "-c", FAKE_TRAIN, json.dumps(cell.config()), str(results),
+                modes.get(cell.method, "ok"), str(counter), cell.key, str(nproc)]
+
+    return builder, counter
+
+
+def invocations(counter: Path) -> list[dict]:
+    return [json.loads(l) for l in counter.read_text().splitlines()] if counter.exists() else []
+
+
+@pytest.fixture()
+def setup(tmp_path: Path):
+    defn = parse_sweep(SWEEP, "test.toml")
+    paths = SweepPaths.for_sweep(defn.name, tmp_path / "runs", tmp_path / "results")
+    return defn, paths
+
+
+def test_debug_executor_runs_two_cells_end_to_end(tmp_path, setup):
+    defn, paths = setup
+    builder, counter = make_builder(tmp_path)
+    rep = run_local(defn, paths=paths, backend="debug", builder=builder, progress=False)
+    assert rep.success and len(rep.ok) == 2 and not rep.skipped
+    recs = [r for _, r in iter_records(paths.results)]
+    assert sorted(r["cell"] for r in recs) == sorted(c.key for c in defn.cells())
+    # forked-ranks launch: the builder is asked for --nproc = the cell's world
+    assert {i["nproc"] for i in invocations(counter)} == {"4"}
+    states = sweep_status(defn, paths)
+    assert [s.state for s in states] == ["done", "done"]
+    assert "iteration 12.5 ms" in states[0].reason
+
+
+def test_local_executor_runs_two_cells_then_resume_skips_them(tmp_path, setup):
+    defn, paths = setup
+    builder, counter = make_builder(tmp_path)
+    rep = run_local(defn, paths=paths, backend="local", builder=builder, progress=False)
+    assert rep.success and len(rep.ok) == 2
+    book = JobBook(paths.jobs)
+    for c in defn.cells():
+        entry = book.get(c.key)
+        assert entry["backend"] == "local" and entry["outcome"] == "ok"
+        # submitit's own log folder for the job exists and holds its stdout
+        log = Path(entry["folder"].replace("%j", entry["job_id"]))
+        assert any("fake harness starting" in p.read_text() for p in log.glob("*_log.out"))
+    assert len(invocations(counter)) == 2
+
+    rep2 = run_local(defn, paths=paths, backend="local", builder=builder, progress=False)
+    assert sorted(rep2.skipped) == sorted(c.key for c in defn.cells()) and not rep2.ok
+    assert len(invocations(counter)) == 2  # nothing ran again
+    assert len(list(iter_records(paths.results))) == 2  # and nothing was duplicated
+
+
+def test_failed_cell_reports_reason_and_is_rerun(tmp_path, setup):
+    defn, paths = setup
+    builder, counter = make_builder(tmp_path, {"canzona": "fail"})
+    rep = run_local(defn, paths=paths, backend="local", builder=builder, progress=False)
+    assert len(rep.ok) == 1 and len(rep.failed) == 1
+    key, reason = rep.failed[0]
+    assert "method=canzona" in key and "exit code 3" in reason and "simulated rank failure" in reason
+    states = {s.cell.method: s for s in sweep_status(defn, paths)}
+    assert states["sc"].state == "done"
+    assert states["canzona"].state == "failed"
+    text = format_status(defn, paths, list(states.values()))
+    assert "1 done, 1 failed, 0 pending" in text and "simulated rank failure" in text
+
+    fixed, _ = make_builder(tmp_path)
+    rep2 = run_local(defn, paths=paths, backend="local", builder=fixed, progress=False)
+    assert rep2.ok == [key] and len(rep2.skipped) == 1
+    assert [s.state for s in sweep_status(defn, paths)] == ["done", "done"]
+    assert JobBook(paths.jobs).get(key)["attempts"] == 2
+
+
+def test_exit_zero_without_result_line_is_a_failure(tmp_path, setup):
+    defn, paths = setup
+    builder, _ = make_builder(tmp_path, {"sc": "silent"})
+    rep = run_local(defn, paths=paths, backend="debug", builder=builder, progress=False)
+    assert [k for k, _ in rep.failed] == [defn.cells()[0].key]
+    assert "no valid result line" in rep.failed[0][1]
+
+
+def test_truncated_line_is_detected_and_its_cell_rerun(tmp_path, setup):
+    defn, paths = setup
+    builder, counter = make_builder(tmp_path)
+    run_local(defn, paths=paths, backend="debug", builder=builder, progress=False)
+    sc, cz = defn.cells()
+    # Simulate a kill mid-write: canzona's collected line becomes a truncated prefix, and its
+    # per-cell file (the job's own output) holds only a truncated line too.
+    lines = paths.results.read_text().splitlines()
+    keep = [l for l in lines if sc.key in l]
+    cut = [l for l in lines if cz.key in l][0]
+    paths.results.write_text(keep[0] + "\n" + cut[: len(cut) // 2] + "\n")
+    paths.cell_results(cz).write_text(cut[: len(cut) // 3])
+    with pytest.raises(Exception):
+        list(iter_records(paths.results))  # the file really is corrupt now
+
+    states = {s.cell.key: s for s in sweep_status(defn, paths)}
+    assert states[sc.key].state == "done"
+    assert states[cz.key].state != "done" and "corrupt" in states[cz.key].reason
+
+    n_before = len(invocations(counter))
+    rep = run_local(defn, paths=paths, backend="debug", builder=builder, progress=False)
+    assert rep.ok == [cz.key] and rep.skipped == [sc.key]
+    assert len(invocations(counter)) == n_before + 1
+    recs = [r for _, r in iter_records(paths.results)]  # strict read: fully valid again
+    assert sorted(r["cell"] for r in recs) == sorted([sc.key, cz.key])
+    # nothing was deleted: the corrupt collected line and the truncated per-cell file are kept aside
+    assert any(cut[: len(cut) // 2] in p.read_text() for p in paths.corrupt_dir.iterdir())
+    assert list(paths.cells_dir.glob(f"{cz.slug}.jsonl.corrupt-*"))
+
+
+def test_collect_is_idempotent_and_keeps_existing_lines(tmp_path, setup):
+    defn, paths = setup
+    builder, _ = make_builder(tmp_path)
+    run_local(defn, paths=paths, backend="debug", builder=builder, progress=False)
+    before = paths.results.read_bytes()
+    rep = collect(paths)
+    assert rep.added == 0 and rep.records == 2 and paths.results.read_bytes() == before
+
+
+def test_world_larger_than_the_machine_is_refused(tmp_path, setup):
+    from canzona.errors import ConfigError
+
+    defn, paths = setup
+    with pytest.raises(ConfigError, match="slurm/sweeps/local.toml"):
+        run_local(defn, paths=paths, backend="debug", max_world=2, progress=False)
+
+
+def test_default_command_is_canzona_train_with_the_contract_flags():
+    defn = parse_sweep(SWEEP, "test.toml")
+    cell = defn.cells()[1]
+    argv = train_command(cell, Path("r.jsonl"), 4)
+    assert argv[1:4] == ["-m", "canzona", "train"]
+    flags = dict(zip(argv[4::2], argv[5::2]))
+    assert flags == {"--model": "qwen3-micro", "--tp": "2", "--pp": "1", "--dp": "2", "--method": "canzona",
+                     "--optimizer": "muon", "--seq-len": "32", "--micro-batch": "1", "--global-batch": "4",
+                     "--warmup": "1", "--iters": "2", "--results": "r.jsonl", "--nproc": "4"}
+    assert "--nproc" not in train_command(cell, Path("r.jsonl"), None)
