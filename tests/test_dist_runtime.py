@@ -128,35 +128,50 @@ def test_plan_hash_mismatch_is_rejected() -> None:
         launch(_hash_mismatch, 2)
 
 
-def _hooks(info, overlap: bool) -> dict:
-    """Real backward through a tiny two-matrix model: hooks launch bucket reductions."""
+class _TwoLayer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1 = torch.nn.Linear(16, 32, bias=False)
+        self.fc2 = torch.nn.Linear(32, 16, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def _hooks(info, overlap_grad: bool, overlap_param: bool) -> dict:
+    """Real backward through a tiny model: grad hooks launch bucket reductions; with
+    overlap_param_sync the next forward waits per module for its bucket's all-gather."""
     groups = make_groups(info.rank, 2, 1)
-    torch.manual_seed(0)
-    w1 = torch.nn.Parameter(torch.randn(32, 16) * 0.1)
-    w2 = torch.nn.Parameter(torch.randn(16, 32) * 0.1)
+    model = _TwoLayer()
     specs = [ParamSpec("decoder.layers.0.mlp.linear_fc1.weight", (32, 16), None, "matrix", 0),
              ParamSpec("decoder.layers.0.mlp.linear_fc2.weight", (16, 32), None, "matrix", 0)]
-    opt = DistributedOptimizer([(specs[0].name, specs[0], w1), (specs[1].name, specs[1], w2)], *groups,
-                               DistConfig(overlap_grad_sync=overlap, bucket_size=500))
+    opt = DistributedOptimizer([(specs[0].name, specs[0], model.fc1.weight), (specs[1].name, specs[1], model.fc2.weight)],
+                               *groups, DistConfig(overlap_grad_sync=overlap_grad, overlap_param_sync=overlap_param,
+                                                   bucket_size=500))
+    opt.attach(model)
     gen = torch.Generator().manual_seed(info.rank)
     for _ in range(3):
         for micro in range(2):
             x = torch.randn(8, 16, generator=gen)
             if micro == 0:
                 with opt.no_sync():
-                    (w2 @ torch.relu(w1 @ x.T)).pow(2).mean().backward()
+                    model(x).pow(2).mean().backward()
             else:
-                (w2 @ torch.relu(w1 @ x.T)).pow(2).mean().backward()
+                model(x).pow(2).mean().backward()
         opt.finish_grad_sync()
         opt.step()
         opt.zero_grad()
-    return {"w1": w1.detach().clone(), "w2": w2.detach().clone(), "buckets": len(opt.plan.dp.buckets)}
+    opt.wait_param_sync()
+    return {"w1": model.fc1.weight.detach().clone(), "w2": model.fc2.weight.detach().clone(),
+            "buckets": len(opt.plan.dp.buckets)}
 
 
-def test_overlapped_grad_sync_equals_blocking() -> None:
-    a = launch(_hooks, 2, True)
-    b = launch(_hooks, 2, False)
-    assert a[0]["buckets"] >= 2
-    for k in ("w1", "w2"):
-        assert torch.allclose(a[0][k], b[0][k], rtol=1e-6, atol=1e-7)
-        assert torch.equal(a[0][k], a[1][k])
+def test_overlapped_syncs_equal_blocking() -> None:
+    blocking = launch(_hooks, 2, False, False)
+    assert blocking[0]["buckets"] >= 2
+    for overlap in ((True, False), (True, True)):
+        got = launch(_hooks, 2, *overlap)
+        for k in ("w1", "w2"):
+            assert torch.allclose(got[0][k], blocking[0][k], rtol=1e-6, atol=1e-7), overlap
+            assert torch.equal(got[0][k], got[1][k]), overlap

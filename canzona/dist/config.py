@@ -23,6 +23,8 @@ class DistConfig:
     adamw_*             the AdamW that handles embeddings, output layer, norms, biases
     alpha, dp_algo, bucket_size, capacity_bytes, cost   planner inputs (canzona.plan.PlanConfig)
     overlap_grad_sync   launch each bucket's reduction from grad hooks while backward runs
+    overlap_param_sync  step() returns with parameter all-gathers in flight; modules passed to
+                        ``attach`` wait for their own buckets just before their forward
     collective_mode     uneven reduce-scatter / all-gather: auto picks per bucket among
                         equal (fast path, only when slices are equal), padded, per-root
     pad_threshold       auto: use padded while padding adds at most this fraction of the bucket
@@ -45,6 +47,7 @@ class DistConfig:
     capacity_bytes: int | None = None
     cost: str = "flops"
     overlap_grad_sync: bool = True
+    overlap_param_sync: bool = False
     collective_mode: str = "auto"
     pad_threshold: float = 0.25
     nonfinite: str = "raise"

@@ -71,7 +71,8 @@ class DistributedOptimizer:
             self.specs[name], self.params[name] = spec, p
         use_matrix = config.optimizer != "adamw"
         self.matrix_names = [n for n, s, _ in named_params if use_matrix and s.route == "matrix"]
-        self.adamw_names = [n for n, _, _ in named_params if n not in set(self.matrix_names)]
+        self.matrix_set = frozenset(self.matrix_names)
+        self.adamw_names = [n for n, _, _ in named_params if n not in self.matrix_set]
 
         self.plan: Plan | None = None
         self.collective_modes: dict[str, str] = {}
@@ -82,6 +83,7 @@ class DistributedOptimizer:
         self.timer = PhaseTimer(self.device)
         self.states: dict[str, dict[str, torch.Tensor]] = {}
         self._hooks: list = []
+        self._param_pending: dict[tuple[str, int], Pending] = {}
 
         if self.matrix_names:
             self._setup_matrix()
@@ -204,6 +206,7 @@ class DistributedOptimizer:
 
     def finish_grad_sync(self) -> None:
         """Launch whatever the hooks did not, then wait for every bucket's DP reduction."""
+        self.wait_param_sync()
         with self.timer.phase("grad_sync"):
             for kind, bufs in self._buffer_sets():
                 bufs.rebind_grads()
@@ -241,32 +244,72 @@ class DistributedOptimizer:
     def _apply(self, name: str, update_shard: torch.Tensor) -> None:
         apply_update(self.params[name].data, update_shard.view_as(self.params[name]), self.config.lr, self.config.weight_decay)
 
-    def _param_sync(self) -> None:
-        pend: list[Pending] = []
-        if self.matrix_names and self.dp > 1:
+    def _param_sync(self) -> dict[tuple[str, int], Pending]:
+        """Launch the DP parameter all-gathers; one Pending per buffer key.
+
+        Buckets are issued last-first: the last bucket holds the first layers (reverse
+        registration order), which the next forward needs first.
+        """
+        pend: dict[tuple[str, int], Pending] = {}
+        if self.dp == 1:
+            return pend
+        if self.matrix_names:
             mode = self.plan.dp.param_sync
             if mode == "all-gather":
-                for i, bb in enumerate(self.mbufs.buckets):
-                    pend.append(all_gather_v(bb.chunks("param"), self.dp_group, self.collective_modes[f"matrix{i}"]))
+                for i in reversed(range(len(self.mbufs.buckets))):
+                    pend[("matrix", i)] = all_gather_v(self.mbufs.buckets[i].chunks("param"), self.dp_group,
+                                                       self.collective_modes[f"matrix{i}"])
             elif mode == "all-gather-v":
-                mine = self.staging[self.dp_rank]
-                off = 0
-                for n in self.owned_by[self.dp_rank]:
+                pend[("owner", 0)] = self._owner_gather()
+        for i in reversed(range(len(self.abufs.buckets))):
+            pend[("adamw", i)] = all_gather_v(self.abufs.buckets[i].chunks("param"), self.dp_group, "equal")
+        return pend
+
+    def _owner_gather(self) -> Pending:
+        """Layer-wise: pack my owned params, uneven all-gather, unpack every other owner's."""
+        mine = self.staging[self.dp_rank]
+        off = 0
+        for n in self.owned_by[self.dp_rank]:
+            k = self.params[n].numel()
+            mine[off : off + k].copy_(self.mbufs.param(n))
+            off += k
+
+        def unpack() -> None:
+            for r, names in enumerate(self.owned_by):
+                o = 0
+                for n in names:
                     k = self.params[n].numel()
-                    mine[off : off + k].copy_(self.mbufs.param(n))
-                    off += k
-                all_gather_v(self.staging, self.dp_group, self.collective_modes["owner_gather"], async_op=False)
-                for r, names in enumerate(self.owned_by):
-                    off = 0
-                    for n in names:
-                        k = self.params[n].numel()
-                        if r != self.dp_rank:
-                            self.mbufs.param(n).copy_(self.staging[r][off : off + k])
-                        off += k
-        if self.dp > 1:
-            pend += [all_gather_v(bb.chunks("param"), self.dp_group, "equal") for bb in self.abufs.buckets]
-        for p in pend:
+                    if r != self.dp_rank:
+                        self.mbufs.param(n).copy_(self.staging[r][o : o + k])
+                    o += k
+
+        return Pending([all_gather_v(self.staging, self.dp_group, self.collective_modes["owner_gather"])], unpack)
+
+    def wait_param_sync(self) -> None:
+        """Block until every parameter all-gather of the last step has landed."""
+        for p in self._param_pending.values():
             p.wait()
+        self._param_pending.clear()
+
+    def attach(self, model: torch.nn.Module) -> None:
+        """With ``overlap_param_sync``: make each module wait, just before its forward, for the
+        all-gathers of the buckets holding its own parameters (the rest keep flowing)."""
+        key_of = {}
+        for n in self.params:
+            kind = "matrix" if n in self.matrix_set else "adamw"
+            bufs = self.mbufs if kind == "matrix" else self.abufs
+            owner_gather = kind == "matrix" and self.plan is not None and self.plan.dp.param_sync == "all-gather-v"
+            key_of[id(self.params[n])] = ("owner", 0) if owner_gather else (kind, bufs.where[n][0])
+        for module in model.modules():
+            keys = {key_of[id(p)] for p in module.parameters(recurse=False) if id(p) in key_of}
+            if keys:
+                module.register_forward_pre_hook(lambda _m, _a, keys=frozenset(keys): self._wait_keys(keys))
+
+    def _wait_keys(self, keys: frozenset) -> None:
+        for k in keys:
+            p = self._param_pending.pop(k, None)
+            if p is not None:
+                p.wait()
 
     def step(self) -> dict[str, float]:
         """One optimizer step; returns {phase: ms} (max across ranks) plus ``skipped`` (0/1)."""
@@ -294,7 +337,9 @@ class DistributedOptimizer:
             with self.timer.phase("compute"):
                 self.adamw.step()
             with self.timer.phase("param_sync"):
-                self._param_sync()
+                self._param_pending = self._param_sync()
+                if not self.config.overlap_param_sync:
+                    self.wait_param_sync()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.timer.add("total", (time.perf_counter() - t0) * 1e3)
@@ -306,6 +351,7 @@ class DistributedOptimizer:
         return timings
 
     def zero_grad(self) -> None:
+        self.wait_param_sync()
         for _, bufs in self._buffer_sets():
             bufs.zero_grad()
             bufs.rebind_grads()
@@ -317,6 +363,7 @@ class DistributedOptimizer:
         Independent of DP/TP layout, host assignment and strategy: load it into any layout.
         Collective over the world group; every rank returns the same dict (tensors on CPU).
         """
+        self.wait_param_sync()
         local: dict[str, Any] = {"matrix": {}, "adamw": []}
         if self.matrix_names:
             for n in self.placement.canonical:
