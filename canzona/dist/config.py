@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from canzona.errors import ConfigError
+from canzona.plan.types import DEFAULT_ALPHA
 
 STRATEGIES = ("sc", "layerwise", "asc", "canzona")
 OPTIMIZERS = ("muon", "shampoo", "soap", "adamw")
@@ -40,7 +41,7 @@ class DistConfig:
     adamw_betas: tuple[float, float] = (0.9, 0.95)
     adamw_eps: float = 1e-8
     adamw_weight_decay: float = 0.0
-    alpha: float = 1.0
+    alpha: float = DEFAULT_ALPHA
     dp_algo: str | None = None
     tp_mode: str | None = None
     bucket_size: int = 40_000_000

@@ -141,7 +141,7 @@ class DistributedOptimizer:
         lead = {n: min(owners[n]) for n in mine}
         canonical = frozenset(n for n in computes if lead[n] == self.dp_rank and (n in hosts or self.tp_rank == 0))
         self.placement = _Placement(computes, canonical)
-        if dp.param_sync == "all-gather-v":
+        if dp.param_sync != "none" and not dp.cuts:
             self._setup_owner_gather(owners)
 
     def _setup_owner_gather(self, owners: dict[str, tuple[int, ...]]) -> None:
@@ -254,12 +254,13 @@ class DistributedOptimizer:
         if self.dp == 1:
             return pend
         if self.matrix_names:
-            mode = self.plan.dp.param_sync
-            if mode == "all-gather":
+            if self.plan.dp.param_sync == "none":
+                pass
+            elif self.plan.dp.cuts:  # owners hold contiguous bucket slices: gather them in place
                 for i in reversed(range(len(self.mbufs.buckets))):
                     pend[("matrix", i)] = all_gather_v(self.mbufs.buckets[i].chunks("param"), self.dp_group,
                                                        self.collective_modes[f"matrix{i}"])
-            elif mode == "all-gather-v":
+            else:  # owners ignore bucket geometry (layer-wise): pack, gather, unpack
                 pend[("owner", 0)] = self._owner_gather()
         for i in reversed(range(len(self.abufs.buckets))):
             pend[("adamw", i)] = all_gather_v(self.abufs.buckets[i].chunks("param"), self.dp_group, "equal")
@@ -298,7 +299,7 @@ class DistributedOptimizer:
         for n in self.params:
             kind = "matrix" if n in self.matrix_set else "adamw"
             bufs = self.mbufs if kind == "matrix" else self.abufs
-            owner_gather = kind == "matrix" and self.plan is not None and self.plan.dp.param_sync == "all-gather-v"
+            owner_gather = kind == "matrix" and self.plan is not None and not self.plan.dp.cuts
             key_of[id(self.params[n])] = ("owner", 0) if owner_gather else (kind, bufs.where[n][0])
         for module in model.modules():
             keys = {key_of[id(p)] for p in module.parameters(recurse=False) if id(p) in key_of}

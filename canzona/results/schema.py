@@ -92,6 +92,7 @@ def write_atomic(path: str | Path, text: str | bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are shared artifacts
         os.replace(tmp, p)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

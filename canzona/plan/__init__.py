@@ -1,0 +1,40 @@
+"""Pure planners (no torch, no process groups): DP bucket partitions, TP micro-groups, metrics.
+
+Public API (what the runtime and the analysis call):
+  make_plan(params, layout, config, *, cost_model=None) -> Plan     one PP stage
+  plan_model(model, layout, config, views=(), *, cost_model=None) -> list[Plan]   every stage
+  gpu_loads(plan) -> GpuLoads                                       per (dp, tp) cost and bytes
+  plan_metrics(plans, *, model=None) -> dict                        THE metrics function
+The data model lives in ``canzona.plan.types`` (Plan, DPPlan, TPSchedule, ...).
+"""
+
+from canzona.plan.build import (
+    DEFAULT_ALPHA,
+    STRATEGIES,
+    adamw_buckets,
+    make_items,
+    make_plan,
+    plan_model,
+    plans_from_json,
+    plans_to_json,
+    resolve_config,
+)
+from canzona.plan.metrics import GpuLoads, gpu_loads, plan_metrics
+from canzona.plan.types import (
+    Bucket,
+    BucketEntry,
+    DPPlan,
+    Layout,
+    MicroGroup,
+    Plan,
+    PlanConfig,
+    PlanItem,
+    TPSchedule,
+    input_hash,
+)
+
+__all__ = [
+    "DEFAULT_ALPHA", "STRATEGIES", "Bucket", "BucketEntry", "DPPlan", "GpuLoads", "Layout", "MicroGroup", "Plan", "PlanConfig",
+    "PlanItem", "TPSchedule", "adamw_buckets", "gpu_loads", "input_hash", "make_items", "make_plan",
+    "plan_metrics", "plan_model", "plans_from_json", "plans_to_json", "resolve_config",
+]

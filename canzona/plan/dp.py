@@ -1,0 +1,212 @@
+"""DP plans: which DP rank owns each matrix, and where every bucket is cut.
+
+This module holds the flat problem view the partitioners share (``DPProblem``), the conversion of
+an owner assignment into cuts (``cuts_from_owners``) and the dispatcher ``plan_dp``. The
+partitioners live in ``dp_baselines`` (zero, zero-atomic, layer-wise, sc) and ``dp_canzona``
+(blend, greedy, refine, exact).
+
+Geometry. Items are visited bucket by bucket in buffer order. A bucket-aware plan gives every DP
+rank one contiguous slice per bucket, in rank order; with cuts on parameter boundaries that is an
+owner assignment that is NON-DECREASING along each bucket (empty slices allowed). A cut between
+two parameters sits at the start of the later one, so alignment gaps belong to the earlier
+parameter's owner and a bucket's end padding to the owner of its last parameter. ``width[i]`` is
+the slice length parameter i brings to its owner (gap and padding included), so a rank's slice
+bytes are the sum of its widths.
+
+Per-GPU compute. A DP rank's matrices are spread over its TP ranks by the TP schedule; the DP
+planners that balance compute use ``DPProblem.gpu_max`` (the most loaded TP rank of that DP rank
+under the configured TP mode, from ``tp.slot_loads``) so what they balance is what runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from canzona.errors import ConfigError
+from canzona.plan.tp import slot_loads
+from canzona.plan.types import Bucket, DPPlan, PlanItem
+
+# strategy -> (valid dp algorithms, default). "refine" is PlanConfig's dataclass default; for
+# a strategy that has no such algorithm the dataclass default means "this strategy's default".
+DP_ALGOS: dict[str, tuple[tuple[str, ...], str]] = {
+    "canzona": (("refine", "greedy", "exact", "blend", "first-element"), "refine"),
+    "asc": (("first-element",), "first-element"),
+    "zero": (("equal",), "equal"),
+    "layerwise": (("lpt", "round-robin"), "lpt"),
+    "sc": (("replicate",), "replicate"),
+}
+
+
+@dataclass
+class DPProblem:
+    """Flat view of one stage's matrix parameters in buffer order (bucket-major)."""
+
+    dp: int
+    tp: int
+    tp_mode: str
+    buckets: tuple[Bucket, ...]
+    names: list[str]
+    cost: list[float]
+    width: list[int]
+    numel: list[int]  # TP-local
+    start: list[int]
+    bucket_of: list[int]
+    sharded: list[bool]
+    reg_index: list[int]  # registration index (TP slot_loads are order-sensitive for mode "no")
+    first: list[int] = field(default_factory=list)  # first flat index of each bucket, plus n
+
+    @property
+    def n(self) -> int:
+        return len(self.names)
+
+    def gpu_max(self, members: Sequence[int]) -> float:
+        """Most loaded TP rank of a DP rank owning ``members`` (flat indices)."""
+        if not members:
+            return 0.0
+        if self.tp == 1 or self.tp_mode == "sc":
+            return float(sum(self.cost[i] for i in members))
+        ms = sorted(members, key=lambda i: self.reg_index[i])
+        return max(slot_loads(self.tp_mode, [self.cost[i] for i in ms], [self.sharded[i] for i in ms], self.tp))
+
+    def compute_bound(self) -> float:
+        """Per-GPU lower bound for any atomic plan: max(forced mean, largest item, pigeonhole)."""
+        return max(forced_mean(self.cost, self.sharded, self.dp, self.tp), max(self.cost, default=0.0),
+                   pigeonhole_bound(self.cost, self.dp * self.tp))
+
+    def slice_bound(self) -> float:
+        """Per-rank lower bound on slice elements: max(mean slice, widest item, pigeonhole)."""
+        total = sum(b.size for b in self.buckets)
+        return max(total / self.dp, max(self.width, default=0), pigeonhole_bound(self.width, self.dp))
+
+
+def pigeonhole_bound(values: Sequence[float], bins: int) -> float:
+    """max over k >= 1 of the sum of the k+1 smallest among the k·bins+1 largest values: some bin
+    must hold k+1 of them. A valid lower bound on the fullest bin of any atomic assignment."""
+    v = sorted(values, reverse=True)
+    best = 0.0
+    k = 1
+    while k * bins + 1 <= len(v):
+        best = max(best, float(sum(v[k * bins - k : k * bins + 1])))
+        k += 1
+    return best
+
+
+def forced_mean(cost: Sequence[float], sharded: Sequence[bool], dp: int, tp: int) -> float:
+    """Mean per-GPU work when every sharded matrix is computed once and every replicated one on each
+    TP rank (that redundancy is the design, not the plan's fault)."""
+    if tp == 1:
+        return sum(cost) / dp
+    w = sum(c for c, s in zip(cost, sharded) if s) + tp * sum(c for c, s in zip(cost, sharded) if not s)
+    return w / (dp * tp)
+
+
+def make_problem(items: Sequence[PlanItem], buckets: tuple[Bucket, ...], dp: int, tp: int, tp_mode: str) -> DPProblem:
+    by_name = {it.name: it for it in items}
+    reg = {it.name: k for k, it in enumerate(items)}
+    p = DPProblem(dp, tp, tp_mode, buckets, [], [], [], [], [], [], [], [])
+    for b in buckets:
+        p.first.append(p.n)
+        es = b.entries
+        for k, e in enumerate(es):
+            nxt = es[k + 1].start if k + 1 < len(es) else b.size
+            it = by_name[e.name]
+            p.names.append(e.name)
+            p.cost.append(float(it.cost))
+            p.width.append(nxt - e.start)
+            p.numel.append(e.numel)
+            p.start.append(e.start)
+            p.bucket_of.append(b.index)
+            p.sharded.append(it.partition_dim is not None and tp > 1)
+            p.reg_index.append(reg[e.name])
+    p.first.append(p.n)
+    return p
+
+
+def cuts_from_owners(p: DPProblem, owner: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+    """DP+1 offsets per bucket from a per-bucket non-decreasing owner assignment.
+
+    cut[r] = start of the first parameter owned by a rank >= r (bucket end if none), so rank r
+    owns exactly its parameters plus trailing gaps; empty ranks get empty slices.
+    """
+    cuts = []
+    for bi, b in enumerate(p.buckets):
+        lo, hi = p.first[bi], p.first[bi + 1]
+        c = [0] * (p.dp + 1)
+        c[p.dp] = b.size
+        k = lo
+        for r in range(1, p.dp):
+            while k < hi and owner[k] < r:
+                k += 1
+            c[r] = p.start[k] if k < hi else b.size
+        for i in range(lo + 1, hi):
+            if owner[i] < owner[i - 1]:
+                raise AssertionError(f"owners not monotone in bucket {bi}")
+        cuts.append(tuple(c))
+    return tuple(cuts)
+
+
+def owners_tuple(p: DPProblem, owner: Sequence[int], items: Sequence[PlanItem]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """owners in registration order (one rank each)."""
+    o = dict(zip(p.names, owner))
+    return tuple((it.name, (int(o[it.name]),)) for it in items)
+
+
+def rank_sums(p: DPProblem, owner: Sequence[int]) -> tuple[list[float], list[int]]:
+    """Per DP rank: summed item cost and slice elements."""
+    load = [0.0] * p.dp
+    sl = [0] * p.dp
+    for i, r in enumerate(owner):
+        load[r] += p.cost[i]
+        sl[r] += p.width[i]
+    return load, sl
+
+
+def resolve_dp_algo(strategy: str, algo: str) -> str:
+    if strategy not in DP_ALGOS:
+        raise ConfigError(f"unknown strategy {strategy!r}; known: {', '.join(DP_ALGOS)}")
+    valid, default = DP_ALGOS[strategy]
+    if algo in valid:
+        return algo
+    if algo == "refine":  # PlanConfig's default, meaning "the strategy's own"
+        return default
+    known = sorted({a for v, _ in DP_ALGOS.values() for a in v})
+    if algo not in known:
+        raise ConfigError(f"unknown dp algorithm {algo!r}; known: {', '.join(known)}")
+    raise ConfigError(f"dp algorithm {algo!r} does not apply to strategy {strategy!r}; valid: {', '.join(valid)}")
+
+
+def plan_dp(items: Sequence[PlanItem], buckets: tuple[Bucket, ...], dp: int, tp: int, strategy: str,
+            algo: str, alpha: float, tp_mode: str) -> DPPlan:
+    """Run the partitioner ``algo`` of ``strategy`` (already resolved) and package a DPPlan."""
+    from canzona.plan import dp_baselines as base
+    from canzona.plan import dp_canzona as cz
+
+    p = make_problem(items, buckets, dp, tp, tp_mode)
+    if strategy == "sc":
+        return base.plan_sc(p, items)
+    if strategy == "zero":
+        return base.plan_zero(p, items)
+    if strategy == "layerwise":
+        return base.plan_layerwise(p, items, algo)
+    if algo == "first-element":
+        owner = base.first_element_owners(p)
+    elif algo == "blend":
+        owner = cz.blend(p, alpha)
+    elif algo == "greedy":
+        owner = cz.greedy(p, alpha)
+    elif algo == "refine":
+        owner = cz.refine_best(p, alpha)
+    elif algo == "exact":
+        owner = cz.exact_contiguous(p, alpha)
+    else:  # pragma: no cover - resolve_dp_algo guards this
+        raise ConfigError(f"unknown dp algorithm {algo!r}")
+    return DPPlan(
+        strategy=strategy,
+        algo=algo,
+        buckets=buckets,
+        cuts=cuts_from_owners(p, owner),
+        owners=owners_tuple(p, owner, items),
+        grad_sync="reduce-scatter",
+        param_sync="all-gather-v" if strategy in ("canzona", "asc") else "all-gather",
+    )

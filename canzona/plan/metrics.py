@@ -1,0 +1,260 @@
+"""Per-GPU loads and THE metrics function: every report, plot, benchmark and test reads these.
+
+Compute. A GPU (dp rank d, TP rank t) carries the full-matrix cost of every matrix it computes:
+the matrices it hosts (TP modes no/sorted/global), every matrix its DP rank owns (TP ``sc``,
+"duplicated"), replicated matrices of its DP rank (always, on every TP rank), or 1/tp of its DP
+rank's element share (``shard``, zero's element-wise reference). DP ``sc`` means every DP rank
+computes every matrix. A matrix owned by k > 1 DP ranks (zero's split matrices; reserved for
+cooperative updates) is shared by element overlap when the plan has cuts, else equally.
+
+Bytes (per GPU, element size ``grad_dtype_bytes``), modelled as direct (non-padded) transfers:
+  grad   reduce-scatter(-v): sends S_b − w_d, receives (DP−1)·w_d per bucket (w_d = its slice);
+         all-reduce (ring): 2·(DP−1)/DP·S_b each way.
+  param  all-gather(-v) with cuts: sends (DP−1)·w_d, receives S_b − w_d; layer-wise all-gather-v:
+         the same with w_d = elements of the matrices d owns; ``none``: 0.
+  tp_gather / tp_scatter  micro-groups: every non-host TP rank sends its shard (numel/tp) to the
+         host, the host receives (tp−1) shards; the scatter mirrors it. TP ``sc``: a ring
+         all-gather of every owned sharded matrix ((tp−1) shards each way), no scatter.
+For equal slices these volumes equal ring reduce-scatter / all-gather volumes. The padded
+alternative (every slice padded to the bucket's longest, so plain NCCL collectives work) costs
+``padding_bytes`` more; ``bucket_comm_balance`` is its size ratio to equal slices.
+
+Metrics (``plan_metrics``), over all GPUs of all PP stages (stages step concurrently):
+  compute_balance   max / mean per-GPU cost (as carried, redundancy included)
+  lower_bound       B / m̄, with B = max over stages of max(forced mean, largest item) and m̄ the
+                    forced mean: sharded matrices once, replicated ones on each TP rank (for the
+                    non-atomic ``zero`` reference, B is the forced mean)
+  efficiency        B / max per-GPU cost (1 = optimal for any atomic plan; redundancy lowers it)
+  tight_lower_bound pigeonhole bound also ≥ the sum of the k+1 smallest of the kN+1 largest items
+  comm_balance      max / mean per-GPU slice bytes (summed over buckets)
+  comm_lower_bound  max(mean slice, widest item, pigeonhole over slices) / mean slice (plans with cuts)
+  padding_bytes     worst stage's extra bytes of one GPU's buffer when slices are padded to the
+                    longest slice of their bucket (plus Megatron's own alignment padding)
+  micro_groups      most micro-groups any DP rank runs (micro_groups_total: all ranks, all stages)
+  planner_seconds   sum over stages of make_plan wall time
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from canzona.plan.dp import forced_mean, pigeonhole_bound
+from canzona.plan.types import Plan
+
+PHASES = ("grad", "param", "tp_gather", "tp_scatter")
+
+
+@dataclass(frozen=True)
+class GpuLoads:
+    """One stage's per-GPU optimizer work: ``cost[d][t]``, ``sent[phase][d][t]``, ``recv[...]`` bytes."""
+
+    dp: int
+    tp: int
+    cost: tuple[tuple[float, ...], ...]
+    slice_bytes: tuple[int, ...]  # per DP rank (same on its TP ranks)
+    sent: dict[str, tuple[tuple[int, ...], ...]]
+    recv: dict[str, tuple[tuple[int, ...], ...]]
+
+    def flat_cost(self) -> list[float]:
+        return [c for row in self.cost for c in row]
+
+    def total(self, which: str) -> list[list[int]]:
+        src = self.sent if which == "sent" else self.recv
+        return [[sum(src[ph][d][t] for ph in PHASES) for t in range(self.tp)] for d in range(self.dp)]
+
+
+def _slices(plan: Plan) -> list[list[int]]:
+    """w[b][d]: slice length of rank d in bucket b (from cuts)."""
+    return [[c[d + 1] - c[d] for d in range(plan.layout.dp)] for c in plan.dp.cuts]
+
+
+def gpu_loads(plan: Plan) -> GpuLoads:
+    """Per (dp, tp) GPU: optimizer cost and bytes by phase (see module docstring)."""
+    dp, tp = plan.layout.dp, plan.layout.tp
+    gb = plan.config.grad_dtype_bytes
+    mode = plan.tp.mode
+    om = plan.dp.owner_map()
+    strategy = plan.dp.strategy
+    cost = [[0.0] * tp for _ in range(dp)]
+    hosts = [{n: h for g in per for n, h in g.hosts} for per in plan.tp.groups] if plan.tp.groups else [{}] * dp
+    local = {e.name: e.numel for b in plan.dp.buckets for e in b.entries}
+    where = {e.name: (b.index, e.start) for b in plan.dp.buckets for e in b.entries}
+
+    def share(name: str, owners: tuple[int, ...]) -> list[tuple[int, float]]:
+        if strategy == "sc":
+            return [(d, 1.0) for d in range(dp)]
+        if len(owners) == 1:
+            return [(owners[0], 1.0)]
+        if plan.dp.cuts:
+            bi, s = where[name]
+            e = s + local[name]
+            c = plan.dp.cuts[bi]
+            return [(d, max(0, min(e, c[d + 1]) - max(s, c[d])) / local[name]) for d in owners]
+        return [(d, 1.0 / len(owners)) for d in owners]
+
+    for it in plan.items:
+        for d, f in share(it.name, om[it.name]):
+            c = it.cost * f
+            if tp == 1:
+                cost[d][0] += c
+            elif mode == "shard":
+                for t in range(tp):
+                    cost[d][t] += c / tp
+            elif it.partition_dim is None or mode == "sc":
+                for t in range(tp):
+                    cost[d][t] += c
+            elif it.name in hosts[d]:
+                cost[d][hosts[d][it.name]] += c
+            else:  # owned cooperatively, not scheduled: spread evenly
+                for t in range(tp):
+                    cost[d][t] += c / tp
+
+    zeros = lambda: [[0] * tp for _ in range(dp)]  # noqa: E731
+    sent = {ph: zeros() for ph in PHASES}
+    recv = {ph: zeros() for ph in PHASES}
+    slice_elems = [0] * dp
+    sizes = [b.size for b in plan.dp.buckets]
+    slices = _slices(plan)
+    if plan.dp.cuts:
+        for b, w in enumerate(slices):
+            for d in range(dp):
+                slice_elems[d] += w[d]
+    elif strategy == "sc":
+        slice_elems = [sum(sizes)] * dp
+    else:
+        for it in plan.items:
+            for d in om[it.name]:
+                slice_elems[d] += local[it.name] // len(om[it.name])
+    total_owned = sum(slice_elems)
+    for d in range(dp):
+        g_s = g_r = p_s = p_r = 0
+        if dp > 1:
+            if plan.dp.grad_sync == "all-reduce":
+                g_s = g_r = sum(round(2 * (dp - 1) * S / dp) for S in sizes)
+            else:
+                for b, w in enumerate(slices):
+                    g_s += sizes[b] - w[d]
+                    g_r += (dp - 1) * w[d]
+            if plan.dp.param_sync != "none":
+                if plan.dp.cuts:
+                    for b, w in enumerate(slices):
+                        p_s += (dp - 1) * w[d]
+                        p_r += sizes[b] - w[d]
+                else:
+                    p_s = (dp - 1) * slice_elems[d]
+                    p_r = total_owned - slice_elems[d]
+        for t in range(tp):
+            sent["grad"][d][t], recv["grad"][d][t] = g_s * gb, g_r * gb
+            sent["param"][d][t], recv["param"][d][t] = p_s * gb, p_r * gb
+    if tp > 1 and mode in ("no", "sorted", "global"):
+        for d, per in enumerate(plan.tp.groups):
+            for g in per:
+                for name, h in g.hosts:
+                    shard = local[name] * gb
+                    for t in range(tp):
+                        if t != h:
+                            sent["tp_gather"][d][t] += shard
+                            recv["tp_gather"][d][h] += shard
+                            sent["tp_scatter"][d][h] += shard
+                            recv["tp_scatter"][d][t] += shard
+    elif tp > 1 and mode == "sc":
+        for it in plan.items:
+            if it.partition_dim is None:
+                continue
+            for d, _ in share(it.name, om[it.name]):
+                v = (tp - 1) * local[it.name] * gb
+                for t in range(tp):
+                    sent["tp_gather"][d][t] += v
+                    recv["tp_gather"][d][t] += v
+    freeze = lambda m: tuple(tuple(r) for r in m)  # noqa: E731
+    return GpuLoads(
+        dp, tp, freeze(cost), tuple(x * gb for x in slice_elems),
+        {k: freeze(v) for k, v in sent.items()}, {k: freeze(v) for k, v in recv.items()},
+    )
+
+
+def stage_bounds(plan: Plan) -> tuple[float, float, float]:
+    """(forced mean per GPU, atomic bound, tight bound) of one stage, in cost units.
+
+    ``zero`` is not atomic (it cuts matrices), so its bound is the mean alone.
+    """
+    tp = plan.layout.tp
+    costs = [it.cost for it in plan.items]
+    sharded = [it.partition_dim is not None and tp > 1 for it in plan.items]
+    fm = forced_mean(costs, sharded, plan.layout.dp, tp)
+    if plan.dp.strategy == "zero":
+        return fm, fm, fm
+    b = max(fm, max(costs, default=0.0))
+    return fm, b, max(b, pigeonhole_bound(costs, plan.layout.dp * tp))
+
+
+def _padding(plan: Plan) -> tuple[int, int, int]:
+    """(padded elements, bucket elements, used elements) of one GPU's buffer."""
+    used = sum(e.numel for b in plan.dp.buckets for e in b.entries)
+    size = sum(b.size for b in plan.dp.buckets)
+    if not plan.dp.cuts:
+        return size, size, used
+    padded = sum(plan.layout.dp * max(w) for w in _slices(plan))
+    return padded, size, used
+
+
+def plan_metrics(plans: Sequence[Plan], *, model: str | None = None) -> dict[str, Any]:
+    """The one metrics function (see module docstring for every key's definition)."""
+    if not plans:
+        raise ValueError("plan_metrics needs at least one plan")
+    p0 = plans[0]
+    loads = [gpu_loads(p) for p in plans]
+    flat = [c for gl in loads for c in gl.flat_cost()]
+    slices = [s for gl in loads for s in gl.slice_bytes]
+    bounds = [stage_bounds(p) for p in plans]
+    fmean = sum(b[0] for b in bounds) / len(bounds)
+    B = max(b[1] for b in bounds)
+    T = max(b[2] for b in bounds)
+    mx = max(flat, default=0.0)
+    mean = sum(flat) / len(flat) if flat else 0.0
+    smean = sum(slices) / len(slices) if slices else 0.0
+    gb = p0.config.grad_dtype_bytes
+    slice_lb = 0.0  # per stage: max(widest item, pigeonhole over the DP ranks), in bytes
+    for p in plans:
+        widths = [((b.entries[k + 1].start if k + 1 < len(b.entries) else b.size) - e.start) * gb
+                  for b in p.dp.buckets for k, e in enumerate(b.entries)]
+        slice_lb = max(slice_lb, max(widths, default=0), pigeonhole_bound(widths, p.layout.dp))
+    pads = [_padding(p) for p in plans]
+    worst_pad = max(pads, key=lambda x: x[0] - x[2])
+    groups = [len(g) for p in plans for g in p.tp.groups]
+    div = lambda a, b: (a / b) if b else 1.0  # noqa: E731
+    return {
+        "model": model,
+        "tp": p0.layout.tp,
+        "pp": p0.layout.pp,
+        "dp": p0.layout.dp,
+        "world": p0.layout.world,
+        "stages": len(plans),
+        "optimizer": p0.config.optimizer,
+        "strategy": p0.config.strategy,
+        "dp_algo": p0.dp.algo,
+        "tp_mode": p0.tp.mode,
+        "alpha": p0.config.alpha,
+        "cost": p0.config.cost,
+        "bucket_size": p0.config.bucket_size,
+        "capacity_bytes": p0.tp.capacity_bytes,
+        "matrices": sum(len(p.items) for p in plans),
+        "compute_balance": div(mx, mean),
+        "lower_bound": div(B, fmean),
+        "efficiency": div(B, mx),
+        "tight_lower_bound": div(T, fmean),
+        "tight_efficiency": div(T, mx),
+        "max_gpu_cost": mx,
+        "mean_gpu_cost": mean,
+        "comm_balance": div(max(slices, default=0), smean),
+        "comm_lower_bound": div(max(smean, slice_lb), smean) if p0.dp.cuts else 1.0,
+        "bucket_comm_balance": max(div(x[0], x[1]) for x in pads),
+        "padding_bytes": (worst_pad[0] - worst_pad[2]) * gb,
+        "split_params": sum(len(p.dp.split_params) for p in plans),
+        "micro_groups": max(groups, default=0),
+        "micro_groups_total": sum(groups),
+        "max_bytes_sent": max((x for gl in loads for row in gl.total("sent") for x in row), default=0),
+        "max_bytes_recv": max((x for gl in loads for row in gl.total("recv") for x in row), default=0),
+        "planner_seconds": sum(p.planner_seconds for p in plans),
+    }

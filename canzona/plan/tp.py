@@ -1,0 +1,176 @@
+"""TP schedules: which TP rank hosts (reconstructs and updates) each TP-sharded matrix a DP rank owns.
+
+Modes (``TPSchedule.mode``):
+  sc      every TP rank gathers and computes every owned matrix (Megatron "duplicated"); groups empty.
+  no      original (registration) order, one matrix per TP slot: groups of ``tp`` matrices,
+          host = position in the group. No balancing at all (the ASC baseline).
+  sorted  as ``no`` after sorting by cost, descending.
+  global  greedy with rollback under a byte capacity C (Canzona): sort by cost descending, add one
+          matrix at a time to the open group, placing it by LPT; when the slot it lands on would hold
+          more than C bytes of gathered full-precision gradient in this group, roll it back, seal the
+          group and open the next one with it. A matrix larger than C gets a group of its own (warned).
+  shard   element-wise: each TP rank updates only its own shard, no hosts (only for ``zero``, which
+          is a reference that matrix optimizers cannot execute); groups empty.
+
+Difference from the authors' wording: the LPT keys are each slot's load *including the groups
+already sealed*, not the load inside the open group alone. Groups are pipelined, so what limits the
+step is each GPU's total; keying LPT on the open group alone puts the heaviest matrix of every group
+on slot 0 and piles up. With cumulative keys the per-GPU totals are exactly LPT's over the sorted
+list, and ``slot_loads`` computes them without building groups (the DP planner uses it).
+
+Capacity C is in BYTES (``numel(full matrix) · grad_dtype_bytes`` summed over a slot's matrices in one
+group); costs are FLOPs/µs and never enter the capacity test.
+
+Replicated matrices (``partition_dim is None``) are computed by every TP rank locally and never
+appear in micro-groups.
+"""
+
+from __future__ import annotations
+
+import heapq
+import warnings
+from typing import Sequence
+
+from canzona.errors import ConfigError
+from canzona.plan.types import MicroGroup, PlanItem, TPSchedule
+
+TP_MODES = ("sc", "no", "sorted", "global", "shard")
+DEFAULT_CAPACITY_DEPTH = 4  # the default C aims at >= this many groups per slot (pipelining depth)
+
+
+def check_tp_mode(mode: str) -> str:
+    if mode not in TP_MODES:
+        raise ConfigError(f"unknown TP mode {mode!r}; known: {', '.join(TP_MODES)}")
+    return mode
+
+
+def default_capacity(items: Sequence[PlanItem], dp: int, tp: int, grad_dtype_bytes: int) -> int:
+    """C when none is given: max(largest TP-sharded full matrix, mean bytes one slot hosts / 4).
+
+    Why: below the largest matrix every step would warn and isolate it; a quarter of a slot's mean
+    total keeps >= ~4 groups per slot when matrices are small, so gather/compute/scatter can
+    pipeline while the gathered buffer stays a fraction of the slot's gradient bytes.
+    """
+    sharded = [it.numel * grad_dtype_bytes for it in items if it.partition_dim is not None]
+    if not sharded:
+        return 0
+    mean_slot = sum(sharded) / (dp * tp)
+    return int(max(max(sharded), -(-mean_slot // DEFAULT_CAPACITY_DEPTH)))
+
+
+def _ordered(items: Sequence[PlanItem], mode: str, index: dict[str, int]) -> list[PlanItem]:
+    if mode == "no":
+        return sorted(items, key=lambda it: index[it.name])
+    return sorted(items, key=lambda it: (-it.cost, index[it.name]))
+
+
+def _argmin(loads: list[float]) -> int:
+    best = 0
+    for s in range(1, len(loads)):
+        if loads[s] < loads[best]:
+            best = s
+    return best
+
+
+def lpt_loads(costs: Sequence[float], tp: int) -> list[float]:
+    """Per-slot loads of LPT over ``tp`` slots (costs sorted descending, least loaded slot first,
+    ties to the lowest slot): exactly the per-GPU totals of the ``global`` schedule."""
+    heap = [(0.0, s) for s in range(tp)]
+    for c in sorted(costs, reverse=True):
+        load, s = heapq.heappop(heap)
+        heapq.heappush(heap, (load + c, s))
+    out = [0.0] * tp
+    for load, s in heap:
+        out[s] = load
+    return out
+
+
+def slot_loads(mode: str, costs: Sequence[float], sharded: Sequence[bool], tp: int) -> list[float]:
+    """Per-TP-rank compute of one DP rank's owned matrices (costs in registration order).
+
+    Fast path used by the DP planner; must agree with what ``schedule_tp`` + metrics compute.
+    """
+    repl = sum(c for c, s in zip(costs, sharded) if not s)
+    sh = [c for c, s in zip(costs, sharded) if s]
+    if tp == 1:
+        return [repl + sum(sh)]
+    if mode == "sc":
+        return [repl + sum(sh)] * tp
+    if mode == "shard":
+        return [(repl + sum(sh)) / tp] * tp  # element-wise reference: every rank its 1/tp
+    if mode == "global":
+        return [repl + x for x in lpt_loads(sh, tp)]
+    order = sh if mode == "no" else sorted(sh, reverse=True)
+    out = [repl] * tp
+    for k, c in enumerate(order):
+        out[k % tp] += c
+    return out
+
+
+def _schedule_one(owned: list[PlanItem], mode: str, tp: int, capacity: int, gb: int,
+                  index: dict[str, int]) -> tuple[MicroGroup, ...]:
+    order = _ordered(owned, mode, index)
+    if mode in ("no", "sorted"):
+        return tuple(
+            MicroGroup(tuple((it.name, k) for k, it in enumerate(order[g : g + tp])))
+            for g in range(0, len(order), tp)
+        )
+    groups: list[MicroGroup] = []
+    total = [0.0] * tp  # cumulative cost per slot (all groups so far)
+    open_hosts: list[tuple[str, int]] = []
+    open_bytes = [0] * tp
+    for it in order:
+        nbytes = it.numel * gb
+        s = _argmin(total)
+        if nbytes > capacity:
+            warnings.warn(
+                f"{it.name}: {nbytes} bytes exceed the micro-group capacity {capacity}; it gets a group of its own",
+                stacklevel=3,
+            )
+            if open_hosts:
+                groups.append(MicroGroup(tuple(open_hosts)))
+                open_hosts, open_bytes = [], [0] * tp
+            groups.append(MicroGroup(((it.name, s),)))
+            total[s] += it.cost
+            continue
+        if open_hosts and open_bytes[s] + nbytes > capacity:  # roll back: seal, reopen with it
+            groups.append(MicroGroup(tuple(open_hosts)))
+            open_hosts, open_bytes = [], [0] * tp
+        open_hosts.append((it.name, s))
+        open_bytes[s] += nbytes
+        total[s] += it.cost
+    if open_hosts:
+        groups.append(MicroGroup(tuple(open_hosts)))
+    return tuple(groups)
+
+
+def schedule_tp(items: Sequence[PlanItem], owner_map: dict[str, tuple[int, ...]], dp: int, tp: int,
+                mode: str, capacity_bytes: int | None, grad_dtype_bytes: int,
+                *, all_owned: bool = False) -> TPSchedule:
+    """Micro-groups per DP rank for the TP-sharded matrices it owns.
+
+    A matrix enters rank d's groups when d is its single owner, or for every d when ``all_owned``
+    (DP ``sc``: every DP rank updates every matrix). Matrices owned by a group of k > 1 DP ranks
+    (reserved for cooperative updates) are not scheduled here.
+    """
+    check_tp_mode(mode)
+    if capacity_bytes is not None and capacity_bytes <= 0:
+        raise ConfigError(f"capacity must be a positive number of bytes, got {capacity_bytes}")
+    if mode in ("sc", "shard") or tp == 1:
+        return TPSchedule(mode, None, tuple(() for _ in range(dp)))
+    index = {it.name: k for k, it in enumerate(items)}
+    cap = None
+    if mode == "global":
+        cap = capacity_bytes if capacity_bytes is not None else default_capacity(items, dp, tp, grad_dtype_bytes)
+    per_rank: list[list[PlanItem]] = [[] for _ in range(dp)]
+    for it in items:
+        if it.partition_dim is None:
+            continue
+        owners = owner_map[it.name]
+        if all_owned:
+            for d in range(dp):
+                per_rank[d].append(it)
+        elif len(owners) == 1:
+            per_rank[owners[0]].append(it)
+    groups = tuple(_schedule_one(owned, mode, tp, cap or 0, grad_dtype_bytes, index) for owned in per_rank)
+    return TPSchedule(mode, cap, groups)
