@@ -9,13 +9,14 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.canzona-installed
 PYTEST_ARGS ?= -n 2 -q
 
-.PHONY: help install test reproduce-table2 table2 planner-bench bench-step clean-venv
+.PHONY: help install test reproduce-table2 table2 planner-bench bench-step clean-venv megatron-peer-env
 
 help:
 	@echo "make reproduce-table2   run the Table-2 reproduction (Slurm if present, else the embedded local default)"
 	@echo "make test               install test deps if missing, run the test suite"
 	@echo "make planner-bench      planner quality at 256 GPUs -> results/planner/"
 	@echo "make bench-step         optimizer-step benchmark, 4 gloo ranks -> results/bench_step/"
+	@echo "make megatron-peer-env  optional .venv-peer with megatron-core 0.19.x for the megatron-muon peer"
 
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
@@ -31,8 +32,14 @@ install: $(STAMP)
 test: $(STAMP)
 	$(VPY) -m pytest $(PYTEST_ARGS)
 
+# Slurm when sbatch is on PATH (or CLUSTER=slurm), with PROFILE=slurm/profiles/<site>.toml and
+# optionally WAIT=1; otherwise the embedded local default (CLUSTER=local forces it).
 reproduce-table2: $(STAMP)
-	$(VPY) experiments/reproduce_table2.py
+	$(VPY) experiments/reproduce_table2.py $(if $(CLUSTER),--cluster $(CLUSTER)) $(if $(PROFILE),--profile $(PROFILE)) $(if $(WAIT),--wait)
+
+# Collect finished sweeps (runs/<sweep>/ -> results/<sweep>.jsonl) and rebuild results/table2.*.
+table2: $(STAMP)
+	$(VPY) experiments/reproduce_table2.py --collect-only
 
 planner-bench: $(STAMP)
 	$(VPY) -m canzona plan-bench --out results/planner
@@ -42,3 +49,27 @@ bench-step: $(STAMP)
 
 clean-venv:
 	rm -rf $(VENV)
+
+# Optional peer environment for `canzona train --method megatron-muon` (Megatron's own Muon).
+# megatron-core >= 0.19 and emerging-optimizers declare Python >= 3.12; on 3.11 they install with
+# --ignore-requires-python --no-deps. emerging-optimizers imports typing.override (3.12): a .pth
+# file aliases typing_extensions.override into typing at interpreter start-up. triton is imported
+# by emerging-optimizers' kernels module even on CPU. Never a requirement of `make test`.
+PEER_VENV ?= .venv-peer
+PEER_MEGATRON ?= megatron-core>=0.19,<0.20
+PEER_PY := $(PEER_VENV)/bin/python
+PEER_STAMP := $(PEER_VENV)/.canzona-peer-installed
+
+megatron-peer-env: $(PEER_STAMP)
+
+$(PEER_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(PEER_VENV)
+	$(PEER_PY) -m pip install -q --upgrade pip
+	$(PEER_PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PEER_PY) -m pip install -q -e ".[test]" "numpy" "packaging>=24.2" "typing_extensions>=4.4" absl-py triton
+	$(PEER_PY) -m pip install -q --ignore-requires-python --no-deps "$(PEER_MEGATRON)" emerging-optimizers
+	echo "import typing, typing_extensions; typing.override = getattr(typing, 'override', typing_extensions.override)" \
+		> "$$($(PEER_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/canzona_typing_override.pth"
+	$(PEER_PY) -c "from canzona.harness.peer_megatron import available; ok, why = available(); print(why); raise SystemExit(0 if ok else 1)"
+	@touch $(PEER_STAMP)
+

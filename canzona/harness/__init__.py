@@ -1,0 +1,14 @@
+"""Megatron training harness: Qwen3 on megatron-core's GPTModel, trained with Canzona's
+distributed optimizer (or Megatron's own Muon as a peer), timed, and recorded as one results line.
+
+  config.py        RunConfig: the one validated run configuration; named configs in configs/*.toml
+  cpu_shim.py      the ONE module that redirects megatron's CUDA calls when there is no GPU
+  model.py         the model (megatron GPTModel + layout-invariant init); no parallelisation logic
+  params.py        megatron params -> (name, full-shape ParamSpec, local param)
+  train.py         the loop, top to bottom
+  timing.py        per-iteration timers, cross-rank max, median/p90, tokens/s, model TFLOP/s
+  record.py        the results record
+  peer_megatron.py the megatron-muon peer
+  cli.py           `canzona train` (torchrun/srun rank, or forked local gloo ranks)
+Heavy imports (megatron) happen inside functions, so importing this package is cheap.
+"""

@@ -1,0 +1,133 @@
+"""`canzona train`: one training run of the harness, one results line.
+
+Launch modes (the rank function is the same, ``canzona.harness.train.train``):
+* under torchrun / srun (RANK and WORLD_SIZE set by the launcher): this process is one rank;
+* otherwise: fork ``--nproc`` local ranks (default tp·pp·dp) — gloo on CPU, NCCL with one GPU
+  per rank when there are GPUs — after megatron has been imported once in the parent (forked
+  ranks start in well under a second).
+The configuration is validated BEFORE any rank starts; ConfigError exits with code 2.
+A method whose software is missing (megatron-muon without megatron-core >= 0.19) prints why
+and exits with code 3: never a silent fallback to another method.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from canzona.errors import ConfigError
+from canzona.harness.config import METHODS, OPTIMIZERS, RunConfig, load_config, named_configs
+
+EXIT_PEER_UNAVAILABLE = 3
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help=f"named configuration or .toml file; flags override it (named: {', '.join(named_configs())})")
+    p.add_argument("--model", help="model name (canzona models lists them); required without --config")
+    for k in ("tp", "pp", "dp"):
+        p.add_argument(f"--{k}", type=int, help=f"{k.upper()} size (default 1)")
+    p.add_argument("--method", choices=METHODS, help="distribution method (default canzona)")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, help="matrix optimizer, or adamw for everything (default muon)")
+    p.add_argument("--seq-len", type=int)
+    p.add_argument("--micro-batch", type=int)
+    p.add_argument("--global-batch", type=int, help="= micro_batch · dp · num_microbatches")
+    p.add_argument("--warmup", type=int, help="iterations excluded from the timings")
+    p.add_argument("--iters", type=int, help="measured iterations")
+    p.add_argument("--alpha", type=float, help="Canzona's DP balance knob in [0, 1]")
+    p.add_argument("--bucket-size", type=int, help="gradient bucket size in elements")
+    p.add_argument("--lr", type=float, help="matrix optimizer learning rate")
+    p.add_argument("--adamw-lr", type=float, help="AdamW learning rate (embedding, output, norms)")
+    p.add_argument("--weight-decay", type=float)
+    p.add_argument("--dtype", choices=("fp32", "bf16"))
+    p.add_argument("--seed", type=int)
+    p.add_argument("--muon-tp-mode", choices=("duplicated", "distributed", "blockwise"),
+                   help="megatron-muon only: Megatron's Muon TP mode (default duplicated)")
+    p.add_argument("--overlap-param-sync", action="store_const", const=True, default=None,
+                   help="Canzona runtime: let parameter all-gathers overlap the next forward")
+    p.add_argument("--results", help="append the run's JSON line to this .jsonl file")
+    p.add_argument("--nproc", type=int, help="fork this many local gloo ranks (default tp·pp·dp); ignored under torchrun")
+    p.add_argument("--json", action="store_true", help="also print the record on stdout")
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """RunConfig from --config (if any) overridden by every flag that was given."""
+    fields = ("model", "tp", "pp", "dp", "method", "optimizer", "seq_len", "micro_batch", "global_batch", "warmup",
+              "iters", "alpha", "bucket_size", "lr", "adamw_lr", "weight_decay", "dtype", "seed", "results",
+              "muon_tp_mode", "overlap_param_sync")
+    overrides: dict[str, Any] = {k: getattr(args, k, None) for k in fields}
+    if args.config:
+        return load_config(args.config).replace(**overrides)
+    if not args.model:
+        raise ConfigError("--model is required (or --config NAME); see `canzona models`")
+    return RunConfig(**{k: v for k, v in overrides.items() if v is not None})
+
+
+def under_launcher() -> bool:
+    """True under torchrun/srun-style launchers, which describe the job in RANK/WORLD_SIZE."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    run_cfg = config_from_args(args)
+    gpu = torch.cuda.is_available()
+    if under_launcher():
+        world = int(os.environ["WORLD_SIZE"])
+    else:
+        world = args.nproc if args.nproc is not None else run_cfg.world
+    run_cfg.validate(world, gpu=gpu)
+    if run_cfg.method == "megatron-muon":
+        from canzona.harness import peer_megatron
+
+        ok, why = peer_megatron.available()
+        if not ok:
+            print(f"canzona train: method megatron-muon unavailable: {why}", file=sys.stderr)
+            return EXIT_PEER_UNAVAILABLE
+        peer_megatron.validate(run_cfg, gpu=gpu)
+
+    import megatron.core.models.gpt  # noqa: F401  # import once here: forked ranks inherit it
+
+    from canzona.dist.launch import RankError, init_from_env, launch
+    from canzona.harness.train import train
+
+    if under_launcher():
+        ri = init_from_env()
+        try:
+            out = train(ri, run_cfg)
+        finally:
+            torch.distributed.destroy_process_group()
+        record = out["record"]
+    else:
+        # one GPU per forked rank with NCCL when there are GPUs (the parent never initialises CUDA)
+        try:
+            outs = launch(train, world, run_cfg, backend="nccl" if gpu else "gloo", timeout_s=600.0)
+        except RankError as exc:
+            print(f"canzona train: {exc}", file=sys.stderr)
+            return 1
+        record = outs[0]["record"]
+    if record is not None:
+        t = record["timings"]
+        print(f"{run_cfg.model} tp={run_cfg.tp} pp={run_cfg.pp} dp={run_cfg.dp} {run_cfg.method}/{run_cfg.optimizer}: "
+              f"iteration {t['iteration_ms']['median']:.1f} ms (p90 {t['iteration_ms']['p90']:.1f}), "
+              f"step {t['step_ms']['median']:.1f} ms, loss {record['loss']['first']:.4f} -> {record['loss']['last']:.4f}"
+              + (f" -> {run_cfg.results}" if run_cfg.results else ""))
+        if args.json:
+            import json
+
+            print(json.dumps(record, sort_keys=True))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry (experiments/train.py): same flags as `canzona train`."""
+    parser = argparse.ArgumentParser(prog="train", description=__doc__.splitlines()[0])
+    configure(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except ConfigError as exc:
+        print(f"train: error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,186 @@
+"""The one run configuration of the training harness, validated once before any rank starts.
+
+Why one frozen object: every rank, the record writer and the sweep read the same fields, so a
+bad layout (TP not dividing the heads, world != tp·pp·dp, micro-batch not dividing the global
+batch ...) is reported once, in the parent process, with a message that names the fix, instead
+of as a hang or a shape error inside a forked rank. Named configurations (the layouts the
+sweeps use) live as TOML files under ``canzona/harness/configs/`` and load into this object;
+command-line flags override them field by field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from canzona.errors import ConfigError
+from canzona.models.qwen3 import Qwen3Config, get_model
+
+METHODS = ("sc", "layerwise", "asc", "canzona", "megatron-muon")
+CANZONA_METHODS = ("sc", "layerwise", "asc", "canzona")  # strategies of canzona.dist
+OPTIMIZERS = ("muon", "shampoo", "soap", "adamw")
+DTYPES = ("fp32", "bf16")
+MUON_TP_MODES = ("duplicated", "distributed", "blockwise")
+CONFIG_DIR = Path(__file__).parent / "configs"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that defines one training run (one results line).
+
+    global_batch = micro_batch · dp · num_microbatches; tokens per iteration = global_batch · seq_len.
+    ``lr``/``weight_decay`` belong to the matrix optimizer, ``adamw_*`` to the AdamW-routed params
+    (embedding, output layer, norms) and to every param when ``optimizer == "adamw"``.
+    """
+
+    model: str
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    method: str = "canzona"
+    optimizer: str = "muon"
+    seq_len: int = 128
+    micro_batch: int = 1
+    global_batch: int = 1
+    warmup: int = 2
+    iters: int = 10
+    alpha: float = 1.0
+    bucket_size: int = 40_000_000
+    lr: float = 0.02
+    weight_decay: float = 0.0
+    adamw_lr: float = 3e-4
+    adamw_weight_decay: float = 0.0
+    seed: int = 1234
+    dtype: str = "fp32"
+    muon_tp_mode: str = "duplicated"  # megatron-muon only: Megatron's Muon TP mode
+    overlap_param_sync: bool = False  # Canzona runtime: param all-gathers overlap the next forward
+    results: str | None = None
+    name: str | None = None  # the named configuration it came from, if any
+
+    # ---- derived -------------------------------------------------------------------------
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.global_batch // (self.micro_batch * self.dp)
+
+    @property
+    def tokens_per_iteration(self) -> int:
+        return self.global_batch * self.seq_len
+
+    @property
+    def model_config(self) -> Qwen3Config:
+        return get_model(self.model)
+
+    # ---- validation ----------------------------------------------------------------------
+    def validate(self, world: int | None = None, *, gpu: bool | None = None) -> "RunConfig":
+        """Return self if the run can start, else raise ConfigError naming the problem and the fix.
+
+        ``world`` is the number of processes that will run it (``--nproc`` or torchrun's
+        WORLD_SIZE); ``gpu`` whether ranks get a GPU (None: don't check device-dependent fields).
+        """
+        cfg = get_model(self.model)  # unknown model -> ConfigError listing the known ones
+        if self.method not in METHODS:
+            raise ConfigError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+        if self.method == "megatron-muon" and self.overlap_param_sync:
+            raise ConfigError("--overlap-param-sync is a Canzona runtime option; megatron-muon does not take it")
+        if self.method == "megatron-muon" and self.optimizer != "muon":
+            raise ConfigError(f"method megatron-muon runs Megatron's own Muon; use --optimizer muon (got {self.optimizer!r})")
+        if self.muon_tp_mode not in MUON_TP_MODES:
+            raise ConfigError(f"unknown muon_tp_mode {self.muon_tp_mode!r}; choose one of {', '.join(MUON_TP_MODES)}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
+        if gpu is False and self.dtype != "fp32":
+            raise ConfigError(f"dtype {self.dtype} without a GPU: bf16 matmuls are ~60x slower than fp32 on CPU; use --dtype fp32")
+        for k in ("tp", "pp", "dp", "seq_len", "micro_batch", "global_batch", "iters", "bucket_size"):
+            v = getattr(self, k)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(f"{k.replace('_', '-')} must be a positive integer, got {v!r}")
+        if not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ConfigError(f"warmup must be a non-negative integer, got {self.warmup!r}")
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ConfigError(f"alpha must lie in [0, 1] (0: even communication split, 1: balanced compute), got {self.alpha}")
+        for k in ("lr", "adamw_lr"):
+            if not getattr(self, k) > 0:
+                raise ConfigError(f"{k} must be > 0, got {getattr(self, k)}")
+        cfg.validate_layout(tp=self.tp, pp=self.pp)  # heads, KV heads, FFN, vocab, layers
+        if cfg.tied_embeddings and self.pp > 1:
+            raise ConfigError(
+                f"{cfg.name} ties its embeddings; PP>1 would need the shared embedding's gradient all-reduced "
+                "between the first and last stage, which the harness does not do yet; use --pp 1 for tied models"
+            )
+        if cfg.q_dim % self.tp or cfg.kv_dim % self.tp:
+            raise ConfigError(f"{cfg.name}: TP={self.tp} must divide the q/kv projection widths ({cfg.q_dim}, {cfg.kv_dim})")
+        if world is not None and world != self.world:
+            fix = f"launch {self.world} processes"
+            if world % (self.tp * self.pp) == 0:
+                fix += f" or set --dp {world // (self.tp * self.pp)}"
+            raise ConfigError(f"world size {world} != tp·pp·dp = {self.tp}·{self.pp}·{self.dp} = {self.world}; {fix}")
+        per_step = self.micro_batch * self.dp
+        if self.global_batch % per_step:
+            raise ConfigError(
+                f"micro-batch·dp = {self.micro_batch}·{self.dp} = {per_step} does not divide global batch {self.global_batch}; "
+                f"use a global batch that is a multiple of {per_step}"
+            )
+        return self
+
+    # ---- (de)serialisation ---------------------------------------------------------------
+    def record_config(self) -> dict[str, Any]:
+        """The ``config`` block of the results record (schema fields first, then the extras)."""
+        return {
+            "model": self.model, "tp": self.tp, "pp": self.pp, "dp": self.dp, "world": self.world,
+            "method": self.method, "optimizer": self.optimizer, "seq_len": self.seq_len,
+            "micro_batch": self.micro_batch, "global_batch": self.global_batch, "alpha": self.alpha,
+            "dtype": self.dtype, "bucket_size": self.bucket_size, "warmup": self.warmup, "iters": self.iters,
+            "num_microbatches": self.num_microbatches, "lr": self.lr, "weight_decay": self.weight_decay,
+            "adamw_lr": self.adamw_lr, "adamw_weight_decay": self.adamw_weight_decay, "seed": self.seed,
+            "muon_tp_mode": self.muon_tp_mode if self.method == "megatron-muon" else None,
+            "overlap_param_sync": self.overlap_param_sync,
+            "name": self.name,
+        }
+
+    def replace(self, **overrides: Any) -> "RunConfig":
+        """Copy with some fields changed (None values are ignored, so CLI defaults pass through)."""
+        return dataclasses.replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], where: str = "config") -> "RunConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        if "model" not in data:
+            raise ConfigError(f"{where}: 'model' is required")
+        return cls(**dict(data))
+
+
+def named_configs() -> dict[str, Path]:
+    """Name -> TOML file of every named configuration shipped with Canzona."""
+    return {p.stem: p for p in sorted(CONFIG_DIR.glob("*.toml"))}
+
+
+def load_config(name_or_path: str) -> RunConfig:
+    """Load a named configuration (``qwen3-32b-256gpu``) or a TOML file path into a RunConfig.
+
+    The TOML holds RunConfig fields at top level; ``name`` defaults to the file's stem.
+    """
+    p = Path(name_or_path)
+    known = named_configs()
+    if name_or_path in known:
+        p = known[name_or_path]
+    elif not (p.suffix == ".toml" and p.is_file()):
+        raise ConfigError(f"unknown configuration {name_or_path!r}; named ones: {', '.join(known)} (or pass a .toml path)")
+    try:
+        data = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: not valid TOML ({exc})") from exc
+    data.setdefault("name", p.stem)
+    return RunConfig.from_mapping(data, where=str(p))
+

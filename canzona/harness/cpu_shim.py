@@ -1,0 +1,231 @@
+"""Run megatron-core on a machine WITHOUT a GPU: the one place where its CUDA calls are redirected.
+
+Why this exists: megatron-core assumes CUDA in a handful of places even when a model is built
+with ``use_cpu_initialization=True`` and every fusion is off. On our CPU machines (and in the
+test suite) we still want the real megatron GPTModel, its TP layers and its pipeline
+schedules, so instead of copying megatron code we redirect exactly these call sites:
+
+1. ``torch.cuda.current_device()`` is called to pick a device for new tensors: rotary
+   embedding (``inv_freq.to(torch.cuda.current_device())``), ``GlobalMemoryBuffer.get_tensor``,
+   pipeline p2p receive buffers, attention-mask helpers. Without CUDA it raises; we make it
+   return ``torch.device("cpu")``, which every one of those call sites accepts as a device.
+2. The TP RNG tracker (``tensor_parallel/random.py``) seeds, saves and restores CUDA generator
+   states; ``fork()`` is entered on every forward even with dropout 0. We install a tracker
+   with the same interface that keeps CPU generator states instead.
+3. ``torch.cuda.synchronize`` (megatron's p2p code calls it after batched isend/irecv) becomes a
+   no-op: CPU ops are synchronous.
+4. CUDA streams (megatron >= 0.19 DDP waits on ``torch.cuda.current_stream()`` and may run its
+   reductions under ``torch.cuda.stream(...)``): a CPU stand-in stream whose waits are no-ops
+   (CPU work is ordered already) and a ``stream()`` context that does nothing.
+5. Hard-coded ``device="cuda"`` literals (the schedules' token counters, megatron DDP buffers):
+   ``cuda_literals_to_cpu()`` is a context (a TorchFunctionMode) that the train loop enters
+   around megatron's forward-backward schedule only (and the megatron-muon peer around its DDP
+   and optimizer calls).
+Not redirected, because the harness avoids the call instead: megatron's default causal-mask
+helper (hard-codes CUDA) — the loop passes an explicit mask; batched p2p (synchronize) is off
+on CPU via the model config.
+
+What it deliberately does NOT do: it never touches anything when a GPU is present
+(``install`` returns False), sets no environment variables, and copies no megatron code.
+``uninstall`` restores the originals so tests can check both states.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+
+_ORIGINALS: dict[str, Any] = {}
+
+
+def needed() -> bool:
+    """True when there is no usable GPU, i.e. megatron's CUDA call sites must be redirected."""
+    return not torch.cuda.is_available()
+
+
+def installed() -> bool:
+    return bool(_ORIGINALS)
+
+
+def _cpu_current_device() -> torch.device:
+    """Stand-in for ``torch.cuda.current_device``: megatron only uses the result as a device."""
+    return torch.device("cpu")
+
+
+def _make_cpu_tracker_class() -> type:
+    """Build the CPU tracker as a subclass of megatron's so ``isinstance`` checks still hold."""
+    from megatron.core.tensor_parallel import random as mrandom
+
+    class CpuRNGStatesTracker(mrandom.CudaRNGStatesTracker):
+        """megatron's RNG-states tracker with CPU generator states instead of CUDA ones.
+
+        Same bookkeeping (named states, distinct seeds, fork/restore); only the generator changes.
+        Dropout inside ``fork()`` (TP regions) then draws from a per-TP-rank CPU stream, just as it
+        draws from a per-TP-rank CUDA stream on GPU.
+        """
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["use_cudagraphable_rng"] = False
+            super().__init__(*args, **kwargs)
+
+        def add(self, name: str, seed: int) -> None:
+            self._is_initialized = True
+            if seed in self.seeds_:
+                raise Exception(f"seed {seed} already exists")
+            self.seeds_.add(seed)
+            if name in self.states_:
+                raise Exception(f"rng state {name} already exists")
+            gen = torch.Generator(device="cpu")
+            gen.manual_seed(seed)
+            self.states_[name] = gen.get_state()
+
+        @contextlib.contextmanager
+        def fork(self, name: str = mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME) -> Iterator[None]:
+            if name not in self.states_:
+                raise Exception(f"rng state {name} is not added")
+            orig = torch.get_rng_state()
+            torch.set_rng_state(self.states_[name])
+            try:
+                yield
+            finally:
+                self.states_[name] = torch.get_rng_state()
+                torch.set_rng_state(orig)
+
+    return CpuRNGStatesTracker
+
+
+def install() -> bool:
+    """Redirect megatron's CUDA call sites to the CPU if (and only if) no GPU is present.
+
+    Idempotent; returns True when the shim is active. Call it BEFORE building the model and
+    before ``model_parallel_cuda_manual_seed``.
+    """
+    if not needed():
+        return False
+    if installed():
+        return True
+    from megatron.core.tensor_parallel import random as mrandom
+
+    _ORIGINALS["current_device"] = torch.cuda.current_device
+    _ORIGINALS["tracker"] = (mrandom._CUDA_RNG_STATE_TRACKER, mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED)
+    _ORIGINALS["manual_seed"] = torch.cuda.manual_seed
+    _ORIGINALS["synchronize"] = torch.cuda.synchronize
+    torch.cuda.synchronize = _noop_synchronize  # type: ignore[assignment]
+    for name, repl in _STREAM_PATCHES.items():
+        _ORIGINALS["stream:" + name] = getattr(torch.cuda, name)
+        setattr(torch.cuda, name, repl)
+    torch.cuda.current_device = _cpu_current_device  # type: ignore[assignment]
+    # model_parallel_cuda_manual_seed calls torch.cuda.manual_seed for the default stream; on
+    # CPU the default stream IS the CPU generator, which the harness seeds itself.
+    torch.cuda.manual_seed = _noop_seed  # type: ignore[assignment]
+    mrandom._CUDA_RNG_STATE_TRACKER = _make_cpu_tracker_class()()
+    mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    return True
+
+
+class _CudaLiteralsToCpu(torch.overrides.TorchFunctionMode):
+    """Rewrites ``device="cuda"`` (or cuda:N) arguments to the CPU for every torch call it sees.
+
+    Needed for the few literals that no function patch can reach (megatron's pipeline schedules
+    create ``torch.zeros([], device="cuda")`` token counters; megatron's DDP allocates its grad
+    buffers with ``device=torch.cuda.current_device()`` and checks ``param.type()``). It is a
+    context, entered only around the code that needs it, because a function mode adds Python
+    overhead to every forward op.
+    """
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        dev = kwargs.get("device")
+        if dev is not None and _is_cuda(dev):
+            kwargs = dict(kwargs, device="cpu")
+        if func in _TO_FUNCS and args[1:] and _is_cuda(args[1]):
+            args = (args[0], "cpu") + tuple(args[2:])
+        return func(*args, **kwargs)
+
+
+def _is_cuda(dev: Any) -> bool:
+    if isinstance(dev, torch.device):
+        return dev.type == "cuda"
+    if isinstance(dev, str):
+        return dev.startswith("cuda")
+    return False
+
+
+_TO_FUNCS = {torch.Tensor.to}
+
+
+@contextlib.contextmanager
+def cuda_literals_to_cpu() -> Iterator[None]:
+    """Map hard-coded CUDA device literals to the CPU inside the block; a no-op when the shim is off."""
+    if not installed():
+        yield
+        return
+    with _CudaLiteralsToCpu():
+        yield
+
+
+def _noop_seed(seed: int) -> None:
+    """CPU stand-in for ``torch.cuda.manual_seed`` (there is no CUDA generator to seed)."""
+
+
+class CpuStream:
+    """Stand-in for ``torch.cuda.Stream`` on the CPU: every wait/sync is a no-op because CPU
+    kernels run in program order."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+    def wait_stream(self, stream: Any) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def record_event(self, event: Any = None) -> Any:
+        return event
+
+
+def _cpu_current_stream(device: Any = None) -> CpuStream:
+    return CpuStream()
+
+
+def _cpu_stream_context(stream: Any = None) -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext()
+
+
+_STREAM_PATCHES: dict[str, Any] = {"current_stream": _cpu_current_stream, "stream": _cpu_stream_context,
+                                   "Stream": CpuStream}
+
+
+def _noop_synchronize(device: Any = None) -> None:
+    """CPU stand-in for ``torch.cuda.synchronize``: CPU kernels have already finished."""
+
+
+def uninstall() -> None:
+    """Restore everything ``install`` replaced (tests use it to leave the process clean)."""
+    if not installed():
+        return
+    from megatron.core.tensor_parallel import random as mrandom
+
+    torch.cuda.current_device = _ORIGINALS["current_device"]  # type: ignore[assignment]
+    torch.cuda.manual_seed = _ORIGINALS["manual_seed"]  # type: ignore[assignment]
+    torch.cuda.synchronize = _ORIGINALS["synchronize"]  # type: ignore[assignment]
+    for name in _STREAM_PATCHES:
+        setattr(torch.cuda, name, _ORIGINALS["stream:" + name])
+    mrandom._CUDA_RNG_STATE_TRACKER, mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = _ORIGINALS["tracker"]
+    _ORIGINALS.clear()
+
+
+def redirected_calls() -> list[str]:
+    """What the shim replaces, for logs and the run record."""
+    return ["torch.cuda.current_device -> cpu", "torch.cuda.manual_seed -> no-op",
+            "torch.cuda.synchronize -> no-op", "torch.cuda.current_stream/stream/Stream -> no-op CPU stream", "megatron tensor_parallel RNG tracker -> CPU generator states",
+            "device='cuda' literals -> cpu inside cuda_literals_to_cpu()"]
+
+
+__all__: list[str] = ["install", "uninstall", "installed", "needed", "redirected_calls"]

@@ -1,0 +1,166 @@
+"""Build one pipeline stage of a Qwen3 model as megatron-core's GPTModel.
+
+Why megatron's own GPTModel: the point of the harness is to time our optimizer inside the
+framework the paper targets, with Megatron's real column/row-parallel layers, its parameter
+names and its ``tensor_model_parallel`` / ``partition_dim`` attributes. This module only
+describes the model (shapes, norms, activation); how it is parallelised is decided by
+megatron's ``parallel_state`` (set up by the train loop) and how its gradients are reduced and
+applied is the optimizer's business (``canzona.dist`` or the megatron-muon peer).
+
+Qwen3 in megatron terms: RMSNorm, SwiGLU (gated_linear_unit + silu), GQA (num_query_groups),
+QK-layernorm, RoPE (base 1e6), no bias anywhere, kv_channels = head_dim (so q_dim may differ
+from hidden), tied or untied embeddings per size.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from typing import Any, Iterable
+
+import torch
+import torch.nn.functional as F
+
+from canzona.models.qwen3 import Qwen3Config
+from canzona.harness.params import tp_shard
+from canzona.models.spec import ParamSpec
+
+ROPE_BASE = 1_000_000  # Qwen3's rope_theta
+NORM_EPS = 1e-6
+
+
+def te_available() -> bool:
+    """Transformer-Engine is used only when importable AND a GPU is present (it needs CUDA)."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception:  # the CPU meta package raises on import, a broken install may raise anything
+        return False
+    return True
+
+
+def transformer_config(cfg: Qwen3Config, *, tp: int, pp: int, dtype: torch.dtype, cpu: bool) -> Any:
+    """megatron TransformerConfig for ``cfg``.
+
+    On CPU every fusion is off (they are CUDA kernels). ``init_weights`` overwrites megatron's
+    initial values afterwards, so the starting point does not depend on the layout.
+    """
+    from megatron.core.transformer import TransformerConfig
+
+    fused = not cpu
+    return TransformerConfig(
+        num_layers=cfg.layers,
+        hidden_size=cfg.hidden,
+        ffn_hidden_size=cfg.ffn,
+        num_attention_heads=cfg.heads,
+        num_query_groups=cfg.kv_heads,
+        kv_channels=cfg.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=NORM_EPS,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=False,
+        qk_layernorm=True,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        sequence_parallel=False,  # non-TE norms cannot do SP on CPU; replicated norm grads stay identical across TP
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        use_cpu_initialization=cpu,
+        # megatron sets the TP attributes (tensor_model_parallel, partition_dim) only while
+        # initialising, so its init must run; init_weights() then overwrites the values.
+        perform_initialization=True,
+        init_method_std=0.02,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=fused,
+        persist_layer_norm=fused,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        # p2p: the batched isend/irecv path calls torch.cuda.synchronize; plain isend/irecv works on gloo too
+        batch_p2p_comm=not cpu,
+        batch_p2p_sync=not cpu,
+        deallocate_pipeline_outputs=False,
+    )
+
+
+def layer_spec(cfg: Qwen3Config, use_te: bool) -> Any:
+    """Transformer-Engine layer spec when TE runs here, megatron's local (pure torch) spec otherwise."""
+    from megatron.core.models.gpt import gpt_layer_specs as specs
+
+    if use_te:
+        return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=True)
+    return specs.get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
+
+
+def build_model(cfg: Qwen3Config, *, tp: int, pp: int, seq_len: int, dtype: torch.dtype,
+                device: torch.device, use_te: bool | None = None) -> torch.nn.Module:
+    """This rank's pipeline stage of ``cfg`` (parallel_state must already be initialised).
+
+    Megatron's initial values depend on the layout; call ``init_weights`` next.
+    """
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+
+    cpu = device.type == "cpu"
+    if use_te is None:
+        use_te = te_available() and not cpu
+    config = transformer_config(cfg, tp=tp, pp=pp, dtype=dtype, cpu=cpu)
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec(cfg, use_te),
+        vocab_size=cfg.vocab,
+        max_sequence_length=seq_len,
+        pre_process=ps.is_pipeline_first_stage(),
+        post_process=ps.is_pipeline_last_stage(),
+        share_embeddings_and_output_weights=cfg.tied_embeddings,
+        position_embedding_type="rope",
+        rotary_base=ROPE_BASE,
+    )
+    return model.to(device)
+
+
+def init_std(name: str, cfg: Qwen3Config) -> float | None:
+    """megatron's init for a Qwen3 weight: N(0, 0.02); the residual-branch outputs (linear_proj,
+    linear_fc2) scaled by 1/sqrt(2·layers); None for norm weights (ones)."""
+    if "norm" in name:
+        return None
+    if name.endswith("linear_proj.weight") or name.endswith("linear_fc2.weight"):
+        return 0.02 / math.sqrt(2.0 * cfg.layers)
+    return 0.02
+
+
+@torch.no_grad()
+def init_weights(named: Iterable[tuple[str, ParamSpec, torch.nn.Parameter]], cfg: Qwen3Config, *,
+                 seed: int, tp_rank: int, tp: int) -> None:
+    """Initialise every parameter from its FULL tensor, drawn from a generator seeded by (seed, name).
+
+    Why not megatron's init: megatron draws weights in construction order from one stream, so a
+    PP stage (which builds only its layers) or a different TP size starts from different weights.
+    Seeding per global parameter name and cutting this rank's TP shard from the full tensor
+    makes every (TP, PP, DP) layout start from the same model, which is what lets the tests
+    demand equal loss curves across layouts and methods. The distributions are megatron's, and
+    so is the full->shard mapping (``tp_shard``, including fc1's stride-2 [gate, up] layout).
+    """
+    for name, spec, p in named:
+        std = init_std(name, cfg)
+        if std is None:
+            p.fill_(1.0)
+            continue
+        gen = torch.Generator(device=p.device).manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63)
+        full = torch.empty(spec.shape, dtype=torch.float32, device=p.device).normal_(0.0, std, generator=gen)
+        if spec.partition_dim is not None:
+            full = tp_shard(full, spec.partition_dim, int(getattr(p, "partition_stride", 1)), tp, tp_rank)
+        if tuple(full.shape) != tuple(p.shape):
+            raise RuntimeError(f"{name}: TP shard {tuple(full.shape)} != local parameter {tuple(p.shape)}")
+        p.copy_(full)
+
+
+def causal_mask(seq_len: int, device: torch.device) -> torch.Tensor:
+    """Boolean mask, True = masked. Passed explicitly: megatron's default mask helper hard-codes CUDA."""
+    return torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool, device=device), diagonal=1).view(1, 1, seq_len, seq_len)

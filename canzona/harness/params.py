@@ -1,0 +1,177 @@
+"""Megatron parameters -> Canzona's ``(name, ParamSpec, local parameter)`` list.
+
+Why a separate step: the distributed optimizer plans on FULL matrices (atomicity), but a
+megatron rank only holds its TP shard. Megatron marks sharded params with
+``tensor_model_parallel`` and ``partition_dim``; we turn that into the full shape
+(local shape with ``partition_dim`` multiplied by TP) and route the param with the same rule
+the planners use, so the runtime executes exactly the plan the offline tools compute.
+
+Names are megatron's ``named_parameters`` names with wrapper prefixes (``module.``) removed,
+Transformer-Engine's fused-norm names mapped to the local-spec ones, and, under PP, the stage-local layer index (``decoder.layers.0`` on stage 1) rewritten to the
+global one, as in ``canzona.models.list_params``. The list is ordered like ``list_params``
+(our canonical inventory; megatron registers ``linear_proj`` before ``linear_qkv``), and it
+must cover the inventory exactly: a mismatch raises instead of silently planning on a
+different model.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from canzona.errors import ConfigError
+from canzona.models.qwen3 import Qwen3Config, list_params
+from canzona.models.spec import ParamSpec
+from canzona.models.routing import DEFAULT_ROUTING, RoutingRule
+
+NamedParam = tuple[str, ParamSpec, torch.nn.Parameter]
+_LAYER = re.compile(r"(^|\.)layers\.(\d+)\.")
+# Replicated params whose gradient is only a PARTIAL sum on each TP rank: QK-layernorm weights
+# normalise each head, and each TP rank holds only its own heads (megatron's
+# finalize_model_grads sums these across TP for the same reason).
+TP_PARTIAL_GRAD = re.compile(r"\.(q_layernorm|k_layernorm)\.")
+
+
+# Transformer-Engine layer specs fuse the pre-attention / pre-MLP norms into the following
+# linear layer; the inventory (and so the optimizer and the records) uses the local-spec names.
+TE_ALIASES = {
+    "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
+    "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
+}
+
+
+def canonical_name(name: str) -> str:
+    """Local-spec name of a (possibly TE-spec) megatron parameter name."""
+    for te, local in TE_ALIASES.items():
+        if name.endswith("." + te):
+            return name[: -len(te)] + local
+    return name
+
+
+def strip_wrappers(name: str) -> str:
+    """Drop DDP/Float16Module ``module.`` prefixes so names are the model's own."""
+    while name.startswith("module."):
+        name = name[len("module."):]
+    return name
+
+
+def global_name(name: str, layer_offset: int) -> tuple[str, int | None]:
+    """Rewrite a stage-local layer index to the global one; return (name, global layer or None)."""
+    m = _LAYER.search(name)
+    if m is None:
+        return name, None
+    layer = int(m.group(2)) + layer_offset
+    return name[: m.start(2)] + str(layer) + name[m.end(2):], layer
+
+
+def full_shape(param: torch.Tensor, tp: int) -> tuple[tuple[int, ...], int | None]:
+    """(FULL shape, partition_dim) of a megatron parameter from its TP attributes."""
+    shape = tuple(param.shape)
+    if not getattr(param, "tensor_model_parallel", False):
+        return shape, None
+    d = int(param.partition_dim)
+    return shape[:d] + (shape[d] * tp,) + shape[d + 1:], d
+
+def named_params(model: torch.nn.Module, cfg: Qwen3Config, *, tp: int, pp: int, stage: int,
+                 routing: RoutingRule = DEFAULT_ROUTING) -> list[NamedParam]:
+    """This stage's trainable params as ``(name, full-shape ParamSpec, local parameter)``.
+
+    Raises ConfigError when megatron's model and the inventory of ``cfg`` disagree in names or
+    shapes (a wrong config, or a megatron version that renamed something).
+    """
+    offset = stage * (cfg.layers // pp)
+    got: dict[str, tuple[ParamSpec, torch.nn.Parameter]] = {}
+    for raw, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        name, layer = global_name(canonical_name(strip_wrappers(raw)), offset)
+        shape, dim = full_shape(p, tp)
+        got[name] = (ParamSpec(name, shape, dim, routing.route(name, len(shape)), layer), p)
+    expected = list_params(cfg, pp=pp, stage=stage, routing=routing)
+    exp_names = [s.name for s in expected]
+    missing, extra = sorted(set(exp_names) - set(got)), sorted(set(got) - set(exp_names))
+    if missing or extra:
+        raise ConfigError(f"megatron model of {cfg.name} (stage {stage}/{pp}) does not match the inventory: "
+                          f"missing {missing[:4]}, unexpected {extra[:4]}")
+    out: list[NamedParam] = []
+    for spec in expected:
+        mine, p = got[spec.name]
+        if mine.shape != spec.shape or mine.partition_dim != spec.partition_dim:
+            raise ConfigError(f"{spec.name}: megatron gives full shape {mine.shape} (tp dim {mine.partition_dim}), "
+                              f"the {cfg.name} inventory says {spec.shape} (tp dim {spec.partition_dim})")
+        out.append((spec.name, mine, p))
+    return out
+
+
+def tp_shard(full: torch.Tensor, dim: int, stride: int, tp: int, rank: int) -> torch.Tensor:
+    """TP rank ``rank``'s shard of a FULL tensor, cut the way megatron cuts its master weights.
+
+    ``stride`` is megatron's ``partition_stride``: 1 for plain column/row-parallel weights; 2
+    for SwiGLU's fc1, whose full weight is [gate; up] while each rank stores
+    [gate_rank; up_rank]. So concatenating the local shards along ``dim`` gives a ROW
+    PERMUTATION of the full weight when stride > 1; Muon, Shampoo and SOAP are equivariant to
+    row permutations (the update permutes along), which is why the optimizer may treat the
+    concatenation as the matrix. A split view that assumes [gate; up] must not.
+    """
+    if tp == 1:
+        return full
+    pieces = torch.split(full, full.shape[dim] // (tp * stride), dim=dim)
+    return torch.cat(pieces[rank::tp], dim=dim)
+
+
+def tp_partial_grad_params(named: list[NamedParam], tp: int) -> list[torch.nn.Parameter]:
+    """Replicated params whose grads must be summed across TP before the step (empty at TP=1)."""
+    if tp == 1:
+        return []
+    return [p for n, s, p in named if s.partition_dim is None and TP_PARTIAL_GRAD.search(n)]
+
+
+@torch.no_grad()
+def allreduce_tp_partial_grads(params: list[torch.nn.Parameter], tp_group: "torch.distributed.ProcessGroup") -> None:
+    """Sum the partial grads of ``params`` across TP, in place (one coalesced all-reduce).
+
+    In place matters: Canzona's optimizer keeps ``.grad`` as views into its flat buffers, so
+    writing back through ``.grad`` is what the step reads. Summing across TP after the DP
+    reduction is equivalent to before it (both are linear), and the AdamW buckets are laid out
+    identically on every TP rank, so a ZeRO owner's slice is summed with the same slice.
+    """
+    import torch.distributed as dist
+
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=tp_group)
+    off = 0
+    for g in grads:
+        g.copy_(flat[off:off + g.numel()].view_as(g))
+        off += g.numel()
+
+
+@torch.no_grad()
+def replica_divergence(named: list[NamedParam], dp_group: "torch.distributed.ProcessGroup",
+                       tp_group: "torch.distributed.ProcessGroup") -> float:
+    """Largest |difference| between copies of the same parameter on different ranks.
+
+    Every parameter is replicated across DP, and the unsharded ones (norms) across TP too; a
+    correct run keeps the copies identical. A non-zero value exposes gradients that differ
+    between replicas (e.g. QK-layernorm grads left as per-TP-rank partial sums) even when the
+    loss curve hides it. Collective over both groups; every rank returns the same value.
+    """
+    import torch.distributed as dist
+
+    def spread(tensors: list[torch.Tensor], group: "torch.distributed.ProcessGroup") -> torch.Tensor:
+        if not tensors or dist.get_world_size(group) == 1:
+            return torch.zeros((), dtype=torch.float64)
+        flat = torch.cat([t.detach().reshape(-1).double() for t in tensors])
+        hi, lo = flat.clone(), flat.clone()
+        dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=group)
+        dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=group)
+        return (hi - lo).max().cpu()
+
+    dp = spread([p for _, _, p in named], dp_group)
+    tp = spread([p for _, s, p in named if s.partition_dim is None], tp_group)
+    worst = torch.maximum(dp, tp).to(named[0][2].device)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # every rank (all PP stages) reports the same value
+    return float(worst)

@@ -1,0 +1,157 @@
+"""Peer method ``megatron-muon``: Megatron's OWN Muon on the same model in the same harness.
+
+Why: the paper's baseline lineage is Megatron's layer-wise distributed optimizer with Muon
+(megatron-core >= 0.19, math from NVIDIA's ``emerging-optimizers``). Running it behind the same
+four calls as Canzona's optimizer (no_sync, finish_grad_sync, step, zero_grad) means the same
+model, data, schedule and timers, so the comparison is apples to apples. This module is
+independent of ``canzona.dist``: it wraps the model in megatron's DDP and builds megatron's
+optimizer with ``get_megatron_optimizer``.
+
+What runs:
+* matrix weights -> Megatron's Muon with ``muon_tp_mode`` (duplicated | distributed | blockwise)
+  at ``lr``; embedding, output layer, norms -> Megatron's Adam (``muon_scalar_optimizer``), as
+  Megatron does, at ``adamw_lr`` (set through a param-group override, constant LR);
+* gradient sync -> megatron DDP (bucketed all-reduce) + ``finalize_model_grads``;
+* the layer-wise distributed optimizer (each DP rank updates whole matrices, then params are
+  all-gathered) on NCCL only: it relies on an uneven all_gather that gloo lacks, so on gloo
+  every DP rank updates every matrix. The record says which (``peer_layer_wise``).
+
+Availability: megatron-core 0.16.1 (what pip resolves on Python 3.11) has no Muon. The optional
+environment built by ``make megatron-peer-env`` installs 0.19.x; anywhere else ``available()``
+says why and the CLI exits with code 3. There is never a fallback to another method.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from canzona.errors import ConfigError
+from canzona.harness.config import RunConfig
+
+MIN_VERSION = "0.19"
+HOW_TO = ("build the optional peer environment with `make megatron-peer-env` and run "
+          "`.venv-peer/bin/python -m canzona train ... --method megatron-muon`")
+
+
+def available() -> tuple[bool, str]:
+    """(True, version) if megatron's Muon can run here, else (False, a sentence saying why and what to do)."""
+    try:
+        from megatron.core import package_info
+        from packaging.version import Version
+    except ImportError as exc:
+        return False, f"megatron-core is not importable ({exc}); {HOW_TO}"
+    v = str(package_info.__version__)
+    if Version(v) < Version(MIN_VERSION):
+        return False, (f"megatron-core {v} is installed; Megatron's Muon needs >= {MIN_VERSION} "
+                       f"(on Python 3.11 pip resolves 0.16.1); {HOW_TO}")
+    try:
+        import emerging_optimizers  # noqa: F401
+    except Exception as exc:  # a missing typing.override backport surfaces as ImportError/AttributeError
+        return False, f"megatron-core {v} is installed but emerging-optimizers is not importable ({exc}); {HOW_TO}"
+    try:
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # noqa: F401
+    except Exception as exc:
+        return False, f"megatron-core {v}: cannot import its optimizer factory ({exc})"
+    if not hasattr(OptimizerConfig, "muon_tp_mode") and "muon_tp_mode" not in getattr(OptimizerConfig, "__dataclass_fields__", {}):
+        return False, f"megatron-core {v}: OptimizerConfig has no muon_tp_mode"
+    return True, f"megatron-core {v}"
+
+
+def layer_wise_supported(backend: str) -> bool:
+    """Megatron's layer-wise optimizer all-gathers uneven per-rank shards: NCCL yes, gloo no."""
+    return backend == "nccl"
+
+
+def validate(run: RunConfig, *, gpu: bool) -> None:
+    """Peer-specific checks that must fail before ranks launch."""
+    if run.optimizer != "muon":
+        raise ConfigError("megatron-muon runs Megatron's Muon only; use --optimizer muon")
+    if run.dtype == "bf16" and not gpu:
+        raise ConfigError("megatron-muon with bf16 needs a GPU; use --dtype fp32")
+
+
+class MegatronMuonStep:
+    """megatron DDP + Muon behind the harness's optimizer protocol."""
+
+    def __init__(self, ddp_model: Any, optimizer: Any, device: torch.device, layer_wise: bool) -> None:
+        self.ddp, self.optimizer, self.device, self.layer_wise = ddp_model, optimizer, device, layer_wise
+
+    def no_sync(self) -> AbstractContextManager[Any]:
+        return self.ddp.no_sync()
+
+    def finish_grad_sync(self) -> None:
+        from megatron.core.distributed import finalize_model_grads
+
+        from canzona.harness import cpu_shim
+
+        with cpu_shim.cuda_literals_to_cpu():
+            finalize_model_grads([self.ddp])
+
+    def step(self) -> dict[str, float]:
+        """Megatron's ``optimizer.step()`` (includes the layer-wise param all-gather); ms, max across ranks."""
+        from canzona.harness import cpu_shim
+
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        t0 = time.perf_counter()
+        with cpu_shim.cuda_literals_to_cpu():
+            ok, _, _ = self.optimizer.step()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        ms = torch.tensor([(time.perf_counter() - t0) * 1e3], dtype=torch.float64, device=self.device)
+        dist.all_reduce(ms, op=dist.ReduceOp.MAX)
+        if not ok:
+            raise FloatingPointError("megatron-muon: optimizer step unsuccessful (non-finite gradients)")
+        return {"total": float(ms.item())}
+
+    def zero_grad(self) -> None:
+        self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad()
+
+
+def build(run: RunConfig, model: torch.nn.Module) -> tuple[torch.nn.Module, MegatronMuonStep]:
+    """Wrap ``model`` (already initialised) in megatron DDP and build Megatron's Muon for it."""
+    ok, why = available()
+    if not ok:
+        raise ConfigError(f"method megatron-muon unavailable: {why}")
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer.optimizer_config import ParamKey, ParamPredicate
+
+    from canzona.harness import cpu_shim
+
+    device = next(model.parameters()).device
+    layer_wise = layer_wise_supported(str(dist.get_backend()))
+    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=True,
+                                               use_distributed_optimizer=False, bucket_size=run.bucket_size)
+    bf16 = run.dtype == "bf16"
+    opt_config = OptimizerConfig(
+        optimizer="muon", lr=run.lr, min_lr=run.lr, weight_decay=run.weight_decay, bf16=bf16,
+        params_dtype=torch.bfloat16 if bf16 else torch.float32, adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8,
+        clip_grad=0.0, muon_tp_mode=run.muon_tp_mode, use_layer_wise_distributed_optimizer=layer_wise,
+        # the same update as Canzona's Muon, so --lr means the same step and the work per matrix is
+        # the same: Nesterov momentum 0.95, U = 0.2·sqrt(max(m, n))·NS(M) ("spectral" scale is
+        # sqrt(max(m, n))), the fused QKV orthogonalised as ONE matrix (Megatron splits by default)
+        muon_momentum=0.95, muon_nesterov=True, muon_scale_mode="spectral", muon_extra_scale_factor=0.2,
+        muon_split_qkv=False, muon_num_ns_steps=5,
+    )
+    # the Adam-routed params (Megatron's own rule: embedding/output or not 2-D) get --adamw-lr,
+    # like Canzona's AdamW params; without this Megatron would run them at the Muon LR
+    adam_routed = ParamKey(predicate=ParamPredicate(name="canzona_adam_routed", fn=_adam_routed))
+    overrides = {adam_routed: {"max_lr": run.adamw_lr, "min_lr": run.adamw_lr}}
+    with cpu_shim.cuda_literals_to_cpu():
+        ddp = DistributedDataParallel(model.config, ddp_config, model)
+        optimizer = get_megatron_optimizer(opt_config, [ddp], config_overrides=overrides, use_gloo_process_groups=False)
+    for group in optimizer.param_groups:  # constant LR: what megatron's LR scheduler would set
+        group["lr"] = group["max_lr"]
+    return ddp, MegatronMuonStep(ddp, optimizer, device, layer_wise)
+
+
+def _adam_routed(param: torch.nn.Parameter) -> bool:
+    """Megatron's split between Muon and Adam (emerging_optimizers._is_nonlinear_or_embedding)."""
+    return bool(getattr(param, "is_embedding_or_output_parameter", False)) or param.dim() != 2

@@ -1,0 +1,217 @@
+"""The training loop: one rank of a Qwen3 run on megatron-core with a Canzona (or peer) optimizer.
+
+Reads top to bottom: parallel state -> seeds -> model -> named params -> optimizer -> loop
+(synthetic batch, megatron forward-backward schedule, optimizer step) -> aggregate timings ->
+rank 0 appends the results line. Everything configurable is a field of the validated
+``RunConfig``; nothing here reads environment variables.
+
+How the pieces fit megatron:
+* Model: megatron's GPTModel for this PP stage (``model.py``), no megatron DDP wrapper. The
+  schedule (``get_forward_backward_func``: no-pipelining for PP=1, 1F1B for PP>1) runs the
+  micro-batches; its ``no_sync_func`` is the optimizer's ``no_sync`` (gradient reduction held
+  back for all but the last micro-batch, like DDP) and its ``finalize_model_grads_func`` calls
+  the optimizer's ``finish_grad_sync``. So Canzona's DistributedOptimizer does the DP gradient
+  reduction for EVERY parameter: matrix params with the chosen strategy, AdamW-routed params
+  (embedding, output layer, norms) with its ZeRO-1 AdamW path; TP communication stays inside
+  megatron's layers. Replicated norm grads are identical across TP ranks (sequence parallelism
+  is off) EXCEPT the QK-layernorm weights: each TP rank only sees its own heads, so the loop
+  sums those grads across TP after the DP reduction, as megatron's finalize_model_grads does.
+* Tied embeddings with PP>1 are rejected by config validation (their cross-stage gradient
+  all-reduce is not implemented); PP otherwise runs through megatron's own schedules.
+* The megatron-muon peer swaps in megatron's DDP + Muon (``peer_megatron.py``) behind the same
+  four calls (no_sync, finish_grad_sync, step, zero_grad).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Protocol
+
+import torch
+import torch.distributed as dist
+
+from canzona.harness import cpu_shim
+from canzona.harness.config import RunConfig
+from canzona.harness.model import build_model, causal_mask, init_weights, te_available
+from canzona.harness.params import (NamedParam, allreduce_tp_partial_grads, named_params, replica_divergence,
+                                     tp_partial_grad_params)
+from canzona.harness.timing import Clock, IterationLog, aggregate, peak_memory_mb
+
+if TYPE_CHECKING:
+    from canzona.dist.launch import RankInfo
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+class StepOptimizer(Protocol):
+    """What the loop needs from an optimizer: DDP-like grad sync control and a timed step."""
+
+    def no_sync(self) -> ContextManager[Any]: ...
+    def finish_grad_sync(self) -> None: ...
+    def step(self) -> dict[str, float]: ...
+    def zero_grad(self) -> None: ...
+
+
+class SyntheticTokens:
+    """Seeded token batches with learnable structure, identical for every layout.
+
+    Tokens follow a fixed random bigram chain (each token has ``branching`` possible
+    successors), so the loss falls from ln(vocab) towards ln(branching): a run that does not
+    train is visible. Iteration ``i`` always yields the same GLOBAL batch; DP rank r takes rows
+    [r·rows, (r+1)·rows). No downloads, no files.
+    """
+
+    def __init__(self, vocab: int, seq_len: int, global_batch: int, seed: int, branching: int = 4) -> None:
+        self.vocab, self.seq_len, self.global_batch, self.seed = vocab, seq_len, global_batch, seed
+        g = torch.Generator().manual_seed(seed)
+        self.successors = torch.randint(0, vocab, (vocab, branching), generator=g)
+
+    def global_batch_tokens(self, iteration: int) -> torch.Tensor:
+        """[global_batch, seq_len + 1] int64 tokens of ``iteration``."""
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + iteration + 1)
+        cur = torch.randint(0, self.vocab, (self.global_batch,), generator=g)
+        pick = torch.randint(0, self.successors.shape[1], (self.global_batch, self.seq_len), generator=g)
+        out = [cur]
+        for t in range(self.seq_len):
+            cur = self.successors[cur, pick[:, t]]
+            out.append(cur)
+        return torch.stack(out, dim=1)
+
+    def microbatches(self, iteration: int, dp_rank: int, dp: int, micro_batch: int,
+                     device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """This DP rank's (input ids, labels) micro-batches of ``iteration``."""
+        rows = self.global_batch // dp
+        mine = self.global_batch_tokens(iteration)[dp_rank * rows:(dp_rank + 1) * rows].to(device)
+        return [(mb[:, :-1].contiguous(), mb[:, 1:].contiguous()) for mb in mine.split(micro_batch)]
+
+
+def build_optimizer(run: RunConfig, model: torch.nn.Module, named: list[NamedParam]) -> tuple[torch.nn.Module, StepOptimizer]:
+    """(model the schedule runs, optimizer). Canzona's strategies keep the bare model; the
+    megatron-muon peer wraps it in megatron's DDP."""
+    from megatron.core import parallel_state as ps
+
+    if run.method == "megatron-muon":
+        from canzona.harness import peer_megatron
+
+        return peer_megatron.build(run, model)
+    from canzona.dist import DistConfig, DistributedOptimizer
+
+    cfg = DistConfig(strategy=run.method, optimizer=run.optimizer, lr=run.lr, weight_decay=run.weight_decay,
+                     adamw_lr=run.adamw_lr, adamw_weight_decay=run.adamw_weight_decay, alpha=run.alpha,
+                     bucket_size=run.bucket_size, overlap_grad_sync=True, overlap_param_sync=run.overlap_param_sync,
+                     nonfinite="raise")
+    # world_group = this PP stage's TP×DP ranks: stages hold different params, hence different plans
+    opt = DistributedOptimizer(named, ps.get_data_parallel_group(), ps.get_tensor_model_parallel_group(), cfg,
+                               world_group=ps.get_tensor_and_data_parallel_group())
+    if run.overlap_param_sync:  # each module waits for its own params' all-gather before its forward
+        opt.attach(model)
+    return model, opt
+
+
+def make_forward_step(seq_len: int, device: torch.device) -> Callable[..., Any]:
+    """megatron schedule ``forward_step_func``: model forward + loss function for one micro-batch."""
+    mask = causal_mask(seq_len, device)
+
+    def loss_func(per_token: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        loss = per_token.float().mean()
+        # clone: the schedule divides the returned loss by num_microbatches IN PLACE
+        return loss, {"loss": loss.detach().clone()}
+
+    def forward_step(data: Iterator[tuple[torch.Tensor, torch.Tensor]], model: torch.nn.Module) -> Any:
+        ids, labels = next(data)
+        pos = torch.arange(seq_len, device=device).unsqueeze(0).expand_as(ids)
+        return model(ids, pos, mask, labels=labels), loss_func
+
+    return forward_step
+
+
+def train(ri: "RankInfo", run: RunConfig) -> dict[str, Any]:
+    """One rank of ``run``; returns this rank's loss curve (and the record on rank 0)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    from megatron.core.utils import get_model_config
+
+    device = ri.device
+    on_cpu = device.type == "cpu"
+    if on_cpu:
+        cpu_shim.install()
+    backend = str(dist.get_backend())
+    ps.initialize_model_parallel(tensor_model_parallel_size=run.tp, pipeline_model_parallel_size=run.pp)
+    try:
+        # --- seeds, model, params ---------------------------------------------------------
+        torch.manual_seed(run.seed)
+        model_parallel_cuda_manual_seed(run.seed)
+        mcfg = run.model_config
+        tp_rank, stage = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
+        dp_rank = ps.get_data_parallel_rank()
+        use_te = te_available() and not on_cpu
+        model = build_model(mcfg, tp=run.tp, pp=run.pp, seq_len=run.seq_len, dtype=DTYPES[run.dtype], device=device,
+                            use_te=use_te)
+        named = named_params(model, mcfg, tp=run.tp, pp=run.pp, stage=stage)
+        init_weights(named, mcfg, seed=run.seed, tp_rank=tp_rank, tp=run.tp)
+
+        # --- optimizer, hooked into megatron's schedule -------------------------------------
+        model, opt = build_optimizer(run, model, named)
+        tp_partial = tp_partial_grad_params(named, run.tp) if run.method != "megatron-muon" else []
+
+        def finalize_model_grads(*_: Any, **__: Any) -> None:
+            """Replaces megatron's finalize_model_grads: DP reduction by our optimizer, then the
+            QK-layernorm grads (partial per TP rank) summed across TP, as megatron does."""
+            opt.finish_grad_sync()
+            allreduce_tp_partial_grads(tp_partial, ps.get_tensor_model_parallel_group())
+
+        mconfig = get_model_config(model)
+        mconfig.no_sync_func = opt.no_sync
+        mconfig.finalize_model_grads_func = finalize_model_grads
+        forward_backward = get_forward_backward_func()
+        forward_step = make_forward_step(run.seq_len, device)
+        data = SyntheticTokens(mcfg.vocab, run.seq_len, run.global_batch, run.seed)
+        loss_rank = ps.is_pipeline_last_stage() and tp_rank == 0
+
+        # --- the loop -------------------------------------------------------------------------
+        clock = Clock(sync=not on_cpu)
+        log = IterationLog()
+        for it in range(run.warmup + run.iters):
+            micro = data.microbatches(it, dp_rank, run.dp, run.micro_batch, device)
+            t0 = clock.now_ms()
+            with cpu_shim.cuda_literals_to_cpu():
+                losses = forward_backward(forward_step_func=forward_step, data_iterator=iter(micro), model=model,
+                                          num_microbatches=run.num_microbatches, seq_length=run.seq_len,
+                                          micro_batch_size=run.micro_batch, forward_only=False)
+            if on_cpu:  # so that step_ms times the step, not the ranks' forward-backward skew
+                dist.barrier()
+            t1 = clock.now_ms()
+            phases = dict(opt.step())
+            t2 = clock.now_ms()
+            opt.zero_grad()
+            t3 = clock.now_ms()
+            phases.pop("skipped", None)  # nonfinite="raise": a non-finite step never gets here
+            loss = float(sum(float(x["loss"]) for x in losses) / len(losses)) if loss_rank else 0.0
+            log.add(t3 - t0, t1 - t0, t2 - t1, phases, loss)
+
+        # --- aggregate, check, record ---------------------------------------------------------
+        if run.overlap_param_sync:
+            opt.wait_param_sync()  # the last step's all-gathers are still in flight
+        timings = aggregate(log, loss_divisor=run.dp, device=device)
+        drift = replica_divergence(named, ps.get_data_parallel_group(), ps.get_tensor_model_parallel_group())
+        out: dict[str, Any] = {"rank": ri.rank, "loss_curve": timings.loss_curve, "replica_max_abs_diff": drift,
+                               "record": None}
+        if ri.rank == 0:
+            from canzona.harness.record import build_record, environment
+            from canzona.results.schema import append_record
+
+            _, mem_kind = peak_memory_mb(device)
+            extra: dict[str, Any] = {"layer_spec": "transformer_engine" if use_te else "local",
+                                     "cpu_shim": cpu_shim.installed()}
+            if run.method == "megatron-muon":
+                extra["megatron_muon_layer_wise"] = getattr(opt, "layer_wise", None)
+                extra["megatron_muon_tp_mode"] = run.muon_tp_mode
+            env = environment(device, backend, extra=extra)
+            record = build_record(run, env, timings, mem_kind=mem_kind, checks={"replica_max_abs_diff": drift})
+            if run.results:
+                append_record(run.results, record)
+            out["record"] = record
+        return out
+    finally:
+        ps.destroy_model_parallel()
+

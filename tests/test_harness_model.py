@@ -1,0 +1,161 @@
+"""megatron-core GPTModel on CPU: the shim, params -> ParamSpec, and layout-invariant fwd+bwd.
+
+Ranks are forked after megatron is imported here (environment.md), so each launch costs well
+under a second plus the model work.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core")
+import megatron.core.models.gpt  # noqa: E402,F401  # import before forking
+
+from canzona.dist.launch import launch  # noqa: E402
+from canzona.harness import cpu_shim  # noqa: E402
+from canzona.harness.config import RunConfig  # noqa: E402
+from canzona.harness.params import tp_shard  # noqa: E402
+from canzona.models import list_params  # noqa: E402
+
+pytestmark = pytest.mark.slow
+needs_cpu = pytest.mark.skipif(torch.cuda.is_available(), reason="the shim is only used without a GPU")
+
+
+@needs_cpu
+def test_shim_redirects_and_restores() -> None:
+    from megatron.core.tensor_parallel import random as mrandom
+
+    before = (torch.cuda.current_device, torch.cuda.synchronize, mrandom._CUDA_RNG_STATE_TRACKER)
+    assert cpu_shim.install() and cpu_shim.installed()
+    try:
+        assert torch.cuda.current_device() == torch.device("cpu")
+        torch.cuda.synchronize()
+        tracker = mrandom.get_cuda_rng_tracker()
+        tracker.reset()
+        tracker.add("a", 11)
+        with pytest.raises(Exception, match="already exists"):
+            tracker.add("b", 11)
+        torch.manual_seed(0)
+        outside = torch.get_rng_state()
+        with tracker.fork("a"):
+            x1 = torch.rand(3)
+        assert torch.equal(torch.get_rng_state(), outside)  # default stream untouched by the fork
+        with tracker.fork("a"):
+            x2 = torch.rand(3)
+        assert not torch.equal(x1, x2)  # the tracked stream advanced
+        with cpu_shim.cuda_literals_to_cpu():
+            z = torch.zeros([], device="cuda")
+            assert z.device.type == "cpu"
+            assert torch.ones(2).to("cuda").device.type == "cpu"
+    finally:
+        cpu_shim.uninstall()
+    assert not cpu_shim.installed()
+    assert (torch.cuda.current_device, torch.cuda.synchronize, mrandom._CUDA_RNG_STATE_TRACKER) == before
+    with cpu_shim.cuda_literals_to_cpu():  # off: no redirection
+        with pytest.raises((AssertionError, RuntimeError)):
+            torch.zeros([], device="cuda")
+
+
+def test_tp_shard_matches_megatron_stride() -> None:
+    full = torch.arange(16.0).view(8, 2)  # rows: gate 0..3, up 4..7
+    assert tp_shard(full, 0, 1, 2, 1).flatten().tolist() == list(range(8, 16))
+    # stride 2 (SwiGLU fc1): rank r keeps [gate_r; up_r]
+    assert tp_shard(full, 0, 2, 2, 0)[:, 0].tolist() == [0.0, 2.0, 8.0, 10.0]
+    assert tp_shard(full, 0, 2, 2, 1)[:, 0].tolist() == [4.0, 6.0, 12.0, 14.0]
+
+
+def _fwd_bwd_rank(info, run: RunConfig) -> dict:
+    """One forward-backward of the first global batch through megatron's schedule, no optimizer."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    from canzona.harness.model import build_model, init_weights
+    from canzona.harness.params import allreduce_tp_partial_grads, named_params, tp_partial_grad_params
+    from canzona.harness.train import SyntheticTokens, make_forward_step
+
+    cpu_shim.install()
+    ps.initialize_model_parallel(tensor_model_parallel_size=run.tp, pipeline_model_parallel_size=run.pp)
+    try:
+        model_parallel_cuda_manual_seed(run.seed)
+        cfg = run.model_config
+        stage, tp_rank = ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank()
+        model = build_model(cfg, tp=run.tp, pp=run.pp, seq_len=run.seq_len, dtype=torch.float32, device=info.device)
+        named = named_params(model, cfg, tp=run.tp, pp=run.pp, stage=stage)
+        init_weights(named, cfg, seed=run.seed, tp_rank=tp_rank, tp=run.tp)
+        data = SyntheticTokens(cfg.vocab, run.seq_len, run.global_batch, run.seed)
+        micro = data.microbatches(0, ps.get_data_parallel_rank(), run.dp, run.micro_batch, info.device)
+        with cpu_shim.cuda_literals_to_cpu():
+            out = get_forward_backward_func()(
+                forward_step_func=make_forward_step(run.seq_len, info.device), data_iterator=iter(micro), model=model,
+                num_microbatches=run.num_microbatches, seq_length=run.seq_len, micro_batch_size=run.micro_batch,
+                forward_only=False)
+        allreduce_tp_partial_grads(tp_partial_grad_params(named, run.tp), ps.get_tensor_model_parallel_group())
+        return {
+            "stage": stage, "tp_rank": tp_rank,
+            "loss": sum(float(x["loss"]) for x in out) / len(out) if out else None,
+            "specs": [(n, s.shape, s.partition_dim, s.route, s.layer) for n, s, _ in named],
+            "grads": {n: (p.grad.detach().clone(), s.partition_dim, int(getattr(p, "partition_stride", 1)))
+                      for n, s, p in named},
+        }
+    finally:
+        ps.destroy_model_parallel()
+
+
+def _full_grads(outs: list[dict], tp: int) -> dict[str, torch.Tensor]:
+    """Reassemble FULL gradients from TP shards (inverse of tp_shard), one entry per name."""
+    by_name: dict[str, list] = {}
+    for o in sorted(outs, key=lambda o: o["tp_rank"]):
+        for n, g in o["grads"].items():
+            by_name.setdefault(n, []).append(g)
+    full = {}
+    for n, shards in by_name.items():
+        grads = [g for g, _, _ in shards][:tp] if len(shards) >= tp else [g for g, _, _ in shards]
+        _, dim, stride = shards[0]
+        if dim is None or tp == 1:
+            full[n] = grads[0]
+            continue
+        pieces = [g.chunk(stride, dim=dim) for g in grads]
+        full[n] = torch.cat([pieces[r][s] for s in range(stride) for r in range(tp)], dim=dim)
+    return full
+
+
+def test_param_specs_match_inventory() -> None:
+    run = RunConfig(model="qwen3-micro", tp=2, pp=2, dp=1, seq_len=16, micro_batch=1, global_batch=2).validate(4)
+    outs = launch(_fwd_bwd_rank, 4, run, timeout_s=120)
+    cfg = run.model_config
+    for o in outs:
+        want = [(s.name, s.shape, s.partition_dim, s.route, s.layer) for s in list_params(cfg, pp=2, stage=o["stage"])]
+        assert o["specs"] == want
+    # stage 1 names carry GLOBAL layer indices, like list_params
+    assert any(n.startswith("decoder.layers.1.") for n, *_ in outs[-1]["specs"])
+
+
+@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2), (2, 2)])
+def test_layouts_give_tp1_loss_and_grads(tp: int, pp: int) -> None:
+    """Same seed, same global batch: every TP/PP layout computes TP=1's loss and FULL gradients."""
+    common = dict(model="qwen3-micro", seq_len=16, micro_batch=1, global_batch=4, dp=1)
+    ref = launch(_fwd_bwd_rank, 1, RunConfig(**common).validate(1), timeout_s=120)[0]
+    outs = launch(_fwd_bwd_rank, tp * pp, RunConfig(**common, tp=tp, pp=pp).validate(tp * pp), timeout_s=120)
+    last = [o for o in outs if o["stage"] == pp - 1]
+    assert all(o["loss"] == pytest.approx(ref["loss"], rel=1e-6) for o in last)
+    assert 4.0 < ref["loss"] < 7.0  # ~ln(256) at initialisation
+    want = _full_grads([ref], 1)
+    got: dict[str, torch.Tensor] = {}
+    for stage in range(pp):
+        got.update(_full_grads([o for o in outs if o["stage"] == stage], tp))
+    assert sorted(got) == sorted(want)
+    for n, g in want.items():
+        err = (got[n] - g).norm() / g.norm()
+        assert err < 1e-5, f"{n}: rel err {err:.2e}"
+
+
+def test_te_fused_norm_names_map_to_local_spec() -> None:
+    from canzona.harness.params import canonical_name, global_name
+
+    assert canonical_name("decoder.layers.3.self_attention.linear_qkv.layer_norm_weight") == "decoder.layers.3.input_layernorm.weight"
+    assert canonical_name("decoder.layers.0.mlp.linear_fc1.layer_norm_weight") == "decoder.layers.0.pre_mlp_layernorm.weight"
+    assert canonical_name("decoder.layers.0.mlp.linear_fc1.weight") == "decoder.layers.0.mlp.linear_fc1.weight"
+    assert global_name("decoder.layers.1.mlp.linear_fc2.weight", 14) == ("decoder.layers.15.mlp.linear_fc2.weight", 15)
+    assert global_name("decoder.final_layernorm.weight", 14) == ("decoder.final_layernorm.weight", None)

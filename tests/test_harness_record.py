@@ -1,0 +1,84 @@
+"""Timing aggregation, model FLOPs and the results record (no megatron needed)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from canzona.dist.launch import launch
+from canzona.harness.config import RunConfig
+from canzona.harness.record import build_record, environment
+from canzona.harness.timing import IterationLog, RunTimings, aggregate, model_flops_per_token, summarize, throughput
+from canzona.models import get_model
+from canzona.results import schema
+
+
+def test_summarize_matches_numpy_percentiles() -> None:
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 5, 10, 37):
+        xs = rng.exponential(size=n).tolist()
+        s = summarize(xs)
+        assert s["n"] == n
+        assert s["median"] == pytest.approx(np.percentile(xs, 50))
+        assert s["p90"] == pytest.approx(np.percentile(xs, 90))
+    with pytest.raises(ValueError):
+        summarize([])
+
+
+def test_model_flops_by_hand() -> None:
+    cfg = get_model("qwen3-micro")  # 2 layers, hidden 64, ffn 128, q_dim 128, kv_dim 64, vocab 256
+    per_layer = (128 + 2 * 64) * 64 + 64 * 128 + 2 * 128 * 64 + 64 * 128
+    matmul = 2 * per_layer + 256 * 64
+    attention = 2 * 2 * 2 * 32 * 128
+    assert model_flops_per_token(cfg, 32) == 6 * matmul + 3 * attention
+    t = throughput(cfg, seq_len=32, global_batch=4, iteration_ms=500.0, world=4)
+    assert t["tokens_per_s"] == pytest.approx(128 / 0.5)
+    assert t["model_tflops"] == pytest.approx(model_flops_per_token(cfg, 32) * 128 / 0.5 / 1e12)
+    assert t["model_tflops_per_rank"] == pytest.approx(t["model_tflops"] / 4)
+
+
+def _agg_rank(info) -> RunTimings:
+    log = IterationLog()
+    for i in range(4):
+        # rank r is slowest on iteration r: the max must pick each iteration's slowest rank
+        slow = 100.0 if i == info.rank else 10.0
+        loss = float(info.rank + i) if info.rank in (1, 3) else 0.0  # two "loss ranks" (one per DP replica)
+        log.add(slow + 1, slow, slow / 2, {"compute": slow / 4, "grad_sync": 1.0 + info.rank}, loss)
+    return aggregate(log, loss_divisor=2, device=torch.device("cpu"))
+
+
+def test_aggregate_takes_max_across_ranks_and_mean_loss() -> None:
+    out = launch(_agg_rank, 4, timeout_s=60)
+    for t in out:
+        assert t.iteration_ms == [101.0] * 4
+        assert t.fwd_bwd_ms == [100.0] * 4
+        assert t.step_ms == [50.0] * 4
+        assert t.phases_ms == {"compute": [25.0] * 4, "grad_sync": [4.0] * 4}
+        assert t.loss_curve == [(1 + i + 3 + i) / 2 for i in range(4)]
+        assert len(t.peak_mem_mb) == 4 and all(m > 0 for m in t.peak_mem_mb)
+
+
+def test_record_is_schema_valid_and_excludes_warmup(tmp_path) -> None:
+    run = RunConfig(model="qwen3-micro", tp=2, dp=2, seq_len=32, micro_batch=1, global_batch=4, warmup=2, iters=4,
+                    method="asc").validate(4)
+    timings = RunTimings(iteration_ms=[1000.0, 900.0, 10.0, 20.0, 30.0, 40.0], fwd_bwd_ms=[5.0] * 6,
+                         step_ms=[500.0, 400.0, 1.0, 2.0, 3.0, 4.0], phases_ms={"compute": [9.0, 9.0, 1.0, 1.0, 1.0, 1.0]},
+                         loss_curve=[5.5, 5.4, 5.3, 5.2, 5.1, 5.0], peak_mem_mb=[10.0, 30.0, 20.0, 5.0])
+    env = environment(torch.device("cpu"), "gloo")
+    rec = build_record(run, env, timings, mem_kind="cpu_max_rss")
+    assert rec["kind"] == "train" and rec["provenance"] == "measured"
+    assert "gloo" in rec["provenance_detail"] and "cpu" in rec["provenance_detail"]
+    assert rec["cell"] == schema.cell_key(rec["config"])
+    assert rec["timings"]["iteration_ms"] == {"median": 25.0, "p90": pytest.approx(37.0), "n": 4}
+    assert rec["timings"]["step_ms"]["median"] == 2.5
+    assert rec["timings"]["phases_ms"] == {"compute": 1.0}
+    assert rec["timings"]["peak_mem_mb"] == 30.0
+    assert rec["loss"]["first"] == 5.5 and rec["loss"]["last"] == 5.0
+    assert rec["timings"]["tokens_per_s"] == pytest.approx(4 * 32 / 0.025)
+    for k in ("git_commit", "torch", "megatron", "device", "backend", "hostname", "python", "timestamp"):
+        assert rec["env"][k]
+    path = tmp_path / "r.jsonl"
+    schema.append_record(path, rec)
+    schema.append_record(path, rec)
+    assert [no for no, _ in schema.iter_records(path)] == [1, 2]
