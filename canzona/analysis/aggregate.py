@@ -1,0 +1,99 @@
+"""Per-cell aggregates and speedups.
+
+Why these statistics: each result line already summarises one run (median, p90 and n over its
+timed iterations). Repetitions of a cell (same cell, kind, provenance and source; see
+``canzona.analysis.load``) are pooled as
+
+* ``<t>_ms``  = median over runs of the run medians (robust to one slow run),
+* ``<t>_p90`` = 90th percentile (linear interpolation) over runs of the run p90s,
+* ``<t>_n``   = total timed iterations over runs, and ``runs`` = number of lines.
+
+With a single run these are that run's own numbers, so a table never invents spread.
+Speedups are ratios of pooled medians: ``baseline_ms / canzona_ms`` (> 1 means Canzona is faster).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+METHOD_ORDER = ("sc", "layerwise", "asc", "megatron-muon", "canzona")
+BASELINES = ("sc", "layerwise", "megatron-muon")  # always shown; "asc" is added when present
+OURS = "canzona"
+GROUP_KEY = ("cell", "kind", "provenance", "source")
+# A table row: everything that defines a cell except the method, plus where the numbers come from.
+ROW_KEY = ("model", "tp", "pp", "dp", "optimizer", "seq_len", "global_batch", "kind", "provenance", "source")
+TIMINGS = ("iteration", "fwd_bwd", "step")
+
+
+def _p90(values: Sequence[float]) -> float:
+    return float(np.percentile(np.asarray(values, dtype=float), 90))
+
+
+def aggregate_cells(df: "pd.DataFrame") -> "pd.DataFrame":
+    """One row per group (cell, kind, provenance, source) with pooled timings and ``runs``."""
+    import pandas as pd
+
+    if df.empty:
+        return df.copy()
+    phase_cols = sorted(c for c in df.columns if c.startswith("phase_"))
+    out: list[dict[str, Any]] = []
+    for key, g in df.groupby(list(GROUP_KEY), sort=False, dropna=False):
+        first = g.iloc[0]
+        row: dict[str, Any] = dict(zip(GROUP_KEY, key))
+        for c in ("model", "tp", "pp", "dp", "world", "method", "optimizer", "seq_len", "micro_batch",
+                  "global_batch", "alpha", "dtype", "bucket_size", "cost", "provenance_label", "provenance_detail"):
+            if c in g:
+                row[c] = first[c]
+        row["runs"] = len(g)
+        for t in TIMINGS:
+            meds = g[f"{t}_ms"].dropna()
+            if meds.empty:
+                row[f"{t}_ms"] = row[f"{t}_p90"] = np.nan
+                row[f"{t}_n"] = 0
+                continue
+            p90s = g.loc[meds.index, f"{t}_p90"].fillna(meds)
+            row[f"{t}_ms"] = float(np.median(meds.to_numpy(dtype=float)))
+            row[f"{t}_p90"] = _p90(p90s.to_numpy(dtype=float))
+            row[f"{t}_n"] = int(g.loc[meds.index, f"{t}_n"].fillna(0).sum())
+        for c in phase_cols:
+            vals = g[c].dropna()
+            row[c] = float(np.median(vals.to_numpy(dtype=float))) if not vals.empty else np.nan
+        row["files"] = ";".join(sorted({f"{f}:{ln}" for f, ln in zip(g["file"], g["line"])}))
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def speedups(cells: "pd.DataFrame", ours: str = OURS, baselines: Sequence[str] | None = None) -> "pd.DataFrame":
+    """Per table row (``ROW_KEY``): ``<baseline>_ms / <ours>_ms`` for iteration and step.
+
+    Columns ``speedup_iter_vs_<b>`` and ``speedup_step_vs_<b>``; NaN where either side is missing.
+    ``baselines`` defaults to every method present other than ``ours``.
+    """
+    import pandas as pd
+
+    if cells.empty:
+        return pd.DataFrame()
+    present = [m for m in cells["method"].dropna().unique() if m != ours]
+    bases = list(baselines) if baselines is not None else [m for m in METHOD_ORDER if m in present] + sorted(
+        m for m in present if m not in METHOD_ORDER)
+    rows: list[dict[str, Any]] = []
+    for key, g in cells.groupby(list(ROW_KEY), sort=False, dropna=False):
+        by = {m: r for m, r in zip(g["method"], g.to_dict("records"))}
+        row: dict[str, Any] = dict(zip(ROW_KEY, key))
+        mine = by.get(ours)
+        for b in bases:
+            base = by.get(b)
+            for t, col in (("iteration", "iter"), ("step", "step")):
+                val = np.nan
+                if mine is not None and base is not None:
+                    num, den = base.get(f"{t}_ms"), mine.get(f"{t}_ms")
+                    if num is not None and den is not None and np.isfinite(num) and np.isfinite(den) and den > 0:
+                        val = float(num) / float(den)
+                row[f"speedup_{col}_vs_{b}"] = val
+        rows.append(row)
+    return pd.DataFrame(rows)

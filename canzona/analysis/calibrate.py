@@ -1,0 +1,314 @@
+"""`canzona calibrate-cpu`: measure this machine and write the ``cpu-local`` hardware profile.
+
+Why: the projection's only honest check is against runs we measured ourselves, which on our
+machines are forked gloo ranks on a few CPU cores. The profile for that check must come from
+measurements of the same conditions, never from the runs it will be compared with:
+
+* compute: every rank, at the same time (so the cores are shared exactly as in a
+  ``bench-step`` run), times the real optimizer's ``direction()`` (canzona.optim) on each
+  distinct matrix shape of the model, alternating with rank 0 timing it alone while the others
+  wait (paired samples, so both see the same background load on a shared host). The
+  solo times are the profile's per-shape table (and a fit ``t = overhead + FLOPs / rate`` gives
+  the rate for other shapes); ``shared_cores = nproc · solo / shared`` says how many cores the
+  ranks share, which the projection's simulation uses (k ranks computing at once each run at
+  min(1, cores / k) of solo speed). The times cover the elementwise work inside
+  ``direction()``, so the profile sets ``direction_passes = 0``.
+* memory: rank 0 copies a 32 MiB buffer alone: bytes moved / s.
+* collectives: the ranks form the DP groups of a dp×tp layout (as bench-step does) and time
+  every collective kind at several sizes, all groups at once; a fit
+  ``t = latency + factor(kind, n) · bytes / bus_bw`` per kind gives the profile's
+  ``[collectives.<kind>]`` overrides.
+
+Fwd/bwd MFU is not calibrated on CPU (no harness run is used to calibrate), so the cpu-local
+profile has no ``mfu`` and the projection reports no CPU iteration times.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import socket
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from canzona.analysis.projection import COLLECTIVES, PROFILE_DIR, ring_terms
+from canzona.cost import matrix_flops
+
+DEFAULT_SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)  # bytes per collective buffer (up to a qwen3-tiny bucket)
+
+
+def _shapes(model: str) -> list[tuple[int, int]]:
+    from canzona.models import get_model, list_params
+
+    seen: list[tuple[int, int]] = []
+    for p in list_params(get_model(model)):
+        if p.route == "matrix" and tuple(p.shape) not in seen:
+            seen.append(tuple(p.shape))  # type: ignore[arg-type]
+    return seen
+
+
+def _time(fn: Any, reps: int) -> float:
+    fn()  # warm-up
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def _rank(info: Any, model: str, optimizer: str, dp: int, tp: int, sizes: Sequence[int], reps: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from canzona.optim import make_matrix_optimizer
+
+    out: dict[str, Any] = {"compute": {}, "solo": {}, "mem": 0.0, "mem_solo": 0.0, "coll": {}}
+    opt = make_matrix_optimizer(optimizer)
+    gen = torch.Generator().manual_seed(info.rank)
+    src = torch.randn(8 << 20)
+    dst = torch.empty_like(src)
+
+    def paired(fn: Any) -> tuple[float, float]:
+        """Alternate 'every rank at once' and 'rank 0 alone' samples, so both see the same
+        background load (the host is shared); medians of each."""
+        fn()
+        shared, solo = [], []
+        for _ in range(reps):
+            dist.barrier()
+            t0 = time.perf_counter()
+            fn()
+            shared.append(time.perf_counter() - t0)
+            dist.barrier()
+            if info.rank == 0:
+                t0 = time.perf_counter()
+                fn()
+                solo.append(time.perf_counter() - t0)
+        return statistics.median(shared), (statistics.median(solo) if solo else 0.0)
+
+    for shape in _shapes(model):
+        g = torch.randn(shape, generator=gen)
+        st = opt.init_state(shape)
+        step = [0]
+
+        def one() -> None:
+            step[0] += 1
+            opt.direction(g, st, step[0])
+
+        key = f"{shape[0]}x{shape[1]}"
+        out["compute"][key], solo_t = paired(one)
+        if info.rank == 0:
+            out["solo"][key] = solo_t
+    shared_t, solo_t = paired(lambda: dst.copy_(src))
+    out["mem"] = 2 * src.numel() * 4 / shared_t
+    out["mem_solo"] = 2 * src.numel() * 4 / solo_t if solo_t else 0.0
+    # DP groups of a dp x tp layout, as bench-step builds them (rank = d*tp + t)
+    mine = None
+    for t in range(tp):
+        g = dist.new_group([d * tp + t for d in range(dp)])
+        mine = g if info.rank % tp == t else mine
+    n = dp
+    for kind in COLLECTIVES:
+        for nbytes in sizes:
+            elems = max(n, nbytes // 4 // n * n)
+            buf = torch.randn(elems)
+            part = torch.empty(elems // n)
+            outb = torch.empty(elems)
+            root = dist.get_global_rank(mine, 0)
+            ops = {
+                "all_reduce": lambda: dist.all_reduce(buf, group=mine),
+                "reduce_scatter": lambda: dist.reduce_scatter_tensor(part, buf, group=mine),
+                "all_gather": lambda: dist.all_gather_into_tensor(outb, buf[: elems // n], group=mine),
+                "all_to_all": lambda: dist.all_to_all_single(outb, buf, group=mine),
+                "broadcast": lambda: dist.broadcast(buf, src=root, group=mine),
+                "reduce": lambda: dist.reduce(buf, dst=root, group=mine),
+            }
+            dist.barrier()
+            out["coll"][f"{kind}:{elems * 4}"] = _time(ops[kind], reps)
+    return out
+
+
+def _fit_line(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """Least squares y = a + b·x with a, b >= 0 (returns a, b)."""
+    n = len(x)
+    mx, my = sum(x) / n, sum(y) / n
+    sxx = sum((xi - mx) ** 2 for xi in x)
+    b = sum((xi - mx) * (yi - my) for xi, yi in zip(x, y)) / sxx if sxx > 0 else 0.0
+    b = max(b, 1e-18)
+    a = max(my - b * mx, 0.0)
+    return a, b
+
+
+def _median_rounds(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per rank, the median over rounds of every measured number (robust to a transient load spike)."""
+    out = []
+    for r in range(len(rounds[0])):
+        merged: dict[str, Any] = {}
+        for key, val in rounds[0][r].items():
+            if isinstance(val, dict):
+                merged[key] = {k: statistics.median(rd[r][key][k] for rd in rounds) for k in val}
+            else:
+                merged[key] = statistics.median(rd[r][key] for rd in rounds)
+        out.append(merged)
+    return out
+
+
+def calibrate(model: str = "qwen3-tiny", optimizer: str = "muon", nproc: int = 4, dp: int = 2, tp: int = 2,
+              sizes: Sequence[int] = DEFAULT_SIZES, reps: int = 5, rounds: int = 1) -> dict[str, Any]:
+    """Run the measurements on ``nproc`` forked gloo ranks ``rounds`` times (median over rounds);
+    return raw medians and fitted constants."""
+    import torch
+
+    from canzona.dist.launch import launch
+
+    if dp * tp != nproc:
+        from canzona.errors import ConfigError
+
+        raise ConfigError(f"dp·tp = {dp}·{tp} must equal --nproc {nproc}")
+    per_rank = _median_rounds([launch(_rank, nproc, model, optimizer, dp, tp, list(sizes), reps, timeout_s=600)
+                               for _ in range(max(1, rounds))])
+    med = lambda key, sub: statistics.median(r[sub][key] for r in per_rank)  # noqa: E731
+    shapes = _shapes(model)
+    comp = {f"{m}x{n}": med(f"{m}x{n}", "compute") for m, n in shapes}
+    solo = {f"{m}x{n}": per_rank[0]["solo"][f"{m}x{n}"] for m, n in shapes}
+    # ranks computing at once run at min(1, cores / ranks) of their solo speed: cores = nproc * solo / shared time
+    cores = min(float(nproc), nproc * statistics.median(solo[k] / comp[k] for k in comp))
+    flops = [matrix_flops(optimizer, s) for s in shapes]
+    over_s, inv_rate = _fit_line(flops, [solo[f"{m}x{n}"] for m, n in shapes])
+    mem = per_rank[0]["mem_solo"]
+    coll: dict[str, dict[str, float]] = {}
+    raw_coll: dict[str, float] = {}
+    for kind in COLLECTIVES:
+        keys = sorted({k for k in per_rank[0]["coll"] if k.startswith(kind + ":")}, key=lambda k: int(k.split(":")[1]))
+        xs, ys = [], []
+        factor, _ = ring_terms(kind, dp)
+        for k in keys:
+            nbytes = int(k.split(":")[1])
+            t = statistics.median(r["coll"][k] for r in per_rank)
+            raw_coll[k] = t
+            moved = nbytes * (dp - 1) / dp if kind == "all_to_all" else nbytes
+            xs.append(factor * moved)
+            ys.append(t)
+        lat, inv_bw = _fit_line(xs, ys)
+        coll[kind] = {"latency_us": lat * 1e6, "bus_bw": 1.0 / inv_bw}
+    return {
+        "model": model, "optimizer": optimizer, "nproc": nproc, "dp": dp, "tp": tp, "reps": reps, "rounds": rounds,
+        "threads_per_rank": torch.get_num_threads() if nproc == 1 else None,
+        "compute_s": solo, "compute_shared_s": comp, "shared_cores": cores,
+        "rate": 1.0 / inv_rate, "overhead_us": over_s * 1e6, "mem_bw": mem,
+        "mem_bw_shared": statistics.median(r["mem"] for r in per_rank),
+        "collectives": coll, "collectives_raw_s": raw_coll,
+        "host": socket.gethostname(), "cpu": platform.processor() or platform.machine(),
+        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
+    }
+
+
+def profile_toml(c: dict[str, Any], name: str = "cpu-local") -> str:
+    """The TOML text of a calibrated CPU profile (every number sourced to this calibration)."""
+    how = (f"measured by `canzona calibrate-cpu --model {c['model']} --nproc {c['nproc']} --dp {c['dp']} --tp {c['tp']} "
+           f"--reps {c['reps']} --rounds {c.get('rounds', 1)}` "
+           f"on {c['host']} at {c['timestamp']} (torch {c['torch']})")
+    shapes = ", ".join(f"{k}: {v * 1e3:.2f} ms" for k, v in c["compute_s"].items())
+    lines = [
+        "# CPU profile for forked gloo ranks on this host; written by canzona calibrate-cpu, do not edit by hand.",
+        f'name = "{name}"',
+        'kind = "cpu"',
+        f'description = "{c["nproc"]} forked gloo ranks on {c["host"]} ({c["cpu"]}), fp32"',
+        f"gpus_per_node = {c['nproc']}",
+        f'gpus_per_node_source = "all {c["nproc"]} ranks share one host: every group uses the loopback link"',
+        "comm_compute_overlap = false",
+        'comm_compute_overlap_source = "assumption: ranks oversubscribe the cores (environment.md), so gloo threads '
+        'take the cores that compute would use and pipelined micro-groups do not overlap"',
+        "",
+        "[compute]",
+        f"peak_flops = {c['rate']:.6g}",
+        f'peak_flops_source = "{how}: fit t = overhead + FLOPs/rate of {c["optimizer"]} direction() on {shapes}, rank 0 alone (the others waiting in a barrier)"',
+        "matmul_efficiency = 1.0",
+        'matmul_efficiency_source = "peak_flops above is already the achieved rate"',
+        f"per_matrix_overhead_us = {c['overhead_us']:.6g}",
+        f'per_matrix_overhead_us_source = "{how}: intercept of the same fit"',
+        f"mem_bw = {c['mem_bw']:.6g}",
+        f'mem_bw_source = "{how}: 32 MiB copy on rank 0 alone, bytes read + written per second"',
+        f"shared_cores = {c['shared_cores']:.4g}",
+        f'shared_cores_source = "{how}: nproc x median over shapes of (direction() alone / with every rank computing at once); '
+        f'with k ranks computing each runs at min(1, cores / k) of its solo speed"',
+        "direction_passes = 0",
+        'direction_passes_source = "the compute fit times direction() itself, elementwise passes included"',
+        "copy_passes = 7",
+        'copy_passes_source = "counted in canzona/dist/tp_exec.py: assemble shards (2), chunk into send buffer (2), apply (3)"',
+        "adamw_passes = 7",
+        'adamw_passes_source = "fp32 AdamW: read p, g, m, v; write p, m, v"',
+        "param_bytes = 4",
+        'param_bytes_source = "fp32 parameters on CPU (bench-step and the CPU harness run fp32)"',
+        "grad_bytes = 4",
+        'grad_bytes_source = "fp32 gradients on CPU"',
+        "# mfu is absent on purpose: CPU fwd/bwd is not calibrated, so CPU iteration times are not projected.",
+        "",
+        "[compute.measured_ms]",
+        f'source = "{how}: median {c["optimizer"]} direction() time per full shape, rank 0 alone"',
+    ]
+    lines += [f'"{k}" = {v * 1e3:.6g}' for k, v in c["compute_s"].items()]
+    lines.append("")
+    for which in ("intra", "inter"):
+        ar = c["collectives"]["all_reduce"]
+        lines += [
+            f"[links.{which}]",
+            f"bus_bw = {ar['bus_bw']:.6g}",
+            f'bus_bw_source = "{how}: all_reduce fit (fallback; every kind below has its own fit)"',
+            f"base_latency_us = {ar['latency_us']:.6g}",
+            f'base_latency_us_source = "{how}: all_reduce fit intercept"',
+            "hop_latency_us = 0",
+            'hop_latency_us_source = "folded into the per-kind latency of the fits below"',
+            "",
+        ]
+    for kind, f in c["collectives"].items():
+        lines += [
+            f"[collectives.{kind}]",
+            f"latency_us = {f['latency_us']:.6g}",
+            f'latency_us_source = "{how}: {kind} on {c["dp"]}-rank groups, {c["tp"]} groups at once, fit intercept"',
+            f"bus_bw = {f['bus_bw']:.6g}",
+            f'bus_bw_source = "{how}: {kind} fit slope (ring bus-bandwidth convention)"',
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def write_profile(c: dict[str, Any], out: str | Path | None = None, raw_out: str | Path | None = None) -> Path:
+    """Write the profile TOML (and the raw measurements as JSON, if ``raw_out``)."""
+    import json
+
+    from canzona.results.schema import write_atomic
+
+    path = Path(out) if out else PROFILE_DIR / "cpu-local.toml"
+    write_atomic(path, profile_toml(c, path.stem))
+    if raw_out:
+        write_atomic(raw_out, json.dumps(c, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+# ----------------------------------------------------------------------------- CLI
+def configure(p: Any) -> None:
+    """`canzona calibrate-cpu` options."""
+    p.add_argument("--model", default="qwen3-tiny", help="model whose matrix shapes are timed (default qwen3-tiny)")
+    p.add_argument("--optimizer", default="muon", choices=("muon", "shampoo", "soap"))
+    p.add_argument("--nproc", type=int, default=4, help="forked ranks, as in the runs to be projected")
+    p.add_argument("--dp", type=int, default=2)
+    p.add_argument("--tp", type=int, default=2)
+    p.add_argument("--reps", type=int, default=7, help="timed repetitions per measurement (median)")
+    p.add_argument("--rounds", type=int, default=3, help="repeat everything in fresh ranks; median over rounds")
+    p.add_argument("--out", help="profile TOML to write (default canzona/analysis/profiles/cpu-local.toml)")
+    p.add_argument("--raw", default="results/calibration/cpu-local.json", help="raw measurements JSON ('' to skip)")
+
+
+def run(args: Any) -> int:
+    c = calibrate(model=args.model, optimizer=args.optimizer, nproc=args.nproc, dp=args.dp, tp=args.tp, reps=args.reps,
+                  rounds=args.rounds)
+    path = write_profile(c, args.out, args.raw or None)
+    print(f"achieved {c['optimizer']} rate {c['rate'] / 1e9:.2f} GFLOP/s per rank, overhead {c['overhead_us']:.0f} us/matrix, "
+          f"memory {c['mem_bw'] / 1e9:.2f} GB/s per rank")
+    for k, f in c["collectives"].items():
+        print(f"  {k:<15} latency {f['latency_us']:8.1f} us   bus bw {f['bus_bw'] / 1e6:8.1f} MB/s")
+    print(f"wrote {path}" + (f" and {args.raw}" if args.raw else ""))
+    return 0

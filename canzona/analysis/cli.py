@@ -1,0 +1,95 @@
+"""`canzona table2`: results JSON lines -> results/table2.{csv,md}, cells.csv and figures/*.png.
+
+    canzona table2 --results results/ --out results/
+    canzona table2 --results a.jsonl b.jsonl --out /tmp/t2 --no-plots
+
+Folders are searched for *.jsonl; named files are read whatever their suffix. If ``--out``
+already holds ``projection_validation.csv`` / ``projection_sensitivity.csv`` (written by
+``canzona project``) they become sections of table2.md, unless other files are named.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--results", nargs="+", required=True, help="result JSONL files and/or folders (searched for *.jsonl)")
+    p.add_argument("--out", default="results", help="output folder (default: results)")
+    p.add_argument("--validation", help="projection-vs-measurement CSV (default: OUT/projection_validation.csv if present)")
+    p.add_argument("--sensitivity", help="projection sensitivity CSV (default: OUT/projection_sensitivity.csv if present)")
+    p.add_argument("--no-plots", action="store_true", help="skip the figures")
+    p.add_argument("--plot-model", default="qwen3-32b", help="model of the per-GPU load and alpha figures")
+    p.add_argument("--plot-layout", default="32,8,1", help="dp,tp,pp of those figures (default 32,8,1 = 256 GPUs)")
+    p.add_argument("--plot-profile", default="H800", help="profile whose projected rows the speedup figure shows")
+
+
+def _read_csv(path: Path | None):
+    import pandas as pd
+
+    if path is None or not path.is_file() or path.stat().st_size == 0:
+        return None
+    return pd.read_csv(path)
+
+
+def sensitivity_markdown(sens: "pd.DataFrame") -> str:
+    """The sensitivity CSV as a Markdown section."""
+    from canzona.analysis.table2 import fmt_speedup, markdown_table
+
+    header = [c for c in sens.columns]
+    rows = [[fmt_speedup(v) if str(h).startswith("speedup") else v for h, v in zip(header, rec)]
+            for rec in sens.itertuples(index=False)]
+    return "\n".join([
+        "## Projection sensitivity (Qwen3-32B, 256 GPUs)",
+        "",
+        "Canzona's projected speedup over the layer-wise baseline as single assumptions change "
+        "(written by `canzona project --preset paper`).",
+        "",
+        markdown_table(header, rows),
+        "",
+    ])
+
+
+def run(args: argparse.Namespace) -> int:
+    from canzona.analysis.aggregate import aggregate_cells
+    from canzona.analysis.load import load_results
+    from canzona.analysis.table2 import build_table2, write_table2
+    from canzona.errors import ConfigError
+
+    out = Path(args.out)
+    val_path = Path(args.validation) if args.validation else out / "projection_validation.csv"
+    sens_path = Path(args.sensitivity) if args.sensitivity else out / "projection_sensitivity.csv"
+    validation = _read_csv(val_path)
+    if args.validation and validation is None:
+        raise ConfigError(f"--validation {val_path}: no such (non-empty) file; run `canzona project --validate` first")
+    sens = _read_csv(sens_path)
+    extra = [sensitivity_markdown(sens)] if sens is not None else []
+    if validation is not None:
+        validation = validation[validation["timing"].isin(["step", "iteration"])]
+    cmd = "canzona table2 --results " + " ".join(args.results) + f" --out {args.out}"
+    files = write_table2(args.results, out, validation=validation, command=cmd, extra_sections=extra)
+    for f in files.values():
+        print(f"wrote {f}")
+    if not args.no_plots:
+        from canzona.analysis.plots import write_figures
+
+        try:
+            dp, tp, pp = (int(x) for x in args.plot_layout.split(","))
+        except ValueError as exc:
+            raise ConfigError(f"--plot-layout must be dp,tp,pp (e.g. 32,8,1), got {args.plot_layout!r}") from exc
+        cells = aggregate_cells(load_results(args.results))
+        table = build_table2(cells)
+        keep = lambda prov: (prov.startswith("measured") or prov.startswith(f"projected on {args.plot_profile} "))  # noqa: E731
+        if not table.empty:
+            table = table[table["provenance"].map(keep)]
+            cells = cells[cells["provenance_label"].map(keep)]
+        figs = write_figures(table, cells, out / "figures", model=args.plot_model, dp=dp, tp=tp, pp=pp,
+                             profile=args.plot_profile)
+        for f in figs.values():
+            print(f"wrote {f}")
+    return 0

@@ -1,0 +1,227 @@
+"""Read result JSON lines into a pandas DataFrame, one row per run, with schema validation.
+
+Why a loader of our own on top of ``schema.iter_records``: the analysis must refuse input that
+would silently corrupt a median. Three classes of bad input are rejected with an error that
+names file and line:
+
+* a line that does not follow the schema (missing fields, wrong or mixed ``schema_version``,
+  truncated JSON) -- delegated to ``schema.validate``;
+* a ``kind: "train"`` line without ``timings.iteration_ms.median`` (a training record that
+  cannot fill the iteration column is a broken writer, not a step benchmark);
+* duplicates that are not repetitions (see below).
+
+Repetition versus duplicate (the contract, tested in tests/test_analysis_load.py):
+
+* Lines belong to the same **group** when they share ``(cell, kind, provenance, source)``;
+  ``source`` is where the number comes from: ``"<device> (<backend>)"`` for measured lines,
+  the full ``provenance_detail`` for projected ones. Lines of one group are **repetitions**
+  of the same experiment; ``aggregate`` pools them (median of medians, p90, summed n).
+* The same **run** twice is an ERROR: two lines with the same ``run_id`` (when the writer
+  sets one) or, without ``run_id``, the same ``(env.hostname, env.timestamp, cell, kind, source)``.
+  That is a file concatenated twice or a run appended twice, and would double its weight.
+* Lines of one group whose **experiment fields** (``EXPERIMENT_FIELDS``: world, alpha, dtype,
+  bucket_size, micro_batch, and ``cost`` / ``overlap`` where written) disagree are an ERROR: the cell key
+  omits them, so pooling would mix different experiments under one cell.
+
+Measured and projected lines of the same cell are different groups (their provenance differs);
+so are measured lines from different devices. Neither is an error: the table shows them as
+separate rows, each with its provenance.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+from canzona.results.schema import ResultsError, iter_records
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# Config fields outside the cell key that change what a line measured. Two lines of one group
+# disagreeing on any of these are not repetitions of one experiment.
+EXPERIMENT_FIELDS = ("world", "alpha", "dtype", "bucket_size", "micro_batch", "cost", "overlap")
+TIMING_KEYS = ("iteration_ms", "fwd_bwd_ms", "step_ms")
+ROW_CONFIG_FIELDS = (
+    "model", "tp", "pp", "dp", "world", "method", "optimizer", "seq_len", "micro_batch",
+    "global_batch", "alpha", "dtype", "bucket_size", "cost", "overlap",
+)
+
+
+class DuplicateRunError(ResultsError):
+    """The same run appears on two lines (same run identity)."""
+
+
+class ConflictingCellError(ResultsError):
+    """Two lines of one group disagree on a field that changes what was measured."""
+
+
+def source_of(record: dict[str, Any]) -> str:
+    """Where a line's numbers come from: the device/backend it ran on, or the projection detail.
+
+    Measured lines are grouped by device and backend rather than by ``provenance_detail``, since
+    writers may put per-run details (host, job id) there that must not split repetitions.
+    """
+    if record["provenance"] == "projected":
+        return str(record.get("provenance_detail") or "projection")
+    env = record.get("env") or {}
+    return f"{env.get('device', 'unknown')} ({env.get('backend', 'unknown')})"
+
+
+def provenance_label(record: dict[str, Any]) -> str:
+    """Human label for the table's provenance column."""
+    src = source_of(record)
+    if record["provenance"] == "measured":
+        return f"measured on {src}"
+    detail = dict(tok.split("=", 1) for tok in src.split() if "=" in tok)
+    profile = detail.get("profile", "?")
+    extras = [f"{k}={v}" for k, v in detail.items() if k not in ("model", "profile")]
+    model = detail.get("model", "projection")
+    return f"projected on {profile} ({model}{', ' + ', '.join(extras) if extras else ''})"
+
+
+def run_identity(record: dict[str, Any]) -> tuple[Any, ...]:
+    """What makes a line one particular run (see module docstring)."""
+    if record.get("run_id"):
+        return ("run_id", str(record["run_id"]))
+    env = record.get("env") or {}
+    return ("env", env.get("hostname"), env.get("timestamp"), record["cell"], record["kind"], source_of(record))
+
+
+def _timing(record: dict[str, Any], key: str, where: str) -> tuple[float | None, float | None, int | None]:
+    t = record["timings"].get(key)
+    if t is None:
+        return None, None, None
+    if not isinstance(t, dict) or "median" not in t:
+        raise ResultsError(f"{where}: timings.{key} must be an object with a 'median' (got {t!r})")
+    try:
+        med = float(t["median"])
+        p90 = float(t["p90"]) if t.get("p90") is not None else med
+        n = int(t["n"]) if t.get("n") is not None else 1
+    except (TypeError, ValueError) as exc:
+        raise ResultsError(f"{where}: timings.{key} holds a non-number ({t!r})") from exc
+    if med < 0 or p90 < 0 or n < 0:
+        raise ResultsError(f"{where}: timings.{key} has a negative value ({t!r})")
+    return med, p90, n
+
+
+def _row(record: dict[str, Any], file: str, line: int) -> dict[str, Any]:
+    where = f"{file}:{line}"
+    if record["kind"] not in ("train", "step"):
+        raise ResultsError(f"{where}: kind must be 'train' or 'step', got {record['kind']!r}")
+    cfg = record["config"]
+    env = record.get("env") or {}
+    row: dict[str, Any] = {
+        "file": file,
+        "line": line,
+        "cell": record["cell"],
+        "kind": record["kind"],
+        "provenance": record["provenance"],
+        "source": source_of(record),
+        "provenance_label": provenance_label(record),
+        "provenance_detail": record.get("provenance_detail"),
+        "run_id": record.get("run_id"),
+        "device": env.get("device"),
+        "backend": env.get("backend"),
+        "hostname": env.get("hostname"),
+        "timestamp": env.get("timestamp"),
+        "git_commit": env.get("git_commit"),
+    }
+    for k in ROW_CONFIG_FIELDS:
+        row[k] = cfg.get(k)
+    for key in TIMING_KEYS:
+        med, p90, n = _timing(record, key, where)
+        base = key[: -len("_ms")]
+        row[f"{base}_ms"], row[f"{base}_p90"], row[f"{base}_n"] = med, p90, n
+    if record["kind"] == "train" and row["iteration_ms"] is None:
+        raise ResultsError(f"{where}: kind 'train' needs timings.iteration_ms.median (the harness always writes it)")
+    phases = record["timings"].get("phases_ms") or {}
+    if not isinstance(phases, dict):
+        raise ResultsError(f"{where}: timings.phases_ms must be an object of phase -> ms")
+    for name, ms in phases.items():
+        try:
+            row[f"phase_{name}"] = float(ms)
+        except (TypeError, ValueError) as exc:
+            raise ResultsError(f"{where}: timings.phases_ms.{name} is not a number ({ms!r})") from exc
+    row["tokens_per_s"] = record["timings"].get("tokens_per_s")
+    row["_identity"] = run_identity(record)
+    row["_group"] = (record["cell"], record["kind"], record["provenance"], row["source"])
+    return row
+
+
+def _expand(paths: Iterable[str | Path]) -> list[Path]:
+    """Files named directly are read whatever their suffix; folders are searched for *.jsonl."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            out.extend(sorted(q for q in p.rglob("*.jsonl") if q.is_file() and not q.name.startswith(".")))
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise ResultsError(f"{p}: no such results file or folder")
+    return out
+
+
+def check_duplicates(rows: Sequence[dict[str, Any]]) -> None:
+    """Raise on a run listed twice or on a group whose lines are different experiments."""
+    seen: dict[tuple[Any, ...], str] = {}
+    for r in rows:
+        where = f"{r['file']}:{r['line']}"
+        ident = r["_identity"]
+        if ident in seen:
+            what = f"run_id {ident[1]!r}" if ident[0] == "run_id" else f"host {ident[1]!r}, timestamp {ident[2]!r}"
+            raise DuplicateRunError(
+                f"{where}: the same run ({what}, cell {r['cell']!r}, kind {r['kind']!r}) is already at {seen[ident]}; "
+                "a file was concatenated or a run appended twice -- delete one of the two lines"
+            )
+        seen[ident] = where
+    first: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for r in rows:
+        g = r["_group"]
+        if g not in first:
+            first[g] = r
+            continue
+        f = first[g]
+        for k in EXPERIMENT_FIELDS:
+            if f.get(k) != r.get(k):
+                raise ConflictingCellError(
+                    f"{r['file']}:{r['line']}: cell {r['cell']!r} ({r['kind']}, {r['provenance_label']}) has "
+                    f"{k}={r.get(k)!r} but {f['file']}:{f['line']} has {k}={f.get(k)!r}; lines of one cell must be "
+                    "repetitions of one experiment -- keep the two experiments in separate result sets"
+                )
+
+
+def records_frame(rows: Sequence[dict[str, Any]]) -> "pd.DataFrame":
+    """DataFrame of loaded rows (private bookkeeping columns dropped)."""
+    import pandas as pd
+
+    df = pd.DataFrame([{k: v for k, v in r.items() if not k.startswith("_")} for r in rows])
+    if df.empty:
+        return df
+    for k in ("tp", "pp", "dp", "world", "seq_len", "micro_batch", "global_batch", "bucket_size"):
+        if k in df:
+            df[k] = pd.to_numeric(df[k], errors="coerce").astype("Int64")
+    return df
+
+
+def load_rows(paths: Iterable[str | Path] | str | Path) -> list[dict[str, Any]]:
+    """Validated rows from every file (folders: every *.jsonl below them), duplicates checked."""
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    rows: list[dict[str, Any]] = []
+    for f in _expand(paths):
+        for no, rec in iter_records(f):
+            rows.append(_row(rec, str(f), no))
+    check_duplicates(rows)
+    return rows
+
+
+def load_results(paths: Iterable[str | Path] | str | Path) -> "pd.DataFrame":
+    """One row per result line from files and/or folders; raises ResultsError naming file:line.
+
+    Columns: file, line, cell, kind, provenance, source, provenance_label, the config fields
+    (model, tp, pp, dp, world, method, optimizer, seq_len, micro_batch, global_batch, alpha,
+    dtype, bucket_size, cost), ``<t>_ms`` / ``<t>_p90`` / ``<t>_n`` for t in iteration, fwd_bwd,
+    step, ``phase_<name>`` per phase, tokens_per_s and env fields.
+    """
+    return records_frame(load_rows(paths))

@@ -1,0 +1,132 @@
+"""Loading, aggregation, speedups and Table 2 on fixture lines with known answers."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import pytest
+
+from canzona.analysis.aggregate import aggregate_cells, speedups
+from canzona.analysis.load import ConflictingCellError, DuplicateRunError, load_results
+from canzona.analysis.table2 import build_table2, write_table2
+from canzona.results.schema import ResultsError
+from tests.test_analysis_fixtures import EXPECTED, FIXTURES
+
+GOOD = [FIXTURES / "measured_cpu.jsonl", FIXTURES / "projected_h800.jsonl"]
+
+
+@pytest.fixture(scope="module")
+def cells():
+    return aggregate_cells(load_results(GOOD))
+
+
+def _one(df, **kw):
+    sub = df
+    for k, v in kw.items():
+        sub = sub[sub[k] == v]
+    assert len(sub) == 1, (kw, len(sub))
+    return sub.iloc[0]
+
+
+def test_load_one_row_per_line() -> None:
+    df = load_results(GOOD)
+    assert len(df) == 12
+    assert set(df["provenance"]) == {"measured", "projected"}
+    assert df.loc[df["provenance"] == "measured", "source"].unique().tolist() == ["cpu (gloo)"]
+
+
+def test_repetitions_pool_to_known_aggregates(cells) -> None:
+    c = _one(cells, method="canzona", kind="train", provenance="measured")
+    assert c["runs"] == 3
+    assert c["iteration_ms"] == EXPECTED["canzona_iter"]
+    assert c["iteration_p90"] == pytest.approx(EXPECTED["canzona_iter_p90"])
+    assert c["iteration_n"] == EXPECTED["canzona_iter_n"]
+    assert c["step_ms"] == EXPECTED["canzona_step"]
+    assert c["phase_compute"] == pytest.approx(11.0)  # median of 10, 12, 11
+    lw = _one(cells, method="layerwise", kind="train", provenance="measured")
+    assert lw["runs"] == 2 and lw["iteration_ms"] == 165.0 and lw["step_ms"] == 44.0
+
+
+def test_speedups_known_answers(cells) -> None:
+    sp = speedups(cells)
+    row = _one(sp, kind="train", provenance="measured")
+    for b in ("sc", "layerwise", "megatron-muon"):
+        assert row[f"speedup_iter_vs_{b}"] == pytest.approx(EXPECTED[f"speedup_iter_vs_{b}"])
+        assert row[f"speedup_step_vs_{b}"] == pytest.approx(EXPECTED[f"speedup_step_vs_{b}"])
+    step_row = _one(sp, kind="step", provenance="measured")
+    assert step_row["speedup_step_vs_sc"] == pytest.approx(EXPECTED["step_kind_speedup_vs_sc"])
+    assert math.isnan(step_row["speedup_iter_vs_sc"])  # step benchmarks have no iteration time
+
+
+def test_table2_rows_columns_provenance(cells) -> None:
+    t = build_table2(cells)
+    # measured train, measured step, projected (flops), projected (numel) -> 4 rows
+    assert len(t) == 4
+    for m in ("sc", "layerwise", "megatron-muon", "canzona"):
+        assert f"{m} iter ms" in t and f"{m} step ms" in t
+    for b in ("sc", "layerwise", "megatron-muon"):
+        assert f"canzona vs {b} (iter)" in t and f"canzona vs {b} (step)" in t
+    tr = t[(t["model"] == "qwen3-tiny") & (t["kind"] == "train")].iloc[0]
+    assert tr["canzona vs layerwise (iter)"] == pytest.approx(1.5)
+    assert tr["provenance"] == "measured on cpu (gloo)"
+    pr = t[(t["model"] == "qwen3-32b") & t["provenance"].str.contains("cost=flops")].iloc[0]
+    assert pr["provenance"].startswith("projected on H800")
+    assert pr["canzona vs layerwise (step)"] == pytest.approx(5.8)
+    assert pr["canzona vs layerwise (iter)"] == pytest.approx(1.57)
+    assert t.iloc[0]["model"] == "qwen3-32b" or t.iloc[-1]["model"] == "qwen3-32b"
+
+
+def test_write_table2_files(tmp_path) -> None:
+    files = write_table2(GOOD, tmp_path)
+    md = files["table2.md"].read_text()
+    assert md.index("## Reproduction report") < md.index("## Table 2")
+    assert "5.80× vs layerwise" in md and "1.57× vs layerwise" in md
+    assert "not testable here as a measurement" in md
+    assert "0.0700 s vs 0.0701 s" in md  # flops vs numel balancing from the projected fixture
+    csv = files["table2.csv"].read_text().splitlines()
+    assert len(csv) == 1 + 4
+
+
+def test_folder_reads_jsonl_below_it(tmp_path) -> None:
+    (tmp_path / "sub").mkdir()
+    for f in GOOD:
+        shutil.copy(f, tmp_path / "sub" / f.name)
+    assert len(load_results(tmp_path)) == 12
+
+
+@pytest.mark.parametrize(
+    "name, err, needle",
+    [
+        ("bad_missing_field.jsonl", ResultsError, "bad_missing_field.jsonl:2: missing field(s) timings"),
+        ("bad_mixed_versions.jsonl", ResultsError, "bad_mixed_versions.jsonl:3: schema_version 2"),
+        ("bad_duplicate_run.jsonl", DuplicateRunError, "bad_duplicate_run.jsonl:3: the same run"),
+        ("bad_conflicting_config.jsonl", ConflictingCellError, "bad_conflicting_config.jsonl:2:"),
+        ("bad_train_without_iteration.jsonl", ResultsError, "bad_train_without_iteration.jsonl:1: kind 'train' needs"),
+    ],
+)
+def test_bad_files_name_the_line(name: str, err: type, needle: str) -> None:
+    with pytest.raises(err) as exc:
+        load_results(FIXTURES / name)
+    assert needle in str(exc.value)
+
+
+def test_conflict_message_names_both_lines_and_field() -> None:
+    with pytest.raises(ConflictingCellError) as exc:
+        load_results(FIXTURES / "bad_conflicting_config.jsonl")
+    msg = str(exc.value)
+    assert "alpha=0.5" in msg and "bad_conflicting_config.jsonl:1" in msg
+
+
+def test_duplicate_across_files_is_an_error(tmp_path) -> None:
+    a = tmp_path / "a.jsonl"
+    b = tmp_path / "b.jsonl"
+    shutil.copy(GOOD[0], a)
+    shutil.copy(GOOD[0], b)
+    with pytest.raises(DuplicateRunError, match=r"b\.jsonl:1: the same run .* already at .*a\.jsonl:1"):
+        load_results([a, b])
+
+
+def test_missing_path_is_a_clear_error(tmp_path) -> None:
+    with pytest.raises(ResultsError, match="no such results file"):
+        load_results(tmp_path / "nope.jsonl")

@@ -1,0 +1,291 @@
+"""Projection model: hand-computed toy cases, profiles, and agreement with the planner's loads."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from canzona.analysis.projection import (
+    Layout, Scenario, _pipelined, collective_ms, fwd_bwd_ms, load_profile, profile_names, project, project_stage,
+    to_record, Link,
+)
+from canzona.cost import matrix_flops
+from canzona.errors import ConfigError
+from canzona.plan.types import Bucket, BucketEntry, DPPlan, MicroGroup, Plan, PlanConfig, PlanItem, TPSchedule
+
+TOY = """
+name = "toy"
+kind = "gpu"
+gpus_per_node = 8
+gpus_per_node_source = "toy"
+comm_compute_overlap = {overlap}
+comm_compute_overlap_source = "toy"
+[compute]
+peak_flops = 1e9
+peak_flops_source = "toy"
+matmul_efficiency = 1.0
+matmul_efficiency_source = "toy"
+per_matrix_overhead_us = 0
+per_matrix_overhead_us_source = "toy"
+mem_bw = 1e30
+mem_bw_source = "toy: memory time negligible"
+direction_passes = 0
+direction_passes_source = "toy"
+copy_passes = 0
+copy_passes_source = "toy"
+adamw_passes = 0
+adamw_passes_source = "toy"
+mfu = 0.5
+mfu_source = "toy"
+param_bytes = 2
+param_bytes_source = "toy"
+grad_bytes = 4
+grad_bytes_source = "toy"
+[links.intra]
+bus_bw = 1e6
+bus_bw_source = "toy"
+base_latency_us = 10
+base_latency_us_source = "toy"
+hop_latency_us = 5
+hop_latency_us_source = "toy"
+[links.inter]
+bus_bw = 1e5
+bus_bw_source = "toy"
+base_latency_us = 10
+base_latency_us_source = "toy"
+hop_latency_us = 5
+hop_latency_us_source = "toy"
+"""
+
+
+@pytest.fixture
+def toy(tmp_path: Path):
+    def make(overlap: bool = False):
+        p = tmp_path / f"toy{int(overlap)}.toml"
+        p.write_text(TOY.format(overlap=str(overlap).lower()))
+        return load_profile(p)
+    return make
+
+
+A = PlanItem("a", (64, 32), 0, 0.0)
+B = PlanItem("b", (64, 32), 0, 0.0)
+FLOPS = 5 * (4 * 32 * 32 * 64 + 2 * 32**3) + 10 * 64 * 32  # Muon NS (5 steps) + 10/elt, by hand
+
+
+def _plan(strategy: str, owners, grad_sync: str, param_sync: str, cuts, tp_mode: str, groups) -> Plan:
+    bucket = Bucket(0, (BucketEntry("a", 0, 1024), BucketEntry("b", 1024, 1024)), 2048)
+    dp = DPPlan(strategy, "hand", (bucket,), cuts, owners, grad_sync, param_sync)
+    tp = TPSchedule(tp_mode, None, groups)
+    return Plan(Layout(dp=2, tp=2), PlanConfig(strategy=strategy), (A, B), dp, tp, "toy")
+
+
+def test_flops_by_hand() -> None:
+    assert matrix_flops("muon", (64, 32)) == FLOPS == 1_658_880
+
+
+def test_collective_formulas() -> None:
+    link = Link(1e6, 10, 5)
+    # reduce-scatter over 2 ranks of 8192 bytes: 10 + 1*5 us + (1/2)*8192 B / 1e6 B/s
+    assert collective_ms("reduce_scatter", 2, 8192, link) == pytest.approx((15e-6 + 4096 / 1e6) * 1e3)
+    # all-reduce over 4 ranks, 4 bytes: tree latency 4 steps < ring 6
+    assert collective_ms("all_reduce", 4, 4, link) == pytest.approx((10e-6 + 4 * 5e-6 + 1.5 * 4 / 1e6) * 1e3)
+    assert collective_ms("all_gather", 1, 1e9, link) == 0.0
+
+
+def test_toy_canzona_step_by_hand(toy) -> None:
+    """dp=2, tp=2: rank 0 owns a (hosted on TP 1), rank 1 owns b (hosted on TP 0); equal cuts."""
+    plan = _plan("canzona", (("a", (0,)), ("b", (1,))), "reduce-scatter", "all-gather-v", ((0, 1024, 2048),),
+                 "global", ((MicroGroup((("a", 1),)),), (MicroGroup((("b", 0),)),)))
+    st = project_stage(plan, [], toy(), world=4)
+    ms = lambda us, nbytes, factor: (us * 1e-6 + factor * nbytes / 1e6) * 1e3  # noqa: E731
+    grad = ms(15, 2048 * 4, 0.5)  # reduce-scatter of the 2048-element fp32 bucket
+    check = ms(30, 4, 1.5)  # 4-byte all-reduce over 4 ranks
+    a2a = ms(15, 1024 * 4, 1.0)  # the non-host sends its 1024-element shard to the host
+    compute = FLOPS / 1e9 * 1e3
+    param = ms(15, 2 * 1024 * 2, 0.5)  # all-gather of two equal 1024-element bf16 slices
+    want = grad + check + a2a + compute + a2a + param
+    assert want == pytest.approx(16.090880, rel=1e-6)
+    assert st.step_ms == pytest.approx(want)
+    ph = st.phase_ms()
+    assert ph["tp_gather"] == pytest.approx(a2a) and ph["compute"] == pytest.approx(compute)
+    assert st.modes["matrix0"] == "equal"
+    # per-GPU optimizer FLOPs: only the hosts compute
+    assert [st.ranks[k].flops for k in sorted(st.ranks)] == [0.0, FLOPS, FLOPS, 0.0]
+    assert st.lower_bound_flops == FLOPS  # max(total/4, largest) = largest
+
+
+def test_toy_layerwise_step_by_hand(toy) -> None:
+    """Layer-wise: grads all-reduced, TP duplicated (one all-gather, both TP ranks compute), owner gather."""
+    plan = _plan("layerwise", (("a", (0,)), ("b", (1,))), "all-reduce", "all-gather-v", (), "sc", ())
+    st = project_stage(plan, [], toy(), world=4)
+    ms = lambda us, nbytes, factor: (us * 1e-6 + factor * nbytes / 1e6) * 1e3  # noqa: E731
+    grad = ms(10 + 2 * 5, 2048 * 4, 1.0)  # all-reduce, 2 ranks: 2 steps, factor 2(n-1)/n = 1
+    check = ms(30, 4, 1.5)
+    tp_gather = ms(15, 2 * 1024 * 4, 0.5)  # all-gather of the owned shard from both TP ranks
+    compute = FLOPS / 1e9 * 1e3
+    param = ms(15, 2 * 1024 * 2, 0.5)
+    assert st.step_ms == pytest.approx(grad + check + tp_gather + compute + param)
+    assert [st.ranks[k].flops for k in sorted(st.ranks)] == [FLOPS] * 4  # duplicated on both TP ranks
+
+
+def test_pipeline_by_hand() -> None:
+    # timeline: g0 | c0 (g1 hidden) | c1 + (g2 + s0 = 2 > 0.5) | c2 (s1 hidden) | s2  = 1+2+2+2+1
+    gather, compute, scatter = _pipelined([1, 1, 1], [2, 0.5, 2], [1, 1, 1])
+    assert (gather, compute, scatter) == pytest.approx((1.75, 4.5, 1.75))
+    assert gather + compute + scatter == pytest.approx(8.0)
+
+
+def test_fwd_bwd_by_hand(toy) -> None:
+    # 6 * 1e9 params * 1e6 tokens / (8 GPUs * 1e9 FLOP/s * 0.5) = 1.5e6 s, bubble (pp-1)/m = 1/4
+    assert fwd_bwd_ms(10**9, 10**6, 8, 2, 4, toy()) == pytest.approx(1.5e6 * 1.25 * 1e3)
+
+
+def test_megatron_view_hides_dp_comm_in_a_long_fwd_bwd(toy) -> None:
+    plan = _plan("canzona", (("a", (0,)), ("b", (1,))), "reduce-scatter", "all-gather-v", ((0, 1024, 2048),),
+                 "global", ((MicroGroup((("a", 1),)),), (MicroGroup((("b", 0),)),)))
+    prof = toy()
+    s = Scenario("qwen3-micro", Layout(2, 2, 1), "canzona", seq_len=8, global_batch=2, overlap="megatron")
+    from canzona.analysis.projection import Projection
+
+    st = project_stage(plan, [], prof, world=4)
+    p = Projection(s, prof, (st,), fwd_bwd_ms=1e6)
+    # step = check + TP + compute only; the single bucket's RS and AG stay exposed (last/first bucket)
+    assert p.step_ms == pytest.approx(st.optimizer_core_ms)
+    assert p.iteration_ms == pytest.approx(1e6 + st.optimizer_core_ms + st.grad_bucket_ms[0] + st.param_bucket_ms[0])
+    none = Projection(Scenario("qwen3-micro", Layout(2, 2, 1), "canzona", overlap="none"), prof, (st,), 1e6)
+    assert none.step_ms == pytest.approx(st.step_ms) and none.step_ms > p.step_ms
+
+
+def test_shipped_profiles_load_with_sources() -> None:
+    names = profile_names()
+    for n in ("H800", "H100", "A100", "H200"):
+        assert n in names
+    for n in names:
+        prof = load_profile(n)
+        assert prof.sources and all(v.strip() for v in prof.sources.values())
+        assert prof.peak_flops > 0
+
+
+def test_profile_without_source_is_rejected(tmp_path: Path) -> None:
+    p = tmp_path / "bad.toml"
+    p.write_text(TOY.format(overlap="false").replace('peak_flops_source = "toy"\n', ""))
+    with pytest.raises(ConfigError, match="peak_flops has no peak_flops_source"):
+        load_profile(p)
+
+
+def test_unknown_profile_lists_known() -> None:
+    with pytest.raises(ConfigError, match="H800"):
+        load_profile("no-such-gpu")
+
+
+@pytest.mark.parametrize("method", ["sc", "layerwise", "asc", "canzona"])
+def test_per_gpu_flops_match_planner_gpu_loads(method: str) -> None:
+    """The projection's per-GPU work is the planner's (gpu_loads with cost=flops) on a real plan."""
+    from canzona.plan import gpu_loads
+
+    s = Scenario("qwen3-micro", Layout(2, 2, 1), method, seq_len=8, global_batch=2)
+    p = project(s, load_profile("H800"))
+    from canzona.analysis.projection import make_plans
+
+    loads = gpu_loads(make_plans(s)[0])
+    assert p.per_gpu_flops() == pytest.approx(loads.flat_cost(), rel=1e-9)
+
+
+def test_projected_record_validates_and_loads(tmp_path: Path) -> None:
+    from canzona.analysis.load import load_results
+
+    s = Scenario("qwen3-micro", Layout(2, 2, 1), "canzona", seq_len=8, global_batch=2)
+    p = project(s, load_profile("H100"))
+    rec = to_record(p, {"git_commit": "x", "hostname": "h", "timestamp": "t"})
+    assert rec["provenance"] == "projected" and "profile=H100" in rec["provenance_detail"]
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps(rec) + "\n")
+    df = load_results(f)
+    assert df.loc[0, "step_ms"] == pytest.approx(p.step_ms)
+    assert math.isfinite(df.loc[0, "iteration_ms"])
+
+
+def test_paper_layouts_match_the_cluster_sweep() -> None:
+    from canzona.analysis.projection import PAPER_GLOBAL_BATCH, PAPER_LAYOUTS, PAPER_SEQ_LEN
+    from canzona.sweep.definition import load_sweep
+
+    d = load_sweep(Path(__file__).resolve().parents[1] / "slurm" / "sweeps" / "table2.toml")
+    assert {l.model: Layout(l.dp, l.tp, l.pp) for l in d.layouts} == PAPER_LAYOUTS
+    assert (d.seq_len, d.global_batch) == (PAPER_SEQ_LEN, PAPER_GLOBAL_BATCH)
+
+
+def test_validate_against_projects_the_measured_cell(tmp_path: Path, toy) -> None:
+    """A measured gloo line is re-projected with the same layout/method/alpha and its error reported."""
+    from dataclasses import replace
+
+    from canzona.analysis.projection import validate_against
+    from tests.test_analysis_fixtures import make_record
+
+    prof = replace(toy(), kind="cpu", name="toy-cpu")
+    s = Scenario("qwen3-micro", Layout(2, 2, 1), "canzona", alpha=0.5, seq_len=1, global_batch=2)
+    want = project(s, prof).step_ms
+    recs = [make_record(model="qwen3-micro", method="canzona", kind="step", step=(want * 2, want * 2, 5), alpha=0.5,
+                        phases={"compute": 1.0}),
+            make_record(model="qwen3-micro", method="megatron-muon", kind="step", step=(1, 1, 5), timestamp="t2"),
+            make_record(model="qwen3-micro", method="canzona", kind="step", step=(1, 1, 5), backend="nccl",
+                        device="gpu", timestamp="t3")]
+    f = tmp_path / "m.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    v = validate_against(f, prof)
+    step = v[v["timing"] == "step"]
+    assert len(step) == 1  # the nccl line is not compared with a CPU profile
+    assert step.iloc[0]["projected_ms"] == pytest.approx(want)
+    assert step.iloc[0]["error"] == pytest.approx(-0.5)
+    assert "not modelled" in v[v["timing"] == "skipped"].iloc[0]["note"]
+    assert (v["timing"] == "phase:compute").sum() == 1
+
+
+def test_simulation_core_sharing_by_hand() -> None:
+    """Two ranks on one core: compute 2 ms and 1 ms of work, then a joint 1 ms collective.
+
+    Both run at half speed until B's work is done at t=2; A finishes its last 1 ms alone at t=3;
+    the collective runs 3..4. B's wait (2..3) is charged to the collective's phase."""
+    from canzona.analysis.projection import Task, simulate
+
+    tasks = {"A": [Task("compute", 2.0), Task("tp_gather", 1.0, ("tp", 0))],
+             "B": [Task("compute", 1.0), Task("tp_gather", 1.0, ("tp", 0))]}
+    out = simulate(tasks, cores=1.0)
+    assert out["A"][1] == pytest.approx(4.0) and out["B"][1] == pytest.approx(4.0)
+    assert out["A"][0]["compute"] == pytest.approx(3.0) and out["A"][0]["tp_gather"] == pytest.approx(1.0)
+    assert out["B"][0]["compute"] == pytest.approx(2.0) and out["B"][0]["tp_gather"] == pytest.approx(2.0)
+    # one device per rank: no sharing, the collective starts when A arrives at t=2
+    free = simulate(tasks, cores=None)
+    assert free["A"][1] == pytest.approx(3.0) and free["B"][0]["tp_gather"] == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("method", ["sc", "layerwise", "asc", "canzona"])
+def test_simulation_without_sharing_equals_the_analytic_step(method: str, toy) -> None:
+    from canzona.analysis.projection import make_plans, simulate
+
+    prof = toy(overlap=False)
+    s = Scenario("qwen3-tiny", Layout(2, 2, 1), method, seq_len=1, global_batch=2)
+    st = project(s, prof, make_plans(s)).stages[0]
+    sim = simulate(st.tasks, cores=None)
+    assert max(t for _, t in sim.values()) == pytest.approx(st.step_ms, rel=1e-9)
+
+
+def test_calibrate_cpu_writes_a_loadable_sourced_profile(tmp_path: Path) -> None:
+    """A tiny calibration (2 forked gloo ranks, qwen3-micro shapes) produces a profile the projection
+    accepts, with every measured shape, a core count and a fit per collective kind."""
+    from canzona.analysis.calibrate import calibrate, write_profile
+    from canzona.analysis.projection import COLLECTIVES
+
+    c = calibrate(model="qwen3-micro", nproc=2, dp=2, tp=1, sizes=(1 << 12, 1 << 14), reps=1, rounds=1)
+    path = write_profile(c, tmp_path / "cpu-test.toml", tmp_path / "raw.json")
+    prof = load_profile(path)
+    assert prof.kind == "cpu" and prof.mfu is None and not prof.comm_compute_overlap
+    assert set(prof.measured_ms) == {(256, 64), (64, 128)}  # qwen3-micro's matrix shapes (qkv/fc1, proj/fc2)
+    assert 0 < prof.shared_cores <= 2
+    assert set(prof.collectives) == set(COLLECTIVES)
+    assert all(f.bus_bw > 0 for f in prof.collectives.values())
+    p = project(Scenario("qwen3-micro", Layout(2, 1, 1), "canzona", seq_len=1, global_batch=2), prof)
+    assert p.step_ms > 0 and math.isnan(p.fwd_bwd_ms)
+    assert json.loads((tmp_path / "raw.json").read_text())["nproc"] == 2
