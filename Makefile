@@ -45,7 +45,8 @@ planner-bench: $(STAMP)
 	$(VPY) -m canzona plan-bench --out results/planner
 
 bench-step: $(STAMP)
-	$(VPY) -m canzona bench-step --nproc 4 --dp 2 --tp 2 --model qwen3-tiny --optimizer muon --steps 20 --json --out results/bench_step/muon_dp2_tp2.json
+	$(VPY) -m canzona bench-step --nproc 4 --dp 2 --tp 2 --model qwen3-tiny --optimizer muon --steps 20 --json --out results/bench_step/muon_dp2_tp2.json --results results/bench_step/bench_step.jsonl
+	$(VPY) -m canzona bench-step --nproc 4 --dp 4 --tp 1 --model qwen3-tiny --optimizer muon --steps 20 --json --out results/bench_step/muon_dp4_tp1.json --results results/bench_step/bench_step.jsonl
 
 clean-venv:
 	rm -rf $(VENV)

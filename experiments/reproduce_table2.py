@@ -39,6 +39,7 @@ TABLE2_SWEEP = ROOT / "slurm/sweeps/table2.toml"
 RESULTS = ROOT / "results"
 PY = sys.executable
 PEER_PY = ROOT / ".venv-peer" / "bin" / "python"
+BENCH = RESULTS / "bench_step" / "bench_step.jsonl"
 
 
 @dataclass
@@ -128,7 +129,7 @@ def local_sweep(step: Step, progress: bool) -> Path | None:
 
 def result_files() -> list[Path]:
     """Every results file Table 2 is built from: the measured sweeps and the projections."""
-    names = ["table2.jsonl", "table2-local.jsonl"]
+    names = ["table2.jsonl", "table2-local.jsonl", "bench_step/bench_step.jsonl"]
     files = [RESULTS / n for n in names if (RESULTS / n).is_file()]
     files += [RESULTS / "projected.jsonl"] if (RESULTS / "projected.jsonl").is_file() else []
     return files
@@ -140,6 +141,7 @@ def table2_step(step: Step) -> None:
         step.status, step.detail = "skipped", "no results file to build the table from"
         print(step.detail)
         return
+    # table2 picks up results/projection_{validation,sensitivity}.csv by itself
     run_command(step, ["table2", "--results", *[str(f.relative_to(ROOT)) for f in files], "--out", "results/"])
     if step.status == "ok":
         step.outputs += [str(p.relative_to(ROOT)) for p in
@@ -215,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", help="cluster profile TOML (Slurm mode)")
     p.add_argument("--wait", action="store_true", help="Slurm mode: wait for the sweep, then build the table")
     p.add_argument("--collect-only", action="store_true", help="collect finished sweeps and build the table (make table2)")
-    p.add_argument("--skip", action="append", default=[], choices=("local-sweep", "planner", "projection", "table2"),
+    p.add_argument("--skip", action="append", default=[], choices=("local-sweep", "bench-step", "planner", "projection", "calibration", "validation", "table2"),
                    help="skip a step of the embedded default (repeatable)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
@@ -243,8 +245,12 @@ def embedded_default(args: argparse.Namespace) -> int:
     steps = [
         Step("local-sweep", "MEASURED on this CPU, scaled down: qwen3-tiny, 4 forked gloo ranks, "
                             "layouts DPxTP 2x2 and 4x1 (CPU times; method order only, not GPU numbers)"),
+        Step("bench-step", "MEASURED on this CPU: optimizer-step latency of every strategy side by side, "
+                           "qwen3-tiny, 4 forked gloo ranks, DPxTP 2x2 and 4x1 (canzona bench-step)"),
         Step("planner", "ANALYSIS at the true 256-GPU scale: planner load balance / traffic (canzona plan-bench)"),
         Step("projection", "PROJECTED 256-GPU iteration/step times from plans + hardware profile (canzona project)"),
+        Step("calibration", "MEASURED on this CPU: matmul rate and gloo collective costs -> cpu-local profile (canzona calibrate-cpu)"),
+        Step("validation", "CHECK of the projection against this CPU's measured step times (cpu-local profile)"),
         Step("table2", "TABLE: canzona table2 over every results file (CSV, Markdown, PNG plots)"),
     ]
     for step in steps:
@@ -255,6 +261,26 @@ def embedded_default(args: argparse.Namespace) -> int:
             continue
         if step.name == "local-sweep":
             local_sweep(step, progress=not args.no_progress)
+        elif step.name == "bench-step":
+            for dp, tp in ((2, 2), (4, 1)):
+                run_command(step, ["bench-step", "--nproc", "4", "--dp", str(dp), "--tp", str(tp), "--model", "qwen3-tiny",
+                                   "--optimizer", "muon", "--steps", "20", "--warmup", "3",
+                                   "--out", f"results/bench_step/muon_dp{dp}_tp{tp}.json", "--results", str(BENCH.relative_to(ROOT))])
+                if step.status != "ok":
+                    break
+                step.outputs.append(f"results/bench_step/muon_dp{dp}_tp{tp}.json")
+        elif step.name == "calibration":
+            run_command(step, ["calibrate-cpu"])
+            if step.status == "ok":
+                step.outputs.append("results/calibration/cpu-local.json")
+        elif step.name == "validation":
+            measured = [str(f.relative_to(ROOT)) for f in (BENCH, RESULTS / "table2-local.jsonl") if f.is_file()]
+            if not measured:
+                step.status, step.detail = "skipped", "no measured CPU results to validate against"
+                continue
+            run_command(step, ["project", "--validate", *measured, "--profile", "cpu-local", "--out", "results/"])
+            if step.status == "ok":
+                step.outputs.append("results/projection_validation.csv")
         elif step.name == "planner":
             run_command(step, ["plan-bench", "--out", "results/planner"])
             if step.status == "ok":

@@ -46,6 +46,8 @@ def test_pick_mode() -> None:
     assert pick_mode([4, 5, 4], "auto", 0.25) == "padded"
     assert pick_mode([1, 30, 1], "auto", 0.25) == "per-root"
     assert pick_mode([1, 30, 1], "padded", 0.25) == "padded"
+    assert pick_mode([4, 4, 4], "auto", 0.25, backend="gloo") == "per-root"
+    assert pick_mode([4, 4, 4], "padded", 0.25, backend="gloo") == "padded"
     with pytest.raises(ConfigError, match="equal slices"):
         pick_mode([1, 2], "equal", 0.25)
 

@@ -28,6 +28,7 @@ class DistConfig:
                         ``attach`` wait for their own buckets just before their forward
     collective_mode     uneven reduce-scatter / all-gather: auto picks per bucket among
                         equal (fast path, only when slices are equal), padded, per-root
+                        (per-root always on gloo, whose broadcast/reduce outrun its all-gather)
     pad_threshold       auto: use padded while padding adds at most this fraction of the bucket
     nonfinite           raise | skip (skip the whole step on every rank, state untouched)
     """

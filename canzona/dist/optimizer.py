@@ -60,6 +60,7 @@ class DistributedOptimizer:
         self.config = config
         self.dp_group, self.tp_group, self.world_group = dp_group, tp_group, world_group
         self.dp, self.dp_rank = dist.get_world_size(dp_group), dist.get_rank(dp_group)
+        self.backend = str(dist.get_backend(dp_group))
         self.tp, self.tp_rank = dist.get_world_size(tp_group), dist.get_rank(tp_group)
         if not named_params:
             raise ConfigError("DistributedOptimizer got no parameters")
@@ -120,7 +121,7 @@ class DistributedOptimizer:
         for i, bb in enumerate(self.mbufs.buckets):
             if bb.cuts:
                 sizes = [b - a for a, b in zip(bb.cuts[:-1], bb.cuts[1:])]
-                self.collective_modes[f"matrix{i}"] = pick_mode(sizes, c.collective_mode, c.pad_threshold)
+                self.collective_modes[f"matrix{i}"] = pick_mode(sizes, c.collective_mode, c.pad_threshold, self.backend)
             else:
                 self.collective_modes[f"matrix{i}"] = "all-reduce"
         owners = dp.owner_map()
@@ -150,7 +151,7 @@ class DistributedOptimizer:
         sizes = [sum(self.params[n].numel() for n in names) for names in self.owned_by]
         dtype = self.params[self.matrix_names[0]].dtype
         self.staging = [torch.empty(s, dtype=dtype, device=self.device) for s in sizes]
-        self.collective_modes["owner_gather"] = pick_mode(sizes, self.config.collective_mode, self.config.pad_threshold)
+        self.collective_modes["owner_gather"] = pick_mode(sizes, self.config.collective_mode, self.config.pad_threshold, self.backend)
 
     def _setup_adamw(self) -> None:
         c = self.config
@@ -160,8 +161,9 @@ class DistributedOptimizer:
         self.abufs = FlatBuffers(buckets, cuts, {n: self.params[n] for n in names}, self.device)
         self.adamw = ZeroAdamW(self.abufs.buckets, self.dp_rank,
                                AdamWConfig(lr=c.adamw_lr, betas=c.adamw_betas, eps=c.adamw_eps, weight_decay=c.adamw_weight_decay))
-        for i in range(len(buckets)):
-            self.collective_modes[f"adamw{i}"] = "equal"
+        for i, bb in enumerate(self.abufs.buckets):
+            sizes = [b - a for a, b in zip(bb.cuts[:-1], bb.cuts[1:])]
+            self.collective_modes[f"adamw{i}"] = pick_mode(sizes, c.collective_mode, c.pad_threshold, self.backend)
 
     def _check_plan_agreement(self, h: str) -> None:
         """Every rank must execute the same plan; a mismatch would deadlock or corrupt silently."""
@@ -263,7 +265,8 @@ class DistributedOptimizer:
             else:  # owners ignore bucket geometry (layer-wise): pack, gather, unpack
                 pend[("owner", 0)] = self._owner_gather()
         for i in reversed(range(len(self.abufs.buckets))):
-            pend[("adamw", i)] = all_gather_v(self.abufs.buckets[i].chunks("param"), self.dp_group, "equal")
+            pend[("adamw", i)] = all_gather_v(self.abufs.buckets[i].chunks("param"), self.dp_group,
+                                              self.collective_modes[f"adamw{i}"])
         return pend
 
     def _owner_gather(self) -> Pending:
