@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from canzona.analysis.aggregate import METHOD_ORDER, OURS
+from canzona.results.figures import pyplot, save_figure
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -25,15 +26,6 @@ PHASE_ORDER = ("grad_sync", "check", "tp_gather", "compute", "tp_scatter", "para
 PHASE_COLORS = {"grad_sync": "#1f77b4", "check": "#bcbd22", "tp_gather": "#ff7f0e", "compute": "#2ca02c",
                 "tp_scatter": "#d62728", "param_sync": "#9467bd"}
 COLORS = {"sc": "#7f7f7f", "layerwise": "#1f77b4", "asc": "#ff7f0e", "megatron-muon": "#9467bd", "canzona": "#2ca02c"}
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _source_title(prov: str) -> str:
@@ -49,7 +41,7 @@ def _source_title(prov: str) -> str:
 def plot_speedups(table: "pd.DataFrame", path: str | Path) -> Path:
     """Canzona's speedup over each baseline: one column of panels per provenance (measured, each
     projection view), rows = iteration and optimizer step, x = model, bars = baselines (log y)."""
-    plt = _plt()
+    plt = pyplot()
     sp_cols = [c for c in table.columns if c.startswith(f"{OURS} vs ")]
     t = table[table[sp_cols].notna().any(axis=1)] if sp_cols and not table.empty else table
     bases = [c.split(" vs ")[1].split(" (")[0] for c in sp_cols if c.endswith("(step)")]
@@ -90,7 +82,7 @@ def plot_speedups(table: "pd.DataFrame", path: str | Path) -> Path:
     fig.tight_layout(rect=(0, 0, 1, 0.96))
     if handles:
         fig.legend(*handles, loc="upper right", ncol=len(handles[0]), fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_phases(cells: "pd.DataFrame", path: str | Path, max_panels: int = 6) -> Path:
@@ -99,7 +91,7 @@ def plot_phases(cells: "pd.DataFrame", path: str | Path, max_panels: int = 6) ->
     across ranks, waits included); projected ones come from the same accounting."""
     from canzona.analysis.aggregate import ROW_KEY
 
-    plt = _plt()
+    plt = pyplot()
     # Panels: rows with at least two methods; projected rows only in the overlap=none view, whose
     # phases are the runtime's (the megatron view moves DP communication outside the step).
     groups = [(k, g) for k, g in cells.groupby(list(ROW_KEY), sort=False, dropna=False)
@@ -133,12 +125,12 @@ def plot_phases(cells: "pd.DataFrame", path: str | Path, max_panels: int = 6) ->
         axes[0][0].text(0.5, 0.5, "no cells", ha="center")
     fig.suptitle("Step-time phases per method (ms, stacked)")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_gpu_load(loads: dict[str, Sequence[float]], lower_bound: float, path: str | Path, title: str) -> Path:
     """Each method's per-GPU optimizer FLOPs, sorted descending, with the atomic lower bound."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     for m, vals in loads.items():
         v = sorted((x / 1e12 for x in vals), reverse=True)
@@ -150,7 +142,7 @@ def plot_gpu_load(loads: dict[str, Sequence[float]], lower_bound: float, path: s
     ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 ALGO_STYLE = {"blend": ("authors' blend", "o-"), "greedy": ("greedy (ours)", "s--"), "refine": ("refine (ours, default)", "^-")}
@@ -159,7 +151,7 @@ ALGO_STYLE = {"blend": ("authors' blend", "o-"), "greedy": ("greedy (ours)", "s-
 def plot_alpha(curve: "pd.DataFrame", path: str | Path, title: str) -> Path:
     """α trade-off per DP algorithm: compute imbalance, slice-bytes imbalance and (with a profile)
     the projected step, each against α."""
-    plt = _plt()
+    plt = pyplot()
     panels = [("compute_balance", "compute max/mean (×)"), ("comm_balance", "DP slice bytes max/mean (×)")]
     if "step_ms" in curve:
         panels.append(("step_ms", "projected step (ms)"))
@@ -177,20 +169,7 @@ def plot_alpha(curve: "pd.DataFrame", path: str | Path, title: str) -> Path:
         ax.set_title(label, fontsize=9)
     fig.suptitle(title)
     fig.tight_layout()
-    return _save(fig, path)
-
-
-def _save(fig: Any, path: str | Path) -> Path:
-    import io
-
-    from canzona.results.schema import write_atomic
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    _plt().close(fig)
-    p = Path(path)
-    write_atomic(p, buf.getvalue())
-    return p
+    return save_figure(fig, path)
 
 
 # ----------------------------------------------------------------------------- planner data

@@ -85,14 +85,18 @@ def _span(chunks: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.as_strided(chunks[0], (n * len(chunks),), (1,))
 
 
+def _per_root(collective: Callable, chunks: Sequence[torch.Tensor], group: dist.ProcessGroup | None) -> Pending:
+    """One rooted collective (reduce to / broadcast from rank r) per non-empty slice r."""
+    return Pending([collective(c, _global_rank(group, r), group=group, async_op=True)
+                    for r, c in enumerate(chunks) if c.numel()])
+
+
 def reduce_scatter_v(chunks: Sequence[torch.Tensor], group: dist.ProcessGroup, mode: str, async_op: bool = True) -> Pending:
     """Sum ``chunks[r]`` over all ranks into rank r's ``chunks[r]`` (1-D, same layout on every rank)."""
     me = dist.get_rank(group)
     out = chunks[me]
     if mode == "per-root":
-        works = [dist.reduce(c, dst=_global_rank(group, r), group=group, async_op=True)
-                 for r, c in enumerate(chunks) if c.numel()]
-        return _done(Pending(works), async_op)
+        return _done(_per_root(dist.reduce, chunks, group), async_op)
     if mode == "equal" and _consecutive(chunks):
         return _done(Pending([reduce_scatter_flat(out, _span(chunks), group=group, async_op=True)]), async_op)
     width = max(c.numel() for c in chunks)
@@ -109,9 +113,7 @@ def all_gather_v(chunks: Sequence[torch.Tensor], group: dist.ProcessGroup, mode:
     me = dist.get_rank(group)
     mine = chunks[me]
     if mode == "per-root":
-        works = [dist.broadcast(c, src=_global_rank(group, r), group=group, async_op=True)
-                 for r, c in enumerate(chunks) if c.numel()]
-        return _done(Pending(works), async_op)
+        return _done(_per_root(dist.broadcast, chunks, group), async_op)
     width = max(c.numel() for c in chunks)
     send = torch.zeros(width, dtype=mine.dtype, device=mine.device)
     send[: mine.numel()].copy_(mine)

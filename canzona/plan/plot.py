@@ -7,20 +7,12 @@ from typing import Any, Sequence
 
 from canzona.plan.metrics import gpu_loads, stage_bounds
 from canzona.plan.types import Plan
-
-
-def _plt():  # type: ignore[no-untyped-def]
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+from canzona.results.figures import pyplot, save_figure
 
 
 def plot_plan(plans: Sequence[Plan], path: str | Path, *, title: str = "") -> Path:
     """Per-GPU optimizer load against the atomic lower bound, and per-DP-rank slice sizes."""
-    plt = _plt()
+    plt = pyplot()
     loads, bounds, slices = [], [], []
     for p in plans:
         gl = gpu_loads(p)
@@ -44,12 +36,12 @@ def plot_plan(plans: Sequence[Plan], path: str | Path, *, title: str = "") -> Pa
     a2.set_ylabel("slice MiB (all buckets)")
     fig.suptitle(title or f"{plans[0].config.strategy} / {plans[0].dp.algo}")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_alpha_sweep(rows: Sequence[dict[str, Any]], path: str | Path, *, title: str = "") -> Path:
     """Compute balance vs comm balance as α moves (one line per algorithm)."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 5))
     name = lambda r: r.get("method", r["dp_algo"])  # noqa: E731
     for algo in sorted({name(r) for r in rows}):
@@ -68,12 +60,12 @@ def plot_alpha_sweep(rows: Sequence[dict[str, Any]], path: str | Path, *, title:
     ax.legend(fontsize=8)
     ax.set_title(title or "alpha sweep")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_bounds(rows: Sequence[dict[str, Any]], path: str | Path, *, title: str = "") -> Path:
     """Atomic lower bound per model and layout, fused vs split views."""
-    plt = _plt()
+    plt = pyplot()
     keys = [f"{r['model'].replace('qwen3-', '')} t{r['tp']}p{r['pp']}" for r in rows]
     fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.28), 4.5))
     xs = range(len(rows))
@@ -86,17 +78,6 @@ def plot_bounds(rows: Sequence[dict[str, Any]], path: str | Path, *, title: str 
     ax.legend(fontsize=8)
     ax.set_title(title or "atomic lower bound at 256 GPUs")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
-def _save(fig: Any, path: str | Path) -> Path:
-    import io
-
-    from canzona.results.schema import write_atomic
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    _plt().close(fig)
-    p = Path(path)
-    write_atomic(p, buf.getvalue())
-    return p
