@@ -15,7 +15,6 @@ keys included) because a typo in a sweep file would otherwise cost a queue slot 
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -23,6 +22,7 @@ from typing import Any, Iterable
 from canzona.errors import ConfigError
 from canzona.models import get_model, list_params
 from canzona.results.schema import cell_key
+from canzona.sweep.profile import read_toml
 
 METHODS = ("sc", "layerwise", "asc", "canzona", "megatron-muon")
 OPTIMIZERS = ("muon", "shampoo", "soap", "adamw")
@@ -285,12 +285,7 @@ def parse_sweep(data: dict[str, Any], source: str = "<sweep>") -> SweepDefinitio
 def load_sweep(path: str | Path) -> SweepDefinition:
     """Read and validate a sweep TOML file (ConfigError on any problem, naming the file)."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"sweep file {p} not found; the committed sweeps are under slurm/sweeps/")
-    try:
-        data = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{p}: not valid TOML ({exc})") from None
+    data = read_toml(p, f"sweep file {p} not found; the committed sweeps are under slurm/sweeps/")
     return parse_sweep(data, str(p))
 
 

@@ -190,16 +190,21 @@ def parse_profile(data: dict[str, Any], source: str = "<profile>") -> ClusterPro
     return ClusterProfile(**kw)
 
 
+def read_toml(p: Path, missing: str) -> dict[str, Any]:
+    """A TOML file's table, or ConfigError: ``missing`` when absent, the parser's reason when malformed."""
+    if not p.is_file():
+        raise ConfigError(missing)
+    try:
+        return tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: not valid TOML ({exc})") from None
+
+
 def load_profile(path: str | Path) -> ClusterProfile:
     """Read and validate a cluster profile (TOML). ConfigError names the file and the key."""
     p = Path(path)
     if p.suffix.lower() in (".yaml", ".yml"):
         raise ConfigError(f"{p}: profiles are TOML (read with the standard library's tomllib); "
                           "copy slurm/profiles/example.toml and fill it in")
-    if not p.is_file():
-        raise ConfigError(f"cluster profile {p} not found; copy slurm/profiles/example.toml and fill it in")
-    try:
-        data = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{p}: not valid TOML ({exc})") from None
+    data = read_toml(p, f"cluster profile {p} not found; copy slurm/profiles/example.toml and fill it in")
     return parse_profile(data, str(p))
