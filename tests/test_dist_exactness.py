@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from canzona.dist.launch import launch
 from tests.dist_helpers import assemble, build, dist_config, make_groups, reference, run_steps

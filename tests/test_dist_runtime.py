@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from canzona.dist import DistConfig, DistributedOptimizer
 from canzona.dist.launch import RankError, launch
-from canzona.errors import ConfigError
 from canzona.models.spec import ParamSpec
 from tests.dist_helpers import SPECS, assemble, build, dist_config, make_groups, reference, run_steps, shard
 

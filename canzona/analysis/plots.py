@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from canzona.analysis.aggregate import METHOD_ORDER, OURS
 from canzona.results.figures import pyplot, save_figure

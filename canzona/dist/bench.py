@@ -61,7 +61,7 @@ def _rank(info: Any, model: str, dp: int, tp: int, strategies: list[str], cfg_kw
     # part is the same code for every strategy and is exercised by the harness)
     specs = [s for s in list_params(get_model(model)) if s.route == "matrix"]
     groups = _groups(info.rank, dp, tp)
-    d, t = info.rank // tp, info.rank % tp
+    d = info.rank // tp
     gen = torch.Generator().manual_seed(1234 + d)
     out: dict[str, Any] = {}
     for strategy in strategies:

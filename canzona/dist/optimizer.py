@@ -30,7 +30,7 @@ import torch.distributed as dist
 from canzona.dist.buffers import FlatBuffers
 from canzona.dist.collectives import Pending, all_gather_v, pick_mode, reduce_scatter_v
 from canzona.dist.config import DistConfig
-from canzona.dist.timers import PhaseError, PhaseTimer
+from canzona.dist.timers import PhaseTimer
 from canzona.dist.tp_exec import AllGatherTP, LocalTP, MicroGroupTP
 from canzona.dist.zero_adamw import MOMENTS, ZeroAdamW
 from canzona.errors import ConfigError, NonFiniteGradientError

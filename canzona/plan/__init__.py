@@ -9,7 +9,6 @@ The data model lives in ``canzona.plan.types`` (Plan, DPPlan, TPSchedule, ...).
 """
 
 from canzona.plan.build import (
-    DEFAULT_ALPHA,
     STRATEGIES,
     adamw_buckets,
     make_items,
@@ -21,6 +20,7 @@ from canzona.plan.build import (
 )
 from canzona.plan.metrics import GpuLoads, gpu_loads, plan_metrics
 from canzona.plan.types import (
+    DEFAULT_ALPHA,
     Bucket,
     BucketEntry,
     DPPlan,

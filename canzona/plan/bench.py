@@ -81,7 +81,8 @@ def _md_table(rows: Sequence[dict[str, Any]], cols: Sequence[str]) -> str:
 def run(args: argparse.Namespace) -> int:
     from canzona.cost import CostModel
     from canzona.errors import ConfigError
-    from canzona.plan.build import DEFAULT_ALPHA, plan_model
+    from canzona.plan.build import plan_model
+    from canzona.plan.types import DEFAULT_ALPHA
     from canzona.plan.metrics import plan_metrics
     from canzona.plan.types import Layout, PlanConfig
     from canzona.results.env import git_commit

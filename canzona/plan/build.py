@@ -31,7 +31,7 @@ from canzona.plan import dp_baselines, dp_canzona  # noqa: F401  (loaded now, so
 from canzona.plan.buckets import build_buckets
 from canzona.plan.dp import DP_ALGOS, plan_dp, resolve_dp_algo
 from canzona.plan.tp import TP_MODES, check_tp_mode, schedule_tp
-from canzona.plan.types import DEFAULT_ALPHA, Bucket, Layout, Plan, PlanConfig, PlanItem, input_hash
+from canzona.plan.types import Bucket, Layout, Plan, PlanConfig, PlanItem, input_hash
 
 STRATEGIES = tuple(DP_ALGOS)
 DEFAULT_TP_MODE = {"sc": "sc", "layerwise": "sc", "asc": "no", "canzona": "global", "zero": "shard"}

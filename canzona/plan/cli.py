@@ -24,7 +24,8 @@ def _int(text: str) -> int:
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    from canzona.plan.build import DEFAULT_ALPHA, STRATEGIES
+    from canzona.plan.build import STRATEGIES
+    from canzona.plan.types import DEFAULT_ALPHA
 
     p.add_argument("--model", default="qwen3-32b", help="model name (see `canzona models`)")
     p.add_argument("--tp", type=int, default=1)
