@@ -46,14 +46,22 @@ def test_reshard_checkpoint_continues_identically(dp: int, tp: int, strategy: st
         assert err < 1e-5, f"{name}: rel err {err:.2e}"
 
 
-def _nan_rank(info, policy) -> tuple[bool, int]:
-    groups = make_groups(info.rank, 2, 1)
-    opt, params = build(info.rank, 2, 1, dist_config("canzona", "muon", nonfinite=policy), SEED, groups)
+def _nan_rank(info, policy, dp, tp) -> tuple[bool, int]:
+    """NaN in one rank's gradient shard; at TP=2 in the shard of the TP rank that does NOT host
+    the matrix, so only that rank can see it before the gather."""
+    groups = make_groups(info.rank, dp, tp)
+    opt, params = build(info.rank, dp, tp, dist_config("canzona", "muon", nonfinite=policy), SEED, groups)
     before = {n: p.detach().clone() for n, p in params.items()}
-    name = SPECS[3].name
+    name = next(s.name for s in SPECS if s.name.endswith("linear_qkv.weight"))
+    if tp > 1:
+        owner = opt.plan.dp.owner_map()[name][0]
+        host = dict(h for g in opt.plan.tp.groups[owner] for h in g.hosts)[name]
+        victim = owner * tp + (1 - host)
+    else:
+        victim = opt.plan.dp.owner_map()[name][0] * tp
     for s in SPECS:
         params[s.name].grad.normal_()
-    if info.rank == 1:
+    if info.rank == victim:
         params[name].grad.view(-1)[0] = float("nan")
     opt.finish_grad_sync()
     timings = opt.step()
@@ -61,14 +69,15 @@ def _nan_rank(info, policy) -> tuple[bool, int]:
     return unchanged and timings["skipped"] == 1.0, opt.step_count
 
 
-def test_nan_gradient_skip_leaves_state_untouched() -> None:
-    res = launch(_nan_rank, 2, "skip")
-    assert res == [(True, 0), (True, 0)]
+@pytest.mark.parametrize("dp,tp", [(2, 1), (1, 2)])
+def test_nan_gradient_skip_leaves_state_untouched(dp: int, tp: int) -> None:
+    res = launch(_nan_rank, dp * tp, "skip", dp, tp)
+    assert res == [(True, 0)] * (dp * tp)
 
 
 def test_nan_gradient_raise_names_the_problem() -> None:
     with pytest.raises(RankError, match="non-finite gradient"):
-        launch(_nan_rank, 2, "raise")
+        launch(_nan_rank, 2, "raise", 2, 1)
 
 
 def _stuck(info) -> None:

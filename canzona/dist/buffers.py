@@ -71,9 +71,8 @@ class FlatBuffers:
                     view.copy_(p.grad)
                 p.grad = view
 
-    def register_ready_hooks(self, on_ready: Callable[[int], None], enabled: Callable[[], bool]) -> list:
+    def register_ready_hooks(self, on_ready: Callable[[int], None], enabled: Callable[[], bool]) -> None:
         """Call ``on_ready(bucket_index)`` once every param of a bucket has its grad accumulated."""
-        handles = []
         for name, p in self._params.items():
             b = self.where[name][0]
 
@@ -84,8 +83,7 @@ class FlatBuffers:
                 if self._pending_count[b] == 0:
                     on_ready(b)
 
-            handles.append(p.register_post_accumulate_grad_hook(hook))
-        return handles
+            p.register_post_accumulate_grad_hook(hook)
 
     def reset_ready(self) -> None:
         self._pending_count = [len(b.bucket.entries) for b in self.buckets]

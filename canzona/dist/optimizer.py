@@ -47,8 +47,10 @@ NamedParam = tuple[str, ParamSpec, torch.nn.Parameter]
 
 @dataclass(frozen=True)
 class _Placement:
-    """Which matrices this rank computes and which of those it is the canonical state holder for."""
+    """Which matrices this rank's DP index owns (it holds reduced gradient shards of them), which
+    of those it computes, and which it is the canonical state holder for."""
 
+    owns: tuple[str, ...]
     computes: tuple[str, ...]
     canonical: frozenset[str]
 
@@ -83,7 +85,6 @@ class DistributedOptimizer:
         self.step_count = 0
         self.timer = PhaseTimer(self.device)
         self.states: dict[str, dict[str, torch.Tensor]] = {}
-        self._hooks: list = []
         self._param_pending: dict[tuple[str, int], Pending] = {}
 
         if self.matrix_names:
@@ -91,7 +92,7 @@ class DistributedOptimizer:
         self._setup_adamw()
         if config.overlap_grad_sync:
             for kind, bufs in self._buffer_sets():
-                self._hooks += bufs.register_ready_hooks(lambda b, kind=kind: self._launch(kind, b),
+                bufs.register_ready_hooks(lambda b, kind=kind: self._launch(kind, b),
                                                          lambda: self._sync_enabled)
 
     # ---------------------------------------------------------------- set-up
@@ -141,7 +142,7 @@ class DistributedOptimizer:
         computes = tuple(n for n in mine if n not in hosts or hosts[n] == self.tp_rank)
         lead = {n: min(owners[n]) for n in mine}
         canonical = frozenset(n for n in computes if lead[n] == self.dp_rank and (n in hosts or self.tp_rank == 0))
-        self.placement = _Placement(computes, canonical)
+        self.placement = _Placement(tuple(mine), computes, canonical)
         if dp.param_sync != "none" and not dp.cuts:
             self._setup_owner_gather(owners)
 
@@ -223,10 +224,11 @@ class DistributedOptimizer:
 
     # ---------------------------------------------------------------- step
     def _owned_grads(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every reduced gradient this rank holds: its shards of the matrices its DP index owns
+        (hosted here or elsewhere: a host only sees other shards after the gather) and its
+        AdamW slices."""
         if self.matrix_names:
-            for n in self.placement.computes:
-                yield n, self.mbufs.grad(n)
-            for n in self.local_tp.names:
+            for n in self.placement.owns:
                 yield n, self.mbufs.grad(n)
         for g in self.adamw.grads():
             yield "an AdamW parameter", g
