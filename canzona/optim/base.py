@@ -36,8 +36,13 @@ class MatrixOptimizer(ABC):
     """Update rule for one full matrix. Subclasses set ``name`` and a config dataclass."""
 
     name: ClassVar[str]
+    config_cls: ClassVar[type[OptimizerConfig]] = OptimizerConfig
 
-    def __init__(self, config: OptimizerConfig) -> None:
+    def __init__(self, config: OptimizerConfig | None = None) -> None:
+        if config is None:
+            config = self.config_cls()
+        if not isinstance(config, self.config_cls):
+            raise ConfigError(f"{type(self).__name__} needs a {self.config_cls.__name__}, got {type(config).__name__}")
         self.config = config
 
     @abstractmethod

@@ -55,10 +55,6 @@ class Muon(MatrixOptimizer):
     config_cls: ClassVar[type[MuonConfig]] = MuonConfig
     config: MuonConfig
 
-    def __init__(self, config: MuonConfig | None = None) -> None:
-        if config is not None and not isinstance(config, MuonConfig):
-            raise ConfigError(f"Muon needs a MuonConfig, got {type(config).__name__}")
-        super().__init__(config or MuonConfig())
 
     def init_state(self, shape: tuple[int, int], *, device: torch.device | str = "cpu") -> State:
         return {"momentum": torch.zeros(shape, dtype=torch.float32, device=device)}

@@ -69,10 +69,6 @@ class Shampoo(MatrixOptimizer):
     config_cls: ClassVar[type[ShampooConfig]] = ShampooConfig
     config: ShampooConfig
 
-    def __init__(self, config: ShampooConfig | None = None) -> None:
-        if config is not None and not isinstance(config, ShampooConfig):
-            raise ConfigError(f"Shampoo needs a ShampooConfig, got {type(config).__name__}")
-        super().__init__(config or ShampooConfig())
 
     def init_state(self, shape: tuple[int, int], *, device: torch.device | str = "cpu") -> State:
         zeros = {"exp_avg": shape, "exp_avg_sq": shape}

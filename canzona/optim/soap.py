@@ -59,10 +59,6 @@ class SOAP(MatrixOptimizer):
     config_cls: ClassVar[type[SOAPConfig]] = SOAPConfig
     config: SOAPConfig
 
-    def __init__(self, config: SOAPConfig | None = None) -> None:
-        if config is not None and not isinstance(config, SOAPConfig):
-            raise ConfigError(f"SOAP needs a SOAPConfig, got {type(config).__name__}")
-        super().__init__(config or SOAPConfig())
 
     def init_state(self, shape: tuple[int, int], *, device: torch.device | str = "cpu") -> State:
         zeros = {"exp_avg": shape, "exp_avg_sq": shape}
