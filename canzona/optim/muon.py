@@ -55,7 +55,6 @@ class Muon(MatrixOptimizer):
     config_cls: ClassVar[type[MuonConfig]] = MuonConfig
     config: MuonConfig
 
-
     def init_state(self, shape: tuple[int, int], *, device: torch.device | str = "cpu") -> State:
         return {"momentum": torch.zeros(shape, dtype=torch.float32, device=device)}
 

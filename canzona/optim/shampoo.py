@@ -69,7 +69,6 @@ class Shampoo(MatrixOptimizer):
     config_cls: ClassVar[type[ShampooConfig]] = ShampooConfig
     config: ShampooConfig
 
-
     def init_state(self, shape: tuple[int, int], *, device: torch.device | str = "cpu") -> State:
         zeros = {"exp_avg": shape, "exp_avg_sq": shape}
         for side, d in (("L", shape[0]), ("R", shape[1])):

@@ -59,7 +59,6 @@ class SOAP(MatrixOptimizer):
     config_cls: ClassVar[type[SOAPConfig]] = SOAPConfig
     config: SOAPConfig
 
-
     def init_state(self, shape: tuple[int, int], *, device: torch.device | str = "cpu") -> State:
         zeros = {"exp_avg": shape, "exp_avg_sq": shape}
         for side, d in (("L", shape[0]), ("R", shape[1])):
