@@ -1,8 +1,8 @@
 """`canzona bench-step`: optimizer-step latency of every strategy, side by side, in ONE run.
 
 Forks N gloo ranks (or uses NCCL on GPUs), builds a Qwen3-structured model's matrices, and
-times sc, layerwise, asc and canzona on the same seeded gradients, one after another inside the
-same processes, so the ratios compare like with like. Prints one JSON object (medians over
+times sc, layerwise, asc and canzona on the same seeded gradients, interleaved step by step inside
+the same processes, so the ratios compare like with like. Prints one JSON object (medians over
 measured steps, max across ranks) and optionally writes it and schema records to results/.
 """
 
@@ -63,26 +63,28 @@ def _rank(info: Any, model: str, dp: int, tp: int, strategies: list[str], cfg_kw
     groups = _groups(info.rank, dp, tp)
     d = info.rank // tp
     gen = torch.Generator().manual_seed(1234 + d)
-    out: dict[str, Any] = {}
+    runs = {}
     for strategy in strategies:
-        params = []
-        for s in specs:
-            local = s.shard_shape(tp)
-            params.append((s.name, s, torch.nn.Parameter(torch.randn(local, generator=torch.Generator().manual_seed(7)).to(info.device) * 0.02)))
-        opt = DistributedOptimizer(params, *groups, DistConfig(strategy=strategy, **cfg_kw))
-        times = []
-        for i in range(warmup + steps):
-            for _, _, p in params:
-                p.grad.copy_(torch.randn(p.shape, generator=gen).to(info.device))
+        params = [(s.name, s, torch.nn.Parameter(
+            torch.randn(s.shard_shape(tp), generator=torch.Generator().manual_seed(7)).to(info.device) * 0.02))
+            for s in specs]
+        runs[strategy] = (DistributedOptimizer(params, *groups, DistConfig(strategy=strategy, **cfg_kw)), params)
+    times: dict[str, list[dict[str, float]]] = {s: [] for s in strategies}
+    # Interleaved: each step times every strategy in turn on the same gradients, so drift in the
+    # machine's load (other processes, thermal) hits all strategies alike instead of one block.
+    for i in range(warmup + steps):
+        grads = [torch.randn(p.shape, generator=gen).to(info.device) for _, _, p in runs[strategies[0]][1]]
+        for strategy in strategies:
+            opt, params = runs[strategy]
+            for (_, _, p), g in zip(params, grads):
+                p.grad.copy_(g)
             opt.finish_grad_sync()
             timing = opt.step()
             opt.zero_grad()
             if i >= warmup:
-                times.append(timing)
-        out[strategy] = {"timings": times, "collective_modes": opt.collective_modes,
-                         "plan_hash": opt.plan.input_hash if opt.plan else None}
-        del opt, params
-    return out
+                times[strategy].append(timing)
+    return {s: {"timings": times[s], "collective_modes": runs[s][0].collective_modes,
+                "plan_hash": runs[s][0].plan.input_hash if runs[s][0].plan else None} for s in strategies}
 
 
 def run(args: argparse.Namespace) -> int:
