@@ -56,6 +56,14 @@ class MatrixOptimizer(ABC):
         ``step`` is 1-based and counts optimizer steps taken, including this one.
         """
 
+    def check_inputs(self, grad: torch.Tensor, state_like: torch.Tensor, step: int) -> None:
+        """Validate a direction() call: 2-D non-empty grad, 1-based step, state of the grad's shape."""
+        check_matrix(grad, self.name)
+        if step < 1:
+            raise ConfigError(f"{self.name} step is 1-based, got {step}")
+        if state_like.shape != grad.shape:
+            raise ConfigError(f"{self.name} state is for shape {tuple(state_like.shape)}, gradient is {tuple(grad.shape)}")
+
     def cost_settings(self) -> CostSettings:
         return CostSettings()
 

@@ -17,7 +17,7 @@ import torch
 
 from canzona.cost import CostSettings
 from canzona.errors import ConfigError
-from canzona.optim.base import MatrixOptimizer, OptimizerConfig, State, check_matrix
+from canzona.optim.base import MatrixOptimizer, OptimizerConfig, State
 from canzona.optim.newton_schulz import get_coefficient_set, newton_schulz
 
 ComputeDtype = Literal["auto", "fp32", "bf16"]
@@ -59,12 +59,8 @@ class Muon(MatrixOptimizer):
         return {"momentum": torch.zeros(shape, dtype=torch.float32, device=device)}
 
     def direction(self, grad: torch.Tensor, state: State, step: int) -> torch.Tensor:
-        check_matrix(grad)
-        if step < 1:
-            raise ConfigError(f"muon step is 1-based, got {step}")
         c, buf = self.config, state["momentum"]
-        if buf.shape != grad.shape:
-            raise ConfigError(f"muon state is for shape {tuple(buf.shape)}, gradient is {tuple(grad.shape)}")
+        self.check_inputs(grad, buf, step)
         g = grad.to(torch.float32)
         buf.lerp_(g, 1.0 - c.momentum)
         m = torch.lerp(g, buf, c.momentum) if c.nesterov else buf

@@ -22,7 +22,7 @@ import torch
 
 from canzona.cost import CostSettings
 from canzona.errors import ConfigError
-from canzona.optim.base import MatrixOptimizer, OptimizerConfig, State, check_matrix
+from canzona.optim.base import MatrixOptimizer, OptimizerConfig, State
 
 
 @dataclass(frozen=True)
@@ -77,12 +77,8 @@ class Shampoo(MatrixOptimizer):
         return {k: torch.zeros(s, dtype=torch.float32, device=device) for k, s in zeros.items()}
 
     def direction(self, grad: torch.Tensor, state: State, step: int) -> torch.Tensor:
-        check_matrix(grad)
-        if step < 1:
-            raise ConfigError(f"shampoo step is 1-based, got {step}")
+        self.check_inputs(grad, state["exp_avg"], step)
         c = self.config
-        if state["exp_avg"].shape != grad.shape:
-            raise ConfigError(f"shampoo state is for shape {tuple(state['exp_avg'].shape)}, gradient is {tuple(grad.shape)}")
         G = grad.to(torch.float32)
         b1, b2 = c.betas
         refresh = (step - 1) % c.precondition_frequency == 0

@@ -24,7 +24,7 @@ import torch
 
 from canzona.cost import CostSettings
 from canzona.errors import ConfigError
-from canzona.optim.base import MatrixOptimizer, OptimizerConfig, State, check_matrix
+from canzona.optim.base import MatrixOptimizer, OptimizerConfig, State
 from canzona.optim.shampoo import _check_betas, _check_common
 
 
@@ -67,12 +67,8 @@ class SOAP(MatrixOptimizer):
         return {k: torch.zeros(s, dtype=torch.float32, device=device) for k, s in zeros.items()}
 
     def direction(self, grad: torch.Tensor, state: State, step: int) -> torch.Tensor:
-        check_matrix(grad)
-        if step < 1:
-            raise ConfigError(f"soap step is 1-based, got {step}")
+        self.check_inputs(grad, state["exp_avg"], step)
         c = self.config
-        if state["exp_avg"].shape != grad.shape:
-            raise ConfigError(f"soap state is for shape {tuple(state['exp_avg'].shape)}, gradient is {tuple(grad.shape)}")
         G = grad.to(torch.float32)
         if step == 1:
             self._update_factors(G, state)
