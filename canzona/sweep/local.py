@@ -22,7 +22,7 @@ from typing import Sequence
 
 from canzona.errors import ConfigError
 from canzona.sweep.definition import Cell, SweepDefinition
-from canzona.sweep.state import JobBook, SweepPaths, collect, done_records, failure_reason, in_flight, pickled_outcome
+from canzona.sweep.state import JobBook, SweepPaths, collect, failure_reason, pickled_outcome, triage
 from canzona.sweep.task import CellTask, CommandBuilder, quarantine_invalid, train_command
 
 LOCAL_BACKENDS = ("local", "debug")
@@ -92,17 +92,12 @@ def run_local(
     paths.run_dir.mkdir(parents=True, exist_ok=True)
     report = RunReport(defn.name, paths.results)
     report.quarantined += collect(paths).quarantined
-    done = done_records(paths, cells)
+    finished, busy, todo = triage(paths, cells)
     book = JobBook(paths.jobs)
-    todo: list[Cell] = []
-    for c in cells:
-        if c.key in done:
-            report.skipped.append(c.key)
-            continue
-        busy, why = in_flight(book.get(c.key))
-        if busy:
-            raise ConfigError(f"cell {c.key} is already {why}; wait for that sweep or stop it first")
-        todo.append(c)
+    report.skipped += finished
+    if busy:
+        c, why = busy[0]
+        raise ConfigError(f"cell {c.key} is already {why}; wait for that sweep or stop it first")
 
     folder = paths.logs / "%j"
     executor: submitit.Executor = (submitit.LocalExecutor(folder=folder) if backend == "local"

@@ -31,7 +31,7 @@ from canzona.errors import ConfigError
 from canzona.sweep.definition import Cell, SweepDefinition
 from canzona.sweep.local import now
 from canzona.sweep.profile import ClusterProfile
-from canzona.sweep.state import JobBook, SweepPaths, collect, done_records, in_flight
+from canzona.sweep.state import JobBook, SweepPaths, collect, triage
 from canzona.sweep.task import CellTask, CommandBuilder, quarantine_invalid, torchrun_argv, train_command
 
 
@@ -195,19 +195,16 @@ def submit_slurm(
     paths.run_dir.mkdir(parents=True, exist_ok=True)
     collect(paths)
     report = SubmitReport(defn.name, paths.results)
-    done = done_records(paths, cells)
+    finished, busy, todo = triage(paths, cells)
     book = JobBook(paths.jobs)
-    todo: list[Cell] = []
-    for c in cells:
-        if c.key in done:
-            report.skipped_done.append(c.key)
-            continue
-        busy, why = in_flight(book.get(c.key))
-        if busy and not force:
-            report.skipped_in_flight.append((c.key, why))
-            continue
+    report.skipped_done += finished
+    if force:  # resubmit in-flight cells too, keeping the sweep's cell order (= array indices)
+        keep = {c.key for c in todo} | {c.key for c, _ in busy}
+        todo = [c for c in cells if c.key in keep]
+    else:
+        report.skipped_in_flight += [(c.key, why) for c, why in busy]
+    for c in todo:
         quarantine_invalid(paths.cell_results(c))
-        todo.append(c)
 
     folder = paths.logs / "%j"
     executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=profile.max_num_timeout,

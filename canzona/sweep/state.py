@@ -275,6 +275,25 @@ def in_flight(entry: dict[str, Any] | None) -> tuple[bool, str]:
     return False, ""
 
 
+def triage(paths: SweepPaths, cells: Iterable[Cell]) -> tuple[list[str], list[tuple[Cell, str]], list[Cell]]:
+    """Sort cells for a (re)run: keys already done, (cell, why) still in flight, cells to run.
+
+    What to do with in-flight cells is the executor's choice (local refuses, Slurm skips or,
+    with --force, resubmits), so they are returned, not decided here.
+    """
+    cells = list(cells)
+    done = done_records(paths, cells)
+    book = JobBook(paths.jobs)
+    finished, busy, todo = [], [], []
+    for c in cells:
+        if c.key in done:
+            finished.append(c.key)
+            continue
+        flying, why = in_flight(book.get(c.key))
+        (busy.append((c, why)) if flying else todo.append(c))
+    return finished, busy, todo
+
+
 def sweep_status(defn: SweepDefinition, paths: SweepPaths, tail: int = 8,
                  cells: Iterable[Cell] | None = None) -> list[CellStatus]:
     """done / failed / pending for every cell of ``defn`` (or just ``cells``), with the reason
