@@ -1,11 +1,10 @@
-"""Shared scaffolding for multi-rank runtime tests: DP×TP groups, seeded grads, a reference run."""
+"""Shared scaffolding for multi-rank runtime tests: seeded params and grads, a reference run."""
 
 from __future__ import annotations
 
 import zlib
 
 import torch
-import torch.distributed as dist
 
 from canzona.dist import DistConfig, DistributedOptimizer
 from canzona.models import get_model, list_params
@@ -16,20 +15,6 @@ from canzona.optim.base import apply_update
 
 SPECS: list[ParamSpec] = list_params(get_model("qwen3-micro"))
 LR, WD, ADAMW_LR = 0.02, 0.01, 1e-3
-
-
-def make_groups(rank: int, dp: int, tp: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
-    """Megatron order: TP ranks are contiguous (rank = d·tp + t). Every rank creates every group."""
-    mine_dp = mine_tp = None
-    for t in range(tp):
-        g = dist.new_group([d * tp + t for d in range(dp)])
-        if rank % tp == t:
-            mine_dp = g
-    for d in range(dp):
-        g = dist.new_group([d * tp + t for t in range(tp)])
-        if rank // tp == d:
-            mine_tp = g
-    return mine_dp, mine_tp
 
 
 def _seed(*parts) -> int:

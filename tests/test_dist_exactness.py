@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from canzona.dist.launch import launch
-from tests.dist_helpers import assemble, build, dist_config, make_groups, reference, run_steps
+from canzona.dist.launch import dp_tp_groups
+from tests.dist_helpers import assemble, build, dist_config, reference, run_steps
 
 STRATEGIES = ("sc", "layerwise", "asc", "canzona")
 OPTIMIZERS = ("muon", "shampoo", "soap")
@@ -14,7 +15,7 @@ STEPS, SEED = 5, 7
 
 
 def _rank(info, dp: int, tp: int) -> dict:
-    groups = make_groups(info.rank, dp, tp)
+    groups = dp_tp_groups(info.rank, dp, tp)
     out = {}
     # gloo's auto mode is per-root; the padded path (NCCL's usual choice) is checked on Muon
     runs = [(o, s, "auto") for o in OPTIMIZERS for s in STRATEGIES]

@@ -8,20 +8,21 @@ import torch
 from canzona.dist import DistConfig, DistributedOptimizer
 from canzona.dist.launch import RankError, launch
 from canzona.models.spec import ParamSpec
-from tests.dist_helpers import SPECS, assemble, build, dist_config, make_groups, reference, run_steps, shard
+from canzona.dist.launch import dp_tp_groups
+from tests.dist_helpers import SPECS, assemble, build, dist_config, reference, run_steps, shard
 
 SEED = 11
 
 
 def _train_and_save(info, dp, tp, strategy, steps) -> tuple[dict, dict]:
-    groups = make_groups(info.rank, dp, tp)
+    groups = dp_tp_groups(info.rank, dp, tp)
     opt, params = build(info.rank, dp, tp, dist_config(strategy, "soap"), SEED, groups)
     run_steps(opt, params, info.rank, tp, range(steps), SEED)
     return opt.state_dict(), {n: p.detach().clone() for n, p in params.items()}
 
 
 def _load_and_continue(info, dp, tp, strategy, sd, full_params, steps) -> dict:
-    groups = make_groups(info.rank, dp, tp)
+    groups = dp_tp_groups(info.rank, dp, tp)
     opt, params = build(info.rank, dp, tp, dist_config(strategy, "soap"), SEED, groups)
     with torch.no_grad():
         for s in SPECS:
@@ -49,7 +50,7 @@ def test_reshard_checkpoint_continues_identically(dp: int, tp: int, strategy: st
 def _nan_rank(info, policy, dp, tp) -> tuple[bool, int]:
     """NaN in one rank's gradient shard; at TP=2 in the shard of the TP rank that does NOT host
     the matrix, so only that rank can see it before the gather."""
-    groups = make_groups(info.rank, dp, tp)
+    groups = dp_tp_groups(info.rank, dp, tp)
     opt, params = build(info.rank, dp, tp, dist_config("canzona", "muon", nonfinite=policy), SEED, groups)
     before = {n: p.detach().clone() for n, p in params.items()}
     name = next(s.name for s in SPECS if s.name.endswith("linear_qkv.weight"))
@@ -81,7 +82,7 @@ def test_nan_gradient_raise_names_the_problem() -> None:
 
 
 def _stuck(info) -> None:
-    groups = make_groups(info.rank, 2, 1)
+    groups = dp_tp_groups(info.rank, 2, 1)
     opt, params = build(info.rank, 2, 1, dist_config("canzona", "muon"), SEED, groups)
     opt.finish_grad_sync()
     if info.rank == 0:
@@ -96,7 +97,7 @@ def test_failed_rank_does_not_hang_peers() -> None:
 
 def _phase_named(info) -> str:
     """Rank 1 skips the step: rank 0's collectives time out, and the error names the phase."""
-    groups = make_groups(info.rank, 2, 1)
+    groups = dp_tp_groups(info.rank, 2, 1)
     opt, params = build(info.rank, 2, 1, dist_config("canzona", "muon"), SEED, groups)
     opt.finish_grad_sync()
     if info.rank == 1:
@@ -114,7 +115,7 @@ def test_collective_timeout_names_phase() -> None:
 
 
 def _bad_partition(info) -> None:
-    groups = make_groups(info.rank, 1, 2)
+    groups = dp_tp_groups(info.rank, 1, 2)
     spec = ParamSpec("decoder.layers.0.mlp.linear_fc1.weight", (8, 4), None, "matrix", 0)
     DistributedOptimizer([(spec.name, spec, torch.nn.Parameter(torch.zeros(4, 4)))], *groups, DistConfig())
 
@@ -125,7 +126,7 @@ def test_tp_param_without_partition_metadata_is_rejected() -> None:
 
 
 def _hash_mismatch(info) -> None:
-    groups = make_groups(info.rank, 2, 1)
+    groups = dp_tp_groups(info.rank, 2, 1)
     cfg = dist_config("canzona", "muon", alpha=0.5 if info.rank else 1.0)
     build(info.rank, 2, 1, cfg, SEED, groups)
 
@@ -149,7 +150,7 @@ class _TwoLayer(torch.nn.Module):
 def _hooks(info, overlap_grad: bool, overlap_param: bool) -> dict:
     """Real backward through a tiny model: grad hooks launch bucket reductions; with
     overlap_param_sync the next forward waits per module for its bucket's all-gather."""
-    groups = make_groups(info.rank, 2, 1)
+    groups = dp_tp_groups(info.rank, 2, 1)
     model = _TwoLayer()
     specs = [ParamSpec("decoder.layers.0.mlp.linear_fc1.weight", (32, 16), None, "matrix", 0),
              ParamSpec("decoder.layers.0.mlp.linear_fc2.weight", (16, 32), None, "matrix", 0)]

@@ -63,6 +63,7 @@ def _rank(info: Any, model: str, optimizer: str, dp: int, tp: int, sizes: Sequen
     import torch
     import torch.distributed as dist
 
+    from canzona.dist.launch import dp_tp_groups
     from canzona.optim import make_matrix_optimizer
 
     out: dict[str, Any] = {"compute": {}, "solo": {}, "mem": 0.0, "mem_solo": 0.0, "coll": {}}
@@ -105,10 +106,7 @@ def _rank(info: Any, model: str, optimizer: str, dp: int, tp: int, sizes: Sequen
     out["mem"] = 2 * src.numel() * 4 / shared_t
     out["mem_solo"] = 2 * src.numel() * 4 / solo_t if solo_t else 0.0
     # DP groups of a dp x tp layout, as bench-step builds them (rank = d*tp + t)
-    mine = None
-    for t in range(tp):
-        g = dist.new_group([d * tp + t for d in range(dp)])
-        mine = g if info.rank % tp == t else mine
+    mine, _ = dp_tp_groups(info.rank, dp, tp)
     n = dp
     for kind in COLLECTIVES:
         for nbytes in sizes:

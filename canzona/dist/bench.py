@@ -41,26 +41,14 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--results", help="append one schema record (kind 'step') per strategy to this JSONL file")
 
 
-def _groups(rank: int, dp: int, tp: int) -> tuple[Any, Any]:
-    import torch.distributed as dist
-
-    dpg = tpg = None
-    for t in range(tp):
-        g = dist.new_group([d * tp + t for d in range(dp)])
-        dpg = g if rank % tp == t else dpg
-    for d in range(dp):
-        g = dist.new_group([d * tp + t for t in range(tp)])
-        tpg = g if rank // tp == d else tpg
-    return dpg, tpg
-
-
 def _rank(info: Any, model: str, dp: int, tp: int, strategies: list[str], cfg_kw: dict, steps: int, warmup: int) -> dict:
+    from canzona.dist.launch import dp_tp_groups
     from canzona.dist.optimizer import DistributedOptimizer
 
     # the model's matrices only: the step under test is the matrix optimizer's (AdamW's ZeRO-1
     # part is the same code for every strategy and is exercised by the harness)
     specs = [s for s in list_params(get_model(model)) if s.route == "matrix"]
-    groups = _groups(info.rank, dp, tp)
+    groups = dp_tp_groups(info.rank, dp, tp)
     d = info.rank // tp
     gen = torch.Generator().manual_seed(1234 + d)
     runs = {}

@@ -57,6 +57,19 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> RankI
     return RankInfo(rank, world, local, device)
 
 
+def dp_tp_groups(rank: int, dp: int, tp: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
+    """This rank's DP and TP groups of a dp × tp world in Megatron's order (TP ranks contiguous:
+    rank = d·tp + t). Every rank creates every group, as torch.distributed requires."""
+    dp_group = tp_group = None
+    for t in range(tp):
+        g = dist.new_group([d * tp + t for d in range(dp)])
+        dp_group = g if rank % tp == t else dp_group
+    for d in range(dp):
+        g = dist.new_group([d * tp + t for t in range(tp)])
+        tp_group = g if rank // tp == d else tp_group
+    return dp_group, tp_group
+
+
 def _child(rank: int, nproc: int, port: int, backend: str, timeout_s: float, threads: int,
            fn: Callable[..., Any], args: tuple, out: Any) -> None:
     try:
