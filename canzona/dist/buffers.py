@@ -22,6 +22,9 @@ class BucketBuffers:
     param: torch.Tensor
     cuts: tuple[int, ...]  # DP+1 offsets, or () when the bucket is reduced whole (all-reduce)
 
+    def slice_sizes(self) -> list[int]:
+        return [b - a for a, b in zip(self.cuts[:-1], self.cuts[1:])]
+
     def chunks(self, which: str) -> list[torch.Tensor]:
         buf = self.grad if which == "grad" else self.param
         return [buf[a:b] for a, b in zip(self.cuts[:-1], self.cuts[1:])]

@@ -121,8 +121,7 @@ class DistributedOptimizer:
         self.mbufs = FlatBuffers(dp.buckets, cuts, {n: self.params[n] for n in self.matrix_names}, self.device)
         for i, bb in enumerate(self.mbufs.buckets):
             if bb.cuts:
-                sizes = [b - a for a, b in zip(bb.cuts[:-1], bb.cuts[1:])]
-                self.collective_modes[f"matrix{i}"] = pick_mode(sizes, c.collective_mode, c.pad_threshold, self.backend)
+                self.collective_modes[f"matrix{i}"] = pick_mode(bb.slice_sizes(), c.collective_mode, c.pad_threshold, self.backend)
             else:
                 self.collective_modes[f"matrix{i}"] = "all-reduce"
         owners = dp.owner_map()
@@ -163,8 +162,7 @@ class DistributedOptimizer:
         self.adamw = ZeroAdamW(self.abufs.buckets, self.dp_rank,
                                AdamWConfig(lr=c.adamw_lr, betas=c.adamw_betas, eps=c.adamw_eps, weight_decay=c.adamw_weight_decay))
         for i, bb in enumerate(self.abufs.buckets):
-            sizes = [b - a for a, b in zip(bb.cuts[:-1], bb.cuts[1:])]
-            self.collective_modes[f"adamw{i}"] = pick_mode(sizes, c.collective_mode, c.pad_threshold, self.backend)
+            self.collective_modes[f"adamw{i}"] = pick_mode(bb.slice_sizes(), c.collective_mode, c.pad_threshold, self.backend)
 
     def _check_plan_agreement(self, h: str) -> None:
         """Every rank must execute the same plan; a mismatch would deadlock or corrupt silently."""
