@@ -9,11 +9,12 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.canzona-installed
 PYTEST_ARGS ?= -n 2 -q
 
-.PHONY: help install test reproduce-table2 table2 planner-bench bench-step clean-venv megatron-peer-env
+.PHONY: help install lint test reproduce-table2 table2 planner-bench bench-step clean-venv megatron-peer-env
 
 help:
 	@echo "make reproduce-table2   run the Table-2 reproduction (Slurm if present, else the embedded local default)"
-	@echo "make test               install test deps if missing, run the test suite"
+	@echo "make test               install test deps if missing, lint (ruff), run the test suite"
+	@echo "make lint               ruff check + ruff format --check"
 	@echo "make planner-bench      planner quality at 256 GPUs -> results/planner/"
 	@echo "make bench-step         optimizer-step benchmark, 4 gloo ranks -> results/bench_step/"
 	@echo "make megatron-peer-env  optional .venv-peer with megatron-core 0.19.x for the megatron-muon peer"
@@ -29,7 +30,12 @@ $(STAMP): pyproject.toml | $(VPY)
 
 install: $(STAMP)
 
-test: $(STAMP)
+# ruff lints and checks formatting first (seconds); `ruff format .` fixes the formatting.
+lint: $(STAMP)
+	$(VPY) -m ruff check .
+	$(VPY) -m ruff format --check .
+
+test: lint
 	$(VPY) -m pytest $(PYTEST_ARGS)
 
 # Slurm when sbatch is on PATH (or CLUSTER=slurm), with PROFILE=slurm/profiles/<site>.toml and

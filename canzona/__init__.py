@@ -5,7 +5,7 @@ Layers, each standing on the one before:
   canzona.cost     the one cost model (numel / FLOPs / state bytes / measured µs)
   canzona.optim    single-matrix optimizer math, no process groups
   canzona.plan     pure planners: DP partitions, TP micro-groups, metrics
-  canzona.dist     runtime that executes plans on torch.distributed
+  canzona.runtime     runtime that executes plans on torch.distributed
   canzona.harness  Megatron training harness and results records
 """
 

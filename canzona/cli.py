@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from canzona import __version__
 from canzona.errors import ConfigError
@@ -15,21 +15,41 @@ from canzona.errors import ConfigError
 # name -> (module, one-line help). Order is the order `canzona --help` lists them.
 COMMANDS: dict[str, tuple[str, str]] = {
     "models": ("canzona.models.cli", "list model inventories and parameter counts"),
-    "plan": ("canzona.plan.cli", "plan DP buckets and TP micro-groups for a model and layout; report, compare, plot, save"),
+    "plan": (
+        "canzona.plan.cli",
+        "plan DP buckets and TP micro-groups for a model and layout; report, compare, plot, save",
+    ),
     "plan-bench": ("canzona.plan.bench", "planner quality at 256 GPUs for every model/layout -> results/planner/"),
-    "train": ("canzona.harness.cli", "train a Qwen3 model on megatron-core with a Canzona (or peer) optimizer; one results line"),
-    "bench-step": ("canzona.dist.bench", "optimizer-step latency of sc/layerwise/asc/canzona side by side (forked ranks)"),
+    "train": (
+        "canzona.harness.cli",
+        "train a Qwen3 model on megatron-core with a Canzona (or peer) optimizer; one results line",
+    ),
+    "bench-step": (
+        "canzona.runtime.bench",
+        "optimizer-step latency of sc/layerwise/asc/canzona side by side (forked ranks)",
+    ),
     "sweep": ("canzona.sweep.cli", "run, render (Slurm dry run), resume, inspect and collect benchmark sweeps"),
-    "table2": ("canzona.analysis.cli", "results JSON lines -> results/table2.{csv,md} with the paper-claims report, and figures"),
-    "project": ("canzona.analysis.cli_project", "projected step/iteration time per method from the planner's plans + hardware profiles"),
-    "calibrate-cpu": ("canzona.analysis.calibrate", "measure this CPU (compute, memory, gloo collectives) -> the cpu-local profile"),
+    "table2": (
+        "canzona.analysis.cli",
+        "results JSON lines -> results/table2.{csv,md} with the paper-claims report, and figures",
+    ),
+    "project": (
+        "canzona.analysis.cli_project",
+        "projected step/iteration time per method from the planner's plans + hardware profiles",
+    ),
+    "calibrate-cpu": (
+        "canzona.analysis.calibrate",
+        "measure this CPU (compute, memory, gloo collectives) -> the cpu-local profile",
+    ),
 }
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The top-level parser; only ``command``'s module is imported (each command owns its flags),
     so `canzona --help` is instant and one command's import error cannot break the others."""
-    parser = argparse.ArgumentParser(prog="canzona", description="Canzona: distributed matrix optimizers for Megatron-style training.")
+    parser = argparse.ArgumentParser(
+        prog="canzona", description="Canzona: distributed matrix optimizers for Megatron-style training."
+    )
     parser.add_argument("--version", action="version", version=f"canzona {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_) in COMMANDS.items():

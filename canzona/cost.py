@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Literal
 
 from canzona.errors import ConfigError
 
@@ -85,14 +86,18 @@ def matrix_flops(optimizer: str, shape: Sequence[int], settings: CostSettings = 
         # factor accumulation G·Gᵀ, Gᵀ·G; preconditioning L^-1/4·G·R^-1/4; Adam graft (~10/elt)
         per_step = (4.0 * m * mn if lm else 0.0) + (4.0 * n * mn if ln else 0.0) + 12.0 * mn
         # refresh: eigh + rebuild Q·diag·Qᵀ (2d³) per side
-        return per_step + _side_flops(m, settings, EIGH_FLOPS_PER_D3 + 2) + _side_flops(n, settings, EIGH_FLOPS_PER_D3 + 2)
+        return (
+            per_step + _side_flops(m, settings, EIGH_FLOPS_PER_D3 + 2) + _side_flops(n, settings, EIGH_FLOPS_PER_D3 + 2)
+        )
     # soap: GG factors (2·d·mn per side), project in and out (4·d·mn per side), Adam (~12/elt);
     # steady-state refresh is one power iteration (2d³) + QR per side.
     per_step = (6.0 * m * mn if lm else 0.0) + (6.0 * n * mn if ln else 0.0) + 12.0 * mn
     return per_step + _side_flops(m, settings, 2 + QR_FLOPS_PER_D3) + _side_flops(n, settings, 2 + QR_FLOPS_PER_D3)
 
 
-def state_bytes(optimizer: str, shape: Sequence[int], settings: CostSettings = CostSettings(), dtype_bytes: int = 4) -> int:
+def state_bytes(
+    optimizer: str, shape: Sequence[int], settings: CostSettings = CostSettings(), dtype_bytes: int = 4
+) -> int:
     """Bytes of optimizer state one full matrix carries."""
     m, n = _dims(shape)
     _check_optimizer(optimizer)
@@ -123,7 +128,7 @@ class MeasuredTable:
     source: str = ""
 
     @classmethod
-    def load(cls, path: str | Path, strict: bool = False) -> "MeasuredTable":
+    def load(cls, path: str | Path, strict: bool = False) -> MeasuredTable:
         p = Path(path)
         try:
             raw = json.loads(p.read_text())
@@ -165,7 +170,8 @@ class CostModel:
                 raise ConfigError("cost kind 'measured' needs a table (--cost-table FILE.json)")
             if self.table.optimizer != self.optimizer:
                 raise ConfigError(
-                    f"measured table is for {self.table.optimizer!r}, not {self.optimizer!r}; measure this optimizer first"
+                    f"measured table is for {self.table.optimizer!r}, not {self.optimizer!r}; "
+                    "measure this optimizer first"
                 )
 
     @property

@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # runnable from a checkout without installing
 
-from canzona.errors import ConfigError  # noqa: E402
+from canzona.errors import ConfigError  # noqa: E402 - after the sys.path line above
 from canzona.sweep.definition import Cell  # noqa: E402
 
 LOCAL_SWEEP = ROOT / "slurm/sweeps/local.toml"
@@ -104,13 +104,18 @@ def local_sweep(step: Step, progress: bool) -> Path | None:
         return None
     defn = load_sweep(LOCAL_SWEEP)
     paths = SweepPaths.for_sweep(defn.name, ROOT / "runs", RESULTS)
-    print(f"sweep {defn.name}: {len(defn.cells())} cells, world {defn.world} (forked gloo ranks); "
-          f"cells with a valid line in {paths.results.relative_to(ROOT)} are skipped", flush=True)
+    print(
+        f"sweep {defn.name}: {len(defn.cells())} cells, world {defn.world} (forked gloo ranks); "
+        f"cells with a valid line in {paths.results.relative_to(ROOT)} are skipped",
+        flush=True,
+    )
     if PEER_PY.exists():
         print(f"megatron-muon cells run with the peer environment {PEER_PY.relative_to(ROOT)} (make megatron-peer-env)")
     else:
-        print("megatron-muon cells need the optional peer environment (make megatron-peer-env); "
-              "without it the harness reports them unavailable (exit 3)")
+        print(
+            "megatron-muon cells need the optional peer environment (make megatron-peer-env); "
+            "without it the harness reports them unavailable (exit 3)"
+        )
     t0 = time.monotonic()
     rep = run_local(defn, paths=paths, backend="local", builder=local_builder, progress=progress)
     step.seconds = time.monotonic() - t0
@@ -119,9 +124,11 @@ def local_sweep(step: Step, progress: bool) -> Path | None:
     for key, reason in rep.failed:
         print(f"  {'unavailable' if (key, reason) in unavailable else 'FAILED'}: {key}: {reason}")
     done = len(rep.ok) + len(rep.skipped)
-    step.detail = (f"{done} cell(s) measured ({len(rep.skipped)} from earlier runs), "
-                   f"{len(unavailable)} unavailable here, {len(broken)} failed; "
-                   f"`canzona sweep status {LOCAL_SWEEP.relative_to(ROOT)}` has the reasons")
+    step.detail = (
+        f"{done} cell(s) measured ({len(rep.skipped)} from earlier runs), "
+        f"{len(unavailable)} unavailable here, {len(broken)} failed; "
+        f"`canzona sweep status {LOCAL_SWEEP.relative_to(ROOT)}` has the reasons"
+    )
     step.status = "failed" if broken or done == 0 else "ok"
     step.outputs.append(str(paths.results.relative_to(ROOT)))
     return paths.results if paths.results.exists() else None
@@ -144,9 +151,16 @@ def table2_step(step: Step) -> None:
     # table2 picks up results/projection_{validation,sensitivity}.csv by itself
     run_command(step, ["table2", "--results", *[str(f.relative_to(ROOT)) for f in files], "--out", "results/"])
     if step.status == "ok":
-        step.outputs += [str(p.relative_to(ROOT)) for p in
-                         [RESULTS / "table2.csv", RESULTS / "table2.md", *sorted(RESULTS.glob("*.png")),
-                          *sorted(RESULTS.glob("figures/*.png"))] if p.exists()]
+        step.outputs += [
+            str(p.relative_to(ROOT))
+            for p in [
+                RESULTS / "table2.csv",
+                RESULTS / "table2.md",
+                *sorted(RESULTS.glob("*.png")),
+                *sorted(RESULTS.glob("figures/*.png")),
+            ]
+            if p.exists()
+        ]
 
 
 def collect_sweeps() -> None:
@@ -166,8 +180,10 @@ def collect_sweeps() -> None:
 def summary(steps: list[Step], t0: float) -> int:
     print(f"\n=== summary ({time.monotonic() - t0:.0f} s) ===")
     for s in steps:
-        print(f"[{s.name}] {s.label}\n    {s.status}{': ' + s.detail if s.detail else ''}"
-              f"{f' ({s.seconds:.0f} s)' if s.seconds else ''}")
+        print(
+            f"[{s.name}] {s.label}\n    {s.status}{': ' + s.detail if s.detail else ''}"
+            f"{f' ({s.seconds:.0f} s)' if s.seconds else ''}"
+        )
         for o in s.outputs:
             print(f"    -> {o}")
     missing = [s.name for s in steps if s.status == "not available yet"]
@@ -183,26 +199,39 @@ def slurm_mode(args: argparse.Namespace) -> int:
     from canzona.sweep.state import SweepPaths
 
     if not args.profile:
-        raise ConfigError("Slurm mode needs a cluster profile: copy slurm/profiles/example.toml, fill it in, "
-                          "and run `make reproduce-table2 PROFILE=slurm/profiles/<site>.toml`")
+        raise ConfigError(
+            "Slurm mode needs a cluster profile: copy slurm/profiles/example.toml, fill it in, "
+            "and run `make reproduce-table2 PROFILE=slurm/profiles/<site>.toml`"
+        )
     defn = load_sweep(TABLE2_SWEEP)
     profile = load_profile(args.profile)
     paths = SweepPaths.for_sweep(defn.name, ROOT / "runs", RESULTS)
     t0 = time.monotonic()
-    steps = [Step("slurm-sweep", f"MEASURED on the cluster: {len(defn.cells())} cells of {TABLE2_SWEEP.name}, "
-                                 f"world {defn.world}, profile {args.profile}")]
+    steps = [
+        Step(
+            "slurm-sweep",
+            f"MEASURED on the cluster: {len(defn.cells())} cells of {TABLE2_SWEEP.name}, "
+            f"world {defn.world}, profile {args.profile}",
+        )
+    ]
     banner(steps[0])
     rep = submit_slurm(defn, profile, paths=paths, wait=args.wait)
     steps[0].status = "ok"
-    steps[0].detail = (f"submitted {len(rep.submitted)} cell(s) (arrays {', '.join(rep.arrays) or '-'}), "
-                       f"{len(rep.skipped_done)} already done, {len(rep.skipped_in_flight)} in flight")
+    steps[0].detail = (
+        f"submitted {len(rep.submitted)} cell(s) (arrays {', '.join(rep.arrays) or '-'}), "
+        f"{len(rep.skipped_done)} already done, {len(rep.skipped_in_flight)} in flight"
+    )
     if not args.wait:
         print(steps[0].detail)
-        print("returning now; follow with `canzona sweep status slurm/sweeps/table2.toml`, "
-              "then `make table2` collects the lines and builds results/table2.*")
+        print(
+            "returning now; follow with `canzona sweep status slurm/sweeps/table2.toml`, "
+            "then `make table2` collects the lines and builds results/table2.*"
+        )
         return summary(steps, t0)
-    steps += [Step("planner", "ANALYSIS at 256 GPUs: planner quality (canzona plan-bench)"),
-              Step("table2", "TABLE: canzona table2 over the collected results")]
+    steps += [
+        Step("planner", "ANALYSIS at 256 GPUs: planner quality (canzona plan-bench)"),
+        Step("table2", "TABLE: canzona table2 over the collected results"),
+    ]
     banner(steps[1])
     run_command(steps[1], ["plan-bench", "--out", "results/planner"])
     banner(steps[2])
@@ -212,13 +241,24 @@ def slurm_mode(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--cluster", choices=("auto", "slurm", "local"), default="auto",
-                   help="auto: Slurm when sbatch is on PATH, else the embedded local default")
+    p.add_argument(
+        "--cluster",
+        choices=("auto", "slurm", "local"),
+        default="auto",
+        help="auto: Slurm when sbatch is on PATH, else the embedded local default",
+    )
     p.add_argument("--profile", help="cluster profile TOML (Slurm mode)")
     p.add_argument("--wait", action="store_true", help="Slurm mode: wait for the sweep, then build the table")
-    p.add_argument("--collect-only", action="store_true", help="collect finished sweeps and build the table (make table2)")
-    p.add_argument("--skip", action="append", default=[], choices=("local-sweep", "bench-step", "planner", "projection", "calibration", "validation", "table2"),
-                   help="skip a step of the embedded default (repeatable)")
+    p.add_argument(
+        "--collect-only", action="store_true", help="collect finished sweeps and build the table (make table2)"
+    )
+    p.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        choices=("local-sweep", "bench-step", "planner", "projection", "calibration", "validation", "table2"),
+        help="skip a step of the embedded default (repeatable)",
+    )
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     try:
@@ -240,16 +280,27 @@ def main(argv: list[str] | None = None) -> int:
 
 def embedded_default(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
-    print("No Slurm here: running the embedded default (scaled-down measured sweep, 256-GPU planner "
-          "analysis, projection, table). Each step says what its numbers are.")
+    print(
+        "No Slurm here: running the embedded default (scaled-down measured sweep, 256-GPU planner "
+        "analysis, projection, table). Each step says what its numbers are."
+    )
     steps = [
-        Step("local-sweep", "MEASURED on this CPU, scaled down: qwen3-tiny, 4 forked gloo ranks, "
-                            "layouts DPxTP 2x2 and 4x1 (CPU times; method order only, not GPU numbers)"),
-        Step("bench-step", "MEASURED on this CPU: optimizer-step latency of every strategy side by side, "
-                           "qwen3-tiny, 4 forked gloo ranks, DPxTP 2x2 and 4x1 (canzona bench-step)"),
+        Step(
+            "local-sweep",
+            "MEASURED on this CPU, scaled down: qwen3-tiny, 4 forked gloo ranks, "
+            "layouts DPxTP 2x2 and 4x1 (CPU times; method order only, not GPU numbers)",
+        ),
+        Step(
+            "bench-step",
+            "MEASURED on this CPU: optimizer-step latency of every strategy side by side, "
+            "qwen3-tiny, 4 forked gloo ranks, DPxTP 2x2 and 4x1 (canzona bench-step)",
+        ),
         Step("planner", "ANALYSIS at the true 256-GPU scale: planner load balance / traffic (canzona plan-bench)"),
         Step("projection", "PROJECTED 256-GPU iteration/step times from plans + hardware profile (canzona project)"),
-        Step("calibration", "MEASURED on this CPU: matmul rate and gloo collective costs -> cpu-local profile (canzona calibrate-cpu)"),
+        Step(
+            "calibration",
+            "MEASURED on this CPU: matmul rate and gloo collective costs -> cpu-local profile (canzona calibrate-cpu)",
+        ),
         Step("validation", "CHECK of the projection against this CPU's measured step times (cpu-local profile)"),
         Step("table2", "TABLE: canzona table2 over every results file (CSV, Markdown, PNG plots)"),
     ]
@@ -263,9 +314,30 @@ def embedded_default(args: argparse.Namespace) -> int:
             local_sweep(step, progress=not args.no_progress)
         elif step.name == "bench-step":
             for dp, tp in ((2, 2), (4, 1)):
-                run_command(step, ["bench-step", "--nproc", "4", "--dp", str(dp), "--tp", str(tp), "--model", "qwen3-tiny",
-                                   "--optimizer", "muon", "--steps", "20", "--warmup", "3",
-                                   "--out", f"results/bench_step/muon_dp{dp}_tp{tp}.json", "--results", str(BENCH.relative_to(ROOT))])
+                run_command(
+                    step,
+                    [
+                        "bench-step",
+                        "--nproc",
+                        "4",
+                        "--dp",
+                        str(dp),
+                        "--tp",
+                        str(tp),
+                        "--model",
+                        "qwen3-tiny",
+                        "--optimizer",
+                        "muon",
+                        "--steps",
+                        "20",
+                        "--warmup",
+                        "3",
+                        "--out",
+                        f"results/bench_step/muon_dp{dp}_tp{tp}.json",
+                        "--results",
+                        str(BENCH.relative_to(ROOT)),
+                    ],
+                )
                 if step.status != "ok":
                     break
                 step.outputs.append(f"results/bench_step/muon_dp{dp}_tp{tp}.json")
@@ -288,8 +360,11 @@ def embedded_default(args: argparse.Namespace) -> int:
         elif step.name == "projection":
             run_command(step, ["project", "--preset", "paper", "--out", "results/"])
             if step.status == "ok":
-                step.outputs += [str(p.relative_to(ROOT)) for p in
-                                 (RESULTS / "projected.jsonl", RESULTS / "projection_sensitivity.csv") if p.exists()]
+                step.outputs += [
+                    str(p.relative_to(ROOT))
+                    for p in (RESULTS / "projected.jsonl", RESULTS / "projection_sensitivity.csv")
+                    if p.exists()
+                ]
         else:
             table2_step(step)
     return summary(steps, t0)

@@ -17,21 +17,50 @@ from canzona.results.schema import SCHEMA_VERSION, cell_key, iter_records
 FIXTURES = Path(__file__).parent / "fixtures" / "results"
 
 
-def make_record(*, model: str = "qwen3-tiny", method: str, kind: str = "train", dp: int = 2, tp: int = 2, pp: int = 1,
-                optimizer: str = "muon", iteration: tuple[float, float, int] | None = None,
-                step: tuple[float, float, int] = (1.0, 1.0, 1), fwd_bwd: tuple[float, float, int] | None = None,
-                provenance: str = "measured", detail: str | None = None, device: str = "cpu", backend: str = "gloo",
-                timestamp: str = "2026-11-29T12:00:00Z", hostname: str = "fixture-host", alpha: float = 1.0,
-                phases: dict[str, float] | None = None, extra_config: dict[str, Any] | None = None,
-                seq_len: int = 256, global_batch: int = 8) -> dict[str, Any]:
+def make_record(
+    *,
+    model: str = "qwen3-tiny",
+    method: str,
+    kind: str = "train",
+    dp: int = 2,
+    tp: int = 2,
+    pp: int = 1,
+    optimizer: str = "muon",
+    iteration: tuple[float, float, int] | None = None,
+    step: tuple[float, float, int] = (1.0, 1.0, 1),
+    fwd_bwd: tuple[float, float, int] | None = None,
+    provenance: str = "measured",
+    detail: str | None = None,
+    device: str = "cpu",
+    backend: str = "gloo",
+    timestamp: str = "2026-11-29T12:00:00Z",
+    hostname: str = "fixture-host",
+    alpha: float = 1.0,
+    phases: dict[str, float] | None = None,
+    extra_config: dict[str, Any] | None = None,
+    seq_len: int = 256,
+    global_batch: int = 8,
+) -> dict[str, Any]:
     """One schema-v1 record with the given timings (median, p90, n)."""
     cfg: dict[str, Any] = {
-        "model": model, "tp": tp, "pp": pp, "dp": dp, "world": dp * tp * pp, "method": method,
-        "optimizer": optimizer, "seq_len": seq_len, "micro_batch": 1, "global_batch": global_batch, "alpha": alpha,
-        "dtype": "fp32", "bucket_size": 40_000_000, "warmup": 2, "iters": 10,
+        "model": model,
+        "tp": tp,
+        "pp": pp,
+        "dp": dp,
+        "world": dp * tp * pp,
+        "method": method,
+        "optimizer": optimizer,
+        "seq_len": seq_len,
+        "micro_batch": 1,
+        "global_batch": global_batch,
+        "alpha": alpha,
+        "dtype": "fp32",
+        "bucket_size": 40_000_000,
+        "warmup": 2,
+        "iters": 10,
     }
     cfg.update(extra_config or {})
-    t = lambda v: None if v is None else {"median": v[0], "p90": v[1], "n": v[2]}  # noqa: E731
+    t = lambda v: None if v is None else {"median": v[0], "p90": v[1], "n": v[2]}
     timings: dict[str, Any] = {"step_ms": t(step), "phases_ms": phases or {}}
     if iteration is not None:
         timings["iteration_ms"] = t(iteration)
@@ -43,8 +72,16 @@ def make_record(*, model: str = "qwen3-tiny", method: str, kind: str = "train", 
         "provenance": provenance,
         "provenance_detail": detail if detail is not None else f"{device} {backend} fixture",
         "config": cfg,
-        "env": {"git_commit": "0" * 40, "torch": "2.13.0", "megatron": "0.16.1", "device": device,
-                "backend": backend, "hostname": hostname, "python": "3.11", "timestamp": timestamp},
+        "env": {
+            "git_commit": "0" * 40,
+            "torch": "2.13.0",
+            "megatron": "0.16.1",
+            "device": device,
+            "backend": backend,
+            "hostname": hostname,
+            "python": "3.11",
+            "timestamp": timestamp,
+        },
         "timings": timings,
         "loss": {"first": 10.0, "last": 9.0} if kind == "train" else None,
         "cell": cell_key(cfg),
@@ -57,17 +94,41 @@ def _ts(i: int) -> str:
 
 def build_fixtures() -> dict[str, list[dict[str, Any]]]:
     """File name -> records. Known answers are in EXPECTED."""
-    ph = lambda s: {"grad_sync": s * 0.25, "compute": s * 0.5, "param_sync": s * 0.25}  # noqa: E731
+    ph = lambda s: {"grad_sync": s * 0.25, "compute": s * 0.5, "param_sync": s * 0.25}
     measured = [
         # canzona, 3 repetitions: iteration medians 100/120/110 -> 110; p90s 130/150/140 -> p90 148; n 30
-        make_record(method="canzona", iteration=(100, 130, 10), step=(20, 25, 10), fwd_bwd=(70, 75, 10), timestamp=_ts(1),
-                    phases=ph(20)),
-        make_record(method="canzona", iteration=(120, 150, 10), step=(24, 30, 10), fwd_bwd=(80, 90, 10), timestamp=_ts(2),
-                    phases=ph(24)),
-        make_record(method="canzona", iteration=(110, 140, 10), step=(22, 28, 10), fwd_bwd=(75, 80, 10), timestamp=_ts(3),
-                    phases=ph(22)),
-        make_record(method="sc", iteration=(220, 230, 10), step=(66, 70, 10), fwd_bwd=(75, 80, 10), timestamp=_ts(4),
-                    phases=ph(66)),
+        make_record(
+            method="canzona",
+            iteration=(100, 130, 10),
+            step=(20, 25, 10),
+            fwd_bwd=(70, 75, 10),
+            timestamp=_ts(1),
+            phases=ph(20),
+        ),
+        make_record(
+            method="canzona",
+            iteration=(120, 150, 10),
+            step=(24, 30, 10),
+            fwd_bwd=(80, 90, 10),
+            timestamp=_ts(2),
+            phases=ph(24),
+        ),
+        make_record(
+            method="canzona",
+            iteration=(110, 140, 10),
+            step=(22, 28, 10),
+            fwd_bwd=(75, 80, 10),
+            timestamp=_ts(3),
+            phases=ph(22),
+        ),
+        make_record(
+            method="sc",
+            iteration=(220, 230, 10),
+            step=(66, 70, 10),
+            fwd_bwd=(75, 80, 10),
+            timestamp=_ts(4),
+            phases=ph(66),
+        ),
         # layerwise, 2 repetitions: 160/170 -> 165 (speedup 1.5); step 40/48 -> 44 (speedup 2.0)
         make_record(method="layerwise", iteration=(160, 170, 10), step=(40, 45, 10), timestamp=_ts(5), phases=ph(40)),
         make_record(method="layerwise", iteration=(170, 180, 10), step=(48, 50, 10), timestamp=_ts(6), phases=ph(48)),
@@ -78,20 +139,60 @@ def build_fixtures() -> dict[str, list[dict[str, Any]]]:
     ]
     proj = "model=canzona-projection-v1 profile=H800 cost=flops"
     projected = [
-        make_record(model="qwen3-32b", method="canzona", dp=32, tp=8, iteration=(600, 600, 0), step=(70, 70, 0),
-                    provenance="projected", detail=proj, device="H800", backend="projection", timestamp=_ts(10),
-                    extra_config={"cost": "flops"}, seq_len=4096, global_batch=256),
-        make_record(model="qwen3-32b", method="layerwise", dp=32, tp=8, iteration=(942, 942, 0), step=(406, 406, 0),
-                    provenance="projected", detail=proj, device="H800", backend="projection", timestamp=_ts(11),
-                    extra_config={"cost": "flops"}, seq_len=4096, global_batch=256),
-        make_record(model="qwen3-32b", method="canzona", dp=32, tp=8, iteration=(600.1, 600.1, 0), step=(70.1, 70.1, 0),
-                    provenance="projected", detail=proj.replace("cost=flops", "cost=numel"), device="H800",
-                    backend="projection", timestamp=_ts(12), extra_config={"cost": "numel"}, seq_len=4096,
-                    global_batch=256),
+        make_record(
+            model="qwen3-32b",
+            method="canzona",
+            dp=32,
+            tp=8,
+            iteration=(600, 600, 0),
+            step=(70, 70, 0),
+            provenance="projected",
+            detail=proj,
+            device="H800",
+            backend="projection",
+            timestamp=_ts(10),
+            extra_config={"cost": "flops"},
+            seq_len=4096,
+            global_batch=256,
+        ),
+        make_record(
+            model="qwen3-32b",
+            method="layerwise",
+            dp=32,
+            tp=8,
+            iteration=(942, 942, 0),
+            step=(406, 406, 0),
+            provenance="projected",
+            detail=proj,
+            device="H800",
+            backend="projection",
+            timestamp=_ts(11),
+            extra_config={"cost": "flops"},
+            seq_len=4096,
+            global_batch=256,
+        ),
+        make_record(
+            model="qwen3-32b",
+            method="canzona",
+            dp=32,
+            tp=8,
+            iteration=(600.1, 600.1, 0),
+            step=(70.1, 70.1, 0),
+            provenance="projected",
+            detail=proj.replace("cost=flops", "cost=numel"),
+            device="H800",
+            backend="projection",
+            timestamp=_ts(12),
+            extra_config={"cost": "numel"},
+            seq_len=4096,
+            global_batch=256,
+        ),
     ]
     dup = [measured[0], measured[3], dict(measured[0])]  # line 3 repeats line 1's run
-    conflict = [make_record(method="sc", iteration=(1, 1, 1), timestamp=_ts(1), alpha=1.0),
-                make_record(method="sc", iteration=(1, 1, 1), timestamp=_ts(2), alpha=0.5)]
+    conflict = [
+        make_record(method="sc", iteration=(1, 1, 1), timestamp=_ts(1), alpha=1.0),
+        make_record(method="sc", iteration=(1, 1, 1), timestamp=_ts(2), alpha=0.5),
+    ]
     return {
         "measured_cpu.jsonl": measured,
         "projected_h800.jsonl": projected,
@@ -106,11 +207,13 @@ def _bad_raw_files() -> dict[str, str]:
     missing = {k: v for k, v in good.items() if k != "timings"}
     v2 = dict(make_record(method="asc", iteration=(1, 1, 1), timestamp=_ts(5)), schema_version=2)
     no_iter = make_record(method="canzona", timestamp=_ts(6))  # kind train without iteration_ms
-    dumps = lambda r: json.dumps(r, sort_keys=True)  # noqa: E731
+    dumps = lambda r: json.dumps(r, sort_keys=True)
     return {
         "bad_missing_field.jsonl": "\n".join([dumps(good), dumps(missing)]) + "\n",
-        "bad_mixed_versions.jsonl": "\n".join([dumps(good), dumps(make_record(method="layerwise", iteration=(1, 1, 1),
-                                               timestamp=_ts(4))), dumps(v2)]) + "\n",
+        "bad_mixed_versions.jsonl": "\n".join(
+            [dumps(good), dumps(make_record(method="layerwise", iteration=(1, 1, 1), timestamp=_ts(4))), dumps(v2)]
+        )
+        + "\n",
         "bad_train_without_iteration.jsonl": dumps(no_iter) + "\n",
     }
 
@@ -122,9 +225,16 @@ def render() -> dict[str, str]:
 
 
 EXPECTED = {
-    "canzona_iter": 110.0, "canzona_iter_p90": 148.0, "canzona_iter_n": 30, "canzona_step": 22.0,
-    "speedup_iter_vs_sc": 2.0, "speedup_step_vs_sc": 3.0, "speedup_iter_vs_layerwise": 1.5,
-    "speedup_step_vs_layerwise": 2.0, "speedup_iter_vs_megatron-muon": 1.3, "speedup_step_vs_megatron-muon": 2.5,
+    "canzona_iter": 110.0,
+    "canzona_iter_p90": 148.0,
+    "canzona_iter_n": 30,
+    "canzona_step": 22.0,
+    "speedup_iter_vs_sc": 2.0,
+    "speedup_step_vs_sc": 3.0,
+    "speedup_iter_vs_layerwise": 1.5,
+    "speedup_step_vs_layerwise": 2.0,
+    "speedup_iter_vs_megatron-muon": 1.3,
+    "speedup_step_vs_megatron-muon": 2.5,
     "step_kind_speedup_vs_sc": 4.0,
 }
 

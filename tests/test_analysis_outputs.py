@@ -88,9 +88,13 @@ def test_notebook_executes_on_fixture_data(tmp_path: Path) -> None:
     nb = nbformat.read(REPO / "analysis" / "table2.ipynb", as_version=4)
     params = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
     assert len(params) == 1, "the notebook needs exactly one cell tagged 'parameters'"
-    params[0].source = (f"RESULTS = [{str(data)!r}]\nOUT = {str(figs)!r}\nVALIDATION = None\n"
-                        "PLOT_MODEL = 'qwen3-micro'\nPLOT_LAYOUT = (2, 2, 1)\nPLOT_PROFILE = 'H800'\n")
-    client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(REPO)}})
+    params[0].source = (
+        f"RESULTS = [{str(data)!r}]\nOUT = {str(figs)!r}\nVALIDATION = None\n"
+        "PLOT_MODEL = 'qwen3-micro'\nPLOT_LAYOUT = (2, 2, 1)\nPLOT_PROFILE = 'H800'\n"
+    )
+    client = nbclient.NotebookClient(
+        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}
+    )
     client.execute()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]

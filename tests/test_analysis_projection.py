@@ -9,8 +9,17 @@ from pathlib import Path
 import pytest
 
 from canzona.analysis.projection import (
-    Layout, Scenario, _pipelined, collective_ms, fwd_bwd_ms, load_profile, profile_names, project, project_stage,
-    to_record, Link,
+    Layout,
+    Link,
+    Scenario,
+    _pipelined,
+    collective_ms,
+    fwd_bwd_ms,
+    load_profile,
+    profile_names,
+    project,
+    project_stage,
+    to_record,
 )
 from canzona.cost import matrix_flops
 from canzona.errors import ConfigError
@@ -67,6 +76,7 @@ def toy(tmp_path: Path):
         p = tmp_path / f"toy{int(overlap)}.toml"
         p.write_text(TOY.format(overlap=str(overlap).lower()))
         return load_profile(p)
+
     return make
 
 
@@ -97,10 +107,17 @@ def test_collective_formulas() -> None:
 
 def test_toy_canzona_step_by_hand(toy) -> None:
     """dp=2, tp=2: rank 0 owns a (hosted on TP 1), rank 1 owns b (hosted on TP 0); equal cuts."""
-    plan = _plan("canzona", (("a", (0,)), ("b", (1,))), "reduce-scatter", "all-gather-v", ((0, 1024, 2048),),
-                 "global", ((MicroGroup((("a", 1),)),), (MicroGroup((("b", 0),)),)))
+    plan = _plan(
+        "canzona",
+        (("a", (0,)), ("b", (1,))),
+        "reduce-scatter",
+        "all-gather-v",
+        ((0, 1024, 2048),),
+        "global",
+        ((MicroGroup((("a", 1),)),), (MicroGroup((("b", 0),)),)),
+    )
     st = project_stage(plan, [], toy(), world=4)
-    ms = lambda us, nbytes, factor: (us * 1e-6 + factor * nbytes / 1e6) * 1e3  # noqa: E731
+    ms = lambda us, nbytes, factor: (us * 1e-6 + factor * nbytes / 1e6) * 1e3
     grad = ms(15, 2048 * 4, 0.5)  # reduce-scatter of the 2048-element fp32 bucket
     check = ms(30, 4, 1.5)  # 4-byte all-reduce over 4 ranks
     a2a = ms(15, 1024 * 4, 1.0)  # the non-host sends its 1024-element shard to the host
@@ -121,7 +138,7 @@ def test_toy_layerwise_step_by_hand(toy) -> None:
     """Layer-wise: grads all-reduced, TP duplicated (one all-gather, both TP ranks compute), owner gather."""
     plan = _plan("layerwise", (("a", (0,)), ("b", (1,))), "all-reduce", "all-gather-v", (), "sc", ())
     st = project_stage(plan, [], toy(), world=4)
-    ms = lambda us, nbytes, factor: (us * 1e-6 + factor * nbytes / 1e6) * 1e3  # noqa: E731
+    ms = lambda us, nbytes, factor: (us * 1e-6 + factor * nbytes / 1e6) * 1e3
     grad = ms(10 + 2 * 5, 2048 * 4, 1.0)  # all-reduce, 2 ranks: 2 steps, factor 2(n-1)/n = 1
     check = ms(30, 4, 1.5)
     tp_gather = ms(15, 2 * 1024 * 4, 0.5)  # all-gather of the owned shard from both TP ranks
@@ -144,8 +161,15 @@ def test_fwd_bwd_by_hand(toy) -> None:
 
 
 def test_megatron_view_hides_dp_comm_in_a_long_fwd_bwd(toy) -> None:
-    plan = _plan("canzona", (("a", (0,)), ("b", (1,))), "reduce-scatter", "all-gather-v", ((0, 1024, 2048),),
-                 "global", ((MicroGroup((("a", 1),)),), (MicroGroup((("b", 0),)),)))
+    plan = _plan(
+        "canzona",
+        (("a", (0,)), ("b", (1,))),
+        "reduce-scatter",
+        "all-gather-v",
+        ((0, 1024, 2048),),
+        "global",
+        ((MicroGroup((("a", 1),)),), (MicroGroup((("b", 0),)),)),
+    )
     prof = toy()
     s = Scenario("qwen3-micro", Layout(2, 2, 1), "canzona", seq_len=8, global_batch=2, overlap="megatron")
     from canzona.analysis.projection import Projection
@@ -213,7 +237,7 @@ def test_paper_layouts_match_the_cluster_sweep() -> None:
     from canzona.sweep.definition import load_sweep
 
     d = load_sweep(Path(__file__).resolve().parents[1] / "slurm" / "sweeps" / "table2.toml")
-    assert {l.model: Layout(l.dp, l.tp, l.pp) for l in d.layouts} == PAPER_LAYOUTS
+    assert {lay.model: Layout(lay.dp, lay.tp, lay.pp) for lay in d.layouts} == PAPER_LAYOUTS
     assert (d.seq_len, d.global_batch) == (PAPER_SEQ_LEN, PAPER_GLOBAL_BATCH)
 
 
@@ -227,11 +251,26 @@ def test_validate_against_projects_the_measured_cell(tmp_path: Path, toy) -> Non
     prof = replace(toy(), kind="cpu", name="toy-cpu")
     s = Scenario("qwen3-micro", Layout(2, 2, 1), "canzona", alpha=0.5, seq_len=1, global_batch=2)
     want = project(s, prof).step_ms
-    recs = [make_record(model="qwen3-micro", method="canzona", kind="step", step=(want * 2, want * 2, 5), alpha=0.5,
-                        phases={"compute": 1.0}),
-            make_record(model="qwen3-micro", method="megatron-muon", kind="step", step=(1, 1, 5), timestamp="t2"),
-            make_record(model="qwen3-micro", method="canzona", kind="step", step=(1, 1, 5), backend="nccl",
-                        device="gpu", timestamp="t3")]
+    recs = [
+        make_record(
+            model="qwen3-micro",
+            method="canzona",
+            kind="step",
+            step=(want * 2, want * 2, 5),
+            alpha=0.5,
+            phases={"compute": 1.0},
+        ),
+        make_record(model="qwen3-micro", method="megatron-muon", kind="step", step=(1, 1, 5), timestamp="t2"),
+        make_record(
+            model="qwen3-micro",
+            method="canzona",
+            kind="step",
+            step=(1, 1, 5),
+            backend="nccl",
+            device="gpu",
+            timestamp="t3",
+        ),
+    ]
     f = tmp_path / "m.jsonl"
     f.write_text("".join(json.dumps(r) + "\n" for r in recs))
     v = validate_against(f, prof)
@@ -250,8 +289,10 @@ def test_simulation_core_sharing_by_hand() -> None:
     the collective runs 3..4. B's wait (2..3) is charged to the collective's phase."""
     from canzona.analysis.projection import Task, simulate
 
-    tasks = {"A": [Task("compute", 2.0), Task("tp_gather", 1.0, ("tp", 0))],
-             "B": [Task("compute", 1.0), Task("tp_gather", 1.0, ("tp", 0))]}
+    tasks = {
+        "A": [Task("compute", 2.0), Task("tp_gather", 1.0, ("tp", 0))],
+        "B": [Task("compute", 1.0), Task("tp_gather", 1.0, ("tp", 0))],
+    }
     out = simulate(tasks, cores=1.0)
     assert out["A"][1] == pytest.approx(4.0) and out["B"][1] == pytest.approx(4.0)
     assert out["A"][0]["compute"] == pytest.approx(3.0) and out["A"][0]["tp_gather"] == pytest.approx(1.0)

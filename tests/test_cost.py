@@ -73,7 +73,12 @@ def write_table(tmp_path: Path, raw: object, name: str = "t.json") -> Path:
     return p
 
 
-TABLE = {"optimizer": "muon", "device": "H100", "unit": "us", "entries": [{"shape": [1024, 512], "us": 100.0}, {"shape": [64, 64], "us": 3.0}]}
+TABLE = {
+    "optimizer": "muon",
+    "device": "H100",
+    "unit": "us",
+    "entries": [{"shape": [1024, 512], "us": 100.0}, {"shape": [64, 64], "us": 3.0}],
+}
 
 
 def test_measured_table_lookup(tmp_path: Path) -> None:
@@ -84,7 +89,9 @@ def test_measured_table_lookup(tmp_path: Path) -> None:
     # missing: scaled from the entry nearest in FLOPs by the FLOPs ratio
     want = 100.0 * matrix_flops("muon", (1024, 1024)) / matrix_flops("muon", (1024, 512))
     assert t.lookup((1024, 1024)) == pytest.approx(want, rel=1e-12)
-    assert t.lookup((80, 64)) == pytest.approx(3.0 * matrix_flops("muon", (80, 64)) / matrix_flops("muon", (64, 64)), rel=1e-12)
+    assert t.lookup((80, 64)) == pytest.approx(
+        3.0 * matrix_flops("muon", (80, 64)) / matrix_flops("muon", (64, 64)), rel=1e-12
+    )
     cm = CostModel("muon", "measured", table=t)
     assert cm.unit == "us" and cm((512, 1024)) == 100.0
     strict = MeasuredTable.load(write_table(tmp_path, TABLE), strict=True)

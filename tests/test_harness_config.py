@@ -11,20 +11,23 @@ from canzona.harness.config import RunConfig, load_config, named_configs
 MICRO = dict(model="qwen3-micro", seq_len=32, micro_batch=1, global_batch=4)  # 4 heads, 2 KV heads
 
 
-@pytest.mark.parametrize("overrides,world,needle", [
-    (dict(tp=3, dp=1), 3, "attention heads"),           # 3 does not divide 4 heads
-    (dict(model="qwen3-tiny", tp=8, dp=1), 8, "KV heads"),  # tiny: 8 heads, 4 KV heads
-    (dict(tp=2, dp=2), 3, "world size 3"),
-    (dict(tp=2, dp=2), 8, "--dp 4"),
-    (dict(method="zero3"), 1, "unknown method"),
-    (dict(optimizer="lion"), 1, "unknown optimizer"),
-    (dict(model="qwen3-999b"), 1, "unknown model"),
-    (dict(dp=2, micro_batch=3, global_batch=8), 2, "does not divide global batch"),
-    (dict(pp=3), 3, "PP=3 does not divide"),
-    (dict(method="megatron-muon", optimizer="soap"), 1, "--optimizer muon"),
-    (dict(alpha=1.5), 1, "alpha"),
-    (dict(iters=0), 1, "iters"),
-])
+@pytest.mark.parametrize(
+    "overrides,world,needle",
+    [
+        (dict(tp=3, dp=1), 3, "attention heads"),  # 3 does not divide 4 heads
+        (dict(model="qwen3-tiny", tp=8, dp=1), 8, "KV heads"),  # tiny: 8 heads, 4 KV heads
+        (dict(tp=2, dp=2), 3, "world size 3"),
+        (dict(tp=2, dp=2), 8, "--dp 4"),
+        (dict(method="zero3"), 1, "unknown method"),
+        (dict(optimizer="lion"), 1, "unknown optimizer"),
+        (dict(model="qwen3-999b"), 1, "unknown model"),
+        (dict(dp=2, micro_batch=3, global_batch=8), 2, "does not divide global batch"),
+        (dict(pp=3), 3, "PP=3 does not divide"),
+        (dict(method="megatron-muon", optimizer="soap"), 1, "--optimizer muon"),
+        (dict(alpha=1.5), 1, "alpha"),
+        (dict(iters=0), 1, "iters"),
+    ],
+)
 def test_bad_configuration_is_rejected(overrides: dict, world: int, needle: str) -> None:
     cfg = RunConfig(**{**MICRO, **overrides})
     with pytest.raises(ConfigError, match=needle):
@@ -48,8 +51,23 @@ def test_derived_fields() -> None:
     cfg = RunConfig(model="qwen3-micro", tp=2, pp=1, dp=2, micro_batch=2, global_batch=12, seq_len=16).validate(4)
     assert cfg.world == 4 and cfg.num_microbatches == 3 and cfg.tokens_per_iteration == 192
     rec = cfg.record_config()
-    for k in ("model", "tp", "pp", "dp", "world", "method", "optimizer", "seq_len", "micro_batch", "global_batch",
-              "alpha", "dtype", "bucket_size", "warmup", "iters"):
+    for k in (
+        "model",
+        "tp",
+        "pp",
+        "dp",
+        "world",
+        "method",
+        "optimizer",
+        "seq_len",
+        "micro_batch",
+        "global_batch",
+        "alpha",
+        "dtype",
+        "bucket_size",
+        "warmup",
+        "iters",
+    ):
         assert k in rec
 
 
@@ -78,7 +96,7 @@ def test_unknown_named_configuration(tmp_path) -> None:
 @pytest.fixture
 def no_launch(monkeypatch):
     """Fail the test if the CLI ever gets as far as starting ranks."""
-    import canzona.dist.launch as launch_mod
+    import canzona.runtime.launch as launch_mod
 
     def forbidden(*a, **k):
         raise AssertionError("ranks were launched for a bad configuration")
@@ -88,16 +106,38 @@ def no_launch(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
 
 
-BASE = ["train", "--model", "qwen3-micro", "--method", "sc", "--optimizer", "muon", "--seq-len", "32",
-        "--micro-batch", "1", "--warmup", "1", "--iters", "1", "--alpha", "1.0", "--bucket-size", "1000"]
+BASE = [
+    "train",
+    "--model",
+    "qwen3-micro",
+    "--method",
+    "sc",
+    "--optimizer",
+    "muon",
+    "--seq-len",
+    "32",
+    "--micro-batch",
+    "1",
+    "--warmup",
+    "1",
+    "--iters",
+    "1",
+    "--alpha",
+    "1.0",
+    "--bucket-size",
+    "1000",
+]
 
 
-@pytest.mark.parametrize("extra,needle", [
-    (["--tp", "3", "--pp", "1", "--dp", "1", "--global-batch", "4"], "attention heads"),
-    (["--tp", "2", "--pp", "1", "--dp", "2", "--global-batch", "4", "--nproc", "2"], "world size 2"),
-    (["--tp", "1", "--pp", "1", "--dp", "2", "--global-batch", "5"], "does not divide global batch"),
-    (["--tp", "1", "--pp", "1", "--dp", "1", "--global-batch", "4", "--model", "gpt-2"], "unknown model"),
-])
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        (["--tp", "3", "--pp", "1", "--dp", "1", "--global-batch", "4"], "attention heads"),
+        (["--tp", "2", "--pp", "1", "--dp", "2", "--global-batch", "4", "--nproc", "2"], "world size 2"),
+        (["--tp", "1", "--pp", "1", "--dp", "2", "--global-batch", "5"], "does not divide global batch"),
+        (["--tp", "1", "--pp", "1", "--dp", "1", "--global-batch", "4", "--model", "gpt-2"], "unknown model"),
+    ],
+)
 def test_cli_bad_config_exits_2_before_launch(no_launch, capsys, extra: list[str], needle: str) -> None:
     assert canzona_main(BASE + extra) == 2
     assert needle in capsys.readouterr().err
@@ -115,7 +155,9 @@ def test_megatron_muon_unavailable_says_so_and_exits_3(no_launch, capsys) -> Non
     ok, why = peer_megatron.available()
     if ok:
         pytest.skip(f"megatron-muon is available here ({why})")
-    rc = canzona_main(BASE[:4] + ["megatron-muon"] + BASE[5:] + ["--tp", "1", "--pp", "1", "--dp", "1", "--global-batch", "2"])
+    rc = canzona_main(
+        [*BASE[:4], "megatron-muon", *BASE[5:], "--tp", "1", "--pp", "1", "--dp", "1", "--global-batch", "2"]
+    )
     err = capsys.readouterr().err
     assert rc == 3
     assert "megatron-muon unavailable" in err and "megatron-peer-env" in err

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 pytest.importorskip("megatron.core")
-import megatron.core.models.gpt  # noqa: E402,F401  # import before forking
+import megatron.core.models.gpt  # noqa: F401 - import before forking
 
-from canzona.dist.launch import launch  # noqa: E402
-from canzona.harness import cpu_shim  # noqa: E402
-from canzona.harness.config import RunConfig  # noqa: E402
-from canzona.harness.params import tp_shard  # noqa: E402
-from canzona.models import list_params  # noqa: E402
+from canzona.harness import cpu_shim
+from canzona.harness.config import RunConfig
+from canzona.harness.params import tp_shard
+from canzona.models import list_params
+from canzona.runtime.launch import launch
 
 pytestmark = pytest.mark.slow
 needs_cpu = pytest.mark.skipif(torch.cuda.is_available(), reason="the shim is only used without a GPU")
@@ -52,9 +52,8 @@ def test_shim_redirects_and_restores() -> None:
         cpu_shim.uninstall()
     assert not cpu_shim.installed()
     assert (torch.cuda.current_device, torch.cuda.synchronize, mrandom._CUDA_RNG_STATE_TRACKER) == before
-    with cpu_shim.cuda_literals_to_cpu():  # off: no redirection
-        with pytest.raises((AssertionError, RuntimeError)):
-            torch.zeros([], device="cuda")
+    with cpu_shim.cuda_literals_to_cpu(), pytest.raises((AssertionError, RuntimeError)):  # off: no redirection
+        torch.zeros([], device="cuda")
 
 
 def test_tp_shard_matches_megatron_stride() -> None:
@@ -88,16 +87,24 @@ def _fwd_bwd_rank(info, run: RunConfig) -> dict:
         micro = data.microbatches(0, ps.get_data_parallel_rank(), run.dp, run.micro_batch, info.device)
         with cpu_shim.cuda_literals_to_cpu():
             out = get_forward_backward_func()(
-                forward_step_func=make_forward_step(run.seq_len, info.device), data_iterator=iter(micro), model=model,
-                num_microbatches=run.num_microbatches, seq_length=run.seq_len, micro_batch_size=run.micro_batch,
-                forward_only=False)
+                forward_step_func=make_forward_step(run.seq_len, info.device),
+                data_iterator=iter(micro),
+                model=model,
+                num_microbatches=run.num_microbatches,
+                seq_length=run.seq_len,
+                micro_batch_size=run.micro_batch,
+                forward_only=False,
+            )
         allreduce_tp_partial_grads(tp_partial_grad_params(named, run.tp), ps.get_tensor_model_parallel_group())
         return {
-            "stage": stage, "tp_rank": tp_rank,
+            "stage": stage,
+            "tp_rank": tp_rank,
             "loss": sum(float(x["loss"]) for x in out) / len(out) if out else None,
             "specs": [(n, s.shape, s.partition_dim, s.route, s.layer) for n, s, _ in named],
-            "grads": {n: (p.grad.detach().clone(), s.partition_dim, int(getattr(p, "partition_stride", 1)))
-                      for n, s, p in named},
+            "grads": {
+                n: (p.grad.detach().clone(), s.partition_dim, int(getattr(p, "partition_stride", 1)))
+                for n, s, p in named
+            },
         }
     finally:
         ps.destroy_model_parallel()
@@ -154,8 +161,14 @@ def test_layouts_give_tp1_loss_and_grads(tp: int, pp: int) -> None:
 def test_te_fused_norm_names_map_to_local_spec() -> None:
     from canzona.harness.params import canonical_name, global_name
 
-    assert canonical_name("decoder.layers.3.self_attention.linear_qkv.layer_norm_weight") == "decoder.layers.3.input_layernorm.weight"
-    assert canonical_name("decoder.layers.0.mlp.linear_fc1.layer_norm_weight") == "decoder.layers.0.pre_mlp_layernorm.weight"
+    assert (
+        canonical_name("decoder.layers.3.self_attention.linear_qkv.layer_norm_weight")
+        == "decoder.layers.3.input_layernorm.weight"
+    )
+    assert (
+        canonical_name("decoder.layers.0.mlp.linear_fc1.layer_norm_weight")
+        == "decoder.layers.0.pre_mlp_layernorm.weight"
+    )
     assert canonical_name("decoder.layers.0.mlp.linear_fc1.weight") == "decoder.layers.0.mlp.linear_fc1.weight"
     assert global_name("decoder.layers.1.mlp.linear_fc2.weight", 14) == ("decoder.layers.15.mlp.linear_fc2.weight", 15)
     assert global_name("decoder.final_layernorm.weight", 14) == ("decoder.final_layernorm.weight", None)

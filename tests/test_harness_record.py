@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from canzona.dist.launch import launch
 from canzona.harness.config import RunConfig
 from canzona.harness.record import build_record, environment
 from canzona.harness.timing import IterationLog, RunTimings, aggregate, model_flops_per_token, summarize, throughput
 from canzona.models import get_model
 from canzona.results import schema
+from canzona.runtime.launch import launch
 
 
 def test_summarize_matches_numpy_percentiles() -> None:
@@ -60,11 +60,17 @@ def test_aggregate_takes_max_across_ranks_and_mean_loss() -> None:
 
 
 def test_record_is_schema_valid_and_excludes_warmup(tmp_path) -> None:
-    run = RunConfig(model="qwen3-micro", tp=2, dp=2, seq_len=32, micro_batch=1, global_batch=4, warmup=2, iters=4,
-                    method="asc").validate(4)
-    timings = RunTimings(iteration_ms=[1000.0, 900.0, 10.0, 20.0, 30.0, 40.0], fwd_bwd_ms=[5.0] * 6,
-                         step_ms=[500.0, 400.0, 1.0, 2.0, 3.0, 4.0], phases_ms={"compute": [9.0, 9.0, 1.0, 1.0, 1.0, 1.0]},
-                         loss_curve=[5.5, 5.4, 5.3, 5.2, 5.1, 5.0], peak_mem_mb=[10.0, 30.0, 20.0, 5.0])
+    run = RunConfig(
+        model="qwen3-micro", tp=2, dp=2, seq_len=32, micro_batch=1, global_batch=4, warmup=2, iters=4, method="asc"
+    ).validate(4)
+    timings = RunTimings(
+        iteration_ms=[1000.0, 900.0, 10.0, 20.0, 30.0, 40.0],
+        fwd_bwd_ms=[5.0] * 6,
+        step_ms=[500.0, 400.0, 1.0, 2.0, 3.0, 4.0],
+        phases_ms={"compute": [9.0, 9.0, 1.0, 1.0, 1.0, 1.0]},
+        loss_curve=[5.5, 5.4, 5.3, 5.2, 5.1, 5.0],
+        peak_mem_mb=[10.0, 30.0, 20.0, 5.0],
+    )
     env = environment(torch.device("cpu"), "gloo")
     rec = build_record(run, env, timings, mem_kind="cpu_max_rss")
     assert rec["kind"] == "train" and rec["provenance"] == "measured"

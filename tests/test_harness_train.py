@@ -17,31 +17,77 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("megatron.core")
-import megatron.core.models.gpt  # noqa: E402,F401  # import before the CLI forks ranks
+import megatron.core.models.gpt  # noqa: F401 - import before the CLI forks ranks
 
-from canzona.cli import main as canzona_main  # noqa: E402
-from canzona.results import schema  # noqa: E402
+from canzona.cli import main as canzona_main
+from canzona.results import schema
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 RTOL = 1e-5
-COMMON = ["--model", "qwen3-micro", "--seq-len", "32", "--micro-batch", "2", "--global-batch", "8",
-          "--warmup", "1", "--iters", "3", "--alpha", "1.0", "--bucket-size", "40000000", "--seed", "3",
-          "--adamw-lr", "0.01"]  # large enough that the AdamW-routed params (norms, embeddings) matter
+COMMON = [
+    "--model",
+    "qwen3-micro",
+    "--seq-len",
+    "32",
+    "--micro-batch",
+    "2",
+    "--global-batch",
+    "8",
+    "--warmup",
+    "1",
+    "--iters",
+    "3",
+    "--alpha",
+    "1.0",
+    "--bucket-size",
+    "40000000",
+    "--seed",
+    "3",
+    "--adamw-lr",
+    "0.01",
+]  # large enough that the AdamW-routed params (norms, embeddings) matter
 
 
-def _train(results: Path, *, tp: int, pp: int, dp: int, method: str, optimizer: str = "muon",
-           extra: tuple[str, ...] = ()) -> dict:
+def _train(
+    results: Path, *, tp: int, pp: int, dp: int, method: str, optimizer: str = "muon", extra: tuple[str, ...] = ()
+) -> dict:
     """Run `canzona train` in-process (it forks tp·pp·dp ranks); return the line it appended."""
     before = sum(1 for _ in schema.iter_records(results)) if results.exists() else 0
-    rc = canzona_main(["train", *COMMON, "--tp", str(tp), "--pp", str(pp), "--dp", str(dp), "--method", method,
-                       "--optimizer", optimizer, "--nproc", str(tp * pp * dp), "--results", str(results), *extra])
+    rc = canzona_main(
+        [
+            "train",
+            *COMMON,
+            "--tp",
+            str(tp),
+            "--pp",
+            str(pp),
+            "--dp",
+            str(dp),
+            "--method",
+            method,
+            "--optimizer",
+            optimizer,
+            "--nproc",
+            str(tp * pp * dp),
+            "--results",
+            str(results),
+            *extra,
+        ]
+    )
     assert rc == 0, f"{method}/{optimizer} tp{tp} pp{pp} dp{dp} exited {rc}"
     records = [r for _, r in schema.iter_records(results)]
     assert len(records) == before + 1, "a run must append exactly one line"
     rec = records[-1]
     cfg = rec["config"]
-    assert (cfg["tp"], cfg["pp"], cfg["dp"], cfg["world"], cfg["method"], cfg["optimizer"]) == (tp, pp, dp, tp * pp * dp, method, optimizer)
+    assert (cfg["tp"], cfg["pp"], cfg["dp"], cfg["world"], cfg["method"], cfg["optimizer"]) == (
+        tp,
+        pp,
+        dp,
+        tp * pp * dp,
+        method,
+        optimizer,
+    )
     assert rec["kind"] == "train" and rec["provenance"] == "measured" and "gloo" in rec["provenance_detail"]
     t = rec["timings"]
     assert t["iteration_ms"]["n"] == 3 and t["step_ms"]["n"] == 3  # warm-up excluded
@@ -91,11 +137,34 @@ def test_adamw_everywhere_matches_single_rank(tmp_path: Path) -> None:
 def test_torchrun_entry_runs_one_rank_per_process(tmp_path: Path) -> None:
     """experiments/train.py under torchrun: each process joins via RANK/WORLD_SIZE, rank 0 writes."""
     results = tmp_path / "torchrun.jsonl"
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
     env["PYTHONWARNINGS"] = "ignore"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(REPO / "experiments" / "train.py"), *COMMON, "--tp", "1", "--pp", "1", "--dp", "2",
-           "--method", "asc", "--optimizer", "muon", "--results", str(results)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(REPO / "experiments" / "train.py"),
+        *COMMON,
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--dp",
+        "2",
+        "--method",
+        "asc",
+        "--optimizer",
+        "muon",
+        "--results",
+        str(results),
+    ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=170)
     assert proc.returncode == 0, proc.stderr[-3000:]
     recs = [r for _, r in schema.iter_records(results)]

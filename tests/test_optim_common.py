@@ -122,7 +122,7 @@ def test_nonfinite_policy(name: str, bad: float) -> None:
             assert same(state, before)
     for s, g in enumerate([gs[0], gs[2], gs[3]], start=1):
         want.append(opt.direction(g, clean, s))
-    assert len(out) == 3 and all(torch.equal(a, b) for a, b in zip(out, want))
+    assert len(out) == 3 and all(torch.equal(a, b) for a, b in zip(out, want, strict=False))
     assert check_finite(gs[0], "w", "raise") and check_finite(gs[0], "w", "skip")
 
 
@@ -130,7 +130,10 @@ def test_nonfinite_policy(name: str, bad: float) -> None:
 @pytest.mark.parametrize("kind", ["numel", "flops"])
 @pytest.mark.parametrize("shape", [(64, 32), (32, 96), (300, 20)])
 def test_cost_goes_through_the_cost_model(name: str, kind: str, shape: tuple[int, int]) -> None:
-    default, tuned = make_matrix_optimizer(name), make(name, **({"ns_steps": 3} if name == "muon" else {"max_precond_dim": 64}))
+    default, tuned = (
+        make_matrix_optimizer(name),
+        make(name, **({"ns_steps": 3} if name == "muon" else {"max_precond_dim": 64})),
+    )
     for opt in (default, tuned):
         assert opt.cost(shape, kind) == CostModel(name, kind, opt.cost_settings())(shape)  # type: ignore[arg-type]
     want = CostSettings(ns_steps=3) if name == "muon" else CostSettings(precondition_frequency=2, max_precond_dim=64)
@@ -161,7 +164,15 @@ def test_registry_and_reexports() -> None:
     assert OPTIMIZER_NAMES == ("muon", "shampoo", "soap", "adamw")
     assert set(MATRIX_OPTIMIZERS) == set(OPTIMIZER_NAMES[:3])
     assert all(cls.name == n for n, cls in MATRIX_OPTIMIZERS.items())
-    for sym in ("MatrixOptimizer", "apply_update", "check_finite", "RoutingRule", "DEFAULT_ROUTING", "AdamWConfig", "make_adamw"):
+    for sym in (
+        "MatrixOptimizer",
+        "apply_update",
+        "check_finite",
+        "RoutingRule",
+        "DEFAULT_ROUTING",
+        "AdamWConfig",
+        "make_adamw",
+    ):
         assert hasattr(optim, sym)
     assert optim.DEFAULT_ROUTING.route("decoder.layers.0.mlp.linear_fc1.weight", 2) == "matrix"
 
@@ -171,7 +182,7 @@ def test_apply_update_on_shards_equals_full_update(dim: int) -> None:
     p, u = grads((8, 6), 2, seed=4)
     full = p.clone()
     apply_update(full, u, lr=0.1, weight_decay=0.01)
-    for ps, us in zip(p.chunk(2, dim), u.chunk(2, dim)):
+    for ps, us in zip(p.chunk(2, dim), u.chunk(2, dim), strict=False):
         apply_update(ps, us, lr=0.1, weight_decay=0.01)  # chunks are views: updates land in p
     torch.testing.assert_close(p, full, rtol=0, atol=0)
     torch.testing.assert_close(full, grads((8, 6), 2, seed=4)[0] * (1 - 0.001) - 0.1 * u)

@@ -23,7 +23,7 @@ def run(opt: Shampoo | SOAP, gs: list[torch.Tensor]) -> tuple[list[torch.Tensor]
 
 def close(got: list[torch.Tensor], want: list[np.ndarray], tol: float) -> None:
     assert len(got) == len(want)
-    for step, (u, w) in enumerate(zip(got, want), start=1):
+    for step, (u, w) in enumerate(zip(got, want, strict=False), start=1):
         err = np.linalg.norm(u.double().numpy() - w) / max(np.linalg.norm(w), 1e-30)
         assert err <= tol, f"step {step}: relative error {err:.2e}"
 
@@ -69,7 +69,13 @@ def test_reference_inverse_root_is_an_inverse_fourth_root() -> None:
 # the fp32 implementation and the fp64 reference see the same matrix.
 @pytest.mark.parametrize(
     ("shape", "beta", "freq", "max_dim"),
-    [((12, 8), None, 2, 64), ((8, 12), 0.9, 3, 64), ((10, 10), None, 3, 64), ((12, 8), 0.9, 2, 10), ((12, 8), None, 2, 4)],
+    [
+        ((12, 8), None, 2, 64),
+        ((8, 12), 0.9, 3, 64),
+        ((10, 10), None, 3, 64),
+        ((12, 8), 0.9, 2, 10),
+        ((12, 8), None, 2, 4),
+    ],
 )
 def test_shampoo_matches_float64_reference(shape: tuple[int, int], beta: float | None, freq: int, max_dim: int) -> None:
     c = ShampooConfig(beta=beta, epsilon=1e-3, precondition_frequency=freq, max_precond_dim=max_dim)
@@ -98,7 +104,13 @@ def test_shampoo_update_norm_is_adam_norm() -> None:
 
 
 def test_shampoo_config_validation() -> None:
-    for bad in (dict(beta=1.0), dict(betas=(0.9,)), dict(epsilon=0.0), dict(precondition_frequency=0), dict(max_precond_dim=0)):
+    for bad in (
+        dict(beta=1.0),
+        dict(betas=(0.9,)),
+        dict(epsilon=0.0),
+        dict(precondition_frequency=0),
+        dict(max_precond_dim=0),
+    ):
         with pytest.raises(ConfigError):
             ShampooConfig(**bad)  # type: ignore[arg-type]
 

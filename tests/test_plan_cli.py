@@ -10,8 +10,23 @@ import pytest
 from canzona.cli import main
 from canzona.plan import Plan, plans_from_json
 
-KEYS = ("model", "tp", "pp", "dp", "optimizer", "strategy", "alpha", "cost", "compute_balance", "lower_bound",
-        "efficiency", "comm_balance", "padding_bytes", "micro_groups", "planner_seconds")
+KEYS = (
+    "model",
+    "tp",
+    "pp",
+    "dp",
+    "optimizer",
+    "strategy",
+    "alpha",
+    "cost",
+    "compute_balance",
+    "lower_bound",
+    "efficiency",
+    "comm_balance",
+    "padding_bytes",
+    "micro_groups",
+    "planner_seconds",
+)
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -42,8 +57,9 @@ def test_compare_json_and_report(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_save_and_plot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     save, png = tmp_path / "plan.json", tmp_path / "plan.png"
-    rc, out, _ = run(capsys, "--model", "qwen3-micro", "--dp", "2", "--tp", "2", "--pp", "2",
-                     "--save", str(save), "--plot", str(png))
+    rc, out, _ = run(
+        capsys, "--model", "qwen3-micro", "--dp", "2", "--tp", "2", "--pp", "2", "--save", str(save), "--plot", str(png)
+    )
     assert rc == 0 and "efficiency" in out
     plans = plans_from_json(save.read_text())
     assert len(plans) == 2 and all(isinstance(p, Plan) for p in plans)
@@ -53,10 +69,19 @@ def test_save_and_plot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> No
 
 def test_measured_cost_table(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     table = tmp_path / "muon.json"
-    table.write_text(json.dumps({"optimizer": "muon", "device": "test", "unit": "us",
-                                 "entries": [{"shape": [64, 64], "us": 100.0}, {"shape": [256, 64], "us": 900.0}]}))
-    rc, out, _ = run(capsys, "--model", "qwen3-micro", "--dp", "2", "--cost", "measured", "--cost-table", str(table),
-                     "--json")
+    table.write_text(
+        json.dumps(
+            {
+                "optimizer": "muon",
+                "device": "test",
+                "unit": "us",
+                "entries": [{"shape": [64, 64], "us": 100.0}, {"shape": [256, 64], "us": 900.0}],
+            }
+        )
+    )
+    rc, out, _ = run(
+        capsys, "--model", "qwen3-micro", "--dp", "2", "--cost", "measured", "--cost-table", str(table), "--json"
+    )
     assert rc == 0
     obj = json.loads(out)
     assert obj["cost"] == "measured" and obj["max_gpu_cost"] > 0

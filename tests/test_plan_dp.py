@@ -14,8 +14,8 @@ from canzona.cost import CostModel
 from canzona.errors import ConfigError
 from canzona.models import ParamSpec
 from canzona.plan import Layout, Plan, PlanConfig, gpu_loads, make_plan, plan_metrics, resolve_config
-from canzona.plan.build import make_items
 from canzona.plan.buckets import build_buckets
+from canzona.plan.build import make_items
 from canzona.plan.dp import make_problem
 from canzona.plan.dp_canzona import exact_contiguous
 from canzona.plan.tp import slot_loads
@@ -23,8 +23,15 @@ from canzona.plan.tp import slot_loads
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 ALL = [
-    ("sc", "refine"), ("layerwise", "lpt"), ("layerwise", "round-robin"), ("asc", "refine"), ("zero", "refine"),
-    ("canzona", "refine"), ("canzona", "greedy"), ("canzona", "exact"), ("canzona", "blend"),
+    ("sc", "refine"),
+    ("layerwise", "lpt"),
+    ("layerwise", "round-robin"),
+    ("asc", "refine"),
+    ("zero", "refine"),
+    ("canzona", "refine"),
+    ("canzona", "greedy"),
+    ("canzona", "exact"),
+    ("canzona", "blend"),
     ("canzona", "first-element"),
 ]
 
@@ -58,9 +65,9 @@ def check_plan(plan: Plan, params: list[ParamSpec]) -> None:
     strategy = plan.dp.strategy
     if plan.dp.cuts:
         assert len(plan.dp.cuts) == len(plan.dp.buckets)
-        for b, c in zip(plan.dp.buckets, plan.dp.cuts):
+        for b, c in zip(plan.dp.buckets, plan.dp.cuts, strict=False):
             assert len(c) == dp + 1 and c[0] == 0 and c[-1] == b.size
-            assert all(x <= y for x, y in zip(c, c[1:])), "cuts must be monotone"
+            assert all(x <= y for x, y in itertools.pairwise(c)), "cuts must be monotone"
             for e in b.entries:
                 touching = tuple(r for r in range(dp) if c[r] < e.end and c[r + 1] > e.start)
                 if strategy == "zero":
@@ -87,7 +94,9 @@ def check_plan(plan: Plan, params: list[ParamSpec]) -> None:
         if not hosted_mode:
             assert names == []
             continue
-        want = [it.name for it in plan.items if it.partition_dim is not None and (strategy == "sc" or om[it.name] == (d,))]
+        want = [
+            it.name for it in plan.items if it.partition_dim is not None and (strategy == "sc" or om[it.name] == (d,))
+        ]
         assert sorted(names) == sorted(want) and len(set(names)) == len(names)
         for g in groups:
             assert g.hosts and all(0 <= h < tp for _, h in g.hosts)
@@ -143,8 +152,14 @@ def test_alpha0_slices_no_worse_than_equal_split_ownership(prob: tuple) -> None:
     assert max(ours) <= max(fe)
     # and never above the mean by more than the widest item plus its padding
     plan = make_plan(params, layout, base)
-    widest = max(b.size - e.start if k == len(b.entries) - 1 else b.entries[k + 1].start - e.start
-                 for b in plan.dp.buckets for k, e in enumerate(b.entries)) * 4
+    widest = (
+        max(
+            b.size - e.start if k == len(b.entries) - 1 else b.entries[k + 1].start - e.start
+            for b in plan.dp.buckets
+            for k, e in enumerate(b.entries)
+        )
+        * 4
+    )
     assert max(ours) <= sum(ours) / len(ours) + widest * len(plan.dp.buckets)
 
 
@@ -266,9 +281,18 @@ def test_strategy_defaults_and_invalid_combinations() -> None:
     assert resolve_config(PlanConfig(strategy="sc")).tp_mode == "sc"
     assert resolve_config(PlanConfig(strategy="canzona", tp_mode="no")).tp_mode == "no"
     bad = [
-        dict(alpha=1.5), dict(alpha=-0.1), dict(alpha=float("nan")), dict(bucket_size=0), dict(bucket_size=-5),
-        dict(strategy="nope"), dict(dp_algo="nope"), dict(tp_mode="nope"), dict(strategy="layerwise", dp_algo="blend"),
-        dict(strategy="zero", tp_mode="no"), dict(strategy="canzona", tp_mode="shard"), dict(capacity_bytes=0),
+        dict(alpha=1.5),
+        dict(alpha=-0.1),
+        dict(alpha=float("nan")),
+        dict(bucket_size=0),
+        dict(bucket_size=-5),
+        dict(strategy="nope"),
+        dict(dp_algo="nope"),
+        dict(tp_mode="nope"),
+        dict(strategy="layerwise", dp_algo="blend"),
+        dict(strategy="zero", tp_mode="no"),
+        dict(strategy="canzona", tp_mode="shard"),
+        dict(capacity_bytes=0),
     ]
     for kw in bad:
         with pytest.raises(ConfigError):

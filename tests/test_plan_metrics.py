@@ -23,8 +23,12 @@ def test_zero_atomic_by_hand() -> None:
     (bucket,) = plan.dp.buckets
     assert bucket.size == 1152  # 1024 padded to lcm(3, 128) = 384
     assert plan.dp.cuts == ((0, 512, 768, 1152),)
-    assert plan.dp.owner_map() == {"decoder.layers.0.a": (2,), "decoder.layers.0.b": (2,),
-                                   "decoder.layers.0.c": (1,), "decoder.layers.0.d": (0,)}
+    assert plan.dp.owner_map() == {
+        "decoder.layers.0.a": (2,),
+        "decoder.layers.0.b": (2,),
+        "decoder.layers.0.c": (1,),
+        "decoder.layers.0.d": (0,),
+    }
     m = plan_metrics([plan])
     mean = 1024 / 3
     assert m["compute_balance"] == pytest.approx(512 / mean)
@@ -88,8 +92,23 @@ def test_multi_stage_aggregate_and_keys() -> None:
     plans = plan_model("qwen3-micro", Layout(dp=2, tp=2, pp=2), PlanConfig())
     assert len(plans) == 2 and plans[0].input_hash != plans[1].input_hash
     m = plan_metrics(plans, model="qwen3-micro")
-    for k in ("model", "tp", "pp", "dp", "optimizer", "strategy", "alpha", "cost", "compute_balance", "lower_bound",
-              "efficiency", "comm_balance", "padding_bytes", "micro_groups", "planner_seconds"):
+    for k in (
+        "model",
+        "tp",
+        "pp",
+        "dp",
+        "optimizer",
+        "strategy",
+        "alpha",
+        "cost",
+        "compute_balance",
+        "lower_bound",
+        "efficiency",
+        "comm_balance",
+        "padding_bytes",
+        "micro_groups",
+        "planner_seconds",
+    ):
         assert k in m
     assert m["model"] == "qwen3-micro" and m["pp"] == 2 and m["stages"] == 2
     assert 0 < m["efficiency"] <= 1 + 1e-12 and m["lower_bound"] >= 1

@@ -29,8 +29,24 @@ def test_show_prints_layouts_with_reasons_and_nodes(main, capsys):
 
 
 def test_dry_run_writes_scripts_and_submits_nothing(main, capsys, tmp_path):
-    rc = main(["sweep", "run", TABLE2, "--backend", "slurm", "--profile", PROFILE, "--dry-run",
-               "--out", str(tmp_path / "dry"), "--runs-dir", str(tmp_path / "runs"), "--only", "method=canzona"])
+    rc = main(
+        [
+            "sweep",
+            "run",
+            TABLE2,
+            "--backend",
+            "slurm",
+            "--profile",
+            PROFILE,
+            "--dry-run",
+            "--out",
+            str(tmp_path / "dry"),
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--only",
+            "method=canzona",
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out
     assert "dry run: 15 cells" in out and "nothing submitted" in out
@@ -39,12 +55,15 @@ def test_dry_run_writes_scripts_and_submits_nothing(main, capsys, tmp_path):
     assert not (tmp_path / "runs" / "table2" / "jobs.json").exists()
 
 
-@pytest.mark.parametrize("argv,match", [
-    (["run", TABLE2, "--backend", "slurm"], "needs --profile"),
-    (["run", TABLE2, "--dry-run"], "add --backend slurm"),
-    (["run", TABLE2, "--backend", "local"], "at most 4 forked ranks"),
-    (["show", TABLE2, "--only", "method=zero3"], "no cell of sweep table2 matches"),
-])
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["run", TABLE2, "--backend", "slurm"], "needs --profile"),
+        (["run", TABLE2, "--dry-run"], "add --backend slurm"),
+        (["run", TABLE2, "--backend", "local"], "at most 4 forked ranks"),
+        (["show", TABLE2, "--only", "method=zero3"], "no cell of sweep table2 matches"),
+    ],
+)
 def test_user_errors_exit_2_with_one_line(main, capsys, tmp_path, argv, match):
     assert main(["sweep", *argv, "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "res")]) == 2
     err = capsys.readouterr().err
@@ -54,15 +73,32 @@ def test_user_errors_exit_2_with_one_line(main, capsys, tmp_path, argv, match):
 def test_bad_profile_exits_2_naming_the_key(main, capsys, tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('[cluster]\ngpus_per_node = 8\naccount = "x"\n')
-    assert main(["sweep", "run", TABLE2, "--backend", "slurm", "--profile", str(bad), "--dry-run",
-                 "--out", str(tmp_path / "dry")]) == 2
+    assert (
+        main(
+            [
+                "sweep",
+                "run",
+                TABLE2,
+                "--backend",
+                "slurm",
+                "--profile",
+                str(bad),
+                "--dry-run",
+                "--out",
+                str(tmp_path / "dry"),
+            ]
+        )
+        == 2
+    )
     assert "missing required key 'partition'" in capsys.readouterr().err
     assert not (tmp_path / "dry").exists()
 
 
 def test_status_of_a_fresh_sweep_lists_every_cell_pending(main, capsys, tmp_path):
-    assert main(["sweep", "status", TABLE2, "--runs-dir", str(tmp_path / "runs"),
-                 "--results-dir", str(tmp_path / "res")]) == 0
+    assert (
+        main(["sweep", "status", TABLE2, "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "res")])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "0 done, 0 failed, 65 pending of 65 cells" in out and out.count("not submitted") == 65
 
@@ -98,7 +134,23 @@ def test_reproduce_table2_runs_megatron_muon_from_the_peer_env_only_when_it_exis
 
 
 def test_status_respects_only(main, capsys, tmp_path):
-    assert main(["sweep", "status", TABLE2, "--only", "model=qwen3-32b", "--only", "optimizer=muon",
-                 "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "res")]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                "status",
+                TABLE2,
+                "--only",
+                "model=qwen3-32b",
+                "--only",
+                "optimizer=muon",
+                "--runs-dir",
+                str(tmp_path / "runs"),
+                "--results-dir",
+                str(tmp_path / "res"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "65 pending" not in out and "5 pending of 5 cells" in out and "qwen3-8b" not in out

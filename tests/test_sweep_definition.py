@@ -19,7 +19,7 @@ BUDGET_GB = 60.0
 
 def test_table2_sweep_shape():
     d = load_sweep(ROOT / "slurm/sweeps/table2.toml")
-    assert d.world == 256 and [l.model for l in d.layouts] == MODELS
+    assert d.world == 256 and [lay.model for lay in d.layouts] == MODELS
     cells = d.cells()
     muon = [c for c in cells if c.optimizer == "muon"]
     extra = [c for c in cells if c.optimizer != "muon"]
@@ -39,8 +39,11 @@ def test_table2_layouts_follow_the_stated_rule():
     d = load_sweep(ROOT / "slurm/sweeps/table2.toml")
     for lay in d.layouts:
         assert lay.pp == 1 and len(lay.reason) > 40
-        fits = [tp for tp in (1, 2, 4, 8)
-                if estimate_memory_gb(lay.model, tp, 1, 256 // tp, d.seq_len, d.micro_batch) <= BUDGET_GB]
+        fits = [
+            tp
+            for tp in (1, 2, 4, 8)
+            if estimate_memory_gb(lay.model, tp, 1, 256 // tp, d.seq_len, d.micro_batch) <= BUDGET_GB
+        ]
         assert lay.tp == fits[0], (lay.model, fits)
 
 
@@ -80,20 +83,23 @@ def mutate(path: str, value):
     return d
 
 
-@pytest.mark.parametrize("path,value,match", [
-    ("layout.dp", 2, "world is 8"),
-    ("layout.tp", 3, "TP=3 does not divide"),
-    ("layout.reason", "  ", "reason is empty"),
-    ("layout.reason", None, "reason"),
-    ("layout.model", "qwen3-999b", "unknown model"),
-    ("grid.methods", ["sc", "zero3"], "unknown value.*zero3"),
-    ("grid.optimizers", ["lion"], "lion"),
-    ("sweep.name", "../../etc", "name"),
-    ("sweep.world", 0, "world must be >= 1"),
-    ("sweep.global_batch", 6, "not a multiple of micro_batch\\*dp"),
-    ("sweep.warmpu", 3, "unknown key.*warmpu"),
-    ("sweep.iters", "20", "iters must be int"),
-])
+@pytest.mark.parametrize(
+    "path,value,match",
+    [
+        ("layout.dp", 2, "world is 8"),
+        ("layout.tp", 3, "TP=3 does not divide"),
+        ("layout.reason", "  ", "reason is empty"),
+        ("layout.reason", None, "reason"),
+        ("layout.model", "qwen3-999b", "unknown model"),
+        ("grid.methods", ["sc", "zero3"], "unknown value.*zero3"),
+        ("grid.optimizers", ["lion"], "lion"),
+        ("sweep.name", "../../etc", "name"),
+        ("sweep.world", 0, "world must be >= 1"),
+        ("sweep.global_batch", 6, "not a multiple of micro_batch\\*dp"),
+        ("sweep.warmpu", 3, "unknown key.*warmpu"),
+        ("sweep.iters", "20", "iters must be int"),
+    ],
+)
 def test_bad_definitions_are_clear_errors(path, value, match):
     with pytest.raises(ConfigError, match=match):
         parse_sweep(mutate(path, value), "bad.toml")

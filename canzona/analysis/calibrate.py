@@ -30,8 +30,10 @@ import platform
 import socket
 import statistics
 import time
+from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from canzona.analysis.projection import COLLECTIVES, PROFILE_DIR, ring_terms
 from canzona.cost import matrix_flops
@@ -63,8 +65,8 @@ def _rank(info: Any, model: str, optimizer: str, dp: int, tp: int, sizes: Sequen
     import torch
     import torch.distributed as dist
 
-    from canzona.dist.launch import dp_tp_groups
     from canzona.optim import make_matrix_optimizer
+    from canzona.runtime.launch import dp_tp_groups
 
     out: dict[str, Any] = {"compute": {}, "solo": {}, "mem": 0.0, "mem_solo": 0.0, "coll": {}}
     opt = make_matrix_optimizer(optimizer)
@@ -94,7 +96,7 @@ def _rank(info: Any, model: str, optimizer: str, dp: int, tp: int, sizes: Sequen
         st = opt.init_state(shape)
         step = [0]
 
-        def one() -> None:
+        def one(g: torch.Tensor = g, st: dict = st, step: list[int] = step) -> None:
             step[0] += 1
             opt.direction(g, st, step[0])
 
@@ -116,12 +118,12 @@ def _rank(info: Any, model: str, optimizer: str, dp: int, tp: int, sizes: Sequen
             outb = torch.empty(elems)
             root = dist.get_global_rank(mine, 0)
             ops = {
-                "all_reduce": lambda: dist.all_reduce(buf, group=mine),
-                "reduce_scatter": lambda: dist.reduce_scatter_tensor(part, buf, group=mine),
-                "all_gather": lambda: dist.all_gather_into_tensor(outb, buf[: elems // n], group=mine),
-                "all_to_all": lambda: dist.all_to_all_single(outb, buf, group=mine),
-                "broadcast": lambda: dist.broadcast(buf, src=root, group=mine),
-                "reduce": lambda: dist.reduce(buf, dst=root, group=mine),
+                "all_reduce": partial(dist.all_reduce, buf, group=mine),
+                "reduce_scatter": partial(dist.reduce_scatter_tensor, part, buf, group=mine),
+                "all_gather": partial(dist.all_gather_into_tensor, outb, buf[: elems // n], group=mine),
+                "all_to_all": partial(dist.all_to_all_single, outb, buf, group=mine),
+                "broadcast": partial(dist.broadcast, buf, src=root, group=mine),
+                "reduce": partial(dist.reduce, buf, dst=root, group=mine),
             }
             dist.barrier()
             out["coll"][f"{kind}:{elems * 4}"] = _time(ops[kind], reps)
@@ -133,7 +135,7 @@ def _fit_line(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
     n = len(x)
     mx, my = sum(x) / n, sum(y) / n
     sxx = sum((xi - mx) ** 2 for xi in x)
-    b = sum((xi - mx) * (yi - my) for xi, yi in zip(x, y)) / sxx if sxx > 0 else 0.0
+    b = sum((xi - mx) * (yi - my) for xi, yi in zip(x, y, strict=False)) / sxx if sxx > 0 else 0.0
     b = max(b, 1e-18)
     a = max(my - b * mx, 0.0)
     return a, b
@@ -153,21 +155,33 @@ def _median_rounds(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return out
 
 
-def calibrate(model: str = "qwen3-tiny", optimizer: str = "muon", nproc: int = 4, dp: int = 2, tp: int = 2,
-              sizes: Sequence[int] = DEFAULT_SIZES, reps: int = 5, rounds: int = 1) -> dict[str, Any]:
+def calibrate(
+    model: str = "qwen3-tiny",
+    optimizer: str = "muon",
+    nproc: int = 4,
+    dp: int = 2,
+    tp: int = 2,
+    sizes: Sequence[int] = DEFAULT_SIZES,
+    reps: int = 5,
+    rounds: int = 1,
+) -> dict[str, Any]:
     """Run the measurements on ``nproc`` forked gloo ranks ``rounds`` times (median over rounds);
     return raw medians and fitted constants."""
     import torch
 
-    from canzona.dist.launch import launch
+    from canzona.runtime.launch import launch
 
     if dp * tp != nproc:
         from canzona.errors import ConfigError
 
         raise ConfigError(f"dp·tp = {dp}·{tp} must equal --nproc {nproc}")
-    per_rank = _median_rounds([launch(_rank, nproc, model, optimizer, dp, tp, list(sizes), reps, timeout_s=600)
-                               for _ in range(max(1, rounds))])
-    med = lambda key, sub: statistics.median(r[sub][key] for r in per_rank)  # noqa: E731
+    per_rank = _median_rounds(
+        [
+            launch(_rank, nproc, model, optimizer, dp, tp, list(sizes), reps, timeout_s=600)
+            for _ in range(max(1, rounds))
+        ]
+    )
+    med = lambda key, sub: statistics.median(r[sub][key] for r in per_rank)
     shapes = _shapes(model)
     comp = {f"{m}x{n}": med(f"{m}x{n}", "compute") for m, n in shapes}
     solo = {f"{m}x{n}": per_rank[0]["solo"][f"{m}x{n}"] for m, n in shapes}
@@ -192,22 +206,37 @@ def calibrate(model: str = "qwen3-tiny", optimizer: str = "muon", nproc: int = 4
         lat, inv_bw = _fit_line(xs, ys)
         coll[kind] = {"latency_us": lat * 1e6, "bus_bw": 1.0 / inv_bw}
     return {
-        "model": model, "optimizer": optimizer, "nproc": nproc, "dp": dp, "tp": tp, "reps": reps, "rounds": rounds,
+        "model": model,
+        "optimizer": optimizer,
+        "nproc": nproc,
+        "dp": dp,
+        "tp": tp,
+        "reps": reps,
+        "rounds": rounds,
         "threads_per_rank": torch.get_num_threads() if nproc == 1 else None,
-        "compute_s": solo, "compute_shared_s": comp, "shared_cores": cores,
-        "rate": 1.0 / inv_rate, "overhead_us": over_s * 1e6, "mem_bw": mem,
+        "compute_s": solo,
+        "compute_shared_s": comp,
+        "shared_cores": cores,
+        "rate": 1.0 / inv_rate,
+        "overhead_us": over_s * 1e6,
+        "mem_bw": mem,
         "mem_bw_shared": statistics.median(r["mem"] for r in per_rank),
-        "collectives": coll, "collectives_raw_s": raw_coll,
-        "host": socket.gethostname(), "cpu": platform.processor() or platform.machine(),
-        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
+        "collectives": coll,
+        "collectives_raw_s": raw_coll,
+        "host": socket.gethostname(),
+        "cpu": platform.processor() or platform.machine(),
+        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
     }
 
 
 def profile_toml(c: dict[str, Any], name: str = "cpu-local") -> str:
     """The TOML text of a calibrated CPU profile (every number sourced to this calibration)."""
-    how = (f"measured by `canzona calibrate-cpu --model {c['model']} --nproc {c['nproc']} --dp {c['dp']} --tp {c['tp']} "
-           f"--reps {c['reps']} --rounds {c.get('rounds', 1)}` "
-           f"on {c['host']} at {c['timestamp']} (torch {c['torch']})")
+    how = (
+        f"measured by `canzona calibrate-cpu --model {c['model']} --nproc {c['nproc']} --dp {c['dp']} --tp {c['tp']} "
+        f"--reps {c['reps']} --rounds {c.get('rounds', 1)}` "
+        f"on {c['host']} at {c['timestamp']} (torch {c['torch']})"
+    )
     shapes = ", ".join(f"{k}: {v * 1e3:.2f} ms" for k, v in c["compute_s"].items())
     lines = [
         "# CPU profile for forked gloo ranks on this host; written by canzona calibrate-cpu, do not edit by hand.",
@@ -222,7 +251,8 @@ def profile_toml(c: dict[str, Any], name: str = "cpu-local") -> str:
         "",
         "[compute]",
         f"peak_flops = {c['rate']:.6g}",
-        f'peak_flops_source = "{how}: fit t = overhead + FLOPs/rate of {c["optimizer"]} direction() on {shapes}, rank 0 alone (the others waiting in a barrier)"',
+        f'peak_flops_source = "{how}: fit t = overhead + FLOPs/rate of {c["optimizer"]} direction() on {shapes}, '
+        'rank 0 alone (the others waiting in a barrier)"',
         "matmul_efficiency = 1.0",
         'matmul_efficiency_source = "peak_flops above is already the achieved rate"',
         f"per_matrix_overhead_us = {c['overhead_us']:.6g}",
@@ -230,12 +260,14 @@ def profile_toml(c: dict[str, Any], name: str = "cpu-local") -> str:
         f"mem_bw = {c['mem_bw']:.6g}",
         f'mem_bw_source = "{how}: 32 MiB copy on rank 0 alone, bytes read + written per second"',
         f"shared_cores = {c['shared_cores']:.4g}",
-        f'shared_cores_source = "{how}: nproc x median over shapes of (direction() alone / with every rank computing at once); '
+        f'shared_cores_source = "{how}: nproc x median over shapes of '
+        "(direction() alone / with every rank computing at once); "
         f'with k ranks computing each runs at min(1, cores / k) of its solo speed"',
         "direction_passes = 0",
         'direction_passes_source = "the compute fit times direction() itself, elementwise passes included"',
         "copy_passes = 7",
-        'copy_passes_source = "counted in canzona/dist/tp_exec.py: assemble shards (2), chunk into send buffer (2), apply (3)"',
+        'copy_passes_source = "counted in canzona/runtime/tp_exec.py: assemble shards (2), '
+        'chunk into send buffer (2), apply (3)"',
         "adamw_passes = 7",
         'adamw_passes_source = "fp32 AdamW: read p, g, m, v; write p, m, v"',
         "param_bytes = 4",
@@ -301,11 +333,21 @@ def configure(p: Any) -> None:
 
 
 def run(args: Any) -> int:
-    c = calibrate(model=args.model, optimizer=args.optimizer, nproc=args.nproc, dp=args.dp, tp=args.tp, reps=args.reps,
-                  rounds=args.rounds)
+    c = calibrate(
+        model=args.model,
+        optimizer=args.optimizer,
+        nproc=args.nproc,
+        dp=args.dp,
+        tp=args.tp,
+        reps=args.reps,
+        rounds=args.rounds,
+    )
     path = write_profile(c, args.out, args.raw or None)
-    print(f"achieved {c['optimizer']} rate {c['rate'] / 1e9:.2f} GFLOP/s per rank, overhead {c['overhead_us']:.0f} us/matrix, "
-          f"memory {c['mem_bw'] / 1e9:.2f} GB/s per rank")
+    print(
+        f"achieved {c['optimizer']} rate {c['rate'] / 1e9:.2f} GFLOP/s per rank, "
+        f"overhead {c['overhead_us']:.0f} us/matrix, "
+        f"memory {c['mem_bw'] / 1e9:.2f} GB/s per rank"
+    )
     for k, f in c["collectives"].items():
         print(f"  {k:<15} latency {f['latency_us']:8.1f} us   bus bw {f['bus_bw'] / 1e6:8.1f} MB/s")
     print(f"wrote {path}" + (f" and {args.raw}" if args.raw else ""))

@@ -19,10 +19,16 @@ if TYPE_CHECKING:
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--results", nargs="+", required=True, help="result JSONL files and/or folders (searched for *.jsonl)")
+    p.add_argument(
+        "--results", nargs="+", required=True, help="result JSONL files and/or folders (searched for *.jsonl)"
+    )
     p.add_argument("--out", default="results", help="output folder (default: results)")
-    p.add_argument("--validation", help="projection-vs-measurement CSV (default: OUT/projection_validation.csv if present)")
-    p.add_argument("--sensitivity", help="projection sensitivity CSV (default: OUT/projection_sensitivity.csv if present)")
+    p.add_argument(
+        "--validation", help="projection-vs-measurement CSV (default: OUT/projection_validation.csv if present)"
+    )
+    p.add_argument(
+        "--sensitivity", help="projection sensitivity CSV (default: OUT/projection_sensitivity.csv if present)"
+    )
     p.add_argument("--no-plots", action="store_true", help="skip the figures")
     p.add_argument("--plot-model", default="qwen3-32b", help="model of the per-GPU load and alpha figures")
     p.add_argument("--plot-layout", default="32,8,1", help="dp,tp,pp of those figures (default 32,8,1 = 256 GPUs)")
@@ -37,22 +43,26 @@ def _read_csv(path: Path | None):
     return pd.read_csv(path)
 
 
-def sensitivity_markdown(sens: "pd.DataFrame") -> str:
+def sensitivity_markdown(sens: pd.DataFrame) -> str:
     """The sensitivity CSV as a Markdown section."""
     from canzona.analysis.table2 import fmt_speedup, markdown_table
 
     header = [c for c in sens.columns]
-    rows = [[fmt_speedup(v) if str(h).startswith("speedup") else v for h, v in zip(header, rec)]
-            for rec in sens.itertuples(index=False)]
-    return "\n".join([
-        "## Projection sensitivity (Qwen3-32B, 256 GPUs)",
-        "",
-        "Canzona's projected speedup over the layer-wise baseline as single assumptions change "
-        "(written by `canzona project --preset paper`).",
-        "",
-        markdown_table(header, rows),
-        "",
-    ])
+    rows = [
+        [fmt_speedup(v) if str(h).startswith("speedup") else v for h, v in zip(header, rec, strict=False)]
+        for rec in sens.itertuples(index=False)
+    ]
+    return "\n".join(
+        [
+            "## Projection sensitivity (Qwen3-32B, 256 GPUs)",
+            "",
+            "Canzona's projected speedup over the layer-wise baseline as single assumptions change "
+            "(written by `canzona project --preset paper`).",
+            "",
+            markdown_table(header, rows),
+            "",
+        ]
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,12 +94,13 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--plot-layout must be dp,tp,pp (e.g. 32,8,1), got {args.plot_layout!r}") from exc
         cells = aggregate_cells(load_results(args.results))
         table = build_table2(cells)
-        keep = lambda prov: (prov.startswith("measured") or prov.startswith(f"projected on {args.plot_profile} "))  # noqa: E731
+        keep = lambda prov: prov.startswith(("measured", f"projected on {args.plot_profile} "))
         if not table.empty:
             table = table[table["provenance"].map(keep)]
             cells = cells[cells["provenance_label"].map(keep)]
-        figs = write_figures(table, cells, out / "figures", model=args.plot_model, dp=dp, tp=tp, pp=pp,
-                             profile=args.plot_profile)
+        figs = write_figures(
+            table, cells, out / "figures", model=args.plot_model, dp=dp, tp=tp, pp=pp, profile=args.plot_profile
+        )
         for f in figs.values():
             print(f"wrote {f}")
     return 0

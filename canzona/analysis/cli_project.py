@@ -23,20 +23,29 @@ from typing import Any
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", choices=("paper",), help="the Table-2 projection set (see module doc)")
-    p.add_argument("--validate", nargs="+", metavar="RESULTS", help="compare with measured result lines (files/folders)")
+    p.add_argument(
+        "--validate", nargs="+", metavar="RESULTS", help="compare with measured result lines (files/folders)"
+    )
     p.add_argument("--model", default="qwen3-32b")
     p.add_argument("--layout", default="32,8,1", help="dp,tp,pp (default 32,8,1)")
     p.add_argument("--methods", default="sc,layerwise,asc,canzona")
-    p.add_argument("--profile", action="append",
-                   help="hardware profile name or TOML path; repeatable (default H800; with --validate cpu-local)")
-    p.add_argument("--overlap", action="append", choices=("none", "megatron"), help="overlap view; repeatable (default none)")
+    p.add_argument(
+        "--profile",
+        action="append",
+        help="hardware profile name or TOML path; repeatable (default H800; with --validate cpu-local)",
+    )
+    p.add_argument(
+        "--overlap", action="append", choices=("none", "megatron"), help="overlap view; repeatable (default none)"
+    )
     p.add_argument("--optimizer", default="muon", choices=("muon", "shampoo", "soap"))
     p.add_argument("--seq-len", type=int, default=4096)
     p.add_argument("--global-batch", type=int, default=256, help="sequences per iteration")
     p.add_argument("--micro-batch", type=int, default=1)
     p.add_argument("--alpha", type=float, default=None, help="planner alpha (default: the planner's DEFAULT_ALPHA)")
     p.add_argument("--cost", default="flops", choices=("flops", "numel"), help="what the planner balances")
-    p.add_argument("--views", default="", help="split views, e.g. qkv,gate_up (default none: fused as Megatron registers them)")
+    p.add_argument(
+        "--views", default="", help="split views, e.g. qkv,gate_up (default none: fused as Megatron registers them)"
+    )
     p.add_argument("--out", help="folder for projected.jsonl / projection_*.csv (presets, --validate) or a .jsonl file")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
@@ -98,19 +107,32 @@ def sensitivity(profile_name: str = "H800") -> list[dict[str, Any]]:
     from dataclasses import replace
 
     from canzona.analysis.projection import (
-        PAPER_GLOBAL_BATCH, PAPER_LAYOUTS, Scenario, load_profile, project, speedup, with_profile_overrides,
+        PAPER_GLOBAL_BATCH,
+        PAPER_LAYOUTS,
+        Scenario,
+        load_profile,
+        project,
+        speedup,
+        with_profile_overrides,
     )
     from canzona.plan.types import Layout
 
     base_prof = load_profile(profile_name)
     lay = PAPER_LAYOUTS["qwen3-32b"]
     variants: list[tuple[str, dict[str, Any], Any]] = [("baseline assumptions", {}, base_prof)]
-    variants += [(f"global batch {g} seq", {"global_batch": g}, base_prof) for g in (64, 128, 512, 1024)
-                 if g != PAPER_GLOBAL_BATCH]
-    variants += [(f"layout dp{l.dp}·tp{l.tp}·pp{l.pp}", {"layout": l}, base_prof)
-                 for l in (Layout(16, 8, 2), Layout(8, 8, 4), Layout(64, 4, 1))]
+    variants += [
+        (f"global batch {g} seq", {"global_batch": g}, base_prof)
+        for g in (64, 128, 512, 1024)
+        if g != PAPER_GLOBAL_BATCH
+    ]
+    variants += [
+        (f"layout dp{lay.dp}·tp{lay.tp}·pp{lay.pp}", {"layout": lay}, base_prof)
+        for lay in (Layout(16, 8, 2), Layout(8, 8, 4), Layout(64, 4, 1))
+    ]
     variants += [("views qkv,gate_up (split matrices)", {"views": ("qkv", "gate_up")}, base_prof)]
-    variants += [(f"matmul efficiency {e}", {}, with_profile_overrides(base_prof, matmul_efficiency=e)) for e in (0.5, 0.65)]
+    variants += [
+        (f"matmul efficiency {e}", {}, with_profile_overrides(base_prof, matmul_efficiency=e)) for e in (0.5, 0.65)
+    ]
     variants += [(f"MFU {m}", {}, with_profile_overrides(base_prof, mfu=m)) for m in (0.35, 0.55)]
     rows = []
     for label, kw, prof in variants:
@@ -120,11 +142,19 @@ def sensitivity(profile_name: str = "H800") -> list[dict[str, Any]]:
                 s = replace(Scenario("qwen3-32b", lay, m, overlap=ov), **kw)
                 res[m] = project(s, prof)
             c, b = res["canzona"], res["layerwise"]
-            rows.append({"profile": profile_name, "variant": label, "overlap": ov,
-                         "canzona step ms": round(c.step_ms, 1), "layerwise step ms": round(b.step_ms, 1),
-                         "canzona iter ms": round(c.iteration_ms, 1), "layerwise iter ms": round(b.iteration_ms, 1),
-                         "speedup step": speedup(b.step_ms, c.step_ms),
-                         "speedup iteration": speedup(b.iteration_ms, c.iteration_ms)})
+            rows.append(
+                {
+                    "profile": profile_name,
+                    "variant": label,
+                    "overlap": ov,
+                    "canzona step ms": round(c.step_ms, 1),
+                    "layerwise step ms": round(b.step_ms, 1),
+                    "canzona iter ms": round(c.iteration_ms, 1),
+                    "layerwise iter ms": round(b.iteration_ms, 1),
+                    "speedup step": speedup(b.step_ms, c.step_ms),
+                    "speedup iteration": speedup(b.iteration_ms, c.iteration_ms),
+                }
+            )
     return rows
 
 
@@ -132,7 +162,14 @@ def run(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from canzona.analysis.projection import (
-        METHODS, PAPER_LAYOUTS, Scenario, load_profile, paper_scenarios, projected_env, to_record, validate_against,
+        METHODS,
+        PAPER_LAYOUTS,
+        Scenario,
+        load_profile,
+        paper_scenarios,
+        projected_env,
+        to_record,
+        validate_against,
     )
     from canzona.errors import ConfigError
     from canzona.results.schema import write_atomic
@@ -147,8 +184,10 @@ def run(args: argparse.Namespace) -> int:
         write_atomic(path, df.to_csv(index=False))
         steps = df[df["timing"] == "step"] if not df.empty else df
         for r in steps.to_dict("records"):
-            print(f"{r['model']} {r['layout']} {r['method']:<10} {r['kind']}: measured {r['measured_ms']:9.2f} ms, "
-                  f"projected {r['projected_ms']:9.2f} ms, error {r['error']:+.1%}  ({r['profile']})")
+            print(
+                f"{r['model']} {r['layout']} {r['method']:<10} {r['kind']}: measured {r['measured_ms']:9.2f} ms, "
+                f"projected {r['projected_ms']:9.2f} ms, error {r['error']:+.1%}  ({r['profile']})"
+            )
         if not steps.empty:
             print(f"max |error| {steps['error'].abs().max():.1%} over {len(steps)} step comparisons")
         else:
@@ -161,10 +200,11 @@ def run(args: argparse.Namespace) -> int:
         out = Path(args.out or "results")
         profs = [load_profile(n) for n in ("H800", "H100", "A100", "H200")] if not args.profile else profiles
         scen = [s for ov in ("none", "megatron") for s in paper_scenarios(overlap=ov)]
-        scen += [Scenario("qwen3-32b", PAPER_LAYOUTS["qwen3-32b"], "canzona", cost="numel", overlap=ov)
-                 for ov in ("none", "megatron")]
-        projs = [p for p in _grid(scen, profs)
-                 if not (p.scenario.cost == "numel" and p.profile.name != "H800")]
+        scen += [
+            Scenario("qwen3-32b", PAPER_LAYOUTS["qwen3-32b"], "canzona", cost="numel", overlap=ov)
+            for ov in ("none", "megatron")
+        ]
+        projs = [p for p in _grid(scen, profs) if not (p.scenario.cost == "numel" and p.profile.name != "H800")]
         env = projected_env()
         text = "".join(json.dumps(to_record(p, env), sort_keys=True) + "\n" for p in projs)
         write_atomic(out / "projected.jsonl", text)
@@ -186,21 +226,57 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"the projection models {', '.join(METHODS)}; not {', '.join(bad)}")
     layout = _layout(args.layout)
     views = tuple(v for v in args.views.split(",") if v)
-    scen = [Scenario(args.model, layout, m, optimizer=args.optimizer, seq_len=args.seq_len, micro_batch=args.micro_batch,
-                     global_batch=args.global_batch, cost=args.cost, views=views, overlap=ov,
-                     **({"alpha": args.alpha} if args.alpha is not None else {}))
-            for ov in overlaps for m in methods]
+    scen = [
+        Scenario(
+            args.model,
+            layout,
+            m,
+            optimizer=args.optimizer,
+            seq_len=args.seq_len,
+            micro_batch=args.micro_batch,
+            global_batch=args.global_batch,
+            cost=args.cost,
+            views=views,
+            overlap=ov,
+            **({"alpha": args.alpha} if args.alpha is not None else {}),
+        )
+        for ov in overlaps
+        for m in methods
+    ]
     projs = _grid(scen, profiles)
     rows = []
     for prof in profiles:
         for ov in overlaps:
-            rows.append((prof.name, ov, {p.scenario.method: p for p in projs
-                                         if p.profile.name == prof.name and p.scenario.overlap == ov}))
+            rows.append(
+                (
+                    prof.name,
+                    ov,
+                    {p.scenario.method: p for p in projs if p.profile.name == prof.name and p.scenario.overlap == ov},
+                )
+            )
     if args.json:
-        print(json.dumps([{"profile": pn, "overlap": ov, "methods": {
-            m: {"step_ms": p.step_ms, "iteration_ms": p.iteration_ms if math.isfinite(p.iteration_ms) else None,
-                "fwd_bwd_ms": p.fwd_bwd_ms if math.isfinite(p.fwd_bwd_ms) else None, "phases_ms": p.phase_ms()}
-            for m, p in res.items()}, "speedups": _speedups(res)} for pn, ov, res in rows], sort_keys=True))
+        print(
+            json.dumps(
+                [
+                    {
+                        "profile": pn,
+                        "overlap": ov,
+                        "methods": {
+                            m: {
+                                "step_ms": p.step_ms,
+                                "iteration_ms": p.iteration_ms if math.isfinite(p.iteration_ms) else None,
+                                "fwd_bwd_ms": p.fwd_bwd_ms if math.isfinite(p.fwd_bwd_ms) else None,
+                                "phases_ms": p.phase_ms(),
+                            }
+                            for m, p in res.items()
+                        },
+                        "speedups": _speedups(res),
+                    }
+                    for pn, ov, res in rows
+                ],
+                sort_keys=True,
+            )
+        )
     else:
         _print(rows)
     if args.out:

@@ -30,8 +30,9 @@ separate rows, each with its provenance.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from canzona.results.schema import ResultsError, iter_records
 
@@ -43,8 +44,21 @@ if TYPE_CHECKING:
 EXPERIMENT_FIELDS = ("world", "alpha", "dtype", "bucket_size", "micro_batch", "cost", "overlap")
 TIMING_KEYS = ("iteration_ms", "fwd_bwd_ms", "step_ms")
 ROW_CONFIG_FIELDS = (
-    "model", "tp", "pp", "dp", "world", "method", "optimizer", "seq_len", "micro_batch",
-    "global_batch", "alpha", "dtype", "bucket_size", "cost", "overlap",
+    "model",
+    "tp",
+    "pp",
+    "dp",
+    "world",
+    "method",
+    "optimizer",
+    "seq_len",
+    "micro_batch",
+    "global_batch",
+    "alpha",
+    "dtype",
+    "bucket_size",
+    "cost",
+    "overlap",
 )
 
 
@@ -191,7 +205,7 @@ def check_duplicates(rows: Sequence[dict[str, Any]]) -> None:
                 )
 
 
-def records_frame(rows: Sequence[dict[str, Any]]) -> "pd.DataFrame":
+def records_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     """DataFrame of loaded rows (private bookkeeping columns dropped)."""
     import pandas as pd
 
@@ -216,7 +230,7 @@ def load_rows(paths: Iterable[str | Path] | str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def load_results(paths: Iterable[str | Path] | str | Path) -> "pd.DataFrame":
+def load_results(paths: Iterable[str | Path] | str | Path) -> pd.DataFrame:
     """One row per result line from files and/or folders; raises ResultsError naming file:line.
 
     Columns: file, line, cell, kind, provenance, source, provenance_label, the config fields

@@ -13,8 +13,9 @@ the planner (``gpu_load_data``, ``alpha_curve``), the first two from aggregated 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from canzona.analysis.aggregate import METHOD_ORDER, OURS
 from canzona.results.figures import pyplot, save_figure
@@ -23,22 +24,28 @@ if TYPE_CHECKING:
     import pandas as pd
 
 PHASE_ORDER = ("grad_sync", "check", "tp_gather", "compute", "tp_scatter", "param_sync")
-PHASE_COLORS = {"grad_sync": "#1f77b4", "check": "#bcbd22", "tp_gather": "#ff7f0e", "compute": "#2ca02c",
-                "tp_scatter": "#d62728", "param_sync": "#9467bd"}
+PHASE_COLORS = {
+    "grad_sync": "#1f77b4",
+    "check": "#bcbd22",
+    "tp_gather": "#ff7f0e",
+    "compute": "#2ca02c",
+    "tp_scatter": "#d62728",
+    "param_sync": "#9467bd",
+}
 COLORS = {"sc": "#7f7f7f", "layerwise": "#1f77b4", "asc": "#ff7f0e", "megatron-muon": "#9467bd", "canzona": "#2ca02c"}
 
 
 def _source_title(prov: str) -> str:
     """Panel title from a provenance label: device for measured rows, profile + view for projections."""
     if prov.startswith("measured on "):
-        return "measured: " + prov[len("measured on "):][:40]
+        return "measured: " + prov[len("measured on ") :][:40]
     tok = dict(t.split("=", 1) for t in prov.replace("(", " ").replace(")", " ").replace(",", " ").split() if "=" in t)
     prof = prov.split("projected on ", 1)[-1].split(" ", 1)[0]
     extra = "".join(f", {k}={tok[k]}" for k in ("cost", "views") if k in tok and tok[k] not in ("flops", "none"))
     return f"projected: {prof}, overlap={tok.get('overlap', '?')}{extra}"
 
 
-def plot_speedups(table: "pd.DataFrame", path: str | Path) -> Path:
+def plot_speedups(table: pd.DataFrame, path: str | Path) -> Path:
     """Canzona's speedup over each baseline: one column of panels per provenance (measured, each
     projection view), rows = iteration and optimizer step, x = model, bars = baselines (log y)."""
     plt = pyplot()
@@ -57,27 +64,36 @@ def plot_speedups(table: "pd.DataFrame", path: str | Path) -> Path:
             drawn = False
             for k, b in enumerate(bases):
                 vals = [r.get(f"{OURS} vs {b} ({col})", math.nan) for r in rows]
-                pts = [(x + (k - (len(bases) - 1) / 2) * width, v) for x, v in enumerate(vals)
-                       if v is not None and math.isfinite(v)]
+                pts = [
+                    (x + (k - (len(bases) - 1) / 2) * width, v)
+                    for x, v in enumerate(vals)
+                    if v is not None and math.isfinite(v)
+                ]
                 if not pts:
                     continue
                 drawn = True
                 bars = ax.bar([x for x, _ in pts], [v for _, v in pts], width, label=f"vs {b}", color=COLORS.get(b))
-                ax.bar_label(bars, labels=[f"{v:.1f}" if v >= 10 else f"{v:.2f}" for _, v in pts], fontsize=6, padding=1)
+                ax.bar_label(
+                    bars, labels=[f"{v:.1f}" if v >= 10 else f"{v:.2f}" for _, v in pts], fontsize=6, padding=1
+                )
             ax.axhline(1.0, color="black", lw=0.8)
             ax.set_xticks(range(len(rows)))
-            ax.set_xticklabels([f"{r['model'].replace('qwen3-', '')}\n{r['layout (dp·tp·pp = GPUs)'].split(' =')[0]}"
-                                for r in rows], fontsize=7)
+            ax.set_xticklabels(
+                [f"{r['model'].replace('qwen3-', '')}\n{r['layout (dp·tp·pp = GPUs)'].split(' =')[0]}" for r in rows],
+                fontsize=7,
+            )
             if j == 0:
                 ax.set_ylabel(f"{label} speedup (×, log)")
-            ax.set_title(f"{_source_title(str(src)) if src else 'no rows'}\n{label}: baseline ms / canzona ms",
-                         fontsize=8)
+            ax.set_title(
+                f"{_source_title(str(src)) if src else 'no rows'}\n{label}: baseline ms / canzona ms", fontsize=8
+            )
             if drawn:
                 ax.set_yscale("log")
                 handles = handles or ax.get_legend_handles_labels()
             else:
-                ax.text(0.5, 0.5, "no rows with canzona and a baseline", ha="center", transform=ax.transAxes,
-                        fontsize=8)
+                ax.text(
+                    0.5, 0.5, "no rows with canzona and a baseline", ha="center", transform=ax.transAxes, fontsize=8
+                )
     fig.suptitle("Canzona speedup over each baseline (×, higher is better; x: model, dp·tp·pp)")
     fig.tight_layout(rect=(0, 0, 1, 0.96))
     if handles:
@@ -85,7 +101,7 @@ def plot_speedups(table: "pd.DataFrame", path: str | Path) -> Path:
     return save_figure(fig, path)
 
 
-def plot_phases(cells: "pd.DataFrame", path: str | Path, max_panels: int = 6) -> Path:
+def plot_phases(cells: pd.DataFrame, path: str | Path, max_panels: int = 6) -> Path:
     """Stacked step-time phases (ms) per method, one panel per (model, layout, kind, provenance);
     each phase keeps its colour across panels. Measured phases are the runtime's timers (max
     across ranks, waits included); projected ones come from the same accounting."""
@@ -94,31 +110,40 @@ def plot_phases(cells: "pd.DataFrame", path: str | Path, max_panels: int = 6) ->
     plt = pyplot()
     # Panels: rows with at least two methods; projected rows only in the overlap=none view, whose
     # phases are the runtime's (the megatron view moves DP communication outside the step).
-    groups = [(k, g) for k, g in cells.groupby(list(ROW_KEY), sort=False, dropna=False)
-              if g["method"].nunique() >= 2 and "overlap=megatron" not in str(dict(zip(ROW_KEY, k))["source"])]
+    groups = [
+        (k, g)
+        for k, g in cells.groupby(list(ROW_KEY), sort=False, dropna=False)
+        if g["method"].nunique() >= 2 and "overlap=megatron" not in str(dict(zip(ROW_KEY, k, strict=False))["source"])
+    ]
     groups = groups[:max_panels]
     n = max(1, len(groups))
     fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 5), squeeze=False)
-    for ax, (key, g) in zip(axes[0], groups):
-        k = dict(zip(ROW_KEY, key))
+    for ax, (key, g) in zip(axes[0], groups, strict=False):
+        k = dict(zip(ROW_KEY, key, strict=False))
         g = g.set_index("method")
         methods = [m for m in METHOD_ORDER if m in g.index] + sorted(set(g.index) - set(METHOD_ORDER))
         bottom = [0.0] * len(methods)
         phases = [p for p in PHASE_ORDER if f"phase_{p}" in g] + sorted(
-            c[len("phase_"):] for c in g.columns if c.startswith("phase_") and c[len("phase_"):] not in PHASE_ORDER)
+            c[len("phase_") :] for c in g.columns if c.startswith("phase_") and c[len("phase_") :] not in PHASE_ORDER
+        )
         any_phase = False
         for p in phases:
-            vals = [float(g.loc[m, f"phase_{p}"]) if math.isfinite(float(g.loc[m, f"phase_{p}"])) else 0.0 for m in methods]
+            vals = [
+                float(g.loc[m, f"phase_{p}"]) if math.isfinite(float(g.loc[m, f"phase_{p}"])) else 0.0 for m in methods
+            ]
             if sum(vals) <= 0:
                 continue
             any_phase = True
             ax.bar(methods, vals, bottom=bottom, label=p, color=PHASE_COLORS.get(p))
-            bottom = [b + v for b, v in zip(bottom, vals)]
+            bottom = [b + v for b, v in zip(bottom, vals, strict=False)]
         if not any_phase:  # no phase breakdown: show the step total
             ax.bar(methods, [float(g.loc[m, "step_ms"]) for m in methods], label="step (no phases)")
         ax.set_ylabel("ms per optimizer step")
-        ax.set_title(f"{k['model']} dp{k['dp']}·tp{k['tp']}·pp{k['pp']} ({k['kind']})\n"
-                     f"{_source_title(str(g['provenance_label'].iloc[0]))}", fontsize=8)
+        ax.set_title(
+            f"{k['model']} dp{k['dp']}·tp{k['tp']}·pp{k['pp']} ({k['kind']})\n"
+            f"{_source_title(str(g['provenance_label'].iloc[0]))}",
+            fontsize=8,
+        )
         ax.tick_params(axis="x", labelrotation=30, labelsize=8)
         ax.legend(fontsize=7)
     if not groups:
@@ -135,7 +160,9 @@ def plot_gpu_load(loads: dict[str, Sequence[float]], lower_bound: float, path: s
     for m, vals in loads.items():
         v = sorted((x / 1e12 for x in vals), reverse=True)
         ax.plot(range(len(v)), v, label=f"{m} (max {v[0]:.3g})", color=COLORS.get(m), lw=1.8)
-    ax.axhline(lower_bound / 1e12, color="red", ls="--", label=f"lower bound max(mean, largest) = {lower_bound / 1e12:.3g}")
+    ax.axhline(
+        lower_bound / 1e12, color="red", ls="--", label=f"lower bound max(mean, largest) = {lower_bound / 1e12:.3g}"
+    )
     ax.set_yscale("log")
     ax.set_xlabel("GPUs, sorted by load (GPUs with no optimizer work are off the log axis)")
     ax.set_ylabel("optimizer TFLOP per step per GPU (log)")
@@ -145,10 +172,14 @@ def plot_gpu_load(loads: dict[str, Sequence[float]], lower_bound: float, path: s
     return save_figure(fig, path)
 
 
-ALGO_STYLE = {"blend": ("authors' blend", "o-"), "greedy": ("greedy (ours)", "s--"), "refine": ("refine (ours, default)", "^-")}
+ALGO_STYLE = {
+    "blend": ("authors' blend", "o-"),
+    "greedy": ("greedy (ours)", "s--"),
+    "refine": ("refine (ours, default)", "^-"),
+}
 
 
-def plot_alpha(curve: "pd.DataFrame", path: str | Path, title: str) -> Path:
+def plot_alpha(curve: pd.DataFrame, path: str | Path, title: str) -> Path:
     """α trade-off per DP algorithm: compute imbalance, slice-bytes imbalance and (with a profile)
     the projected step, each against α."""
     plt = pyplot()
@@ -156,7 +187,7 @@ def plot_alpha(curve: "pd.DataFrame", path: str | Path, title: str) -> Path:
     if "step_ms" in curve:
         panels.append(("step_ms", "projected step (ms)"))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.3), squeeze=False)
-    for ax, (col, label) in zip(axes[0], panels):
+    for ax, (col, label) in zip(axes[0], panels, strict=False):
         for algo, g in curve.groupby("algo", sort=False):
             name, style = ALGO_STYLE.get(algo, (algo, "x-"))
             ax.plot(g["alpha"], g[col], style, label=name)
@@ -173,8 +204,15 @@ def plot_alpha(curve: "pd.DataFrame", path: str | Path, title: str) -> Path:
 
 
 # ----------------------------------------------------------------------------- planner data
-def gpu_load_data(model: str, dp: int, tp: int, pp: int = 1, methods: Sequence[str] = ("sc", "layerwise", "asc", "canzona"),
-                  optimizer: str = "muon", alpha: float | None = None) -> tuple[dict[str, list[float]], float]:
+def gpu_load_data(
+    model: str,
+    dp: int,
+    tp: int,
+    pp: int = 1,
+    methods: Sequence[str] = ("sc", "layerwise", "asc", "canzona"),
+    optimizer: str = "muon",
+    alpha: float | None = None,
+) -> tuple[dict[str, list[float]], float]:
     """Per-GPU optimizer FLOPs of each method's plan (all stages) and the atomic lower bound."""
     from canzona.analysis.projection import Scenario, make_plans
     from canzona.plan import gpu_loads
@@ -192,9 +230,16 @@ def gpu_load_data(model: str, dp: int, tp: int, pp: int = 1, methods: Sequence[s
     return loads, bound
 
 
-def alpha_curve(model: str, dp: int, tp: int, pp: int = 1, alphas: Sequence[float] = tuple(i / 10 for i in range(11)),
-                profile: str | None = "H800", optimizer: str = "muon",
-                algos: Sequence[str] = ("blend", "greedy", "refine")) -> "pd.DataFrame":
+def alpha_curve(
+    model: str,
+    dp: int,
+    tp: int,
+    pp: int = 1,
+    alphas: Sequence[float] = tuple(i / 10 for i in range(11)),
+    profile: str | None = "H800",
+    optimizer: str = "muon",
+    algos: Sequence[str] = ("blend", "greedy", "refine"),
+) -> pd.DataFrame:
     """Canzona plans across α for each DP algorithm: compute and slice-bytes balance
     (``plan_metrics``) and, with a profile, the projected step (overlap view ``none``)."""
     import pandas as pd
@@ -207,21 +252,43 @@ def alpha_curve(model: str, dp: int, tp: int, pp: int = 1, alphas: Sequence[floa
     rows = []
     for algo in algos:
         for a in alphas:
-            s = Scenario(model, Layout(dp, tp, pp), "canzona", optimizer=optimizer, alpha=a, dp_algo=algo,
-                         global_batch=max(dp, 1), seq_len=1)
+            s = Scenario(
+                model,
+                Layout(dp, tp, pp),
+                "canzona",
+                optimizer=optimizer,
+                alpha=a,
+                dp_algo=algo,
+                global_batch=max(dp, 1),
+                seq_len=1,
+            )
             plans = make_plans(s)
             met = plan_metrics(plans)
-            row = {"algo": algo, "alpha": a, "compute_balance": met["compute_balance"],
-                   "comm_balance": met["comm_balance"], "lower_bound": met["lower_bound"],
-                   "padding_bytes": met["padding_bytes"]}
+            row = {
+                "algo": algo,
+                "alpha": a,
+                "compute_balance": met["compute_balance"],
+                "comm_balance": met["comm_balance"],
+                "lower_bound": met["lower_bound"],
+                "padding_bytes": met["padding_bytes"],
+            }
             if prof is not None:
                 row["step_ms"] = project(s, prof, plans).step_ms
             rows.append(row)
     return pd.DataFrame(rows)
 
 
-def write_figures(table: "pd.DataFrame", cells: "pd.DataFrame", out_dir: str | Path, *, model: str = "qwen3-32b", dp: int = 32, tp: int = 8, pp: int = 1,
-                  profile: str | None = "H800") -> dict[str, Path]:
+def write_figures(
+    table: pd.DataFrame,
+    cells: pd.DataFrame,
+    out_dir: str | Path,
+    *,
+    model: str = "qwen3-32b",
+    dp: int = 32,
+    tp: int = 8,
+    pp: int = 1,
+    profile: str | None = "H800",
+) -> dict[str, Path]:
     """All four figures into ``out_dir``; the planner figures use (model, dp, tp, pp)."""
     out = Path(out_dir)
     if not cells.empty:  # phase panels: measured rows first, then the figure's model, then the rest
@@ -232,10 +299,17 @@ def write_figures(table: "pd.DataFrame", cells: "pd.DataFrame", out_dir: str | P
         "phases": plot_phases(cells, out / "phases.png"),
     }
     loads, bound = gpu_load_data(model, dp, tp, pp)
-    files["gpu_load"] = plot_gpu_load(loads, bound, out / "gpu_load.png",
-                                      f"Per-GPU optimizer load, {model} dp{dp}·tp{tp}·pp{pp} (Muon, TFLOP per step)")
+    files["gpu_load"] = plot_gpu_load(
+        loads,
+        bound,
+        out / "gpu_load.png",
+        f"Per-GPU optimizer load, {model} dp{dp}·tp{tp}·pp{pp} (Muon, TFLOP per step)",
+    )
     curve = alpha_curve(model, dp, tp, pp, profile=profile)
-    files["alpha"] = plot_alpha(curve, out / "alpha.png",
-                                f"α trade-off of Canzona's DP partition, {model} dp{dp}·tp{tp}·pp{pp}"
-                                + (f" (step projected on {profile}, overlap=none)" if profile else ""))
+    files["alpha"] = plot_alpha(
+        curve,
+        out / "alpha.png",
+        f"α trade-off of Canzona's DP partition, {model} dp{dp}·tp{tp}·pp{pp}"
+        + (f" (step projected on {profile}, overlap=none)" if profile else ""),
+    )
     return files

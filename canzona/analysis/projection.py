@@ -2,16 +2,16 @@
 planner's exact plans and a hardware profile.
 
 Why a projection at all: the paper's headline (Qwen3-32B on 256 GPUs) cannot be measured on our
-machines. Instead of guessing, we replay what the runtime (``canzona.dist``) does for a plan,
+machines. Instead of guessing, we replay what the runtime (``canzona.runtime``) does for a plan,
 phase by phase and rank by rank, charging each operation from a profile whose every number has a
 written source (``canzona/analysis/profiles/*.toml``), and we check the same code against runs we
 did measure (``validate_against``). Nothing here is fitted to the paper's numbers.
 
 What is modelled, per PP stage (stages step concurrently; the step is the slowest stage), per
-DP x TP rank, mirroring ``canzona.dist.optimizer.DistributedOptimizer.step`` and bench-step:
+DP x TP rank, mirroring ``canzona.runtime.optimizer.DistributedOptimizer.step`` and bench-step:
 
   grad_sync   matrix buckets: reduce-scatter(-v) on the plan's cuts (``equal`` / ``padded`` /
-              ``per-root`` chosen exactly as ``canzona.dist.collectives.pick_mode`` does) or an
+              ``per-root`` chosen exactly as ``canzona.runtime.collectives.pick_mode`` does) or an
               all-reduce (sc, layerwise); AdamW buckets: equal reduce-scatter (ZeRO-1).
   check       one 4-byte all-reduce over the world + one read of owned gradients.
   tp_gather / compute / tp_scatter
@@ -57,10 +57,12 @@ from __future__ import annotations
 
 import hashlib
 import math
-import tomllib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import tomllib
 
 from canzona.cost import CostSettings, matrix_flops
 from canzona.errors import ConfigError
@@ -127,8 +129,17 @@ class Profile:
         return self.peak_flops * self.matmul_efficiency
 
 
-_COMPUTE_KEYS = ("peak_flops", "matmul_efficiency", "per_matrix_overhead_us", "mem_bw", "direction_passes",
-                 "copy_passes", "adamw_passes", "param_bytes", "grad_bytes")
+_COMPUTE_KEYS = (
+    "peak_flops",
+    "matmul_efficiency",
+    "per_matrix_overhead_us",
+    "mem_bw",
+    "direction_passes",
+    "copy_passes",
+    "adamw_passes",
+    "param_bytes",
+    "grad_bytes",
+)
 _LINK_KEYS = ("bus_bw", "base_latency_us", "hop_latency_us")
 
 
@@ -146,8 +157,10 @@ def load_profile(name_or_path: str | Path) -> Profile:
     if not p.suffix:
         p = PROFILE_DIR / f"{name_or_path}.toml"
     if not p.is_file():
-        raise ConfigError(f"hardware profile {name_or_path!r} not found; known: {', '.join(profile_names())} "
-                          "(cpu-local is written by `canzona calibrate-cpu`)")
+        raise ConfigError(
+            f"hardware profile {name_or_path!r} not found; known: {', '.join(profile_names())} "
+            "(cpu-local is written by `canzona calibrate-cpu`)"
+        )
     try:
         raw = tomllib.loads(p.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
@@ -194,19 +207,32 @@ def load_profile(name_or_path: str | Path) -> Profile:
     for kind, t in raw.get("collectives", {}).items():
         if kind not in COLLECTIVES:
             raise ConfigError(f"hardware profile {p}: unknown collective {kind!r}; known: {', '.join(COLLECTIVES)}")
-        fits[kind] = CollectiveFit(float(need(t, "latency_us", f"collectives.{kind}")),
-                                   float(need(t, "bus_bw", f"collectives.{kind}")))
+        fits[kind] = CollectiveFit(
+            float(need(t, "latency_us", f"collectives.{kind}")), float(need(t, "bus_bw", f"collectives.{kind}"))
+        )
     prof = Profile(
-        name=str(top.get("name", p.stem)), kind=str(top.get("kind", "gpu")),
+        name=str(top.get("name", p.stem)),
+        kind=str(top.get("kind", "gpu")),
         gpus_per_node=int(need(top, "gpus_per_node", "profile")),
-        peak_flops=cvals["peak_flops"], matmul_efficiency=cvals["matmul_efficiency"],
-        per_matrix_overhead_us=cvals["per_matrix_overhead_us"], mem_bw=cvals["mem_bw"],
-        direction_passes=cvals["direction_passes"], copy_passes=cvals["copy_passes"],
-        adamw_passes=cvals["adamw_passes"], mfu=mfu, param_bytes=int(cvals["param_bytes"]),
-        grad_bytes=int(cvals["grad_bytes"]), intra=link("intra"), inter=link("inter"),
-        comm_compute_overlap=bool(need(top, "comm_compute_overlap", "profile")), collectives=fits,
-        measured_ms=measured, shared_cores=cores,
-        description=str(top.get("description", "")), sources=sources, path=str(p),
+        peak_flops=cvals["peak_flops"],
+        matmul_efficiency=cvals["matmul_efficiency"],
+        per_matrix_overhead_us=cvals["per_matrix_overhead_us"],
+        mem_bw=cvals["mem_bw"],
+        direction_passes=cvals["direction_passes"],
+        copy_passes=cvals["copy_passes"],
+        adamw_passes=cvals["adamw_passes"],
+        mfu=mfu,
+        param_bytes=int(cvals["param_bytes"]),
+        grad_bytes=int(cvals["grad_bytes"]),
+        intra=link("intra"),
+        inter=link("inter"),
+        comm_compute_overlap=bool(need(top, "comm_compute_overlap", "profile")),
+        collectives=fits,
+        measured_ms=measured,
+        shared_cores=cores,
+        description=str(top.get("description", "")),
+        sources=sources,
+        path=str(p),
     )
     for k in ("peak_flops", "mem_bw", "matmul_efficiency") + (("mfu",) if mfu is not None else ()):
         if getattr(prof, k) <= 0:
@@ -258,13 +284,15 @@ class Comm:
 
     def __call__(self, kind: str, group: str, nbytes: float) -> float:
         n = {"tp": self.layout.tp, "dp": self.layout.dp, "world": self.layout.world}[group]
-        return collective_ms(kind, n, nbytes, group_link(self.profile, self.layout, group), self.profile.collectives.get(kind))
+        return collective_ms(
+            kind, n, nbytes, group_link(self.profile, self.layout, group), self.profile.collectives.get(kind)
+        )
 
 
 def pick_mode(sizes: Sequence[int]) -> str:
     """The runtime's choice for an uneven collective (``collective_mode='auto'``), from the runtime itself."""
-    from canzona.dist.collectives import pick_mode as runtime_pick_mode
-    from canzona.dist.config import DistConfig
+    from canzona.runtime.collectives import pick_mode as runtime_pick_mode
+    from canzona.runtime.config import DistConfig
 
     return runtime_pick_mode(sizes, "auto", DistConfig().pad_threshold)
 
@@ -327,7 +355,7 @@ class StageProjection:
     grad_bucket_ms: tuple[float, ...] = ()
     param_bucket_ms: tuple[float, ...] = ()
     param_fixed_ms: float = 0.0
-    tasks: dict[tuple[int, int], tuple["Task", ...]] = field(default_factory=dict, compare=False)
+    tasks: dict[tuple[int, int], tuple[Task, ...]] = field(default_factory=dict, compare=False)
 
     @property
     def step_ms(self) -> float:
@@ -360,9 +388,16 @@ def _bucket_sizes(plan: Plan) -> list[int]:
     return [b.size for b in plan.dp.buckets]
 
 
-def project_stage(plan: Plan, adamw_specs: Sequence[ParamSpec], profile: Profile, *, stage: int = 0,
-                  world: int | None = None, settings: CostSettings = CostSettings(),
-                  bucket_size: int | None = None) -> StageProjection:
+def project_stage(
+    plan: Plan,
+    adamw_specs: Sequence[ParamSpec],
+    profile: Profile,
+    *,
+    stage: int = 0,
+    world: int | None = None,
+    settings: CostSettings | None = None,
+    bucket_size: int | None = None,
+) -> StageProjection:
     """Replay one PP stage's optimizer step for ``plan`` on ``profile`` (see module docstring).
 
     ``adamw_specs`` are the stage's non-matrix parameters (FULL shapes), which every strategy
@@ -380,6 +415,7 @@ def project_stage(plan: Plan, adamw_specs: Sequence[ParamSpec], profile: Profile
     items = {it.name: it for it in plan.items}
     owners = plan.dp.owner_map()
     modes: dict[str, str] = {}
+    settings = settings or CostSettings()
     mat_ms = {n: matrix_ms(profile, opt, it.shape, settings) for n, it in items.items()}
     mat_flops = {n: matrix_flops(opt, it.shape, settings) for n, it in items.items()}
 
@@ -404,8 +440,9 @@ def project_stage(plan: Plan, adamw_specs: Sequence[ParamSpec], profile: Profile
     adamw_ag = [comm("all_gather", "dp", b.size * pb) for b in abuckets] if dp > 1 else []
     param_buckets: list[float] = list(adamw_ag)
     if plan.dp.cuts and plan.dp.param_sync != "none" and dp > 1:  # bucket-aligned: gatherable per bucket
-        param_buckets = [uneven_ms(comm, "ag", [c[r + 1] - c[r] for r in range(dp)], pb)[0]
-                         for c in plan.dp.cuts] + param_buckets
+        param_buckets = [
+            uneven_ms(comm, "ag", [c[r + 1] - c[r] for r in range(dp)], pb)[0] for c in plan.dp.cuts
+        ] + param_buckets
 
     # --- param sync of the matrices ---
     # as the runtime (DistributedOptimizer._param_sync): slices gathered in place bucket by bucket
@@ -480,15 +517,26 @@ def project_stage(plan: Plan, adamw_specs: Sequence[ParamSpec], profile: Profile
             tasks[(d, t)] = [x for x in tl if x.ms > 0 or x.group is not None]
     if profile.shared_cores is not None:
         if profile.comm_compute_overlap:
-            raise ConfigError(f"profile {profile.name}: shared_cores needs comm_compute_overlap = false "
-                              "(the core-sharing simulation runs every rank's timeline in order)")
+            raise ConfigError(
+                f"profile {profile.name}: shared_cores needs comm_compute_overlap = false "
+                "(the core-sharing simulation runs every rank's timeline in order)"
+            )
         for k, (phases, _) in simulate(tasks, profile.shared_cores).items():
             ranks[k].phases = phases
     total_flops = sum(mat_flops.values())
     lb = max(total_flops / (dp * tp), max(mat_flops.values(), default=0.0))
     fixed = psync_ms - sum(adamw_ag) if not plan.dp.cuts else 0.0
-    return StageProjection(stage, ranks, modes, lb, total_flops, tuple(grad_buckets), tuple(param_buckets), fixed,
-                           {k: tuple(v) for k, v in tasks.items()})
+    return StageProjection(
+        stage,
+        ranks,
+        modes,
+        lb,
+        total_flops,
+        tuple(grad_buckets),
+        tuple(param_buckets),
+        fixed,
+        {k: tuple(v) for k, v in tasks.items()},
+    )
 
 
 def simulate(tasks: dict[Any, Sequence[Task]], cores: float | None = None) -> dict[Any, tuple[dict[str, float], float]]:
@@ -543,9 +591,11 @@ def simulate(tasks: dict[Any, Sequence[Task]], cores: float | None = None) -> di
         for r in computing:
             left[r] -= step * speed
             phases[r][tasks[r][idx[r]].phase] += step
-        for r, key in blocked:
+        for r, _ in blocked:
             phases[r][tasks[r][idx[r]].phase] += step
-        finished = [r for r in computing if left[r] <= 1e-12] + [r for r, k in blocked if k in ends and ends[k] <= now + 1e-12]
+        finished = [r for r in computing if left[r] <= 1e-12] + [
+            r for r, k in blocked if k in ends and ends[k] <= now + 1e-12
+        ]
         for r in finished:
             x = tasks[r][idx[r]]
             if x.group is not None:
@@ -553,8 +603,10 @@ def simulate(tasks: dict[Any, Sequence[Task]], cores: float | None = None) -> di
             idx[r] += 1
             left[r] = tasks[r][idx[r]].ms if idx[r] < len(tasks[r]) else 0.0
         if not finished and step == 0.0 and not computing and all(k not in ends for _, k in blocked):
-            raise RuntimeError(f"projection simulation deadlocked at {now} ms: ranks wait on collectives "
-                               f"that never complete ({sorted({k for _, k in blocked}, key=str)[:3]})")
+            raise RuntimeError(
+                f"projection simulation deadlocked at {now} ms: ranks wait on collectives "
+                f"that never complete ({sorted({k for _, k in blocked}, key=str)[:3]})"
+            )
     return {r: (phases[r], done[r]) for r in tasks}
 
 
@@ -639,6 +691,7 @@ class Projection:
                   last (first) bucket is always exposed. step = Megatron's "optimizer" timer: check +
                   TP + compute + any non-overlappable param gather.
     """
+
     scenario: Scenario
     profile: Profile
     stages: tuple[StageProjection, ...]
@@ -702,10 +755,11 @@ def fwd_bwd_ms(params: int, tokens: int, world: int, pp: int, microbatches: int,
 
 
 def plan_config_for(s: Scenario) -> PlanConfig:
-    """The PlanConfig the runtime builds for this method (canzona.dist.optimizer._setup_matrix)."""
+    """The PlanConfig the runtime builds for this method (canzona.runtime.optimizer._setup_matrix)."""
     extra = {"dp_algo": s.dp_algo} if s.dp_algo else {}
-    return PlanConfig(strategy=s.method, optimizer=s.optimizer, cost=s.cost, alpha=s.alpha, bucket_size=s.bucket_size,
-                      **extra)
+    return PlanConfig(
+        strategy=s.method, optimizer=s.optimizer, cost=s.cost, alpha=s.alpha, bucket_size=s.bucket_size, **extra
+    )
 
 
 def make_plans(s: Scenario) -> list[Plan]:
@@ -714,13 +768,16 @@ def make_plans(s: Scenario) -> list[Plan]:
     from canzona.models import get_model
 
     if s.method not in ("sc", "layerwise", "asc", "canzona"):
-        raise ConfigError(f"the projection models sc, layerwise, asc and canzona, not {s.method!r} "
-                          "(megatron-muon is the layer-wise lineage: project 'layerwise')")
+        raise ConfigError(
+            f"the projection models sc, layerwise, asc and canzona, not {s.method!r} "
+            "(megatron-muon is the layer-wise lineage: project 'layerwise')"
+        )
     return list(cplan.plan_model(get_model(s.model), s.layout, plan_config_for(s), views=s.views))
 
 
-def project(s: Scenario, profile: Profile, plans: Sequence[Plan] | None = None,
-            settings: CostSettings = CostSettings()) -> Projection:
+def project(
+    s: Scenario, profile: Profile, plans: Sequence[Plan] | None = None, settings: CostSettings | None = None
+) -> Projection:
     """Project one scenario. ``plans`` defaults to the planner's plans for it (one per PP stage)."""
     from canzona.models import count_params, get_model, list_params
 
@@ -732,15 +789,19 @@ def project(s: Scenario, profile: Profile, plans: Sequence[Plan] | None = None,
     stages = []
     for st, plan in enumerate(plans):
         adamw = [p for p in list_params(cfg, pp=s.layout.pp, stage=st) if p.route != "matrix"]
-        stages.append(project_stage(plan, adamw, profile, stage=st, world=s.layout.world, settings=settings,
-                                    bucket_size=s.bucket_size))
+        stages.append(
+            project_stage(
+                plan, adamw, profile, stage=st, world=s.layout.world, settings=settings, bucket_size=s.bucket_size
+            )
+        )
     if s.overlap not in OVERLAPS:
         raise ConfigError(f"unknown overlap view {s.overlap!r}; choose from {', '.join(OVERLAPS)}")
     if s.overlap == "megatron" and profile.mfu is None:
         raise ConfigError(f"overlap view 'megatron' needs fwd/bwd time, but profile {profile.name} has no mfu")
     if s.global_batch % (s.micro_batch * s.layout.dp):
-        raise ConfigError(f"global_batch {s.global_batch} is not a multiple of micro_batch·dp = "
-                          f"{s.micro_batch}·{s.layout.dp}")
+        raise ConfigError(
+            f"global_batch {s.global_batch} is not a multiple of micro_batch·dp = {s.micro_batch}·{s.layout.dp}"
+        )
     m = s.global_batch // (s.micro_batch * s.layout.dp)
     fb = fwd_bwd_ms(count_params(cfg), s.global_batch * s.seq_len, s.layout.world, s.layout.pp, m, profile)
     return Projection(s, profile, tuple(stages), fb)
@@ -749,8 +810,10 @@ def project(s: Scenario, profile: Profile, plans: Sequence[Plan] | None = None,
 # ----------------------------------------------------------------------------- records
 def detail_string(s: Scenario, profile: Profile) -> str:
     views = ",".join(s.views) or "none"
-    return (f"model={MODEL_NAME} profile={profile.name} overlap={s.overlap} cost={s.cost} views={views} "
-            f"tp_pipeline={'on' if profile.comm_compute_overlap else 'off'}")
+    return (
+        f"model={MODEL_NAME} profile={profile.name} overlap={s.overlap} cost={s.cost} views={views} "
+        f"tp_pipeline={'on' if profile.comm_compute_overlap else 'off'}"
+    )
 
 
 def to_record(p: Projection, env: dict[str, Any]) -> dict[str, Any]:
@@ -765,27 +828,48 @@ def to_record(p: Projection, env: dict[str, Any]) -> dict[str, Any]:
 
     s = p.scenario
     cfg = {
-        "model": s.model, "tp": s.layout.tp, "pp": s.layout.pp, "dp": s.layout.dp, "world": s.layout.world,
-        "method": s.method, "optimizer": s.optimizer, "seq_len": s.seq_len, "micro_batch": s.micro_batch,
-        "global_batch": s.global_batch, "alpha": s.alpha, "dtype": "bf16" if p.profile.param_bytes == 2 else "fp32",
-        "bucket_size": s.bucket_size, "warmup": 0, "iters": 0, "cost": s.cost, "overlap": s.overlap,
+        "model": s.model,
+        "tp": s.layout.tp,
+        "pp": s.layout.pp,
+        "dp": s.layout.dp,
+        "world": s.layout.world,
+        "method": s.method,
+        "optimizer": s.optimizer,
+        "seq_len": s.seq_len,
+        "micro_batch": s.micro_batch,
+        "global_batch": s.global_batch,
+        "alpha": s.alpha,
+        "dtype": "bf16" if p.profile.param_bytes == 2 else "fp32",
+        "bucket_size": s.bucket_size,
+        "warmup": 0,
+        "iters": 0,
+        "cost": s.cost,
+        "overlap": s.overlap,
     }
-    one = lambda v: {"median": v, "p90": v, "n": 0}  # noqa: E731  (a projection has no samples)
+    one = lambda v: {"median": v, "p90": v, "n": 0}
     has_iter = math.isfinite(p.fwd_bwd_ms)
     rec = {
-        "schema_version": SCHEMA_VERSION, "kind": "train" if has_iter else "step", "provenance": "projected",
-        "provenance_detail": detail_string(s, p.profile), "config": cfg,
+        "schema_version": SCHEMA_VERSION,
+        "kind": "train" if has_iter else "step",
+        "provenance": "projected",
+        "provenance_detail": detail_string(s, p.profile),
+        "config": cfg,
         "env": dict(env, device=p.profile.name, backend="projection"),
         "timings": {
-            "step_ms": one(p.step_ms), "runtime_total_ms": one(p.runtime_total_ms),
+            "step_ms": one(p.step_ms),
+            "runtime_total_ms": one(p.runtime_total_ms),
             "phases_ms": {k: v for k, v in p.phase_ms().items()},
         },
-        "loss": None, "cell": cell_key(cfg),
+        "loss": None,
+        "cell": cell_key(cfg),
     }
     rec["run_id"] = "projected-" + hashlib.sha256((rec["provenance_detail"] + rec["cell"]).encode()).hexdigest()[:16]
     if has_iter:
-        rec["timings"].update(iteration_ms=one(p.iteration_ms), fwd_bwd_ms=one(p.fwd_bwd_ms),
-                              tokens_per_s=s.global_batch * s.seq_len / (p.iteration_ms / 1e3))
+        rec["timings"].update(
+            iteration_ms=one(p.iteration_ms),
+            fwd_bwd_ms=one(p.fwd_bwd_ms),
+            tokens_per_s=s.global_batch * s.seq_len / (p.iteration_ms / 1e3),
+        )
     return validate(rec, "projection record")
 
 
@@ -814,13 +898,24 @@ PAPER_GLOBAL_BATCH = 256  # sequences (~1M tokens) per iteration, as the sweep
 METHODS = ("sc", "layerwise", "asc", "canzona")
 
 
-def paper_scenarios(models: Iterable[str] = tuple(PAPER_LAYOUTS), methods: Iterable[str] = METHODS,
-                    **kw: Any) -> list[Scenario]:
-    return [Scenario(model=m, layout=PAPER_LAYOUTS[m], method=meth, seq_len=kw.get("seq_len", PAPER_SEQ_LEN),
-                     global_batch=kw.get("global_batch", PAPER_GLOBAL_BATCH), cost=kw.get("cost", "flops"),
-                     alpha=kw.get("alpha", DEFAULT_ALPHA), views=tuple(kw.get("views", ())),
-                     overlap=kw.get("overlap", "none"))
-            for m in models for meth in methods]
+def paper_scenarios(
+    models: Iterable[str] = tuple(PAPER_LAYOUTS), methods: Iterable[str] = METHODS, **kw: Any
+) -> list[Scenario]:
+    return [
+        Scenario(
+            model=m,
+            layout=PAPER_LAYOUTS[m],
+            method=meth,
+            seq_len=kw.get("seq_len", PAPER_SEQ_LEN),
+            global_batch=kw.get("global_batch", PAPER_GLOBAL_BATCH),
+            cost=kw.get("cost", "flops"),
+            alpha=kw.get("alpha", DEFAULT_ALPHA),
+            views=tuple(kw.get("views", ())),
+            overlap=kw.get("overlap", "none"),
+        )
+        for m in models
+        for meth in methods
+    ]
 
 
 def with_profile_overrides(profile: Profile, **kw: Any) -> Profile:
@@ -834,8 +929,9 @@ def speedup(base: float, ours: float) -> float:
 
 
 # ----------------------------------------------------------------------------- validation
-def validate_against(results: Sequence[str | Path] | str | Path, profile: Profile,
-                     overlap: str = "none") -> "pd.DataFrame":
+def validate_against(
+    results: Sequence[str | Path] | str | Path, profile: Profile, overlap: str = "none"
+) -> pd.DataFrame:
     """Project every measured cell that ran on ``profile``'s kind of machine and compare.
 
     A CPU profile is compared with gloo lines, a GPU profile with NCCL lines. One row per
@@ -857,8 +953,14 @@ def validate_against(results: Sequence[str | Path] | str | Path, profile: Profil
     want_backend = "gloo" if profile.kind == "cpu" else "nccl"
     cache: dict[tuple[Any, ...], Projection] = {}
     for r in cells[cells["provenance"] == "measured"].to_dict("records"):
-        base = {"model": r["model"], "layout": f"{r['dp']}·{r['tp']}·{r['pp']}", "method": r["method"],
-                "kind": r["kind"], "profile": profile.name, "where": r["files"]}
+        base = {
+            "model": r["model"],
+            "layout": f"{r['dp']}·{r['tp']}·{r['pp']}",
+            "method": r["method"],
+            "kind": r["kind"],
+            "profile": profile.name,
+            "where": r["files"],
+        }
         reason = None
         if want_backend not in str(r["source"]):
             continue
@@ -867,8 +969,9 @@ def validate_against(results: Sequence[str | Path] | str | Path, profile: Profil
         elif r["model"] not in MODELS:
             reason = f"model {r['model']!r} unknown"
         if reason:
-            rows.append(dict(base, timing="skipped", measured_ms=math.nan, projected_ms=math.nan, error=math.nan,
-                             note=reason))
+            rows.append(
+                dict(base, timing="skipped", measured_ms=math.nan, projected_ms=math.nan, error=math.nan, note=reason)
+            )
             continue
         alpha = float(r["alpha"]) if _num(r.get("alpha")) else DEFAULT_ALPHA
         bucket = int(r["bucket_size"]) if _num(r.get("bucket_size")) else 40_000_000
@@ -877,9 +980,19 @@ def validate_against(results: Sequence[str | Path] | str | Path, profile: Profil
         gbatch = int(r["global_batch"]) if _num(r.get("global_batch")) else dp
         mbatch = int(r["micro_batch"]) if _num(r.get("micro_batch")) else 1
         cost = r.get("cost") if isinstance(r.get("cost"), str) else "flops"
-        s = Scenario(r["model"], Layout(dp, tp, pp), r["method"], optimizer=r["optimizer"], seq_len=seq,
-                     micro_batch=mbatch, global_batch=gbatch, alpha=alpha, cost=cost, bucket_size=bucket,
-                     overlap=overlap)
+        s = Scenario(
+            r["model"],
+            Layout(dp, tp, pp),
+            r["method"],
+            optimizer=r["optimizer"],
+            seq_len=seq,
+            micro_batch=mbatch,
+            global_batch=gbatch,
+            alpha=alpha,
+            cost=cost,
+            bucket_size=bucket,
+            overlap=overlap,
+        )
         p = cache.get((s,)) or project(s, profile)
         cache[(s,)] = p
         pairs = [("step", r["step_ms"], p.step_ms)]
@@ -889,7 +1002,9 @@ def validate_against(results: Sequence[str | Path] | str | Path, profile: Profil
         pairs += [(f"phase:{k}", r[f"phase_{k}"], v) for k, v in ph.items() if _num(r.get(f"phase_{k}"))]
         for timing, meas, proj in pairs:
             err = proj / meas - 1 if meas and meas > 0 else math.nan
-            rows.append(dict(base, timing=timing, measured_ms=float(meas), projected_ms=float(proj), error=err, note=""))
+            rows.append(
+                dict(base, timing=timing, measured_ms=float(meas), projected_ms=float(proj), error=err, note="")
+            )
     return pd.DataFrame(rows)
 
 

@@ -46,12 +46,25 @@ class Claim:
 
 
 CLAIMS = (
-    Claim("iter", "1.57× end-to-end iteration time vs the baseline (Qwen3-32B, 256 GPUs)", "qwen3-32b", 256,
-          "iteration", 1.57),
-    Claim("step", "5.8× lower optimizer-step latency vs the baseline (Qwen3-32B, 256 GPUs)", "qwen3-32b", 256,
-          "step", 5.8),
-    Claim("balance", "balancing by FLOPs vs by numel on Qwen3-32B: 0.0717 s vs 0.0718 s (≈ equal; App. F.2)",
-          "qwen3-32b", 256, "flops-vs-numel", 1.0),
+    Claim(
+        "iter",
+        "1.57× end-to-end iteration time vs the baseline (Qwen3-32B, 256 GPUs)",
+        "qwen3-32b",
+        256,
+        "iteration",
+        1.57,
+    ),
+    Claim(
+        "step", "5.8× lower optimizer-step latency vs the baseline (Qwen3-32B, 256 GPUs)", "qwen3-32b", 256, "step", 5.8
+    ),
+    Claim(
+        "balance",
+        "balancing by FLOPs vs by numel on Qwen3-32B: 0.0717 s vs 0.0718 s (≈ equal; App. F.2)",
+        "qwen3-32b",
+        256,
+        "flops-vs-numel",
+        1.0,
+    ),
 )
 
 
@@ -75,13 +88,13 @@ def _finite(x: Any) -> bool:
     return x is not None and isinstance(x, (int, float)) and math.isfinite(float(x))
 
 
-def _speedup_values(cells: "pd.DataFrame", claim: Claim) -> list[tuple[str, str, float, str]]:
+def _speedup_values(cells: pd.DataFrame, claim: Claim) -> list[tuple[str, str, float, str]]:
     """(provenance, baseline, speedup, provenance label) for every row that can answer ``claim``."""
     sub = cells[(cells["model"] == claim.model) & (cells["world"] == claim.world)]
     sub = sub[sub["cost"].isna() | (sub["cost"] == "flops")] if "cost" in sub else sub
     out = []
     for _, g in sub.groupby(list(ROW_KEY), sort=False, dropna=False):
-        by = {m: r for m, r in zip(g["method"], g.to_dict("records"))}
+        by = {m: r for m, r in zip(g["method"], g.to_dict("records"), strict=False)}
         mine = by.get(OURS)
         if mine is None:
             continue
@@ -96,7 +109,7 @@ def _speedup_values(cells: "pd.DataFrame", claim: Claim) -> list[tuple[str, str,
     return out
 
 
-def _balance_values(cells: "pd.DataFrame", claim: Claim) -> list[tuple[str, float, float, str]]:
+def _balance_values(cells: pd.DataFrame, claim: Claim) -> list[tuple[str, float, float, str]]:
     """(provenance, step ms with cost=flops, with cost=numel, label) for canzona rows that differ only in cost."""
     if "cost" not in cells:
         return []
@@ -115,7 +128,7 @@ def _balance_values(cells: "pd.DataFrame", claim: Claim) -> list[tuple[str, floa
     return out
 
 
-def claim_rows(cells: "pd.DataFrame | None") -> list[list[str]]:
+def claim_rows(cells: pd.DataFrame | None) -> list[list[str]]:
     """Rows of the claims table: claim, paper, ours (+provenance), verdict with reason."""
     rows: list[list[str]] = []
     for c in CLAIMS:
@@ -126,15 +139,20 @@ def claim_rows(cells: "pd.DataFrame | None") -> list[list[str]]:
             vals = _balance_values(cells, c)
             measured = [v for v in vals if v[0] == "measured"]
             projected = [v for v in vals if v[0] == "projected"]
-            ours = "; ".join(f"{f / 1e3:.4f} s vs {n / 1e3:.4f} s ({v})" for _, f, n, v in (measured or projected)) or "–"
+            ours = (
+                "; ".join(f"{f / 1e3:.4f} s vs {n / 1e3:.4f} s ({v})" for _, f, n, v in (measured or projected)) or "–"
+            )
             if measured:
                 gap = max(abs(n - f) / f for _, f, n, _ in measured)
-                verdict = f"{'reproduced' if gap <= EQUAL_TOL else 'not reproduced'} (gap {gap:.2%}, tolerance {EQUAL_TOL:.0%})"
+                word = "reproduced" if gap <= EQUAL_TOL else "not reproduced"
+                verdict = f"{word} (gap {gap:.2%}, tolerance {EQUAL_TOL:.0%})"
             elif projected:
                 gap = max(abs(n - f) / f for _, f, n, _ in projected)
                 agree = "agrees" if gap <= EQUAL_TOL else "disagrees"
-                verdict = (f"not testable here as a measurement (needs 256 GPUs); projection {agree} "
-                           f"(gap {gap:.2%}, tolerance {EQUAL_TOL:.0%})")
+                verdict = (
+                    f"not testable here as a measurement (needs 256 GPUs); projection {agree} "
+                    f"(gap {gap:.2%}, tolerance {EQUAL_TOL:.0%})"
+                )
             else:
                 verdict = "not testable here: no canzona rows with cost=flops and cost=numel at Qwen3-32B / 256 GPUs"
             rows.append([c.text, _paper(c), ours, verdict])
@@ -151,8 +169,9 @@ def claim_rows(cells: "pd.DataFrame | None") -> list[list[str]]:
             for _, _, s, label in projected:
                 v = speedup_verdict(s, c.claimed).replace("not reproduced", "disagrees").replace("reproduced", "agrees")
                 by.setdefault(v, []).append(label)
-            verdict = ("not testable here as a measurement (needs 256 GPUs); projection " + " | ".join(
-                f"{v} on {'; '.join(labels)}" for v, labels in by.items()))
+            verdict = "not testable here as a measurement (needs 256 GPUs); projection " + " | ".join(
+                f"{v} on {'; '.join(labels)}" for v, labels in by.items()
+            )
         else:
             verdict = "not testable here: no Qwen3-32B / 256-GPU rows for canzona and the baseline"
         rows.append([c.text, _paper(c), ours, verdict])
@@ -163,7 +182,7 @@ def _paper(c: Claim) -> str:
     return "0.0717 s vs 0.0718 s" if c.timing == "flops-vs-numel" else f"{c.claimed:g}×"
 
 
-def validation_markdown(validation: "pd.DataFrame | None") -> str:
+def validation_markdown(validation: pd.DataFrame | None) -> str:
     """The projection-vs-measurement table (``projection.validate_against``'s frame)."""
     from canzona.analysis.table2 import fmt_ms, markdown_table
 
@@ -174,14 +193,38 @@ def validation_markdown(validation: "pd.DataFrame | None") -> str:
         err = r["error"]
         where = "; ".join(sorted({w.rsplit(":", 1)[0] for w in str(r["where"]).split(";")}))
         lines = len(str(r["where"]).split(";"))
-        rows.append([r["model"], r["layout"], r["method"], r["kind"], r["timing"], fmt_ms(r["measured_ms"]),
-                     fmt_ms(r["projected_ms"]), f"{err:+.1%}" if _finite(err) else "–", r["profile"],
-                     f"{where} ({lines} line{'s' if lines > 1 else ''})"])
-    return markdown_table(["model", "layout dp·tp·pp", "method", "kind", "timing", "measured ms", "projected ms",
-                           "error", "profile", "measured lines"], rows)
+        rows.append(
+            [
+                r["model"],
+                r["layout"],
+                r["method"],
+                r["kind"],
+                r["timing"],
+                fmt_ms(r["measured_ms"]),
+                fmt_ms(r["projected_ms"]),
+                f"{err:+.1%}" if _finite(err) else "–",
+                r["profile"],
+                f"{where} ({lines} line{'s' if lines > 1 else ''})",
+            ]
+        )
+    return markdown_table(
+        [
+            "model",
+            "layout dp·tp·pp",
+            "method",
+            "kind",
+            "timing",
+            "measured ms",
+            "projected ms",
+            "error",
+            "profile",
+            "measured lines",
+        ],
+        rows,
+    )
 
 
-def headline_lines(cells: "pd.DataFrame", profile: str) -> list[str]:
+def headline_lines(cells: pd.DataFrame, profile: str) -> list[str]:
     """One line per overlap view: the projected 32B / 256-GPU speedups on ``profile``."""
     out = []
     for c in CLAIMS[:2]:
@@ -191,7 +234,9 @@ def headline_lines(cells: "pd.DataFrame", profile: str) -> list[str]:
     return out
 
 
-def claims_report(cells: "pd.DataFrame | None", validation: "pd.DataFrame | None" = None, headline_profile: str = "H800") -> str:
+def claims_report(
+    cells: pd.DataFrame | None, validation: pd.DataFrame | None = None, headline_profile: str = "H800"
+) -> str:
     """Markdown: the claims table, the baseline we project, and the projection's error summary."""
     from canzona.analysis.table2 import markdown_table
 
@@ -200,7 +245,8 @@ def claims_report(cells: "pd.DataFrame | None", validation: "pd.DataFrame | None
         "",
         "Paper: Canzona (arXiv 2602.06079). Baseline for the headline claims: Megatron's layer-wise distributed "
         "optimizer lineage; we use the measured `megatron-muon` peer where present, else our `layerwise` strategy "
-        "(LPT owners, all-reduced grads, uneven param all-gather, TP duplicated = all-gather + every TP rank computes). "
+        "(LPT owners, all-reduced grads, uneven param all-gather, "
+        "TP duplicated = all-gather + every TP rank computes). "
         f"Verdict rules: speedups within ±{SPEEDUP_TOL:.0%} of the claim reproduce it; a measured value decides; "
         "projections can only agree or disagree.",
         "",
@@ -222,7 +268,10 @@ def claims_report(cells: "pd.DataFrame | None", validation: "pd.DataFrame | None
         if not validation.empty:
             errs = validation["error"].abs().dropna()
             if len(errs):
-                parts += [f"Max |error| {errs.max():.1%}, median {errs.median():.1%} over {len(errs)} comparisons "
-                          "(goal ≤ 25 %).", ""]
+                parts += [
+                    f"Max |error| {errs.max():.1%}, median {errs.median():.1%} over {len(errs)} comparisons "
+                    "(goal ≤ 25 %).",
+                    "",
+                ]
         parts += [validation_markdown(validation), ""]
     return "\n".join(parts)

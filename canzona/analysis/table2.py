@@ -11,8 +11,9 @@ numbers never share a row, so no cell of the table mixes the two.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from canzona.analysis.aggregate import BASELINES, METHOD_ORDER, OURS, ROW_KEY, aggregate_cells, speedups
 
@@ -29,13 +30,13 @@ def _model_rank(name: Any) -> int:
     return names.index(name) if name in names else len(names)
 
 
-def methods_present(cells: "pd.DataFrame") -> list[str]:
+def methods_present(cells: pd.DataFrame) -> list[str]:
     """Methods in the canonical order, unknown ones last (sorted)."""
     present = set(cells["method"].dropna()) if not cells.empty else set()
     return [m for m in METHOD_ORDER if m in present] + sorted(present - set(METHOD_ORDER))
 
 
-def build_table2(cells: "pd.DataFrame") -> "pd.DataFrame":
+def build_table2(cells: pd.DataFrame) -> pd.DataFrame:
     """The Table-2 frame (numbers as floats; NaN where a method has no data in that row)."""
     import pandas as pd
 
@@ -46,8 +47,8 @@ def build_table2(cells: "pd.DataFrame") -> "pd.DataFrame":
     sp = speedups(cells, OURS, bases)
     rows: list[dict[str, Any]] = []
     for key, g in cells.groupby(list(ROW_KEY), sort=False, dropna=False):
-        k = dict(zip(ROW_KEY, key))
-        by = {m: r for m, r in zip(g["method"], g.to_dict("records"))}
+        k = dict(zip(ROW_KEY, key, strict=False))
+        by = {m: r for m, r in zip(g["method"], g.to_dict("records"), strict=False)}
         first = g.iloc[0]
         row: dict[str, Any] = {
             "model": k["model"],
@@ -71,8 +72,13 @@ def build_table2(cells: "pd.DataFrame") -> "pd.DataFrame":
                 row[f"{OURS} vs {b} ({label})"] = float(srow[col]) if srow is not None and col in srow else math.nan
         row["runs (min)"] = int(g["runs"].min())
         row["provenance"] = first["provenance_label"]
-        row["_sort"] = (0 if k["provenance"] == "measured" else 1, str(k["source"]), _model_rank(k["model"]),
-                        int(first["world"] or 0), str(k["kind"]))
+        row["_sort"] = (
+            0 if k["provenance"] == "measured" else 1,
+            str(k["source"]),
+            _model_rank(k["model"]),
+            int(first["world"] or 0),
+            str(k["kind"]),
+        )
         rows.append(row)
     df = pd.DataFrame(rows).sort_values("_sort", kind="stable").drop(columns="_sort").reset_index(drop=True)
     return df
@@ -93,6 +99,7 @@ def fmt_speedup(x: Any) -> str:
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A GitHub-flavoured Markdown table (no tabulate dependency)."""
+
     def cell(v: Any) -> str:
         return str(v).replace("|", "\\|").replace("\n", " ")
 
@@ -101,7 +108,7 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def table2_markdown(table: "pd.DataFrame") -> str:
+def table2_markdown(table: pd.DataFrame) -> str:
     """Format the Table-2 frame: ms with 3 significant digits, speedups as ``1.57×``."""
     if table.empty:
         return "_No result lines were found._"
@@ -132,7 +139,7 @@ def _profile_of(prov: str) -> str:
 SPEEDUP_ONLY = ("model", LAYOUT_COL, "kind", "provenance")
 
 
-def table2_sections(table: "pd.DataFrame", headline_profile: str = "H800") -> list[str]:
+def table2_sections(table: pd.DataFrame, headline_profile: str = "H800") -> list[str]:
     """Markdown sections: measured rows; projected rows on the headline profile; the other
     profiles' projected rows as speedups only (table2.csv always holds every row in full)."""
     if table.empty:
@@ -141,30 +148,49 @@ def table2_sections(table: "pd.DataFrame", headline_profile: str = "H800") -> li
     measured = table[prov.str.startswith("measured")]
     head = table[prov.map(_profile_of) == headline_profile]
     other = table[prov.str.startswith("projected") & (prov.map(_profile_of) != headline_profile)]
-    note = ("Median over runs of each run's median (ms); speedup = baseline ms / canzona ms (> 1: Canzona faster). "
-            "`kind` train: iteration and optimizer step; step: optimizer-step benchmark (no iteration time).")
-    out = ["## Table 2 — measured", "", note, "",
-           table2_markdown(_drop_empty(measured)) if not measured.empty else "_No measured lines._", ""]
-    out += [f"## Table 2 — projected on {headline_profile}", "",
-            "Overlap view `none`: the runtime's step (nothing hidden under fwd/bwd; what bench-step times). "
-            "View `megatron`: Megatron's optimizer timer with overlap_grad_reduce / overlap_param_gather "
-            "(see canzona/analysis/projection.py).", "",
-            table2_markdown(_drop_empty(head)) if not head.empty else f"_No rows projected on {headline_profile}._", ""]
+    note = (
+        "Median over runs of each run's median (ms); speedup = baseline ms / canzona ms (> 1: Canzona faster). "
+        "`kind` train: iteration and optimizer step; step: optimizer-step benchmark (no iteration time)."
+    )
+    out = [
+        "## Table 2 — measured",
+        "",
+        note,
+        "",
+        table2_markdown(_drop_empty(measured)) if not measured.empty else "_No measured lines._",
+        "",
+    ]
+    out += [
+        f"## Table 2 — projected on {headline_profile}",
+        "",
+        "Overlap view `none`: the runtime's step (nothing hidden under fwd/bwd; what bench-step times). "
+        "View `megatron`: Megatron's optimizer timer with overlap_grad_reduce / overlap_param_gather "
+        "(see canzona/analysis/projection.py).",
+        "",
+        table2_markdown(_drop_empty(head)) if not head.empty else f"_No rows projected on {headline_profile}._",
+        "",
+    ]
     if not other.empty:
         cols = list(SPEEDUP_ONLY[:-1]) + [c for c in other.columns if " vs " in c] + ["provenance"]
         out += ["## Projected on the other profiles (speedups)", "", table2_markdown(_drop_empty(other[cols])), ""]
     return out
 
 
-def _drop_empty(df: "pd.DataFrame") -> "pd.DataFrame":
+def _drop_empty(df: pd.DataFrame) -> pd.DataFrame:
     """Drop method / speedup columns with no value in any row of this section."""
     keep = [c for c in df.columns if not ((c.endswith(" ms") or " vs " in c) and df[c].isna().all())]
     return df[keep]
 
 
-def write_table2(results: Sequence[str | Path], out_dir: str | Path, *, validation: "pd.DataFrame | None" = None,
-                 command: str = "canzona table2", extra_sections: Sequence[str] = (),
-                 headline_profile: str = "H800") -> dict[str, Path]:
+def write_table2(
+    results: Sequence[str | Path],
+    out_dir: str | Path,
+    *,
+    validation: pd.DataFrame | None = None,
+    command: str = "canzona table2",
+    extra_sections: Sequence[str] = (),
+    headline_profile: str = "H800",
+) -> dict[str, Path]:
     """Load, aggregate and write ``table2.csv``, ``table2.md`` and ``cells.csv`` into ``out_dir``.
 
     ``table2.md`` starts with the reproduction report (``canzona.analysis.report``), then the

@@ -24,7 +24,9 @@ EXIT_PEER_UNAVAILABLE = 3
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help=f"named configuration or .toml file; flags override it (named: {', '.join(named_configs())})")
+    p.add_argument(
+        "--config", help=f"named configuration or .toml file; flags override it (named: {', '.join(named_configs())})"
+    )
     p.add_argument("--model", help="model name (canzona models lists them); required without --config")
     for k in ("tp", "pp", "dp"):
         p.add_argument(f"--{k}", type=int, help=f"{k.upper()} size (default 1)")
@@ -42,20 +44,50 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weight-decay", type=float)
     p.add_argument("--dtype", choices=("fp32", "bf16"))
     p.add_argument("--seed", type=int)
-    p.add_argument("--muon-tp-mode", choices=("duplicated", "distributed", "blockwise"),
-                   help="megatron-muon only: Megatron's Muon TP mode (default duplicated)")
-    p.add_argument("--overlap-param-sync", action="store_const", const=True, default=None,
-                   help="Canzona runtime: let parameter all-gathers overlap the next forward")
+    p.add_argument(
+        "--muon-tp-mode",
+        choices=("duplicated", "distributed", "blockwise"),
+        help="megatron-muon only: Megatron's Muon TP mode (default duplicated)",
+    )
+    p.add_argument(
+        "--overlap-param-sync",
+        action="store_const",
+        const=True,
+        default=None,
+        help="Canzona runtime: let parameter all-gathers overlap the next forward",
+    )
     p.add_argument("--results", help="append the run's JSON line to this .jsonl file")
-    p.add_argument("--nproc", type=int, help="fork this many local gloo ranks (default tp·pp·dp); ignored under torchrun")
+    p.add_argument(
+        "--nproc", type=int, help="fork this many local gloo ranks (default tp·pp·dp); ignored under torchrun"
+    )
     p.add_argument("--json", action="store_true", help="also print the record on stdout")
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """RunConfig from --config (if any) overridden by every flag that was given."""
-    fields = ("model", "tp", "pp", "dp", "method", "optimizer", "seq_len", "micro_batch", "global_batch", "warmup",
-              "iters", "alpha", "bucket_size", "lr", "adamw_lr", "weight_decay", "dtype", "seed", "results",
-              "muon_tp_mode", "overlap_param_sync")
+    fields = (
+        "model",
+        "tp",
+        "pp",
+        "dp",
+        "method",
+        "optimizer",
+        "seq_len",
+        "micro_batch",
+        "global_batch",
+        "warmup",
+        "iters",
+        "alpha",
+        "bucket_size",
+        "lr",
+        "adamw_lr",
+        "weight_decay",
+        "dtype",
+        "seed",
+        "results",
+        "muon_tp_mode",
+        "overlap_param_sync",
+    )
     overrides: dict[str, Any] = {k: getattr(args, k, None) for k in fields}
     if args.config:
         return load_config(args.config).replace(**overrides)
@@ -88,10 +120,10 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_PEER_UNAVAILABLE
         peer_megatron.validate(run_cfg, gpu=gpu)
 
-    import megatron.core.models.gpt  # noqa: F401  # import once here: forked ranks inherit it
+    import megatron.core.models.gpt  # noqa: F401 - import once here: forked ranks inherit it
 
-    from canzona.dist.launch import RankError, init_from_env, launch
     from canzona.harness.train import train
+    from canzona.runtime.launch import RankError, init_from_env, launch
 
     if under_launcher():
         ri = init_from_env()
@@ -110,10 +142,12 @@ def run(args: argparse.Namespace) -> int:
         record = outs[0]["record"]
     if record is not None:
         t = record["timings"]
-        print(f"{run_cfg.model} tp={run_cfg.tp} pp={run_cfg.pp} dp={run_cfg.dp} {run_cfg.method}/{run_cfg.optimizer}: "
-              f"iteration {t['iteration_ms']['median']:.1f} ms (p90 {t['iteration_ms']['p90']:.1f}), "
-              f"step {t['step_ms']['median']:.1f} ms, loss {record['loss']['first']:.4f} -> {record['loss']['last']:.4f}"
-              + (f" -> {run_cfg.results}" if run_cfg.results else ""))
+        print(
+            f"{run_cfg.model} tp={run_cfg.tp} pp={run_cfg.pp} dp={run_cfg.dp} {run_cfg.method}/{run_cfg.optimizer}: "
+            f"iteration {t['iteration_ms']['median']:.1f} ms (p90 {t['iteration_ms']['p90']:.1f}), "
+            f"step {t['step_ms']['median']:.1f} ms, loss {record['loss']['first']:.4f} -> {record['loss']['last']:.4f}"
+            + (f" -> {run_cfg.results}" if run_cfg.results else "")
+        )
         if args.json:
             import json
 

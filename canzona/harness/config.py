@@ -11,16 +11,18 @@ command-line flags override them field by field.
 from __future__ import annotations
 
 import dataclasses
-import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+
+import tomllib
 
 from canzona.errors import ConfigError
 from canzona.models.qwen3 import Qwen3Config, get_model
 
 METHODS = ("sc", "layerwise", "asc", "canzona", "megatron-muon")
-CANZONA_METHODS = ("sc", "layerwise", "asc", "canzona")  # strategies of canzona.dist
+CANZONA_METHODS = ("sc", "layerwise", "asc", "canzona")  # strategies of canzona.runtime
 OPTIMIZERS = ("muon", "shampoo", "soap", "adamw")
 DTYPES = ("fp32", "bf16")
 MUON_TP_MODES = ("duplicated", "distributed", "blockwise")
@@ -78,7 +80,7 @@ class RunConfig:
         return get_model(self.model)
 
     # ---- validation ----------------------------------------------------------------------
-    def validate(self, world: int | None = None, *, gpu: bool | None = None) -> "RunConfig":
+    def validate(self, world: int | None = None, *, gpu: bool | None = None) -> RunConfig:
         """Return self if the run can start, else raise ConfigError naming the problem and the fix.
 
         ``world`` is the number of processes that will run it (``--nproc`` or torchrun's
@@ -92,13 +94,17 @@ class RunConfig:
         if self.method == "megatron-muon" and self.overlap_param_sync:
             raise ConfigError("--overlap-param-sync is a Canzona runtime option; megatron-muon does not take it")
         if self.method == "megatron-muon" and self.optimizer != "muon":
-            raise ConfigError(f"method megatron-muon runs Megatron's own Muon; use --optimizer muon (got {self.optimizer!r})")
+            raise ConfigError(
+                f"method megatron-muon runs Megatron's own Muon; use --optimizer muon (got {self.optimizer!r})"
+            )
         if self.muon_tp_mode not in MUON_TP_MODES:
             raise ConfigError(f"unknown muon_tp_mode {self.muon_tp_mode!r}; choose one of {', '.join(MUON_TP_MODES)}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
         if gpu is False and self.dtype != "fp32":
-            raise ConfigError(f"dtype {self.dtype} without a GPU: bf16 matmuls are ~60x slower than fp32 on CPU; use --dtype fp32")
+            raise ConfigError(
+                f"dtype {self.dtype} without a GPU: bf16 matmuls are ~60x slower than fp32 on CPU; use --dtype fp32"
+            )
         for k in ("tp", "pp", "dp", "seq_len", "micro_batch", "global_batch", "iters", "bucket_size"):
             v = getattr(self, k)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -106,7 +112,9 @@ class RunConfig:
         if not isinstance(self.warmup, int) or self.warmup < 0:
             raise ConfigError(f"warmup must be a non-negative integer, got {self.warmup!r}")
         if not 0.0 <= self.alpha <= 1.0:
-            raise ConfigError(f"alpha must lie in [0, 1] (0: even communication split, 1: balanced compute), got {self.alpha}")
+            raise ConfigError(
+                f"alpha must lie in [0, 1] (0: even communication split, 1: balanced compute), got {self.alpha}"
+            )
         for k in ("lr", "adamw_lr"):
             if not getattr(self, k) > 0:
                 raise ConfigError(f"{k} must be > 0, got {getattr(self, k)}")
@@ -117,7 +125,9 @@ class RunConfig:
                 "between the first and last stage, which the harness does not do yet; use --pp 1 for tied models"
             )
         if cfg.q_dim % self.tp or cfg.kv_dim % self.tp:
-            raise ConfigError(f"{cfg.name}: TP={self.tp} must divide the q/kv projection widths ({cfg.q_dim}, {cfg.kv_dim})")
+            raise ConfigError(
+                f"{cfg.name}: TP={self.tp} must divide the q/kv projection widths ({cfg.q_dim}, {cfg.kv_dim})"
+            )
         if world is not None and world != self.world:
             fix = f"launch {self.world} processes"
             if world % (self.tp * self.pp) == 0:
@@ -126,7 +136,8 @@ class RunConfig:
         per_step = self.micro_batch * self.dp
         if self.global_batch % per_step:
             raise ConfigError(
-                f"micro-batch·dp = {self.micro_batch}·{self.dp} = {per_step} does not divide global batch {self.global_batch}; "
+                f"micro-batch·dp = {self.micro_batch}·{self.dp} = {per_step} "
+                f"does not divide global batch {self.global_batch}; "
                 f"use a global batch that is a multiple of {per_step}"
             )
         return self
@@ -135,23 +146,38 @@ class RunConfig:
     def record_config(self) -> dict[str, Any]:
         """The ``config`` block of the results record (schema fields first, then the extras)."""
         return {
-            "model": self.model, "tp": self.tp, "pp": self.pp, "dp": self.dp, "world": self.world,
-            "method": self.method, "optimizer": self.optimizer, "seq_len": self.seq_len,
-            "micro_batch": self.micro_batch, "global_batch": self.global_batch, "alpha": self.alpha,
-            "dtype": self.dtype, "bucket_size": self.bucket_size, "warmup": self.warmup, "iters": self.iters,
-            "num_microbatches": self.num_microbatches, "lr": self.lr, "weight_decay": self.weight_decay,
-            "adamw_lr": self.adamw_lr, "adamw_weight_decay": self.adamw_weight_decay, "seed": self.seed,
+            "model": self.model,
+            "tp": self.tp,
+            "pp": self.pp,
+            "dp": self.dp,
+            "world": self.world,
+            "method": self.method,
+            "optimizer": self.optimizer,
+            "seq_len": self.seq_len,
+            "micro_batch": self.micro_batch,
+            "global_batch": self.global_batch,
+            "alpha": self.alpha,
+            "dtype": self.dtype,
+            "bucket_size": self.bucket_size,
+            "warmup": self.warmup,
+            "iters": self.iters,
+            "num_microbatches": self.num_microbatches,
+            "lr": self.lr,
+            "weight_decay": self.weight_decay,
+            "adamw_lr": self.adamw_lr,
+            "adamw_weight_decay": self.adamw_weight_decay,
+            "seed": self.seed,
             "muon_tp_mode": self.muon_tp_mode if self.method == "megatron-muon" else None,
             "overlap_param_sync": self.overlap_param_sync,
             "name": self.name,
         }
 
-    def replace(self, **overrides: Any) -> "RunConfig":
+    def replace(self, **overrides: Any) -> RunConfig:
         """Copy with some fields changed (None values are ignored, so CLI defaults pass through)."""
         return dataclasses.replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any], where: str = "config") -> "RunConfig":
+    def from_mapping(cls, data: Mapping[str, Any], where: str = "config") -> RunConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -176,11 +202,12 @@ def load_config(name_or_path: str) -> RunConfig:
     if name_or_path in known:
         p = known[name_or_path]
     elif not (p.suffix == ".toml" and p.is_file()):
-        raise ConfigError(f"unknown configuration {name_or_path!r}; named ones: {', '.join(known)} (or pass a .toml path)")
+        raise ConfigError(
+            f"unknown configuration {name_or_path!r}; named ones: {', '.join(known)} (or pass a .toml path)"
+        )
     try:
         data = tomllib.loads(p.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML ({exc})") from exc
     data.setdefault("name", p.stem)
     return RunConfig.from_mapping(data, where=str(p))
-

@@ -33,7 +33,8 @@ What it deliberately does NOT do: it never touches anything when a GPU is presen
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -141,7 +142,7 @@ class _CudaLiteralsToCpu(torch.overrides.TorchFunctionMode):
         if dev is not None and _is_cuda(dev):
             kwargs = dict(kwargs, device="cpu")
         if func in _TO_FUNCS and args[1:] and _is_cuda(args[1]):
-            args = (args[0], "cpu") + tuple(args[2:])
+            args = (args[0], "cpu", *tuple(args[2:]))
         return func(*args, **kwargs)
 
 
@@ -198,8 +199,11 @@ def _cpu_stream_context(stream: Any = None) -> contextlib.AbstractContextManager
     return contextlib.nullcontext()
 
 
-_STREAM_PATCHES: dict[str, Any] = {"current_stream": _cpu_current_stream, "stream": _cpu_stream_context,
-                                   "Stream": CpuStream}
+_STREAM_PATCHES: dict[str, Any] = {
+    "current_stream": _cpu_current_stream,
+    "stream": _cpu_stream_context,
+    "Stream": CpuStream,
+}
 
 
 def _noop_synchronize(device: Any = None) -> None:
@@ -223,9 +227,14 @@ def uninstall() -> None:
 
 def redirected_calls() -> list[str]:
     """What the shim replaces, for logs and the run record."""
-    return ["torch.cuda.current_device -> cpu", "torch.cuda.manual_seed -> no-op",
-            "torch.cuda.synchronize -> no-op", "torch.cuda.current_stream/stream/Stream -> no-op CPU stream", "megatron tensor_parallel RNG tracker -> CPU generator states",
-            "device='cuda' literals -> cpu inside cuda_literals_to_cpu()"]
+    return [
+        "torch.cuda.current_device -> cpu",
+        "torch.cuda.manual_seed -> no-op",
+        "torch.cuda.synchronize -> no-op",
+        "torch.cuda.current_stream/stream/Stream -> no-op CPU stream",
+        "megatron tensor_parallel RNG tracker -> CPU generator states",
+        "device='cuda' literals -> cpu inside cuda_literals_to_cpu()",
+    ]
 
 
-__all__: list[str] = ["install", "uninstall", "installed", "needed", "redirected_calls"]
+__all__: list[str] = ["install", "installed", "needed", "redirected_calls", "uninstall"]

@@ -5,7 +5,7 @@ framework the paper targets, with Megatron's real column/row-parallel layers, it
 names and its ``tensor_model_parallel`` / ``partition_dim`` attributes. This module only
 describes the model (shapes, norms, activation); how it is parallelised is decided by
 megatron's ``parallel_state`` (set up by the train loop) and how its gradients are reduced and
-applied is the optimizer's business (``canzona.dist`` or the megatron-muon peer).
+applied is the optimizer's business (``canzona.runtime`` or the megatron-muon peer).
 
 Qwen3 in megatron terms: RMSNorm, SwiGLU (gated_linear_unit + silu), GQA (num_query_groups),
 QK-layernorm, RoPE (base 1e6), no bias anywhere, kv_channels = head_dim (so q_dim may differ
@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import math
 import zlib
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from canzona.models.qwen3 import Qwen3Config
 from canzona.harness.params import tp_shard
+from canzona.models.qwen3 import Qwen3Config
 from canzona.models.spec import ParamSpec
 
 ROPE_BASE = 1_000_000  # Qwen3's rope_theta
@@ -34,8 +35,8 @@ def te_available() -> bool:
     if not torch.cuda.is_available():
         return False
     try:
-        import transformer_engine.pytorch  # noqa: F401
-    except Exception:  # the CPU meta package raises on import, a broken install may raise anything
+        import transformer_engine.pytorch  # noqa: F401 - importing is the availability check
+    except Exception:  # noqa: BLE001 - the CPU meta package raises on import, a broken install may raise anything
         return False
     return True
 
@@ -98,8 +99,16 @@ def layer_spec(cfg: Qwen3Config, use_te: bool) -> Any:
     return specs.get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
 
 
-def build_model(cfg: Qwen3Config, *, tp: int, pp: int, seq_len: int, dtype: torch.dtype,
-                device: torch.device, use_te: bool | None = None) -> torch.nn.Module:
+def build_model(
+    cfg: Qwen3Config,
+    *,
+    tp: int,
+    pp: int,
+    seq_len: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    use_te: bool | None = None,
+) -> torch.nn.Module:
     """This rank's pipeline stage of ``cfg`` (parallel_state must already be initialised).
 
     Megatron's initial values depend on the layout; call ``init_weights`` next.
@@ -130,14 +139,15 @@ def init_std(name: str, cfg: Qwen3Config) -> float | None:
     linear_fc2) scaled by 1/sqrt(2·layers); None for norm weights (ones)."""
     if "norm" in name:
         return None
-    if name.endswith("linear_proj.weight") or name.endswith("linear_fc2.weight"):
+    if name.endswith(("linear_proj.weight", "linear_fc2.weight")):
         return 0.02 / math.sqrt(2.0 * cfg.layers)
     return 0.02
 
 
 @torch.no_grad()
-def init_weights(named: Iterable[tuple[str, ParamSpec, torch.nn.Parameter]], cfg: Qwen3Config, *,
-                 seed: int, tp_rank: int, tp: int) -> None:
+def init_weights(
+    named: Iterable[tuple[str, ParamSpec, torch.nn.Parameter]], cfg: Qwen3Config, *, seed: int, tp_rank: int, tp: int
+) -> None:
     """Initialise every parameter from its FULL tensor, drawn from a generator seeded by (seed, name).
 
     Why not megatron's init: megatron draws weights in construction order from one stream, so a
@@ -163,4 +173,6 @@ def init_weights(named: Iterable[tuple[str, ParamSpec, torch.nn.Parameter]], cfg
 
 def causal_mask(seq_len: int, device: torch.device) -> torch.Tensor:
     """Boolean mask, True = masked. Passed explicitly: megatron's default mask helper hard-codes CUDA."""
-    return torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool, device=device), diagonal=1).view(1, 1, seq_len, seq_len)
+    return torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool, device=device), diagonal=1).view(
+        1, 1, seq_len, seq_len
+    )

@@ -7,7 +7,8 @@ megatron rank only holds its TP shard. Megatron marks sharded params with
 the planners use, so the runtime executes exactly the plan the offline tools compute.
 
 Names are megatron's ``named_parameters`` names with wrapper prefixes (``module.``) removed,
-Transformer-Engine's fused-norm names mapped to the local-spec ones, and, under PP, the stage-local layer index (``decoder.layers.0`` on stage 1) rewritten to the
+Transformer-Engine's fused-norm names mapped to the local-spec ones, and, under PP, the
+stage-local layer index (``decoder.layers.0`` on stage 1) rewritten to the
 global one, as in ``canzona.models.list_params``. The list is ordered like ``list_params``
 (our canonical inventory; megatron registers ``linear_proj`` before ``linear_qkv``), and it
 must cover the inventory exactly: a mismatch raises instead of silently planning on a
@@ -22,8 +23,8 @@ import torch
 
 from canzona.errors import ConfigError
 from canzona.models.qwen3 import Qwen3Config, list_params
-from canzona.models.spec import ParamSpec
 from canzona.models.routing import DEFAULT_ROUTING, RoutingRule
+from canzona.models.spec import ParamSpec
 
 NamedParam = tuple[str, ParamSpec, torch.nn.Parameter]
 _LAYER = re.compile(r"(^|\.)layers\.(\d+)\.")
@@ -52,7 +53,7 @@ def canonical_name(name: str) -> str:
 def strip_wrappers(name: str) -> str:
     """Drop DDP/Float16Module ``module.`` prefixes so names are the model's own."""
     while name.startswith("module."):
-        name = name[len("module."):]
+        name = name[len("module.") :]
     return name
 
 
@@ -62,7 +63,7 @@ def global_name(name: str, layer_offset: int) -> tuple[str, int | None]:
     if m is None:
         return name, None
     layer = int(m.group(2)) + layer_offset
-    return name[: m.start(2)] + str(layer) + name[m.end(2):], layer
+    return name[: m.start(2)] + str(layer) + name[m.end(2) :], layer
 
 
 def full_shape(param: torch.Tensor, tp: int) -> tuple[tuple[int, ...], int | None]:
@@ -71,10 +72,12 @@ def full_shape(param: torch.Tensor, tp: int) -> tuple[tuple[int, ...], int | Non
     if not getattr(param, "tensor_model_parallel", False):
         return shape, None
     d = int(param.partition_dim)
-    return shape[:d] + (shape[d] * tp,) + shape[d + 1:], d
+    return (*shape[:d], shape[d] * tp, *shape[d + 1 :]), d
 
-def named_params(model: torch.nn.Module, cfg: Qwen3Config, *, tp: int, pp: int, stage: int,
-                 routing: RoutingRule = DEFAULT_ROUTING) -> list[NamedParam]:
+
+def named_params(
+    model: torch.nn.Module, cfg: Qwen3Config, *, tp: int, pp: int, stage: int, routing: RoutingRule = DEFAULT_ROUTING
+) -> list[NamedParam]:
     """This stage's trainable params as ``(name, full-shape ParamSpec, local parameter)``.
 
     Raises ConfigError when megatron's model and the inventory of ``cfg`` disagree in names or
@@ -92,14 +95,18 @@ def named_params(model: torch.nn.Module, cfg: Qwen3Config, *, tp: int, pp: int, 
     exp_names = [s.name for s in expected]
     missing, extra = sorted(set(exp_names) - set(got)), sorted(set(got) - set(exp_names))
     if missing or extra:
-        raise ConfigError(f"megatron model of {cfg.name} (stage {stage}/{pp}) does not match the inventory: "
-                          f"missing {missing[:4]}, unexpected {extra[:4]}")
+        raise ConfigError(
+            f"megatron model of {cfg.name} (stage {stage}/{pp}) does not match the inventory: "
+            f"missing {missing[:4]}, unexpected {extra[:4]}"
+        )
     out: list[NamedParam] = []
     for spec in expected:
         mine, p = got[spec.name]
         if mine.shape != spec.shape or mine.partition_dim != spec.partition_dim:
-            raise ConfigError(f"{spec.name}: megatron gives full shape {mine.shape} (tp dim {mine.partition_dim}), "
-                              f"the {cfg.name} inventory says {spec.shape} (tp dim {spec.partition_dim})")
+            raise ConfigError(
+                f"{spec.name}: megatron gives full shape {mine.shape} (tp dim {mine.partition_dim}), "
+                f"the {cfg.name} inventory says {spec.shape} (tp dim {spec.partition_dim})"
+            )
         out.append((spec.name, mine, p))
     return out
 
@@ -128,7 +135,7 @@ def tp_partial_grad_params(named: list[NamedParam], tp: int) -> list[torch.nn.Pa
 
 
 @torch.no_grad()
-def allreduce_tp_partial_grads(params: list[torch.nn.Parameter], tp_group: "torch.distributed.ProcessGroup") -> None:
+def allreduce_tp_partial_grads(params: list[torch.nn.Parameter], tp_group: torch.distributed.ProcessGroup) -> None:
     """Sum the partial grads of ``params`` across TP, in place (one coalesced all-reduce).
 
     In place matters: Canzona's optimizer keeps ``.grad`` as views into its flat buffers, so
@@ -145,13 +152,14 @@ def allreduce_tp_partial_grads(params: list[torch.nn.Parameter], tp_group: "torc
     dist.all_reduce(flat, group=tp_group)
     off = 0
     for g in grads:
-        g.copy_(flat[off:off + g.numel()].view_as(g))
+        g.copy_(flat[off : off + g.numel()].view_as(g))
         off += g.numel()
 
 
 @torch.no_grad()
-def replica_divergence(named: list[NamedParam], dp_group: "torch.distributed.ProcessGroup",
-                       tp_group: "torch.distributed.ProcessGroup") -> float:
+def replica_divergence(
+    named: list[NamedParam], dp_group: torch.distributed.ProcessGroup, tp_group: torch.distributed.ProcessGroup
+) -> float:
     """Largest |difference| between copies of the same parameter on different ranks.
 
     Every parameter is replicated across DP, and the unsharded ones (norms) across TP too; a
@@ -161,7 +169,7 @@ def replica_divergence(named: list[NamedParam], dp_group: "torch.distributed.Pro
     """
     import torch.distributed as dist
 
-    def spread(tensors: list[torch.Tensor], group: "torch.distributed.ProcessGroup") -> torch.Tensor:
+    def spread(tensors: list[torch.Tensor], group: torch.distributed.ProcessGroup) -> torch.Tensor:
         if not tensors or dist.get_world_size(group) == 1:
             return torch.zeros((), dtype=torch.float64)
         flat = torch.cat([t.detach().reshape(-1).double() for t in tensors])

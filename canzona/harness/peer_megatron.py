@@ -4,7 +4,7 @@ Why: the paper's baseline lineage is Megatron's layer-wise distributed optimizer
 (megatron-core >= 0.19, math from NVIDIA's ``emerging-optimizers``). Running it behind the same
 four calls as Canzona's optimizer (no_sync, finish_grad_sync, step, zero_grad) means the same
 model, data, schedule and timers, so the comparison is apples to apples. This module is
-independent of ``canzona.dist``: it wraps the model in megatron's DDP and builds megatron's
+independent of ``canzona.runtime``: it wraps the model in megatron's DDP and builds megatron's
 optimizer with ``get_megatron_optimizer``.
 
 What runs:
@@ -34,8 +34,10 @@ from canzona.errors import ConfigError
 from canzona.harness.config import RunConfig
 
 MIN_VERSION = "0.19"
-HOW_TO = ("build the optional peer environment with `make megatron-peer-env` and run "
-          "`.venv-peer/bin/python -m canzona train ... --method megatron-muon`")
+HOW_TO = (
+    "build the optional peer environment with `make megatron-peer-env` and run "
+    "`.venv-peer/bin/python -m canzona train ... --method megatron-muon`"
+)
 
 
 def available() -> tuple[bool, str]:
@@ -47,17 +49,21 @@ def available() -> tuple[bool, str]:
         return False, f"megatron-core is not importable ({exc}); {HOW_TO}"
     v = str(package_info.__version__)
     if Version(v) < Version(MIN_VERSION):
-        return False, (f"megatron-core {v} is installed; Megatron's Muon needs >= {MIN_VERSION} "
-                       f"(on Python 3.11 pip resolves 0.16.1); {HOW_TO}")
+        return False, (
+            f"megatron-core {v} is installed; Megatron's Muon needs >= {MIN_VERSION} "
+            f"(on Python 3.11 pip resolves 0.16.1); {HOW_TO}"
+        )
     try:
-        import emerging_optimizers  # noqa: F401
-    except Exception as exc:  # a missing typing.override backport surfaces as ImportError/AttributeError
+        import emerging_optimizers  # noqa: F401 - importing is the availability check
+    except Exception as exc:  # noqa: BLE001 - a missing typing.override backport surfaces as ImportError/AttributeError
         return False, f"megatron-core {v} is installed but emerging-optimizers is not importable ({exc}); {HOW_TO}"
     try:
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # noqa: F401
-    except Exception as exc:
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # noqa: F401 - importing is the availability check
+    except Exception as exc:  # noqa: BLE001 - any failure here means 'not available' / 'report it', by design
         return False, f"megatron-core {v}: cannot import its optimizer factory ({exc})"
-    if not hasattr(OptimizerConfig, "muon_tp_mode") and "muon_tp_mode" not in getattr(OptimizerConfig, "__dataclass_fields__", {}):
+    if not hasattr(OptimizerConfig, "muon_tp_mode") and "muon_tp_mode" not in getattr(
+        OptimizerConfig, "__dataclass_fields__", {}
+    ):
         return False, f"megatron-core {v}: OptimizerConfig has no muon_tp_mode"
     return True, f"megatron-core {v}"
 
@@ -127,18 +133,32 @@ def build(run: RunConfig, model: torch.nn.Module) -> tuple[torch.nn.Module, Mega
 
     device = next(model.parameters()).device
     layer_wise = layer_wise_supported(str(dist.get_backend()))
-    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=True,
-                                               use_distributed_optimizer=False, bucket_size=run.bucket_size)
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True, overlap_grad_reduce=True, use_distributed_optimizer=False, bucket_size=run.bucket_size
+    )
     bf16 = run.dtype == "bf16"
     opt_config = OptimizerConfig(
-        optimizer="muon", lr=run.lr, min_lr=run.lr, weight_decay=run.weight_decay, bf16=bf16,
-        params_dtype=torch.bfloat16 if bf16 else torch.float32, adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8,
-        clip_grad=0.0, muon_tp_mode=run.muon_tp_mode, use_layer_wise_distributed_optimizer=layer_wise,
+        optimizer="muon",
+        lr=run.lr,
+        min_lr=run.lr,
+        weight_decay=run.weight_decay,
+        bf16=bf16,
+        params_dtype=torch.bfloat16 if bf16 else torch.float32,
+        adam_beta1=0.9,
+        adam_beta2=0.95,
+        adam_eps=1e-8,
+        clip_grad=0.0,
+        muon_tp_mode=run.muon_tp_mode,
+        use_layer_wise_distributed_optimizer=layer_wise,
         # the same update as Canzona's Muon, so --lr means the same step and the work per matrix is
         # the same: Nesterov momentum 0.95, U = 0.2·sqrt(max(m, n))·NS(M) ("spectral" scale is
         # sqrt(max(m, n))), the fused QKV orthogonalised as ONE matrix (Megatron splits by default)
-        muon_momentum=0.95, muon_nesterov=True, muon_scale_mode="spectral", muon_extra_scale_factor=0.2,
-        muon_split_qkv=False, muon_num_ns_steps=5,
+        muon_momentum=0.95,
+        muon_nesterov=True,
+        muon_scale_mode="spectral",
+        muon_extra_scale_factor=0.2,
+        muon_split_qkv=False,
+        muon_num_ns_steps=5,
     )
     # the Adam-routed params (Megatron's own rule: embedding/output or not 2-D) get --adamw-lr,
     # like Canzona's AdamW params; without this Megatron would run them at the Muon LR

@@ -2,7 +2,8 @@
 
 Why here and not in the loop: the record is pure data assembled from the validated config,
 the environment (``canzona.results.env``, shared with the other benchmarks) and the aggregated
-timings, so it can be built and validated in a unit test without launching ranks, and the loop only calls ``build_record`` + ``append_record`` on rank 0.
+timings, so it can be built and validated in a unit test without launching ranks, and the loop
+only calls ``build_record`` + ``append_record`` on rank 0.
 Provenance is always "measured" with a detail naming device and backend: a CPU gloo line and an
 H100 NCCL line must never be confused by the analysis.
 """
@@ -19,16 +20,18 @@ from canzona.results.env import environment
 __all__ = ["build_record", "environment"]
 
 
-def build_record(run: RunConfig, env: dict[str, Any], timings: RunTimings, *, mem_kind: str,
-                 checks: dict[str, float] | None = None) -> dict[str, Any]:
+def build_record(
+    run: RunConfig, env: dict[str, Any], timings: RunTimings, *, mem_kind: str, checks: dict[str, float] | None = None
+) -> dict[str, Any]:
     """The schema-valid record of a finished run (validated here, so a bad record fails loudly).
 
     ``checks`` holds end-of-run consistency numbers (e.g. replica_max_abs_diff) kept next to the
     timings so a fast but wrong run can be spotted from the results file alone.
     """
     it = summarize(measured(timings.iteration_ms, run.warmup))
-    tput = throughput(run.model_config, seq_len=run.seq_len, global_batch=run.global_batch,
-                      iteration_ms=it["median"], world=run.world)
+    tput = throughput(
+        run.model_config, seq_len=run.seq_len, global_batch=run.global_batch, iteration_ms=it["median"], world=run.world
+    )
     config = run.record_config()
     record = {
         "schema_version": schema.SCHEMA_VERSION,

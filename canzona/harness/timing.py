@@ -20,8 +20,8 @@ import math
 import resource
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
 
 import torch
 
@@ -92,8 +92,9 @@ def peak_memory_mb(device: torch.device) -> tuple[float, str]:
     return (kb / 2**20 if sys.platform == "darwin" else kb / 2**10), "cpu_max_rss"
 
 
-def aggregate(log: IterationLog, *, loss_divisor: int, device: torch.device,
-              group: torch.distributed.ProcessGroup | None = None) -> RunTimings:
+def aggregate(
+    log: IterationLog, *, loss_divisor: int, device: torch.device, group: torch.distributed.ProcessGroup | None = None
+) -> RunTimings:
     """Reduce every rank's log over ``group`` (all ranks): times by MAX, losses by SUM / ``loss_divisor``.
 
     Loss: only one rank per DP replica (last PP stage, TP rank 0) reports a non-zero loss, so the
@@ -116,7 +117,9 @@ def aggregate(log: IterationLog, *, loss_divisor: int, device: torch.device,
     dist.all_reduce(mems, op=dist.ReduceOp.SUM, group=group)
     t = times.cpu().tolist()
     return RunTimings(
-        iteration_ms=t[0], fwd_bwd_ms=t[1], step_ms=t[2],
+        iteration_ms=t[0],
+        fwd_bwd_ms=t[1],
+        step_ms=t[2],
         phases_ms={k: t[3 + i] for i, k in enumerate(keys)},
         loss_curve=[v / loss_divisor for v in losses.cpu().tolist()],
         peak_mem_mb=mems.cpu().tolist(),
@@ -125,20 +128,28 @@ def aggregate(log: IterationLog, *, loss_divisor: int, device: torch.device,
 
 def model_flops_per_token(cfg: Qwen3Config, seq_len: int) -> float:
     """Training FLOPs per token (forward + backward, no recompute) of the whole model."""
-    matmul_params = sum(s.numel for s in list_params(cfg) if len(s.shape) == 2 and "embedding" not in s.name
-                        and "output_layer" not in s.name)
+    matmul_params = sum(
+        s.numel
+        for s in list_params(cfg)
+        if len(s.shape) == 2 and "embedding" not in s.name and "output_layer" not in s.name
+    )
     matmul_params += cfg.vocab * cfg.hidden  # the output projection, also when tied to the embedding
     attention = 2 * 2 * cfg.layers * seq_len * cfg.q_dim  # QK^T and AV, forward
     return 6.0 * matmul_params + 3.0 * attention
 
 
-def throughput(cfg: Qwen3Config, *, seq_len: int, global_batch: int, iteration_ms: float, world: int) -> dict[str, float]:
+def throughput(
+    cfg: Qwen3Config, *, seq_len: int, global_batch: int, iteration_ms: float, world: int
+) -> dict[str, float]:
     """tokens/s and model TFLOP/s (whole job and per rank) at a given iteration time."""
     tokens = seq_len * global_batch
     seconds = iteration_ms / 1e3
     flops = model_flops_per_token(cfg, seq_len) * tokens
-    return {"tokens_per_s": tokens / seconds, "model_tflops": flops / seconds / 1e12,
-            "model_tflops_per_rank": flops / seconds / 1e12 / world}
+    return {
+        "tokens_per_s": tokens / seconds,
+        "model_tflops": flops / seconds / 1e12,
+        "model_tflops_per_rank": flops / seconds / 1e12 / world,
+    }
 
 
 def measured(values: Sequence[float], warmup: int) -> list[float]:

@@ -24,7 +24,9 @@ How the pieces fit megatron:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Protocol
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -32,12 +34,17 @@ import torch.distributed as dist
 from canzona.harness import cpu_shim
 from canzona.harness.config import RunConfig
 from canzona.harness.model import build_model, causal_mask, init_weights, te_available
-from canzona.harness.params import (NamedParam, allreduce_tp_partial_grads, named_params, replica_divergence,
-                                     tp_partial_grad_params)
+from canzona.harness.params import (
+    NamedParam,
+    allreduce_tp_partial_grads,
+    named_params,
+    replica_divergence,
+    tp_partial_grad_params,
+)
 from canzona.harness.timing import Clock, IterationLog, aggregate, peak_memory_mb
 
 if TYPE_CHECKING:
-    from canzona.dist.launch import RankInfo
+    from canzona.runtime.launch import RankInfo
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -45,7 +52,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 class StepOptimizer(Protocol):
     """What the loop needs from an optimizer: DDP-like grad sync control and a timed step."""
 
-    def no_sync(self) -> ContextManager[Any]: ...
+    def no_sync(self) -> AbstractContextManager[Any]: ...
     def finish_grad_sync(self) -> None: ...
     def step(self) -> dict[str, float]: ...
     def zero_grad(self) -> None: ...
@@ -76,15 +83,18 @@ class SyntheticTokens:
             out.append(cur)
         return torch.stack(out, dim=1)
 
-    def microbatches(self, iteration: int, dp_rank: int, dp: int, micro_batch: int,
-                     device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def microbatches(
+        self, iteration: int, dp_rank: int, dp: int, micro_batch: int, device: torch.device
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """This DP rank's (input ids, labels) micro-batches of ``iteration``."""
         rows = self.global_batch // dp
-        mine = self.global_batch_tokens(iteration)[dp_rank * rows:(dp_rank + 1) * rows].to(device)
+        mine = self.global_batch_tokens(iteration)[dp_rank * rows : (dp_rank + 1) * rows].to(device)
         return [(mb[:, :-1].contiguous(), mb[:, 1:].contiguous()) for mb in mine.split(micro_batch)]
 
 
-def build_optimizer(run: RunConfig, model: torch.nn.Module, named: list[NamedParam]) -> tuple[torch.nn.Module, StepOptimizer]:
+def build_optimizer(
+    run: RunConfig, model: torch.nn.Module, named: list[NamedParam]
+) -> tuple[torch.nn.Module, StepOptimizer]:
     """(model the schedule runs, optimizer). Canzona's strategies keep the bare model; the
     megatron-muon peer wraps it in megatron's DDP."""
     from megatron.core import parallel_state as ps
@@ -93,15 +103,29 @@ def build_optimizer(run: RunConfig, model: torch.nn.Module, named: list[NamedPar
         from canzona.harness import peer_megatron
 
         return peer_megatron.build(run, model)
-    from canzona.dist import DistConfig, DistributedOptimizer
+    from canzona.runtime import DistConfig, DistributedOptimizer
 
-    cfg = DistConfig(strategy=run.method, optimizer=run.optimizer, lr=run.lr, weight_decay=run.weight_decay,
-                     adamw_lr=run.adamw_lr, adamw_weight_decay=run.adamw_weight_decay, alpha=run.alpha,
-                     bucket_size=run.bucket_size, overlap_grad_sync=True, overlap_param_sync=run.overlap_param_sync,
-                     nonfinite="raise")
+    cfg = DistConfig(
+        strategy=run.method,
+        optimizer=run.optimizer,
+        lr=run.lr,
+        weight_decay=run.weight_decay,
+        adamw_lr=run.adamw_lr,
+        adamw_weight_decay=run.adamw_weight_decay,
+        alpha=run.alpha,
+        bucket_size=run.bucket_size,
+        overlap_grad_sync=True,
+        overlap_param_sync=run.overlap_param_sync,
+        nonfinite="raise",
+    )
     # world_group = this PP stage's TP×DP ranks: stages hold different params, hence different plans
-    opt = DistributedOptimizer(named, ps.get_data_parallel_group(), ps.get_tensor_model_parallel_group(), cfg,
-                               world_group=ps.get_tensor_and_data_parallel_group())
+    opt = DistributedOptimizer(
+        named,
+        ps.get_data_parallel_group(),
+        ps.get_tensor_model_parallel_group(),
+        cfg,
+        world_group=ps.get_tensor_and_data_parallel_group(),
+    )
     if run.overlap_param_sync:  # each module waits for its own params' all-gather before its forward
         opt.attach(model)
     return model, opt
@@ -124,7 +148,7 @@ def make_forward_step(seq_len: int, device: torch.device) -> Callable[..., Any]:
     return forward_step
 
 
-def train(ri: "RankInfo", run: RunConfig) -> dict[str, Any]:
+def train(ri: RankInfo, run: RunConfig) -> dict[str, Any]:
     """One rank of ``run``; returns this rank's loss curve (and the record on rank 0)."""
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -145,8 +169,9 @@ def train(ri: "RankInfo", run: RunConfig) -> dict[str, Any]:
         tp_rank, stage = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
         dp_rank = ps.get_data_parallel_rank()
         use_te = te_available() and not on_cpu
-        model = build_model(mcfg, tp=run.tp, pp=run.pp, seq_len=run.seq_len, dtype=DTYPES[run.dtype], device=device,
-                            use_te=use_te)
+        model = build_model(
+            mcfg, tp=run.tp, pp=run.pp, seq_len=run.seq_len, dtype=DTYPES[run.dtype], device=device, use_te=use_te
+        )
         named = named_params(model, mcfg, tp=run.tp, pp=run.pp, stage=stage)
         init_weights(named, mcfg, seed=run.seed, tp_rank=tp_rank, tp=run.tp)
 
@@ -175,9 +200,15 @@ def train(ri: "RankInfo", run: RunConfig) -> dict[str, Any]:
             micro = data.microbatches(it, dp_rank, run.dp, run.micro_batch, device)
             t0 = clock.now_ms()
             with cpu_shim.cuda_literals_to_cpu():
-                losses = forward_backward(forward_step_func=forward_step, data_iterator=iter(micro), model=model,
-                                          num_microbatches=run.num_microbatches, seq_length=run.seq_len,
-                                          micro_batch_size=run.micro_batch, forward_only=False)
+                losses = forward_backward(
+                    forward_step_func=forward_step,
+                    data_iterator=iter(micro),
+                    model=model,
+                    num_microbatches=run.num_microbatches,
+                    seq_length=run.seq_len,
+                    micro_batch_size=run.micro_batch,
+                    forward_only=False,
+                )
             if on_cpu:  # so that step_ms times the step, not the ranks' forward-backward skew
                 dist.barrier()
             t1 = clock.now_ms()
@@ -194,15 +225,21 @@ def train(ri: "RankInfo", run: RunConfig) -> dict[str, Any]:
             opt.wait_param_sync()  # the last step's all-gathers are still in flight
         timings = aggregate(log, loss_divisor=run.dp, device=device)
         drift = replica_divergence(named, ps.get_data_parallel_group(), ps.get_tensor_model_parallel_group())
-        out: dict[str, Any] = {"rank": ri.rank, "loss_curve": timings.loss_curve, "replica_max_abs_diff": drift,
-                               "record": None}
+        out: dict[str, Any] = {
+            "rank": ri.rank,
+            "loss_curve": timings.loss_curve,
+            "replica_max_abs_diff": drift,
+            "record": None,
+        }
         if ri.rank == 0:
             from canzona.harness.record import build_record, environment
             from canzona.results.schema import append_record
 
             _, mem_kind = peak_memory_mb(device)
-            extra: dict[str, Any] = {"layer_spec": "transformer_engine" if use_te else "local",
-                                     "cpu_shim": cpu_shim.installed()}
+            extra: dict[str, Any] = {
+                "layer_spec": "transformer_engine" if use_te else "local",
+                "cpu_shim": cpu_shim.installed(),
+            }
             if run.method == "megatron-muon":
                 extra["megatron_muon_layer_wise"] = getattr(opt, "layer_wise", None)
                 extra["megatron_muon_tp_mode"] = run.muon_tp_mode
@@ -214,4 +251,3 @@ def train(ri: "RankInfo", run: RunConfig) -> dict[str, Any]:
         return out
     finally:
         ps.destroy_model_parallel()
-

@@ -19,10 +19,12 @@ def run(args: argparse.Namespace) -> int:
     if args.model is None:
         print(f"{'model':<12} {'layers':>6} {'hidden':>6} {'ffn':>6} {'heads':>5} {'kv':>3} {'params':>14}")
         for name, c in MODELS.items():
-            print(f"{name:<12} {c.layers:>6} {c.hidden:>6} {c.ffn:>6} {c.heads:>5} {c.kv_heads:>3} {count_params(c):>14,}")
+            print(
+                f"{name:<12} {c.layers:>6} {c.hidden:>6} {c.ffn:>6} {c.heads:>5} {c.kv_heads:>3} {count_params(c):>14,}"
+            )
         return 0
     cfg = get_model(args.model)
     cfg.validate_layout(tp=args.tp, pp=args.pp)
     for s in list_params(cfg, pp=args.pp, stage=args.stage, views=args.view):
-        print(f"{s.name:<55} {str(s.shape):<16} tp_dim={s.partition_dim!s:<4} {s.route}")
+        print(f"{s.name:<55} {s.shape!s:<16} tp_dim={s.partition_dim!s:<4} {s.route}")
     return 0

@@ -7,12 +7,12 @@ Names follow megatron-core's local layer spec, which is what the harness builds 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from canzona.errors import ConfigError
-from canzona.models.spec import ParamSpec
 from canzona.models.routing import DEFAULT_ROUTING, RoutingRule
+from canzona.models.spec import ParamSpec
 
 
 @dataclass(frozen=True)
@@ -39,12 +39,18 @@ class Qwen3Config:
         """Raise ConfigError when TP/PP cannot split this model evenly."""
         if tp < 1 or pp < 1:
             raise ConfigError(f"tp and pp must be >= 1 (got tp={tp}, pp={pp})")
-        for what, n in (("attention heads", self.heads), ("KV heads", self.kv_heads),
-                        ("FFN size", self.ffn), ("vocab", self.vocab)):
+        for what, n in (
+            ("attention heads", self.heads),
+            ("KV heads", self.kv_heads),
+            ("FFN size", self.ffn),
+            ("vocab", self.vocab),
+        ):
             if n % tp:
                 raise ConfigError(f"{self.name}: TP={tp} does not divide its {what} ({n}); pick TP dividing {n}")
         if self.layers % pp:
-            raise ConfigError(f"{self.name}: PP={pp} does not divide its {self.layers} layers; pick PP dividing {self.layers}")
+            raise ConfigError(
+                f"{self.name}: PP={pp} does not divide its {self.layers} layers; pick PP dividing {self.layers}"
+            )
 
 
 _M = dict(head_dim=128, vocab=151936)
@@ -124,8 +130,10 @@ def count_params(cfg: Qwen3Config) -> int:
 
 def _split_rows(spec: ParamSpec, parts: list[tuple[str, int]]) -> list[ParamSpec]:
     assert sum(r for _, r in parts) == spec.shape[0]
-    return [ParamSpec(f"{spec.name}:{tag}", (rows,) + spec.shape[1:], spec.partition_dim, spec.route, spec.layer)
-            for tag, rows in parts]
+    return [
+        ParamSpec(f"{spec.name}:{tag}", (rows, *spec.shape[1:]), spec.partition_dim, spec.route, spec.layer)
+        for tag, rows in parts
+    ]
 
 
 def _split_qkv(cfg: Qwen3Config, spec: ParamSpec) -> list[ParamSpec]:
@@ -151,4 +159,3 @@ def apply_view(cfg: Qwen3Config, specs: list[ParamSpec], view: str) -> list[Para
     if view not in VIEWS:
         raise ConfigError(f"unknown split view {view!r}; known: {', '.join(VIEWS)}")
     return [piece for s in specs for piece in VIEWS[view](cfg, s)]
-

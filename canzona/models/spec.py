@@ -51,9 +51,10 @@ class ParamSpec:
         d = self.partition_dim
         if self.shape[d] % tp:
             raise ConfigError(
-                f"TP={tp} does not divide dim {d} (= {self.shape[d]}) of {self.name!r}; choose a TP size that divides it"
+                f"TP={tp} does not divide dim {d} (= {self.shape[d]}) of {self.name!r}; "
+                "choose a TP size that divides it"
             )
-        return self.shape[:d] + (self.shape[d] // tp,) + self.shape[d + 1 :]
+        return (*self.shape[:d], self.shape[d] // tp, *self.shape[d + 1 :])
 
     def shard_numel(self, tp: int) -> int:
         return prod(self.shard_shape(tp))

@@ -10,10 +10,10 @@ import dataclasses
 from typing import Any
 
 from canzona.errors import ConfigError
+from canzona.models.routing import DEFAULT_ROUTING, RoutingRule
 from canzona.optim.adamw import AdamWConfig, make_adamw
 from canzona.optim.base import MatrixOptimizer, OptimizerConfig, apply_update, check_finite, check_matrix
 from canzona.optim.muon import Muon, MuonConfig
-from canzona.models.routing import DEFAULT_ROUTING, RoutingRule
 from canzona.optim.shampoo import Shampoo, ShampooConfig
 from canzona.optim.soap import SOAP, SOAPConfig
 
@@ -36,7 +36,22 @@ def make_matrix_optimizer(name: str, **overrides: Any) -> MatrixOptimizer:
 
 
 __all__ = [
-    "AdamWConfig", "DEFAULT_ROUTING", "MATRIX_OPTIMIZERS", "MatrixOptimizer", "Muon", "MuonConfig",
-    "OPTIMIZER_NAMES", "OptimizerConfig", "RoutingRule", "SOAP", "SOAPConfig", "Shampoo", "ShampooConfig",
-    "apply_update", "check_finite", "check_matrix", "make_adamw", "make_matrix_optimizer",
+    "DEFAULT_ROUTING",
+    "MATRIX_OPTIMIZERS",
+    "OPTIMIZER_NAMES",
+    "SOAP",
+    "AdamWConfig",
+    "MatrixOptimizer",
+    "Muon",
+    "MuonConfig",
+    "OptimizerConfig",
+    "RoutingRule",
+    "SOAPConfig",
+    "Shampoo",
+    "ShampooConfig",
+    "apply_update",
+    "check_finite",
+    "check_matrix",
+    "make_adamw",
+    "make_matrix_optimizer",
 ]

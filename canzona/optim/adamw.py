@@ -6,8 +6,9 @@ harness configures both optimizer families the same way.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
@@ -29,7 +30,9 @@ class AdamWConfig:
             raise ConfigError(f"adamw needs lr >= 0, eps > 0, weight_decay >= 0; got {self}")
 
 
-def make_adamw(params: Iterable[torch.Tensor] | Iterable[dict[str, Any]], config: AdamWConfig = AdamWConfig()) -> torch.optim.AdamW:
+def make_adamw(
+    params: Iterable[torch.Tensor] | Iterable[dict[str, Any]], config: AdamWConfig = AdamWConfig()
+) -> torch.optim.AdamW:
     """torch.optim.AdamW over ``params`` (tensors or param groups) with ``config``'s hyper-parameters."""
     params = list(params)
     if not params:

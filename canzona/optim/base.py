@@ -3,7 +3,7 @@
 A ``MatrixOptimizer`` sees one FULL 2-D gradient and its state and returns the update
 direction ``U``; applying it is the same everywhere (``apply_update``), including on a TP
 shard of the parameter: ``p ← p·(1 − lr·wd) − lr·U``. Keeping the math this small is what
-lets ``canzona.dist`` compute ``U`` on any rank and ship shards of it anywhere.
+lets ``canzona.runtime`` compute ``U`` on any rank and ship shards of it anywhere.
 No process groups live here.
 """
 
@@ -62,7 +62,9 @@ class MatrixOptimizer(ABC):
         if step < 1:
             raise ConfigError(f"{self.name} step is 1-based, got {step}")
         if state_like.shape != grad.shape:
-            raise ConfigError(f"{self.name} state is for shape {tuple(state_like.shape)}, gradient is {tuple(grad.shape)}")
+            raise ConfigError(
+                f"{self.name} state is for shape {tuple(state_like.shape)}, gradient is {tuple(grad.shape)}"
+            )
 
     def cost_settings(self) -> CostSettings:
         return CostSettings()
@@ -96,7 +98,8 @@ def check_finite(grad: torch.Tensor, name: str, policy: NonFinitePolicy) -> bool
         return True
     if policy == "raise":
         raise NonFiniteGradientError(
-            f"{name}: gradient contains NaN/Inf; lower the LR, enable loss scaling, or set nonfinite='skip' to skip the step"
+            f"{name}: gradient contains NaN/Inf; lower the LR, enable loss scaling, "
+            "or set nonfinite='skip' to skip the step"
         )
     return False
 

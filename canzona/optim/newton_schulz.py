@@ -38,7 +38,7 @@ def _with_safety(raw: list[Coefficients], safety: float) -> tuple[Coefficients, 
     # p(x / s) = (a/s)·x + (b/s³)·x³ + (c/s⁵)·x⁵: each polynomial sees its input shrunk by s, so a
     # singular value pushed slightly above the design interval by round-off is not blown up.
     # As in the paper, the last (converged, fixed-point) polynomial is left unchanged.
-    return tuple((a / safety, b / safety**3, c / safety**5) for a, b, c in raw[:-1]) + (raw[-1],)
+    return (*tuple((a / safety, b / safety**3, c / safety**5) for a, b, c in raw[:-1]), raw[-1])
 
 
 # Polar Express, degree 5, designed for σ in [1e-3, 1]: Amsel, Persson, Musco, Gower,

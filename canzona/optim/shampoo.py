@@ -104,4 +104,6 @@ class Shampoo(MatrixOptimizer):
         return P * (A.norm() / p_norm) if p_norm > 0 else torch.zeros_like(P)
 
     def cost_settings(self) -> CostSettings:
-        return CostSettings(precondition_frequency=self.config.precondition_frequency, max_precond_dim=self.config.max_precond_dim)
+        return CostSettings(
+            precondition_frequency=self.config.precondition_frequency, max_precond_dim=self.config.max_precond_dim
+        )

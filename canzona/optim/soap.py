@@ -109,4 +109,6 @@ class SOAP(MatrixOptimizer):
         state["exp_avg"].copy_(_rotate(m, state))
 
     def cost_settings(self) -> CostSettings:
-        return CostSettings(precondition_frequency=self.config.precondition_frequency, max_precond_dim=self.config.max_precond_dim)
+        return CostSettings(
+            precondition_frequency=self.config.precondition_frequency, max_precond_dim=self.config.max_precond_dim
+        )

@@ -18,7 +18,7 @@ multiples of lcm(DP, 128), hence of 64, so relative and absolute alignment agree
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from canzona.errors import ConfigError
 from canzona.plan.types import Bucket, BucketEntry

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Sequence
 
 from canzona.cost import CostModel
 from canzona.errors import ConfigError
 from canzona.models import ParamSpec, Qwen3Config, get_model, list_params
-from canzona.plan import dp_baselines, dp_canzona  # noqa: F401  (loaded now, so make_plan's timer excludes imports)
+from canzona.plan import dp_baselines, dp_canzona  # noqa: F401 - importing is the availability check
 from canzona.plan.buckets import build_buckets
 from canzona.plan.dp import DP_ALGOS, plan_dp, resolve_dp_algo
 from canzona.plan.tp import TP_MODES, check_tp_mode, schedule_tp
@@ -76,12 +76,14 @@ def make_items(params: Sequence[ParamSpec], cost_model: CostModel) -> tuple[Plan
 
 def adamw_buckets(params: Sequence[ParamSpec], layout: Layout, bucket_size: int) -> tuple[Bucket, ...]:
     """The AdamW parameters' own buffer (plain ZeRO-1, equal slices); for reports, not in Plan.dp."""
-    return build_buckets([(s.name, s.shard_numel(layout.tp)) for s in params if s.route != "matrix"],
-                         layout.dp, bucket_size)
+    return build_buckets(
+        [(s.name, s.shard_numel(layout.tp)) for s in params if s.route != "matrix"], layout.dp, bucket_size
+    )
 
 
-def make_plan(params: Sequence[ParamSpec], layout: Layout, config: PlanConfig, *,
-              cost_model: CostModel | None = None) -> Plan:
+def make_plan(
+    params: Sequence[ParamSpec], layout: Layout, config: PlanConfig, *, cost_model: CostModel | None = None
+) -> Plan:
     """Plan ONE PP stage. ``params`` in registration order (any routes); deterministic."""
     t0 = time.perf_counter()
     cfg = resolve_config(config)
@@ -100,13 +102,27 @@ def make_plan(params: Sequence[ParamSpec], layout: Layout, config: PlanConfig, *
     matrix = [s for s in params if s.route == "matrix"]
     buckets = build_buckets([(s.name, s.shard_numel(layout.tp)) for s in matrix], layout.dp, cfg.bucket_size)
     dpp = plan_dp(items, buckets, layout.dp, layout.tp, cfg.strategy, cfg.dp_algo, cfg.alpha, cfg.tp_mode)
-    tps = schedule_tp(items, dpp.owner_map(), layout.dp, layout.tp, cfg.tp_mode, cfg.capacity_bytes,
-                      cfg.grad_dtype_bytes, all_owned=cfg.strategy == "sc")
+    tps = schedule_tp(
+        items,
+        dpp.owner_map(),
+        layout.dp,
+        layout.tp,
+        cfg.tp_mode,
+        cfg.capacity_bytes,
+        cfg.grad_dtype_bytes,
+        all_owned=cfg.strategy == "sc",
+    )
     return Plan(layout, cfg, items, dpp, tps, input_hash(layout, cfg, items), time.perf_counter() - t0)
 
 
-def plan_model(model: str | Qwen3Config, layout: Layout, config: PlanConfig, views: Sequence[str] = (), *,
-               cost_model: CostModel | None = None) -> list[Plan]:
+def plan_model(
+    model: str | Qwen3Config,
+    layout: Layout,
+    config: PlanConfig,
+    views: Sequence[str] = (),
+    *,
+    cost_model: CostModel | None = None,
+) -> list[Plan]:
     """One plan per PP stage of a registered model (``views``: split views such as qkv, gate_up)."""
     cfg = get_model(model) if isinstance(model, str) else model
     cfg.validate_layout(tp=layout.tp, pp=layout.pp)

@@ -34,12 +34,19 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world", type=int, default=None, help="check dp·tp·pp against this GPU count")
     p.add_argument("--optimizer", default="muon", help="muon | shampoo | soap")
     p.add_argument("--strategy", default="canzona", help=" | ".join(STRATEGIES))
-    p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
-                   help=f"canzona: 1 = balance compute only, 0 = equal slices only (default {DEFAULT_ALPHA})")
+    p.add_argument(
+        "--alpha",
+        type=float,
+        default=DEFAULT_ALPHA,
+        help=f"canzona: 1 = balance compute only, 0 = equal slices only (default {DEFAULT_ALPHA})",
+    )
     p.add_argument("--cost", default="flops", help="numel | flops | measured")
     p.add_argument("--cost-table", default=None, help="measured µs per shape (JSON) for --cost measured")
-    p.add_argument("--dp-algo", default=None,
-                   help="canzona: refine (default) | greedy | exact | blend | first-element; layerwise: lpt | round-robin")
+    p.add_argument(
+        "--dp-algo",
+        default=None,
+        help="canzona: refine (default) | greedy | exact | blend | first-element; layerwise: lpt | round-robin",
+    )
     p.add_argument("--tp-mode", default=None, help="sc | no | sorted | global (default: the strategy's)")
     p.add_argument("--bucket-size", type=_int, default=40_000_000, help="elements per DP bucket")
     p.add_argument("--capacity-bytes", type=_int, default=None, help="micro-group capacity C in bytes")
@@ -78,9 +85,14 @@ def run(args: argparse.Namespace) -> int:
     table = MeasuredTable.load(args.cost_table) if args.cost_table else None
     cost_model = CostModel(args.optimizer, args.cost, table=table)  # type: ignore[arg-type]
     config = PlanConfig(
-        strategy=args.strategy, optimizer=args.optimizer, cost=args.cost, alpha=args.alpha,
-        dp_algo=args.dp_algo or PlanConfig.dp_algo, tp_mode=args.tp_mode or PlanConfig.tp_mode,
-        bucket_size=args.bucket_size, capacity_bytes=args.capacity_bytes,
+        strategy=args.strategy,
+        optimizer=args.optimizer,
+        cost=args.cost,
+        alpha=args.alpha,
+        dp_algo=args.dp_algo or PlanConfig.dp_algo,
+        tp_mode=args.tp_mode or PlanConfig.tp_mode,
+        bucket_size=args.bucket_size,
+        capacity_bytes=args.capacity_bytes,
     )
     plans = plan_model(cfg, layout, config, args.view, cost_model=cost_model)
     metrics = plan_metrics(plans, model=cfg.name)
@@ -91,8 +103,12 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         from canzona.plan.plot import plot_plan
 
-        plot_plan(plans, args.plot, title=f"{cfg.name} dp{layout.dp} tp{layout.tp} pp{layout.pp} "
-                                          f"{config.strategy}/{plans[0].dp.algo} alpha={config.alpha:g}")
+        plot_plan(
+            plans,
+            args.plot,
+            title=f"{cfg.name} dp{layout.dp} tp{layout.tp} pp{layout.pp} "
+            f"{config.strategy}/{plans[0].dp.algo} alpha={config.alpha:g}",
+        )
     if args.json:
         out = dict(metrics)
         if rows is not None:
@@ -103,8 +119,13 @@ def run(args: argparse.Namespace) -> int:
             out["plot"] = args.plot
         print(json.dumps(out, sort_keys=True))
         return 0
-    adamw = max(sum(b.size for b in adamw_buckets(list_params(cfg, pp=layout.pp, stage=s, views=args.view),
-                                                  layout, args.bucket_size)) for s in range(layout.pp))
+    adamw = max(
+        sum(
+            b.size
+            for b in adamw_buckets(list_params(cfg, pp=layout.pp, stage=s, views=args.view), layout, args.bucket_size)
+        )
+        for s in range(layout.pp)
+    )
     print(format_report(plans, model=cfg.name, unit=cost_model.unit, adamw_elems=adamw // layout.dp))
     if rows is not None:
         print()

@@ -20,8 +20,8 @@ under the configured TP mode, from ``tp.slot_loads``) so what they balance is wh
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from canzona.errors import ConfigError
 from canzona.plan.tp import slot_loads
@@ -71,8 +71,11 @@ class DPProblem:
 
     def compute_bound(self) -> float:
         """Per-GPU lower bound for any atomic plan: max(forced mean, largest item, pigeonhole)."""
-        return max(forced_mean(self.cost, self.sharded, self.dp, self.tp), max(self.cost, default=0.0),
-                   pigeonhole_bound(self.cost, self.dp * self.tp))
+        return max(
+            forced_mean(self.cost, self.sharded, self.dp, self.tp),
+            max(self.cost, default=0.0),
+            pigeonhole_bound(self.cost, self.dp * self.tp),
+        )
 
     def slice_bound(self) -> float:
         """Per-rank lower bound on slice elements: max(mean slice, widest item, pigeonhole)."""
@@ -97,7 +100,9 @@ def forced_mean(cost: Sequence[float], sharded: Sequence[bool], dp: int, tp: int
     TP rank (that redundancy is the design, not the plan's fault)."""
     if tp == 1:
         return sum(cost) / dp
-    w = sum(c for c, s in zip(cost, sharded) if s) + tp * sum(c for c, s in zip(cost, sharded) if not s)
+    w = sum(c for c, s in zip(cost, sharded, strict=False) if s) + tp * sum(
+        c for c, s in zip(cost, sharded, strict=False) if not s
+    )
     return w / (dp * tp)
 
 
@@ -146,9 +151,11 @@ def cuts_from_owners(p: DPProblem, owner: Sequence[int]) -> tuple[tuple[int, ...
     return tuple(cuts)
 
 
-def owners_tuple(p: DPProblem, owner: Sequence[int], items: Sequence[PlanItem]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+def owners_tuple(
+    p: DPProblem, owner: Sequence[int], items: Sequence[PlanItem]
+) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """owners in registration order (one rank each)."""
-    o = dict(zip(p.names, owner))
+    o = dict(zip(p.names, owner, strict=False))
     return tuple((it.name, (int(o[it.name]),)) for it in items)
 
 
@@ -176,8 +183,16 @@ def resolve_dp_algo(strategy: str, algo: str) -> str:
     raise ConfigError(f"dp algorithm {algo!r} does not apply to strategy {strategy!r}; valid: {', '.join(valid)}")
 
 
-def plan_dp(items: Sequence[PlanItem], buckets: tuple[Bucket, ...], dp: int, tp: int, strategy: str,
-            algo: str, alpha: float, tp_mode: str) -> DPPlan:
+def plan_dp(
+    items: Sequence[PlanItem],
+    buckets: tuple[Bucket, ...],
+    dp: int,
+    tp: int,
+    strategy: str,
+    algo: str,
+    alpha: float,
+    tp_mode: str,
+) -> DPPlan:
     """Run the partitioner ``algo`` of ``strategy`` (already resolved) and package a DPPlan."""
     from canzona.plan import dp_baselines as base
     from canzona.plan import dp_canzona as cz

@@ -1,20 +1,20 @@
 """The baseline DP partitions Canzona is compared against.
 
-  zero           Megatron ZeRO-1: DP equal slices per bucket. Matrices straddling a cut are owned by
-                 every rank they touch (``split_params``): fine for element-wise AdamW, not
-                 executable by a matrix optimizer, kept as the reference for comm and padding.
-  first-element  zero-atomic / ASC: a matrix goes to the rank whose equal slice holds its first
-                 element; slices follow the matrices and become uneven.
-  layerwise      whole matrices dealt to ranks ignoring the buckets (round-robin in registration
-                 order, or LPT by cost). Owners do not match any reduce-scatter geometry, so
-                 gradients are all-reduced and parameters all-gathered unevenly.
-  sc             every DP rank owns every matrix (synchronous compute after an all-reduce).
+zero           Megatron ZeRO-1: DP equal slices per bucket. Matrices straddling a cut are owned by
+               every rank they touch (``split_params``): fine for element-wise AdamW, not
+               executable by a matrix optimizer, kept as the reference for comm and padding.
+first-element  zero-atomic / ASC: a matrix goes to the rank whose equal slice holds its first
+               element; slices follow the matrices and become uneven.
+layerwise      whole matrices dealt to ranks ignoring the buckets (round-robin in registration
+               order, or LPT by cost). Owners do not match any reduce-scatter geometry, so
+               gradients are all-reduced and parameters all-gathered unevenly.
+sc             every DP rank owns every matrix (synchronous compute after an all-reduce).
 """
 
 from __future__ import annotations
 
 import heapq
-from typing import Sequence
+from collections.abc import Sequence
 
 from canzona.plan.dp import DPProblem, owners_tuple
 from canzona.plan.types import DPPlan, PlanItem
@@ -33,9 +33,14 @@ def plan_zero(p: DPProblem, items: Sequence[PlanItem]) -> DPPlan:
         owners[name] = tuple(r for r in range(p.dp) if c[r] < e and c[r + 1] > s)
     split = tuple(it.name for it in items if len(owners[it.name]) > 1)
     return DPPlan(
-        strategy="zero", algo="equal", buckets=p.buckets, cuts=cuts,
+        strategy="zero",
+        algo="equal",
+        buckets=p.buckets,
+        cuts=cuts,
         owners=tuple((it.name, owners[it.name]) for it in items),
-        grad_sync="reduce-scatter", param_sync="all-gather", split_params=split,
+        grad_sync="reduce-scatter",
+        param_sync="all-gather",
+        split_params=split,
     )
 
 
@@ -54,23 +59,31 @@ def plan_layerwise(p: DPProblem, items: Sequence[PlanItem], algo: str) -> DPPlan
     else:  # LPT by cost: heaviest first onto the least loaded rank (ties: registration order, lowest rank)
         heap = [(0.0, r) for r in range(p.dp)]
         owner = {}
-        for k, it in sorted(enumerate(items), key=lambda t: (-t[1].cost, t[0])):
+        for _, it in sorted(enumerate(items), key=lambda t: (-t[1].cost, t[0])):
             load, r = heapq.heappop(heap)
             owner[it.name] = r
             heapq.heappush(heap, (load + it.cost, r))
     return DPPlan(
-        strategy="layerwise", algo=algo, buckets=p.buckets, cuts=(),
+        strategy="layerwise",
+        algo=algo,
+        buckets=p.buckets,
+        cuts=(),
         owners=tuple((it.name, (owner[it.name],)) for it in items),
-        grad_sync="all-reduce", param_sync="all-gather-v",
+        grad_sync="all-reduce",
+        param_sync="all-gather-v",
     )
 
 
 def plan_sc(p: DPProblem, items: Sequence[PlanItem]) -> DPPlan:
     everyone = tuple(range(p.dp))
     return DPPlan(
-        strategy="sc", algo="replicate", buckets=p.buckets, cuts=(),
+        strategy="sc",
+        algo="replicate",
+        buckets=p.buckets,
+        cuts=(),
         owners=tuple((it.name, everyone) for it in items),
-        grad_sync="all-reduce", param_sync="none",
+        grad_sync="all-reduce",
+        param_sync="none",
     )
 
 

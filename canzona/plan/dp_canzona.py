@@ -263,8 +263,13 @@ def refine_best(p: DPProblem, alpha: float) -> list[int]:
     (both terms at their provable lower bounds).
     """
     best, best_key = None, None
-    seeds = (("fill", fill, True), ("exact", exact_contiguous, True), ("greedy", greedy, True),
-             ("blend", blend, False), ("first-element", lambda q, _a: first_element_owners(q), False))
+    seeds = (
+        ("fill", fill, True),
+        ("exact", exact_contiguous, True),
+        ("greedy", greedy, True),
+        ("blend", blend, False),
+        ("first-element", lambda q, _a: first_element_owners(q), False),
+    )
     for _, make_seed, search in seeds:
         o = make_seed(p, alpha)
         if search:
@@ -351,7 +356,7 @@ class _Run:
     def _with(self, i: int) -> tuple[float, float, list[float]]:
         c = self.p.cost[i]
         if self.p.sharded[i] or self.simple:
-            top = sorted(self.top + [c], reverse=True)[: self.p.tp + 1]
+            top = sorted([*self.top, c], reverse=True)[: self.p.tp + 1]
             return self.sh + c, self.repl, top
         return self.sh, self.repl + c, self.top
 

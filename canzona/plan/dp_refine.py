@@ -97,8 +97,10 @@ class Search:
 
     def key(self) -> tuple[float, float]:
         a = self.alpha
-        return (a * float(self.G.max()) / self.gs + (1 - a) * float(self.S.max()) / self.ss,
-                float(np.sum(self.phi_terms(self.G, self.S))))
+        return (
+            a * float(self.G.max()) / self.gs + (1 - a) * float(self.S.max()) / self.ss,
+            float(np.sum(self.phi_terms(self.G, self.S))),
+        )
 
     # ----------------------------------------------------------------- graph
     def _edge(self, u: int, v: int, d: int, new: set[tuple[int, int]] | None) -> None:
@@ -186,7 +188,7 @@ class Search:
     def _improving(J: np.ndarray, F: np.ndarray, cur: tuple[float, float]) -> np.ndarray:
         """Vectorised ``better((J, F), cur)``."""
         tj = REL_EPS * max(1.0, abs(cur[0]))
-        return (J < cur[0] - tj) | ((J <= cur[0] + tj) & (F < cur[1] - 1e-9 * max(1.0, abs(cur[1]))))
+        return (cur[0] - tj > J) | ((cur[0] + tj >= J) & (cur[1] - 1e-9 * max(1.0, abs(cur[1])) > F))
 
     def _g_lb(self, R: np.ndarray, H: np.ndarray, top: np.ndarray) -> np.ndarray:
         return R + np.maximum(H / self.tp, top)
@@ -211,14 +213,14 @@ class Search:
                 # single moves i -> q
                 q = np.array([r for r in range(self.dp) if r != a])
                 Sq = self.S[q] + wi
-                if self.simple:
-                    Gq = self.G[q] + ci
-                elif not shi:
+                if self.simple or not shi:
                     Gq = self.G[q] + ci
                 else:
                     Gq = np.maximum(self.G[q], self._g_lb(self.R[q], self.H[q] + ci, np.maximum(self.top[q], ci)))
-                J = a_ * np.maximum(self._excl(self.G, a, q), np.maximum(Ga, Gq)) / self.gs + \
-                    (1 - a_) * np.maximum(self._excl(self.S, a, q), np.maximum(Sa, Sq)) / self.ss
+                J = (
+                    a_ * np.maximum(self._excl(self.G, a, q), np.maximum(Ga, Gq)) / self.gs
+                    + (1 - a_) * np.maximum(self._excl(self.S, a, q), np.maximum(Sa, Sq)) / self.ss
+                )
                 F = cur[1] - phis[a] - phis[q] + self.phi_terms(Ga, Sa) + self.phi_terms(Gq, Sq)
                 exact = self.simple or not shi
                 for k in np.flatnonzero(self._improving(J, F, cur)):
@@ -246,8 +248,10 @@ class Search:
                         Rb = self.R[b] - np.where(shj, 0.0, cj) + (0 if shi else ci)
                         Hb = self.H[b] - np.where(shj, cj, 0.0) + (ci if shi else 0)
                         Gb2 = self._g_lb(Rb, Hb, np.full(len(js), ci if shi else 0.0))
-                    J = a_ * np.maximum(self._excl(self.G, a, b), np.maximum(Ga2, Gb2)) / self.gs + \
-                        (1 - a_) * np.maximum(self._excl(self.S, a, b), np.maximum(Sa2, Sb2)) / self.ss
+                    J = (
+                        a_ * np.maximum(self._excl(self.G, a, b), np.maximum(Ga2, Gb2)) / self.gs
+                        + (1 - a_) * np.maximum(self._excl(self.S, a, b), np.maximum(Sa2, Sb2)) / self.ss
+                    )
                     F = cur[1] - phis[a] - phis[b] + self.phi_terms(Ga2, Sa2) + self.phi_terms(Gb2, Sb2)
                     for k in np.flatnonzero(self._improving(J, F, cur)):
                         cands.append((float(J[k]), float(F[k]), 1, i, int(js[k]), self.simple))
@@ -277,8 +281,9 @@ class Search:
                 return True
         return False
 
-    def _exact_key(self, a: int, kind: int, i: int, x: int, cur: tuple[float, float],
-                   phis: np.ndarray) -> tuple[float, float]:
+    def _exact_key(
+        self, a: int, kind: int, i: int, x: int, cur: tuple[float, float], phis: np.ndarray
+    ) -> tuple[float, float]:
         b = x if kind == 0 else self.owner[x]
         ma = [k for k in self.members[a] if k != i] + ([x] if kind == 1 else [])
         mb = [k for k in self.members[b] if k != x] + [i] if kind == 1 else self.members[b] + [i]

@@ -36,8 +36,9 @@ Metrics (``plan_metrics``), over all GPUs of all PP stages (stages step concurre
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from canzona.plan.dp import forced_mean, pigeonhole_bound
 from canzona.plan.types import Plan
@@ -110,14 +111,14 @@ def gpu_loads(plan: Plan) -> GpuLoads:
                 for t in range(tp):
                     cost[d][t] += c / tp
 
-    zeros = lambda: [[0] * tp for _ in range(dp)]  # noqa: E731
+    zeros = lambda: [[0] * tp for _ in range(dp)]
     sent = {ph: zeros() for ph in PHASES}
     recv = {ph: zeros() for ph in PHASES}
     slice_elems = [0] * dp
     sizes = [b.size for b in plan.dp.buckets]
     slices = _slices(plan)
     if plan.dp.cuts:
-        for b, w in enumerate(slices):
+        for w in slices:
             for d in range(dp):
                 slice_elems[d] += w[d]
     elif strategy == "sc":
@@ -167,10 +168,14 @@ def gpu_loads(plan: Plan) -> GpuLoads:
                 for t in range(tp):
                     sent["tp_gather"][d][t] += v
                     recv["tp_gather"][d][t] += v
-    freeze = lambda m: tuple(tuple(r) for r in m)  # noqa: E731
+    freeze = lambda m: tuple(tuple(r) for r in m)
     return GpuLoads(
-        dp, tp, freeze(cost), tuple(x * gb for x in slice_elems),
-        {k: freeze(v) for k, v in sent.items()}, {k: freeze(v) for k, v in recv.items()},
+        dp,
+        tp,
+        freeze(cost),
+        tuple(x * gb for x in slice_elems),
+        {k: freeze(v) for k, v in sent.items()},
+        {k: freeze(v) for k, v in recv.items()},
     )
 
 
@@ -217,13 +222,16 @@ def plan_metrics(plans: Sequence[Plan], *, model: str | None = None) -> dict[str
     gb = p0.config.grad_dtype_bytes
     slice_lb = 0.0  # per stage: max(widest item, pigeonhole over the DP ranks), in bytes
     for p in plans:
-        widths = [((b.entries[k + 1].start if k + 1 < len(b.entries) else b.size) - e.start) * gb
-                  for b in p.dp.buckets for k, e in enumerate(b.entries)]
+        widths = [
+            ((b.entries[k + 1].start if k + 1 < len(b.entries) else b.size) - e.start) * gb
+            for b in p.dp.buckets
+            for k, e in enumerate(b.entries)
+        ]
         slice_lb = max(slice_lb, max(widths, default=0), pigeonhole_bound(widths, p.layout.dp))
     pads = [_padding(p) for p in plans]
     worst_pad = max(pads, key=lambda x: x[0] - x[2])
     groups = [len(g) for p in plans for g in p.tp.groups]
-    div = lambda a, b: (a / b) if b else 1.0  # noqa: E731
+    div = lambda a, b: (a / b) if b else 1.0
     return {
         "model": model,
         "tp": p0.layout.tp,

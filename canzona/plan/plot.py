@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from canzona.plan.metrics import gpu_loads, stage_bounds
 from canzona.plan.types import Plan
@@ -43,13 +44,13 @@ def plot_alpha_sweep(rows: Sequence[dict[str, Any]], path: str | Path, *, title:
     """Compute balance vs comm balance as α moves (one line per algorithm)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 5))
-    name = lambda r: r.get("method", r["dp_algo"])  # noqa: E731
+    name = lambda r: r.get("method", r["dp_algo"])
     for algo in sorted({name(r) for r in rows}):
         rs = sorted((r for r in rows if name(r) == algo), key=lambda r: r["alpha"])
         xs = [r["comm_balance"] for r in rs]
         ys = [r["compute_balance"] for r in rs]
         ax.plot(xs, ys, marker="o", label=algo)
-        for r, x, y in zip(rs, xs, ys):
+        for r, x, y in zip(rs, xs, ys, strict=False):
             ax.annotate(f"{r['alpha']:g}", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
     if rows:
         ax.axhline(rows[0]["lower_bound"], color="#C44E52", ls="--", lw=1, label="atomic compute bound")
@@ -79,5 +80,3 @@ def plot_bounds(rows: Sequence[dict[str, Any]], path: str | Path, *, title: str 
     ax.set_title(title or "atomic lower bound at 256 GPUs")
     fig.tight_layout()
     return save_figure(fig, path)
-
-

@@ -6,8 +6,9 @@ and the benchmark can never disagree about a number.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any
 
 from canzona.cost import CostModel
 from canzona.models import Qwen3Config
@@ -34,14 +35,22 @@ def label(m: dict[str, Any]) -> str:
     return str(m["strategy"])
 
 
-def compare(model: str | Qwen3Config, layout: Layout, config: PlanConfig, views: Sequence[str] = (), *,
-            cost_model: CostModel | None = None) -> list[dict[str, Any]]:
+def compare(
+    model: str | Qwen3Config,
+    layout: Layout,
+    config: PlanConfig,
+    views: Sequence[str] = (),
+    *,
+    cost_model: CostModel | None = None,
+) -> list[dict[str, Any]]:
     """plan_metrics of every strategy on the same model/layout/cost (canzona rows keep config's α and TP mode)."""
     name = model if isinstance(model, str) else model.name
     rows = []
     for lab, strategy, algo in COMPARE_ROWS:
         cfg = replace(
-            config, strategy=strategy, dp_algo=algo or PlanConfig.dp_algo,
+            config,
+            strategy=strategy,
+            dp_algo=algo or PlanConfig.dp_algo,
             tp_mode=config.tp_mode if strategy == "canzona" else PlanConfig.tp_mode,
         )
         m = plan_metrics(plan_model(model, layout, cfg, views, cost_model=cost_model), model=name)
@@ -67,24 +76,47 @@ def _fmt_cost(x: float, unit: str) -> str:
 
 
 def format_compare(rows: Sequence[dict[str, Any]]) -> str:
-    cols = [("strategy", 20), ("efficiency", 10), ("bound", 7), ("compute", 8), ("comm", 7), ("comm lb", 7),
-            ("padded", 7), ("split", 5), ("groups", 6), ("seconds", 8)]
+    cols = [
+        ("strategy", 20),
+        ("efficiency", 10),
+        ("bound", 7),
+        ("compute", 8),
+        ("comm", 7),
+        ("comm lb", 7),
+        ("padded", 7),
+        ("split", 5),
+        ("groups", 6),
+        ("seconds", 8),
+    ]
     head = " ".join(f"{c:>{w}}" if i else f"{c:<{w}}" for i, (c, w) in enumerate(cols))
     out = [head, "-" * len(head)]
     for m in rows:
-        out.append(" ".join([
-            f"{m.get('label', label(m)):<20}", f"{m['efficiency']:>10.3f}", f"{m['lower_bound']:>7.2f}",
-            f"{m['compute_balance']:>8.2f}", f"{m['comm_balance']:>7.3f}", f"{m['comm_lower_bound']:>7.3f}",
-            f"{m['bucket_comm_balance']:>7.1f}", f"{m['split_params']:>5d}", f"{m['micro_groups']:>6d}",
-            f"{m['planner_seconds']:>8.3f}",
-        ]))
-    out.append("efficiency = atomic bound / max per-GPU cost; bound = max(mean, largest matrix)/mean; "
-               "compute, comm = max/mean per GPU; padded = buffer size if uneven slices are padded (x equal)")
+        out.append(
+            " ".join(
+                [
+                    f"{m.get('label', label(m)):<20}",
+                    f"{m['efficiency']:>10.3f}",
+                    f"{m['lower_bound']:>7.2f}",
+                    f"{m['compute_balance']:>8.2f}",
+                    f"{m['comm_balance']:>7.3f}",
+                    f"{m['comm_lower_bound']:>7.3f}",
+                    f"{m['bucket_comm_balance']:>7.1f}",
+                    f"{m['split_params']:>5d}",
+                    f"{m['micro_groups']:>6d}",
+                    f"{m['planner_seconds']:>8.3f}",
+                ]
+            )
+        )
+    out.append(
+        "efficiency = atomic bound / max per-GPU cost; bound = max(mean, largest matrix)/mean; "
+        "compute, comm = max/mean per GPU; padded = buffer size if uneven slices are padded (x equal)"
+    )
     return "\n".join(out)
 
 
-def format_report(plans: Sequence[Plan], *, model: str | None = None, unit: str = "FLOP",
-                  adamw_elems: int | None = None) -> str:
+def format_report(
+    plans: Sequence[Plan], *, model: str | None = None, unit: str = "FLOP", adamw_elems: int | None = None
+) -> str:
     """A readable report of one model's plans (one per PP stage)."""
     m = plan_metrics(plans, model=model)
     p0 = plans[0]
@@ -102,7 +134,8 @@ def format_report(plans: Sequence[Plan], *, model: str | None = None, unit: str 
         f"         max per GPU {_fmt_cost(m['max_gpu_cost'], unit)}  mean {_fmt_cost(m['mean_gpu_cost'], unit)}",
         f"comm     slice balance max/mean {m['comm_balance']:.3f}  (lower bound {m['comm_lower_bound']:.3f})  "
         f"padded-collective size {m['bucket_comm_balance']:.2f}x equal, padding {_fmt_bytes(m['padding_bytes'])}",
-        f"         max bytes per GPU sent {_fmt_bytes(m['max_bytes_sent'])}  received {_fmt_bytes(m['max_bytes_recv'])}",
+        f"         max bytes per GPU sent {_fmt_bytes(m['max_bytes_sent'])}  "
+        f"received {_fmt_bytes(m['max_bytes_recv'])}",
         f"TP       micro-groups per DP rank max {m['micro_groups']} (total {m['micro_groups_total']})  "
         f"capacity {_fmt_bytes(p0.tp.capacity_bytes) if p0.tp.capacity_bytes else '-'}",
         f"matrices {m['matrices']}  split by ZeRO cuts {m['split_params']}",
@@ -116,7 +149,8 @@ def format_report(plans: Sequence[Plan], *, model: str | None = None, unit: str 
         sizes = [b.size for b in p.dp.buckets]
         ms = plan_metrics([p])
         lines.append(
-            f"stage {s}: {len(p.items)} matrices in {len(sizes)} buckets ({min(sizes, default=0):,}..{max(sizes, default=0):,} "
+            f"stage {s}: {len(p.items)} matrices in {len(sizes)} buckets "
+            f"({min(sizes, default=0):,}..{max(sizes, default=0):,} "
             f"elements); efficiency {ms['efficiency']:.3f}, comm balance {ms['comm_balance']:.3f}; GPU cost max "
             f"{_fmt_cost(max(flat, default=0), unit)} min {_fmt_cost(min(flat, default=0), unit)}"
         )

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import heapq
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
 from canzona.errors import ConfigError
 from canzona.plan.types import MicroGroup, PlanItem, TPSchedule
@@ -90,8 +90,8 @@ def slot_loads(mode: str, costs: Sequence[float], sharded: Sequence[bool], tp: i
 
     Fast path used by the DP planner; must agree with what ``schedule_tp`` + metrics compute.
     """
-    repl = sum(c for c, s in zip(costs, sharded) if not s)
-    sh = [c for c, s in zip(costs, sharded) if s]
+    repl = sum(c for c, s in zip(costs, sharded, strict=False) if not s)
+    sh = [c for c, s in zip(costs, sharded, strict=False) if s]
     if tp == 1:
         return [repl + sum(sh)]
     if mode == "sc":
@@ -107,13 +107,13 @@ def slot_loads(mode: str, costs: Sequence[float], sharded: Sequence[bool], tp: i
     return out
 
 
-def _schedule_one(owned: list[PlanItem], mode: str, tp: int, capacity: int, gb: int,
-                  index: dict[str, int]) -> tuple[MicroGroup, ...]:
+def _schedule_one(
+    owned: list[PlanItem], mode: str, tp: int, capacity: int, gb: int, index: dict[str, int]
+) -> tuple[MicroGroup, ...]:
     order = _ordered(owned, mode, index)
     if mode in ("no", "sorted"):
         return tuple(
-            MicroGroup(tuple((it.name, k) for k, it in enumerate(order[g : g + tp])))
-            for g in range(0, len(order), tp)
+            MicroGroup(tuple((it.name, k) for k, it in enumerate(order[g : g + tp]))) for g in range(0, len(order), tp)
         )
     groups: list[MicroGroup] = []
     total = [0.0] * tp  # cumulative cost per slot (all groups so far)
@@ -144,9 +144,17 @@ def _schedule_one(owned: list[PlanItem], mode: str, tp: int, capacity: int, gb: 
     return tuple(groups)
 
 
-def schedule_tp(items: Sequence[PlanItem], owner_map: dict[str, tuple[int, ...]], dp: int, tp: int,
-                mode: str, capacity_bytes: int | None, grad_dtype_bytes: int,
-                *, all_owned: bool = False) -> TPSchedule:
+def schedule_tp(
+    items: Sequence[PlanItem],
+    owner_map: dict[str, tuple[int, ...]],
+    dp: int,
+    tp: int,
+    mode: str,
+    capacity_bytes: int | None,
+    grad_dtype_bytes: int,
+    *,
+    all_owned: bool = False,
+) -> TPSchedule:
     """Micro-groups per DP rank for the TP-sharded matrices it owns.
 
     A matrix enters rank d's groups when d is its single owner, or for every d when ``all_owned``

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from canzona.errors import ConfigError
 
@@ -165,7 +166,7 @@ class Plan:
         return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Plan":
+    def from_dict(cls, d: dict[str, Any]) -> Plan:
         def tup(x: Any) -> Any:
             return tuple(tup(v) for v in x) if isinstance(x, list) else x
 
@@ -197,7 +198,7 @@ class Plan:
         )
 
     @classmethod
-    def from_json(cls, text: str) -> "Plan":
+    def from_json(cls, text: str) -> Plan:
         return cls.from_dict(json.loads(text))
 
 

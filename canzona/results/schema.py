@@ -19,8 +19,9 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from canzona.errors import ConfigError
 
@@ -115,5 +116,7 @@ def iter_records(path: str | Path, *, skip_invalid: bool = False) -> Iterator[tu
                 if skip_invalid:
                     continue
                 if isinstance(exc, json.JSONDecodeError):
-                    raise ResultsError(f"{where}: not valid JSON ({exc.msg}); the line is truncated or corrupt") from exc
+                    raise ResultsError(
+                        f"{where}: not valid JSON ({exc.msg}); the line is truncated or corrupt"
+                    ) from exc
                 raise

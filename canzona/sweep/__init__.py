@@ -12,5 +12,13 @@ the local executor, and resume/status.
 from canzona.sweep.definition import Cell, Layout, SweepDefinition, load_sweep, parse_sweep
 from canzona.sweep.profile import ClusterProfile, load_profile, parse_profile
 
-__all__ = ["Cell", "ClusterProfile", "Layout", "SweepDefinition", "load_profile", "load_sweep",
-           "parse_profile", "parse_sweep"]
+__all__ = [
+    "Cell",
+    "ClusterProfile",
+    "Layout",
+    "SweepDefinition",
+    "load_profile",
+    "load_sweep",
+    "parse_profile",
+    "parse_sweep",
+]

@@ -1,11 +1,11 @@
 """`canzona sweep`: run, render, inspect and collect benchmark sweeps.
 
-    canzona sweep show    SWEEP.toml                          cells, layouts and the reason for each
-    canzona sweep run     SWEEP.toml [--backend local|debug]  run locally (forked ranks), resuming
-    canzona sweep run     SWEEP.toml --backend slurm --profile PROFILE.toml [--wait] [--force]
-    canzona sweep run     SWEEP.toml --backend slurm --profile PROFILE.toml --dry-run [--out DIR]
-    canzona sweep status  SWEEP.toml                          done / failed / pending per cell, with reasons
-    canzona sweep collect SWEEP.toml                          merge per-cell lines into results/<sweep>.jsonl
+canzona sweep show    SWEEP.toml                          cells, layouts and the reason for each
+canzona sweep run     SWEEP.toml [--backend local|debug]  run locally (forked ranks), resuming
+canzona sweep run     SWEEP.toml --backend slurm --profile PROFILE.toml [--wait] [--force]
+canzona sweep run     SWEEP.toml --backend slurm --profile PROFILE.toml --dry-run [--out DIR]
+canzona sweep status  SWEEP.toml                          done / failed / pending per cell, with reasons
+canzona sweep collect SWEEP.toml                          merge per-cell lines into results/<sweep>.jsonl
 """
 
 from __future__ import annotations
@@ -22,8 +22,13 @@ def configure(p: argparse.ArgumentParser) -> None:
         q.add_argument("sweep", help="sweep definition (TOML), e.g. slurm/sweeps/table2.toml")
         q.add_argument("--runs-dir", default="runs", help="parent of the per-sweep run folder (default: runs)")
         q.add_argument("--results-dir", default="results", help="where <sweep>.jsonl is collected (default: results)")
-        q.add_argument("--only", action="append", default=[], metavar="FRAGMENT",
-                       help="only cells whose key contains FRAGMENT, e.g. method=canzona (repeatable, all must match)")
+        q.add_argument(
+            "--only",
+            action="append",
+            default=[],
+            metavar="FRAGMENT",
+            help="only cells whose key contains FRAGMENT, e.g. method=canzona (repeatable, all must match)",
+        )
 
     q = sub.add_parser("show", help="list the cells, layouts and the reason for each layout")
     common(q)
@@ -31,9 +36,13 @@ def configure(p: argparse.ArgumentParser) -> None:
 
     q = sub.add_parser("run", help="run (local) or submit (slurm) every cell without a valid result line")
     common(q)
-    q.add_argument("--backend", choices=("local", "debug", "slurm"), default="local",
-                   help="local: submitit LocalExecutor, ranks forked by `canzona train --nproc`; "
-                        "debug: in-process submitit DebugExecutor; slurm: submitit SlurmExecutor arrays")
+    q.add_argument(
+        "--backend",
+        choices=("local", "debug", "slurm"),
+        default="local",
+        help="local: submitit LocalExecutor, ranks forked by `canzona train --nproc`; "
+        "debug: in-process submitit DebugExecutor; slurm: submitit SlurmExecutor arrays",
+    )
     q.add_argument("--profile", help="cluster profile TOML (required for --backend slurm)")
     q.add_argument("--dry-run", action="store_true", help="slurm: render the sbatch scripts, submit nothing")
     q.add_argument("--out", help="dry-run output folder (default: runs/<sweep>/dry-run)")
@@ -66,8 +75,11 @@ def run(args: argparse.Namespace) -> int:
 
     if action == "show":
         profile = load_profile(args.profile) if args.profile else None
-        print(f"sweep {defn.name}: {len(cells)} cells, world {defn.world}, seq_len {defn.seq_len}, "
-              f"micro_batch {defn.micro_batch}, global_batch {defn.global_batch}, warmup {defn.warmup}, iters {defn.iters}")
+        print(
+            f"sweep {defn.name}: {len(cells)} cells, world {defn.world}, seq_len {defn.seq_len}, "
+            f"micro_batch {defn.micro_batch}, global_batch {defn.global_batch}, "
+            f"warmup {defn.warmup}, iters {defn.iters}"
+        )
         if defn.description:
             print(defn.description.strip())
         for lay in defn.layouts:
@@ -104,10 +116,13 @@ def run(args: argparse.Namespace) -> int:
             for f in files:
                 print(f"  {f}")
             return 0
-        rep = submit_slurm(defn, profile, paths=paths, cells=cells, force=args.force, wait=args.wait,
-                           progress=not args.no_progress)
-        print(f"submitted {len(rep.submitted)} cell(s) in array job(s) {', '.join(rep.arrays) or '-'}; "
-              f"{len(rep.skipped_done)} already done, {len(rep.skipped_in_flight)} still in flight")
+        rep = submit_slurm(
+            defn, profile, paths=paths, cells=cells, force=args.force, wait=args.wait, progress=not args.no_progress
+        )
+        print(
+            f"submitted {len(rep.submitted)} cell(s) in array job(s) {', '.join(rep.arrays) or '-'}; "
+            f"{len(rep.skipped_done)} already done, {len(rep.skipped_in_flight)} still in flight"
+        )
         for key, why in rep.skipped_in_flight:
             print(f"  in flight: {key}: {why}")
         if not args.wait:
@@ -115,12 +130,21 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.dry_run:
         raise ConfigError("--dry-run renders Slurm scripts; add --backend slurm --profile PROFILE.toml")
-    rep = run_local(defn, paths=paths, cells=cells, backend=args.backend, max_world=args.max_world,
-                    timeout_s=args.timeout_s, progress=not args.no_progress)
+    rep = run_local(
+        defn,
+        paths=paths,
+        cells=cells,
+        backend=args.backend,
+        max_world=args.max_world,
+        timeout_s=args.timeout_s,
+        progress=not args.no_progress,
+    )
     for q in rep.quarantined:
         print(f"quarantined {q}")
-    print(f"sweep {defn.name}: {len(rep.ok)} ran ok, {len(rep.failed)} failed, {len(rep.skipped)} already done; "
-          f"results: {rep.results}")
+    print(
+        f"sweep {defn.name}: {len(rep.ok)} ran ok, {len(rep.failed)} failed, {len(rep.skipped)} already done; "
+        f"results: {rep.results}"
+    )
     for key, why in rep.failed:
         print(f"  failed: {key}: {why}")
     return 0 if rep.success else 1

@@ -15,9 +15,10 @@ keys included) because a typo in a sweep file would otherwise cost a queue slot 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from canzona.errors import ConfigError
 from canzona.models import get_model, list_params
@@ -79,11 +80,20 @@ class Cell:
     def config(self) -> dict[str, Any]:
         """The schema's ``config`` fields this cell fixes (dtype is the harness's choice)."""
         return {
-            "model": self.model, "tp": self.tp, "pp": self.pp, "dp": self.dp, "world": self.world,
-            "method": self.method, "optimizer": self.optimizer, "seq_len": self.seq_len,
-            "micro_batch": self.micro_batch, "global_batch": self.global_batch,
-            "alpha": self.alpha, "bucket_size": self.bucket_size,
-            "warmup": self.warmup, "iters": self.iters,
+            "model": self.model,
+            "tp": self.tp,
+            "pp": self.pp,
+            "dp": self.dp,
+            "world": self.world,
+            "method": self.method,
+            "optimizer": self.optimizer,
+            "seq_len": self.seq_len,
+            "micro_batch": self.micro_batch,
+            "global_batch": self.global_batch,
+            "alpha": self.alpha,
+            "bucket_size": self.bucket_size,
+            "warmup": self.warmup,
+            "iters": self.iters,
         }
 
     @property
@@ -93,15 +103,37 @@ class Cell:
     @property
     def slug(self) -> str:
         """File-system-safe, human-readable, unique per key (used for per-cell result files)."""
-        return (f"{self.model}_tp{self.tp}_pp{self.pp}_dp{self.dp}_{self.method}_{self.optimizer}"
-                f"_s{self.seq_len}_gb{self.global_batch}")
+        return (
+            f"{self.model}_tp{self.tp}_pp{self.pp}_dp{self.dp}_{self.method}_{self.optimizer}"
+            f"_s{self.seq_len}_gb{self.global_batch}"
+        )
 
     def train_args(self) -> list[str]:
         """The `canzona train` flags that define this cell (results path and launcher excluded)."""
-        args = ["--model", self.model, "--tp", str(self.tp), "--pp", str(self.pp), "--dp", str(self.dp),
-                "--method", self.method, "--optimizer", self.optimizer, "--seq-len", str(self.seq_len),
-                "--micro-batch", str(self.micro_batch), "--global-batch", str(self.global_batch),
-                "--warmup", str(self.warmup), "--iters", str(self.iters)]
+        args = [
+            "--model",
+            self.model,
+            "--tp",
+            str(self.tp),
+            "--pp",
+            str(self.pp),
+            "--dp",
+            str(self.dp),
+            "--method",
+            self.method,
+            "--optimizer",
+            self.optimizer,
+            "--seq-len",
+            str(self.seq_len),
+            "--micro-batch",
+            str(self.micro_batch),
+            "--global-batch",
+            str(self.global_batch),
+            "--warmup",
+            str(self.warmup),
+            "--iters",
+            str(self.iters),
+        ]
         if self.alpha is not None:
             args += ["--alpha", repr(float(self.alpha))]
         if self.bucket_size is not None:
@@ -149,9 +181,23 @@ class SweepDefinition:
                     continue
                 for method in g.methods:
                     for opt in g.optimizers:
-                        c = Cell(lay.model, lay.tp, lay.pp, lay.dp, method, opt, self.seq_len,
-                                 self.micro_batch, self.global_batch, self.warmup, self.iters,
-                                 self.alpha, self.bucket_size, lay.time_min or self.time_min, g.label)
+                        c = Cell(
+                            lay.model,
+                            lay.tp,
+                            lay.pp,
+                            lay.dp,
+                            method,
+                            opt,
+                            self.seq_len,
+                            self.micro_batch,
+                            self.global_batch,
+                            self.warmup,
+                            self.iters,
+                            self.alpha,
+                            self.bucket_size,
+                            lay.time_min or self.time_min,
+                            g.label,
+                        )
                         if c.key not in seen:
                             seen.add(c.key)
                             out.append(c)
@@ -159,6 +205,7 @@ class SweepDefinition:
 
 
 # ----------------------------------------------------------------------------- loading
+
 
 def _take(table: dict[str, Any], where: str, spec: dict[str, tuple[type | tuple[type, ...], bool]]) -> dict[str, Any]:
     """Check ``table`` against {key: (types, required)}; unknown keys are errors (typos)."""
@@ -205,20 +252,42 @@ def parse_sweep(data: dict[str, Any], source: str = "<sweep>") -> SweepDefinitio
     """Validate a parsed sweep TOML document; every error names the file and the table."""
     top_unknown = sorted(set(data) - {"sweep", "layout", "grid"})
     if top_unknown:
-        raise ConfigError(f"{source}: unknown table(s) {', '.join(top_unknown)}; expected [sweep], [[layout]], [[grid]]")
+        raise ConfigError(
+            f"{source}: unknown table(s) {', '.join(top_unknown)}; expected [sweep], [[layout]], [[grid]]"
+        )
     if "sweep" not in data:
         raise ConfigError(f"{source}: missing the [sweep] table")
-    s = _take(data["sweep"], f"{source} [sweep]", {
-        "name": (str, True), "description": (str, False), "world": (int, True), "seq_len": (int, True),
-        "micro_batch": (int, True), "global_batch": (int, True), "warmup": (int, True), "iters": (int, True),
-        "time_min": (int, False), "alpha": ((int, float), False), "bucket_size": (int, False), "notes": (str, False),
-    })
+    s = _take(
+        data["sweep"],
+        f"{source} [sweep]",
+        {
+            "name": (str, True),
+            "description": (str, False),
+            "world": (int, True),
+            "seq_len": (int, True),
+            "micro_batch": (int, True),
+            "global_batch": (int, True),
+            "warmup": (int, True),
+            "iters": (int, True),
+            "time_min": (int, False),
+            "alpha": ((int, float), False),
+            "bucket_size": (int, False),
+            "notes": (str, False),
+        },
+    )
     where = f"{source} [sweep]"
     if not _NAME.match(s["name"]):
         raise ConfigError(f"{where}: name {s['name']!r} must match {_NAME.pattern} (it names folders and files)")
-    _positive(where, world=s["world"], seq_len=s["seq_len"], micro_batch=s["micro_batch"],
-              global_batch=s["global_batch"], iters=s["iters"], time_min=s.get("time_min"),
-              bucket_size=s.get("bucket_size"))
+    _positive(
+        where,
+        world=s["world"],
+        seq_len=s["seq_len"],
+        micro_batch=s["micro_batch"],
+        global_batch=s["global_batch"],
+        iters=s["iters"],
+        time_min=s.get("time_min"),
+        bucket_size=s.get("bucket_size"),
+    )
     if s["warmup"] < 0:
         raise ConfigError(f"{where}: warmup must be >= 0, got {s['warmup']}")
     alpha = s.get("alpha")
@@ -231,8 +300,18 @@ def parse_sweep(data: dict[str, Any], source: str = "<sweep>") -> SweepDefinitio
     layouts: list[Layout] = []
     for i, t in enumerate(raw_layouts):
         w = f"{source} [[layout]] #{i + 1}"
-        v = _take(t, w, {"model": (str, True), "tp": (int, True), "pp": (int, True), "dp": (int, True),
-                         "reason": (str, True), "time_min": (int, False)})
+        v = _take(
+            t,
+            w,
+            {
+                "model": (str, True),
+                "tp": (int, True),
+                "pp": (int, True),
+                "dp": (int, True),
+                "reason": (str, True),
+                "time_min": (int, False),
+            },
+        )
         _positive(w, tp=v["tp"], pp=v["pp"], dp=v["dp"], time_min=v.get("time_min"))
         model = get_model(v["model"]).name
         try:
@@ -243,12 +322,18 @@ def parse_sweep(data: dict[str, Any], source: str = "<sweep>") -> SweepDefinitio
         if not lay.reason:
             raise ConfigError(f"{w}: reason is empty; write down why this TP/PP/DP was chosen")
         if lay.world != s["world"]:
-            raise ConfigError(f"{w}: tp*pp*dp = {lay.tp}*{lay.pp}*{lay.dp} = {lay.world}, but the sweep's world is "
-                              f"{s['world']}; change dp to {s['world'] // (lay.tp * lay.pp) if s['world'] % (lay.tp * lay.pp) == 0 else '?'}")
+            tp_pp = lay.tp * lay.pp
+            fix = s["world"] // tp_pp if s["world"] % tp_pp == 0 else "?"
+            raise ConfigError(
+                f"{w}: tp*pp*dp = {lay.tp}*{lay.pp}*{lay.dp} = {lay.world}, but the sweep's world is "
+                f"{s['world']}; change dp to {fix}"
+            )
         if s["global_batch"] % (s["micro_batch"] * lay.dp):
-            raise ConfigError(f"{w}: global_batch {s['global_batch']} is not a multiple of micro_batch*dp = "
-                              f"{s['micro_batch'] * lay.dp}; every DP rank needs a whole number of micro-batches")
-        if any((l.model, l.tp, l.pp, l.dp) == (lay.model, lay.tp, lay.pp, lay.dp) for l in layouts):
+            raise ConfigError(
+                f"{w}: global_batch {s['global_batch']} is not a multiple of micro_batch*dp = "
+                f"{s['micro_batch'] * lay.dp}; every DP rank needs a whole number of micro-batches"
+            )
+        if any((o.model, o.tp, o.pp, o.dp) == (lay.model, lay.tp, lay.pp, lay.dp) for o in layouts):
             raise ConfigError(f"{w}: {lay.model} TP={lay.tp} PP={lay.pp} DP={lay.dp} is listed twice")
         layouts.append(lay)
 
@@ -256,10 +341,12 @@ def parse_sweep(data: dict[str, Any], source: str = "<sweep>") -> SweepDefinitio
     if not isinstance(raw_grids, list) or not raw_grids:
         raise ConfigError(f"{source}: at least one [[grid]] table is required")
     grids: list[Grid] = []
-    layout_models = sorted({l.model for l in layouts})
+    layout_models = sorted({lay.model for lay in layouts})
     for i, t in enumerate(raw_grids):
         w = f"{source} [[grid]] #{i + 1}"
-        v = _take(t, w, {"label": (str, False), "methods": (list, True), "optimizers": (list, True), "models": (list, False)})
+        v = _take(
+            t, w, {"label": (str, False), "methods": (list, True), "optimizers": (list, True), "models": (list, False)}
+        )
         methods = _str_list(v["methods"], f"{w} methods", METHODS)
         opts = _str_list(v["optimizers"], f"{w} optimizers", OPTIMIZERS)
         models: tuple[str, ...] = ()
@@ -269,16 +356,28 @@ def parse_sweep(data: dict[str, Any], source: str = "<sweep>") -> SweepDefinitio
         for m in methods:
             ok = METHOD_OPTIMIZERS.get(m)
             if ok is not None and any(o not in ok for o in opts):
-                raise ConfigError(f"{w}: method {m} only supports optimizer(s) {', '.join(ok)}; "
-                                  f"put it in a grid of its own with optimizers = {list(ok)}")
+                raise ConfigError(
+                    f"{w}: method {m} only supports optimizer(s) {', '.join(ok)}; "
+                    f"put it in a grid of its own with optimizers = {list(ok)}"
+                )
         grids.append(Grid(v.get("label", f"grid{i + 1}"), methods, opts, models))
 
     return SweepDefinition(
-        name=s["name"], description=s.get("description", ""), world=s["world"], seq_len=s["seq_len"],
-        micro_batch=s["micro_batch"], global_batch=s["global_batch"], warmup=s["warmup"], iters=s["iters"],
-        time_min=s.get("time_min", 30), layouts=tuple(layouts), grids=tuple(grids),
-        alpha=None if alpha is None else float(alpha), bucket_size=s.get("bucket_size"),
-        notes=s.get("notes", ""), source=source,
+        name=s["name"],
+        description=s.get("description", ""),
+        world=s["world"],
+        seq_len=s["seq_len"],
+        micro_batch=s["micro_batch"],
+        global_batch=s["global_batch"],
+        warmup=s["warmup"],
+        iters=s["iters"],
+        time_min=s.get("time_min", 30),
+        layouts=tuple(layouts),
+        grids=tuple(grids),
+        alpha=None if alpha is None else float(alpha),
+        bucket_size=s.get("bucket_size"),
+        notes=s.get("notes", ""),
+        source=source,
     )
 
 
@@ -320,8 +419,12 @@ def estimate_memory_gb(model: str, tp: int, pp: int, dp: int, seq_len: int, micr
     logits = 2 * 4 * seq_len * micro_batch * cfg.vocab / tp if pp == 1 else 0.0
     if pp > 1:  # the last stage holds the logits but only one micro-batch of activations in flight
         last = list_params(cfg, pp=pp, stage=pp - 1)
-        last_static = sum(p.shard_numel(tp) for p in last) * _REPLICA_BYTES + sum(
-            p.shard_numel(tp) * _SHARDED_BYTES[p.route] for p in last) / dp
-        last_total = last_static + sbh * (10 + 24 / tp) * (cfg.layers // pp) + 2 * 4 * seq_len * micro_batch * cfg.vocab / tp
+        last_static = (
+            sum(p.shard_numel(tp) for p in last) * _REPLICA_BYTES
+            + sum(p.shard_numel(tp) * _SHARDED_BYTES[p.route] for p in last) / dp
+        )
+        last_total = (
+            last_static + sbh * (10 + 24 / tp) * (cfg.layers // pp) + 2 * 4 * seq_len * micro_batch * cfg.vocab / tp
+        )
         return max(static + activations, last_total) / 1e9
     return (static + activations + logits) / 1e9

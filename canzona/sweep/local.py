@@ -16,9 +16,9 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from canzona.errors import ConfigError
 from canzona.sweep.definition import Cell, SweepDefinition
@@ -50,8 +50,9 @@ def select_cells(defn: SweepDefinition, only: Sequence[str] = ()) -> list[Cell]:
     if only:
         cells = [c for c in cells if all(f in c.key for f in only)]
         if not cells:
-            raise ConfigError(f"no cell of sweep {defn.name} matches {' and '.join(only)}; "
-                              f"keys look like {defn.cells()[0].key!r}")
+            raise ConfigError(
+                f"no cell of sweep {defn.name} matches {' and '.join(only)}; keys look like {defn.cells()[0].key!r}"
+            )
     return cells
 
 
@@ -81,14 +82,18 @@ def run_local(
     from tqdm import tqdm
 
     if backend not in LOCAL_BACKENDS:
-        raise ConfigError(f"backend {backend!r} is not a local backend; use one of {', '.join(LOCAL_BACKENDS)} (or slurm)")
+        raise ConfigError(
+            f"backend {backend!r} is not a local backend; use one of {', '.join(LOCAL_BACKENDS)} (or slurm)"
+        )
     paths = paths or SweepPaths.for_sweep(defn.name)
     cells = list(cells if cells is not None else defn.cells())
     too_big = sorted({c.world for c in cells if c.world > max_world})
     if too_big:
-        raise ConfigError(f"sweep {defn.name} has cells with world {too_big} but this machine runs at most "
-                          f"{max_world} forked ranks; use the scaled-down sweep (slurm/sweeps/local.toml), "
-                          "raise --max-world, or submit it to Slurm")
+        raise ConfigError(
+            f"sweep {defn.name} has cells with world {too_big} but this machine runs at most "
+            f"{max_world} forked ranks; use the scaled-down sweep (slurm/sweeps/local.toml), "
+            "raise --max-world, or submit it to Slurm"
+        )
     paths.run_dir.mkdir(parents=True, exist_ok=True)
     report = RunReport(defn.name, paths.results)
     report.quarantined += collect(paths).quarantined
@@ -100,8 +105,9 @@ def run_local(
         raise ConfigError(f"cell {c.key} is already {why}; wait for that sweep or stop it first")
 
     folder = paths.logs / "%j"
-    executor: submitit.Executor = (submitit.LocalExecutor(folder=folder) if backend == "local"
-                                   else submitit.DebugExecutor(folder=folder))
+    executor: submitit.Executor = (
+        submitit.LocalExecutor(folder=folder) if backend == "local" else submitit.DebugExecutor(folder=folder)
+    )
     bar = tqdm(todo, desc=f"sweep {defn.name}", unit="cell", disable=not progress or not todo, dynamic_ncols=True)
     for cell in bar:
         results = paths.cell_results(cell)
@@ -116,8 +122,15 @@ def run_local(
             executor.update_parameters(timeout_min=limit / 60 + 2)
         bar.set_postfix_str(f"{cell.model} tp{cell.tp} dp{cell.dp} {cell.method}/{cell.optimizer}")
         job = executor.submit(task)
-        book.record(cell.key, backend=backend, job_id=str(job.job_id), folder=str(folder), submitted=now(),
-                    pid=os.getpid(), command=shlex.join(argv))
+        book.record(
+            cell.key,
+            backend=backend,
+            job_id=str(job.job_id),
+            folder=str(folder),
+            submitted=now(),
+            pid=os.getpid(),
+            command=shlex.join(argv),
+        )
         try:
             exc = job.exception()
         except KeyboardInterrupt:

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import re
 import shlex
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from canzona.errors import ConfigError
 
@@ -30,8 +31,16 @@ _MODULE = re.compile(r"^[A-Za-z0-9_.+/@-]{1,128}$")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # Variables the launcher itself sets per rank; a profile must not override them.
-_RESERVED_ENV = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                 "GROUP_RANK", "NODE_RANK"}
+_RESERVED_ENV = {
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "GROUP_RANK",
+    "NODE_RANK",
+}
 
 _SPEC: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "name": (str, False),
@@ -89,7 +98,8 @@ class ClusterProfile:
         if world % self.gpus_per_node:
             raise ConfigError(
                 f"{self.source or 'profile'}: gpus_per_node = {self.gpus_per_node} does not divide the world size "
-                f"{world}; use a world that is a multiple of {self.gpus_per_node} or fix gpus_per_node")
+                f"{world}; use a world that is a multiple of {self.gpus_per_node} or fix gpus_per_node"
+            )
         return world // self.gpus_per_node
 
     def setup_lines(self) -> list[str]:
@@ -110,7 +120,8 @@ def _check_directive(where: str, key: str, value: str, pattern: re.Pattern[str] 
     if not pattern.match(value):
         raise ConfigError(
             f"{where}: {key} = {value!r} contains characters that are not allowed in an sbatch directive "
-            f"(allowed: {pattern.pattern}); shell text in a profile is refused, use the value Slurm expects")
+            f"(allowed: {pattern.pattern}); shell text in a profile is refused, use the value Slurm expects"
+        )
     return value
 
 
@@ -123,11 +134,15 @@ def _check_text(where: str, key: str, value: str) -> str:
 def parse_profile(data: dict[str, Any], source: str = "<profile>") -> ClusterProfile:
     """Validate a parsed profile document (the ``[cluster]`` table)."""
     if set(data) != {"cluster"}:
-        raise ConfigError(f"{source}: a profile holds exactly one [cluster] table (found: {', '.join(data) or 'nothing'})")
+        raise ConfigError(
+            f"{source}: a profile holds exactly one [cluster] table (found: {', '.join(data) or 'nothing'})"
+        )
     t = data["cluster"]
     where = f"{source} [cluster]"
     if "partition" not in t:
-        raise ConfigError(f"{where}: missing required key 'partition' (the Slurm partition to submit to, e.g. partition = \"gpu\")")
+        raise ConfigError(
+            f"{where}: missing required key 'partition' (the Slurm partition to submit to, e.g. partition = \"gpu\")"
+        )
     unknown = sorted(set(t) - set(_SPEC))
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(_SPEC)}")
@@ -156,7 +171,9 @@ def parse_profile(data: dict[str, Any], source: str = "<profile>") -> ClusterPro
                 raise ConfigError(f"{where}: {key} must be >= 1, got {t[key]}")
             kw[key] = t[key]
     if "rdzv_port" in t and not 1024 <= t["rdzv_port"] <= 64535:
-        raise ConfigError(f"{where}: rdzv_port must lie in [1024, 64535] (the launcher adds up to 1000), got {t['rdzv_port']}")
+        raise ConfigError(
+            f"{where}: rdzv_port must lie in [1024, 64535] (the launcher adds up to 1000), got {t['rdzv_port']}"
+        )
     if "max_num_timeout" in t:
         if t["max_num_timeout"] < 0:
             raise ConfigError(f"{where}: max_num_timeout must be >= 0, got {t['max_num_timeout']}")
@@ -170,8 +187,10 @@ def parse_profile(data: dict[str, Any], source: str = "<profile>") -> ClusterPro
             raise ConfigError(f"{where}: modules must be a list of module names")
         for m in mods:
             if not _MODULE.match(m):
-                raise ConfigError(f"{where}: module name {m!r} is not a plain module name (allowed: {_MODULE.pattern}); "
-                                  "list one module per entry, no shell")
+                raise ConfigError(
+                    f"{where}: module name {m!r} is not a plain module name (allowed: {_MODULE.pattern}); "
+                    "list one module per entry, no shell"
+                )
         kw["modules"] = tuple(mods)
     for key in ("venv", "workdir", "python"):
         if key in t:
@@ -204,7 +223,9 @@ def load_profile(path: str | Path) -> ClusterProfile:
     """Read and validate a cluster profile (TOML). ConfigError names the file and the key."""
     p = Path(path)
     if p.suffix.lower() in (".yaml", ".yml"):
-        raise ConfigError(f"{p}: profiles are TOML (read with the standard library's tomllib); "
-                          "copy slurm/profiles/example.toml and fill it in")
+        raise ConfigError(
+            f"{p}: profiles are TOML (read with the standard library's tomllib); "
+            "copy slurm/profiles/example.toml and fill it in"
+        )
     data = read_toml(p, f"cluster profile {p} not found; copy slurm/profiles/example.toml and fill it in")
     return parse_profile(data, str(p))

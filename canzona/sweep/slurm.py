@@ -22,10 +22,11 @@ import shlex
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from canzona.errors import ConfigError
 from canzona.sweep.definition import Cell, SweepDefinition
@@ -100,8 +101,16 @@ def _task(cell: Cell, paths: SweepPaths, profile: ClusterProfile, builder: Comma
     results = paths.cell_results(cell)
     # Under torchrun each rank is one process: no --nproc.
     argv = builder(cell, results, None)
-    return CellTask(cell.key, list(argv), str(results), "torchrun", gpus_per_node=profile.gpus_per_node,
-                    rdzv_port=profile.rdzv_port, python=job_python(profile), timeout_s=None)
+    return CellTask(
+        cell.key,
+        list(argv),
+        str(results),
+        "torchrun",
+        gpus_per_node=profile.gpus_per_node,
+        rdzv_port=profile.rdzv_port,
+        python=job_python(profile),
+        timeout_s=None,
+    )
 
 
 def render_dry_run(
@@ -130,23 +139,37 @@ def render_dry_run(
     folder = paths.logs / "%j"
     written: list[Path] = []
     for k, group in enumerate(group_cells(cells, profile)):
-        params = slurm_parameters(profile, nodes=group.nodes, time_min=group.time_min,
-                                  job_name=f"canzona-{defn.name}")
-        text = _make_sbatch_string(command=submitit_command(job_python(profile), folder), folder=folder,
-                                   map_count=len(group.cells), **params)
+        params = slurm_parameters(profile, nodes=group.nodes, time_min=group.time_min, job_name=f"canzona-{defn.name}")
+        text = _make_sbatch_string(
+            command=submitit_command(job_python(profile), folder), folder=folder, map_count=len(group.cells), **params
+        )
         stem = f"{defn.name}-array{k:02d}-{group.nodes}n-{group.time_min}min"
         script = out / f"{stem}.sbatch"
         script.write_text(text)
         manifest = []
         for i, cell in enumerate(group.cells):
             task = _task(cell, paths, profile, builder)
-            node_cmd = torchrun_argv(task.argv, python=task.python, nnodes=group.nodes, node_rank=0,
-                                     nproc_per_node=profile.gpus_per_node, master_addr="{MASTER_ADDR}",
-                                     master_port=0)
+            node_cmd = torchrun_argv(
+                task.argv,
+                python=task.python,
+                nnodes=group.nodes,
+                node_rank=0,
+                nproc_per_node=profile.gpus_per_node,
+                master_addr="{MASTER_ADDR}",
+                master_port=0,
+            )
             node_cmd[node_cmd.index("--node_rank") + 1] = "{NODE_RANK}"
             node_cmd[node_cmd.index("--master_port") + 1] = "{MASTER_PORT}"
-            manifest.append({"index": i, "cell": cell.key, "results": task.results, "world": cell.world,
-                             "nodes": group.nodes, "node_command": shlex.join(node_cmd)})
+            manifest.append(
+                {
+                    "index": i,
+                    "cell": cell.key,
+                    "results": task.results,
+                    "world": cell.world,
+                    "nodes": group.nodes,
+                    "node_command": shlex.join(node_cmd),
+                }
+            )
         cells_file = out / f"{stem}.cells.json"
         cells_file.write_text(json.dumps(manifest, indent=1) + "\n")
         written += [script, cells_file]
@@ -186,8 +209,10 @@ def submit_slurm(
     import submitit
 
     if shutil.which("sbatch") is None:
-        raise ConfigError("sbatch is not on PATH: this is not a Slurm login node. Render the scripts with "
-                          "--dry-run, or run the scaled-down sweep with --backend local")
+        raise ConfigError(
+            "sbatch is not on PATH: this is not a Slurm login node. Render the scripts with "
+            "--dry-run, or run the scaled-down sweep with --backend local"
+        )
     paths = _absolute(paths or SweepPaths.for_sweep(defn.name))
     cells = list(cells if cells is not None else defn.cells())
     builder = _builder_for(profile, builder)
@@ -207,18 +232,26 @@ def submit_slurm(
         quarantine_invalid(paths.cell_results(c))
 
     folder = paths.logs / "%j"
-    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=profile.max_num_timeout,
-                                      python=shlex.quote(job_python(profile)))
+    executor = submitit.SlurmExecutor(
+        folder=folder, max_num_timeout=profile.max_num_timeout, python=shlex.quote(job_python(profile))
+    )
     jobs = []
     for group in group_cells(todo, profile):
-        executor.update_parameters(**slurm_parameters(profile, nodes=group.nodes, time_min=group.time_min,
-                                                      job_name=f"canzona-{defn.name}"))
+        executor.update_parameters(
+            **slurm_parameters(profile, nodes=group.nodes, time_min=group.time_min, job_name=f"canzona-{defn.name}")
+        )
         tasks = [_task(c, paths, profile, builder) for c in group.cells]
         with executor.batch():
             group_jobs = [executor.submit(t) for t in tasks]
-        for cell, task, job in zip(group.cells, tasks, group_jobs):
-            book.record(cell.key, backend="slurm", job_id=str(job.job_id), folder=str(folder), submitted=now(),
-                        command=shlex.join(task.argv))
+        for cell, task, job in zip(group.cells, tasks, group_jobs, strict=False):
+            book.record(
+                cell.key,
+                backend="slurm",
+                job_id=str(job.job_id),
+                folder=str(folder),
+                submitted=now(),
+                command=shlex.join(task.argv),
+            )
             report.submitted.append((cell.key, str(job.job_id)))
         report.arrays.append(str(group_jobs[0].job_id).split("_")[0])
         jobs += group_jobs

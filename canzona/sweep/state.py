@@ -20,16 +20,29 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from canzona.results.schema import ResultsError, validate, write_atomic
 from canzona.sweep.definition import Cell, SweepDefinition
 
 # Slurm states of a job that is still queued or running (it may still write its line).
-IN_FLIGHT = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING",
-             "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD"}
+IN_FLIGHT = {
+    "PENDING",
+    "RUNNING",
+    "REQUEUED",
+    "CONFIGURING",
+    "COMPLETING",
+    "SUSPENDED",
+    "RESIZING",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "SIGNALING",
+    "STAGE_OUT",
+    "RESV_DEL_HOLD",
+}
 
 
 @dataclass(frozen=True)
@@ -41,7 +54,7 @@ class SweepPaths:
     results: Path
 
     @classmethod
-    def for_sweep(cls, name: str, runs_dir: str | Path = "runs", results_dir: str | Path = "results") -> "SweepPaths":
+    def for_sweep(cls, name: str, runs_dir: str | Path = "runs", results_dir: str | Path = "results") -> SweepPaths:
         return cls(name, Path(runs_dir) / name, Path(results_dir) / f"{name}.jsonl")
 
     @property
@@ -65,6 +78,7 @@ class SweepPaths:
 
 
 # ----------------------------------------------------------------------------- result lines
+
 
 @dataclass
 class Lines:
@@ -143,8 +157,10 @@ def collect(paths: SweepPaths) -> CollectReport:
     if current.invalid:
         stamp = time.strftime("%Y%m%dT%H%M%S")
         dest = paths.corrupt_dir / f"{paths.results.name}.{stamp}.{os.getpid()}.txt"
-        body = "".join(f"# {paths.results}:{no}: {why}\n{raw if raw.endswith(chr(10)) else raw + chr(10)}"
-                       for no, raw, why in current.invalid)
+        body = "".join(
+            f"# {paths.results}:{no}: {why}\n{raw if raw.endswith(chr(10)) else raw + chr(10)}"
+            for no, raw, why in current.invalid
+        )
         write_atomic(dest, body)
         quarantined = [f"{paths.results}:{no}: {why} (moved to {dest})" for no, _, why in current.invalid]
     if added or current.invalid:
@@ -153,6 +169,7 @@ def collect(paths: SweepPaths) -> CollectReport:
 
 
 # ----------------------------------------------------------------------------- job book
+
 
 class JobBook:
     """cell key -> what was last launched for it; saved with write_atomic after every change so a
@@ -190,6 +207,7 @@ class JobBook:
 
 # ----------------------------------------------------------------------------- job states
 
+
 def log_tail(folder: str | Path, job_id: str, lines: int = 10) -> list[str]:
     """Last lines of a submitit job's stderr (stdout when stderr is empty)."""
     from submitit.core.utils import JobPaths
@@ -215,7 +233,7 @@ def pickled_outcome(folder: str | Path, job_id: str) -> tuple[str, str] | None:
         return None
     try:
         kind, value = pickle_load(p)
-    except Exception as exc:  # noqa: BLE001 - a damaged pickle is itself a reason to report
+    except Exception as exc:  # noqa: BLE001 - any failure here means 'not available' / 'report it', by design
         return "error", f"unreadable result pickle {p}: {exc}"
     return str(kind), value if isinstance(value, str) else repr(value)
 
@@ -226,7 +244,7 @@ def failure_reason(text: str) -> str:
     for i, ln in enumerate(lines):
         if "CellFailed:" in ln:
             head = ln.split("CellFailed:", 1)[1].strip()
-            after = lines[i + 1:]
+            after = lines[i + 1 :]
             return f"{head}: {after[-1].strip()}" if after else head
     return lines[-1].strip() if lines else "no reason recorded"
 
@@ -237,7 +255,7 @@ def slurm_state(entry: dict[str, Any]) -> str:
 
     try:
         return str(submitit.SlurmJob(folder=entry["folder"], job_id=str(entry["job_id"])).state)
-    except Exception:  # noqa: BLE001 - status must print even when the cluster cannot answer
+    except Exception:  # noqa: BLE001 - any failure here means 'not available' / 'report it', by design
         return "UNKNOWN"
 
 
@@ -294,8 +312,9 @@ def triage(paths: SweepPaths, cells: Iterable[Cell]) -> tuple[list[str], list[tu
     return finished, busy, todo
 
 
-def sweep_status(defn: SweepDefinition, paths: SweepPaths, tail: int = 8,
-                 cells: Iterable[Cell] | None = None) -> list[CellStatus]:
+def sweep_status(
+    defn: SweepDefinition, paths: SweepPaths, tail: int = 8, cells: Iterable[Cell] | None = None
+) -> list[CellStatus]:
     """done / failed / pending for every cell of ``defn`` (or just ``cells``), with the reason
     and a log tail."""
     cells = list(cells if cells is not None else defn.cells())
@@ -308,7 +327,9 @@ def sweep_status(defn: SweepDefinition, paths: SweepPaths, tail: int = 8,
             out.append(CellStatus(cell, "done", _summary(rec)))
             continue
         per_cell = read_lines(paths.cell_results(cell))
-        corrupt = f"; {paths.cell_results(cell)} holds a corrupt line ({per_cell.invalid[-1][2]})" if per_cell.invalid else ""
+        corrupt = (
+            f"; {paths.cell_results(cell)} holds a corrupt line ({per_cell.invalid[-1][2]})" if per_cell.invalid else ""
+        )
         entry = book.get(cell.key)
         if not entry:
             out.append(CellStatus(cell, "failed" if corrupt else "pending", ("not submitted" + corrupt).lstrip("; ")))
@@ -330,12 +351,21 @@ def sweep_status(defn: SweepDefinition, paths: SweepPaths, tail: int = 8,
             if _pid_alive(entry.get("pid")):
                 out.append(CellStatus(cell, "pending", f"running ({job})", logs))
             else:
-                out.append(CellStatus(cell, "failed", f"interrupted ({job}): the sweep process stopped before "
-                                      f"the cell finished{corrupt}", logs))
+                out.append(
+                    CellStatus(
+                        cell,
+                        "failed",
+                        f"interrupted ({job}): the sweep process stopped before the cell finished{corrupt}",
+                        logs,
+                    )
+                )
             continue
         reason = entry.get("reason") or "finished without a valid result line"
-        out.append(CellStatus(cell, "failed", f"{entry['outcome']} ({job}): {reason}{corrupt}",
-                              logs or entry.get("tail", [])[-tail:]))
+        out.append(
+            CellStatus(
+                cell, "failed", f"{entry['outcome']} ({job}): {reason}{corrupt}", logs or entry.get("tail", [])[-tail:]
+            )
+        )
     return out
 
 
@@ -347,15 +377,19 @@ def _ms(t: Any) -> str:
 
 def _summary(rec: dict[str, Any]) -> str:
     t = rec.get("timings", {})
-    return (f"{rec.get('provenance')} on {rec.get('env', {}).get('device', '?')}: iteration {_ms(t.get('iteration_ms'))}, "
-            f"optimizer step {_ms(t.get('step_ms'))}")
+    return (
+        f"{rec.get('provenance')} on {rec.get('env', {}).get('device', '?')}: iteration {_ms(t.get('iteration_ms'))}, "
+        f"optimizer step {_ms(t.get('step_ms'))}"
+    )
 
 
 def format_status(defn: SweepDefinition, paths: SweepPaths, statuses: list[CellStatus], show_tail: bool = True) -> str:
     """The table `canzona sweep status` prints."""
     counts = {s: sum(1 for x in statuses if x.state == s) for s in ("done", "failed", "pending")}
-    lines = [f"sweep {defn.name}: {counts['done']} done, {counts['failed']} failed, {counts['pending']} pending "
-             f"of {len(statuses)} cells  (results: {paths.results}; runs: {paths.run_dir})"]
+    lines = [
+        f"sweep {defn.name}: {counts['done']} done, {counts['failed']} failed, {counts['pending']} pending "
+        f"of {len(statuses)} cells  (results: {paths.results}; runs: {paths.run_dir})"
+    ]
     for st in statuses:
         lines.append(f"{st.state:<8} {st.cell.key}")
         lines.append(f"         {st.reason.splitlines()[0] if st.reason else ''}")

@@ -28,8 +28,18 @@ from canzona.sweep.definition import Cell
 
 # Variables a launcher sets per rank. Stripped from a forked child's environment so that
 # `canzona train --nproc N` never mistakes an outer launcher's variables for its own rank.
-RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-            "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
+RANK_ENV = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "TORCHELASTIC_RUN_ID",
+)
 
 
 class CommandBuilder(Protocol):
@@ -47,17 +57,41 @@ def train_command(cell: Cell, results: Path, nproc: int | None, *, python: str |
     return argv
 
 
-def torchrun_argv(argv: list[str], *, python: str, nnodes: int, node_rank: int, nproc_per_node: int,
-                  master_addr: str, master_port: int) -> list[str]:
+def torchrun_argv(
+    argv: list[str],
+    *,
+    python: str,
+    nnodes: int,
+    node_rank: int,
+    nproc_per_node: int,
+    master_addr: str,
+    master_port: int,
+) -> list[str]:
     """One torchrun per node with static rendezvous: node 0's host is the master.
 
     Static (not c10d) rendezvous because Slurm already fixed the node set and order; node
     ranks come from SLURM_NODEID via submitit, so rank 0 (which writes the result line) is
     always on the first node of the allocation. ``--no-python`` lets torchrun start any argv.
     """
-    return [python, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--node_rank", str(node_rank),
-            "--nproc_per_node", str(nproc_per_node), "--master_addr", master_addr, "--master_port", str(master_port),
-            "--max_restarts", "0", "--no-python", *argv]
+    return [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(nnodes),
+        "--node_rank",
+        str(node_rank),
+        "--nproc_per_node",
+        str(nproc_per_node),
+        "--master_addr",
+        master_addr,
+        "--master_port",
+        str(master_port),
+        "--max_restarts",
+        "0",
+        "--no-python",
+        *argv,
+    ]
 
 
 class CellFailed(RuntimeError):
@@ -131,8 +165,15 @@ class CellTask:
         job = str(env.job_id) if env else "0"
         # Distinct ports for the tasks of one array (they may share a node when not exclusive).
         port = self.rdzv_port + int("".join(c for c in job if c.isdigit()) or 0) % 1000
-        return torchrun_argv(self.argv, python=self.python, nnodes=nnodes, node_rank=node,
-                             nproc_per_node=self.gpus_per_node, master_addr=hosts[0], master_port=port)
+        return torchrun_argv(
+            self.argv,
+            python=self.python,
+            nnodes=nnodes,
+            node_rank=node,
+            nproc_per_node=self.gpus_per_node,
+            master_addr=hosts[0],
+            master_port=port,
+        )
 
     def __call__(self) -> dict[str, Any]:
         env = _job_environment()
@@ -146,8 +187,13 @@ class CellTask:
         child_env = {k: v for k, v in os.environ.items() if k not in RANK_ENV}
         start = time.monotonic()
         tail: collections.deque[str] = collections.deque(maxlen=self.tail_lines)
-        self._proc = subprocess.Popen(argv, stdout=sys.stdout.fileno() if _has_fileno(sys.stdout) else None,
-                                      stderr=subprocess.PIPE, env=child_env, start_new_session=True)
+        self._proc = subprocess.Popen(
+            argv,
+            stdout=sys.stdout.fileno() if _has_fileno(sys.stdout) else None,
+            stderr=subprocess.PIPE,
+            env=child_env,
+            start_new_session=True,
+        )
         reader = threading.Thread(target=_tee, args=(self._proc.stderr, tail), daemon=True)
         reader.start()
         try:
@@ -155,7 +201,9 @@ class CellTask:
         except subprocess.TimeoutExpired:
             self._kill()
             reader.join(timeout=5)
-            raise CellFailed(f"timed out after {self.timeout_s:.0f} s (process group killed)\n" + "".join(tail)) from None
+            raise CellFailed(
+                f"timed out after {self.timeout_s:.0f} s (process group killed)\n" + "".join(tail)
+            ) from None
         finally:
             if self._proc.poll() is None:
                 self._kill()
@@ -165,11 +213,14 @@ class CellTask:
             # The harness contract: 2 = configuration rejected, 3 = method unavailable here
             # (e.g. megatron-muon without megatron-core >= 0.19); the tail says why.
             what = {2: "exit code 2 (configuration rejected)", 3: "exit code 3 (method unavailable here)"}.get(
-                rc, f"exit code {rc}")
+                rc, f"exit code {rc}"
+            )
             raise CellFailed(f"{what}\n" + "".join(tail))
         if first and not has_result(results, self.key):
-            raise CellFailed(f"the command exited 0 but {results} holds no valid result line for this cell "
-                             f"(missing or truncated)\n" + "".join(tail))
+            raise CellFailed(
+                f"the command exited 0 but {results} holds no valid result line for this cell "
+                f"(missing or truncated)\n" + "".join(tail)
+            )
         return {"cell": self.key, "status": "ok", "results": str(results), "seconds": round(elapsed, 2)}
 
     def checkpoint(self) -> Any:
@@ -181,7 +232,9 @@ class CellTask:
         import submitit
 
         self._kill()
-        return submitit.helpers.DelayedSubmission(CellTask(**{k: v for k, v in self.__getstate__().items() if k != "_proc"}))
+        return submitit.helpers.DelayedSubmission(
+            CellTask(**{k: v for k, v in self.__getstate__().items() if k != "_proc"})
+        )
 
     def _kill(self) -> None:
         proc = self._proc
@@ -217,4 +270,3 @@ def _tee(pipe: Any, tail: collections.deque[str]) -> None:
         except (ValueError, OSError):
             pass
     pipe.close()
-

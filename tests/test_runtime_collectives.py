@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 import torch.distributed as dist
 
-from canzona.dist.collectives import all_gather_v, pick_mode, reduce_scatter_v
-from canzona.dist.launch import RankError, launch
 from canzona.errors import ConfigError
+from canzona.runtime.collectives import all_gather_v, pick_mode, reduce_scatter_v
+from canzona.runtime.launch import RankError, launch
 
 CUTS = (0, 5, 5, 17, 24)  # uneven, one empty slice
 
@@ -19,11 +21,11 @@ def _rank(info, cuts) -> dict:
         if mode == "equal":
             cuts = tuple(range(0, 4 * 6 + 1, 6))
         buf = torch.arange(cuts[-1], dtype=torch.float32) * (info.rank + 1)
-        chunks = [buf[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
+        chunks = [buf[a:b] for a, b in itertools.pairwise(cuts)]
         reduce_scatter_v(chunks, None, mode).wait()
         rs = chunks[info.rank].clone()
         params = torch.zeros(cuts[-1])
-        pchunks = [params[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
+        pchunks = [params[a:b] for a, b in itertools.pairwise(cuts)]
         pchunks[info.rank].fill_(info.rank + 1)
         all_gather_v(pchunks, None, mode, async_op=False)
         out[mode] = (rs, params.clone(), cuts)

@@ -17,7 +17,7 @@ COLLECTIVE_MODES = ("auto", "equal", "padded", "per-root")
 class DistConfig:
     """What the training loop chooses; the planner and runtime derive everything else.
 
-    strategy            sc | layerwise | asc | canzona (see canzona.dist.optimizer)
+    strategy            sc | layerwise | asc | canzona (see canzona.runtime.optimizer)
     optimizer           muon | shampoo | soap | adamw (adamw: every parameter through ZeRO-1 AdamW)
     lr, weight_decay    matrix optimizer step size and decoupled decay
     optimizer_options   extra fields of the matrix optimizer's config (e.g. {"ns_steps": 5})
@@ -60,7 +60,9 @@ class DistConfig:
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
         if self.collective_mode not in COLLECTIVE_MODES:
-            raise ConfigError(f"unknown collective_mode {self.collective_mode!r}; choose one of {', '.join(COLLECTIVE_MODES)}")
+            raise ConfigError(
+                f"unknown collective_mode {self.collective_mode!r}; choose one of {', '.join(COLLECTIVE_MODES)}"
+            )
         if self.nonfinite not in ("raise", "skip"):
             raise ConfigError(f"nonfinite must be 'raise' or 'skip', got {self.nonfinite!r}")
         if not 0.0 <= self.alpha <= 1.0:

@@ -8,14 +8,16 @@ tests and local benchmarks start in well under a second. Under torchrun/srun use
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import queue
 import socket
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -70,44 +72,67 @@ def dp_tp_groups(rank: int, dp: int, tp: int) -> tuple[dist.ProcessGroup, dist.P
     return dp_group, tp_group
 
 
-def _child(rank: int, nproc: int, port: int, backend: str, timeout_s: float, threads: int,
-           fn: Callable[..., Any], args: tuple, out: Any) -> None:
+def _child(
+    rank: int,
+    nproc: int,
+    port: int,
+    backend: str,
+    timeout_s: float,
+    threads: int,
+    fn: Callable[..., Any],
+    args: tuple,
+    out: Any,
+) -> None:
     try:
         torch.set_num_threads(threads)
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank),
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        os.environ.update(
+            RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+        )
         device = _device_for(rank, backend)
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=nproc, timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=nproc,
+            timeout=timedelta(seconds=timeout_s),
+        )
         result = fn(RankInfo(rank, nproc, rank, device), *args)
         # plain pickle copies tensors by value; torch's queue reducers would share memory
         # through file descriptors that die with this process
         out.put((rank, True, pickle.dumps(result)))
-    except BaseException:  # report everything, including KeyboardInterrupt, to the parent
+    except BaseException:  # noqa: BLE001 - report everything, including KeyboardInterrupt, to the parent
         out.put((rank, False, traceback.format_exc()))
     finally:
         if dist.is_initialized():
-            try:
+            # a broken group after a peer failure: nothing left to clean
+            with contextlib.suppress(Exception):
                 dist.destroy_process_group()
-            except Exception:  # a broken group after a peer failure: nothing left to clean
-                pass
 
 
-def launch(fn: Callable[..., Any], nproc: int, *args: Any, backend: str = "gloo",
-           timeout_s: float = 120.0, threads_per_rank: int | None = None) -> list[Any]:
+def launch(
+    fn: Callable[..., Any],
+    nproc: int,
+    *args: Any,
+    backend: str = "gloo",
+    timeout_s: float = 120.0,
+    threads_per_rank: int | None = None,
+) -> list[Any]:
     """Fork ``nproc`` ranks, run ``fn(RankInfo, *args)`` in each, return results in rank order.
 
     ``timeout_s`` bounds every collective (the process-group timeout) and, doubled, the whole
     run. Ranks run single-threaded by default: GNU OpenMP is not fork-safe, and a child whose
-    parent already ran a parallel region hangs in its first one. If a rank raises, the others are stopped and ``RankError`` carries the first failing
+    parent already ran a parallel region hangs in its first one. If a rank raises, the others are
+    stopped and ``RankError`` carries the first failing
     rank's traceback, so a failure never hangs the caller.
     """
     ctx = mp.get_context("fork")
     out = ctx.Queue()
     port = _free_port()
     threads = threads_per_rank or 1
-    procs = [ctx.Process(target=_child, args=(r, nproc, port, backend, timeout_s, threads, fn, args, out), daemon=True)
-             for r in range(nproc)]
+    procs = [
+        ctx.Process(target=_child, args=(r, nproc, port, backend, timeout_s, threads, fn, args, out), daemon=True)
+        for r in range(nproc)
+    ]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}
@@ -118,7 +143,10 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, backend: str = "gloo"
                 rank, ok, payload = out.get(timeout=2 * timeout_s + 30)
             except queue.Empty:
                 dead = [r for r, p in enumerate(procs) if not p.is_alive() and r not in results]
-                failure = (dead[0] if dead else -1, f"no result within {2 * timeout_s + 30:.0f} s (ranks exited: {dead})")
+                failure = (
+                    dead[0] if dead else -1,
+                    f"no result within {2 * timeout_s + 30:.0f} s (ranks exited: {dead})",
+                )
                 break
             if ok:
                 results[rank] = pickle.loads(payload)

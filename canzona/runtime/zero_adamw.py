@@ -7,12 +7,12 @@ the DP engine reduce-scatters gradients into the slices and all-gathers paramete
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
-from canzona.dist.buffers import BucketBuffers
 from canzona.optim.adamw import AdamWConfig, make_adamw
+from canzona.runtime.buffers import BucketBuffers
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -21,7 +21,7 @@ class ZeroAdamW:
     def __init__(self, buckets: Sequence[BucketBuffers], dp_rank: int, config: AdamWConfig) -> None:
         self.ranges = [(bb.cuts[dp_rank], bb.cuts[dp_rank + 1]) for bb in buckets]
         self.shards: list[torch.nn.Parameter] = []
-        for bb, (lo, hi) in zip(buckets, self.ranges):
+        for bb, (lo, hi) in zip(buckets, self.ranges, strict=False):
             p = torch.nn.Parameter(bb.param[lo:hi])  # shares storage with the buffer
             p.grad = bb.grad[lo:hi]
             self.shards.append(p)
@@ -52,7 +52,7 @@ class ZeroAdamW:
     def load(self, moments: Sequence[dict[str, torch.Tensor]], step: float) -> None:
         if self.opt is None:
             return
-        for p, m in zip(self.shards, moments):
+        for p, m in zip(self.shards, moments, strict=False):
             if not p.numel():
                 continue
             if step == 0.0:

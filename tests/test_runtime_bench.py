@@ -10,8 +10,28 @@ from canzona.results.schema import iter_records
 
 def test_bench_step_json_and_records(tmp_path, capsys) -> None:
     out, results = tmp_path / "bench.json", tmp_path / "bench.jsonl"
-    rc = main(["bench-step", "--nproc", "2", "--dp", "2", "--tp", "1", "--model", "qwen3-micro", "--steps", "2",
-               "--warmup", "0", "--json", "--out", str(out), "--results", str(results)])
+    rc = main(
+        [
+            "bench-step",
+            "--nproc",
+            "2",
+            "--dp",
+            "2",
+            "--tp",
+            "1",
+            "--model",
+            "qwen3-micro",
+            "--steps",
+            "2",
+            "--warmup",
+            "0",
+            "--json",
+            "--out",
+            str(out),
+            "--results",
+            str(results),
+        ]
+    )
     assert rc == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed == json.loads(out.read_text())

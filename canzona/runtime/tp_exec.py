@@ -12,16 +12,16 @@ Matrices that TP does not split are computed locally by every TP rank of the own
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
-from canzona.dist.collectives import all_gather_flat
-from canzona.dist.timers import PhaseTimer
 from canzona.models.spec import ParamSpec
 from canzona.plan.types import MicroGroup
+from canzona.runtime.collectives import all_gather_flat
+from canzona.runtime.timers import PhaseTimer
 
 Compute = Callable[[str, torch.Tensor], torch.Tensor]  # (name, full grad) -> full update U
 Apply = Callable[[str, torch.Tensor], None]  # (name, this rank's shard of U) -> None
@@ -54,8 +54,14 @@ class LocalTP:
 class AllGatherTP:
     """TP mode sc: all TP ranks gather all owned shards and compute everything."""
 
-    def __init__(self, names: Sequence[str], specs: dict[str, ParamSpec], group: dist.ProcessGroup,
-                 device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        names: Sequence[str],
+        specs: dict[str, ParamSpec],
+        group: dist.ProcessGroup,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
         self.names, self.specs, self.group = list(names), specs, group
         self.tp, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.sizes = [specs[n].shard_numel(self.tp) for n in self.names]
@@ -69,12 +75,12 @@ class AllGatherTP:
         total = self.send.numel()
         with timer.phase("tp_gather"):
             off = 0
-            for n, k in zip(self.names, self.sizes):
+            for n, k in zip(self.names, self.sizes, strict=False):
                 self.send[off : off + k].copy_(grad_of(n))
                 off += k
             all_gather_flat(self.recv, self.send, group=self.group)
         off = 0
-        for n, k in zip(self.names, self.sizes):
+        for n, k in zip(self.names, self.sizes, strict=False):
             spec = self.specs[n]
             with timer.phase("compute"):
                 pieces = [self.recv[s * total + off : s * total + off + k] for s in range(self.tp)]
@@ -98,8 +104,14 @@ class _GroupLayout:
 class MicroGroupTP:
     """Canzona / ASC: host-per-matrix micro-groups with fused, pipelined all-to-alls."""
 
-    def __init__(self, groups: Sequence[MicroGroup], specs: dict[str, ParamSpec], group: dist.ProcessGroup,
-                 device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        groups: Sequence[MicroGroup],
+        specs: dict[str, ParamSpec],
+        group: dist.ProcessGroup,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
         self.specs, self.group = specs, group
         self.tp, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.layouts: list[_GroupLayout] = []
@@ -110,8 +122,8 @@ class MicroGroupTP:
             send = [sum(specs[n].shard_numel(self.tp) for n in by_host[h]) for h in range(self.tp)]
             mine = send[self.rank]  # shards are equal across TP ranks, so what I host = what I receive per source
             self.layouts.append(_GroupLayout(by_host, send, [mine] * self.tp))
-        width_send = max((sum(l.send_gather) for l in self.layouts), default=0)
-        width_recv = max((sum(l.recv_gather) for l in self.layouts), default=0)
+        width_send = max((sum(g.send_gather) for g in self.layouts), default=0)
+        width_recv = max((sum(g.recv_gather) for g in self.layouts), default=0)
 
         def pair(n: int) -> list[torch.Tensor]:
             return [torch.empty(n, dtype=dtype, device=device) for _ in range(2)]
@@ -129,9 +141,14 @@ class MicroGroupTP:
                 k = self.specs[n].shard_numel(self.tp)
                 buf[off : off + k].copy_(grad_of(n))
                 off += k
-        return dist.all_to_all_single(self.g_recv[i % 2][: lay.mine], buf[:off],
-                                      output_split_sizes=lay.recv_gather, input_split_sizes=lay.send_gather,
-                                      group=self.group, async_op=True)
+        return dist.all_to_all_single(
+            self.g_recv[i % 2][: lay.mine],
+            buf[:off],
+            output_split_sizes=lay.recv_gather,
+            input_split_sizes=lay.send_gather,
+            group=self.group,
+            async_op=True,
+        )
 
     def _compute(self, i: int, compute: Compute) -> None:
         lay = self.layouts[i]
@@ -142,16 +159,23 @@ class MicroGroupTP:
         for n in mine:
             spec = self.specs[n]
             k = spec.shard_numel(self.tp)
-            u = compute(n, _assemble([recv[s * per_src + off : s * per_src + off + k] for s in range(self.tp)], spec, self.tp))
+            u = compute(
+                n, _assemble([recv[s * per_src + off : s * per_src + off + k] for s in range(self.tp)], spec, self.tp)
+            )
             for s, piece in enumerate(u.chunk(self.tp, dim=spec.partition_dim)):
                 send[s * per_src + off : s * per_src + off + k].view(piece.shape).copy_(piece)
             off += k
 
     def _scatter(self, i: int) -> object:
         lay = self.layouts[i]
-        return dist.all_to_all_single(self.s_recv[i % 2][: sum(lay.send_gather)], self.s_send[i % 2][: lay.mine],
-                                      output_split_sizes=lay.send_gather, input_split_sizes=lay.recv_gather,
-                                      group=self.group, async_op=True)
+        return dist.all_to_all_single(
+            self.s_recv[i % 2][: sum(lay.send_gather)],
+            self.s_send[i % 2][: lay.mine],
+            output_split_sizes=lay.send_gather,
+            input_split_sizes=lay.recv_gather,
+            group=self.group,
+            async_op=True,
+        )
 
     def _apply(self, i: int, apply: Apply) -> None:
         lay, recv = self.layouts[i], self.s_recv[i % 2]

@@ -1,6 +1,6 @@
 """Runtime: execute plans on torch.distributed (gloo on CPU, NCCL on GPU)."""
 
-from canzona.dist.config import STRATEGIES, DistConfig
-from canzona.dist.optimizer import DistributedOptimizer
+from canzona.runtime.config import STRATEGIES, DistConfig
+from canzona.runtime.optimizer import DistributedOptimizer
 
 __all__ = ["STRATEGIES", "DistConfig", "DistributedOptimizer"]

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from canzona.dist.launch import launch
-from canzona.dist.launch import dp_tp_groups
-from tests.dist_helpers import assemble, build, dist_config, reference, run_steps
+from canzona.runtime.launch import dp_tp_groups, launch
+from tests.runtime_helpers import assemble, build, dist_config, reference, run_steps
 
 STRATEGIES = ("sc", "layerwise", "asc", "canzona")
 OPTIMIZERS = ("muon", "shampoo", "soap")

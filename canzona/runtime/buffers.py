@@ -7,8 +7,8 @@ collectives run on contiguous memory, and no per-step packing is needed.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 
@@ -23,24 +23,33 @@ class BucketBuffers:
     cuts: tuple[int, ...]  # DP+1 offsets, or () when the bucket is reduced whole (all-reduce)
 
     def slice_sizes(self) -> list[int]:
-        return [b - a for a, b in zip(self.cuts[:-1], self.cuts[1:])]
+        return [b - a for a, b in zip(self.cuts[:-1], self.cuts[1:], strict=False)]
 
     def chunks(self, which: str) -> list[torch.Tensor]:
         buf = self.grad if which == "grad" else self.param
-        return [buf[a:b] for a, b in zip(self.cuts[:-1], self.cuts[1:])]
+        return [buf[a:b] for a, b in zip(self.cuts[:-1], self.cuts[1:], strict=False)]
 
 
 class FlatBuffers:
     """Per-bucket buffers, parameter views into them, and grad-ready hooks per bucket."""
 
-    def __init__(self, buckets: Sequence[Bucket], cuts: Sequence[tuple[int, ...]],
-                 params: dict[str, torch.nn.Parameter], device: torch.device) -> None:
+    def __init__(
+        self,
+        buckets: Sequence[Bucket],
+        cuts: Sequence[tuple[int, ...]],
+        params: dict[str, torch.nn.Parameter],
+        device: torch.device,
+    ) -> None:
         self.buckets: list[BucketBuffers] = []
         self.where: dict[str, tuple[int, int, int]] = {}
-        for b, bcuts in zip(buckets, cuts):
+        for b, bcuts in zip(buckets, cuts, strict=False):
             dtype = params[b.entries[0].name].dtype if b.entries else torch.float32
-            bb = BucketBuffers(b, torch.zeros(b.size, dtype=dtype, device=device),
-                               torch.zeros(b.size, dtype=dtype, device=device), tuple(bcuts))
+            bb = BucketBuffers(
+                b,
+                torch.zeros(b.size, dtype=dtype, device=device),
+                torch.zeros(b.size, dtype=dtype, device=device),
+                tuple(bcuts),
+            )
             for e in b.entries:
                 p = params[e.name]
                 if p.numel() != e.numel:

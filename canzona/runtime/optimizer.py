@@ -20,19 +20,14 @@ Matrix parameters go to the matrix optimizer; everything else to ZeRO-1 AdamW in
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from canzona.dist.buffers import FlatBuffers
-from canzona.dist.collectives import Pending, all_gather_v, pick_mode, reduce_scatter_v
-from canzona.dist.config import DistConfig
-from canzona.dist.timers import PhaseTimer
-from canzona.dist.tp_exec import AllGatherTP, LocalTP, MicroGroupTP
-from canzona.dist.zero_adamw import MOMENTS, ZeroAdamW
 from canzona.errors import ConfigError, NonFiniteGradientError
 from canzona.models.spec import ParamSpec
 from canzona.optim import make_matrix_optimizer
@@ -41,6 +36,12 @@ from canzona.optim.base import apply_update
 from canzona.plan import make_plan
 from canzona.plan.buckets import build_buckets
 from canzona.plan.types import Layout, Plan, PlanConfig
+from canzona.runtime.buffers import FlatBuffers
+from canzona.runtime.collectives import Pending, all_gather_v, pick_mode, reduce_scatter_v
+from canzona.runtime.config import DistConfig
+from canzona.runtime.timers import PhaseTimer
+from canzona.runtime.tp_exec import AllGatherTP, LocalTP, MicroGroupTP
+from canzona.runtime.zero_adamw import MOMENTS, ZeroAdamW
 
 NamedParam = tuple[str, ParamSpec, torch.nn.Parameter]
 
@@ -56,9 +57,14 @@ class _Placement:
 
 
 class DistributedOptimizer:
-    def __init__(self, named_params: Sequence[NamedParam], dp_group: dist.ProcessGroup | None,
-                 tp_group: dist.ProcessGroup | None, config: DistConfig,
-                 world_group: dist.ProcessGroup | None = None) -> None:
+    def __init__(
+        self,
+        named_params: Sequence[NamedParam],
+        dp_group: dist.ProcessGroup | None,
+        tp_group: dist.ProcessGroup | None,
+        config: DistConfig,
+        world_group: dist.ProcessGroup | None = None,
+    ) -> None:
         self.config = config
         self.dp_group, self.tp_group, self.world_group = dp_group, tp_group, world_group
         self.dp, self.dp_rank = dist.get_world_size(dp_group), dist.get_rank(dp_group)
@@ -92,8 +98,7 @@ class DistributedOptimizer:
         self._setup_adamw()
         if config.overlap_grad_sync:
             for kind, bufs in self._buffer_sets():
-                bufs.register_ready_hooks(lambda b, kind=kind: self._launch(kind, b),
-                                                         lambda: self._sync_enabled)
+                bufs.register_ready_hooks(lambda b, kind=kind: self._launch(kind, b), lambda: self._sync_enabled)
 
     # ---------------------------------------------------------------- set-up
     def _check_param(self, name: str, spec: ParamSpec, p: torch.Tensor) -> None:
@@ -105,23 +110,38 @@ class DistributedOptimizer:
                 "partition_dim; TP>1 parameters need partition metadata (Megatron's param.partition_dim)"
             )
         if tuple(p.shape) != spec.shard_shape(self.tp):
-            raise ConfigError(f"{name}: local shape {tuple(p.shape)} is not the TP={self.tp} shard {spec.shard_shape(self.tp)} of {spec.shape}")
+            raise ConfigError(
+                f"{name}: local shape {tuple(p.shape)} is not the TP={self.tp} shard "
+                f"{spec.shard_shape(self.tp)} of {spec.shape}"
+            )
 
     def _setup_matrix(self) -> None:
         c = self.config
-        pcfg = PlanConfig(strategy=c.strategy, optimizer=c.optimizer, cost=c.cost, alpha=c.alpha,
-                          bucket_size=c.bucket_size, capacity_bytes=c.capacity_bytes,
-                          **{k: v for k, v in (("dp_algo", c.dp_algo), ("tp_mode", c.tp_mode)) if v is not None})
+        pcfg = PlanConfig(
+            strategy=c.strategy,
+            optimizer=c.optimizer,
+            cost=c.cost,
+            alpha=c.alpha,
+            bucket_size=c.bucket_size,
+            capacity_bytes=c.capacity_bytes,
+            **{k: v for k, v in (("dp_algo", c.dp_algo), ("tp_mode", c.tp_mode)) if v is not None},
+        )
         self.math = make_matrix_optimizer(c.optimizer, lr=c.lr, weight_decay=c.weight_decay, **c.optimizer_options)
-        self.plan = make_plan([self.specs[n] for n in self.matrix_names], Layout(self.dp, self.tp, 1), pcfg,
-                              cost_model=self.math.cost_model(c.cost))
+        self.plan = make_plan(
+            [self.specs[n] for n in self.matrix_names],
+            Layout(self.dp, self.tp, 1),
+            pcfg,
+            cost_model=self.math.cost_model(c.cost),
+        )
         self._check_plan_agreement(self.plan.input_hash)
         dp = self.plan.dp
         cuts = dp.cuts if dp.grad_sync == "reduce-scatter" else [()] * len(dp.buckets)
         self.mbufs = FlatBuffers(dp.buckets, cuts, {n: self.params[n] for n in self.matrix_names}, self.device)
         for i, bb in enumerate(self.mbufs.buckets):
             if bb.cuts:
-                self.collective_modes[f"matrix{i}"] = pick_mode(bb.slice_sizes(), c.collective_mode, c.pad_threshold, self.backend)
+                self.collective_modes[f"matrix{i}"] = pick_mode(
+                    bb.slice_sizes(), c.collective_mode, c.pad_threshold, self.backend
+                )
             else:
                 self.collective_modes[f"matrix{i}"] = "all-reduce"
         owners = dp.owner_map()
@@ -136,7 +156,9 @@ class DistributedOptimizer:
             groups = self.plan.tp.groups[self.dp_rank]
             hosts = {n: h for g in groups for n, h in g.hosts}
             if sorted(hosts) != sorted(split):
-                raise ConfigError(f"plan {self.plan.input_hash}: TP micro-groups do not cover DP rank {self.dp_rank}'s matrices")
+                raise ConfigError(
+                    f"plan {self.plan.input_hash}: TP micro-groups do not cover DP rank {self.dp_rank}'s matrices"
+                )
             self.tp_exec = MicroGroupTP(groups, self.specs, self.tp_group, self.device, dtype)
         computes = tuple(n for n in mine if n not in hosts or hosts[n] == self.tp_rank)
         lead = {n: min(owners[n]) for n in mine}
@@ -151,7 +173,9 @@ class DistributedOptimizer:
         sizes = [sum(self.params[n].numel() for n in names) for names in self.owned_by]
         dtype = self.params[self.matrix_names[0]].dtype
         self.staging = [torch.empty(s, dtype=dtype, device=self.device) for s in sizes]
-        self.collective_modes["owner_gather"] = pick_mode(sizes, self.config.collective_mode, self.config.pad_threshold, self.backend)
+        self.collective_modes["owner_gather"] = pick_mode(
+            sizes, self.config.collective_mode, self.config.pad_threshold, self.backend
+        )
 
     def _setup_adamw(self) -> None:
         c = self.config
@@ -159,10 +183,15 @@ class DistributedOptimizer:
         buckets = build_buckets([(n, self.params[n].numel()) for n in names], self.dp, c.bucket_size)
         cuts = [tuple(b.size * r // self.dp for r in range(self.dp + 1)) for b in buckets]
         self.abufs = FlatBuffers(buckets, cuts, {n: self.params[n] for n in names}, self.device)
-        self.adamw = ZeroAdamW(self.abufs.buckets, self.dp_rank,
-                               AdamWConfig(lr=c.adamw_lr, betas=c.adamw_betas, eps=c.adamw_eps, weight_decay=c.adamw_weight_decay))
+        self.adamw = ZeroAdamW(
+            self.abufs.buckets,
+            self.dp_rank,
+            AdamWConfig(lr=c.adamw_lr, betas=c.adamw_betas, eps=c.adamw_eps, weight_decay=c.adamw_weight_decay),
+        )
         for i, bb in enumerate(self.abufs.buckets):
-            self.collective_modes[f"adamw{i}"] = pick_mode(bb.slice_sizes(), c.collective_mode, c.pad_threshold, self.backend)
+            self.collective_modes[f"adamw{i}"] = pick_mode(
+                bb.slice_sizes(), c.collective_mode, c.pad_threshold, self.backend
+            )
 
     def _check_plan_agreement(self, h: str) -> None:
         """Every rank must execute the same plan; a mismatch would deadlock or corrupt silently."""
@@ -201,7 +230,9 @@ class DistributedOptimizer:
         if self.dp == 1 or not bb.grad.numel():
             self._pending[(kind, b)] = Pending()
         elif bb.cuts:
-            self._pending[(kind, b)] = reduce_scatter_v(bb.chunks("grad"), self.dp_group, self.collective_modes[f"{kind}{b}"])
+            self._pending[(kind, b)] = reduce_scatter_v(
+                bb.chunks("grad"), self.dp_group, self.collective_modes[f"{kind}{b}"]
+            )
         else:
             self._pending[(kind, b)] = Pending([dist.all_reduce(bb.grad, group=self.dp_group, async_op=True)])
 
@@ -244,7 +275,9 @@ class DistributedOptimizer:
         return self.math.direction(full_grad, st, self.step_count)
 
     def _apply(self, name: str, update_shard: torch.Tensor) -> None:
-        apply_update(self.params[name].data, update_shard.view_as(self.params[name]), self.config.lr, self.config.weight_decay)
+        apply_update(
+            self.params[name].data, update_shard.view_as(self.params[name]), self.config.lr, self.config.weight_decay
+        )
 
     def _param_sync(self) -> dict[tuple[str, int], Pending]:
         """Launch the DP parameter all-gathers; one Pending per buffer key.
@@ -260,13 +293,15 @@ class DistributedOptimizer:
                 pass
             elif self.plan.dp.cuts:  # owners hold contiguous bucket slices: gather them in place
                 for i in reversed(range(len(self.mbufs.buckets))):
-                    pend[("matrix", i)] = all_gather_v(self.mbufs.buckets[i].chunks("param"), self.dp_group,
-                                                       self.collective_modes[f"matrix{i}"])
+                    pend[("matrix", i)] = all_gather_v(
+                        self.mbufs.buckets[i].chunks("param"), self.dp_group, self.collective_modes[f"matrix{i}"]
+                    )
             else:  # owners ignore bucket geometry (layer-wise): pack, gather, unpack
                 pend[("owner", 0)] = self._owner_gather()
         for i in reversed(range(len(self.abufs.buckets))):
-            pend[("adamw", i)] = all_gather_v(self.abufs.buckets[i].chunks("param"), self.dp_group,
-                                              self.collective_modes[f"adamw{i}"])
+            pend[("adamw", i)] = all_gather_v(
+                self.abufs.buckets[i].chunks("param"), self.dp_group, self.collective_modes[f"adamw{i}"]
+            )
         return pend
 
     def _owner_gather(self) -> Pending:
@@ -379,8 +414,9 @@ class DistributedOptimizer:
             for e in bb.bucket.entries:
                 a, z = max(e.start, lo), min(e.end, hi)
                 if a < z:
-                    local["adamw"].append((e.name, self.tp_rank, a - e.start,
-                                           {k: mom[k][a - lo : z - lo].cpu() for k in MOMENTS}))
+                    local["adamw"].append(
+                        (e.name, self.tp_rank, a - e.start, {k: mom[k][a - lo : z - lo].cpu() for k in MOMENTS})
+                    )
         world = dist.get_world_size(self.world_group)
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, local, group=self.world_group)
@@ -398,17 +434,26 @@ class DistributedOptimizer:
             for tpr in range(self.tp if spec.partition_dim is not None else 1):
                 parts = sorted(pieces.get((name, tpr), []), key=lambda x: x[0])
                 per_tp.append({k: torch.cat([st[k] for _, st in parts]).view(shard_shape) for k in MOMENTS})
-            adamw[name] = {k: torch.cat([t[k] for t in per_tp], dim=spec.partition_dim) if len(per_tp) > 1 else per_tp[0][k]
-                           for k in MOMENTS}
+            adamw[name] = {
+                k: torch.cat([t[k] for t in per_tp], dim=spec.partition_dim) if len(per_tp) > 1 else per_tp[0][k]
+                for k in MOMENTS
+            }
         step_t = torch.tensor([self.adamw.steps_taken], device=self.device)
         dist.all_reduce(step_t, op=dist.ReduceOp.MAX, group=self.world_group)
-        return {"optimizer": self.config.optimizer, "step": self.step_count, "matrix": matrix,
-                "adamw": adamw, "adamw_step": step_t.item()}
+        return {
+            "optimizer": self.config.optimizer,
+            "step": self.step_count,
+            "matrix": matrix,
+            "adamw": adamw,
+            "adamw_step": step_t.item(),
+        }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         """Load a full-space state dict saved under any layout or strategy."""
         if sd.get("optimizer") != self.config.optimizer:
-            raise ConfigError(f"checkpoint is for optimizer {sd.get('optimizer')!r}, this run uses {self.config.optimizer!r}")
+            raise ConfigError(
+                f"checkpoint is for optimizer {sd.get('optimizer')!r}, this run uses {self.config.optimizer!r}"
+            )
         self.step_count = int(sd["step"])
         self.states = {}
         if self.matrix_names:
@@ -430,7 +475,11 @@ class DistributedOptimizer:
                 spec = self.specs[e.name]
                 for k in MOMENTS:
                     full = sd["adamw"][e.name][k]
-                    mine = full.chunk(self.tp, dim=spec.partition_dim)[self.tp_rank] if spec.partition_dim is not None else full
+                    mine = (
+                        full.chunk(self.tp, dim=spec.partition_dim)[self.tp_rank]
+                        if spec.partition_dim is not None
+                        else full
+                    )
                     sl[k][a - lo : z - lo].copy_(mine.reshape(-1)[a - e.start : z - e.start])
             moments.append(sl)
         self.adamw.load(moments, float(sd["adamw_step"]))

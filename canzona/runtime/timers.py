@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -64,4 +64,4 @@ class PhaseTimer:
         vec = torch.tensor([ms.get(p, 0.0) for p in PHASES], dtype=torch.float64, device=self.device)
         if dist.is_initialized() and dist.get_world_size(group) > 1:
             dist.all_reduce(vec, op=dist.ReduceOp.MAX, group=group)
-        return dict(zip(PHASES, vec.tolist()))
+        return dict(zip(PHASES, vec.tolist(), strict=False))

@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
-from canzona.dist.config import COLLECTIVE_MODES, STRATEGIES, DistConfig
 from canzona.errors import ConfigError
 from canzona.models import get_model, list_params
 from canzona.plan.types import DEFAULT_ALPHA
+from canzona.runtime.config import COLLECTIVE_MODES, STRATEGIES, DistConfig
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -30,20 +30,28 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--optimizer", default="muon", choices=("muon", "shampoo", "soap"))
     p.add_argument("--steps", type=int, default=20, help="measured steps per strategy")
     p.add_argument("--warmup", type=int, default=3, help="unmeasured steps per strategy")
-    p.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated subset of " + ",".join(STRATEGIES))
+    p.add_argument(
+        "--strategies", default=",".join(STRATEGIES), help="comma-separated subset of " + ",".join(STRATEGIES)
+    )
     p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA)
     p.add_argument("--bucket-size", type=int, default=40_000_000)
     p.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
-    p.add_argument("--collective-mode", default="auto", choices=COLLECTIVE_MODES,
-                   help="uneven reduce-scatter/all-gather implementation (auto: per bucket)")
+    p.add_argument(
+        "--collective-mode",
+        default="auto",
+        choices=COLLECTIVE_MODES,
+        help="uneven reduce-scatter/all-gather implementation (auto: per bucket)",
+    )
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     p.add_argument("--out", help="also write the JSON object to this file (atomically)")
     p.add_argument("--results", help="append one schema record (kind 'step') per strategy to this JSONL file")
 
 
-def _rank(info: Any, model: str, dp: int, tp: int, strategies: list[str], cfg_kw: dict, steps: int, warmup: int) -> dict:
-    from canzona.dist.launch import dp_tp_groups
-    from canzona.dist.optimizer import DistributedOptimizer
+def _rank(
+    info: Any, model: str, dp: int, tp: int, strategies: list[str], cfg_kw: dict, steps: int, warmup: int
+) -> dict:
+    from canzona.runtime.launch import dp_tp_groups
+    from canzona.runtime.optimizer import DistributedOptimizer
 
     # the model's matrices only: the step under test is the matrix optimizer's (AdamW's ZeRO-1
     # part is the same code for every strategy and is exercised by the harness)
@@ -53,9 +61,16 @@ def _rank(info: Any, model: str, dp: int, tp: int, strategies: list[str], cfg_kw
     gen = torch.Generator().manual_seed(1234 + d)
     runs = {}
     for strategy in strategies:
-        params = [(s.name, s, torch.nn.Parameter(
-            torch.randn(s.shard_shape(tp), generator=torch.Generator().manual_seed(7)).to(info.device) * 0.02))
-            for s in specs]
+        params = [
+            (
+                s.name,
+                s,
+                torch.nn.Parameter(
+                    torch.randn(s.shard_shape(tp), generator=torch.Generator().manual_seed(7)).to(info.device) * 0.02
+                ),
+            )
+            for s in specs
+        ]
         runs[strategy] = (DistributedOptimizer(params, *groups, DistConfig(strategy=strategy, **cfg_kw)), params)
     times: dict[str, list[dict[str, float]]] = {s: [] for s in strategies}
     # Interleaved: each step times every strategy in turn on the same gradients, so drift in the
@@ -64,20 +79,26 @@ def _rank(info: Any, model: str, dp: int, tp: int, strategies: list[str], cfg_kw
         grads = [torch.randn(p.shape, generator=gen).to(info.device) for _, _, p in runs[strategies[0]][1]]
         for strategy in strategies:
             opt, params = runs[strategy]
-            for (_, _, p), g in zip(params, grads):
+            for (_, _, p), g in zip(params, grads, strict=False):
                 p.grad.copy_(g)
             opt.finish_grad_sync()
             timing = opt.step()
             opt.zero_grad()
             if i >= warmup:
                 times[strategy].append(timing)
-    return {s: {"timings": times[s], "collective_modes": runs[s][0].collective_modes,
-                "plan_hash": runs[s][0].plan.input_hash if runs[s][0].plan else None} for s in strategies}
+    return {
+        s: {
+            "timings": times[s],
+            "collective_modes": runs[s][0].collective_modes,
+            "plan_hash": runs[s][0].plan.input_hash if runs[s][0].plan else None,
+        }
+        for s in strategies
+    }
 
 
 def run(args: argparse.Namespace) -> int:
-    from canzona.dist.launch import launch
     from canzona.results.env import environment
+    from canzona.runtime.launch import launch
 
     if args.dp * args.tp != args.nproc:
         raise ConfigError(f"dp·tp = {args.dp}·{args.tp} = {args.dp * args.tp} must equal --nproc {args.nproc}")
@@ -86,22 +107,44 @@ def run(args: argparse.Namespace) -> int:
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:
         raise ConfigError(f"unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}")
-    cfg_kw = dict(optimizer=args.optimizer, alpha=args.alpha, bucket_size=args.bucket_size,
-                  collective_mode=args.collective_mode)
+    cfg_kw = dict(
+        optimizer=args.optimizer, alpha=args.alpha, bucket_size=args.bucket_size, collective_mode=args.collective_mode
+    )
     DistConfig(**cfg_kw)  # validate before forking
-    per_rank = launch(_rank, args.nproc, args.model, args.dp, args.tp, strategies, cfg_kw, args.steps, args.warmup,
-                      backend=args.backend, timeout_s=600)
+    per_rank = launch(
+        _rank,
+        args.nproc,
+        args.model,
+        args.dp,
+        args.tp,
+        strategies,
+        cfg_kw,
+        args.steps,
+        args.warmup,
+        backend=args.backend,
+        timeout_s=600,
+    )
     res = per_rank[0]  # timings are already max across ranks
-    med = {s: {ph: statistics.median(t[ph] for t in res[s]["timings"]) for ph in res[s]["timings"][0]} for s in strategies}
+    med = {
+        s: {ph: statistics.median(t[ph] for t in res[s]["timings"]) for ph in res[s]["timings"][0]} for s in strategies
+    }
     step_ms = {s: med[s]["total"] for s in strategies}
     device = torch.device("cuda" if args.backend == "nccl" else "cpu")
     env = environment(device, args.backend)
     out = {
-        "world": args.nproc, "dp": args.dp, "tp": args.tp, "model": args.model, "optimizer": args.optimizer,
-        "steps": args.steps, "warmup": args.warmup, "threads_per_rank": 1,
+        "world": args.nproc,
+        "dp": args.dp,
+        "tp": args.tp,
+        "model": args.model,
+        "optimizer": args.optimizer,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "threads_per_rank": 1,
         "step_ms": step_ms,
         "speedup_vs_sc": {s: step_ms["sc"] / v for s, v in step_ms.items()} if "sc" in step_ms else {},
-        "speedup_vs_layerwise": {s: step_ms["layerwise"] / v for s, v in step_ms.items()} if "layerwise" in step_ms else {},
+        "speedup_vs_layerwise": {s: step_ms["layerwise"] / v for s, v in step_ms.items()}
+        if "layerwise" in step_ms
+        else {},
         "phases_ms": {s: {k: v for k, v in med[s].items() if k not in ("total", "skipped")} for s in strategies},
         "collective_modes": {s: res[s]["collective_modes"] for s in strategies},
         "provenance": "measured",
@@ -118,7 +161,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(text)
     else:
-        print(f"{args.model} {args.optimizer}: world {args.nproc} = dp {args.dp} × tp {args.tp}, median of {args.steps} steps")
+        print(
+            f"{args.model} {args.optimizer}: world {args.nproc} = dp {args.dp} × tp {args.tp}, "
+            f"median of {args.steps} steps"
+        )
         for s in strategies:
             print(f"  {s:<10} step {step_ms[s]:9.1f} ms   vs sc {out['speedup_vs_sc'].get(s, float('nan')):5.2f}x")
     sys.stdout.flush()
@@ -129,12 +175,33 @@ def _append_records(args: argparse.Namespace, out: dict, med: dict) -> None:
     from canzona.results.schema import SCHEMA_VERSION, append_record, cell_key
 
     for s, ms in out["step_ms"].items():
-        config = {"model": args.model, "tp": args.tp, "pp": 1, "dp": args.dp, "world": args.nproc, "method": s,
-                  "optimizer": args.optimizer, "seq_len": None, "global_batch": None, "alpha": args.alpha,
-                  "bucket_size": args.bucket_size, "warmup": args.warmup, "iters": args.steps, "dtype": "fp32"}
-        append_record(args.results, {
-            "schema_version": SCHEMA_VERSION, "kind": "step", "provenance": "measured",
-            "provenance_detail": out["provenance_detail"], "config": config, "env": out["env"],
-            "timings": {"step_ms": {"median": ms, "n": args.steps}, "phases_ms": out["phases_ms"][s]},
-            "loss": None, "cell": cell_key(config),
-        })
+        config = {
+            "model": args.model,
+            "tp": args.tp,
+            "pp": 1,
+            "dp": args.dp,
+            "world": args.nproc,
+            "method": s,
+            "optimizer": args.optimizer,
+            "seq_len": None,
+            "global_batch": None,
+            "alpha": args.alpha,
+            "bucket_size": args.bucket_size,
+            "warmup": args.warmup,
+            "iters": args.steps,
+            "dtype": "fp32",
+        }
+        append_record(
+            args.results,
+            {
+                "schema_version": SCHEMA_VERSION,
+                "kind": "step",
+                "provenance": "measured",
+                "provenance_detail": out["provenance_detail"],
+                "config": config,
+                "env": out["env"],
+                "timings": {"step_ms": {"median": ms, "n": args.steps}, "phases_ms": out["phases_ms"][s]},
+                "loss": None,
+                "cell": cell_key(config),
+            },
+        )

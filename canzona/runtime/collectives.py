@@ -15,14 +15,13 @@ Everything avoids what breaks gloo (uneven list all_gather / all_to_all, uneven 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
 from canzona.errors import ConfigError
-
 
 # torch >= 2.13 renamed the flat collectives; clusters on older torch only have the old names.
 all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -87,11 +86,14 @@ def _span(chunks: Sequence[torch.Tensor]) -> torch.Tensor:
 
 def _per_root(collective: Callable, chunks: Sequence[torch.Tensor], group: dist.ProcessGroup | None) -> Pending:
     """One rooted collective (reduce to / broadcast from rank r) per non-empty slice r."""
-    return Pending([collective(c, _global_rank(group, r), group=group, async_op=True)
-                    for r, c in enumerate(chunks) if c.numel()])
+    return Pending(
+        [collective(c, _global_rank(group, r), group=group, async_op=True) for r, c in enumerate(chunks) if c.numel()]
+    )
 
 
-def reduce_scatter_v(chunks: Sequence[torch.Tensor], group: dist.ProcessGroup, mode: str, async_op: bool = True) -> Pending:
+def reduce_scatter_v(
+    chunks: Sequence[torch.Tensor], group: dist.ProcessGroup, mode: str, async_op: bool = True
+) -> Pending:
     """Sum ``chunks[r]`` over all ranks into rank r's ``chunks[r]`` (1-D, same layout on every rank)."""
     me = dist.get_rank(group)
     out = chunks[me]

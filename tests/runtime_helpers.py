@@ -6,12 +6,12 @@ import zlib
 
 import torch
 
-from canzona.dist import DistConfig, DistributedOptimizer
 from canzona.models import get_model, list_params
 from canzona.models.spec import ParamSpec
 from canzona.optim import make_matrix_optimizer
 from canzona.optim.adamw import AdamWConfig, make_adamw
 from canzona.optim.base import apply_update
+from canzona.runtime import DistConfig, DistributedOptimizer
 
 SPECS: list[ParamSpec] = list_params(get_model("qwen3-micro"))
 LR, WD, ADAMW_LR = 0.02, 0.01, 1e-3
@@ -39,11 +39,22 @@ def dist_config(strategy: str, optimizer: str, **kw) -> DistConfig:
     # Well-posed preconditioners, so fp32 summation order (which differs between gloo's all-reduce
     # and the reference) moves results by rounding only: Shampoo's epsilon 0.1 bounds the inverse
     # root of rank-deficient factors (at 1e-3 association order alone moves params by 7e-5);
-    # SOAP preconditions only sides whose factor is full rank (max_precond_dim 64), since eigh's basis of a null space is arbitrary and would differ between any two summation orders.
-    opts = {"shampoo": {"precondition_frequency": 2, "epsilon": 0.1},
-            "soap": {"precondition_frequency": 2, "max_precond_dim": 64}}.get(optimizer, {})
-    base = dict(strategy=strategy, optimizer=optimizer, lr=LR, weight_decay=WD, optimizer_options=opts,
-                adamw_lr=ADAMW_LR, adamw_weight_decay=WD, bucket_size=20_000)
+    # SOAP preconditions only sides whose factor is full rank (max_precond_dim 64), since eigh's
+    # basis of a null space is arbitrary and would differ between any two summation orders.
+    opts = {
+        "shampoo": {"precondition_frequency": 2, "epsilon": 0.1},
+        "soap": {"precondition_frequency": 2, "max_precond_dim": 64},
+    }.get(optimizer, {})
+    base = dict(
+        strategy=strategy,
+        optimizer=optimizer,
+        lr=LR,
+        weight_decay=WD,
+        optimizer_options=opts,
+        adamw_lr=ADAMW_LR,
+        adamw_weight_decay=WD,
+        bucket_size=20_000,
+    )
     base.update(kw)
     return DistConfig(**base)
 
@@ -74,11 +85,15 @@ def reference(optimizer: str, dp: int | list[int], steps: range, seed: int) -> d
     params = {s.name: init_param(s, seed) for s in SPECS}
     mats = [s for s in SPECS if s.route == "matrix" and optimizer != "adamw"]
     rest = [s for s in SPECS if s not in mats]
-    math = make_matrix_optimizer(optimizer, lr=LR, weight_decay=WD, **dist_config("sc", optimizer).optimizer_options) if mats else None
+    math = (
+        make_matrix_optimizer(optimizer, lr=LR, weight_decay=WD, **dist_config("sc", optimizer).optimizer_options)
+        if mats
+        else None
+    )
     states = {s.name: math.init_state(s.shape) for s in mats}
     leaves = {s.name: torch.nn.Parameter(params[s.name]) for s in rest}
     adamw = make_adamw(list(leaves.values()), AdamWConfig(lr=ADAMW_LR, betas=(0.9, 0.95), weight_decay=WD))
-    for step_no, (s, n_dp) in enumerate(zip(steps, dps), 1):
+    for step_no, (s, n_dp) in enumerate(zip(steps, dps, strict=False), 1):
         grads = {spec.name: sum(full_grad(spec, s, d, seed) for d in range(n_dp)) / n_dp for spec in SPECS}
         for spec in mats:
             u = math.direction(grads[spec.name], states[spec.name], step_no)
