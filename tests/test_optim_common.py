@@ -122,7 +122,7 @@ def test_nonfinite_policy(name: str, bad: float) -> None:
             assert same(state, before)
     for s, g in enumerate([gs[0], gs[2], gs[3]], start=1):
         want.append(opt.direction(g, clean, s))
-    assert len(out) == 3 and all(torch.equal(a, b) for a, b in zip(out, want, strict=False))
+    assert len(out) == 3 and all(torch.equal(a, b) for a, b in zip(out, want, strict=True))
     assert check_finite(gs[0], "w", "raise") and check_finite(gs[0], "w", "skip")
 
 
@@ -182,7 +182,7 @@ def test_apply_update_on_shards_equals_full_update(dim: int) -> None:
     p, u = grads((8, 6), 2, seed=4)
     full = p.clone()
     apply_update(full, u, lr=0.1, weight_decay=0.01)
-    for ps, us in zip(p.chunk(2, dim), u.chunk(2, dim), strict=False):
+    for ps, us in zip(p.chunk(2, dim), u.chunk(2, dim), strict=True):
         apply_update(ps, us, lr=0.1, weight_decay=0.01)  # chunks are views: updates land in p
     torch.testing.assert_close(p, full, rtol=0, atol=0)
     torch.testing.assert_close(full, grads((8, 6), 2, seed=4)[0] * (1 - 0.001) - 0.1 * u)

@@ -129,7 +129,7 @@ def test_momentum_matches_hand_written_reference(nesterov: bool) -> None:
     state = opt.init_state((24, 40))
     ref = _reference_muon(grads, 0.9, nesterov)
     buf = torch.zeros(24, 40)
-    for step, (g, want) in enumerate(zip(grads, ref, strict=False), start=1):
+    for step, (g, want) in enumerate(zip(grads, ref, strict=True), start=1):
         torch.testing.assert_close(opt.direction(g, state, step), want, rtol=1e-5, atol=1e-6)
         buf = 0.9 * buf + 0.1 * g
         torch.testing.assert_close(state["momentum"], buf, rtol=1e-6, atol=1e-7)

@@ -23,7 +23,7 @@ def run(opt: Shampoo | SOAP, gs: list[torch.Tensor]) -> tuple[list[torch.Tensor]
 
 def close(got: list[torch.Tensor], want: list[np.ndarray], tol: float) -> None:
     assert len(got) == len(want)
-    for step, (u, w) in enumerate(zip(got, want, strict=False), start=1):
+    for step, (u, w) in enumerate(zip(got, want, strict=True), start=1):
         err = np.linalg.norm(u.double().numpy() - w) / max(np.linalg.norm(w), 1e-30)
         assert err <= tol, f"step {step}: relative error {err:.2e}"
 
