@@ -290,11 +290,12 @@ class Comm:
 
 
 def pick_mode(sizes: Sequence[int]) -> str:
-    """The runtime's choice for an uneven collective (``collective_mode='auto'``), from the runtime itself."""
-    from canzona.runtime.collectives import pick_mode as runtime_pick_mode
-    from canzona.runtime.config import DistConfig
+    """The runtime's choice on NCCL for an uneven collective (``collective_mode='auto'``), from the
+    lowering itself (canzona.plan.schedule.choose_mode, α–β priced)."""
+    from canzona.plan.comm import NCCL
+    from canzona.plan.schedule import choose_mode
 
-    return runtime_pick_mode(sizes, "auto", DistConfig().pad_threshold)
+    return choose_mode(list(sizes), "auto", NCCL, 4)
 
 
 def uneven_ms(comm: Comm, op: str, sizes: Sequence[int], nbytes_per_elem: int, group: str = "dp") -> tuple[float, str]:

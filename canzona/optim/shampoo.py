@@ -100,8 +100,9 @@ class Shampoo(MatrixOptimizer):
             P = state["L_inv_root"] @ P
         if "R" in state:
             P = P @ state["R_inv_root"]
+        # graft on the device: a Python ``if p_norm > 0`` would read the norm on the host (a sync per matrix)
         p_norm = P.norm()
-        return P * (A.norm() / p_norm) if p_norm > 0 else torch.zeros_like(P)
+        return P * torch.where(p_norm > 0, A.norm() / p_norm, torch.zeros_like(p_norm))
 
     def cost_settings(self) -> CostSettings:
         return CostSettings(
