@@ -42,6 +42,7 @@ def dist_config(strategy: str, optimizer: str, **kw) -> DistConfig:
     # SOAP preconditions only sides whose factor is full rank (max_precond_dim 64), since eigh's
     # basis of a null space is arbitrary and would differ between any two summation orders.
     opts = {
+        "muon": {"compute_dtype": "fp32"},
         "shampoo": {"precondition_frequency": 2, "epsilon": 0.1},
         "soap": {"precondition_frequency": 2, "max_precond_dim": 64},
     }.get(optimizer, {})
