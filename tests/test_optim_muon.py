@@ -342,6 +342,7 @@ def test_ns_restarts_default_by_precision_and_explicit_override() -> None:
         auto.ns_options((8, 64), "cpu")["compute_dtype"]
     )
     assert Muon(MuonConfig(ns_method="gram", ns_steps=2)).ns_restarts_for(torch.bfloat16) == ()
+    assert Muon(MuonConfig(ns_method="gram", ns_steps=8)).ns_restarts_for(torch.bfloat16) == (2, 4, 6)
     pinned = Muon(MuonConfig(ns_method="gram", ns_restarts=[3, 1], **FP32))  # type: ignore[arg-type]
     assert pinned.config.ns_restarts == (1, 3) and pinned.ns_options((8, 64), "cpu")["restarts"] == (1, 3)
     assert pinned.cost_settings().ns_restarts == (1, 3)
