@@ -25,7 +25,7 @@ from canzona.cost import NS_METHODS, CostSettings, ns_method_for
 from canzona.errors import ConfigError
 from canzona.optim.base import MatrixOptimizer, OptimizerConfig, State
 from canzona.optim.newton_schulz import check_ns_options, get_coefficient_set, newton_schulz
-from canzona.optim.precision import COMPUTE_DTYPES, ComputeDtype, compute_dtype_for
+from canzona.optim.precision import COMPUTE_DTYPES, ComputeDtype, compute_dtype_for, dtype_name
 
 NSMethodSetting = Literal["standard", "gram", "auto"]
 # Gram NS in half precision restarts before its third iteration for up to 5 steps: the published
@@ -107,6 +107,18 @@ class Muon(MatrixOptimizer):
             "compute_dtype": dtype,
             "method": method,
             "restarts": restarts if method == "gram" else (),
+        }
+
+    def ns_record(self, device: torch.device | str) -> dict[str, Any]:
+        """What a results record should say about Newton–Schulz on ``device`` ("auto"s resolved)."""
+        c = self.config
+        dtype = compute_dtype_for(c.compute_dtype, device)
+        return {
+            "ns_compute_dtype": dtype_name(dtype),
+            "ns_method": c.ns_method,
+            "ns_steps": c.ns_steps,
+            "ns_restarts": list(self.ns_restarts_for(dtype)),
+            "ns_coefficients": c.coefficients,
         }
 
     def ns_restarts_for(self, dtype: torch.dtype) -> tuple[int, ...]:
