@@ -198,12 +198,8 @@ def test_ns_transposed_input_gives_transposed_output(name: str, method: str, sha
     G = torch.randn(shape, generator=torch.Generator().manual_seed(2))
     if shape[0] == shape[1]:  # square: X·Xᵀ vs Xᵀ·X round differently; keep σ_min away from 0
         G = with_spectrum(*shape, np.geomspace(0.1, 1.0, shape[0]), seed=2)[0].float()
-    torch.testing.assert_close(
-        newton_schulz(G.T, 5, name, method=method),  # type: ignore[arg-type]
-        newton_schulz(G, 5, name, method=method).T,  # type: ignore[arg-type]
-        rtol=1e-5,
-        atol=1e-6,
-    )
+    got = newton_schulz(G.T, 5, name, method=method)  # type: ignore[arg-type]
+    assert max_rel(got, newton_schulz(G, 5, name, method=method).T) <= 5e-5  # type: ignore[arg-type]
 
 
 def test_ns_does_not_modify_input_and_validates() -> None:

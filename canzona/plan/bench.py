@@ -57,7 +57,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="results/planner", help="output folder")
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated model names")
     p.add_argument("--bucket-size", type=int, default=40_000_000)
-    p.add_argument("--optimizer", default="muon", choices=matrix_optimizer_names())
+    p.add_argument("--optimizer", default="muon", help=" | ".join(matrix_optimizer_names()))
     p.add_argument("--no-plots", action="store_true")
 
 
