@@ -7,16 +7,14 @@ cost object that prices them (canzona.optim.registry); the rest of the stack rea
 
 from __future__ import annotations
 
-from canzona.cost import MuonCost, ShampooCost, SOAPCost
+from canzona.cost import MuonCost, ShampooCost, SOAPCost, matrix_optimizer_names, optimizer_names
 from canzona.models.routing import DEFAULT_ROUTING, RoutingRule
 from canzona.optim.adamw import AdamWConfig, make_adamw
 from canzona.optim.base import MatrixOptimizer, OptimizerConfig, apply_update, check_finite, check_matrix
 from canzona.optim.muon import Muon, MuonConfig
 from canzona.optim.registry import (
     make_matrix_optimizer,
-    matrix_optimizer_names,
     optimizer_entry,
-    optimizer_names,
     register_optimizer,
     registered_optimizers,
 )

@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from canzona.cost import ADAMW, MatrixCost, cost_for, matrix_optimizer_names, optimizer_names, register_cost
+from canzona.cost import ADAMW, MatrixCost, cost_for, register_cost
 from canzona.errors import ConfigError
 from canzona.optim.base import MatrixOptimizer
 
@@ -62,14 +62,3 @@ def make_matrix_optimizer(name: str, **overrides: Any) -> MatrixOptimizer:
     if unknown:
         raise ConfigError(f"{name} has no option(s) {', '.join(unknown)}; valid: {', '.join(fields)}")
     return cls(config_cls(**overrides))
-
-
-__all__ = [
-    "OptimizerEntry",
-    "make_matrix_optimizer",
-    "matrix_optimizer_names",
-    "optimizer_entry",
-    "optimizer_names",
-    "register_optimizer",
-    "registered_optimizers",
-]
