@@ -38,7 +38,8 @@ def shard(t: torch.Tensor, spec: ParamSpec, tp: int, r: int) -> torch.Tensor:
 
 # Optimizer options of every run here and of the reference (see dist_config for why).
 OPTIONS = {
-    "shampoo": {"precondition_frequency": 2, "epsilon": 0.1},
+    "muon": {"compute_dtype": "fp32"},
+    "shampoo": {"precondition_frequency": 2},
     "soap": {"precondition_frequency": 2, "max_precond_dim": 64},
 }
 
@@ -46,11 +47,10 @@ OPTIONS = {
 def dist_config(strategy: str, optimizer: str, **kw) -> DistConfig:
     """The tests' DistConfig: keyword overrides go to the part that owns them (plan, comm, precision
     or the top level)."""
-    # Well-posed preconditioners, so fp32 summation order (which differs between gloo's all-reduce
-    # and the reference) moves results by rounding only: Shampoo's epsilon 0.1 bounds the inverse
-    # root of rank-deficient factors (at 1e-3 association order alone moves params by 7e-5);
-    # SOAP preconditions only sides whose factor is full rank (max_precond_dim 64), since eigh's
-    # basis of a null space is arbitrary and would differ between any two summation orders.
+    # fp32 exactness: Muon's Newton–Schulz in fp32 (auto picks bf16 on CPUs with native bf16).
+    # Shampoo at its default (relative) epsilon is well-posed on rank-deficient factors. SOAP
+    # preconditions only sides whose factor is full rank (max_precond_dim 64), since eigh's basis of
+    # a null space is arbitrary and would differ between any two summation orders.
     opts = dict(OPTIONS.get(optimizer, {}))
     plan = {k: kw.pop(k) for k in ("alpha", "dp_algo", "tp_mode", "capacity_bytes") if k in kw}
     comm = {k: kw.pop(k) for k in ("collective_mode", "overlap_grad_sync", "overlap_param_sync") if k in kw}

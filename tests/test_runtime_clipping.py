@@ -19,7 +19,7 @@ from canzona.optim.adamw import AdamWConfig, make_adamw
 from canzona.optim.base import apply_update
 from canzona.runtime import DistributedOptimizer
 from canzona.runtime.launch import RankError, launch, stage_groups
-from tests.runtime_helpers import ADAMW_LR, LR, WD, dist_config, full_grad, init_param, shard
+from tests.runtime_helpers import ADAMW_LR, LR, OPTIONS, WD, dist_config, full_grad, init_param, shard
 
 SEED = 3
 MODEL = get_model("qwen3-micro")
@@ -74,7 +74,7 @@ def _reference(dp: int, steps: int, max_norm: float | None) -> tuple[list[float]
     params = {s.name: init_param(s, SEED) for s in ALL}
     mats = [s for s in ALL if s.route == "matrix"]
     rest = [s for s in ALL if s.route != "matrix"]
-    math_ = make_matrix_optimizer("muon", lr=LR, weight_decay=WD)
+    math_ = make_matrix_optimizer("muon", lr=LR, weight_decay=WD, **OPTIONS["muon"])
     states = {s.name: math_.init_state(s.shape) for s in mats}
     leaves = {s.name: torch.nn.Parameter(params[s.name]) for s in rest}
     adamw = make_adamw(list(leaves.values()), AdamWConfig(lr=ADAMW_LR, betas=(0.9, 0.95), weight_decay=WD))

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from canzona.cost import matrix_optimizer_names
 from canzona.errors import ConfigError
 from canzona.models import get_model, list_params
 from canzona.plan.schedule import REQUESTABLE_MODES
@@ -32,7 +33,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dp", type=int, default=2)
     p.add_argument("--tp", type=int, default=2)
     p.add_argument("--model", default="qwen3-tiny")
-    p.add_argument("--optimizer", default="muon", choices=("muon", "shampoo", "soap"))
+    p.add_argument("--optimizer", default="muon", choices=matrix_optimizer_names())
     p.add_argument("--steps", type=int, default=20, help="measured steps per strategy")
     p.add_argument("--warmup", type=int, default=3, help="unmeasured steps per strategy")
     p.add_argument(

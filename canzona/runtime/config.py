@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from canzona.errors import ConfigError
-from canzona.optim import MATRIX_OPTIMIZERS, MatrixOptimizer, OptimizerConfig
+from canzona.optim import MatrixOptimizer, OptimizerConfig, registered_optimizers
 from canzona.optim.adamw import AdamWConfig
 from canzona.plan.comm import MODELS
 from canzona.plan.schedule import REQUESTABLE_MODES
@@ -91,7 +91,7 @@ def _default_adamw() -> AdamWConfig:
 
 
 def _default_optimizer() -> OptimizerConfig:
-    return MATRIX_OPTIMIZERS["muon"].config_cls()
+    return registered_optimizers()["muon"].cls.config_cls()
 
 
 @dataclass(frozen=True)
@@ -158,17 +158,18 @@ class DistConfig:
         """The single-matrix optimizer this config describes (raises for the AdamW-only config)."""
         if self.optimizer is None:
             raise ConfigError("this DistConfig routes every parameter to AdamW; there is no matrix optimizer")
-        return MATRIX_OPTIMIZERS[self.optimizer_name](self.optimizer)
+        return registered_optimizers()[self.optimizer_name].cls(self.optimizer)
 
 
 def optimizer_name(cfg: OptimizerConfig) -> str:
     """The registered matrix optimizer whose config type ``cfg`` is."""
-    for name, cls in MATRIX_OPTIMIZERS.items():
-        if type(cfg) is cls.config_cls:
+    entries = registered_optimizers()
+    for name, entry in entries.items():
+        if type(cfg) is entry.cls.config_cls:
             return name
     raise ConfigError(
         f"{type(cfg).__name__} is not the config of a registered matrix optimizer "
-        f"({', '.join(c.config_cls.__name__ for c in MATRIX_OPTIMIZERS.values())})"
+        f"({', '.join(e.cls.config_cls.__name__ for e in entries.values())})"
     )
 
 
@@ -178,9 +179,10 @@ def optimizer_config(name: str, **fields: Any) -> OptimizerConfig | None:
         if fields:
             raise ConfigError(f"adamw takes its options through DistConfig.adamw, got {sorted(fields)}")
         return None
-    if name not in MATRIX_OPTIMIZERS:
-        raise ConfigError(f"unknown optimizer {name!r}; choose one of {', '.join([*MATRIX_OPTIMIZERS, 'adamw'])}")
-    cls = MATRIX_OPTIMIZERS[name].config_cls
+    entries = registered_optimizers()
+    if name not in entries:
+        raise ConfigError(f"unknown optimizer {name!r}; choose one of {', '.join([*entries, 'adamw'])}")
+    cls = entries[name].cls.config_cls
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(fields) - known)
     if unknown:
