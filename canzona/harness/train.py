@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 import torch.distributed as dist
 
+from canzona.errors import ConfigError
 from canzona.harness import cpu_shim
 from canzona.harness.config import RunConfig
-from canzona.harness.model import build_model, causal_mask, init_weights, te_available
+from canzona.harness.model import build_model, causal_mask, init_weights
 from canzona.harness.params import (
     NamedParam,
     allreduce_tp_partial_grads,
@@ -42,6 +43,7 @@ from canzona.harness.params import (
     tp_partial_grad_params,
 )
 from canzona.harness.timing import Clock, IterationLog, aggregate, peak_memory_mb
+from canzona.results.schema import NS_OPTIMIZERS
 
 if TYPE_CHECKING:
     from canzona.runtime.launch import RankInfo
@@ -114,6 +116,9 @@ def build_optimizer(
         adamw_weight_decay=run.adamw_weight_decay,
         alpha=run.alpha,
         bucket_size=run.bucket_size,
+        cost=run.cost,
+        # the recorded Newton-Schulz format, never "auto" (``RunConfig.resolve`` made it concrete)
+        optimizer_options={"compute_dtype": run.ns_dtype} if run.optimizer in NS_OPTIMIZERS else {},
         overlap_grad_sync=True,
         overlap_param_sync=run.overlap_param_sync,
         nonfinite="raise",
@@ -129,6 +134,15 @@ def build_optimizer(
     if run.overlap_param_sync:  # each module waits for its own params' all-gather before its forward
         opt.attach(model)
     return model, opt
+
+
+def rank_hostnames() -> list[str]:
+    """Sorted distinct hostnames of every rank (one all_gather_object at the end of a run)."""
+    import socket
+
+    names: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(names, socket.gethostname())
+    return sorted(set(names))
 
 
 def make_forward_step(seq_len: int, device: torch.device) -> Callable[..., Any]:
@@ -157,6 +171,9 @@ def train(ri: RankInfo, run: RunConfig) -> dict[str, Any]:
 
     device = ri.device
     on_cpu = device.type == "cpu"
+    run = run.resolve(gpu=not on_cpu)  # a no-op for a config the CLI already resolved
+    if (run.device == "gpu") == on_cpu:
+        raise ConfigError(f"run configured for device {run.device} but this rank was given {device}")
     if on_cpu:
         cpu_shim.install()
     backend = str(dist.get_backend())
@@ -168,9 +185,14 @@ def train(ri: RankInfo, run: RunConfig) -> dict[str, Any]:
         mcfg = run.model_config
         tp_rank, stage = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
         dp_rank = ps.get_data_parallel_rank()
-        use_te = te_available() and not on_cpu
         model = build_model(
-            mcfg, tp=run.tp, pp=run.pp, seq_len=run.seq_len, dtype=DTYPES[run.dtype], device=device, use_te=use_te
+            mcfg,
+            tp=run.tp,
+            pp=run.pp,
+            seq_len=run.seq_len,
+            dtype=DTYPES[run.dtype],
+            device=device,
+            attention=run.attention,
         )
         named = named_params(model, mcfg, tp=run.tp, pp=run.pp, stage=stage)
         init_weights(named, mcfg, seed=run.seed, tp_rank=tp_rank, tp=run.tp)
@@ -225,6 +247,7 @@ def train(ri: RankInfo, run: RunConfig) -> dict[str, Any]:
             opt.wait_param_sync()  # the last step's all-gathers are still in flight
         timings = aggregate(log, loss_divisor=run.dp, device=device)
         drift = replica_divergence(named, ps.get_data_parallel_group(), ps.get_tensor_model_parallel_group())
+        hosts = rank_hostnames()  # every rank takes part: the record names all nodes, not rank 0's
         out: dict[str, Any] = {
             "rank": ri.rank,
             "loss_curve": timings.loss_curve,
@@ -233,12 +256,14 @@ def train(ri: RankInfo, run: RunConfig) -> dict[str, Any]:
         }
         if ri.rank == 0:
             from canzona.harness.record import build_record, environment
+            from canzona.results.env import cluster_environment
             from canzona.results.schema import append_record
 
             _, mem_kind = peak_memory_mb(device)
             extra: dict[str, Any] = {
-                "layer_spec": "transformer_engine" if use_te else "local",
+                "layer_spec": "transformer_engine" if run.attention == "te" else "local",
                 "cpu_shim": cpu_shim.installed(),
+                **cluster_environment(device, hosts),
             }
             if run.method == "megatron-muon":
                 extra["megatron_muon_layer_wise"] = getattr(opt, "layer_wise", None)

@@ -50,6 +50,13 @@ def compute_dtype_for(setting: ComputeDtype, device: torch.device) -> torch.dtyp
     return _DTYPES[setting]
 
 
+def compute_dtype_name(setting: ComputeDtype, device: torch.device) -> str:
+    """The concrete format ("fp32" | "bf16") ``setting`` runs Newton-Schulz in on ``device``:
+    what results records carry as ``ns_dtype`` (never "auto", which depends on the device)."""
+    dtype = compute_dtype_for(setting, device)
+    return next(name for name, d in _DTYPES.items() if d == dtype)
+
+
 class Muon(MatrixOptimizer):
     name: ClassVar[str] = "muon"
     config_cls: ClassVar[type[MuonConfig]] = MuonConfig

@@ -97,7 +97,9 @@ def _rank(
 
 
 def run(args: argparse.Namespace) -> int:
+    from canzona.optim.muon import compute_dtype_name
     from canzona.results.env import environment
+    from canzona.results.schema import ns_dtype_for
     from canzona.runtime.launch import launch
 
     if args.dp * args.tp != args.nproc:
@@ -132,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device("cuda" if args.backend == "nccl" else "cpu")
     env = environment(device, args.backend)
     out = {
+        "ns_dtype": ns_dtype_for(args.optimizer, compute_dtype_name("auto", device)),  # the Muon default it ran
         "world": args.nproc,
         "dp": args.dp,
         "tp": args.tp,
@@ -190,6 +193,7 @@ def _append_records(args: argparse.Namespace, out: dict, med: dict) -> None:
             "warmup": args.warmup,
             "iters": args.steps,
             "dtype": "fp32",
+            "ns_dtype": out["ns_dtype"],
         }
         append_record(
             args.results,
