@@ -190,7 +190,7 @@ def test_gpu_cell_without_cuda_exits_2_with_the_fix(no_launch, capsys, monkeypat
     import canzona.runtime.launch as launch_mod
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    argv = BASE + ["--tp", "1", "--pp", "1", "--dp", "1", "--global-batch", "4", "--dtype", "bf16", "--device", "gpu"]
+    argv = [*BASE, "--tp", "1", "--pp", "1", "--dp", "1", "--global-batch", "4", "--dtype", "bf16", "--device", "gpu"]
     assert canzona_main(argv) == 2  # forked ranks: refused in the parent
     err = capsys.readouterr().err
     assert "--device gpu" in err and "sees no CUDA" in err and "TORCH_SPEC" in err

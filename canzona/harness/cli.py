@@ -66,7 +66,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device",
         choices=DEVICES,
-        help="gpu: exit 2 unless torch sees CUDA (never a silent CPU/gloo run); cpu: gloo; auto (default): CUDA if present",
+        help="gpu: exit 2 unless torch sees CUDA (never a silent CPU/gloo run); cpu: gloo; "
+        "auto (default): CUDA if present",
     )
     p.add_argument(
         "--attention",

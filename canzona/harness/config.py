@@ -168,7 +168,8 @@ class RunConfig:
                 raise ConfigError(f"unknown {key} {getattr(self, key)!r}; choose one of {', '.join(allowed)}")
         if self.optimizer not in NS_OPTIMIZERS and self.ns_dtype != "auto":
             raise ConfigError(
-                f"--ns-dtype sets Muon's Newton-Schulz format; optimizer {self.optimizer} runs no Newton-Schulz: drop it"
+                f"--ns-dtype sets Muon's Newton-Schulz format; optimizer {self.optimizer} runs no "
+                "Newton-Schulz: drop it"
             )
         if gpu is False and self.device == "gpu":
             import torch
