@@ -3,12 +3,14 @@
 Files of a sweep named N (the run folder is git-ignored, the collected file is committed):
 
     runs/N/cells/<cell-slug>.jsonl   the --results file of one cell; only that cell's job writes it
-    runs/N/logs/<job-id>/...         submitit's pickles and stdout/stderr logs
-    runs/N/jobs.json                 cell key -> backend, job id, log folder, outcome (write_atomic)
+    runs/N/logs/<job-id>/...         local: submitit's pickles and logs; Slurm: per-cell step logs
+                                     of every node and the step's exit status (``slurm_state``)
+    runs/N/jobs.json                 cell key -> backend, job id, log folder, process group,
+                                     outcome (write_atomic)
     runs/N/corrupt/                  invalid lines moved out of the collected file, kept verbatim
     results/N.jsonl                  every valid line of every cell, merged by ``collect``
 
-Why per-cell files plus a collected file: concurrent array jobs never write the same file
+Why per-cell files plus a collected file: concurrent jobs never write the same file
 (each appends one line to its own file with ``append_record``), while the committed results
 file is only ever replaced whole (``write_atomic``) by one process. A killed sweep therefore
 loses nothing already written, and a truncated line can only be the last line of one cell's
