@@ -25,6 +25,7 @@ from canzona.sweep.slurm import plan_submission, render_dry_run, submit_slurm
 from canzona.sweep.state import JobBook, SweepPaths, format_status, sweep_status
 
 ROOT = Path(__file__).resolve().parents[1]
+PROFILE = {"partition": "gpu", "gpus_per_node": 8, "cpus_per_task": 8, "hbm_gb": 80, "peak_tflops": 989}
 
 
 def directives(text: str) -> dict[str, str]:
@@ -153,11 +154,7 @@ CONTAINERS = {
 def test_container_profiles_render(tmp_path, table2, runtime):
     defn, _ = table2
     cluster = {
-        "partition": "gpu",
-        "gpus_per_node": 8,
-        "cpus_per_task": 64,
-        "hbm_gb": 80,
-        "peak_tflops": 989,
+        **PROFILE,
         "max_nodes": 64,
         "container": CONTAINERS[runtime],
         "python_for": {"megatron-muon": "/opt/peer/bin/python"},
@@ -282,7 +279,6 @@ SMALL = {
     "layout": [{"model": "qwen3-micro", "tp": 2, "pp": 1, "dp": 8, "reason": "r"}],
     "grid": [{"methods": ["sc", "layerwise", "canzona"], "optimizers": ["muon"]}],
 }
-PROFILE = {"partition": "gpu", "gpus_per_node": 8, "cpus_per_task": 8, "hbm_gb": 80, "peak_tflops": 989}
 
 
 def _record(cell) -> dict:

@@ -400,6 +400,27 @@ def _parse_grid(t: Any, w: str, i: int, defaults: dict[str, Any], layouts: list[
     )
 
 
+_SWEEP_SPEC: dict[str, tuple[type | tuple[type, ...], bool]] = {
+    "name": (str, True),
+    "description": (str, False),
+    "world": (int, True),
+    "seq_len": (int, True),
+    "micro_batch": (int, True),
+    "global_batch": (int, True),
+    "warmup": (int, True),
+    "iters": (int, True),
+    "time_min": (int, False),
+    "alpha": ((int, float), False),
+    "bucket_size": (int, False),
+    "cost": (str, False),
+    "overlap_param_sync": (bool, False),
+    "device": (str, False),
+    "dtype": (str, False),
+    "ns_dtype": (str, False),
+    "notes": (str, False),
+}
+
+
 def parse_sweep(data: dict[str, Any], source: str = "<sweep>") -> SweepDefinition:
     """Validate a parsed sweep TOML document; every error names the file and the table."""
     top_unknown = sorted(set(data) - {"sweep", "layout", "grid"})
@@ -410,29 +431,7 @@ def parse_sweep(data: dict[str, Any], source: str = "<sweep>") -> SweepDefinitio
     if "sweep" not in data:
         raise ConfigError(f"{source}: missing the [sweep] table")
     where = f"{source} [sweep]"
-    s = _take(
-        data["sweep"],
-        where,
-        {
-            "name": (str, True),
-            "description": (str, False),
-            "world": (int, True),
-            "seq_len": (int, True),
-            "micro_batch": (int, True),
-            "global_batch": (int, True),
-            "warmup": (int, True),
-            "iters": (int, True),
-            "time_min": (int, False),
-            "alpha": ((int, float), False),
-            "bucket_size": (int, False),
-            "cost": (str, False),
-            "overlap_param_sync": (bool, False),
-            "device": (str, False),
-            "dtype": (str, False),
-            "ns_dtype": (str, False),
-            "notes": (str, False),
-        },
-    )
+    s = _take(data["sweep"], where, _SWEEP_SPEC)
     if not _NAME.match(s["name"]):
         raise ConfigError(f"{where}: name {s['name']!r} must match {_NAME.pattern} (it names folders and files)")
     _positive(where, world=s["world"])

@@ -89,26 +89,16 @@ def run_local(
 ) -> RunReport:
     """Run every cell of ``defn`` without a valid result line, one after another.
 
-    Cells with a valid line (in results/<sweep>.jsonl or their per-cell file) are skipped;
-    failed, missing and corrupt ones run again. ``timeout_s`` defaults to the cell's
-    ``time_min``. Results are collected into results/<sweep>.jsonl after every cell.
+    Cells with a valid line (in results/<sweep>.jsonl or their per-cell file) are skipped; failed,
+    missing and corrupt ones run again, after orphans of a killed earlier sweep were ended.
+    ``timeout_s`` defaults to the cell's ``time_min``; lines are collected after every cell.
     """
     import submitit
     from tqdm import tqdm
 
-    if backend not in LOCAL_BACKENDS:
-        raise ConfigError(
-            f"backend {backend!r} is not a local backend; use one of {', '.join(LOCAL_BACKENDS)} (or slurm)"
-        )
     paths = paths or SweepPaths.for_sweep(defn.name)
     cells = list(cells if cells is not None else defn.cells())
-    too_big = sorted({c.world for c in cells if c.world > max_world})
-    if too_big:
-        raise ConfigError(
-            f"sweep {defn.name} has cells with world {too_big} but this machine runs at most "
-            f"{max_world} forked ranks; use the scaled-down sweep (slurm/sweeps/local.toml), "
-            "raise --max-world, or submit it to Slurm"
-        )
+    _check_local(defn, cells, backend, max_world)
     paths.run_dir.mkdir(parents=True, exist_ok=True)
     report = RunReport(defn.name, paths.results)
     report.ended_orphans += end_orphans(paths, cells)
@@ -119,8 +109,7 @@ def run_local(
     if busy:
         c, why = busy[0]
         raise ConfigError(f"cell {c.key} is already {why}; wait for that sweep or stop it first")
-
-    folder = paths.logs / "%j"
+    folder = paths.logs / "%j"  # submitit's per-job log folder
     executor: submitit.Executor = (
         submitit.LocalExecutor(folder=folder) if backend == "local" else submitit.DebugExecutor(folder=folder)
     )
@@ -161,18 +150,38 @@ def run_local(
             book.record(cell.key, outcome="ok", finished=now())
             report.ok.append(cell.key)
         else:
-            text = f"{type(exc).__name__}: {exc}"
-            pick = pickled_outcome(folder, str(job.job_id))
-            if pick is not None and pick[0] == "error":
-                text = pick[1]
-            reason = failure_reason(text)
-            tail = [ln for ln in text.splitlines() if ln.strip()][-12:]
-            book.record(cell.key, outcome="failed", reason=reason, tail=tail, finished=now())
+            reason = _record_failure(book, cell.key, exc, folder, str(job.job_id))
             report.failed.append((cell.key, reason))
             bar.write(f"failed  {cell.key}: {reason}")
         collect(paths)
     bar.close()
     return report
+
+
+def _check_local(defn: SweepDefinition, cells: list[Cell], backend: str, max_world: int) -> None:
+    if backend not in LOCAL_BACKENDS:
+        raise ConfigError(
+            f"backend {backend!r} is not a local backend; use one of {', '.join(LOCAL_BACKENDS)} (or slurm)"
+        )
+    too_big = sorted({c.world for c in cells if c.world > max_world})
+    if too_big:
+        raise ConfigError(
+            f"sweep {defn.name} has cells with world {too_big} but this machine runs at most "
+            f"{max_world} forked ranks; use the scaled-down sweep (slurm/sweeps/local.toml), "
+            "raise --max-world, or submit it to Slurm"
+        )
+
+
+def _record_failure(book: JobBook, key: str, exc: BaseException, folder: Path, job_id: str) -> str:
+    """Book a failed cell with the reason (from submitit's result pickle when there is one)."""
+    text = f"{type(exc).__name__}: {exc}"
+    pick = pickled_outcome(folder, job_id)
+    if pick is not None and pick[0] == "error":
+        text = pick[1]
+    reason = failure_reason(text)
+    tail = [ln for ln in text.splitlines() if ln.strip()][-12:]
+    book.record(key, outcome="failed", reason=reason, tail=tail, finished=now())
+    return reason
 
 
 def _time_limit_s(cell: Cell) -> float:
