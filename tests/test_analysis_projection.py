@@ -12,7 +12,6 @@ from canzona.analysis.projection import (
     Layout,
     Link,
     Scenario,
-    _pipelined,
     collective_ms,
     fwd_bwd_ms,
     load_profile,
@@ -21,6 +20,7 @@ from canzona.analysis.projection import (
     project_stage,
     to_record,
 )
+from canzona.analysis.projection.phases import _pipelined
 from canzona.cost import matrix_flops
 from canzona.errors import ConfigError
 from canzona.plan.types import Bucket, BucketEntry, DPPlan, MicroGroup, Plan, PlanConfig, PlanItem, TPSchedule

@@ -85,79 +85,6 @@ def _print(rows: list[tuple[str, str, dict[str, Any]]]) -> None:
             print(f"  canzona vs {b:<10} step {s['step']:6.2f}x   iteration {s['iteration']:5.2f}x")
 
 
-def _grid(scenarios, profiles) -> list[Any]:
-    """Project every scenario on every profile, planning each scenario once."""
-    from dataclasses import replace
-
-    from canzona.analysis.projection import make_plans, project
-
-    plans: dict[Any, Any] = {}
-    out = []
-    for s in scenarios:
-        key = replace(s, overlap="none")
-        if key not in plans:
-            plans[key] = make_plans(s)
-        for prof in profiles:
-            out.append(project(s, prof, plans[key]))
-    return out
-
-
-def sensitivity(profile_name: str = "H800") -> list[dict[str, Any]]:
-    """Qwen3-32B at 256 GPUs: Canzona vs layer-wise as one assumption changes at a time."""
-    from dataclasses import replace
-
-    from canzona.analysis.projection import (
-        PAPER_GLOBAL_BATCH,
-        PAPER_LAYOUTS,
-        Scenario,
-        load_profile,
-        project,
-        speedup,
-        with_profile_overrides,
-    )
-    from canzona.plan.types import Layout
-
-    base_prof = load_profile(profile_name)
-    lay = PAPER_LAYOUTS["qwen3-32b"]
-    variants: list[tuple[str, dict[str, Any], Any]] = [("baseline assumptions", {}, base_prof)]
-    variants += [
-        (f"global batch {g} seq", {"global_batch": g}, base_prof)
-        for g in (64, 128, 512, 1024)
-        if g != PAPER_GLOBAL_BATCH
-    ]
-    variants += [
-        (f"layout dp{lay.dp}·tp{lay.tp}·pp{lay.pp}", {"layout": lay}, base_prof)
-        for lay in (Layout(16, 8, 2), Layout(8, 8, 4), Layout(64, 4, 1))
-    ]
-    variants += [("views qkv,gate_up (split matrices)", {"views": ("qkv", "gate_up")}, base_prof)]
-    variants += [
-        (f"matmul efficiency {e}", {}, with_profile_overrides(base_prof, matmul_efficiency=e)) for e in (0.5, 0.65)
-    ]
-    variants += [(f"MFU {m}", {}, with_profile_overrides(base_prof, mfu=m)) for m in (0.35, 0.55)]
-    rows = []
-    for label, kw, prof in variants:
-        for ov in ("none", "megatron"):
-            res = {}
-            for m in ("layerwise", "canzona"):
-                s = replace(Scenario("qwen3-32b", lay, m, overlap=ov), **kw)
-                res[m] = project(s, prof)
-            c, b = res["canzona"], res["layerwise"]
-            rows.append(
-                {
-                    "profile": profile_name,
-                    "variant": label,
-                    "overlap": ov,
-                    "canzona step ms": round(c.step_ms, 1),
-                    "layerwise step ms": round(b.step_ms, 1),
-                    "canzona iter ms": round(c.iteration_ms, 1),
-                    "layerwise iter ms": round(b.iteration_ms, 1),
-                    "speedup step": speedup(b.step_ms, c.step_ms),
-                    "speedup iteration": speedup(b.iteration_ms, c.iteration_ms),
-                }
-            )
-    return rows
-
-
 def run(args: argparse.Namespace) -> int:
     import pandas as pd
 
@@ -167,7 +94,9 @@ def run(args: argparse.Namespace) -> int:
         Scenario,
         load_profile,
         paper_scenarios,
+        project_grid,
         projected_env,
+        sensitivity,
         to_record,
         validate_against,
     )
@@ -204,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
             Scenario("qwen3-32b", PAPER_LAYOUTS["qwen3-32b"], "canzona", cost="numel", overlap=ov)
             for ov in ("none", "megatron")
         ]
-        projs = [p for p in _grid(scen, profs) if not (p.scenario.cost == "numel" and p.profile.name != "H800")]
+        projs = [p for p in project_grid(scen, profs) if not (p.scenario.cost == "numel" and p.profile.name != "H800")]
         env = projected_env()
         text = "".join(json.dumps(to_record(p, env), sort_keys=True) + "\n" for p in projs)
         write_atomic(out / "projected.jsonl", text)
@@ -243,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
         for ov in overlaps
         for m in methods
     ]
-    projs = _grid(scen, profiles)
+    projs = project_grid(scen, profiles)
     rows = []
     for prof in profiles:
         for ov in overlaps:

@@ -165,7 +165,7 @@ def table2_sections(table: pd.DataFrame, headline_profile: str = "H800") -> list
         "",
         "Overlap view `none`: the runtime's step (nothing hidden under fwd/bwd; what bench-step times). "
         "View `megatron`: Megatron's optimizer timer with overlap_grad_reduce / overlap_param_gather "
-        "(see canzona/analysis/projection.py).",
+        "(see canzona/analysis/projection/overlap.py).",
         "",
         table2_markdown(_drop_empty(head)) if not head.empty else f"_No rows projected on {headline_profile}._",
         "",
@@ -226,7 +226,7 @@ def write_table2(
         "- The same run twice, or two lines of one cell that differ in world / alpha / dtype / bucket_size / "
         "micro_batch / cost / overlap, stop the build with an error naming the lines.",
         "- Measured rows come from result lines written by the harness / benchmarks; projected rows from "
-        "`canzona project` (see `canzona/analysis/projection.py` and `canzona/analysis/profiles/`).",
+        "`canzona project` (see `canzona/analysis/projection/` and `canzona/analysis/profiles/`).",
         "",
     ]
     write_atomic(files["table2.md"], "\n".join(parts))
