@@ -27,7 +27,20 @@ BASELINES = ("sc", "layerwise", "megatron-muon")  # always shown; "asc" is added
 OURS = "canzona"
 GROUP_KEY = ("cell", "kind", "provenance", "source")
 # A table row: everything that defines a cell except the method, plus where the numbers come from.
-ROW_KEY = ("model", "tp", "pp", "dp", "optimizer", "seq_len", "global_batch", "kind", "provenance", "source")
+# ns_dtype: a row compares methods in ONE Newton-Schulz number format (NaN where not recorded).
+ROW_KEY = (
+    "model",
+    "tp",
+    "pp",
+    "dp",
+    "optimizer",
+    "ns_dtype",
+    "seq_len",
+    "global_batch",
+    "kind",
+    "provenance",
+    "source",
+)
 TIMINGS = ("iteration", "fwd_bwd", "step")
 
 
@@ -59,10 +72,16 @@ def aggregate_cells(df: pd.DataFrame) -> pd.DataFrame:
             "global_batch",
             "alpha",
             "dtype",
+            "ns_dtype",
             "bucket_size",
             "cost",
+            "overlap",
+            "variant",
             "provenance_label",
             "provenance_detail",
+            "peer_layer_wise",
+            "peer_tp_mode",
+            "loss_curve",
         ):
             if c in g:
                 row[c] = first[c]
@@ -81,6 +100,8 @@ def aggregate_cells(df: pd.DataFrame) -> pd.DataFrame:
             vals = g[c].dropna()
             row[c] = float(np.median(vals.to_numpy(dtype=float))) if not vals.empty else np.nan
         row["files"] = ";".join(sorted({f"{f}:{ln}" for f, ln in zip(g["file"], g["line"], strict=False)}))
+        if "git_commit" in g:
+            row["git_commit"] = ";".join(sorted({str(c) for c in g["git_commit"].dropna()}))
         out.append(row)
     return pd.DataFrame(out)
 

@@ -2,14 +2,19 @@
 
     canzona project --model qwen3-32b --layout 32,8,1 --profile H800           # print one layout
     canzona project --preset paper --out results/                                # Table 2's projected rows
+    canzona project --preset authors --out results/                              # the authors' configuration
     canzona project --validate results/ --profile cpu-local --out results/      # error vs measured runs
 
-``--preset paper`` writes ``OUT/projected.jsonl`` (whole file, atomically: the projection is
-deterministic, so rerunning replaces it) with every Qwen3 model at 256 GPUs (layouts in
-``projection.PAPER_LAYOUTS``) x methods x the four GPU profiles x overlap views ``none`` and
-``megatron``, plus Canzona with numel balancing on H800 (the App. F.2 claim), and
+``--preset NAME`` writes ``OUT/<the preset's file>`` (whole file, atomically: the projection is
+deterministic, so rerunning replaces it); the presets are listed in
+``canzona.analysis.projection.presets``: ``paper`` (every Qwen3 model at 256 GPUs x methods x
+the four GPU profiles x overlap views ``none`` and ``megatron``, plus Qwen3-32B with numel
+balancing on H800 and with Shampoo / SOAP) -> ``projected.jsonl``, and ``authors`` (the authors'
+Qwen3-32B configuration) -> ``projected_authors.jsonl``. ``paper`` also writes
 ``OUT/projection_sensitivity.csv`` (Qwen3-32B on H800 as batch, layout, views and profile
-constants change). ``--validate`` writes ``OUT/projection_validation.csv``.
+constants change) and ``OUT/projection_batch.csv`` (iteration speedup against tokens per
+iteration, per GPU profile and view, with the largest batch reaching 1.57x).
+``--validate`` writes ``OUT/projection_validation.csv``.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", choices=("paper",), help="the Table-2 projection set (see module doc)")
+    p.add_argument("--preset", choices=("paper", "authors"), help="a fixed projection set (see module doc)")
     p.add_argument(
         "--validate", nargs="+", metavar="RESULTS", help="compare with measured result lines (files/folders)"
     )
@@ -90,13 +95,10 @@ def run(args: argparse.Namespace) -> int:
 
     from canzona.analysis.projection import (
         METHODS,
-        PAPER_LAYOUTS,
         Scenario,
         load_profile,
-        paper_scenarios,
         project_grid,
         projected_env,
-        sensitivity,
         to_record,
         validate_against,
     )
@@ -125,29 +127,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     overlaps = args.overlap or ["none"]
-    if args.preset == "paper":
-        out = Path(args.out or "results")
-        profs = [load_profile(n) for n in ("H800", "H100", "A100", "H200")] if not args.profile else profiles
-        scen = [s for ov in ("none", "megatron") for s in paper_scenarios(overlap=ov)]
-        scen += [
-            Scenario("qwen3-32b", PAPER_LAYOUTS["qwen3-32b"], "canzona", cost="numel", overlap=ov)
-            for ov in ("none", "megatron")
-        ]
-        projs = [p for p in project_grid(scen, profs) if not (p.scenario.cost == "numel" and p.profile.name != "H800")]
-        env = projected_env()
-        text = "".join(json.dumps(to_record(p, env), sort_keys=True) + "\n" for p in projs)
-        write_atomic(out / "projected.jsonl", text)
-        sens = pd.DataFrame(sensitivity("H800"))
-        write_atomic(out / "projection_sensitivity.csv", sens.to_csv(index=False))
-        head = [p for p in projs if p.scenario.model == "qwen3-32b" and p.scenario.cost == "flops"]
-        rows = []
-        for prof in profs:
-            for ov in ("none", "megatron"):
-                res = {p.scenario.method: p for p in head if p.profile.name == prof.name and p.scenario.overlap == ov}
-                rows.append((prof.name, ov, res))
-        _print(rows)
-        print(f"\nwrote {out / 'projected.jsonl'} ({len(projs)} records) and {out / 'projection_sensitivity.csv'}")
-        return 0
+    if args.preset:
+        return _write_preset(args.preset, Path(args.out or "results"), profiles if args.profile else None)
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in methods if m not in METHODS]
@@ -215,4 +196,37 @@ def run(args: argparse.Namespace) -> int:
             path = path / "projected_custom.jsonl"
         write_atomic(path, "".join(json.dumps(to_record(p, env), sort_keys=True) + "\n" for p in projs))
         print(f"wrote {path}")
+    return 0
+
+
+def _write_preset(name: str, out: Path, profiles: list[Any] | None) -> int:
+    """Project a preset and write its file (and, for ``paper``, the sensitivity and batch studies)."""
+    import pandas as pd
+
+    from canzona.analysis.projection import load_profile, project_grid, projected_env, to_record
+    from canzona.analysis.projection.presets import get_preset
+    from canzona.analysis.projection.studies import batch_study, sensitivity
+    from canzona.results.schema import write_atomic
+
+    preset = get_preset(name)
+    profs = profiles or [load_profile(n) for n in preset.profiles]
+    projs = [p for p in project_grid(preset.scenarios(), profs) if preset.keep(p.scenario, p.profile.name)]
+    env = projected_env()
+    text = "".join(json.dumps(to_record(p, env), sort_keys=True) + "\n" for p in projs)
+    written = [out / preset.out_file]
+    write_atomic(written[0], text)
+    if name == "paper":
+        studies = {
+            "projection_sensitivity.csv": sensitivity("H800"),
+            "projection_batch.csv": batch_study(profs),
+        }
+        for fname, rows in studies.items():
+            write_atomic(out / fname, pd.DataFrame(rows).to_csv(index=False))
+            written.append(out / fname)
+    head = [p for p in projs if p.scenario.model == "qwen3-32b" and p.scenario.optimizer == "muon"]
+    groups: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for p in head:
+        groups.setdefault((p.profile.name, p.scenario.overlap, p.scenario.cost), {})[p.scenario.method] = p
+    _print([(f"{prof} cost={cost}", ov, res) for (prof, ov, cost), res in groups.items() if len(res) > 1])
+    print(f"\nwrote {', '.join(map(str, written))} ({len(projs)} records in {written[0].name})")
     return 0

@@ -18,6 +18,7 @@ def detail_string(s: Scenario, profile: Profile) -> str:
     return (
         f"model={MODEL_NAME} profile={profile.name} overlap={s.overlap} cost={s.cost} views={views} "
         f"tp_pipeline={'on' if profile.comm_compute_overlap else 'off'}"
+        + (f" variant={s.variant}" if s.variant else "")
     )
 
 
@@ -50,6 +51,7 @@ def to_record(p: Projection, env: dict[str, Any]) -> dict[str, Any]:
         "iters": 0,
         "cost": s.cost,
         "overlap": s.overlap,
+        **({"variant": s.variant} if s.variant else {}),
     }
     one = lambda v: {"median": v, "p90": v, "n": 0}
     has_iter = math.isfinite(p.fwd_bwd_ms)

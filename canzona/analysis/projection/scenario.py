@@ -34,6 +34,12 @@ class Scenario:
     views: tuple[str, ...] = ()
     overlap: str = "none"  # none | megatron (see Projection)
     dp_algo: str | None = None  # planner DP algorithm; None: the strategy's default (canzona: refine)
+    variant: str = ""  # a named setting these values come from ("authors"); empty for ours
+
+    @property
+    def tokens(self) -> int:
+        """Tokens per iteration: the batch every iteration verdict depends on."""
+        return self.global_batch * self.seq_len
 
 
 def plan_config_for(s: Scenario) -> PlanConfig:
@@ -87,3 +93,21 @@ def project(
     m = s.global_batch // (s.micro_batch * s.layout.dp)
     fb = fwd_bwd_ms(count_params(cfg), s.global_batch * s.seq_len, s.layout.world, s.layout.pp, m, profile)
     return Projection(s, profile, tuple(stages), fb)
+
+
+def at_tokens(p: Projection, tokens: float) -> Projection:
+    """``p`` with fwd/bwd recomputed for ``tokens`` per iteration, the optimizer step unchanged.
+
+    Why this is exact for PP = 1: the step does not depend on the batch, and fwd/bwd is
+    6·N·T / (world·peak·MFU), so the tokens decide it whatever their split into sequences.
+    With PP > 1 the pipeline bubble depends on the micro-batch count, so this refuses.
+    """
+    from dataclasses import replace
+
+    from canzona.models import count_params, get_model
+
+    s = p.scenario
+    if s.layout.pp != 1:
+        raise ConfigError(f"at_tokens needs PP = 1 (the 1F1B bubble depends on micro-batches); got PP = {s.layout.pp}")
+    fb = fwd_bwd_ms(count_params(get_model(s.model)), tokens, s.layout.world, 1, 1, p.profile)
+    return replace(p, fwd_bwd_ms=fb)
