@@ -66,12 +66,13 @@ def test_tp_shard_matches_megatron_stride() -> None:
 
 def _fwd_bwd_rank(info, run: RunConfig) -> dict:
     """One forward-backward of the first global batch through megatron's schedule, no optimizer."""
+    import torch.distributed as dist
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     from canzona.harness.model import build_model, init_weights
-    from canzona.harness.params import allreduce_tp_partial_grads, named_params, tp_partial_grad_params
+    from canzona.harness.params import named_params, tp_partial_names
     from canzona.harness.train import SyntheticTokens, make_forward_step
 
     cpu_shim.install()
@@ -95,7 +96,10 @@ def _fwd_bwd_rank(info, run: RunConfig) -> dict:
                 micro_batch_size=run.micro_batch,
                 forward_only=False,
             )
-        allreduce_tp_partial_grads(tp_partial_grad_params(named, run.tp), ps.get_tensor_model_parallel_group())
+        partial = set(tp_partial_names(named, run.tp))  # QK-norm grads: summed across TP, as the optimizer does
+        for n, _, p in named:
+            if n in partial:
+                dist.all_reduce(p.grad, group=ps.get_tensor_model_parallel_group())
         return {
             "stage": stage,
             "tp_rank": tp_rank,

@@ -23,6 +23,18 @@ from canzona.cli import main as canzona_main
 from canzona.results import schema
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def fp32_newton_schulz(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pin Muon's compute_dtype "auto" to fp32: these tests compare loss curves at rtol 1e-5, and
+    `canzona train` has no Newton–Schulz dtype option yet (auto is bf16 on AVX512-BF16 CPUs).
+    The ranks are forked from this process, so they inherit the patch."""
+    import canzona.optim.precision
+
+    monkeypatch.setattr(canzona.optim.precision, "cpu_has_native_bf16", lambda: False)
+
+
 REPO = Path(__file__).resolve().parents[1]
 RTOL = 1e-5
 COMMON = [

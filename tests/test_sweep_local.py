@@ -206,7 +206,7 @@ def test_default_command_is_canzona_train_with_the_contract_flags():
     cell = defn.cells()[1]
     argv = train_command(cell, Path("r.jsonl"), 4)
     assert argv[1:4] == ["-m", "canzona", "train"]
-    flags = dict(zip(argv[4::2], argv[5::2], strict=False))
+    flags = dict(zip(argv[4::2], argv[5::2], strict=True))
     assert flags == {
         "--model": "qwen3-micro",
         "--tp": "2",

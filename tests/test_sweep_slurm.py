@@ -47,7 +47,7 @@ def test_dry_run_renders_valid_sbatch_arrays(tmp_path, table2):
     manifests = [f for f in files if f.name.endswith(".cells.json")]
     assert len(scripts) == len(manifests) >= 1
     total = 0
-    for script, manifest in zip(scripts, manifests, strict=False):
+    for script, manifest in zip(scripts, manifests, strict=True):
         text = script.read_text()
         subprocess.run(["bash", "-n", str(script)], check=True)  # valid shell
         d = directives(text)
@@ -69,7 +69,7 @@ def test_dry_run_renders_valid_sbatch_arrays(tmp_path, table2):
         for i, c in enumerate(cells):
             assert c["index"] == i and c["world"] == 256 and c["nodes"] == 32
             argv = shlex.split(c["node_command"])
-            tr = dict(zip(argv[3:15:2], argv[4:16:2], strict=False))
+            tr = dict(zip(argv[3:15:2], argv[4:16:2], strict=True))
             assert argv[1:3] == ["-m", "torch.distributed.run"]
             assert tr["--nnodes"] == "32" and tr["--nproc_per_node"] == "8"
             assert "--no-python" in argv and "train" in argv and "--nproc" not in argv
@@ -250,7 +250,7 @@ def test_torchrun_command_per_node():
     )
     argv = t.command(Env())
     assert argv[:3] == ["py", "-m", "torch.distributed.run"]
-    flags = dict(zip(argv[3:15:2], argv[4:16:2], strict=False))
+    flags = dict(zip(argv[3:15:2], argv[4:16:2], strict=True))
     assert flags["--nnodes"] == "4" and flags["--node_rank"] == "2" and flags["--nproc_per_node"] == "8"
     assert flags["--master_addr"] == "gpu-a01" and 29500 <= int(flags["--master_port"]) < 30500
     assert argv[argv.index("--no-python") + 1 :] == ["python", "-m", "canzona", "train", "--tp", "2"]

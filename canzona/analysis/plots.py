@@ -134,7 +134,7 @@ def plot_phases(cells: pd.DataFrame, path: str | Path, max_panels: int = 6) -> P
     groups = [
         (k, g)
         for k, g in cells.groupby(list(ROW_KEY), sort=False, dropna=False)
-        if g["method"].nunique() >= 2 and "overlap=megatron" not in str(dict(zip(ROW_KEY, k, strict=False))["source"])
+        if g["method"].nunique() >= 2 and "overlap=megatron" not in str(dict(zip(ROW_KEY, k, strict=True))["source"])
     ][:max_panels]
     n = max(1, len(groups))
     fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 5), squeeze=False)
@@ -142,7 +142,7 @@ def plot_phases(cells: pd.DataFrame, path: str | Path, max_panels: int = 6) -> P
         axes[0][0].text(0.5, 0.5, "no rows with two or more methods", ha="center", transform=axes[0][0].transAxes)
     seen: dict[str, object] = {}
     for ax, (key, g) in zip(axes[0], groups, strict=False):
-        k = dict(zip(ROW_KEY, key, strict=False))
+        k = dict(zip(ROW_KEY, key, strict=True))
         g = g.set_index("method")
         methods = [m for m in METHOD_ORDER if m in g.index] + sorted(set(g.index) - set(METHOD_ORDER))
         bottom = [0.0] * len(methods)
@@ -152,7 +152,7 @@ def plot_phases(cells: pd.DataFrame, path: str | Path, max_panels: int = 6) -> P
             if sum(vals) <= 0:
                 continue
             seen[p] = ax.bar(methods, vals, bottom=bottom, color=PHASE_COLORS[p], label=p)
-            bottom = [b + v for b, v in zip(bottom, vals, strict=False)]
+            bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
         steps = [float(g.loc[m, "step_ms"]) for m in methods]
         seen["step"] = ax.scatter(methods, steps, marker="D", color="black", zorder=3, label="step (median)")
         ax.set_ylabel("ms per optimizer step")
@@ -243,7 +243,7 @@ def plot_alpha(curve: pd.DataFrame, path: str | Path, title: str) -> Path:
     if "step_ms" in curve:
         panels.append(("step_ms", "projected step (ms)"))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.3), squeeze=False)
-    for ax, (col, label) in zip(axes[0], panels, strict=False):
+    for ax, (col, label) in zip(axes[0], panels, strict=True):
         for algo, g in curve.groupby("algo", sort=False):
             name, style = ALGO_STYLE.get(algo, (algo, "x-"))
             ax.plot(g["alpha"], g[col], style, label=name)

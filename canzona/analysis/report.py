@@ -141,7 +141,7 @@ def _speedup_values(cells: pd.DataFrame, claim: Claim, optimizer: str) -> list[d
     sub = cells[(cells["model"] == claim.model) & (cells["world"] == claim.world) & (cells["optimizer"] == optimizer)]
     out = []
     for _, g in sub.groupby(list(ROW_KEY), sort=False, dropna=False):
-        by = {m: r for m, r in zip(g["method"], g.to_dict("records"), strict=False)}
+        by = {m: r for m, r in zip(g["method"], g.to_dict("records"), strict=True)}
         mine = by.get(OURS)
         if mine is None:
             continue
@@ -250,7 +250,7 @@ def _convergence_rows(cells: pd.DataFrame) -> list[list[str]]:
     sub = cells[(cells["provenance"] == "measured") & (cells["kind"] == "train")]
     rows = []
     for _, g in sub.groupby(list(ROW_KEY), sort=False, dropna=False):
-        by = {m: r for m, r in zip(g["method"], g.to_dict("records"), strict=False)}
+        by = {m: r for m, r in zip(g["method"], g.to_dict("records"), strict=True)}
         ref = by.get("sc", {}).get("loss_curve")
         if not isinstance(ref, tuple) or not ref:
             continue

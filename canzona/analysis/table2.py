@@ -47,8 +47,8 @@ def build_table2(cells: pd.DataFrame) -> pd.DataFrame:
     sp = speedups(cells, OURS, bases)
     rows: list[dict[str, Any]] = []
     for key, g in cells.groupby(list(ROW_KEY), sort=False, dropna=False):
-        k = dict(zip(ROW_KEY, key, strict=False))
-        by = {m: r for m, r in zip(g["method"], g.to_dict("records"), strict=False)}
+        k = dict(zip(ROW_KEY, key, strict=True))
+        by = {m: r for m, r in zip(g["method"], g.to_dict("records"), strict=True)}
         first = g.iloc[0]
         row: dict[str, Any] = {
             "model": k["model"],
@@ -260,7 +260,7 @@ def sensitivity_markdown(sens: pd.DataFrame) -> str:
     """The sensitivity CSV as a Markdown section."""
     header = list(sens.columns)
     rows = [
-        [fmt_speedup(v) if str(h).startswith("speedup") else v for h, v in zip(header, rec, strict=False)]
+        [fmt_speedup(v) if str(h).startswith("speedup") else v for h, v in zip(header, rec, strict=True)]
         for rec in sens.itertuples(index=False)
     ]
     return "\n".join(

@@ -18,12 +18,13 @@ from typing import Any
 
 import tomllib
 
+from canzona.cost import optimizer_names
 from canzona.errors import ConfigError
 from canzona.models.qwen3 import Qwen3Config, get_model
 
 METHODS = ("sc", "layerwise", "asc", "canzona", "megatron-muon")
 CANZONA_METHODS = ("sc", "layerwise", "asc", "canzona")  # strategies of canzona.runtime
-OPTIMIZERS = ("muon", "shampoo", "soap", "adamw")
+OPTIMIZERS = optimizer_names()  # the optimizer registry (canzona.optim.registry)
 DTYPES = ("fp32", "bf16")
 MUON_TP_MODES = ("duplicated", "distributed", "blockwise")
 CONFIG_DIR = Path(__file__).parent / "configs"

@@ -98,8 +98,9 @@ class MegatronMuonStep:
         with cpu_shim.cuda_literals_to_cpu():
             finalize_model_grads([self.ddp])
 
-    def step(self) -> dict[str, float]:
-        """Megatron's ``optimizer.step()`` (includes the layer-wise param all-gather); ms, max across ranks."""
+    def step(self) -> None:
+        """Megatron's ``optimizer.step()`` (includes the layer-wise param all-gather), timed; ``timings``
+        reads it (ms, max across ranks)."""
         from canzona.harness import cpu_shim
 
         if self.device.type == "cuda":
@@ -113,7 +114,13 @@ class MegatronMuonStep:
         dist.all_reduce(ms, op=dist.ReduceOp.MAX)
         if not ok:
             raise FloatingPointError("megatron-muon: optimizer step unsuccessful (non-finite gradients)")
-        return {"total": float(ms.item())}
+        self._last = {"total": float(ms.item())}
+
+    def timings(self) -> dict[str, float]:
+        return dict(self._last)
+
+    def wait_param_sync(self) -> None:
+        """Megatron's step returns with its parameters in place."""
 
     def zero_grad(self) -> None:
         self.ddp.zero_grad_buffer()

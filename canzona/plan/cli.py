@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 
+from canzona.cost import matrix_optimizer_names
 from canzona.errors import ConfigError
 
 
@@ -32,7 +33,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pp", type=int, default=1)
     p.add_argument("--dp", type=int, default=None, help="DP size (default: world / (tp·pp))")
     p.add_argument("--world", type=int, default=None, help="check dp·tp·pp against this GPU count")
-    p.add_argument("--optimizer", default="muon", help="muon | shampoo | soap")
+    p.add_argument("--optimizer", default="muon", help=" | ".join(matrix_optimizer_names()))
     p.add_argument("--strategy", default="canzona", help=" | ".join(STRATEGIES))
     p.add_argument(
         "--alpha",

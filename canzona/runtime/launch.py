@@ -62,14 +62,27 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> RankI
 def dp_tp_groups(rank: int, dp: int, tp: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
     """This rank's DP and TP groups of a dp × tp world in Megatron's order (TP ranks contiguous:
     rank = d·tp + t). Every rank creates every group, as torch.distributed requires."""
-    dp_group = tp_group = None
-    for t in range(tp):
-        g = dist.new_group([d * tp + t for d in range(dp)])
-        dp_group = g if rank % tp == t else dp_group
-    for d in range(dp):
-        g = dist.new_group([d * tp + t for t in range(tp)])
-        tp_group = g if rank // tp == d else tp_group
+    dp_group, tp_group, _ = stage_groups(rank, dp, tp, 1)
     return dp_group, tp_group
+
+
+def stage_groups(
+    rank: int, dp: int, tp: int, pp: int
+) -> tuple[dist.ProcessGroup, dist.ProcessGroup, dist.ProcessGroup]:
+    """(DP, TP, stage) groups of this rank in a dp × tp × pp world, Megatron's order
+    (rank = s·dp·tp + d·tp + t); the stage group is the TP×DP ranks of one PP stage."""
+    dp_group = tp_group = stage_group = None
+    for s in range(pp):
+        base = s * dp * tp
+        for t in range(tp):
+            g = dist.new_group([base + d * tp + t for d in range(dp)])
+            dp_group = g if (rank // (dp * tp), rank % tp) == (s, t) else dp_group
+        for d in range(dp):
+            g = dist.new_group([base + d * tp + t for t in range(tp)])
+            tp_group = g if (rank // (dp * tp), rank % (dp * tp) // tp) == (s, d) else tp_group
+        g = dist.new_group(list(range(base, base + dp * tp)))
+        stage_group = g if rank // (dp * tp) == s else stage_group
+    return dp_group, tp_group, stage_group
 
 
 def _child(

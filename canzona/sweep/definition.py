@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from canzona.cost import optimizer_names
 from canzona.errors import ConfigError
 from canzona.models import get_model, list_params
 from canzona.results.schema import cell_key
 from canzona.sweep.profile import read_toml
 
 METHODS = ("sc", "layerwise", "asc", "canzona", "megatron-muon")
-OPTIMIZERS = ("muon", "shampoo", "soap", "adamw")
+OPTIMIZERS = optimizer_names()  # the optimizer registry (canzona.optim.registry)
 # Megatron-core's own distributed optimizer only implements Muon (the peer we compare against).
 METHOD_OPTIMIZERS = {"megatron-muon": ("muon",)}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")

@@ -243,7 +243,7 @@ def submit_slurm(
         tasks = [_task(c, paths, profile, builder) for c in group.cells]
         with executor.batch():
             group_jobs = [executor.submit(t) for t in tasks]
-        for cell, task, job in zip(group.cells, tasks, group_jobs, strict=False):
+        for cell, task, job in zip(group.cells, tasks, group_jobs, strict=True):
             book.record(
                 cell.key,
                 backend="slurm",

@@ -25,7 +25,7 @@ step mirrors ``canzona.runtime.optimizer.DistributedOptimizer.step`` and bench-s
 Assumptions that are not in a profile: one NCCL communicator per group, so collectives of one
 group serialize; DP groups of different TP ranks run concurrently without contention; no
 NVLink SHARP; uneven collectives use the runtime's default ``collective_mode="auto"`` (``pick_mode``
-asks the runtime which of equal / padded / per-root it would run).
+asks the lowering which of native / uneven / per-root it would run).
 """
 
 from canzona.analysis.projection.hardware import (

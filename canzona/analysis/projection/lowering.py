@@ -2,7 +2,7 @@
 runtime's strategy decisions.
 
 Why a module of its own: the runtime decides which collectives a plan runs (all-reduce or
-reduce-scatter of a bucket, equal / padded / per-root for an uneven one, one TP all-gather or
+reduce-scatter of a bucket, native / uneven / per-root for an uneven one, one TP all-gather or
 per-micro-group all-to-alls, how parameters come back). If the projection re-derived these in
 the code that charges time, the two could drift apart unnoticed. Here they are decided once,
 as data with no times attached; ``phases`` only charges what this module lists. When the plan
@@ -35,7 +35,7 @@ class Collective:
 @dataclass(frozen=True)
 class Sync:
     """The collective(s) the runtime runs for one bucket or one gather; ``mode`` is the
-    runtime's name for its choice (equal / padded / per-root / all-reduce)."""
+    runtime's name for its choice (native / uneven / per-root / all-reduce)."""
 
     mode: str
     ops: tuple[Collective, ...]
@@ -90,11 +90,12 @@ class StageOps:
 
 
 def pick_mode(sizes: Sequence[int]) -> str:
-    """The runtime's choice for an uneven collective (``collective_mode='auto'``), from the runtime itself."""
-    from canzona.runtime.collectives import pick_mode as runtime_pick_mode
-    from canzona.runtime.config import DistConfig
+    """The runtime's choice on NCCL for an uneven collective (``collective_mode='auto'``), from the
+    lowering itself (canzona.plan.schedule.choose_mode, α–β priced)."""
+    from canzona.plan.comm import NCCL
+    from canzona.plan.schedule import choose_mode
 
-    return runtime_pick_mode(sizes, "auto", DistConfig().pad_threshold)
+    return choose_mode(list(sizes), "auto", NCCL, 4)
 
 
 def uneven(op: str, sizes: Sequence[int], nbytes_per_elem: int, group: str = "dp") -> Sync:
@@ -140,8 +141,8 @@ def lower_stage(
         modes[f"matrix{b}"] = grad[-1].mode
     adamw_local = [(s.name, s.shard_numel(tp)) for s in adamw_specs]
     abuckets = build_buckets(adamw_local, dp, bucket_size) if adamw_local else ()
-    grad += [_one("equal", "reduce_scatter", "dp", b.size * grad_bytes) for b in abuckets]
-    adamw_param = tuple(_one("equal", "all_gather", "dp", b.size * param_bytes) for b in abuckets) if dp > 1 else ()
+    grad += [_one("native", "reduce_scatter", "dp", b.size * grad_bytes) for b in abuckets]
+    adamw_param = tuple(_one("native", "all_gather", "dp", b.size * param_bytes) for b in abuckets) if dp > 1 else ()
 
     # as the runtime (DistributedOptimizer._param_sync): slices gathered in place bucket by bucket
     # when the plan has cuts, else one uneven all-gather of each owner's packed parameters
