@@ -9,12 +9,13 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.canzona-installed
 PYTEST_ARGS ?= -n 2 -q
 
-.PHONY: help install lint test reproduce-table2 table2 planner-bench bench-step clean-venv megatron-peer-env
+.PHONY: help install lint test reproduce-table2 table2 notebook planner-bench bench-step clean-venv megatron-peer-env
 
 help:
 	@echo "make reproduce-table2   run the Table-2 reproduction (Slurm if present, else the embedded local default)"
 	@echo "make test               install test deps if missing, lint (ruff), run the test suite"
 	@echo "make lint               ruff check + ruff format --check"
+	@echo "make notebook           execute analysis/table2.ipynb headless (nbconvert) -> results/table2.ipynb"
 	@echo "make planner-bench      planner quality at 256 GPUs -> results/planner/"
 	@echo "make bench-step         optimizer-step benchmark, 4 gloo ranks -> results/bench_step/"
 	@echo "make megatron-peer-env  optional .venv-peer with megatron-core 0.19.x for the megatron-muon peer"
@@ -46,6 +47,11 @@ reproduce-table2: $(STAMP)
 # Collect finished sweeps (runs/<sweep>/ -> results/<sweep>.jsonl) and rebuild results/table2.*.
 table2: $(STAMP)
 	$(VPY) experiments/reproduce_table2.py --collect-only
+
+# The notebook runs with its kernel in analysis/ (as Jupyter starts it); its paths resolve from the
+# repository root, so it reads results/ wherever it is started.
+notebook: $(STAMP)
+	$(VPY) -m jupyter nbconvert --to notebook --execute analysis/table2.ipynb --output-dir results --output table2.ipynb
 
 planner-bench: $(STAMP)
 	$(VPY) -m canzona plan-bench --out results/planner

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -77,23 +76,23 @@ def test_table2_cli_bad_file_names_line(tmp_path: Path) -> None:
         _table2_cli(["--results", str(FIXTURES / "bad_mixed_versions.jsonl"), "--out", str(tmp_path), "--no-plots"])
 
 
-def test_notebook_executes_on_fixture_data(tmp_path: Path) -> None:
+@pytest.mark.parametrize("cwd", ["analysis", "."])
+def test_notebook_executes_from_analysis_and_from_the_root(tmp_path: Path, cwd: str) -> None:
+    """Jupyter and nbconvert start the kernel in analysis/; the notebook's paths (relative to the
+    repository root here, as in its own parameters cell) must resolve wherever it starts."""
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
-    data = tmp_path / "results"
-    data.mkdir()
-    for f in GOOD:
-        shutil.copy(f, data / f.name)
     figs = tmp_path / "figs"
     nb = nbformat.read(REPO / "analysis" / "table2.ipynb", as_version=4)
     params = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
     assert len(params) == 1, "the notebook needs exactly one cell tagged 'parameters'"
+    rel = [str(f.relative_to(REPO)) for f in GOOD]
     params[0].source = (
-        f"RESULTS = [{str(data)!r}]\nOUT = {str(figs)!r}\nVALIDATION = None\n"
+        f"RESULTS = {rel!r}\nOUT = {str(figs)!r}\nVALIDATION = None\nBATCH = None\nPLANNER = None\n"
         "PLOT_MODEL = 'qwen3-micro'\nPLOT_LAYOUT = (2, 2, 1)\nPLOT_PROFILE = 'H800'\n"
     )
     client = nbclient.NotebookClient(
-        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}
+        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(REPO / cwd)}}
     )
     client.execute()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
@@ -103,3 +102,18 @@ def test_notebook_executes_on_fixture_data(tmp_path: Path) -> None:
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 4
     for name in ("speedups", "phases", "gpu_load", "alpha"):
         _png_ok(figs / f"{name}.png")
+
+
+def test_notebook_default_parameters_name_repository_paths() -> None:
+    """The shipped parameters are relative to the repository root and point at what
+    `make reproduce-table2` writes (the notebook resolves them from the repository)."""
+    nbformat = pytest.importorskip("nbformat")
+    nb = nbformat.read(REPO / "analysis" / "table2.ipynb", as_version=4)
+    params = next(c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", []))
+    ns: dict = {}
+    exec(params.source, ns)
+    assert ns["RESULTS"] == ["results"]
+    for key in ("VALIDATION", "BATCH", "PLANNER"):
+        assert not Path(ns[key]).is_absolute() and ns[key].startswith("results/")
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert "REPO_ROOT" in code and "at_repo(r) for r in RESULTS" in code
