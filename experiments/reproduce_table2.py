@@ -10,7 +10,8 @@ Everywhere else it runs the embedded default, each step labelled with what its n
                   qwen3-tiny, 4 forked gloo ranks, every method) -> results/table2-local.jsonl
   2. planner      ANALYSIS at the true 256-GPU scale: `canzona plan-bench` -> results/planner/
   3. projection   PROJECTED 256-GPU times from the plans + GPU hardware profiles:
-                  `canzona project --preset paper` -> results/projected.jsonl
+                  `canzona project --preset paper` -> results/projected.jsonl (+ the sensitivity
+                  and batch studies), `--preset authors` -> results/projected_authors.jsonl
   4. table2       `canzona table2` over every results file -> results/table2.csv, table2.md, PNGs
 
 A step whose command does not exist yet is reported as "not available yet: <reason>" and
@@ -138,7 +139,7 @@ def result_files() -> list[Path]:
     """Every results file Table 2 is built from: the measured sweeps and the projections."""
     names = ["table2.jsonl", "table2-local.jsonl", "bench_step/bench_step.jsonl"]
     files = [RESULTS / n for n in names if (RESULTS / n).is_file()]
-    files += [RESULTS / "projected.jsonl"] if (RESULTS / "projected.jsonl").is_file() else []
+    files += [RESULTS / n for n in ("projected.jsonl", "projected_authors.jsonl") if (RESULTS / n).is_file()]
     return files
 
 
@@ -358,11 +359,19 @@ def embedded_default(args: argparse.Namespace) -> int:
             if step.status == "ok":
                 step.outputs.append("results/planner/")
         elif step.name == "projection":
-            run_command(step, ["project", "--preset", "paper", "--out", "results/"])
+            for preset in ("paper", "authors"):
+                run_command(step, ["project", "--preset", preset, "--out", "results/"])
+                if step.status != "ok":
+                    break
             if step.status == "ok":
                 step.outputs += [
                     str(p.relative_to(ROOT))
-                    for p in (RESULTS / "projected.jsonl", RESULTS / "projection_sensitivity.csv")
+                    for p in (
+                        RESULTS / "projected.jsonl",
+                        RESULTS / "projected_authors.jsonl",
+                        RESULTS / "projection_sensitivity.csv",
+                        RESULTS / "projection_batch.csv",
+                    )
                     if p.exists()
                 ]
         else:

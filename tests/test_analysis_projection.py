@@ -319,7 +319,7 @@ def test_calibrate_cpu_writes_a_loadable_sourced_profile(tmp_path: Path) -> None
     from canzona.analysis.calibrate import calibrate, write_profile
     from canzona.analysis.projection import COLLECTIVES
 
-    c = calibrate(model="qwen3-micro", nproc=2, dp=2, tp=1, sizes=(1 << 12, 1 << 14), reps=1, rounds=1)
+    c = calibrate(model="qwen3-micro", nproc=2, dp=2, tp=1, sizes=(1 << 12, 1 << 14), reps=1, rounds=1, fwd_bwd=False)
     path = write_profile(c, tmp_path / "cpu-test.toml", tmp_path / "raw.json")
     prof = load_profile(path)
     assert prof.kind == "cpu" and prof.mfu is None and not prof.comm_compute_overlap
@@ -330,3 +330,27 @@ def test_calibrate_cpu_writes_a_loadable_sourced_profile(tmp_path: Path) -> None
     p = project(Scenario("qwen3-micro", Layout(2, 1, 1), "canzona", seq_len=1, global_batch=2), prof)
     assert p.step_ms > 0 and math.isnan(p.fwd_bwd_ms)
     assert json.loads((tmp_path / "raw.json").read_text())["nproc"] == 2
+
+
+def test_cpu_mfu_from_a_one_rank_fwd_bwd_run(tmp_path: Path) -> None:
+    """A calibration with a one-rank fwd/bwd time gives a sourced mfu, and the projected fwd/bwd
+    of W ranks sharing C cores is 6·N·T / (W · peak · mfu) / min(1, C / W)."""
+    from canzona.analysis.calibrate import write_profile
+    from canzona.models import count_params, get_model
+
+    n = count_params(get_model("qwen3-micro"))
+    c = {
+        "model": "qwen3-micro", "optimizer": "muon", "nproc": 4, "dp": 2, "tp": 2, "reps": 1, "rounds": 1,
+        "host": "h", "cpu": "x86_64", "timestamp": "t", "torch": "2", "rate": 1e9, "overhead_us": 0.0,
+        "mem_bw": 1e10, "shared_cores": 2.0, "compute_s": {"256x64": 1e-3},
+        "collectives": {k: {"latency_us": 100.0, "bus_bw": 1e9} for k in ("all_reduce", "reduce_scatter",
+                        "all_gather", "all_to_all", "broadcast", "reduce")},
+        # one rank: 6·N·1024 tokens FLOPs in 2 s at a 1 GFLOP/s peak -> mfu = 6·N·1024 / 2e9
+        "fwd_bwd": {"ms": 2000.0, "tokens": 1024, "params": n, "command": "canzona train ...",
+                    "mfu": 6.0 * n * 1024 / (2.0 * 1e9)},
+    }  # fmt: skip
+    prof = load_profile(write_profile(c, tmp_path / "cpu-test.toml"))
+    assert prof.mfu == pytest.approx(6.0 * n * 1024 / 2e9, rel=1e-5)
+    assert "one rank alone" in prof.sources["compute.mfu"]
+    # 4 ranks on 2 cores, 1024 tokens: each rank a quarter of the work at half speed -> 2 s / 4 / 0.5 = 1 s
+    assert fwd_bwd_ms(n, 1024, 4, 1, 4, prof) == pytest.approx(1000.0, rel=1e-5)

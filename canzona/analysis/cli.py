@@ -57,8 +57,6 @@ def run(args: argparse.Namespace) -> int:
     validation = _read_csv(named(args.validation, "projection_validation.csv"))
     if args.validation and validation is None:
         raise ConfigError(f"--validation {args.validation}: no such (non-empty) file; run `canzona project --validate`")
-    if validation is not None:
-        validation = validation[validation["timing"].isin(["step", "iteration", "fwd_bwd"])]
     cmd = "canzona table2 --results " + " ".join(args.results) + f" --out {args.out}"
     batch = _read_csv(named(args.batch, "projection_batch.csv"))
     files = write_table2(

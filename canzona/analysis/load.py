@@ -81,7 +81,9 @@ def source_of(record: dict[str, Any]) -> str:
     if record["provenance"] == "projected":
         return str(record.get("provenance_detail") or "projection")
     env = record.get("env") or {}
-    return f"{env.get('device', 'unknown')} ({env.get('backend', 'unknown')})"
+    cost = (record.get("config") or {}).get("cost")
+    balanced = f" cost={cost}" if cost not in (None, "flops") else ""  # a numel-balanced run is its own experiment
+    return f"{env.get('device', 'unknown')} ({env.get('backend', 'unknown')}){balanced}"
 
 
 def provenance_label(record: dict[str, Any]) -> str:

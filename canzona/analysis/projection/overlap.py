@@ -94,10 +94,16 @@ class Projection:
 
 
 def fwd_bwd_ms(params: int, tokens: int, world: int, pp: int, microbatches: int, profile: Profile) -> float:
-    """6·N·T / (world · peak · MFU), stretched by the 1F1B pipeline bubble (pp−1)/m; NaN without an MFU."""
+    """6·N·T / (world · peak · MFU), stretched by the 1F1B pipeline bubble (pp−1)/m; NaN without an MFU.
+
+    On a CPU profile (``shared_cores``) the ranks compute fwd/bwd at the same time on the shared
+    cores, each at min(1, cores / world) of its solo speed (the MFU is measured solo).
+    """
     if profile.mfu is None:
         return math.nan
     if microbatches < 1:
         raise ConfigError(f"need at least one micro-batch per DP rank, got {microbatches}")
     base = 6.0 * params * tokens / (world * profile.peak_flops * profile.mfu)
+    if profile.shared_cores is not None:
+        base /= min(1.0, profile.shared_cores / world)
     return base * (1.0 + (pp - 1) / microbatches) * 1e3

@@ -23,7 +23,8 @@ def validate_against(
 
     A CPU profile is compared with gloo lines, a GPU profile with NCCL lines. One row per
     (cell, timing): ``timing`` is ``step`` (the runtime's total, what bench-step and the harness
-    record), ``iteration`` (when both sides have it) or ``phase:<name>``; ``error`` =
+    record), ``iteration`` and ``fwd_bwd`` (train lines, when the profile has an MFU) or
+    ``phase:<name>``; ``error`` =
     projected / measured − 1. Cells the projection cannot model are listed with a reason in
     ``skipped`` instead of an error.
     """
@@ -83,8 +84,9 @@ def validate_against(
         p = cache.get((s,)) or project(s, profile)
         cache[(s,)] = p
         pairs = [("step", r["step_ms"], p.step_ms)]
-        if _num(r.get("iteration_ms")) and math.isfinite(p.iteration_ms):
-            pairs.append(("iteration", r["iteration_ms"], p.iteration_ms))
+        for t, proj in (("iteration", p.iteration_ms), ("fwd_bwd", p.fwd_bwd_ms)):
+            if _num(r.get(f"{t}_ms")) and math.isfinite(proj):
+                pairs.append((t, r[f"{t}_ms"], proj))
         ph = p.phase_ms()
         pairs += [(f"phase:{k}", r[f"phase_{k}"], v) for k, v in ph.items() if _num(r.get(f"phase_{k}"))]
         for timing, meas, proj in pairs:
