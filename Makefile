@@ -17,7 +17,7 @@ help:
 	@echo "make lint               ruff check + ruff format --check"
 	@echo "make notebook           execute analysis/table2.ipynb headless (nbconvert) -> results/table2.ipynb"
 	@echo "make planner-bench      planner quality at 256 GPUs -> results/planner/"
-	@echo "make bench-step         optimizer-step benchmark, 4 gloo ranks -> results/bench_step/"
+	@echo "make bench-step         optimizer-step benchmark, 4 gloo ranks (qwen3-tiny, qwen3-32b-w16) -> results/bench_step/"
 	@echo "make megatron-peer-env  optional .venv-peer with megatron-core 0.19.x for the megatron-muon peer"
 
 $(VPY):
@@ -59,6 +59,8 @@ planner-bench: $(STAMP)
 bench-step: $(STAMP)
 	$(VPY) -m canzona bench-step --nproc 4 --dp 2 --tp 2 --model qwen3-tiny --optimizer muon --steps 20 --json --out results/bench_step/muon_dp2_tp2.json --results results/bench_step/bench_step.jsonl
 	$(VPY) -m canzona bench-step --nproc 4 --dp 4 --tp 1 --model qwen3-tiny --optimizer muon --steps 20 --json --out results/bench_step/muon_dp4_tp1.json --results results/bench_step/bench_step.jsonl
+	$(VPY) -m canzona bench-step --nproc 4 --dp 2 --tp 2 --model qwen3-32b-w16 --bucket-size 156250 --optimizer muon --steps 20 --json --out results/bench_step/muon_w16_dp2_tp2.json --results results/bench_step/bench_step.jsonl
+	$(VPY) -m canzona bench-step --nproc 4 --dp 4 --tp 1 --model qwen3-32b-w16 --bucket-size 156250 --optimizer muon --steps 20 --json --out results/bench_step/muon_w16_dp4_tp1.json --results results/bench_step/bench_step.jsonl
 
 clean-venv:
 	rm -rf $(VENV)

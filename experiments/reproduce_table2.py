@@ -22,6 +22,7 @@ cannot take the others down, and each prints its wall time.
 from __future__ import annotations
 
 import argparse
+import itertools
 import shutil
 import subprocess
 import sys
@@ -41,6 +42,8 @@ RESULTS = ROOT / "results"
 PY = sys.executable
 PEER_PY = ROOT / ".venv-peer" / "bin" / "python"
 BENCH = RESULTS / "bench_step" / "bench_step.jsonl"
+# bench-step models: (model, bucket size or None for the default, output tag)
+BENCH_MODELS = (("qwen3-tiny", None, ""), ("qwen3-32b-w16", 156_250, "w16_"))
 
 
 @dataclass
@@ -294,7 +297,8 @@ def embedded_default(args: argparse.Namespace) -> int:
         Step(
             "bench-step",
             "MEASURED on this CPU: optimizer-step latency of every strategy side by side, "
-            "qwen3-tiny, 4 forked gloo ranks, DPxTP 2x2 and 4x1 (canzona bench-step)",
+            "qwen3-tiny and qwen3-32b-w16 (Qwen3-32B's structure at 1/16 width, bucket 156,250), 4 forked gloo "
+            "ranks, DPxTP 2x2 and 4x1 (canzona bench-step)",
         ),
         Step("planner", "ANALYSIS at the true 256-GPU scale: planner load balance / traffic (canzona plan-bench)"),
         Step("projection", "PROJECTED 256-GPU iteration/step times from plans + hardware profile (canzona project)"),
@@ -314,34 +318,16 @@ def embedded_default(args: argparse.Namespace) -> int:
         if step.name == "local-sweep":
             local_sweep(step, progress=not args.no_progress)
         elif step.name == "bench-step":
-            for dp, tp in ((2, 2), (4, 1)):
-                run_command(
-                    step,
-                    [
-                        "bench-step",
-                        "--nproc",
-                        "4",
-                        "--dp",
-                        str(dp),
-                        "--tp",
-                        str(tp),
-                        "--model",
-                        "qwen3-tiny",
-                        "--optimizer",
-                        "muon",
-                        "--steps",
-                        "20",
-                        "--warmup",
-                        "3",
-                        "--out",
-                        f"results/bench_step/muon_dp{dp}_tp{tp}.json",
-                        "--results",
-                        str(BENCH.relative_to(ROOT)),
-                    ],
-                )
+            # qwen3-tiny, and qwen3-32b-w16 with its bucket (the structure of Qwen3-32B at 256 GPUs)
+            for (model, bucket, tag), (dp, tp) in itertools.product(BENCH_MODELS, ((2, 2), (4, 1))):
+                out = f"results/bench_step/muon_{tag}dp{dp}_tp{tp}.json"
+                argv = ["bench-step", "--nproc", "4", "--dp", str(dp), "--tp", str(tp), "--model", model]
+                argv += ["--optimizer", "muon", "--steps", "20", "--warmup", "3", "--out", out]
+                argv += ["--results", str(BENCH.relative_to(ROOT))]
+                run_command(step, argv + (["--bucket-size", str(bucket)] if bucket else []))
                 if step.status != "ok":
                     break
-                step.outputs.append(f"results/bench_step/muon_dp{dp}_tp{tp}.json")
+                step.outputs.append(out)
         elif step.name == "calibration":
             run_command(step, ["calibrate-cpu"])
             if step.status == "ok":

@@ -269,3 +269,42 @@ def test_projected_verdicts_carry_the_projection_error(tmp_path: Path) -> None:
     st = rows(cells, "step", validation=val)
     assert it[0][2].endswith("(projection error on our measured runs, iteration: up to 30%, n=1)")
     assert st[0][2].endswith("(projection error on our measured runs, step: up to 20%, n=2)")
+
+
+def test_structure_preserving_benchmark_beside_the_256_gpu_prediction(tmp_path: Path) -> None:
+    """Measured qwen3-32b-w16 at dp2·tp2: canzona 100, asc 150, layerwise 130, sc 300 ms ->
+    1.50x vs asc and 1.30x vs layerwise; projected here 1.40x and 1.60x (errors +7 % and -19 %:
+    within 25 %); at 256 GPUs (H800, none) 875/559 = 1.57x and 967/559 = 1.73x: same side of 1."""
+    import pandas as pd
+
+    from canzona.analysis.local_structure import structure_rows
+
+    w16 = dict(model="qwen3-32b-w16", dp=2, tp=2, kind="step", seq_len=None, global_batch=None)
+    measured = [rec(m, ms, **w16) for m, ms in (("canzona", 100), ("asc", 150), ("layerwise", 130), ("sc", 300))]
+    predicted = [proj(m, ms, ms + 1700, "H800") for m, ms in (("canzona", 559), ("asc", 875), ("layerwise", 967))]
+    predicted += [
+        proj(m, ms, ms + 1700, "H800", "megatron") for m, ms in (("canzona", 53), ("asc", 345), ("layerwise", 334))
+    ]
+    cells = cells_of(tmp_path, measured + predicted)
+    val = pd.DataFrame(
+        [
+            {
+                "model": "qwen3-32b-w16",
+                "layout": "2·2·1",
+                "kind": "step",
+                "timing": "step",
+                "method": m,
+                "projected_ms": p,
+            }
+            for m, p in (("canzona", 100.0), ("asc", 140.0), ("layerwise", 160.0), ("sc", 280.0))
+        ]
+    )
+    (row,) = structure_rows(cells, val)
+    assert row[1] == "sc 300, layerwise 130, asc 150, canzona 100"
+    assert row[2] == "canzona < layerwise < asc < sc"
+    assert row[3].startswith("vs asc: 1.50× measured, 1.40× projected here (+7%), 1.57× / 6.51× at 256 GPUs")
+    assert "vs layerwise: 1.30× measured, 1.60× projected here (-19%), 1.73× / 6.30× at 256 GPUs" in row[3]
+    assert row[4] == "ordering as predicted; ratios within 25% of their projection"
+    slow = [rec("canzona", 200, **w16, hostname="other")] + [r for r in measured if r["config"]["method"] != "canzona"]
+    (row,) = structure_rows(cells_of(tmp_path, slow + predicted), val)
+    assert row[4] == "ordering differs from the 256-GPU prediction; ratios not within 25% of their projection"

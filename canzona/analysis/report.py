@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from canzona.analysis.aggregate import OURS, ROW_KEY
+from canzona.analysis.projection_error import error_note, error_table, validation_markdown
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -179,16 +180,6 @@ def _ordered(groups: dict[tuple[str, str, str], list[dict[str, Any]]]) -> list[t
     """Measured conditions first, then ours before the authors', view none before megatron."""
     rank = lambda k: (not k[0].startswith("measured"), "authors" in k[0], "megatron" in k[0], k)
     return sorted(groups.items(), key=lambda kv: rank(kv[0]))
-
-
-def error_note(validation: pd.DataFrame | None, timing: str) -> str:
-    """The projection's error on our measured runs for ``timing``, for printing beside a projection."""
-    if validation is None or validation.empty:
-        return " (projection not checked against a measurement)"
-    errs = validation[validation["timing"] == timing]["error"].abs().dropna()
-    if errs.empty:
-        return f" ({timing} projection not checked against a measurement)"
-    return f" (projection error on our measured runs, {timing}: up to {errs.max():.0%}, n={len(errs)})"
 
 
 def speedup_rows(cells: pd.DataFrame, claim: Claim, validation: pd.DataFrame | None = None) -> list[list[str]]:
@@ -386,56 +377,6 @@ def claim_rows(
             for b in planner_rows(planner)
         ]
     return rows
-
-
-TIMINGS = ("step", "iteration", "fwd_bwd")
-
-
-def validation_markdown(validation: pd.DataFrame | None) -> str:
-    """The projection-vs-measurement table (``projection.validate_against``'s frame), whole timings only."""
-    from canzona.analysis.table2 import fmt_ms, markdown_table
-
-    if validation is None or validation.empty:
-        return "_No measured lines the projection could be compared with._"
-    rows = []
-    for r in validation[validation["timing"].isin(TIMINGS)].to_dict("records"):
-        err = r["error"]
-        where = "; ".join(sorted({w.rsplit(":", 1)[0] for w in str(r["where"]).split(";")}))
-        lines = len(str(r["where"]).split(";"))
-        rows.append(
-            [
-                r["model"],
-                r["layout"],
-                r["method"],
-                r["kind"],
-                r["timing"],
-                fmt_ms(r["measured_ms"]),
-                fmt_ms(r["projected_ms"]),
-                f"{err:+.1%}" if _finite(err) else "–",
-                r["profile"],
-                f"{where} ({lines} line{'s' if lines > 1 else ''})",
-            ]
-        )
-    header = ["model", "layout dp·tp·pp", "method", "kind", "timing", "measured ms", "projected ms", "error"]
-    return markdown_table([*header, "profile", "measured lines"], rows)
-
-
-def error_table(validation: pd.DataFrame) -> str:
-    """Max / median |error| and count per timing and per phase, with the signed range: which part
-    of the model is within the 25 % goal and which is not."""
-    from canzona.analysis.table2 import markdown_table
-
-    rows = []
-    for t, g in validation.groupby("timing", sort=False):
-        errs = g["error"].dropna()
-        if t == "skipped" or errs.empty:
-            continue
-        a = errs.abs()
-        ok = "yes" if a.max() <= 0.25 else "no"
-        rows.append([t, f"{a.max():.1%}", f"{a.median():.1%}", f"{errs.min():+.0%} … {errs.max():+.0%}", len(a), ok])
-    order = {t: i for i, t in enumerate(TIMINGS)}
-    rows.sort(key=lambda r: (order.get(r[0], len(order)), r[0]))
-    return markdown_table(["timing", "max |error|", "median |error|", "range", "n", "within 25 %"], rows)
 
 
 def intro(cells: pd.DataFrame | None) -> list[str]:

@@ -296,6 +296,7 @@ def write_table2(
     sensitivity study, any extra sections and the aggregation rules.
     """
     from canzona.analysis.load import load_results
+    from canzona.analysis.local_structure import structure_markdown
     from canzona.analysis.report import claims_report
     from canzona.results.schema import write_atomic
 
@@ -334,6 +335,9 @@ def write_table2(
             batch_markdown(batch),
             "",
         ]
+    structure = structure_markdown(cells, validation)
+    if structure:
+        parts.append(structure)
     parts += table2_sections(table, headline_profile)
     if sensitivity is not None and not sensitivity.empty:
         parts.append(sensitivity_markdown(sensitivity))
