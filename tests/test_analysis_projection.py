@@ -354,3 +354,38 @@ def test_cpu_mfu_from_a_one_rank_fwd_bwd_run(tmp_path: Path) -> None:
     assert "one rank alone" in prof.sources["compute.mfu"]
     # 4 ranks on 2 cores, 1024 tokens: each rank a quarter of the work at half speed -> 2 s / 4 / 0.5 = 1 s
     assert fwd_bwd_ms(n, 1024, 4, 1, 4, prof) == pytest.approx(1000.0, rel=1e-5)
+
+
+def test_authors_preset_matches_the_sweep_variant() -> None:
+    """The projected authors' configuration is the one the cluster sweep measures (its 'authors' grid)."""
+    from canzona.analysis.projection.presets import AUTHORS, authors_scenarios
+    from canzona.sweep.definition import load_sweep
+
+    d = load_sweep(Path(__file__).resolve().parents[1] / "slurm" / "sweeps" / "table2.toml")
+    cells = [c for c in d.cells() if getattr(c, "variant", None) == "authors"]
+    if not cells:
+        pytest.skip("slurm/sweeps/table2.toml has no 'authors' variant on this branch")
+    want = (AUTHORS["model"], AUTHORS["layout"], AUTHORS["seq_len"], AUTHORS["global_batch"], AUTHORS["micro_batch"])
+    want += (AUTHORS["alpha"], AUTHORS["cost"], AUTHORS["bucket_size"])
+    for c in cells:
+        got = (c.model, Layout(c.dp, c.tp, c.pp), c.seq_len, c.global_batch, c.micro_batch, c.alpha, c.cost)
+        assert (*got, c.bucket_size) == want
+        assert c.overlap_param_sync  # both Megatron overlaps: the projection's 'megatron' view
+    assert AUTHORS["overlap"] == "megatron"
+    assert {c.method for c in cells} <= {s.method for s in authors_scenarios()}
+
+
+def test_batch_study_reaches_the_claim_below_our_batch() -> None:
+    """Canzona vs layer-wise falls as tokens grow (fixed step saving, growing fwd/bwd); the
+    'reach' row is where it crosses 1.57x, between the grid points around it."""
+    from canzona.analysis.projection.studies import batch_study
+
+    rows = batch_study([load_profile("H800")], grid=(2**14, 2**16, 2**18, 2**20, 2**22))
+    for view in ("none", "megatron"):
+        grid = [r for r in rows if r["overlap"] == view and r["point"] == "grid"]
+        (reach,) = [r for r in rows if r["overlap"] == view and r["point"] == "reach"]
+        assert grid[-1]["speedup_iteration"] < grid[0]["speedup_iteration"]
+        below = max(r["tokens"] for r in grid if r["speedup_iteration"] >= 1.57)
+        above = min(r["tokens"] for r in grid if r["tokens"] > below)
+        assert below <= reach["tokens"] <= above
+        assert reach["tokens"] < 256 * 4096  # our batch does not reach it in either view
