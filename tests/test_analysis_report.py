@@ -89,7 +89,8 @@ def test_measured_32b_256_rows_decide(tmp_path: Path) -> None:
     )
     it = {r[0]: r[1:] for r in rows(cells, "iter")}
     big, small = (
-        f"measured · our setting · dp32·tp8·pp1 · {b}" for b in ("256×4096 = 1.05M tokens", "128×4096 = 524K tokens")
+        f"measured · our setting · dp32·tp8·pp1 · {b} · NS fp32"
+        for b in ("256×4096 = 1.05M tokens", "128×4096 = 524K tokens")
     )
     assert it[big] == ["measured on H800 (nccl) 0.50× (vs layerwise)", "not reproduced"]
     assert it[small] == ["measured on H800 (nccl) 1.90× (vs megatron-muon)", "reproduced, larger than claimed"]
@@ -135,16 +136,16 @@ def test_projected_rows_agree_or_disagree_per_profile(tmp_path: Path) -> None:
     )
     it = rows(cells, "iter")
     assert it[0] == [
-        "projected · our setting · overlap=none · 256×4096 = 1.05M tokens",
+        "projected · our setting · overlap=none · 256×4096 = 1.05M tokens · NS fp32",
         "H800 1.57×, H100 0.50× (vs layerwise)",
         "projection agrees on H800; disagrees on H100 (projection not checked against a measurement)",
     ]
     assert it[1] == [
-        "projected · our setting · overlap=megatron · 256×4096 = 1.05M tokens",
+        "projected · our setting · overlap=megatron · 256×4096 = 1.05M tokens · NS fp32",
         "H800 1.10× (vs layerwise)",
         "projection disagrees on every profile (projection not checked against a measurement)",
     ]
-    assert it[2][0] == "projected · authors' setting · overlap=megatron · 128×2048 = 262K tokens"
+    assert it[2][0] == "projected · authors' setting · overlap=megatron · 128×2048 = 262K tokens · NS fp32"
     assert it[2][1:] == [
         "H800 2.00× (vs layerwise)",
         "projection agrees, larger than claimed on every profile (projection not checked against a measurement)",

@@ -53,9 +53,16 @@ def test_cpu_auto_follows_the_bf16_instruction_sets(
 def test_cuda_auto_follows_compute_capability(
     monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int], want: torch.dtype
 ) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     assert native_bf16_matmul(torch.device("cuda", 0)) == (want == torch.bfloat16)
     assert compute_dtype_for("auto", torch.device("cuda", 0)) == want
+
+
+def test_cuda_auto_without_cuda_assumes_a_bf16_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU cell resolved on a login node without CUDA: the targeted clusters are sm >= 8.0."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert compute_dtype_for("auto", torch.device("cuda", 0)) == torch.bfloat16
 
 
 def test_cpuinfo_fallback_agrees_with_torch_on_this_machine(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -44,7 +44,9 @@ def native_bf16_matmul(device: torch.device | str) -> bool:
     """True when ``device`` multiplies bf16 matrices natively (see the module docstring)."""
     device = torch.device(device)
     if device.type == "cuda":
-        return torch.cuda.get_device_capability(device) >= (8, 0)
+        # Resolving a GPU run on a host without CUDA (a sweep planned on a Slurm login node): the
+        # clusters this targets are A100 or newer (sm >= 8.0), where bf16 matmul is native.
+        return not torch.cuda.is_available() or torch.cuda.get_device_capability(device) >= (8, 0)
     return device.type == "cpu" and cpu_has_native_bf16()
 
 
@@ -63,3 +65,9 @@ def dtype_name(dtype: torch.dtype) -> str:
     if dtype not in names:
         raise ConfigError(f"no name for compute dtype {dtype}; use fp32 or bf16")
     return names[dtype]
+
+
+def compute_dtype_name(setting: str, device: torch.device | str) -> str:
+    """The concrete format ("fp32" | "bf16") ``setting`` runs Newton–Schulz in on ``device``: what
+    results records carry as ``ns_dtype`` (never "auto", which depends on the device)."""
+    return dtype_name(compute_dtype_for(setting, device))

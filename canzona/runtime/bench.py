@@ -50,7 +50,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--dtype", default="fp32", choices=tuple(PARAM_DTYPES), help="parameter dtype (fp32 main grads)")
     p.add_argument(
-        "--ns-dtype", default="fp32", choices=("auto", "fp32", "bf16"), help="Muon Newton–Schulz number format"
+        "--ns-dtype",
+        default="auto",
+        choices=("auto", "fp32", "bf16"),
+        help="Muon Newton–Schulz number format (auto: bf16 where the device has native bf16 matmul; recorded resolved)",
     )
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     p.add_argument("--out", help="also write the JSON object to this file (atomically)")
@@ -123,7 +126,9 @@ def _rank(
 
 
 def run(args: argparse.Namespace) -> int:
+    from canzona.optim.precision import compute_dtype_name
     from canzona.results.env import environment
+    from canzona.results.schema import ns_dtype_for
     from canzona.runtime.launch import launch
 
     if args.dp * args.tp != args.nproc:
@@ -165,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
         "warmup": args.warmup,
         "threads_per_rank": 1,
         "dtype": args.dtype,
-        "ns_dtype": args.ns_dtype,
+        "ns_dtype": ns_dtype_for(args.optimizer, compute_dtype_name(args.ns_dtype, device)),  # "auto" resolved
         "step_ms": step_ms,
         "speedup_vs_sc": {s: step_ms["sc"] / v for s, v in step_ms.items()} if "sc" in step_ms else {},
         "speedup_vs_layerwise": {s: step_ms["layerwise"] / v for s, v in step_ms.items()}
@@ -216,7 +221,7 @@ def _append_records(args: argparse.Namespace, out: dict, med: dict) -> None:
             "warmup": args.warmup,
             "iters": args.steps,
             "dtype": args.dtype,
-            "ns_dtype": args.ns_dtype,
+            "ns_dtype": out["ns_dtype"],
         }
         append_record(
             args.results,

@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from canzona.errors import ConfigError
+
 
 class RankError(RuntimeError):
     """A rank raised; carries that rank's formatted traceback."""
@@ -43,14 +45,28 @@ def _free_port() -> int:
 
 
 def _device_for(local_rank: int, backend: str) -> torch.device:
+    """This rank's device. NCCL ranks bind GPU ``local_rank % device_count()``: torchrun with all
+    of a node's GPUs visible gives each rank its own GPU (local_rank < count), and under Slurm's
+    per-task binding (--gpus-per-task=1, --gpu-bind=single:1 / map_gpu) each task sees one GPU as
+    device 0, where ``set_device(local_rank)`` would fail."""
     if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"backend nccl needs CUDA, but torch {torch.__version__} sees none on this node; "
+                "install a CUDA build of torch there (or use the profile's container image)"
+            )
+        index = local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
     return torch.device("cpu")
 
 
 def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> RankInfo:
-    """Join the group described by torchrun/srun variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*)."""
+    """Join the group described by torchrun/srun variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*).
+
+    ``backend`` None: nccl where CUDA is visible, else gloo. A caller that needs GPUs passes
+    "nccl" and gets a ConfigError on a CUDA-less node, never a silent gloo run.
+    """
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", rank))

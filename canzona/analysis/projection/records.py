@@ -23,14 +23,14 @@ def detail_string(s: Scenario, profile: Profile) -> str:
 
 
 def to_record(p: Projection, env: dict[str, Any]) -> dict[str, Any]:
-    """A schema-v1 record (kind "train", provenance "projected") for one projection.
+    """A schema record (kind "train", provenance "projected") for one projection.
 
     Beyond the schema: ``run_id`` (hash of detail + cell: projections share host and timestamp),
     ``config.cost`` (the planner's balancing cost), ``config.overlap`` and
     ``timings.runtime_total_ms`` (the step with nothing overlapped) -- additive keys that
     ``schema.validate`` ignores.
     """
-    from canzona.results.schema import SCHEMA_VERSION, cell_key, validate
+    from canzona.results.schema import SCHEMA_VERSION, cell_key, ns_dtype_for, validate
 
     s = p.scenario
     cfg = {
@@ -46,6 +46,9 @@ def to_record(p: Projection, env: dict[str, Any]) -> dict[str, Any]:
         "global_batch": s.global_batch,
         "alpha": s.alpha,
         "dtype": "bf16" if p.profile.param_bytes == 2 else "fp32",
+        # Newton-Schulz is modelled at the profile's matmul rate: bf16 on the GPU profiles, the
+        # measured fp32 rate on the CPU profile -- the same format as the parameters
+        "ns_dtype": ns_dtype_for(s.optimizer, "bf16" if p.profile.param_bytes == 2 else "fp32"),
         "bucket_size": s.bucket_size,
         "warmup": 0,
         "iters": 0,
