@@ -209,7 +209,8 @@ def headline_markdown(table: pd.DataFrame, profile: str = "H800") -> str:
     if rows.empty:
         return "_No result lines were found._"
     methods = [m for m in METHOD_ORDER if f"{m} step ms" in rows and rows[f"{m} step ms"].notna().any()]
-    bases = [m for m in methods if m != OURS and rows.get(f"{OURS} vs {m} (step)") is not None]
+    has = lambda col: col in rows and rows[col].notna().any()
+    bases = [m for m in methods if m != OURS and (has(f"{OURS} vs {m} (step)") or has(f"{OURS} vs {m} (iter)"))]
     pair = lambda a, b, f: f"{f(a)} / {f(b)}"
     out = []
     for r in rows.to_dict("records"):
