@@ -14,6 +14,7 @@ Speedups are ratios of pooled medians: ``baseline_ms / canzona_ms`` (> 1 means C
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,14 @@ ROW_KEY = (
     "source",
 )
 TIMINGS = ("iteration", "fwd_bwd", "step")
+
+
+def finite(x: Any) -> bool:
+    """A real, finite number (or a string of one): how every analysis module tells a value from a gap."""
+    try:
+        return x is not None and not isinstance(x, bool) and math.isfinite(float(x))
+    except (TypeError, ValueError):
+        return False
 
 
 def _p90(values: Sequence[float]) -> float:

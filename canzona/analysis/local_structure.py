@@ -14,9 +14,9 @@ layer-wise ordered as predicted for 256 GPUs, each ratio within ``RATIO_TOL`` of
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from canzona.analysis.aggregate import OURS
+from canzona.analysis.aggregate import OURS, finite
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -29,12 +29,8 @@ BASES = ("asc", "layerwise")
 RATIO_TOL = 0.25
 
 
-def _finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(float(x))
-
-
 def _order(step: dict[str, float]) -> str:
-    return " < ".join(sorted((m for m in METHODS if _finite(step.get(m))), key=lambda m: step[m]))
+    return " < ".join(sorted((m for m in METHODS if finite(step.get(m))), key=lambda m: step[m]))
 
 
 def predicted_steps(cells: pd.DataFrame, view: str) -> dict[str, float]:
@@ -69,7 +65,7 @@ def structure_rows(cells: pd.DataFrame, validation: pd.DataFrame | None = None) 
     if cells is None or cells.empty:
         return []
     none_256, meg_256 = predicted_steps(cells, "none"), predicted_steps(cells, "megatron")
-    sp = lambda st, b: st[b] / st[OURS] if _finite(st.get(b)) and _finite(st.get(OURS)) and st[OURS] > 0 else math.nan
+    sp = lambda st, b: st[b] / st[OURS] if finite(st.get(b)) and finite(st.get(OURS)) and st[OURS] > 0 else math.nan
     meas = cells[(cells["model"] == STRUCTURE_MODEL) & (cells["provenance"] == "measured")]
     rows = []
     for (dp, tp, pp, kind, src), g in meas.groupby(["dp", "tp", "pp", "kind", "source"], sort=False, dropna=False):
@@ -79,14 +75,14 @@ def structure_rows(cells: pd.DataFrame, validation: pd.DataFrame | None = None) 
         ratios, ok_ratio = [], True
         for b in BASES:
             m, p = sp(step, b), sp(here, b)
-            err = m / p - 1 if _finite(m) and _finite(p) else math.nan
-            ok_ratio &= _finite(err) and abs(err) <= RATIO_TOL
+            err = m / p - 1 if finite(m) and finite(p) else math.nan
+            ok_ratio &= finite(err) and abs(err) <= RATIO_TOL
             ratios.append(
                 f"vs {b}: {m:.2f}× measured, {p:.2f}× projected here ({err:+.0%}), "
                 f"{sp(none_256, b):.2f}× / {sp(meg_256, b):.2f}× at 256 GPUs"
             )
         same = all(
-            _finite(sp(step, b)) and _finite(sp(none_256, b)) and (sp(step, b) > 1) == (sp(none_256, b) > 1)
+            finite(sp(step, b)) and finite(sp(none_256, b)) and (sp(step, b) > 1) == (sp(none_256, b) > 1)
             for b in BASES
         )
         verdict = "ordering as predicted" if same else "ordering differs from the 256-GPU prediction"
@@ -94,7 +90,7 @@ def structure_rows(cells: pd.DataFrame, validation: pd.DataFrame | None = None) 
         rows.append(
             [
                 f"dp{dp}·tp{tp} ({kind}, {src})",
-                ", ".join(f"{m} {step[m]:.0f}" for m in METHODS if _finite(step.get(m))),
+                ", ".join(f"{m} {step[m]:.0f}" for m in METHODS if finite(step.get(m))),
                 _order(step),
                 "; ".join(ratios),
                 verdict,

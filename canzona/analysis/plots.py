@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from canzona.analysis.aggregate import METHOD_ORDER, OURS
+from canzona.analysis.aggregate import METHOD_ORDER, OURS, finite
 from canzona.results.figures import pyplot, save_figure
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def _speedup_panels(table: pd.DataFrame) -> list[tuple[str, str, str, list[dict]
         t = table[table["provenance"] == src]
         for col, label in (("iter", "iteration"), ("step", "optimizer step")):
             cols = [c for c in sp_cols if c.endswith(f"({col})")]
-            rows = [r for r in t.to_dict("records") if any(_finite(r.get(c)) for c in cols)]
+            rows = [r for r in t.to_dict("records") if any(finite(r.get(c)) for c in cols)]
             if rows:
                 panels.append((str(src), col, label, rows))
     return panels
@@ -67,10 +67,6 @@ def _xlabel(r: dict) -> str:
     extra = [str(r["optimizer"])] if r.get("optimizer") not in (None, "muon") else []
     extra += ["bench-step"] if r.get("kind") == "step" else []
     return "\n".join([str(r["model"]).replace("qwen3-", ""), r["layout (dp·tp·pp = GPUs)"].split(" =")[0], *extra])
-
-
-def _finite(x: object) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(float(x))
 
 
 def plot_speedups(table: pd.DataFrame, path: str | Path) -> Path:
@@ -92,13 +88,13 @@ def plot_speedups(table: pd.DataFrame, path: str | Path) -> Path:
         axes[0][0].set_visible(True)
         axes[0][0].text(0.5, 0.5, "no rows with canzona and a baseline", ha="center", transform=axes[0][0].transAxes)
     for ax, (src, col, label, rows) in zip(axes.flat, panels, strict=False):
-        present = [b for b in bases if any(_finite(r.get(f"{OURS} vs {b} ({col})")) for r in rows)]
+        present = [b for b in bases if any(finite(r.get(f"{OURS} vs {b} ({col})")) for r in rows)]
         width = 0.8 / max(1, len(present))
         for k, b in enumerate(present):
             pts = [
                 (x + (k - (len(present) - 1) / 2) * width, r[f"{OURS} vs {b} ({col})"])
                 for x, r in enumerate(rows)
-                if _finite(r.get(f"{OURS} vs {b} ({col})"))
+                if finite(r.get(f"{OURS} vs {b} ({col})"))
             ]
             bars = ax.bar([x for x, _ in pts], [v for _, v in pts], width, label=f"vs {b}", color=COLORS.get(b))
             ax.bar_label(bars, labels=[f"{v:.1f}" if v >= 10 else f"{v:.2f}" for _, v in pts], fontsize=6, padding=1)
@@ -148,7 +144,7 @@ def plot_phases(cells: pd.DataFrame, path: str | Path, max_panels: int = 6) -> P
         bottom = [0.0] * len(methods)
         for p in PHASE_ORDER:
             col = f"phase_{p}"
-            vals = [float(g.loc[m, col]) if col in g and _finite(g.loc[m, col]) else 0.0 for m in methods]
+            vals = [float(g.loc[m, col]) if col in g and finite(g.loc[m, col]) else 0.0 for m in methods]
             if sum(vals) <= 0:
                 continue
             seen[p] = ax.bar(methods, vals, bottom=bottom, color=PHASE_COLORS[p], label=p)
@@ -205,7 +201,7 @@ def plot_batch(batch: pd.DataFrame, path: str | Path, target: float = 1.57) -> P
         color = PROFILE_COLORS.get(str(prof))
         ax.plot(g["tokens"], g["speedup_iteration"], style, color=color, label=f"{prof}, overlap={ov}", lw=1.6)
         r = reach[(reach["profile"] == prof) & (reach["overlap"] == ov)]
-        if len(r) and _finite(float(r["tokens"].iloc[0])):
+        if len(r) and finite(float(r["tokens"].iloc[0])):
             ax.plot(float(r["tokens"].iloc[0]), target, "x", color=color, ms=9, mew=2)
     ax.axhline(target, color="black", lw=1, ls=":", label=f"paper {target:g}× (× = largest batch reaching it)")
     for label, t in MARKED_BATCHES.items():

@@ -8,15 +8,12 @@ error on runs we did measure travels with it (``error_note``), and the full comp
 
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from canzona.analysis.aggregate import finite
 
 if TYPE_CHECKING:
     import pandas as pd
-
-
-def _finite(x: Any) -> bool:
-    return x is not None and isinstance(x, (int, float)) and math.isfinite(float(x))
 
 
 def error_note(validation: pd.DataFrame | None, timing: str) -> str:
@@ -52,7 +49,7 @@ def validation_markdown(validation: pd.DataFrame | None) -> str:
                 r["timing"],
                 fmt_ms(r["measured_ms"]),
                 fmt_ms(r["projected_ms"]),
-                f"{err:+.1%}" if _finite(err) else "–",
+                f"{err:+.1%}" if finite(err) else "–",
                 r["profile"],
                 f"{where} ({lines} line{'s' if lines > 1 else ''})",
             ]

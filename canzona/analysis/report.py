@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from canzona.analysis.aggregate import OURS, ROW_KEY
+from canzona.analysis.aggregate import OURS, ROW_KEY, finite
 from canzona.analysis.projection_error import error_note, error_table, validation_markdown
 
 if TYPE_CHECKING:
@@ -91,10 +91,6 @@ def as_projection(verdict: str) -> str:
     return verdict.replace("not reproduced", "disagrees").replace("reproduced", "agrees")
 
 
-def _finite(x: Any) -> bool:
-    return x is not None and isinstance(x, (int, float)) and math.isfinite(float(x))
-
-
 def source_tokens(row: dict[str, Any]) -> dict[str, str]:
     """``key=value`` tokens of a row's source (the projection detail: profile, overlap, cost, ...)."""
     return dict(t.split("=", 1) for t in str(row.get("source", "")).split() if "=" in t)
@@ -103,16 +99,9 @@ def source_tokens(row: dict[str, Any]) -> dict[str, str]:
 def tokens_text(row: dict[str, Any]) -> str:
     """Tokens per iteration as ``256×4096 = 1.05M tokens``; "–" for step benchmarks."""
     gb, seq = row.get("global_batch"), row.get("seq_len")
-    if not (_finite_int(gb) and _finite_int(seq)):
+    if not (finite(gb) and finite(seq)):
         return "no batch (step benchmark)"
     return f"{int(gb)}×{int(seq)} = {human_tokens(int(gb) * int(seq))} tokens"
-
-
-def _finite_int(x: Any) -> bool:
-    try:
-        return x is not None and math.isfinite(float(x))
-    except (TypeError, ValueError):
-        return False
 
 
 def human_tokens(t: float) -> str:
@@ -150,7 +139,7 @@ def _speedup_values(cells: pd.DataFrame, claim: Claim, optimizer: str) -> list[d
             if base is None:
                 continue
             num, den = base.get(f"{claim.timing}_ms"), mine.get(f"{claim.timing}_ms")
-            if _finite(num) and _finite(den) and den > 0:
+            if finite(num) and finite(den) and den > 0:
                 label, member = condition(mine)
                 out.append({"prov": mine["provenance"], "label": label, "member": member, "base": b,
                             "value": float(num) / float(den)})  # fmt: skip
@@ -229,7 +218,7 @@ def _balance_rows(cells: pd.DataFrame, claim: Claim) -> list[list[str]]:
     for by in keyed.values():
         if "flops" in by and "numel" in by:
             f, n = by["flops"]["step_ms"], by["numel"]["step_ms"]
-            if _finite(f) and _finite(n):
+            if finite(f) and finite(n):
                 label, member = condition(by["flops"])
                 groups.setdefault(label, []).append(
                     (member, float(f), float(n), by["flops"]["provenance"] == "measured")
@@ -313,7 +302,7 @@ def peer_rows(cells: pd.DataFrame) -> list[list[str]]:
                 sp = ", ".join(
                     f"{t} {p[f'{t}_ms'] / mine[f'{t}_ms']:.2f}×"
                     for t in ("step", "iteration")
-                    if _finite(p.get(f"{t}_ms")) and _finite(mine.get(f"{t}_ms"))
+                    if finite(p.get(f"{t}_ms")) and finite(mine.get(f"{t}_ms"))
                 )
                 rows.append([cond, f"canzona step {mine['step_ms']:.0f} ms vs peer {p['step_ms']:.0f} ms: {sp}", word])
                 continue
@@ -416,7 +405,7 @@ def _param_gather_ms(cells: pd.DataFrame | None) -> float | None:
         & cells["source"].astype(str).str.contains("profile=H800 overlap=none cost=flops")
         & ~cells["source"].astype(str).str.contains("variant=")
     ]
-    return float(sel["phase_param_sync"].iloc[0]) if len(sel) and _finite(sel["phase_param_sync"].iloc[0]) else None
+    return float(sel["phase_param_sync"].iloc[0]) if len(sel) and finite(sel["phase_param_sync"].iloc[0]) else None
 
 
 def claims_report(

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from canzona.analysis.aggregate import BASELINES, METHOD_ORDER, OURS, ROW_KEY, aggregate_cells, speedups
+from canzona.analysis.aggregate import BASELINES, METHOD_ORDER, OURS, ROW_KEY, aggregate_cells, finite, speedups
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -214,7 +214,7 @@ def headline_markdown(table: pd.DataFrame, profile: str = "H800") -> str:
     pair = lambda a, b, f: f"{f(a)} / {f(b)}"
     out = []
     for r in rows.to_dict("records"):
-        batch = f"{int(r['global_batch'])}×{int(r['seq_len'])}" if _num(r.get("global_batch")) else "–"
+        batch = f"{int(r['global_batch'])}×{int(r['seq_len'])}" if finite(r.get("global_batch")) else "–"
         ns = r.get("ns_dtype") if isinstance(r.get("ns_dtype"), str) else "–"
         line = [r["model"], r[LAYOUT_COL].split(" =")[0], _condition(str(r["provenance"])), r["kind"], batch, ns]
         line += [pair(r.get(f"{m} step ms"), r.get(f"{m} iter ms"), fmt_ms) for m in methods]
@@ -223,13 +223,6 @@ def headline_markdown(table: pd.DataFrame, profile: str = "H800") -> str:
     header = ["model", "dp·tp·pp", "condition", "kind", "batch (seq × len)", "NS"]
     header += [f"{m} step / iter ms" for m in methods] + [f"{OURS} vs {b} step / iter" for b in bases]
     return markdown_table(header, out)
-
-
-def _num(x: Any) -> bool:
-    try:
-        return x is not None and math.isfinite(float(x))
-    except (TypeError, ValueError):
-        return False
 
 
 def batch_markdown(batch: pd.DataFrame, target: float = 1.57) -> str:

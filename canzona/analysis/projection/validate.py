@@ -30,7 +30,7 @@ def validate_against(
     """
     import pandas as pd
 
-    from canzona.analysis.aggregate import aggregate_cells
+    from canzona.analysis.aggregate import aggregate_cells, finite
     from canzona.analysis.load import load_results
     from canzona.models import MODELS
 
@@ -61,12 +61,12 @@ def validate_against(
                 dict(base, timing="skipped", measured_ms=math.nan, projected_ms=math.nan, error=math.nan, note=reason)
             )
             continue
-        alpha = float(r["alpha"]) if _num(r.get("alpha")) else DEFAULT_ALPHA
-        bucket = int(r["bucket_size"]) if _num(r.get("bucket_size")) else 40_000_000
+        alpha = float(r["alpha"]) if finite(r.get("alpha")) else DEFAULT_ALPHA
+        bucket = int(r["bucket_size"]) if finite(r.get("bucket_size")) else 40_000_000
         dp, tp, pp = int(r["dp"]), int(r["tp"]), int(r["pp"] or 1)
-        seq = int(r["seq_len"]) if _num(r.get("seq_len")) else 1
-        gbatch = int(r["global_batch"]) if _num(r.get("global_batch")) else dp
-        mbatch = int(r["micro_batch"]) if _num(r.get("micro_batch")) else 1
+        seq = int(r["seq_len"]) if finite(r.get("seq_len")) else 1
+        gbatch = int(r["global_batch"]) if finite(r.get("global_batch")) else dp
+        mbatch = int(r["micro_batch"]) if finite(r.get("micro_batch")) else 1
         cost = r.get("cost") if isinstance(r.get("cost"), str) else "flops"
         s = Scenario(
             r["model"],
@@ -85,20 +85,13 @@ def validate_against(
         cache[(s,)] = p
         pairs = [("step", r["step_ms"], p.step_ms)]
         for t, proj in (("iteration", p.iteration_ms), ("fwd_bwd", p.fwd_bwd_ms)):
-            if _num(r.get(f"{t}_ms")) and math.isfinite(proj):
+            if finite(r.get(f"{t}_ms")) and math.isfinite(proj):
                 pairs.append((t, r[f"{t}_ms"], proj))
         ph = p.phase_ms()
-        pairs += [(f"phase:{k}", r[f"phase_{k}"], v) for k, v in ph.items() if _num(r.get(f"phase_{k}"))]
+        pairs += [(f"phase:{k}", r[f"phase_{k}"], v) for k, v in ph.items() if finite(r.get(f"phase_{k}"))]
         for timing, meas, proj in pairs:
             err = proj / meas - 1 if meas and meas > 0 else math.nan
             rows.append(
                 dict(base, timing=timing, measured_ms=float(meas), projected_ms=float(proj), error=err, note="")
             )
     return pd.DataFrame(rows)
-
-
-def _num(x: Any) -> bool:
-    try:
-        return x is not None and math.isfinite(float(x))
-    except (TypeError, ValueError):
-        return False
