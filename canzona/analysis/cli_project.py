@@ -91,102 +91,94 @@ def _print(rows: list[tuple[str, str, dict[str, Any]]]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import pandas as pd
-
-    from canzona.analysis.projection import (
-        METHODS,
-        Scenario,
-        load_profile,
-        project_grid,
-        projected_env,
-        to_record,
-        validate_against,
-    )
-    from canzona.errors import ConfigError
-    from canzona.results.schema import write_atomic
+    from canzona.analysis.projection import load_profile
 
     default = ["cpu-local"] if args.validate else ["H800"]  # our measured runs are CPU gloo runs
     profiles = [load_profile(p) for p in (args.profile or default)]
     if args.validate:
-        out = Path(args.out or "results")
-        frames = [validate_against(args.validate, prof) for prof in profiles]
-        df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-        path = out / "projection_validation.csv" if out.suffix != ".csv" else out
-        write_atomic(path, df.to_csv(index=False))
-        steps = df[df["timing"] == "step"] if not df.empty else df
-        for r in steps.to_dict("records"):
-            print(
-                f"{r['model']} {r['layout']} {r['method']:<10} {r['kind']}: measured {r['measured_ms']:9.2f} ms, "
-                f"projected {r['projected_ms']:9.2f} ms, error {r['error']:+.1%}  ({r['profile']})"
-            )
-        if not steps.empty:
-            print(f"max |error| {steps['error'].abs().max():.1%} over {len(steps)} step comparisons")
-        else:
-            print("no measured lines matched the profile(s)")
-        print(f"wrote {path}")
-        return 0
-
-    overlaps = args.overlap or ["none"]
+        return _validate(args.validate, profiles, Path(args.out or "results"))
     if args.preset:
         return _write_preset(args.preset, Path(args.out or "results"), profiles if args.profile else None)
+    return _custom(args, profiles)
 
+
+def _validate(results: list[str], profiles: list[Any], out: Path) -> int:
+    """Project every measured cell on each profile, print the step errors, write the CSV."""
+    import pandas as pd
+
+    from canzona.analysis.projection import validate_against
+    from canzona.results.schema import write_atomic
+
+    frames = [validate_against(results, prof) for prof in profiles]
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    path = out / "projection_validation.csv" if out.suffix != ".csv" else out
+    write_atomic(path, df.to_csv(index=False))
+    steps = df[df["timing"] == "step"] if not df.empty else df
+    for r in steps.to_dict("records"):
+        print(
+            f"{r['model']} {r['layout']} {r['method']:<10} {r['kind']}: measured {r['measured_ms']:9.2f} ms, "
+            f"projected {r['projected_ms']:9.2f} ms, error {r['error']:+.1%}  ({r['profile']})"
+        )
+    if not steps.empty:
+        print(f"max |error| {steps['error'].abs().max():.1%} over {len(steps)} step comparisons")
+    else:
+        print("no measured lines matched the profile(s)")
+    print(f"wrote {path}")
+    return 0
+
+
+def _as_json(rows: list[tuple[str, str, dict[str, Any]]]) -> str:
+    nan_none = lambda v: v if math.isfinite(v) else None
+    return json.dumps(
+        [
+            {
+                "profile": pn,
+                "overlap": ov,
+                "methods": {
+                    m: {
+                        "step_ms": p.step_ms,
+                        "iteration_ms": nan_none(p.iteration_ms),
+                        "fwd_bwd_ms": nan_none(p.fwd_bwd_ms),
+                        "phases_ms": p.phase_ms(),
+                    }
+                    for m, p in res.items()
+                },
+                "speedups": _speedups(res),
+            }
+            for pn, ov, res in rows
+        ],
+        sort_keys=True,
+    )
+
+
+def _custom(args: argparse.Namespace, profiles: list[Any]) -> int:
+    """One model and layout from the flags, every method and overlap view asked for."""
+    from canzona.analysis.projection import METHODS, Scenario, project_grid, projected_env, to_record
+    from canzona.errors import ConfigError
+    from canzona.results.schema import write_atomic
+
+    overlaps = args.overlap or ["none"]
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in methods if m not in METHODS]
     if bad:
         raise ConfigError(f"the projection models {', '.join(METHODS)}; not {', '.join(bad)}")
     layout = _layout(args.layout)
     views = tuple(v for v in args.views.split(",") if v)
+    kw = {"alpha": args.alpha} if args.alpha is not None else {}
     scen = [
-        Scenario(
-            args.model,
-            layout,
-            m,
-            optimizer=args.optimizer,
-            seq_len=args.seq_len,
-            micro_batch=args.micro_batch,
-            global_batch=args.global_batch,
-            cost=args.cost,
-            views=views,
-            overlap=ov,
-            **({"alpha": args.alpha} if args.alpha is not None else {}),
-        )
+        Scenario(args.model, layout, m, optimizer=args.optimizer, seq_len=args.seq_len, micro_batch=args.micro_batch,
+                 global_batch=args.global_batch, cost=args.cost, views=views, overlap=ov, **kw)
         for ov in overlaps
         for m in methods
-    ]
+    ]  # fmt: skip
     projs = project_grid(scen, profiles)
-    rows = []
-    for prof in profiles:
-        for ov in overlaps:
-            rows.append(
-                (
-                    prof.name,
-                    ov,
-                    {p.scenario.method: p for p in projs if p.profile.name == prof.name and p.scenario.overlap == ov},
-                )
-            )
+    rows = [
+        (prof.name, ov, {p.scenario.method: p for p in projs if p.profile == prof and p.scenario.overlap == ov})
+        for prof in profiles
+        for ov in overlaps
+    ]
     if args.json:
-        print(
-            json.dumps(
-                [
-                    {
-                        "profile": pn,
-                        "overlap": ov,
-                        "methods": {
-                            m: {
-                                "step_ms": p.step_ms,
-                                "iteration_ms": p.iteration_ms if math.isfinite(p.iteration_ms) else None,
-                                "fwd_bwd_ms": p.fwd_bwd_ms if math.isfinite(p.fwd_bwd_ms) else None,
-                                "phases_ms": p.phase_ms(),
-                            }
-                            for m, p in res.items()
-                        },
-                        "speedups": _speedups(res),
-                    }
-                    for pn, ov, res in rows
-                ],
-                sort_keys=True,
-            )
-        )
+        print(_as_json(rows))
     else:
         _print(rows)
     if args.out:

@@ -270,6 +270,21 @@ def sensitivity_markdown(sens: pd.DataFrame) -> str:
     )
 
 
+HOW_MADE = [
+    "## How these numbers were made",
+    "",
+    "- Lines sharing (cell, kind, provenance, source) are repetitions: median of run medians, "
+    "p90 of run p90s, summed n (`cells.csv` has all three per cell).",
+    "- The same run twice, or two lines of one cell that differ in world / alpha / dtype / bucket_size / "
+    "micro_batch / cost / overlap / variant, stop the build with an error naming the lines.",
+    "- Measured rows come from result lines written by the harness / benchmarks; projected rows from "
+    "`canzona project` (see `canzona/analysis/projection/` and `canzona/analysis/profiles/`).",
+    "- Each line records the code it came from (`env.git_commit`: the commit, plus a hash of the diff when the "
+    "tree was not clean); `cells.csv` lists the lines and commits of every cell.",
+    "",
+]
+
+
 def write_table2(
     results: Sequence[str | Path],
     out_dir: str | Path,
@@ -336,18 +351,6 @@ def write_table2(
     if sensitivity is not None and not sensitivity.empty:
         parts.append(sensitivity_markdown(sensitivity))
     parts.extend(extra_sections)
-    parts += [
-        "## How these numbers were made",
-        "",
-        "- Lines sharing (cell, kind, provenance, source) are repetitions: median of run medians, "
-        "p90 of run p90s, summed n (`cells.csv` has all three per cell).",
-        "- The same run twice, or two lines of one cell that differ in world / alpha / dtype / bucket_size / "
-        "micro_batch / cost / overlap / variant, stop the build with an error naming the lines.",
-        "- Measured rows come from result lines written by the harness / benchmarks; projected rows from "
-        "`canzona project` (see `canzona/analysis/projection/` and `canzona/analysis/profiles/`).",
-        "- Each line records the code it came from (`env.git_commit`: the commit, plus a hash of the diff when the "
-        "tree was not clean); `cells.csv` lists the lines of every cell.",
-        "",
-    ]
+    parts += HOW_MADE
     write_atomic(files["table2.md"], "\n".join(parts))
     return files

@@ -103,7 +103,8 @@ def load_profile(name_or_path: str | Path) -> Profile:
     """Profile by name (``H800``, ``cpu-local``, ...) from canzona/analysis/profiles, or by path.
 
     Every number must have a ``<key>_source`` entry beside it: a profile without sources is
-    rejected, because the projection is only as honest as its inputs.
+    rejected, because the projection is only as honest as its inputs. (Over 80 lines: one
+    checked read per profile field, in the file's order, reads better than a table of parsers.)
     """
     p = Path(name_or_path)
     if not p.suffix:

@@ -106,7 +106,13 @@ def project_stage(
 def charge_stage(
     ops: StageOps, plan: Plan, profile: Profile, layout: Layout, stage: int, settings: CostSettings
 ) -> StageProjection:
-    """Milliseconds per phase and rank for the operations ``ops`` of ``plan``'s stage."""
+    """Milliseconds per phase and rank for the operations ``ops`` of ``plan``'s stage.
+
+    Longer than 80 lines on purpose: it walks one rank's step in the runtime's order (grad sync,
+    check, local compute, TP all-gather or micro-groups, AdamW, param sync) and builds the
+    closed-form phases and the simulation's timeline side by side; split up, the two orders
+    could drift apart.
+    """
     dp, tp = layout.dp, layout.tp
     comm = Comm(profile, layout)
     cost = lambda s: sum(comm(c.kind, c.group, c.nbytes) for c in s.ops)
