@@ -173,7 +173,11 @@ def _custom(args: argparse.Namespace, profiles: list[Any]) -> int:
     ]  # fmt: skip
     projs = project_grid(scen, profiles)
     rows = [
-        (prof.name, ov, {p.scenario.method: p for p in projs if p.profile == prof and p.scenario.overlap == ov})
+        (
+            prof.name,
+            ov,
+            {p.scenario.method: p for p in projs if p.profile.name == prof.name and p.scenario.overlap == ov},
+        )
         for prof in profiles
         for ov in overlaps
     ]
