@@ -103,7 +103,7 @@ def test_table2_dry_run_is_a_preflight_five_model_allocations_and_a_collect(tmp_
     collect = text["collect.sbatch"]
     assert "canzona sweep collect" in " ".join(sruns(collect)[0]) and "gpus-per-node" not in directives(collect)
     manifest = json.loads(text["manifest.json"])
-    assert sum(len(j["cells"]) for j in manifest["jobs"]) == len(defn.cells()) == 67
+    assert sum(len(j["cells"]) for j in manifest["jobs"]) == len(defn.cells()) == 52
 
 
 def test_dependencies_gate_on_the_preflight_and_keep_the_node_peak(tmp_path, table2, fake_slurm):

@@ -327,16 +327,18 @@ def lower(
     tp_rank: int,
     settings: LowerSettings,
     layout: Layout | None = None,
+    layouts: tuple[tuple[BucketLayout, ...], tuple[BucketLayout, ...]] | None = None,
 ) -> RankSchedule:
     """One rank's step (see the module docstring). Pure and deterministic. ``plan`` is None when no
-    parameter goes to a matrix optimizer (then ``layout`` gives dp and tp)."""
+    parameter goes to a matrix optimizer (then ``layout`` gives dp and tp). ``layouts``: the stage's
+    ``bucket_layouts``, when the caller lowers many ranks (they are the same for every rank)."""
     lay = plan.layout if plan is not None else layout
     if lay is None:
         raise ConfigError("lower() needs a plan or a layout")
     dp, tp = lay.dp, lay.tp
     if not (0 <= dp_rank < dp and 0 <= tp_rank < tp):
         raise ConfigError(f"rank (dp {dp_rank}, tp {tp_rank}) outside the layout dp{dp}×tp{tp}")
-    matrix, adam = bucket_layouts(plan, adamw, dp, settings)
+    matrix, adam = layouts if layouts is not None else bucket_layouts(plan, adamw, dp, settings)
     execs = executor_specs(plan, dp_rank) if plan is not None else ()
     gather = _owner_gather(plan, settings) if plan is not None else None
     g, p = settings.grad_bytes, settings.param_bytes
@@ -374,7 +376,8 @@ def _owner_gather_calls(plan: Plan, gather: tuple[tuple[tuple[str, ...], ...], s
 def stage_schedules(plan: Plan, adamw: Sequence[Bucket], settings: LowerSettings) -> list[RankSchedule]:
     """Every rank of one stage, in (dp, tp) order."""
     lay = plan.layout
-    return [lower(plan, adamw, d, t, settings) for d in range(lay.dp) for t in range(lay.tp)]
+    layouts = bucket_layouts(plan, adamw, lay.dp, settings)
+    return [lower(plan, adamw, d, t, settings, layouts=layouts) for d in range(lay.dp) for t in range(lay.tp)]
 
 
 def padding_fraction(layouts: Sequence[BucketLayout]) -> float:

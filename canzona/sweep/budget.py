@@ -13,6 +13,7 @@ Newton-Schulz rate well under peak, the slowest method's step) times a margin.
 
 from __future__ import annotations
 
+import functools
 import math
 
 from canzona.cost import matrix_flops, matrix_optimizer_names
@@ -21,6 +22,8 @@ from canzona.models import get_model, list_params
 from canzona.models.qwen3 import count_params
 from canzona.sweep.definition import Cell
 from canzona.sweep.profile import ClusterProfile
+
+CANZONA_METHODS = ("sc", "layerwise", "asc", "canzona")  # the runtime's strategies
 
 # Bytes per parameter element held on every model-parallel replica (bf16 weight + fp32 main grad,
 # Megatron's default accumulate-in-fp32) and per element of ZeRO-1-sharded optimizer state
@@ -62,9 +65,73 @@ def estimate_memory_gb(model: str, tp: int, pp: int, dp: int, seq_len: int, micr
     return (static + activations + logits) / 1e9
 
 
+def activation_bytes(model: str, tp: int, pp: int, stage: int, seq_len: int, micro_batch: int) -> float:
+    """Activations a stage holds at its 1F1B peak (the terms of ``estimate_memory_gb``): ``pp``
+    micro-batches on the first stage, one on the last, which also holds fp32 logits and their grad."""
+    cfg = get_model(model)
+    sbh = seq_len * micro_batch * cfg.hidden
+    in_flight = pp - stage
+    logits = 2 * 4 * seq_len * micro_batch * cfg.vocab / tp if stage == pp - 1 else 0.0
+    return sbh * (10 + 24 / tp) * (cfg.layers // pp) * in_flight + logits
+
+
 def cell_memory_gb(cell: Cell) -> float:
-    """Per-GPU memory estimate of ``cell`` (GB); the same for every method of a layout today."""
-    return estimate_memory_gb(cell.model, cell.tp, cell.pp, cell.dp, cell.seq_len, cell.micro_batch)
+    """Per-GPU memory estimate of ``cell`` (GB): the memory model of what its method allocates
+    (canzona.plan.memory: buffers, masters, optimizer state, staging, update workspace of the
+    GPU that holds the most) plus the stage's activations, maximised over PP stages. The
+    megatron-muon peer and AdamW-only cells keep the Megatron-style estimate of
+    ``estimate_memory_gb`` (the memory model describes Canzona's runtime)."""
+    if cell.method not in CANZONA_METHODS or cell.optimizer not in matrix_optimizer_names():
+        return estimate_memory_gb(cell.model, cell.tp, cell.pp, cell.dp, cell.seq_len, cell.micro_batch)
+    return _canzona_memory_gb(
+        cell.model,
+        cell.tp,
+        cell.pp,
+        cell.dp,
+        cell.method,
+        cell.optimizer,
+        cell.dtype,
+        cell.ns_dtype,
+        cell.alpha,
+        cell.bucket_size,
+        cell.cost,
+        cell.seq_len,
+        cell.micro_batch,
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _canzona_memory_gb(
+    model: str,
+    tp: int,
+    pp: int,
+    dp: int,
+    method: str,
+    optimizer: str,
+    dtype: str,
+    ns_dtype: str | None,
+    alpha: float | None,
+    bucket_size: int | None,
+    cost: str | None,
+    seq_len: int,
+    micro_batch: int,
+) -> float:
+    from canzona.plan.build import plan_model
+    from canzona.plan.memory import MemoryPrecision, peak, stage_memory
+    from canzona.plan.schedule import LowerSettings
+    from canzona.plan.types import Layout, PlanConfig
+
+    pc = {k: v for k, v in (("alpha", alpha), ("bucket_size", bucket_size), ("cost", cost)) if v is not None}
+    plans = plan_model(model, Layout(dp, tp, pp), PlanConfig(strategy=method, optimizer=optimizer, **pc))
+    param_bytes = 2 if dtype == "bf16" else 4
+    prec = MemoryPrecision(param_bytes=param_bytes, ns_bytes=2 if ns_dtype == "bf16" else 4)
+    settings = LowerSettings(param_bytes=param_bytes)
+    worst = 0.0
+    for stage, plan in enumerate(plans):
+        specs = list_params(get_model(model), pp=pp, stage=stage)
+        held = peak(stage_memory(plan, specs, settings, prec)).total_bytes
+        worst = max(worst, held + activation_bytes(model, tp, pp, stage, seq_len, micro_batch))
+    return worst / 1e9
 
 
 def check_fits(cells: list[Cell], profile: ClusterProfile) -> dict[str, float]:
