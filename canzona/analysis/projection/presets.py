@@ -8,10 +8,12 @@ profiles they are projected on, and the file it writes; adding one is one entry 
            tokens, both overlap views, on every GPU profile; plus Qwen3-32B with numel balancing
            (App. F.2) and with Shampoo and SOAP (the secondary >30x claim).
   authors  the authors' public Qwen3-32B configuration (their scripts), for verdicts beside ours:
-           DP32 x TP8, sequence 2048, global batch 128 (262K tokens), micro-batch 4, bf16, both
+           DP32 x TP8, sequence 2048, global batch 128 (262K tokens), micro-batch 2, bf16, both
            Megatron overlaps on (view ``megatron``), alpha 1.0, cost numel, bucket size 4e8,
-           baseline layer-wise. Their scripts use micro-batch 4-8; at DP 32 and batch 128 only 4
-           gives every rank a whole micro-batch.
+           baseline layer-wise. Their scripts use micro-batch 4-8; at DP 32 and batch 128 at most
+           4 gives every rank a whole micro-batch, and the cluster sweep runs 2 (at 4 the
+           layer-wise baseline's memory estimate exceeds 80 GB). At PP = 1 the micro-batch
+           changes neither the projected fwd/bwd (tokens decide it) nor the step.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ AUTHORS = {
     "layout": Layout(dp=32, tp=8, pp=1),
     "seq_len": 2048,
     "global_batch": 128,
-    "micro_batch": 4,
+    "micro_batch": 2,
     "alpha": 1.0,
     "cost": "numel",
     "bucket_size": 400_000_000,
