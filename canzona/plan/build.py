@@ -29,6 +29,7 @@ from canzona.errors import ConfigError
 from canzona.models import ParamSpec, Qwen3Config, get_model, list_params
 from canzona.plan import dp_baselines, dp_canzona  # noqa: F401 - importing is the availability check
 from canzona.plan.buckets import build_buckets
+from canzona.plan.coop import COOP_PROFILES, applies, check_ownership, plan_cooperative
 from canzona.plan.dp import DP_ALGOS, plan_dp, resolve_dp_algo
 from canzona.plan.tp import TP_MODES, check_tp_mode, schedule_tp
 from canzona.plan.types import Bucket, Layout, Plan, PlanConfig, PlanItem, input_hash
@@ -59,7 +60,13 @@ def resolve_config(config: PlanConfig) -> PlanConfig:
             f"tp mode {mode!r} does not go with strategy {config.strategy!r}: 'shard' is zero's element-wise "
             f"reference and zero has no other; choose from {', '.join(m for m in TP_MODES if m != 'shard')}"
         )
-    return replace(config, alpha=float(a), dp_algo=algo, tp_mode=mode)
+    profile = config.coop_profile or "nvlink"
+    if profile not in COOP_PROFILES:
+        raise ConfigError(f"unknown coop_profile {config.coop_profile!r}; choose one of {', '.join(COOP_PROFILES)}")
+    coop = applies(config.strategy, config.optimizer, config.cost, config.cooperative) and mode == "global"
+    if config.coop_force and not coop:
+        raise ConfigError("coop_force needs cooperation: strategy canzona, optimizer muon, cost flops, TP mode global")
+    return replace(config, alpha=float(a), dp_algo=algo, tp_mode=mode, cooperative=coop, coop_profile=profile)
 
 
 def make_items(params: Sequence[ParamSpec], cost_model: CostModel) -> tuple[PlanItem, ...]:
@@ -101,6 +108,13 @@ def make_plan(
     items = make_items(params, cost_model)
     matrix = [s for s in params if s.route == "matrix"]
     buckets = build_buckets([(s.name, s.shard_numel(layout.tp)) for s in matrix], layout.dp, cfg.bucket_size)
+    ihash = input_hash(layout, cfg, items)
+    together = plan_cooperative(items, buckets, layout, cfg, cost_model.settings) if cfg.cooperative else None
+    if together is not None:
+        dpp, tps, items, groups = together
+        plan = Plan(layout, cfg, items, dpp, tps, ihash, time.perf_counter() - t0, groups)
+        check_ownership(plan)
+        return plan
     dpp = plan_dp(items, buckets, layout.dp, layout.tp, cfg.strategy, cfg.dp_algo, cfg.alpha, cfg.tp_mode)
     tps = schedule_tp(
         items,
@@ -112,7 +126,7 @@ def make_plan(
         cfg.grad_dtype_bytes,
         all_owned=cfg.strategy == "sc",
     )
-    return Plan(layout, cfg, items, dpp, tps, input_hash(layout, cfg, items), time.perf_counter() - t0)
+    return Plan(layout, cfg, items, dpp, tps, ihash, time.perf_counter() - t0)
 
 
 def plan_model(

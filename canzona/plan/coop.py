@@ -27,12 +27,14 @@ Shampoo and SOAP keep one owner per matrix: their long-side factor (n×n) does n
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from canzona.cost import CostSettings, ns_member_flops
+from canzona.errors import ConfigError
 from canzona.plan.comm import CommModel, Link
-from canzona.plan.types import PlanItem
+from canzona.plan.types import Bucket, CoopGroup, DPPlan, Layout, Plan, PlanConfig, PlanItem, TPSchedule
 
 DP_GROUP_SIZES = (2, 4, 8)  # aligned DP sub-groups at TP = 1; 8 = one node of 8 GPUs
 # NVLink inside a node: 400 GB/s (the issue's model; H100 SXM NVLink 4 is 450 GB/s per direction),
@@ -51,6 +53,15 @@ class CoopSettings:
     min_gain: float = 1.05  # cooperate only when the member's cost is this much below one owner's
 
 
+# Where the choice is priced (PlanConfig.coop_profile). The runtime passes "cpu" on gloo, so CPU runs
+# cooperate where it pays on CPUs (canzona/analysis/profiles/cpu-local.toml: one rank's achieved
+# Muon rate and the calibrated gloo all-reduce of `canzona calibrate-cpu`, 2-core VM, 2026-11-29).
+COOP_PROFILES = {
+    "nvlink": CoopSettings(),
+    "cpu": CoopSettings(flops_rate=9.67e10, link=Link(bus_bw=7.77e8, base_latency_us=383.0)),
+}
+
+
 def long_side_is_rows(shape: Sequence[int]) -> bool:
     return shape[0] > shape[1]
 
@@ -62,6 +73,15 @@ def eligible(item: PlanItem, tp: int) -> bool:
     if item.partition_dim is None or item.shape[0] == item.shape[1]:
         return False
     return item.partition_dim == (0 if long_side_is_rows(item.shape) else 1)
+
+
+def divides(item: PlanItem, k: int, tp: int) -> bool:
+    """Blocks must be whole: TP shards are (TP validated them); at TP = 1 k must divide the rows, and
+    the columns too when the long side is the columns (the all-to-all re-blocks by columns)."""
+    if tp > 1:
+        return True
+    rows, cols = item.shape
+    return rows % k == 0 and (rows > cols or cols % k == 0)
 
 
 def member_cost(item: PlanItem, k: int, tp: int, settings: CostSettings, coop: CoopSettings) -> tuple[float, str]:
@@ -92,15 +112,66 @@ def member_cost(item: PlanItem, k: int, tp: int, settings: CostSettings, coop: C
     return best
 
 
+def make_groups(
+    chosen: dict[str, tuple[int, float, str]], owners: dict[str, tuple[int, ...]], items: Sequence[PlanItem], tp: int
+) -> tuple[CoopGroup, ...]:
+    """The CoopGroups of a planned stage: members of the owner's TP group (TP > 1) or the DP ranks
+    holding the blocks (TP = 1), in block order."""
+    shape = {it.name: it.shape for it in items}
+    out = []
+    for it in items:
+        if it.name not in chosen:
+            continue
+        form = chosen[it.name][2]
+        if tp > 1:
+            members = tuple((owners[it.name][0], t) for t in range(tp))
+        else:
+            members = tuple((d, 0) for d in owners[it.name])
+        out.append(CoopGroup(it.name, members, form, regroup=tp == 1 and not long_side_is_rows(shape[it.name])))
+    return tuple(out)
+
+
+def _forced(
+    items: Sequence[PlanItem],
+    dp: int,
+    tp: int,
+    settings: CostSettings,
+    coop: CoopSettings,
+    force: Sequence[tuple[str, int]],
+) -> dict[str, tuple[int, float, str]]:
+    by_name = {it.name: it for it in items}
+    out = {}
+    for name, k in force:
+        it = by_name.get(name)
+        if it is None:
+            continue  # another PP stage's matrix
+        if not (eligible(it, tp) and divides(it, k, tp)) or (tp > 1 and k != tp) or (tp == 1 and dp % k):
+            raise ConfigError(
+                f"cooperation on {name} {it.shape} with k={k} at DP{dp}×TP{tp} is not possible: at TP > 1 the group "
+                "is the whole TP group (k = TP) and TP must split the long side; at TP = 1 k must divide DP and "
+                "the matrix's rows (and its columns when they are the long side)"
+            )
+        out[name] = (k, *member_cost(it, k, tp, settings, coop))
+    return out
+
+
 def choose_groups(
-    items: Sequence[PlanItem], dp: int, tp: int, settings: CostSettings, coop: CoopSettings = CoopSettings()
+    items: Sequence[PlanItem],
+    dp: int,
+    tp: int,
+    settings: CostSettings,
+    coop: CoopSettings = CoopSettings(),
+    force: Sequence[tuple[str, int]] = (),
 ) -> dict[str, tuple[int, float, str]]:
     """name -> (k, member cost, form) for every matrix worth a group; the rest keep one owner.
 
     Fixed point on the target: the mean per-GPU load (which the extra work of groups raises). A
     matrix above the target takes the smallest k whose member cost falls under it (else the k with
-    the cheapest member), when that beats one owner by ``min_gain``. Deterministic.
+    the cheapest member), when that beats one owner by ``min_gain``. Deterministic. ``force``
+    (name, k) pairs are taken as they are, priced the same way (experiments and tests).
     """
+    if force:
+        return _forced(items, dp, tp, settings, coop, force)
     sizes = (tp,) if tp > 1 else tuple(k for k in DP_GROUP_SIZES if dp % k == 0)
     chosen: dict[str, tuple[int, float, str]] = {}
     gpus = dp * tp
@@ -111,7 +182,9 @@ def choose_groups(
         for it in sorted(items, key=lambda x: (-x.cost, x.name)):
             if it.cost <= target or not eligible(it, tp):
                 continue
-            options = [(k, *member_cost(it, k, tp, settings, coop)) for k in sizes]
+            options = [(k, *member_cost(it, k, tp, settings, coop)) for k in sizes if divides(it, k, tp)]
+            if not options:
+                continue
             fits = [o for o in options if o[1] <= target]
             k, cost, form = fits[0] if fits else min(options, key=lambda o: (o[1], o[0]))
             if cost * coop.min_gain < it.cost:
@@ -120,3 +193,105 @@ def choose_groups(
             break
         chosen = new
     return chosen
+
+
+def applies(strategy: str, optimizer: str, cost_kind: str, enabled: bool) -> bool:
+    """Cooperation is Canzona's, for Muon (Shampoo/SOAP factors do not shard), priced in FLOPs."""
+    return enabled and strategy == "canzona" and optimizer == "muon" and cost_kind == "flops"
+
+
+def fit_buckets(
+    chosen: dict[str, tuple[int, float, str]],
+    buckets: Sequence[Bucket],
+    dp: int,
+    *,
+    forced: bool,
+    items: Sequence[PlanItem],
+) -> dict[str, tuple[int, float, str]]:
+    """Keep, at TP = 1, only groups that contiguous slices can hold. Owners rise along a bucket and a
+    group of k takes k consecutive ranks starting at a multiple of k, so a bucket's groups need
+    disjoint aligned rank ranges in bucket order; the costliest are kept first. A forced group that
+    does not fit is an error naming the fix."""
+    cost = {it.name: it.cost for it in items}
+    keep = dict(chosen)
+    for b in buckets:
+        mine = [e.name for e in b.entries if e.name in keep]
+        for victim in sorted(mine, key=lambda n: (cost[n], n)):
+            r, ok = 0, True
+            for n in (x for x in mine if x in keep):
+                k = keep[n][0]
+                r = -(-r // k) * k
+                ok = ok and r + k <= dp
+                r += k
+            if ok:
+                break
+            if forced:
+                raise ConfigError(
+                    f"bucket {b.index} holds cooperative matrices {mine}: with one contiguous slice per rank, "
+                    f"their groups need disjoint aligned ranges of DP = {dp} ranks in bucket order; force fewer "
+                    "of them per bucket, smaller k, or a smaller bucket_size"
+                )
+            del keep[victim]
+    return keep
+
+
+def plan_cooperative(
+    items: Sequence[PlanItem], buckets: tuple[Bucket, ...], layout: Layout, cfg: PlanConfig, settings: CostSettings
+) -> tuple[DPPlan, TPSchedule, tuple[PlanItem, ...], tuple[CoopGroup, ...]] | None:
+    """The DP plan, TP schedule, items (cooperative ones carrying their total work k·member) and
+    groups of a stage where some matrix pays for a group; None when none does.
+
+    TP > 1: a cooperative matrix loads every TP rank of its owner with its member cost, which is how
+    the planners already treat a replicated matrix: they plan it as one, so Canzona's own DP
+    partitioners balance the result. TP = 1: block-aware partitioning (canzona.plan.dp_coop)."""
+    from canzona.plan.dp import plan_dp
+    from canzona.plan.dp_coop import plan_dp_coop
+    from canzona.plan.tp import schedule_tp
+
+    chosen = choose_groups(items, layout.dp, layout.tp, settings, COOP_PROFILES[cfg.coop_profile], cfg.coop_force)
+    if not chosen:
+        return None
+    dp, tp = layout.dp, layout.tp
+    if tp > 1:
+        planning = tuple(
+            dataclasses.replace(it, partition_dim=None, cost=chosen[it.name][1]) if it.name in chosen else it
+            for it in items
+        )
+        dpp = plan_dp(planning, buckets, dp, tp, cfg.strategy, cfg.dp_algo, cfg.alpha, cfg.tp_mode)
+        tps = schedule_tp(planning, dpp.owner_map(), dp, tp, cfg.tp_mode, cfg.capacity_bytes, cfg.grad_dtype_bytes)
+    else:
+        chosen = fit_buckets(chosen, buckets, dp, forced=bool(cfg.coop_force), items=items)
+        if not chosen:
+            return None
+        dpp = plan_dp_coop(items, buckets, dp, {n: (k, c) for n, (k, c, _) in chosen.items()}, cfg.alpha)
+        tps = schedule_tp(items, dpp.owner_map(), dp, tp, cfg.tp_mode, cfg.capacity_bytes, cfg.grad_dtype_bytes)
+    total = tuple(
+        dataclasses.replace(it, cost=chosen[it.name][0] * chosen[it.name][1]) if it.name in chosen else it
+        for it in items
+    )
+    return dpp, tps, total, make_groups(chosen, dpp.owner_map(), items, tp)
+
+
+def check_ownership(plan: Plan) -> None:
+    """Reject a plan in which a matrix would reach an owner partly unreduced: several DP owners are
+    only valid for a cooperative matrix cut at its block boundaries (the old meaning, replicated
+    compute, is sc's alone)."""
+    if plan.dp.strategy in ("sc", "zero"):
+        return
+    groups = {g.name: g for g in plan.coop}
+    where = {e.name: (b.index, e.start, e.numel) for b in plan.dp.buckets for e in b.entries}
+    for name, owners in plan.dp.owners:
+        if len(owners) == 1:
+            continue
+        g = groups.get(name)
+        if g is None or tuple(d for d, _ in g.members) != tuple(owners):
+            raise ConfigError(
+                f"plan {plan.input_hash}: {name} has DP owners {owners} but no cooperative group over them; its "
+                "gradient would reach them partly unreduced. Re-plan, or give it one owner"
+            )
+        b, start, numel = where[name]
+        cuts = plan.dp.cuts[b]
+        bounds = {start + j * numel // g.k for j in range(1, g.k)}
+        inside = {c for c in cuts if start < c < start + numel}
+        if inside != bounds:
+            raise ConfigError(f"plan {plan.input_hash}: {name} is cut at {sorted(inside)}, not at its block boundaries")

@@ -154,6 +154,11 @@ class PlanConfig:
     bucket_size: int = 40_000_000
     capacity_bytes: int | None = None
     grad_dtype_bytes: int = 4
+    cooperative: bool = True  # canzona + Muon + FLOPs cost: groups for matrices above the mean
+    coop_profile: str | None = (
+        None  # where cooperation is priced: nvlink | cpu; None: nvlink offline, the backend's at run time
+    )
+    coop_force: tuple[tuple[str, int], ...] = ()  # (matrix, k) groups taken as given (experiments, tests)
 
 
 @dataclass(frozen=True)
@@ -191,7 +196,7 @@ class Plan:
         tp = d["tp"]
         return cls(
             layout=Layout(**d["layout"]),
-            config=PlanConfig(**d["config"]),
+            config=PlanConfig(**{**d["config"], "coop_force": tup(d["config"].get("coop_force", []))}),
             items=tuple(PlanItem(i["name"], tup(i["shape"]), i["partition_dim"], i["cost"]) for i in d["items"]),
             dp=DPPlan(
                 strategy=dp["strategy"],

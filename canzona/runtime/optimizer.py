@@ -136,7 +136,11 @@ class DistributedOptimizer:
     def _make_plan(self) -> Plan:
         self.math = self.config.make_math()
         pc = self.config.plan
-        pc = dataclasses.replace(pc, bucket_size=bucket_size_for(pc.bucket_size, self.dp))
+        pc = dataclasses.replace(
+            pc,
+            bucket_size=bucket_size_for(pc.bucket_size, self.dp),
+            coop_profile=pc.coop_profile or ("cpu" if self.backend == "gloo" else "nvlink"),
+        )
         plan = make_plan(
             [self.specs[n] for n in self.matrix_names],
             Layout(self.dp, self.tp, 1),
