@@ -43,7 +43,7 @@ def recorded(groups: dict[str, object]) -> Iterator[list[tuple]]:
         def call(*args, **kw):
             t = args[which] if len(args) > which else kw.get("tensor" if which == 0 else "input")
             group = kw.get("group")
-            gname = next((k for k, g in groups.items() if g is group), "?")
+            gname = next((k for k, g in groups.items() if g is group), "coop")  # cooperative DP sub-groups
             root = args[1] if kind in ("reduce", "broadcast") and len(args) > 1 else kw.get("dst", kw.get("src"))
             if kind in ("reduce", "broadcast") and group is not None:
                 root = dist.get_group_rank(group, root)
@@ -70,16 +70,20 @@ def _grads(params: dict, rank: int, tp: int, step: int) -> None:
 def _issued(info, dp: int, tp: int) -> dict:
     groups = dp_tp_groups(info.rank, dp, tp)
     out = {}
-    runs = [(s, "per-root") for s in STRATEGIES] + [(s, m) for s in ("layerwise", "canzona") for m in DP_MODES]
-    for strategy, mode in runs:
-        opt, params = build(info.rank, dp, tp, dist_config(strategy, "muon", collective_mode=mode), SEED, groups)
+    runs = [(s, "per-root", ()) for s in STRATEGIES] + [(s, m, ()) for s in ("layerwise", "canzona") for m in DP_MODES]
+    fc1, fc2 = "decoder.layers.0.mlp.linear_fc1.weight", "decoder.layers.1.mlp.linear_fc2.weight"
+    if tp > 1 or dp in (2, 4):  # cooperative groups: the TP group, or aligned DP sub-groups (+ re-blocking)
+        runs.append(("canzona", "native", ((fc1, tp if tp > 1 else dp), (fc2, tp if tp > 1 else 2))))
+    for strategy, mode, force in runs:
+        cfg = dist_config(strategy, "muon", collective_mode=mode, coop_force=force)
+        opt, params = build(info.rank, dp, tp, cfg, SEED, groups)
         names = {"dp": opt.dp_group, "tp": opt.tp_group, "global": None}
         _grads(params, info.rank, tp, 0)
         with recorded(names) as calls:
             opt.finish_grad_sync()
             opt.step()
         want = [(o.kind, o.group, o.nbytes, o.root) for o in opt.schedule.ops]
-        out[(strategy, mode)] = (calls, want)
+        out[(strategy, mode, bool(force))] = (calls, want)
     return out
 
 
