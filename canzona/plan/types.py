@@ -109,6 +109,22 @@ class MicroGroup:
 
 
 @dataclass(frozen=True)
+class CoopGroup:
+    """One matrix orthogonalised by a GROUP of GPUs (canzona.plan.coop): its members as (DP, TP)
+    coordinates in block order along the long side, the Newton–Schulz form the members run, and
+    whether the blocks need one all-to-all each way (TP = 1, long side = columns)."""
+
+    name: str
+    members: tuple[tuple[int, int], ...]
+    form: str
+    regroup: bool = False
+
+    @property
+    def k(self) -> int:
+        return len(self.members)
+
+
+@dataclass(frozen=True)
 class TPSchedule:
     """Per DP rank, the micro-groups of the TP-sharded matrices it owns.
 
@@ -149,6 +165,7 @@ class Plan:
     tp: TPSchedule
     input_hash: str
     planner_seconds: float = field(default=0.0, compare=False)
+    coop: tuple[CoopGroup, ...] = ()  # cooperative matrices (canzona.plan.coop); empty: one owner each
 
     def item(self, name: str) -> PlanItem:
         for it in self.items:
@@ -195,6 +212,9 @@ class Plan:
             ),
             input_hash=d["input_hash"],
             planner_seconds=d.get("planner_seconds", 0.0),
+            coop=tuple(
+                CoopGroup(c["name"], tup(c["members"]), c["form"], c.get("regroup", False)) for c in d.get("coop", [])
+            ),
         )
 
     @classmethod
