@@ -305,6 +305,7 @@ def run(args: argparse.Namespace) -> int:
 
     fns = {"ns": lambda: ns_check(gpu, args.quick, out / "ns.json"), "train": lambda: train_check(gpu, args.quick)}
     for name in parts:
+        print(f"gpu-check: part {name} (estimate {est[name]:.0f} s)", flush=True)
         check["parts"][name] = run_part(name, fns[name], out / f"{name}.json", check["env"]) | {"estimate_s": est[name]}
         check["wall_s"] = time.perf_counter() - t0
         _write_check(out, check)
