@@ -1,8 +1,7 @@
 """Part (b) of `canzona gpu-check`: one megatron-core Qwen3 training run on ONE device.
 
-The run is the harness's own loop (``canzona.harness.train.train``) on a world of one rank, in
-this process (NCCL on a GPU, gloo on CPU): no fork, because the Newton–Schulz part initialises
-CUDA in the same process and CUDA does not survive a fork. Around every ``opt.step()`` a
+The run is the harness's own loop (``canzona.harness.train.train``) on a world of one rank: this
+process with NCCL on a GPU, one forked gloo rank on CPU (``train_check`` says why). Around every ``opt.step()`` a
 ``StepProbe`` counts host syncs (``torch.cuda.set_sync_debug_mode``; host reads on CPU) and reads
 the allocator. The optimizer's phase timers are CUDA events on a GPU (the harness builds it with
 ``timers=True`` and reads them after each iteration, outside the step).
@@ -71,26 +70,26 @@ def predicted_memory(run: RunConfig) -> MemoryBreakdown:
 
 
 @contextmanager
-def single_rank_group(backend: str) -> Iterator[Any]:
-    """A torch.distributed world of this process alone (an in-memory store: no port, no env vars)."""
+def single_gpu_group() -> Iterator[Any]:
+    """An NCCL world of this process alone on the current GPU (an in-memory store: no port, no env vars)."""
     from canzona.runtime.launch import RankInfo
 
-    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    device = torch.device("cuda", torch.cuda.current_device())
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
     try:
         yield RankInfo(0, 1, 0, device)
     finally:
         dist.destroy_process_group()
 
 
-def memory_report(predicted: MemoryBreakdown, probe: StepProbe, record: dict[str, Any]) -> dict[str, Any]:
+def memory_report(predicted: MemoryBreakdown, reading: dict[str, Any] | None, record: dict[str, Any]) -> dict[str, Any]:
+    """The model's bytes beside the allocator's (``reading``: ``StepProbe.memory``, None without CUDA)."""
     persistent = predicted.total_bytes - predicted.workspace
     out: dict[str, Any] = {
         "predicted": predicted.to_dict(),
         "predicted_persistent_bytes": persistent,
         "model_excludes": MODEL_EXCLUDES,
     }
-    reading = probe.memory()
     if reading is None:
         t = record["timings"]
         out["measured"] = {
@@ -100,14 +99,31 @@ def memory_report(predicted: MemoryBreakdown, probe: StepProbe, record: dict[str
     out["measured"] = {
         "allocated_at_step_start": reading["allocated_at_step_start"],
         "allocated_at_step_end": reading["allocated_at_step_end"],
-        "peak_allocated": max(reading["peak_allocated_through_last_step"], torch.cuda.max_memory_allocated()),
+        "peak_allocated": reading["peak_allocated"],
     }
     out["persistent_ratio"] = reading["allocated_at_step_start"] / persistent
     return out
 
 
+def probed_rank(ri: Any, run: RunConfig) -> dict[str, Any]:
+    """One rank of ``run`` with a StepProbe around every step; plain data (it may cross a fork)."""
+    from canzona.harness.train import train
+
+    probe = StepProbe(ri.device)
+    out = train(ri, run, step_probe=probe.step)
+    reading = probe.memory()
+    if reading is not None:  # the whole run's peak, activations included
+        reading["peak_allocated"] = max(reading["peak_allocated_through_last_step"], torch.cuda.max_memory_allocated())
+    return {"record": out["record"], "syncs": probe.summary(run.warmup), "memory": reading}
+
+
 def train_check(gpu: bool, quick: bool) -> dict[str, Any]:
-    """Run part (b); the dict written as ``train.json`` (megatron-core must be importable)."""
+    """Run part (b); the dict written as ``train.json`` (megatron-core must be importable).
+
+    On a GPU the rank is this process (CUDA, already initialised by the Newton–Schulz part, does
+    not survive a fork). On CPU it is one forked gloo rank, as `canzona train` runs it: a process
+    that has held a gloo group and megatron's parallel state must not fork ranks later (the tests
+    do, in the same worker), and the CPU shim stays in the child."""
     try:
         import megatron.core.models.gpt  # noqa: F401 - the availability check
     except ImportError as exc:
@@ -115,29 +131,23 @@ def train_check(gpu: bool, quick: bool) -> dict[str, Any]:
             f"megatron-core does not import ({exc}); on the GPU machine pass --wheels with the folder "
             "`make gpu-wheels` builds"
         ) from exc
-    from canzona.harness import cpu_shim
-    from canzona.harness.train import train
+    from canzona.runtime.launch import launch
 
     run = run_config(gpu, quick).resolve(gpu=gpu)
-    shim_before = cpu_shim.installed()
     if gpu:
         torch.cuda.set_device(0)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    with single_rank_group("nccl" if gpu else "gloo") as ri:
-        probe = StepProbe(ri.device)
-        try:
-            out = train(ri, run, step_probe=probe.step)
-        finally:
-            if not gpu and not shim_before:
-                cpu_shim.uninstall()  # train() installs it for its ranks; this process goes on
-    record = out["record"]
+        with single_gpu_group() as ri:
+            got = probed_rank(ri, run)
+    else:
+        (got,) = launch(probed_rank, 1, run, backend="gloo", timeout_s=300.0)
     return {
         "status": "ok",
         "provenance": "measured",
         "run": run.record_config(),
-        "record": record,
+        "record": got["record"],
         "phase_clock": "CUDA events" if gpu else "wall clock (CPU)",
-        "syncs": probe.summary(run.warmup),
-        "memory": memory_report(predicted_memory(run), probe, record),
+        "syncs": got["syncs"],
+        "memory": memory_report(predicted_memory(run), got["memory"], got["record"]),
     }
