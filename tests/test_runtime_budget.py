@@ -4,13 +4,12 @@ schedule lists (kind, group, bytes, root, order), and the step reads the host at
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Iterator
 
 import pytest
-import torch
 import torch.distributed as dist
 
+from canzona.harness.step_probe import HostReadCounter
 from canzona.plan.schedule import DP_MODES
 from canzona.runtime.launch import dp_tp_groups, launch
 from tests.runtime_helpers import SPECS, build, dist_config, full_grad, shard
@@ -94,33 +93,6 @@ def test_runtime_issues_exactly_the_lowered_schedule(dp: int, tp: int) -> None:
             assert calls == want, f"rank {rank} {key}:\n issued {calls}\n lowered {want}"
 
 
-class _SyncCounter:
-    """Counts host reads made by canzona's own code (torch internals that read CPU scalars, like
-    torch.optim's step counters, are not device syncs and are not counted)."""
-
-    METHODS = ("item", "tolist", "cpu", "__bool__", "__float__", "__int__", "__index__", "numpy")
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-        self.saved = {m: getattr(torch.Tensor, m) for m in self.METHODS}
-
-    def __enter__(self) -> _SyncCounter:
-        for m, fn in self.saved.items():
-
-            def counted(t, *a, _m=m, _fn=fn, **k):
-                caller = sys._getframe(1).f_globals.get("__name__", "")
-                if caller.startswith("canzona"):
-                    self.calls.append(f"{_m} in {caller}")
-                return _fn(t, *a, **k)
-
-            setattr(torch.Tensor, m, counted)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for m, fn in self.saved.items():
-            setattr(torch.Tensor, m, fn)
-
-
 def _syncs(info, dp: int, tp: int) -> dict:
     groups = dp_tp_groups(info.rank, dp, tp)
     out = {}
@@ -131,7 +103,7 @@ def _syncs(info, dp: int, tp: int) -> dict:
             for step in range(3):
                 _grads(params, info.rank, tp, step)
                 opt.finish_grad_sync()
-                with _SyncCounter() as c:
+                with HostReadCounter() as c:
                     opt.step()
                 out[(optimizer, strategy, step)] = c.calls
     return out
