@@ -158,7 +158,9 @@ def _hooks(info, overlap_grad: bool, overlap_param: bool) -> dict:
     opt = DistributedOptimizer(
         [(specs[0].name, specs[0], model.fc1.weight), (specs[1].name, specs[1], model.fc2.weight)],
         *groups,
-        DistConfig(overlap_grad_sync=overlap_grad, overlap_param_sync=overlap_param, bucket_size=500),
+        # greedy keeps Megatron's bucket geometry (canzona's refine chunks the buffer so a bucket holds
+        # >= 0.9·DP·its widest matrix, which here is one bucket): bucket_size 500 gives two buckets
+        DistConfig(overlap_grad_sync=overlap_grad, overlap_param_sync=overlap_param, bucket_size=500, dp_algo="greedy"),
     )
     opt.attach(model)
     gen = torch.Generator().manual_seed(info.rank)

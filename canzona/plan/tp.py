@@ -9,6 +9,8 @@ Modes (``TPSchedule.mode``):
           matrix at a time to the open group, placing it by LPT; when the slot it lands on would hold
           more than C bytes of gathered full-precision gradient in this group, roll it back, seal the
           group and open the next one with it. A matrix larger than C gets a group of its own (warned).
+          With the DEFAULT capacity a group also seals once it holds ⌈n/2⌉ of the rank's n matrices,
+          so a DP rank hosting >= 2 matrices always runs >= 2 micro-groups (``default_capacity``).
   shard   element-wise: each TP rank updates only its own shard, no hosts (only for ``zero``, which
           is a reference that matrix optimizers cannot execute); groups empty.
 
@@ -50,6 +52,13 @@ def default_capacity(items: Sequence[PlanItem], dp: int, tp: int, grad_dtype_byt
     Why: below the largest matrix every step would warn and isolate it; a quarter of a slot's mean
     total keeps >= ~4 groups per slot when matrices are small, so gather/compute/scatter can
     pipeline while the gathered buffer stays a fraction of the slot's gradient bytes.
+
+    Bytes alone cannot split a rank whose matrices land one per slot (Qwen3-32B at DP32×TP8: eight
+    matrices on eight slots fit under any C that admits the largest), and then one gather, one
+    compute and one scatter run back to back with nothing to hide behind. So under the default
+    the schedule also caps a group at ⌈n/2⌉ of the rank's n matrices: with >= 2 groups the gather of
+    group i+1 and the scatter of group i−1 run under group i's compute. The costliest half goes
+    first, so the longest compute covers the next gather and the last scatter is the smallest.
     """
     sharded = [it.numel * grad_dtype_bytes for it in items if it.partition_dim is not None]
     if not sharded:
@@ -108,9 +117,10 @@ def slot_loads(mode: str, costs: Sequence[float], sharded: Sequence[bool], tp: i
 
 
 def _schedule_one(
-    owned: list[PlanItem], mode: str, tp: int, capacity: int, gb: int, index: dict[str, int]
+    owned: list[PlanItem], mode: str, tp: int, capacity: int, gb: int, index: dict[str, int], halve: bool = False
 ) -> tuple[MicroGroup, ...]:
     order = _ordered(owned, mode, index)
+    per_group = -(-len(order) // 2) if halve else len(order)  # the default schedule's ⌈n/2⌉ cap
     if mode in ("no", "sorted"):
         return tuple(
             MicroGroup(tuple((it.name, k) for k, it in enumerate(order[g : g + tp]))) for g in range(0, len(order), tp)
@@ -133,7 +143,7 @@ def _schedule_one(
             groups.append(MicroGroup(((it.name, s),)))
             total[s] += it.cost
             continue
-        if open_hosts and open_bytes[s] + nbytes > capacity:  # roll back: seal, reopen with it
+        if open_hosts and (open_bytes[s] + nbytes > capacity or len(open_hosts) >= per_group):  # seal, reopen
             groups.append(MicroGroup(tuple(open_hosts)))
             open_hosts, open_bytes = [], [0] * tp
         open_hosts.append((it.name, s))
@@ -168,6 +178,7 @@ def schedule_tp(
         return TPSchedule(mode, None, tuple(() for _ in range(dp)))
     index = {it.name: k for k, it in enumerate(items)}
     cap = None
+    halve = mode == "global" and capacity_bytes is None
     if mode == "global":
         cap = capacity_bytes if capacity_bytes is not None else default_capacity(items, dp, tp, grad_dtype_bytes)
     per_rank: list[list[PlanItem]] = [[] for _ in range(dp)]
@@ -180,5 +191,5 @@ def schedule_tp(
                 per_rank[d].append(it)
         elif len(owners) == 1:
             per_rank[owners[0]].append(it)
-    groups = tuple(_schedule_one(owned, mode, tp, cap or 0, grad_dtype_bytes, index) for owned in per_rank)
+    groups = tuple(_schedule_one(owned, mode, tp, cap or 0, grad_dtype_bytes, index, halve) for owned in per_rank)
     return TPSchedule(mode, cap, groups)
