@@ -102,4 +102,5 @@ def load_hf_config(path: str | Path) -> TransformerConfig:
         doc = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ConfigError(f"cannot read {p}: {exc}") from exc
-    return from_hf_config(doc, p.parent.name if p.stem == "config" else p.stem, str(p))
+    source = doc.get("_source", str(p)) if isinstance(doc, dict) else str(p)
+    return from_hf_config(doc, p.parent.name if p.stem == "config" else p.stem, str(source))
