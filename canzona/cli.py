@@ -47,6 +47,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "canzona.runtime.bench",
         "optimizer-step latency of sc/layerwise/asc/canzona side by side (forked ranks)",
     ),
+    "bench-ns": (
+        "canzona.optim.bench_ns",
+        "Newton–Schulz methods (standard, gram, peers) timed side by side: ms, TFLOP/s, error vs fp64",
+    ),
     "sweep": ("canzona.sweep.cli", "run, render (Slurm dry run), resume, inspect and collect benchmark sweeps"),
     "table2": (
         "canzona.analysis.cli",

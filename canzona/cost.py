@@ -8,6 +8,12 @@ Three kinds of cost:
   flops     analytic FLOPs per step for the chosen optimizer,
   measured  microseconds per shape from a JSON table measured on real hardware.
 
+Each optimizer prices itself through a ``MatrixCost`` object registered under its name
+(``canzona.optim.registry.register_optimizer`` registers class and cost in one call); the name
+lists every CLI and config validates against come from here, so they cannot drift apart.
+Muon's Newton–Schulz FLOPs follow the selected method (standard / gram / auto) through
+``muon_ns_flops``; ``ns_member_flops`` gives one member's share when a group splits a matrix.
+
 All functions are pure and deterministic; shapes are FULL 2-D shapes.
 """
 
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,12 +29,23 @@ from typing import Literal
 
 from canzona.errors import ConfigError
 
-MATRIX_OPTIMIZERS = ("muon", "shampoo", "soap")
 COST_KINDS = ("numel", "flops", "measured")
 CostKind = Literal["numel", "flops", "measured"]
+# AdamW routes every parameter through ZeRO-1 and has no per-matrix cost: it is a valid
+# --optimizer everywhere, but not a matrix optimizer.
+ADAMW = "adamw"
 
 EIGH_FLOPS_PER_D3 = 22.0 / 3.0  # symmetric eigendecomposition ~ (22/3)·d³ (tridiagonalise + QR sweeps)
 QR_FLOPS_PER_D3 = 4.0 / 3.0  # Householder QR of a d×d matrix
+
+NS_METHODS = ("standard", "gram", "auto")
+NS_FORMS = ("standard", "standard_no_cube", "gram")
+# ``auto`` takes Gram Newton–Schulz when the long side is at least this many times the short one
+# (and Gram's FLOPs are lower). FLOPs break even at 1.5 for 5 iterations (20r + 10 against
+# 4r + 34 m³ units, r = n/m, no restart; 8r + 28 with one); its m³ products are small matmuls
+# that run below the long-side products' rate, so 2 leaves a 1.14-1.19× FLOP margin and keeps
+# every square or near-square shape on the standard method (Gram measured 0.8× there on one CPU thread).
+GRAM_MIN_ASPECT = 2.0
 
 
 @dataclass(frozen=True)
@@ -37,6 +55,8 @@ class CostSettings:
     ns_steps: int = 5  # Muon Newton–Schulz iterations
     precondition_frequency: int = 10  # Shampoo inverse-root / SOAP eigenbasis refresh interval
     max_precond_dim: int = 8192  # Shampoo/SOAP: sides larger than this use identity
+    ns_method: str = "standard"  # Muon: standard | gram | auto (per shape, ns_method_for)
+    ns_restarts: tuple[int, ...] = ()  # Muon Gram NS: iterations before which R is recomputed from X
 
 
 def _dims(shape: Sequence[int]) -> tuple[int, int]:
@@ -48,21 +68,49 @@ def _dims(shape: Sequence[int]) -> tuple[int, int]:
     return m, n
 
 
-def _check_optimizer(optimizer: str) -> str:
-    if optimizer not in MATRIX_OPTIMIZERS:
-        raise ConfigError(f"unknown matrix optimizer {optimizer!r}; known: {', '.join(MATRIX_OPTIMIZERS)}")
-    return optimizer
-
-
 def numel(shape: Sequence[int]) -> int:
     return math.prod(int(d) for d in shape)
 
 
-def muon_ns_flops(shape: Sequence[int], ns_steps: int) -> float:
-    """Newton–Schulz on the short side: per iteration X·Xᵀ (2n²m), A·A (2n³), B·X (2n²m)."""
-    m, n = _dims(shape)
-    lo, hi = min(m, n), max(m, n)
-    return float(ns_steps * (4 * lo * lo * hi + 2 * lo**3))
+def ns_member_flops(shape: Sequence[int], k: int, ns_steps: int, form: str, restarts: Sequence[int] = ()) -> float:
+    """Newton–Schulz FLOPs of ONE member of a k-group on an m×n matrix split along its long side.
+
+    m is the short side; the member holds ⌈n/k⌉ of the long side (the largest block), and the
+    m×m work is done by every member. Per form, with n_l = ⌈n/k⌉, K = ns_steps, r = len(restarts):
+      standard          K·(4m²n_l + 2m³)      X·Xᵀ, A·A, B·X
+      standard_no_cube  K·6m²n_l              X·Xᵀ, A·X, A·(A·X): cheaper when n_l < m
+      gram              4m²n_l·(1 + r) + 2m³·(4K − 3 − 3r)
+                        R₀ and the final Q·X; per restart Q·X and X·Xᵀ; per iteration R²,
+                        Q·P (not after a (re)start) and P·R·P (two products; not when unread).
+    k = 1 is the single-device cost. Pure: canzona.optim.newton_schulz runs exactly these products.
+    """
+    m, n = sorted(_dims(shape))
+    if k < 1 or ns_steps < 1:
+        raise ConfigError(f"Newton–Schulz cost needs k >= 1 and ns_steps >= 1, got k={k}, ns_steps={ns_steps}")
+    n_l, r = -(-n // k), len(tuple(restarts))
+    if form == "standard":
+        return float(ns_steps * (4 * m * m * n_l + 2 * m**3))
+    if form == "standard_no_cube":
+        return float(ns_steps * 6 * m * m * n_l)
+    if form == "gram":
+        return float(4 * m * m * n_l * (1 + r) + 2 * m**3 * (4 * ns_steps - 3 - 3 * r))
+    raise ConfigError(f"unknown Newton–Schulz form {form!r}; known: {', '.join(NS_FORMS)}")
+
+
+def ns_method_for(shape: Sequence[int], ns_steps: int, restarts: Sequence[int] = ()) -> str:
+    """What ``ns_method="auto"`` runs on ``shape``: gram when n/m ≥ GRAM_MIN_ASPECT and it is cheaper."""
+    m, n = sorted(_dims(shape))
+    gram = ns_member_flops(shape, 1, ns_steps, "gram", restarts)
+    return "gram" if n >= GRAM_MIN_ASPECT * m and gram < ns_member_flops(shape, 1, ns_steps, "standard") else "standard"
+
+
+def muon_ns_flops(shape: Sequence[int], ns_steps: int, method: str = "standard", restarts: Sequence[int] = ()) -> float:
+    """Newton–Schulz on the short side of a full matrix with ``method`` (standard | gram | auto)."""
+    if method not in NS_METHODS:
+        raise ConfigError(f"unknown Newton–Schulz method {method!r}; known: {', '.join(NS_METHODS)}")
+    if method == "auto":
+        method = ns_method_for(shape, ns_steps, restarts)
+    return ns_member_flops(shape, 1, ns_steps, method, restarts if method == "gram" else ())
 
 
 def _side_flops(d: int, settings: CostSettings, refresh_d3: float) -> float:
@@ -72,27 +120,97 @@ def _side_flops(d: int, settings: CostSettings, refresh_d3: float) -> float:
     return refresh_d3 * d**3 / settings.precondition_frequency
 
 
-def matrix_flops(optimizer: str, shape: Sequence[int], settings: CostSettings = CostSettings()) -> float:
-    """FLOPs of one step on a full m×n matrix, refreshes amortised over their interval."""
-    m, n = _dims(shape)
-    mn = m * n
-    _check_optimizer(optimizer)
-    lm = m <= settings.max_precond_dim
-    ln = n <= settings.max_precond_dim
-    if optimizer == "muon":
+def _precond_sides(m: int, n: int, settings: CostSettings) -> tuple[bool, bool]:
+    return m <= settings.max_precond_dim, n <= settings.max_precond_dim
+
+
+class MatrixCost(ABC):
+    """What one optimizer step costs on one FULL m×n matrix: the cost object an optimizer registers."""
+
+    @abstractmethod
+    def flops(self, m: int, n: int, settings: CostSettings) -> float:
+        """FLOPs of one step, refreshes amortised over their interval."""
+
+    @abstractmethod
+    def state_elements(self, m: int, n: int, settings: CostSettings) -> int:
+        """Elements of optimizer state the matrix carries."""
+
+
+class MuonCost(MatrixCost):
+    def flops(self, m: int, n: int, settings: CostSettings) -> float:
         # momentum (2), nesterov blend (2), normalise (3), scale + decay + apply (3)
-        return muon_ns_flops(shape, settings.ns_steps) + 10.0 * mn
-    if optimizer == "shampoo":
+        ns = muon_ns_flops((m, n), settings.ns_steps, settings.ns_method, settings.ns_restarts)
+        return ns + 10.0 * m * n
+
+    def state_elements(self, m: int, n: int, settings: CostSettings) -> int:
+        return m * n  # momentum
+
+
+class ShampooCost(MatrixCost):
+    def flops(self, m: int, n: int, settings: CostSettings) -> float:
+        lm, ln = _precond_sides(m, n, settings)
+        mn = m * n
         # factor accumulation G·Gᵀ, Gᵀ·G; preconditioning L^-1/4·G·R^-1/4; Adam graft (~10/elt)
         per_step = (4.0 * m * mn if lm else 0.0) + (4.0 * n * mn if ln else 0.0) + 12.0 * mn
         # refresh: eigh + rebuild Q·diag·Qᵀ (2d³) per side
-        return (
-            per_step + _side_flops(m, settings, EIGH_FLOPS_PER_D3 + 2) + _side_flops(n, settings, EIGH_FLOPS_PER_D3 + 2)
-        )
-    # soap: GG factors (2·d·mn per side), project in and out (4·d·mn per side), Adam (~12/elt);
-    # steady-state refresh is one power iteration (2d³) + QR per side.
-    per_step = (6.0 * m * mn if lm else 0.0) + (6.0 * n * mn if ln else 0.0) + 12.0 * mn
-    return per_step + _side_flops(m, settings, 2 + QR_FLOPS_PER_D3) + _side_flops(n, settings, 2 + QR_FLOPS_PER_D3)
+        refresh = EIGH_FLOPS_PER_D3 + 2
+        return per_step + _side_flops(m, settings, refresh) + _side_flops(n, settings, refresh)
+
+    def state_elements(self, m: int, n: int, settings: CostSettings) -> int:
+        lm, ln = _precond_sides(m, n, settings)
+        return 2 * ((m * m if lm else 0) + (n * n if ln else 0)) + 2 * m * n  # factors + roots; graft moments
+
+
+class SOAPCost(MatrixCost):
+    def flops(self, m: int, n: int, settings: CostSettings) -> float:
+        lm, ln = _precond_sides(m, n, settings)
+        mn = m * n
+        # GG factors (2·d·mn per side), project in and out (4·d·mn per side), Adam (~12/elt);
+        # steady-state refresh is one power iteration (2d³) + QR per side.
+        per_step = (6.0 * m * mn if lm else 0.0) + (6.0 * n * mn if ln else 0.0) + 12.0 * mn
+        refresh = 2 + QR_FLOPS_PER_D3
+        return per_step + _side_flops(m, settings, refresh) + _side_flops(n, settings, refresh)
+
+    def state_elements(self, m: int, n: int, settings: CostSettings) -> int:
+        lm, ln = _precond_sides(m, n, settings)
+        return 2 * ((m * m if lm else 0) + (n * n if ln else 0)) + 2 * m * n  # GG factors + bases; Adam moments
+
+
+# name -> cost object. The built-ins are listed here, not registered from canzona.optim, because
+# pricing a plan must not import torch: the planner and its CLI stand on this layer alone.
+# canzona.optim.registry.register_optimizer adds new optimizers (class and cost in one call).
+_COSTS: dict[str, MatrixCost] = {"muon": MuonCost(), "shampoo": ShampooCost(), "soap": SOAPCost()}
+
+
+def register_cost(name: str, cost: MatrixCost) -> None:
+    """Make ``name`` priceable; called by canzona.optim.registry.register_optimizer, not directly."""
+    if not isinstance(cost, MatrixCost):
+        raise ConfigError(f"optimizer {name!r}: cost must be a canzona.cost.MatrixCost, got {type(cost).__name__}")
+    if name == ADAMW or (name in _COSTS and type(_COSTS[name]) is not type(cost)):
+        raise ConfigError(f"optimizer name {name!r} is taken; pick another name")
+    _COSTS[name] = cost
+
+
+def cost_for(optimizer: str) -> MatrixCost:
+    if optimizer not in _COSTS:
+        raise ConfigError(f"unknown matrix optimizer {optimizer!r}; known: {', '.join(_COSTS)}")
+    return _COSTS[optimizer]
+
+
+def matrix_optimizer_names() -> tuple[str, ...]:
+    """Every registered matrix optimizer, in registration order: the CLI/config choices."""
+    return tuple(_COSTS)
+
+
+def optimizer_names() -> tuple[str, ...]:
+    """Every --optimizer choice: the matrix optimizers, then adamw (everything through ZeRO-1 AdamW)."""
+    return (*_COSTS, ADAMW)
+
+
+def matrix_flops(optimizer: str, shape: Sequence[int], settings: CostSettings = CostSettings()) -> float:
+    """FLOPs of one step on a full m×n matrix, refreshes amortised over their interval."""
+    m, n = _dims(shape)
+    return cost_for(optimizer).flops(m, n, settings)
 
 
 def state_bytes(
@@ -100,16 +218,7 @@ def state_bytes(
 ) -> int:
     """Bytes of optimizer state one full matrix carries."""
     m, n = _dims(shape)
-    _check_optimizer(optimizer)
-    mn = m * n
-    sides = (m * m if m <= settings.max_precond_dim else 0) + (n * n if n <= settings.max_precond_dim else 0)
-    if optimizer == "muon":
-        elems = mn  # momentum
-    elif optimizer == "shampoo":
-        elems = 2 * sides + 2 * mn  # factors + inverse roots; Adam-graft moments
-    else:
-        elems = 2 * sides + 2 * mn  # GG factors + eigenbases; Adam moments in the rotated basis
-    return elems * dtype_bytes
+    return cost_for(optimizer).state_elements(m, n, settings) * dtype_bytes
 
 
 @dataclass(frozen=True)
@@ -133,7 +242,8 @@ class MeasuredTable:
         try:
             raw = json.loads(p.read_text(encoding="utf-8"))
             entries = tuple((tuple(int(d) for d in e["shape"]), float(e["us"])) for e in raw["entries"])
-            table = cls(_check_optimizer(raw["optimizer"]), str(raw.get("device", "unknown")), entries, strict, str(p))
+            cost_for(raw["optimizer"])  # an unknown optimizer is a ConfigError like any other bad field
+            table = cls(raw["optimizer"], str(raw.get("device", "unknown")), entries, strict, str(p))
         except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"cannot read measured cost table {p}: {exc}") from exc
         if not entries:
@@ -177,7 +287,7 @@ class CostModel:
     table: MeasuredTable | None = None
 
     def __post_init__(self) -> None:
-        _check_optimizer(self.optimizer)
+        cost_for(self.optimizer)
         if self.kind not in COST_KINDS:
             raise ConfigError(f"unknown cost kind {self.kind!r}; known: {', '.join(COST_KINDS)}")
         if self.kind == "measured":

@@ -195,7 +195,7 @@ def summary(steps: list[Step], t0: float) -> int:
 def slurm_mode(args: argparse.Namespace) -> int:
     from canzona.sweep.definition import load_sweep
     from canzona.sweep.profile import load_profile
-    from canzona.sweep.slurm import submit_slurm
+    from canzona.sweep.slurm import describe, submit_slurm
     from canzona.sweep.state import SweepPaths
 
     if not args.profile:
@@ -216,9 +216,11 @@ def slurm_mode(args: argparse.Namespace) -> int:
     ]
     banner(steps[0])
     rep = submit_slurm(defn, profile, paths=paths, wait=args.wait)
+    if rep.plan is not None:
+        print("\n".join(describe(rep.plan, profile)))
     steps[0].status = "ok"
     steps[0].detail = (
-        f"submitted {len(rep.submitted)} cell(s) (arrays {', '.join(rep.arrays) or '-'}), "
+        f"submitted {len(rep.submitted)} cell(s) (jobs {', '.join(f'{k}={v}' for k, v in rep.jobs.items()) or '-'}), "
         f"{len(rep.skipped_done)} already done, {len(rep.skipped_in_flight)} in flight"
     )
     if not args.wait:

@@ -11,7 +11,8 @@ from canzona.models.spec import ParamSpec
 from canzona.optim import make_matrix_optimizer
 from canzona.optim.adamw import AdamWConfig, make_adamw
 from canzona.optim.base import apply_update
-from canzona.runtime import DistConfig, DistributedOptimizer
+from canzona.plan.types import PlanConfig
+from canzona.runtime import CommConfig, DistConfig, DistributedOptimizer, PrecisionConfig, optimizer_config
 
 SPECS: list[ParamSpec] = list_params(get_model("qwen3-micro"))
 LR, WD, ADAMW_LR = 0.02, 0.01, 1e-3
@@ -35,42 +36,52 @@ def shard(t: torch.Tensor, spec: ParamSpec, tp: int, r: int) -> torch.Tensor:
     return t if spec.partition_dim is None else t.chunk(tp, dim=spec.partition_dim)[r]
 
 
+# Optimizer options of every run here and of the reference (see dist_config for why).
+OPTIONS = {
+    "muon": {"compute_dtype": "fp32"},
+    "shampoo": {"precondition_frequency": 2},
+    "soap": {"precondition_frequency": 2, "max_precond_dim": 64},
+}
+
+
 def dist_config(strategy: str, optimizer: str, **kw) -> DistConfig:
-    # Well-posed preconditioners, so fp32 summation order (which differs between gloo's all-reduce
-    # and the reference) moves results by rounding only: Shampoo's epsilon 0.1 bounds the inverse
-    # root of rank-deficient factors (at 1e-3 association order alone moves params by 7e-5);
-    # SOAP preconditions only sides whose factor is full rank (max_precond_dim 64), since eigh's
-    # basis of a null space is arbitrary and would differ between any two summation orders.
-    opts = {
-        "shampoo": {"precondition_frequency": 2, "epsilon": 0.1},
-        "soap": {"precondition_frequency": 2, "max_precond_dim": 64},
-    }.get(optimizer, {})
-    base = dict(
-        strategy=strategy,
-        optimizer=optimizer,
-        lr=LR,
-        weight_decay=WD,
-        optimizer_options=opts,
-        adamw_lr=ADAMW_LR,
-        adamw_weight_decay=WD,
-        bucket_size=20_000,
+    """The tests' DistConfig: keyword overrides go to the part that owns them (plan, comm, precision
+    or the top level)."""
+    # fp32 exactness: Muon's Newton–Schulz in fp32 (auto picks bf16 on CPUs with native bf16).
+    # Shampoo at its default (relative) epsilon is well-posed on rank-deficient factors. SOAP
+    # preconditions only sides whose factor is full rank (max_precond_dim 64), since eigh's basis of
+    # a null space is arbitrary and would differ between any two summation orders.
+    opts = dict(OPTIONS.get(optimizer, {}))
+    plan = {k: kw.pop(k) for k in ("alpha", "dp_algo", "tp_mode", "capacity_bytes") if k in kw}
+    comm = {k: kw.pop(k) for k in ("collective_mode", "overlap_grad_sync", "overlap_param_sync") if k in kw}
+    prec = {k: kw.pop(k) for k in ("grad_dtype",) if k in kw}
+    opts.update(kw.pop("optimizer_options", {}))
+    return DistConfig(
+        optimizer=optimizer_config(
+            optimizer, **({"lr": LR, "weight_decay": WD, **opts} if optimizer != "adamw" else {})
+        ),
+        adamw=AdamWConfig(lr=ADAMW_LR, betas=(0.9, 0.95), weight_decay=WD),
+        plan=PlanConfig(strategy=strategy, bucket_size=20_000, **plan),
+        comm=CommConfig(**comm),
+        precision=PrecisionConfig(**prec),
+        **kw,
     )
-    base.update(kw)
-    return DistConfig(**base)
 
 
-def build(rank: int, dp: int, tp: int, cfg: DistConfig, seed: int, groups) -> tuple[DistributedOptimizer, dict]:
+def build(rank: int, dp: int, tp: int, cfg: DistConfig, seed: int, groups, **kw) -> tuple[DistributedOptimizer, dict]:
     t = rank % tp
     params = {s.name: torch.nn.Parameter(shard(init_param(s, seed), s, tp, t).clone()) for s in SPECS}
-    opt = DistributedOptimizer([(s.name, s, params[s.name]) for s in SPECS], groups[0], groups[1], cfg)
+    opt = DistributedOptimizer([(s.name, s, params[s.name]) for s in SPECS], groups[0], groups[1], cfg, **kw)
     return opt, params
 
 
 def run_steps(opt: DistributedOptimizer, params: dict, rank: int, tp: int, steps: range, seed: int) -> None:
+    """Gradients arrive as ``.grad`` (what backward or a hand-written loop leaves); the optimizer
+    folds them into its main grads."""
     d, t = rank // tp, rank % tp
     for s in steps:
         for spec in SPECS:
-            params[spec.name].grad.copy_(shard(full_grad(spec, s, d, seed), spec, tp, t))
+            params[spec.name].grad = shard(full_grad(spec, s, d, seed), spec, tp, t).to(params[spec.name].dtype)
         opt.finish_grad_sync()
         opt.step()
         opt.zero_grad()
@@ -85,15 +96,11 @@ def reference(optimizer: str, dp: int | list[int], steps: range, seed: int) -> d
     params = {s.name: init_param(s, seed) for s in SPECS}
     mats = [s for s in SPECS if s.route == "matrix" and optimizer != "adamw"]
     rest = [s for s in SPECS if s not in mats]
-    math = (
-        make_matrix_optimizer(optimizer, lr=LR, weight_decay=WD, **dist_config("sc", optimizer).optimizer_options)
-        if mats
-        else None
-    )
+    math = make_matrix_optimizer(optimizer, lr=LR, weight_decay=WD, **OPTIONS.get(optimizer, {})) if mats else None
     states = {s.name: math.init_state(s.shape) for s in mats}
     leaves = {s.name: torch.nn.Parameter(params[s.name]) for s in rest}
     adamw = make_adamw(list(leaves.values()), AdamWConfig(lr=ADAMW_LR, betas=(0.9, 0.95), weight_decay=WD))
-    for step_no, (s, n_dp) in enumerate(zip(steps, dps, strict=False), 1):
+    for step_no, (s, n_dp) in enumerate(zip(steps, dps, strict=True), 1):
         grads = {spec.name: sum(full_grad(spec, s, d, seed) for d in range(n_dp)) / n_dp for spec in SPECS}
         for spec in mats:
             u = math.direction(grads[spec.name], states[spec.name], step_no)

@@ -41,7 +41,7 @@ def make_record(
     seq_len: int = 256,
     global_batch: int = 8,
 ) -> dict[str, Any]:
-    """One schema-v1 record with the given timings (median, p90, n)."""
+    """One schema record with the given timings (median, p90, n)."""
     cfg: dict[str, Any] = {
         "model": model,
         "tp": tp,
@@ -55,6 +55,7 @@ def make_record(
         "global_batch": global_batch,
         "alpha": alpha,
         "dtype": "fp32",
+        "ns_dtype": "fp32" if optimizer == "muon" else None,
         "bucket_size": 40_000_000,
         "warmup": 2,
         "iters": 10,
@@ -205,7 +206,7 @@ def _bad_raw_files() -> dict[str, str]:
     """Files that must fail validation (written as text because they are not valid records)."""
     good = make_record(method="sc", iteration=(1, 1, 1))
     missing = {k: v for k, v in good.items() if k != "timings"}
-    v2 = dict(make_record(method="asc", iteration=(1, 1, 1), timestamp=_ts(5)), schema_version=2)
+    v2 = dict(make_record(method="asc", iteration=(1, 1, 1), timestamp=_ts(5)), schema_version=SCHEMA_VERSION + 1)
     no_iter = make_record(method="canzona", timestamp=_ts(6))  # kind train without iteration_ms
     dumps = lambda r: json.dumps(r, sort_keys=True)
     return {

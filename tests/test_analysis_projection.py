@@ -128,7 +128,7 @@ def test_toy_canzona_step_by_hand(toy) -> None:
     assert st.step_ms == pytest.approx(want)
     ph = st.phase_ms()
     assert ph["tp_gather"] == pytest.approx(a2a) and ph["compute"] == pytest.approx(compute)
-    assert st.modes["matrix0"] == "equal"
+    assert st.modes["matrix0"] == "native"
     # per-GPU optimizer FLOPs: only the hosts compute
     assert [st.ranks[k].flops for k in sorted(st.ranks)] == [0.0, FLOPS, FLOPS, 0.0]
     assert st.lower_bound_flops == FLOPS  # max(total/4, largest) = largest

@@ -7,7 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from canzona.cost import CostModel, CostSettings, MeasuredTable, matrix_flops, muon_ns_flops, numel, state_bytes
+from canzona.cost import (
+    GRAM_MIN_ASPECT,
+    CostModel,
+    CostSettings,
+    MeasuredTable,
+    matrix_flops,
+    muon_ns_flops,
+    ns_member_flops,
+    ns_method_for,
+    numel,
+    state_bytes,
+)
 from canzona.errors import ConfigError
 
 EIGH, QR = 22 / 3, 4 / 3  # d³ coefficients of a symmetric eigh and a Householder QR
@@ -26,6 +37,52 @@ def test_muon_flops_by_hand() -> None:
     assert matrix_flops("muon", (1024, 512), CostSettings(ns_steps=5)) == 6_716_129_280
     assert matrix_flops("muon", (512, 1024)) == 6_716_129_280  # transposed: same work
     assert matrix_flops("muon", (64, 64), CostSettings(ns_steps=3)) == 3 * 6 * 64**3 + 10 * 64 * 64
+
+
+def test_gram_ns_flops_by_hand() -> None:
+    # 512×5120, 5 iterations, no restart: R₀ and Q·X₀ (2·m²n each); m³ products: R² ×5,
+    # Q·P ×4 (the first Q is P itself), P·R·P ×4 (two products each; none after the last).
+    m, n = 512, 5120
+    gram = 2 * 2 * m * m * n + 2 * m**3 * (5 + 4 + 2 * 4)
+    assert muon_ns_flops((m, n), 5, "gram") == gram == muon_ns_flops((n, m), 5, "gram")
+    # restart before iteration 2: + Q·X and X·Xᵀ; − one Q·P (reset) and − one P·R·P (R recomputed)
+    restarted = gram + 2 * 2 * m * m * n - 2 * m**3 * (1 + 2)
+    assert muon_ns_flops((m, n), 5, "gram", (2,)) == restarted
+    standard = 5 * (4 * m * m * n + 2 * m**3)
+    assert standard / gram == pytest.approx(210 / 74) and standard / restarted == pytest.approx(210 / 108)
+    settings = CostSettings(ns_method="gram", ns_restarts=(2,))
+    assert matrix_flops("muon", (m, n), settings) == restarted + 10 * m * n
+
+
+def test_auto_method_threshold_and_cost_model_use_the_selected_method() -> None:
+    assert GRAM_MIN_ASPECT == 2.0
+    assert ns_method_for((512, 1024), 5) == "gram" == ns_method_for((1024, 512), 5)
+    assert ns_method_for((512, 1023), 5) == "standard"  # below 2:1
+    assert ns_method_for((512, 512), 5) == "standard"
+    assert ns_method_for((512, 5120), 1) == "standard"  # one iteration: Gram saves nothing
+    auto = CostSettings(ns_method="auto")
+    for shape in [(512, 5120), (512, 512), (1024, 1536)]:
+        want = muon_ns_flops(shape, 5, ns_method_for(shape, 5)) + 10 * numel(shape)
+        assert CostModel("muon", settings=auto)(shape) == matrix_flops("muon", shape, auto) == want
+    assert CostModel("muon", settings=auto)((512, 512)) == CostModel("muon")((512, 512))
+    with pytest.raises(ConfigError, match="method"):
+        muon_ns_flops((4, 4), 5, "newton")
+
+
+def test_cooperative_member_flops_by_hand() -> None:
+    m, n, k = 512, 5120, 4
+    nl = n // k
+    assert ns_member_flops((m, n), k, 5, "standard") == 5 * (4 * m * m * nl + 2 * m**3)
+    assert ns_member_flops((n, m), k, 5, "standard_no_cube") == 5 * 6 * m * m * nl
+    assert ns_member_flops((m, n), k, 5, "gram", (2,)) == 4 * m * m * nl * 2 + 2 * m**3 * (20 - 3 - 3)
+    assert ns_member_flops((m, n), 1, 5, "gram") == muon_ns_flops((m, n), 5, "gram")
+    assert ns_member_flops((m, 5121), k, 5, "standard_no_cube") == 5 * 6 * m * m * 1281  # ⌈n/k⌉
+    # the cube-free form is cheaper exactly when the local long side is shorter than m
+    assert ns_member_flops((m, 2040), 4, 5, "standard_no_cube") < ns_member_flops((m, 2040), 4, 5, "standard")
+    assert ns_member_flops((m, 2056), 4, 5, "standard_no_cube") > ns_member_flops((m, 2056), 4, 5, "standard")
+    for bad in [dict(k=0), dict(form="cholesky")]:
+        with pytest.raises(ConfigError):
+            ns_member_flops((m, n), **{"k": 2, "ns_steps": 5, "form": "gram", **bad})  # type: ignore[arg-type]
 
 
 def test_shampoo_flops_amortise_refresh() -> None:

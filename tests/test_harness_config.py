@@ -40,11 +40,32 @@ def test_tied_embeddings_with_pp_rejected() -> None:
         cfg.validate(2)
 
 
-def test_bf16_rejected_without_gpu_only() -> None:
+def test_bf16_runs_on_cpu_but_a_gpu_run_needs_cuda() -> None:
+    # bf16 on CPU is allowed (CPUs with AVX512-BF16 run it faster than fp32); what needs a GPU
+    # is --device gpu, which every GPU sweep cell passes
     cfg = RunConfig(**MICRO, dtype="bf16")
-    with pytest.raises(ConfigError, match="bf16"):
-        cfg.validate(1, gpu=False)
-    assert cfg.validate(1, gpu=True) is cfg
+    assert cfg.validate(1, gpu=False) is cfg
+    gpu_cell = RunConfig(**MICRO, dtype="bf16", device="gpu")
+    with pytest.raises(ConfigError, match="sees no CUDA; install a CUDA build of torch"):
+        gpu_cell.validate(1, gpu=False)
+    assert gpu_cell.validate(1, gpu=True) is gpu_cell
+
+
+def test_resolve_makes_every_auto_concrete() -> None:
+    cpu = RunConfig(**MICRO).resolve(gpu=False)
+    assert (cpu.device, cpu.attention) == ("cpu", "local") and cpu.ns_dtype in ("fp32", "bf16")
+    gpu = RunConfig(**MICRO).resolve(gpu=True)
+    assert gpu.device == "gpu" and gpu.attention in ("te", "sdpa")
+    assert RunConfig(**MICRO, device="cpu").resolve(gpu=True).device == "cpu"
+    # the peer's auto is Megatron's default muon_fp32_matmul_prec "medium" = bf16 Newton-Schulz
+    assert RunConfig(**MICRO, method="megatron-muon").resolve(gpu=False).ns_dtype == "bf16"
+    assert RunConfig(**MICRO, ns_dtype="fp32", method="megatron-muon").resolve(gpu=False).ns_dtype == "fp32"
+    soap = RunConfig(**MICRO, optimizer="soap").resolve(gpu=False)
+    assert soap.ns_dtype == "auto" and soap.record_config()["ns_dtype"] is None
+    with pytest.raises(ConfigError, match="runs no Newton-Schulz"):
+        RunConfig(**MICRO, optimizer="shampoo", ns_dtype="bf16").validate(1)
+    rec = RunConfig(**MICRO, ns_dtype="bf16").resolve(gpu=False).record_config()
+    assert (rec["dtype"], rec["ns_dtype"], rec["device"], rec["attention"]) == ("fp32", "bf16", "cpu", "local")
 
 
 def test_derived_fields() -> None:
@@ -161,3 +182,48 @@ def test_megatron_muon_unavailable_says_so_and_exits_3(no_launch, capsys) -> Non
     err = capsys.readouterr().err
     assert rc == 3
     assert "megatron-muon unavailable" in err and "megatron-peer-env" in err
+
+
+def test_gpu_cell_without_cuda_exits_2_with_the_fix(no_launch, capsys, monkeypatch) -> None:
+    import torch
+
+    import canzona.runtime.launch as launch_mod
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    argv = [*BASE, "--tp", "1", "--pp", "1", "--dp", "1", "--global-batch", "4", "--dtype", "bf16", "--device", "gpu"]
+    assert canzona_main(argv) == 2  # forked ranks: refused in the parent
+    err = capsys.readouterr().err
+    assert "--device gpu" in err and "sees no CUDA" in err and "TORCH_SPEC" in err
+    # under torchrun/srun (one process per rank) it is refused before joining any group
+    monkeypatch.setattr(launch_mod, "init_from_env", lambda *a, **k: pytest.fail("joined a group without CUDA"))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert canzona_main(argv) == 2
+    assert "sees no CUDA" in capsys.readouterr().err
+
+
+def test_init_from_env_refuses_nccl_without_cuda(monkeypatch) -> None:
+    import torch
+
+    from canzona.runtime.launch import init_from_env
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(ConfigError, match="backend nccl needs CUDA"):
+        init_from_env("nccl")
+
+
+def test_gpu_binding_is_local_rank_modulo_visible_gpus(monkeypatch) -> None:
+    """torchrun (8 GPUs visible): rank i -> GPU i; per-task binding (1 GPU visible): always GPU 0."""
+    import torch
+
+    from canzona.runtime import launch as launch_mod
+
+    bound: list[int] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", bound.append)
+    for count, local, want in ((8, 5, 5), (1, 5, 0), (4, 6, 2)):
+        monkeypatch.setattr(torch.cuda, "device_count", lambda c=count: c)
+        assert launch_mod._device_for(local, "nccl") == torch.device("cuda", want)
+        assert bound[-1] == want

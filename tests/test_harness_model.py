@@ -66,12 +66,13 @@ def test_tp_shard_matches_megatron_stride() -> None:
 
 def _fwd_bwd_rank(info, run: RunConfig) -> dict:
     """One forward-backward of the first global batch through megatron's schedule, no optimizer."""
+    import torch.distributed as dist
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     from canzona.harness.model import build_model, init_weights
-    from canzona.harness.params import allreduce_tp_partial_grads, named_params, tp_partial_grad_params
+    from canzona.harness.params import named_params, tp_partial_names
     from canzona.harness.train import SyntheticTokens, make_forward_step
 
     cpu_shim.install()
@@ -80,7 +81,10 @@ def _fwd_bwd_rank(info, run: RunConfig) -> dict:
         model_parallel_cuda_manual_seed(run.seed)
         cfg = run.model_config
         stage, tp_rank = ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank()
-        model = build_model(cfg, tp=run.tp, pp=run.pp, seq_len=run.seq_len, dtype=torch.float32, device=info.device)
+        attention = None if run.attention == "auto" else run.attention
+        model = build_model(
+            cfg, tp=run.tp, pp=run.pp, seq_len=run.seq_len, dtype=torch.float32, device=info.device, attention=attention
+        )
         named = named_params(model, cfg, tp=run.tp, pp=run.pp, stage=stage)
         init_weights(named, cfg, seed=run.seed, tp_rank=tp_rank, tp=run.tp)
         data = SyntheticTokens(cfg.vocab, run.seq_len, run.global_batch, run.seed)
@@ -95,7 +99,10 @@ def _fwd_bwd_rank(info, run: RunConfig) -> dict:
                 micro_batch_size=run.micro_batch,
                 forward_only=False,
             )
-        allreduce_tp_partial_grads(tp_partial_grad_params(named, run.tp), ps.get_tensor_model_parallel_group())
+        partial = set(tp_partial_names(named, run.tp))  # QK-norm grads: summed across TP, as the optimizer does
+        for n, _, p in named:
+            if n in partial:
+                dist.all_reduce(p.grad, group=ps.get_tensor_model_parallel_group())
         return {
             "stage": stage,
             "tp_rank": tp_rank,
@@ -126,6 +133,19 @@ def _full_grads(outs: list[dict], tp: int) -> dict[str, torch.Tensor]:
         pieces = [g.chunk(stride, dim=dim) for g in grads]
         full[n] = torch.cat([pieces[r][s] for s in range(stride) for r in range(tp)], dim=dim)
     return full
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_sdpa_attention_matches_megatrons_local_attention(tp: int) -> None:
+    """The fused path GPU cells use without TE (torch SDPA in megatron's local spec) computes the
+    same loss and gradients as megatron's DotProductAttention (GQA: 4 heads over 2 KV groups)."""
+    common = dict(model="qwen3-micro", seq_len=16, micro_batch=1, global_batch=2, dp=1, tp=tp)
+    ref = launch(_fwd_bwd_rank, tp, RunConfig(**common, attention="local").validate(tp), timeout_s=120)
+    got = launch(_fwd_bwd_rank, tp, RunConfig(**common, attention="sdpa").validate(tp), timeout_s=120)
+    assert got[0]["loss"] == pytest.approx(ref[0]["loss"], rel=1e-6)
+    want, have = _full_grads(ref, tp), _full_grads(got, tp)
+    for n, g in want.items():
+        assert (have[n] - g).norm() / g.norm() < 1e-5, n
 
 
 def test_param_specs_match_inventory() -> None:

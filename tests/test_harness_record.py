@@ -62,7 +62,7 @@ def test_aggregate_takes_max_across_ranks_and_mean_loss() -> None:
 def test_record_is_schema_valid_and_excludes_warmup(tmp_path) -> None:
     run = RunConfig(
         model="qwen3-micro", tp=2, dp=2, seq_len=32, micro_batch=1, global_batch=4, warmup=2, iters=4, method="asc"
-    ).validate(4)
+    ).resolve(gpu=False)
     timings = RunTimings(
         iteration_ms=[1000.0, 900.0, 10.0, 20.0, 30.0, 40.0],
         fwd_bwd_ms=[5.0] * 6,
@@ -88,3 +88,20 @@ def test_record_is_schema_valid_and_excludes_warmup(tmp_path) -> None:
     schema.append_record(path, rec)
     schema.append_record(path, rec)
     assert [no for no, _ in schema.iter_records(path)] == [1, 2]
+
+
+def test_records_carry_the_cluster_provenance(monkeypatch) -> None:
+    from canzona.results.env import cluster_environment
+
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu-a[01-32]")
+    monkeypatch.setenv("CANZONA_CONTAINER_IMAGE", "nvcr.io#nvidia/pytorch:25.01-py3")
+    env = cluster_environment(torch.device("cpu"), ["gpu-a01", "gpu-a02"])
+    assert env["slurm_job_id"] == "4242" and env["slurm_nodelist"] == "gpu-a[01-32]"
+    assert env["hostnames"] == ["gpu-a01", "gpu-a02"]
+    assert env["container_image"] == "nvcr.io#nvidia/pytorch:25.01-py3"
+    assert env["cuda"] is None and env["nccl"] is None and env["gpu_driver"] is None  # CPU run: no GPU stack
+    run = RunConfig(model="qwen3-micro", seq_len=32, global_batch=2, warmup=0, iters=1).resolve(gpu=False)
+    timings = RunTimings([1.0], [1.0], [1.0], {}, [5.0], [1.0])
+    rec = build_record(run, environment(torch.device("cpu"), "gloo", extra=env), timings, mem_kind="cpu_max_rss")
+    assert rec["env"]["slurm_job_id"] == "4242" and rec["config"]["ns_dtype"] in ("fp32", "bf16")

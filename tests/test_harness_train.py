@@ -23,6 +23,18 @@ from canzona.cli import main as canzona_main
 from canzona.results import schema
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def fp32_newton_schulz(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pin Muon's compute_dtype "auto" to fp32: these tests compare loss curves at rtol 1e-5, and
+    `canzona train` has no Newton–Schulz dtype option yet (auto is bf16 on AVX512-BF16 CPUs).
+    The ranks are forked from this process, so they inherit the patch."""
+    import canzona.optim.precision
+
+    monkeypatch.setattr(canzona.optim.precision, "cpu_has_native_bf16", lambda: False)
+
+
 REPO = Path(__file__).resolve().parents[1]
 RTOL = 1e-5
 COMMON = [
@@ -190,3 +202,22 @@ def test_megatron_muon_peer_tracks_canzona(tmp_path: Path) -> None:
     drop_ours = ours["loss"]["curve"][0] - ours["loss"]["curve"][-1]
     drop_peer = peer["loss"]["curve"][0] - peer["loss"]["curve"][-1]
     assert drop_peer > 0.8 * drop_ours
+    # the peer's Newton-Schulz format follows --ns-dtype (Megatron's muon_fp32_matmul_prec):
+    # "auto" is Megatron's default "medium" = bf16; fp32 ("highest") changes its numbers
+    assert peer["config"]["ns_dtype"] == "bf16"
+    peer32 = _train(results, tp=2, pp=1, dp=2, method="megatron-muon", extra=("--ns-dtype", "fp32"))
+    assert peer32["config"]["ns_dtype"] == "fp32" and peer32["cell"] != peer["cell"]
+    assert peer32["loss"]["curve"] != peer["loss"]["curve"]
+    assert peer32["loss"]["curve"] == pytest.approx(peer["loss"]["curve"], rel=1e-2)
+
+
+def test_ns_dtype_reaches_the_optimizer_the_record_and_the_cell_key(tmp_path: Path) -> None:
+    results = tmp_path / "ns.jsonl"
+    fp32 = _train(results, tp=2, pp=1, dp=2, method="canzona", extra=("--ns-dtype", "fp32"))
+    bf16 = _train(results, tp=2, pp=1, dp=2, method="canzona", extra=("--ns-dtype", "bf16"))
+    assert (fp32["config"]["ns_dtype"], bf16["config"]["ns_dtype"]) == ("fp32", "bf16")
+    assert "ns_dtype=fp32" in fp32["cell"] and "ns_dtype=bf16" in bf16["cell"]
+    assert bf16["loss"]["curve"] != fp32["loss"]["curve"]  # bf16 Newton-Schulz really ran
+    assert bf16["loss"]["curve"] == pytest.approx(fp32["loss"]["curve"], rel=1e-2)
+    assert fp32["config"]["attention"] == "local" and fp32["config"]["device"] == "cpu"
+    assert fp32["env"]["hostnames"] and fp32["env"]["cuda"] is None

@@ -11,17 +11,19 @@ import canzona.optim as optim
 from canzona.cost import CostModel, CostSettings, matrix_flops, state_bytes
 from canzona.errors import ConfigError, NonFiniteGradientError
 from canzona.optim import (
-    MATRIX_OPTIMIZERS,
-    OPTIMIZER_NAMES,
     AdamWConfig,
     MatrixOptimizer,
     apply_update,
     check_finite,
     make_adamw,
     make_matrix_optimizer,
+    matrix_optimizer_names,
+    optimizer_entry,
+    optimizer_names,
+    registered_optimizers,
 )
 
-NAMES = sorted(MATRIX_OPTIMIZERS)
+NAMES = sorted(registered_optimizers())
 # Small refresh interval so the steps after a clone include a preconditioner refresh.
 SMALL = {"muon": {}, "shampoo": {"precondition_frequency": 2}, "soap": {"precondition_frequency": 2}}
 
@@ -122,7 +124,7 @@ def test_nonfinite_policy(name: str, bad: float) -> None:
             assert same(state, before)
     for s, g in enumerate([gs[0], gs[2], gs[3]], start=1):
         want.append(opt.direction(g, clean, s))
-    assert len(out) == 3 and all(torch.equal(a, b) for a, b in zip(out, want, strict=False))
+    assert len(out) == 3 and all(torch.equal(a, b) for a, b in zip(out, want, strict=True))
     assert check_finite(gs[0], "w", "raise") and check_finite(gs[0], "w", "skip")
 
 
@@ -157,13 +159,14 @@ def test_make_matrix_optimizer_errors_and_overrides() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         opt.config.lr = 1.0  # type: ignore[misc]
     with pytest.raises(ConfigError, match="MuonConfig"):
-        MATRIX_OPTIMIZERS["muon"](MATRIX_OPTIMIZERS["soap"].config_cls())  # type: ignore[arg-type]
+        optimizer_entry("muon").cls(optimizer_entry("soap").cls.config_cls())  # type: ignore[arg-type]
 
 
 def test_registry_and_reexports() -> None:
-    assert OPTIMIZER_NAMES == ("muon", "shampoo", "soap", "adamw")
-    assert set(MATRIX_OPTIMIZERS) == set(OPTIMIZER_NAMES[:3])
-    assert all(cls.name == n for n, cls in MATRIX_OPTIMIZERS.items())
+    assert optimizer_names() == ("muon", "shampoo", "soap", "adamw")
+    assert matrix_optimizer_names() == tuple(registered_optimizers()) == optimizer_names()[:3]
+    for n, entry in registered_optimizers().items():
+        assert entry.cls.name == n and entry.cost.flops(6, 4, CostSettings()) == matrix_flops(n, (6, 4))
     for sym in (
         "MatrixOptimizer",
         "apply_update",
@@ -182,7 +185,7 @@ def test_apply_update_on_shards_equals_full_update(dim: int) -> None:
     p, u = grads((8, 6), 2, seed=4)
     full = p.clone()
     apply_update(full, u, lr=0.1, weight_decay=0.01)
-    for ps, us in zip(p.chunk(2, dim), u.chunk(2, dim), strict=False):
+    for ps, us in zip(p.chunk(2, dim), u.chunk(2, dim), strict=True):
         apply_update(ps, us, lr=0.1, weight_decay=0.01)  # chunks are views: updates land in p
     torch.testing.assert_close(p, full, rtol=0, atol=0)
     torch.testing.assert_close(full, grads((8, 6), 2, seed=4)[0] * (1 - 0.001) - 0.1 * u)

@@ -65,7 +65,7 @@ def check_plan(plan: Plan, params: list[ParamSpec]) -> None:
     strategy = plan.dp.strategy
     if plan.dp.cuts:
         assert len(plan.dp.cuts) == len(plan.dp.buckets)
-        for b, c in zip(plan.dp.buckets, plan.dp.cuts, strict=False):
+        for b, c in zip(plan.dp.buckets, plan.dp.cuts, strict=True):
             assert len(c) == dp + 1 and c[0] == 0 and c[-1] == b.size
             assert all(x <= y for x, y in itertools.pairwise(c)), "cuts must be monotone"
             for e in b.entries:

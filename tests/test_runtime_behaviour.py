@@ -1,45 +1,49 @@
-"""Runtime behaviour beyond exactness: resharded checkpoints, failures, bad input, grad hooks."""
+"""Runtime behaviour beyond exactness: resharded DCP checkpoints, failures, bad input, grad hooks,
+parameter all-gathers overlapped with the next forward."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 import torch
 
 from canzona.models.spec import ParamSpec
-from canzona.runtime import DistConfig, DistributedOptimizer
+from canzona.runtime import DistributedOptimizer, checkpoint
 from canzona.runtime.launch import RankError, dp_tp_groups, launch
 from tests.runtime_helpers import SPECS, assemble, build, dist_config, reference, run_steps, shard
 
 SEED = 11
 
 
-def _train_and_save(info, dp, tp, strategy, steps) -> tuple[dict, dict]:
+def _train_and_save(info, dp, tp, strategy, steps, path) -> dict:
     groups = dp_tp_groups(info.rank, dp, tp)
     opt, params = build(info.rank, dp, tp, dist_config(strategy, "soap"), SEED, groups)
     run_steps(opt, params, info.rank, tp, range(steps), SEED)
-    return opt.state_dict(), {n: p.detach().clone() for n, p in params.items()}
+    checkpoint.save(opt, path)
+    return {n: p.detach().clone() for n, p in params.items()}
 
 
-def _load_and_continue(info, dp, tp, strategy, sd, full_params, steps) -> dict:
+def _load_and_continue(info, dp, tp, strategy, path, full_params, steps) -> dict:
     groups = dp_tp_groups(info.rank, dp, tp)
     opt, params = build(info.rank, dp, tp, dist_config(strategy, "soap"), SEED, groups)
     with torch.no_grad():
         for s in SPECS:
             params[s.name].copy_(shard(full_params[s.name], s, tp, info.rank % tp))
-    opt.load_state_dict(sd)
+    checkpoint.load(opt, path)
+    assert opt.step_count == 3
     run_steps(opt, params, info.rank, tp, steps, SEED)
     return {n: p.detach().clone() for n, p in params.items()}
 
 
-@pytest.mark.parametrize("dp,tp,strategy", [(4, 1, "canzona"), (1, 1, "sc")])
-def test_reshard_checkpoint_continues_identically(dp: int, tp: int, strategy: str) -> None:
-    """Save at 2×2 (canzona) after 3 steps; load at another layout/strategy; 3 more steps equal
+@pytest.mark.parametrize("dp,tp,strategy", [(4, 1, "canzona"), (1, 1, "sc"), (1, 2, "layerwise")])
+def test_reshard_checkpoint_continues_identically(tmp_path, dp: int, tp: int, strategy: str) -> None:
+    """DCP save at 2×2 (canzona) after 3 steps; load at another layout/strategy; 3 more steps equal
     the uninterrupted single-device run (whose gradient is the mean over the DP ranks present)."""
-    saved = launch(_train_and_save, 4, 2, 2, "canzona", 3)
-    sd = saved[0][0]
-    assert sd["step"] == 3 and sd["matrix"]
-    full = assemble([saved[t][1] for t in range(2)], 2, 2)
-    got = assemble(launch(_load_and_continue, dp * tp, dp, tp, strategy, sd, full, range(3, 6)), dp, tp)
+    path = tmp_path / "ckpt"
+    saved = launch(_train_and_save, 4, 2, 2, "canzona", 3, path)
+    full = assemble([saved[t] for t in range(2)], 2, 2)
+    got = assemble(launch(_load_and_continue, dp * tp, dp, tp, strategy, path, full, range(3, 6)), dp, tp)
     want = reference("soap", [2, 2, 2, dp, dp, dp], range(6), SEED)
     for name, w in want.items():
         err = (got[name] - w).norm() / w.norm()
@@ -60,13 +64,13 @@ def _nan_rank(info, policy, dp, tp) -> tuple[bool, int]:
     else:
         victim = opt.plan.dp.owner_map()[name][0] * tp
     for s in SPECS:
-        params[s.name].grad.normal_()
+        params[s.name].grad = torch.randn_like(params[s.name])
     if info.rank == victim:
         params[name].grad.view(-1)[0] = float("nan")
     opt.finish_grad_sync()
-    timings = opt.step()
+    info_ = opt.step()
     unchanged = all(torch.equal(before[n], p) for n, p in params.items())
-    return unchanged and timings["skipped"] == 1.0, opt.step_count
+    return unchanged and info_.skipped, opt.step_count
 
 
 @pytest.mark.parametrize("dp,tp", [(2, 1), (1, 2)])
@@ -116,7 +120,9 @@ def test_collective_timeout_names_phase() -> None:
 def _bad_partition(info) -> None:
     groups = dp_tp_groups(info.rank, 1, 2)
     spec = ParamSpec("decoder.layers.0.mlp.linear_fc1.weight", (8, 4), None, "matrix", 0)
-    DistributedOptimizer([(spec.name, spec, torch.nn.Parameter(torch.zeros(4, 4)))], *groups, DistConfig())
+    DistributedOptimizer(
+        [(spec.name, spec, torch.nn.Parameter(torch.zeros(4, 4)))], *groups, dist_config("canzona", "muon")
+    )
 
 
 def test_tp_param_without_partition_metadata_is_rejected() -> None:
@@ -146,48 +152,70 @@ class _TwoLayer(torch.nn.Module):
         return self.fc2(torch.relu(self.fc1(x)))
 
 
-def _hooks(info, overlap_grad: bool, overlap_param: bool) -> dict:
-    """Real backward through a tiny model: grad hooks launch bucket reductions; with
-    overlap_param_sync the next forward waits per module for its bucket's all-gather."""
+SPECS2 = [
+    ParamSpec("decoder.layers.0.mlp.linear_fc1.weight", (32, 16), None, "matrix", 0),
+    ParamSpec("decoder.layers.0.mlp.linear_fc2.weight", (16, 32), None, "matrix", 0),
+]
+
+
+def _train(info, overlap_grad: bool, overlap_param: bool, mode: str, slow_rank: int | None) -> dict:
+    """Real backward through a tiny model, two buckets with uneven owner slices (one matrix each
+    rank). The NEXT forward runs right after step(), before zero_grad and before finish_grad_sync:
+    with overlap_param_sync the all-gathers are still in flight then, and a slow rank makes them
+    land late, so a module that did not wait for its own bucket computes on stale parameters."""
     groups = dp_tp_groups(info.rank, 2, 1)
     model = _TwoLayer()
-    specs = [
-        ParamSpec("decoder.layers.0.mlp.linear_fc1.weight", (32, 16), None, "matrix", 0),
-        ParamSpec("decoder.layers.0.mlp.linear_fc2.weight", (16, 32), None, "matrix", 0),
-    ]
+    cfg = dist_config(
+        "canzona", "muon", collective_mode=mode, overlap_grad_sync=overlap_grad, overlap_param_sync=overlap_param
+    )
+    # greedy keeps Megatron's bucket geometry (canzona's refine chunks the buffer so a bucket holds
+    # >= 0.9·DP·its widest matrix, which here is one bucket): bucket_size 500 gives two buckets
+    plan = type(cfg.plan)(**{**cfg.plan.__dict__, "bucket_size": 500, "dp_algo": "greedy"})
+    cfg = type(cfg)(**{**cfg.__dict__, "plan": plan})
     opt = DistributedOptimizer(
-        [(specs[0].name, specs[0], model.fc1.weight), (specs[1].name, specs[1], model.fc2.weight)],
-        *groups,
-        # greedy keeps Megatron's bucket geometry (canzona's refine chunks the buffer so a bucket holds
-        # >= 0.9·DP·its widest matrix, which here is one bucket): bucket_size 500 gives two buckets
-        DistConfig(overlap_grad_sync=overlap_grad, overlap_param_sync=overlap_param, bucket_size=500, dp_algo="greedy"),
+        [(SPECS2[0].name, SPECS2[0], model.fc1.weight), (SPECS2[1].name, SPECS2[1], model.fc2.weight)], *groups, cfg
     )
     opt.attach(model)
     gen = torch.Generator().manual_seed(info.rank)
-    for _ in range(3):
+    losses = []
+
+    def micro_batches() -> None:
         for micro in range(2):
             x = torch.randn(8, 16, generator=gen)
             if micro == 0:
                 with opt.no_sync():
                     model(x).pow(2).mean().backward()
             else:
-                model(x).pow(2).mean().backward()
+                loss = model(x).pow(2).mean()
+                losses.append(float(loss))
+                loss.backward()
+
+    micro_batches()
+    for _ in range(3):
         opt.finish_grad_sync()
+        if info.rank == slow_rank:
+            time.sleep(0.3)
         opt.step()
-        opt.zero_grad()
+        micro_batches()  # the next forward, before any zero_grad: the step's gradients are zeroed lazily
+    opt.finish_grad_sync()
+    opt.step()
     opt.wait_param_sync()
     return {
         "w1": model.fc1.weight.detach().clone(),
         "w2": model.fc2.weight.detach().clone(),
+        "losses": losses,
         "buckets": len(opt.plan.dp.buckets),
+        "modes": opt.collective_modes,
     }
 
 
-def test_overlapped_syncs_equal_blocking() -> None:
-    blocking = launch(_hooks, 2, False, False)
-    assert blocking[0]["buckets"] >= 2
+@pytest.mark.parametrize("mode", ["uneven", "native"])
+def test_overlapped_syncs_equal_blocking(mode: str) -> None:
+    blocking = launch(_train, 2, False, False, mode, None)
+    assert blocking[0]["buckets"] == 2 and set(blocking[0]["modes"].values()) == {mode}
     for overlap in ((True, False), (True, True)):
-        got = launch(_hooks, 2, *overlap)
-        for k in ("w1", "w2"):
-            assert torch.allclose(got[0][k], blocking[0][k], rtol=1e-6, atol=1e-7), overlap
-            assert torch.equal(got[0][k], got[1][k]), overlap
+        got = launch(_train, 2, *overlap, mode, 1)
+        for r in range(2):
+            assert got[r]["losses"] == pytest.approx(blocking[r]["losses"], rel=1e-6), (overlap, r)
+            for k in ("w1", "w2"):
+                assert torch.allclose(got[r][k], blocking[0][k], rtol=1e-6, atol=1e-7), (overlap, k)

@@ -1,57 +1,57 @@
-"""Uneven reduce-scatter / all-gather: every implementation gives the same result on gloo."""
+"""The DP collective modes: each gives the same reduced slices and gathered buffer on gloo."""
 
 from __future__ import annotations
-
-import itertools
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from canzona.errors import ConfigError
-from canzona.runtime.collectives import all_gather_v, pick_mode, reduce_scatter_v
+from canzona.plan.schedule import DP_MODES, layout_bucket
+from canzona.plan.types import Bucket, BucketEntry
+from canzona.runtime.buffers import BucketBuffers
+from canzona.runtime.collectives import make_mode
 from canzona.runtime.launch import RankError, launch
 
-CUTS = (0, 5, 5, 17, 24)  # uneven, one empty slice
+# four params of 5, 12, 7 and 3 elements (64-aligned starts), cut so that rank 1 owns nothing
+ENTRIES = (BucketEntry("a", 0, 5), BucketEntry("b", 64, 12), BucketEntry("c", 128, 7), BucketEntry("d", 192, 3))
+BUCKET = Bucket(0, ENTRIES, 256)
+CUTS = (0, 64, 64, 192, 256)
 
 
-def _rank(info, cuts) -> dict:
+def _rank(info) -> dict:
     out = {}
-    for mode in ("padded", "per-root", "equal"):
-        if mode == "equal":
-            cuts = tuple(range(0, 4 * 6 + 1, 6))
-        buf = torch.arange(cuts[-1], dtype=torch.float32) * (info.rank + 1)
-        chunks = [buf[a:b] for a, b in itertools.pairwise(cuts)]
-        reduce_scatter_v(chunks, None, mode).wait()
-        rs = chunks[info.rank].clone()
-        params = torch.zeros(cuts[-1])
-        pchunks = [params[a:b] for a, b in itertools.pairwise(cuts)]
-        pchunks[info.rank].fill_(info.rank + 1)
-        all_gather_v(pchunks, None, mode, async_op=False)
-        out[mode] = (rs, params.clone(), cuts)
+    for mode in DP_MODES:
+        lay = layout_bucket("matrix", BUCKET, CUTS, 4, mode)
+        params = {e.name: torch.nn.Parameter(torch.zeros(e.numel)) for e in ENTRIES}
+        bb = BucketBuffers(lay, params, torch.float32, info.rank, torch.device("cpu"))
+        for name, (off, numel) in bb.where.items():  # every rank's gradient: (rank + 1) · position
+            bb.grad[off : off + numel] = torch.arange(numel, dtype=torch.float32) * (info.rank + 1) + ord(name)
+        m = make_mode(mode, [hi - lo for lo, hi in lay.regions], 4, (torch.float32, torch.float32), torch.device("cpu"))
+        m.reduce(bb.chunks("grad"), None).wait()
+        lo, hi = bb.region
+        for name, (off, numel) in bb.where.items():  # owners publish "their" values
+            if lo <= off < hi:
+                bb.param[off : off + numel] = float(ord(name)) + info.rank
+        m.gather(bb.chunks("param"), None).wait()
+        reduced = {n: bb.grad[o : o + k].clone() for n, (o, k) in bb.where.items() if lo <= o < hi}
+        out[mode] = (reduced, {n: p.detach().clone() for n, p in params.items()}, lay.size)
     return out
 
 
-def test_uneven_collectives_all_modes() -> None:
-    res = launch(_rank, 4, CUTS)
-    for mode in ("padded", "per-root", "equal"):
+def test_every_mode_reduces_and_gathers_the_same() -> None:
+    res = launch(_rank, 4)
+    owner = {"a": 0, "b": 2, "c": 2, "d": 3}
+    for mode in DP_MODES:
         for r in range(4):
-            rs, params, cuts = res[r][mode]
-            a, b = cuts[r], cuts[r + 1]
-            assert torch.equal(rs, torch.arange(a, b, dtype=torch.float32) * 10), mode
-            want = torch.cat([torch.full((cuts[i + 1] - cuts[i],), float(i + 1)) for i in range(4)])
-            assert torch.equal(params, want), mode
-
-
-def test_pick_mode() -> None:
-    assert pick_mode([4, 4, 4], "auto", 0.25) == "equal"
-    assert pick_mode([4, 5, 4], "auto", 0.25) == "padded"
-    assert pick_mode([1, 30, 1], "auto", 0.25) == "per-root"
-    assert pick_mode([1, 30, 1], "padded", 0.25) == "padded"
-    assert pick_mode([4, 4, 4], "auto", 0.25, backend="gloo") == "per-root"
-    assert pick_mode([4, 4, 4], "padded", 0.25, backend="gloo") == "padded"
-    with pytest.raises(ConfigError, match="equal slices"):
-        pick_mode([1, 2], "equal", 0.25)
+            reduced, params, _ = res[r][mode]
+            assert sorted(reduced) == sorted(n for n, o in owner.items() if o == r), mode
+            for n, g in reduced.items():
+                k = g.numel()
+                assert torch.equal(g, torch.arange(k, dtype=torch.float32) * 10 + 4 * ord(n)), (mode, n)
+            for n, p in params.items():
+                assert torch.equal(p, torch.full_like(p, float(ord(n)) + owner[n])), (mode, n)
+        sizes = {res[r][mode][2] for r in range(4)}
+        assert sizes == ({4 * 128} if mode == "native" else {256}), (mode, sizes)  # widest slice 128, padded
 
 
 def _fails(info) -> None:

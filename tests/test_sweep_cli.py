@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -25,7 +26,12 @@ def main(monkeypatch):
 def test_show_prints_layouts_with_reasons_and_nodes(main, capsys):
     assert main(["sweep", "show", TABLE2, "--profile", PROFILE]) == 0
     out = capsys.readouterr().out
-    assert "65 cells" in out and "qwen3-32b: TP=8 PP=1 DP=32, 32 nodes" in out and "NVLink" in out
+    assert "52 cells" in out and "qwen3-32b: TP=8 PP=1 DP=32, 32 nodes" in out and "NVLink" in out
+    # every cell with its memory estimate (checked against the profile's HBM) and derived timeout
+    cell_lines = [ln for ln in out.splitlines() if ln.startswith("[")]
+    assert len(cell_lines) == 52 and all(
+        re.search(r"est\. \d+\.\d GB/GPU, timeout \d+ min\)$", ln) for ln in cell_lines
+    )
 
 
 def test_dry_run_writes_scripts_and_submits_nothing(main, capsys, tmp_path):
@@ -49,9 +55,12 @@ def test_dry_run_writes_scripts_and_submits_nothing(main, capsys, tmp_path):
     )
     assert rc == 0
     out = capsys.readouterr().out
-    assert "dry run: 15 cells" in out and "nothing submitted" in out
+    assert "dry run: 16 cell(s) in 7 job(s)" in out and "nothing submitted" in out
+    assert "peak 128 node(s) at once (profile max_nodes 128)" in out
+    # a 32B Muon cell (canzona.plan.memory; its padded DP layout carries 7% slice padding in the matrix buffers)
+    assert "est. 54.5 GB/GPU (HBM 80)  timeout 26 min" in out
     scripts = sorted((tmp_path / "dry").glob("*.sbatch"))
-    assert scripts and all(str(s) in out for s in scripts)
+    assert len(scripts) == 7 and all(str(s) in out for s in scripts)
     assert not (tmp_path / "runs" / "table2" / "jobs.json").exists()
 
 
@@ -100,7 +109,7 @@ def test_status_of_a_fresh_sweep_lists_every_cell_pending(main, capsys, tmp_path
         == 0
     )
     out = capsys.readouterr().out
-    assert "0 done, 0 failed, 65 pending of 65 cells" in out and out.count("not submitted") == 65
+    assert "0 done, 0 failed, 52 pending of 52 cells" in out and out.count("not submitted") == 52
 
 
 def _reproduce_module():
@@ -144,6 +153,8 @@ def test_status_respects_only(main, capsys, tmp_path):
                 "model=qwen3-32b",
                 "--only",
                 "optimizer=muon",
+                "--only",
+                "seq_len=4096",
                 "--runs-dir",
                 str(tmp_path / "runs"),
                 "--results-dir",
@@ -153,4 +164,4 @@ def test_status_respects_only(main, capsys, tmp_path):
         == 0
     )
     out = capsys.readouterr().out
-    assert "65 pending" not in out and "5 pending of 5 cells" in out and "qwen3-8b" not in out
+    assert "52 pending" not in out and "4 pending of 4 cells" in out and "qwen3-8b" not in out

@@ -10,7 +10,9 @@ import pytest
 
 from canzona.errors import ConfigError
 from canzona.results.schema import cell_key
-from canzona.sweep.definition import estimate_memory_gb, load_sweep, parse_sweep
+from canzona.sweep.budget import cell_timeout_min, check_fits, estimate_memory_gb, iteration_s
+from canzona.sweep.definition import load_sweep, parse_sweep
+from canzona.sweep.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ["qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b"]
@@ -21,17 +23,75 @@ def test_table2_sweep_shape():
     d = load_sweep(ROOT / "slurm/sweeps/table2.toml")
     assert d.world == 256 and [lay.model for lay in d.layouts] == MODELS
     cells = d.cells()
-    muon = [c for c in cells if c.optimizer == "muon"]
-    extra = [c for c in cells if c.optimizer != "muon"]
+    ours = [c for c in cells if c.variant is None]
+    muon = [c for c in ours if c.optimizer == "muon"]
+    extra = [c for c in ours if c.optimizer != "muon"]
     assert {c.method for c in muon} == {"sc", "layerwise", "asc", "canzona", "megatron-muon"}
-    assert len(muon) == 5 * 5
+    # sc only where every GPU can hold every matrix's state (memory model): 1.7B and 4B
+    assert len(muon) == 5 * 4 + 2 and {c.model for c in muon if c.method == "sc"} == {"qwen3-1.7b", "qwen3-4b"}
     assert {c.optimizer for c in extra} == {"shampoo", "soap"} and "megatron-muon" not in {c.method for c in extra}
-    assert len(extra) == 5 * 4 * 2
-    assert len({c.key for c in cells}) == len(cells) == 65
-    for c in cells:
+    # Shampoo/SOAP: layer-wise and canzona everywhere, asc on 1.7B/4B/14B, sc on 1.7B
+    assert len(extra) == (5 * 2 + 3 + 1) * 2
+    assert len({c.key for c in cells}) == len(cells) == 22 + 28 + 2
+    for c in ours:
         assert c.world == 256 and c.global_batch % (c.micro_batch * c.dp) == 0
         assert c.warmup > 0 and c.iters > 0 and c.seq_len == 4096
         assert c.key == cell_key(c.config())  # the harness's key for the same config
+    for c in cells:  # GPU cells: every format explicit, in the key and on the command line
+        args = c.train_args()
+        assert c.dtype == "bf16" and "dtype=bf16" in c.key and args[args.index("--dtype") + 1] == "bf16"
+        assert args[args.index("--device") + 1] == "gpu"
+        if c.optimizer == "muon":
+            assert c.ns_dtype == "bf16" and args[args.index("--ns-dtype") + 1] == "bf16"
+        else:
+            assert c.ns_dtype is None and "--ns-dtype" not in args
+
+
+def test_table2_authors_variant_is_their_public_configuration():
+    cells = [c for c in load_sweep(ROOT / "slurm/sweeps/table2.toml").cells() if c.variant == "authors"]
+    assert {c.method for c in cells} == {"layerwise", "canzona"}  # their baseline and ours
+    for c in cells:
+        assert (c.model, c.dp, c.tp, c.pp) == ("qwen3-32b", 32, 8, 1)
+        assert (c.seq_len, c.global_batch, c.micro_batch) == (2048, 128, 2)  # 4 does not fit layer-wise
+        assert (c.alpha, c.cost, c.bucket_size, c.overlap_param_sync) == (1.0, "numel", 400_000_000, True)
+        assert (c.dtype, c.ns_dtype) == ("bf16", "bf16")
+        args = c.train_args()
+        assert "--overlap-param-sync" in args and args[args.index("--cost") + 1] == "numel"
+        assert args[args.index("--variant") + 1] == "authors"
+
+
+def test_table2_fits_the_example_profile_with_printed_timeouts():
+    d, p = load_sweep(ROOT / "slurm/sweeps/table2.toml"), load_profile(ROOT / "slurm/profiles/example.toml")
+    est = check_fits(d.cells(), p)
+    assert max(est.values()) <= p.hbm_gb
+    t = {c.key: cell_timeout_min(c, p) for c in d.cells()}
+    assert all(10 <= m <= 120 for m in t.values())
+    by = {(c.model, c.optimizer, c.variant): t[c.key] for c in d.cells()}
+    assert by["qwen3-32b", "muon", None] > by["qwen3-1.7b", "muon", None]  # bigger model, longer timeout
+    assert by["qwen3-32b", "soap", None] > by["qwen3-32b", "muon", None]
+
+
+def test_iteration_estimate_by_hand():
+    """fwd/bwd 6·N·T/(world·peak·MFU) plus every matrix's Newton-Schulz at MATRIX_EFFICIENCY of peak."""
+    from canzona.cost import matrix_flops
+    from canzona.models import get_model, list_params
+    from canzona.models.qwen3 import count_params
+    from canzona.sweep import budget
+
+    c = next(c for c in load_sweep(ROOT / "slurm/sweeps/table2.toml").cells() if c.model == "qwen3-8b")
+    cfg = get_model("qwen3-8b")
+    fb = 6 * count_params(cfg) * 256 * 4096 / (256 * 1e15 * budget.ASSUMED_MFU)
+    ns = sum(matrix_flops("muon", p.shape) for p in list_params(cfg) if p.route == "matrix")
+    assert iteration_s(c, 1000.0) == pytest.approx(fb + ns / (1e15 * budget.MATRIX_EFFICIENCY))
+
+
+def test_a_cell_over_the_profiles_hbm_is_refused_naming_the_fix():
+    d, p = load_sweep(ROOT / "slurm/sweeps/table2.toml"), load_profile(ROOT / "slurm/profiles/example.toml")
+    import dataclasses
+
+    small = dataclasses.replace(p, hbm_gb=40.0)
+    with pytest.raises(ConfigError, match=r"qwen3-4b.*more than the profile's hbm_gb = 40.*raise TP.*TP=2, DP=128"):
+        check_fits(d.cells(), small)
 
 
 def test_table2_layouts_follow_the_stated_rule():
@@ -62,7 +122,11 @@ def test_local_sweep_is_the_scaled_down_table2():
     assert {(c.model, c.dp, c.tp) for c in cells} == {("qwen3-tiny", 2, 2), ("qwen3-tiny", 4, 1)}
     assert all(c.world == 4 and c.optimizer == "muon" for c in cells)
     assert {c.method for c in cells} == {"sc", "layerwise", "asc", "canzona", "megatron-muon"}
-    assert len(cells) == 10
+    # every method with bf16 Newton-Schulz (the peer's own default), ours and the peer also in fp32
+    assert {c.method for c in cells if c.ns_dtype == "bf16"} == {"sc", "layerwise", "asc", "canzona", "megatron-muon"}
+    assert {c.method for c in cells if c.ns_dtype == "fp32"} == {"canzona", "megatron-muon"}
+    assert all(c.device == "cpu" and c.dtype == "fp32" and c.time_min == 4 for c in cells)
+    assert len(cells) == 14 and len({c.key for c in cells}) == 14
 
 
 GOOD = {
@@ -70,6 +134,29 @@ GOOD = {
     "layout": [{"model": "qwen3-micro", "tp": 2, "pp": 1, "dp": 4, "reason": "because"}],
     "grid": [{"methods": ["sc"], "optimizers": ["muon"]}],
 }
+
+
+def test_grid_overrides_and_formats_cross_and_collide_clearly():
+    d = copy.deepcopy(GOOD)
+    d["grid"] = [
+        {"methods": ["sc"], "optimizers": ["muon", "soap"], "ns_dtypes": ["fp32", "bf16"]},
+        {"variant": "long", "methods": ["sc"], "optimizers": ["muon"], "seq_len": 128},
+    ]
+    cells = parse_sweep(d, "x.toml").cells()
+    # muon in both formats, soap once (no Newton-Schulz), the variant with its own sequence length
+    assert [(c.optimizer, c.ns_dtype, c.seq_len, c.variant) for c in cells] == [
+        ("muon", "fp32", 64, None),
+        ("muon", "bf16", 64, None),
+        ("soap", None, 64, None),
+        ("muon", "bf16", 128, "long"),
+    ]
+    assert {c.dtype for c in cells} == {"bf16"}  # a GPU sweep defaults to bf16
+    d["grid"][1] = {"variant": "other-alpha", "methods": ["sc"], "optimizers": ["muon"], "alpha": 0.5}
+    with pytest.raises(ConfigError, match="cell key cannot tell their lines apart"):
+        parse_sweep(d, "x.toml")
+    d["grid"][1] = {"methods": ["sc"], "optimizers": ["muon"], "global_batch": 6}
+    with pytest.raises(ConfigError, match=r"grid.*global_batch 6 is not a multiple"):
+        parse_sweep(d, "x.toml")
 
 
 def mutate(path: str, value):
@@ -98,6 +185,12 @@ def mutate(path: str, value):
         ("sweep.global_batch", 6, "not a multiple of micro_batch\\*dp"),
         ("sweep.warmpu", 3, "unknown key.*warmpu"),
         ("sweep.iters", "20", "iters must be int"),
+        ("sweep.dtype", "fp16", "dtype must be one of fp32, bf16"),
+        ("sweep.device", "tpu", "device must be one of gpu, cpu"),
+        ("sweep.device", "cpu", "needs time_min"),
+        ("grid.ns_dtypes", ["fp8"], "unknown value.*fp8"),
+        ("grid.cost", "time", "cost must be one of flops, numel"),
+        ("grid.variant", "a b", "variant"),
     ],
 )
 def test_bad_definitions_are_clear_errors(path, value, match):

@@ -22,27 +22,41 @@ from canzona.sweep.state import JobBook, SweepPaths, collect, format_status, swe
 from canzona.sweep.task import train_command
 
 FAKE_TRAIN = r"""
-import json, sys
-from canzona.results.schema import append_record
+import fcntl, json, os, sys, time
+from canzona.results.schema import SCHEMA_VERSION, append_record, cell_key
 config, results, mode, counter = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
-with open(counter, "a") as f:
-    f.write(json.dumps({"cell": sys.argv[5], "nproc": sys.argv[6]}) + "\n")
+def log(event):
+    with open(counter, "a") as f:
+        f.write(json.dumps({"cell": sys.argv[5], "nproc": sys.argv[6], "event": event, "pid": os.getpid(),
+                            "t": time.time()}) + "\n")
+# A run of a cell holds the cell's lock for its whole life: a second run of the same cell
+# while the first still runs cannot take it, and says so.
+lock = open(os.path.join(os.path.dirname(counter), os.path.basename(results) + ".lock"), "w")
+try:
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+except OSError:
+    log("overlap")
+    sys.exit(4)
+earlier = [json.loads(l) for l in open(counter)] if os.path.exists(counter) else []
+log("start")
 print("fake harness starting", config["method"], flush=True)
 if mode == "fail":
     print("RuntimeError: simulated rank failure in all_to_all", file=sys.stderr)
     sys.exit(3)
 if mode == "silent":
     sys.exit(0)
-from canzona.results.schema import cell_key
+if mode == "slow-first":  # the first run of a cell takes long (to be killed), reruns are quick
+    time.sleep(60 if not any(e["cell"] == sys.argv[5] for e in earlier) else 0.5)
 rec = {
-    "schema_version": 1, "kind": "train", "provenance": "measured",
-    "provenance_detail": "fake harness (tests)", "config": dict(config, dtype="fp32"),
+    "schema_version": SCHEMA_VERSION, "kind": "train", "provenance": "measured",
+    "provenance_detail": f"fake harness (tests), pid {os.getpid()}", "config": config,
     "env": {"device": "cpu", "backend": "gloo"},
     "timings": {"iteration_ms": {"median": 12.5, "p90": 13.0, "n": 3},
                 "step_ms": {"median": 4.25, "p90": 4.5, "n": 3}},
     "loss": {"first": 7.0, "last": 6.5}, "cell": cell_key(config),
 }
 append_record(results, rec)
+log("end")
 """
 
 SWEEP = {
@@ -55,6 +69,7 @@ SWEEP = {
         "warmup": 1,
         "iters": 2,
         "time_min": 1,
+        "device": "cpu",
     },
     "layout": [{"model": "qwen3-micro", "tp": 2, "pp": 1, "dp": 2, "reason": "test layout"}],
     "grid": [{"methods": ["sc", "canzona"], "optimizers": ["muon"]}],
@@ -81,8 +96,9 @@ def make_builder(tmp_path: Path, modes: dict[str, str] | None = None):
     return builder, counter
 
 
-def invocations(counter: Path) -> list[dict]:
-    return [json.loads(line) for line in counter.read_text().splitlines()] if counter.exists() else []
+def invocations(counter: Path, event: str = "start") -> list[dict]:
+    lines = [json.loads(line) for line in counter.read_text().splitlines()] if counter.exists() else []
+    return [e for e in lines if e["event"] == event]
 
 
 @pytest.fixture()
@@ -206,7 +222,7 @@ def test_default_command_is_canzona_train_with_the_contract_flags():
     cell = defn.cells()[1]
     argv = train_command(cell, Path("r.jsonl"), 4)
     assert argv[1:4] == ["-m", "canzona", "train"]
-    flags = dict(zip(argv[4::2], argv[5::2], strict=False))
+    flags = dict(zip(argv[4::2], argv[5::2], strict=True))
     assert flags == {
         "--model": "qwen3-micro",
         "--tp": "2",
@@ -219,7 +235,87 @@ def test_default_command_is_canzona_train_with_the_contract_flags():
         "--global-batch": "4",
         "--warmup": "1",
         "--iters": "2",
+        "--dtype": "fp32",
+        "--device": "cpu",
+        "--ns-dtype": "fp32",
         "--results": "r.jsonl",
         "--nproc": "4",
     }
     assert "--nproc" not in train_command(cell, Path("r.jsonl"), None)
+
+
+DRIVER = r"""
+import json, sys
+sys.path.insert(0, {tests!r})
+from test_sweep_local import SWEEP, make_builder
+from canzona.sweep.definition import parse_sweep
+from canzona.sweep.local import run_local
+from canzona.sweep.state import SweepPaths
+from pathlib import Path
+tmp = Path({tmp!r})
+defn = parse_sweep(SWEEP, "test.toml")
+paths = SweepPaths.for_sweep(defn.name, tmp / "runs", tmp / "results")
+builder, _ = make_builder(tmp, {{"sc": "slow-first", "canzona": "slow-first"}})
+run_local(defn, paths=paths, backend="local", builder=builder, progress=False)
+"""
+
+
+def _wait_for(what, timeout_s: float = 90.0):
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = what()
+        if got:
+            return got
+        time.sleep(0.1)
+    pytest.fail("timed out waiting")
+
+
+def test_sigkilled_sweep_resumes_without_overlapping_or_duplicating_runs(tmp_path, setup):
+    """A real kill -9 of a running local sweep: its cell's command (own process group) survives as
+    an orphan. The resumed sweep must end it before anything runs, so that every cell ends with
+    exactly one valid line from one run and no two runs of a cell ever held the CPU together."""
+    import os
+    import signal
+    import subprocess
+
+    from canzona.sweep.local import proc_path
+
+    defn, paths = setup
+    sc, cz = defn.cells()
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER.format(tests=str(Path(__file__).parent), tmp=str(tmp_path)))
+    driver = subprocess.Popen([sys.executable, str(script)], start_new_session=True)
+    counter = tmp_path / "invocations.jsonl"
+    try:
+        first = _wait_for(lambda: invocations(counter))[0]  # sc's first run is under way (60 s)
+        # the job book holds the run's process group (copied from the task's proc file)
+        entry = _wait_for(
+            lambda: (JobBook(paths.jobs).get(sc.key) or {}).get("pgid") and JobBook(paths.jobs).get(sc.key)
+        )
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=30)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert first["cell"] == sc.key and entry["pgid"] != driver.pid
+    os.killpg(entry["pgid"], 0)  # the orphan really survived the sweep
+    assert proc_path(paths, sc).is_file()
+
+    rep = run_local(defn, paths=paths, backend="local", builder=make_builder(tmp_path)[0], progress=False)
+    assert rep.success and sorted(rep.ok) == sorted([sc.key, cz.key])
+    assert [o.split(":")[0] for o in rep.ended_orphans] == [sc.key.split(":")[0]]
+    with pytest.raises(ProcessLookupError):
+        os.killpg(entry["pgid"], 0)  # ended, not left running
+    assert not invocations(counter, "overlap")  # no run of a cell ever ran beside another
+    ends = {e["pid"]: e for e in invocations(counter, "end")}
+    for c in (sc, cz):
+        lines = [r for _, r in iter_records(paths.cell_results(c))]
+        assert len(lines) == 1 and lines[0]["cell"] == c.key  # exactly one valid line ...
+        pid = int(lines[0]["provenance_detail"].rsplit(" ", 1)[1])
+        assert ends[pid]["cell"] == c.key  # ... written by a run that finished
+    runs = invocations(counter)
+    assert [e["cell"] for e in runs].count(sc.key) == 2  # the killed run and its rerun
+    assert first["pid"] not in ends  # the killed run never finished (it did not write)
+    assert sorted(r["cell"] for _, r in iter_records(paths.results)) == sorted([sc.key, cz.key])

@@ -1,28 +1,31 @@
-"""Slurm launcher without a cluster: the dry-run scripts, their equality with what submitit's
-SlurmExecutor itself renders, a full submission against stand-in sbatch/srun/sacct programs,
-and the per-node torchrun command, timeout and requeue of ``CellTask``."""
+"""Slurm launcher without a cluster: the rendered jobs (preflight, one allocation per model,
+collect, arrays), containers, a submission against stand-in sbatch/sacct programs, status that
+names the failing node from every node's log, the per-node launcher and the preflight checks."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import shlex
+import socket
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from canzona.results.schema import append_record, cell_key
+from canzona.errors import ConfigError
+from canzona.results.schema import SCHEMA_VERSION, append_record, cell_key
 from canzona.sweep.definition import load_sweep, parse_sweep
 from canzona.sweep.profile import load_profile, parse_profile
-from canzona.sweep.slurm import render_dry_run, slurm_parameters, submit_slurm, submitit_command
+from canzona.sweep.slurm import plan_submission, render_dry_run, submit_slurm
 from canzona.sweep.state import JobBook, SweepPaths, format_status, sweep_status
-from canzona.sweep.task import CellFailed, CellTask
 
 ROOT = Path(__file__).resolve().parents[1]
+PROFILE = {"partition": "gpu", "gpus_per_node": 8, "cpus_per_task": 8, "hbm_gb": 80, "peak_tflops": 989}
 
 
 def directives(text: str) -> dict[str, str]:
@@ -34,106 +37,233 @@ def directives(text: str) -> dict[str, str]:
     return out
 
 
+def sruns(text: str) -> list[list[str]]:
+    """Every srun step of a script as argv (the $LOGS-quoted output path kept as text)."""
+    out = []
+    for line in text.splitlines():
+        line = re.sub(r"^\s*(\d+\) )?", "", line)
+        if line.startswith("step "):
+            argv = shlex.split(line.split(" || ")[0].removesuffix(" ;;"))[2:]
+            if argv and argv[0] == "srun":
+                out.append(argv)
+    return out
+
+
+def trains(argv: list[str]) -> list[str]:
+    """The `canzona train` part of a cell's srun argv."""
+    i = argv.index("train")
+    return argv[i - 3 :]
+
+
 @pytest.fixture(scope="module")
 def table2():
     return load_sweep(ROOT / "slurm/sweeps/table2.toml"), load_profile(ROOT / "slurm/profiles/example.toml")
 
 
-def test_dry_run_renders_valid_sbatch_arrays(tmp_path, table2):
-    defn, profile = table2
+def render(tmp_path: Path, defn, profile, **kw):
     paths = SweepPaths.for_sweep(defn.name, tmp_path / "runs", tmp_path / "results")
-    files = render_dry_run(defn, profile, tmp_path / "dry", paths=paths)
-    scripts = [f for f in files if f.suffix == ".sbatch"]
-    manifests = [f for f in files if f.name.endswith(".cells.json")]
-    assert len(scripts) == len(manifests) >= 1
-    total = 0
-    for script, manifest in zip(scripts, manifests, strict=False):
-        text = script.read_text()
-        subprocess.run(["bash", "-n", str(script)], check=True)  # valid shell
-        d = directives(text)
-        cells = json.loads(manifest.read_text())
-        n = len(cells)
-        total += n
-        assert d["array"] == f"0-{n - 1}%{min(n, profile.array_parallelism)}"  # range + throttle
+    plan, files = render_dry_run(defn, profile, tmp_path / "dry", paths=paths, **kw)
+    for f in files:
+        if f.suffix in (".sbatch", ".sh"):
+            subprocess.run(["bash", "-n", str(f)], check=True)  # valid shell, every file
+    return plan, {f.name: f.read_text() for f in files}
+
+
+def test_table2_dry_run_is_a_preflight_five_model_allocations_and_a_collect(tmp_path, table2):
+    defn, profile = table2
+    plan, text = render(tmp_path, defn, profile)
+    names = [j.name for j in plan.jobs]
+    models = [lay.model for lay in defn.layouts]
+    assert names == ["preflight", *[f"alloc{i:02d}-{m}" for i, m in enumerate(models)], "collect"]
+    assert plan.peak <= profile.max_nodes == 128  # 4 lanes of 32 nodes
+    assert not plan.excluded  # the example names the peer's interpreter
+    for job, model in zip(plan.jobs[1:-1], models, strict=True):
+        # one allocation per model: its cells in the sweep's order, back to back, same nodes
+        assert [s.cell.key for s in job.steps] == [c.key for c in defn.cells() if c.model == model]
+        script = text[job.script]
+        d = directives(script)
         assert d["nodes"] == "32" and d["gpus-per-node"] == "8" and d["ntasks-per-node"] == "1"
         assert (d["partition"], d["account"], d["qos"], d["constraint"]) == ("gpu", "my-project", "normal", "h100")
-        assert int(d["time"]) in {lay.time_min or defn.time_min for lay in defn.layouts}
-        assert d["requeue"] == "true" and d["exclusive"] == "true" and d["signal"] == "USR2@120"
-        assert "%A_%a" in d["output"]  # per-array-task logs
-        # env/setup, quoted, before the command
-        assert "module load cuda/12.4 nccl" in text and "export NCCL_DEBUG=WARN" in text
-        assert "source /path/to/canzona/.venv/bin/activate" in text
-        cmd = [line for line in text.splitlines() if line.startswith("srun ")]
-        assert len(cmd) == 1 and "-m submitit.core._submit" in cmd[0]
-        assert text.index("# setup") < text.index("# command")
-        for i, c in enumerate(cells):
-            assert c["index"] == i and c["world"] == 256 and c["nodes"] == 32
-            argv = shlex.split(c["node_command"])
-            tr = dict(zip(argv[3:15:2], argv[4:16:2], strict=False))
-            assert argv[1:3] == ["-m", "torch.distributed.run"]
-            assert tr["--nnodes"] == "32" and tr["--nproc_per_node"] == "8"
-            assert "--no-python" in argv and "train" in argv and "--nproc" not in argv
-            assert argv[argv.index("--results") + 1] == c["results"]
-    assert total == len(defn.cells()) >= 10
-    all_results = [c["results"] for m in manifests for c in json.loads(m.read_text())]
-    assert len(set(all_results)) == len(all_results)  # one result file per cell
+        assert d["requeue"] == "true" and d["exclusive"] == "true" and "wckey" not in d and "signal" not in d
+        assert int(d["time"]) == 10 + sum(s.timeout_min for s in job.steps) + 10
+        assert "module load cuda/12.4 nccl" in script and "source /path/to/canzona/.venv/bin/activate" in script
+        steps = sruns(script)
+        assert len(steps) == 1 + len(job.steps)  # the preflight step on these nodes, then every cell
+        assert "canzona.sweep.preflight" in steps[0]
+        for argv, s in zip(steps[1:], job.steps, strict=True):
+            assert "--kill-on-bad-exit=1" in argv and "--cpus-per-task=96" in argv and "--ntasks-per-node=1" in argv
+            assert f"--time={s.timeout_min}" in argv
+            train = trains(argv)
+            want_py = "/path/to/canzona/.venv-peer/bin/python" if s.cell.method == "megatron-muon" else None
+            assert train[0] == (want_py or "/path/to/canzona/.venv/bin/python")  # the venv's, not ours
+            assert train[train.index("--dtype") + 1] == "bf16" and train[train.index("--device") + 1] == "gpu"
+            assert train[train.index("--results") + 1] == argv[argv.index("--results") + 1]
+            assert f"est. {s.memory_gb:.1f} GB/GPU, timeout {s.timeout_min} min" in script
+            assert s.memory_gb <= profile.hbm_gb
+    collect = text["collect.sbatch"]
+    assert "canzona sweep collect" in " ".join(sruns(collect)[0]) and "gpus-per-node" not in directives(collect)
+    manifest = json.loads(text["manifest.json"])
+    assert sum(len(j["cells"]) for j in manifest["jobs"]) == len(defn.cells()) == 52
+
+
+def test_dependencies_gate_on_the_preflight_and_keep_the_node_peak(tmp_path, table2, fake_slurm):
+    """submit.sh as rendered, run against a stand-in sbatch: afterok on the preflight for every
+    allocation, a lane of afterany so that 4 x 32 nodes at most run at once, afterany collect."""
+    defn, profile = table2
+    render(tmp_path, defn, profile)
+    out = subprocess.run(["bash", str(tmp_path / "dry" / "submit.sh")], capture_output=True, text=True, check=True)
+    ids = dict(line.split() for line in out.stdout.splitlines())
+    calls = [json.loads(line) for line in fake_slurm.calls.read_text().splitlines()]
+    deps = {c["script"].removesuffix(".sbatch"): c["dependency"] for c in calls}
+    pre = ids["preflight"]
+    assert deps["preflight"] is None
+    for i, lay in enumerate(defn.layouts):
+        want = f"afterok:{pre}" + (
+            f",afterany:{ids[f'alloc{i - 4:02d}-{defn.layouts[i - 4].model}']}" if i >= 4 else ""
+        )
+        assert deps[f"alloc{i:02d}-{lay.model}"] == want
+    allocs = [ids[n] for n in ids if n.startswith("alloc")]
+    assert deps["collect"] == "afterany:" + ":".join(allocs)
+    assert all(c["kill_on_invalid_dep"] for c in calls if c["dependency"])
+
+
+def test_array_option_renders_one_throttled_array(tmp_path, table2):
+    defn, profile = table2
+    plan, text = render(tmp_path, defn, profile, allocation="cell")
+    assert [j.kind for j in plan.jobs] == ["preflight", "array", "collect"]
+    script = text["array.sbatch"]
+    assert directives(script)["array"] == f"0-{len(defn.cells()) - 1}%4" and plan.peak == 128
+    assert "%A_%a.log" in directives(script)["output"]
+    steps = sruns(script)
+    assert len(steps) == len(defn.cells()) and all("--kill-on-bad-exit=1" in a for a in steps)
+    assert '"$SLURM_ARRAY_TASK_ID" in' in script and "canzona.sweep.preflight" not in script
+
+
+CONTAINERS = {
+    "pyxis": {
+        "runtime": "pyxis",
+        "image": "nvcr.io#nvidia/pytorch:25.01-py3",
+        "mounts": ["/lustre/canzona:/workspace/canzona"],
+        "workdir": "/workspace/canzona",
+    },
+    "apptainer": {"runtime": "apptainer", "image": "/lustre/images/canzona.sif", "mounts": ["/lustre:/lustre"]},
+}
+
+
+@pytest.mark.parametrize("runtime", ["pyxis", "apptainer"])
+def test_container_profiles_render(tmp_path, table2, runtime):
+    defn, _ = table2
+    cluster = {
+        **PROFILE,
+        "max_nodes": 64,
+        "container": CONTAINERS[runtime],
+        "python_for": {"megatron-muon": "/opt/peer/bin/python"},
+        "wckey": True,
+        "reservation": "bench",
+        "exclude": "gpu-a[07,12]",
+        "switches": "4@30:00",
+        "mail_type": "END,FAIL",
+        "srun_args": ["--mpi=none"],
+    }
+    profile = parse_profile({"cluster": cluster}, f"{runtime}.toml")
+    plan, text = render(tmp_path, defn, profile, cells=[c for c in defn.cells() if c.model == "qwen3-32b"])
+    script = text["alloc00-qwen3-32b.sbatch"]
+    d = directives(script)
+    assert (d["wckey"], d["reservation"], d["exclude"], d["switches"], d["mail-type"]) == (
+        "canzona",
+        "bench",
+        "gpu-a[07,12]",
+        "4@30:00",
+        "END,FAIL",
+    )
+    image = CONTAINERS[runtime]["image"]
+    assert f"export CANZONA_CONTAINER_IMAGE={shlex.quote(image)}" in script  # recorded in every line
+    for argv in sruns(script):
+        assert "--mpi=none" in argv and "--kill-on-bad-exit=1" in argv
+        if runtime == "pyxis":
+            assert (
+                f"--container-image={image}" in argv and "--container-mounts=/lustre/canzona:/workspace/canzona" in argv
+            )
+            assert "--container-workdir=/workspace/canzona" in argv
+            node = argv.index("canzona.sweep.node") - 2
+        else:
+            i = argv.index("apptainer")
+            assert argv[i : i + 6] == ["apptainer", "exec", "--nv", "--bind", "/lustre:/lustre", image]
+            node = i + 6
+        assert argv[node] in ("python", "/opt/peer/bin/python")  # the container's interpreter
+        if "train" in argv:
+            assert trains(argv)[trains(argv).index("--dtype") + 1] == "bf16"
+    assert plan.peak == 32  # one allocation of 32 nodes
+
+
+def test_peer_cells_are_left_out_with_one_line_without_their_interpreter(tmp_path, table2, capsys):
+    defn, profile = table2
+    bare = dataclasses.replace(profile, python_for=())
+    plan = plan_submission(defn, bare, defn.cells())
+    assert {k for k, _ in plan.excluded} == {c.key for c in defn.cells() if c.method == "megatron-muon"}
+    assert all("python_for" in why for _, why in plan.excluded)
+    assert all(s.cell.method != "megatron-muon" for s in plan.steps)
+    from canzona.cli import main
+
+    argv = ["sweep", "run", str(ROOT / "slurm/sweeps/table2.toml"), "--backend", "slurm", "--dry-run"]
+    prof = tmp_path / "p.toml"
+    prof.write_text(
+        "[cluster]\npartition='gpu'\ngpus_per_node=8\ncpus_per_task=8\nhbm_gb=80\npeak_tflops=989\nmax_nodes=64\n"
+    )
+    assert main([*argv, "--profile", str(prof), "--out", str(tmp_path / "d"), "--runs-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("left out model=") == 5 and "megatron-muon needs megatron-core >= 0.19" in out
+
+
+def test_a_layout_over_the_profiles_hbm_exits_2_before_submitting(tmp_path, table2, capsys, fake_slurm):
+    from canzona.cli import main
+
+    prof = tmp_path / "p.toml"
+    prof.write_text(
+        "[cluster]\npartition='gpu'\ngpus_per_node=8\ncpus_per_task=8\nhbm_gb=40\npeak_tflops=989\nmax_nodes=64\n"
+        "exclude_methods=['megatron-muon']\n"
+    )
+    argv = ["sweep", "run", str(ROOT / "slurm/sweeps/table2.toml"), "--backend", "slurm", "--profile", str(prof)]
+    assert main([*argv, "--runs-dir", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert "more than the profile's hbm_gb = 40" in err and "raise TP" in err
+    assert not fake_slurm.calls.exists()  # nothing was submitted
+
+
+@dataclasses.dataclass
+class FakeSlurm:
+    bin: Path
+    calls: Path
+    sacct: Path
 
 
 @pytest.fixture()
 def fake_slurm(tmp_path, monkeypatch):
-    """Stand-ins for sbatch/srun/sacct: sbatch keeps each script and prints a fresh job id;
-    sacct answers from a JSON file the test edits ({job_id: state})."""
+    """Stand-ins for sbatch/sacct: sbatch logs each call (script, --dependency) and prints a fresh
+    job id; sacct answers from a JSON file the test edits ({job_id: state})."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    state = tmp_path / "sacct.json"
-    state.write_text("{}")
-    subs = tmp_path / "submitted"
-    subs.mkdir()
+    calls, sacct = tmp_path / "sbatch-calls.jsonl", tmp_path / "sacct.json"
+    sacct.write_text("{}")
     py = sys.executable
     (bin_dir / "sbatch").write_text(f"""#!{py}
-import shutil, sys, pathlib
-d = pathlib.Path({str(subs)!r}); n = len(list(d.glob('*.sh')))
-shutil.copy(sys.argv[-1], d / f"{{n:03d}}.sh")
-print(f"Submitted batch job {{4200 + n}}")
+import json, sys
+args = sys.argv[1:]
+dep = next((a.split("=", 1)[1] for a in args if a.startswith("--dependency=")), None)
+calls = open({str(calls)!r}, "a+"); calls.seek(0); n = len(calls.readlines())
+calls.write(json.dumps({{"script": args[-1], "dependency": dep, "parsable": "--parsable" in args,
+                         "kill_on_invalid_dep": "--kill-on-invalid-dep=yes" in args}}) + "\\n")
+print(f"{{4200 + n}};cluster")
 """)
     (bin_dir / "sacct").write_text(f"""#!{py}
 import json
-states = json.load(open({str(state)!r}))
-print("JobID|State|NodeList")
-for k, v in states.items():
-    print(f"{{k}}|{{v}}|node1")
+for k, v in json.load(open({str(sacct)!r})).items():
+    print(f"{{k}}|{{v}}")
 """)
-    (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")
     for f in bin_dir.iterdir():
         f.chmod(f.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    return state, subs
-
-
-def fresh_watcher(monkeypatch):
-    import submitit
-    from submitit.slurm.slurm import SlurmInfoWatcher
-
-    monkeypatch.setattr(submitit.SlurmJob, "watcher", SlurmInfoWatcher(delay_s=600))
-
-
-def test_dry_run_equals_what_submitit_would_submit(tmp_path, table2, fake_slurm):
-    import submitit
-    from submitit.slurm.slurm import _make_sbatch_string
-
-    defn, profile = table2
-    paths = SweepPaths.for_sweep(defn.name, tmp_path / "runs", tmp_path / "results")
-    files = render_dry_run(defn, profile, tmp_path / "dry", paths=paths)
-    first, cells = files[0], json.loads(files[1].read_text())
-    group_time = int(directives(first.read_text())["time"])
-    folder = (tmp_path / "runs" / defn.name / "logs" / "%j").resolve()
-    ex = submitit.SlurmExecutor(folder=folder, python=shlex.quote(sys.executable))  # needs srun on PATH
-    ex.update_parameters(**slurm_parameters(profile, nodes=32, time_min=group_time, job_name="canzona-table2"))
-    assert ex._submitit_command_str == submitit_command(sys.executable, folder)
-    expected = _make_sbatch_string(
-        command=ex._submitit_command_str, folder=ex.folder, map_count=len(cells), **ex.parameters
-    )
-    assert first.read_text() == expected
+    return FakeSlurm(bin_dir, calls, sacct)
 
 
 SMALL = {
@@ -145,7 +275,6 @@ SMALL = {
         "global_batch": 16,
         "warmup": 1,
         "iters": 2,
-        "time_min": 20,
     },
     "layout": [{"model": "qwen3-micro", "tp": 2, "pp": 1, "dp": 8, "reason": "r"}],
     "grid": [{"methods": ["sc", "layerwise", "canzona"], "optimizers": ["muon"]}],
@@ -153,9 +282,9 @@ SMALL = {
 
 
 def _record(cell) -> dict:
-    cfg = dict(cell.config(), dtype="bf16")
+    cfg = cell.config()
     return {
-        "schema_version": 1,
+        "schema_version": SCHEMA_VERSION,
         "kind": "train",
         "provenance": "measured",
         "provenance_detail": "test",
@@ -167,118 +296,159 @@ def _record(cell) -> dict:
     }
 
 
-def test_submit_resubmit_and_status_against_fake_slurm(tmp_path, fake_slurm, monkeypatch):
-    sacct, subs = fake_slurm
+def test_submit_resubmit_and_status_against_fake_slurm(tmp_path, fake_slurm):
     defn = parse_sweep(SMALL, "s.toml")
-    profile = parse_profile({"cluster": {"partition": "gpu", "gpus_per_node": 8, "array_parallelism": 2}}, "p.toml")
+    profile = parse_profile({"cluster": {**PROFILE, "max_nodes": 4}}, "p.toml")
     paths = SweepPaths.for_sweep(defn.name, tmp_path / "runs", tmp_path / "results")
     a, b, c = defn.cells()
 
-    fresh_watcher(monkeypatch)
-    rep = submit_slurm(defn, profile, paths=paths, progress=False)
-    assert [k for k, _ in rep.submitted] == [a.key, b.key, c.key]
-    assert [j for _, j in rep.submitted] == ["4200_0", "4200_1", "4200_2"]
-    script = (subs / "000.sh").read_text()
-    assert directives(script)["array"] == "0-2%2" and directives(script)["nodes"] == "2"
-    # submitit pickled our CellTask for each array index, torchrun launch, absolute result paths
-    from submitit.core.utils import pickle_load
-
+    rep = submit_slurm(defn, profile, paths=paths)
+    assert rep.jobs == {"preflight": "4200", "alloc00-qwen3-micro": "4201", "collect": "4202"}
+    assert [k for k, _ in rep.submitted] == [a.key, b.key, c.key] and {j for _, j in rep.submitted} == {"4201"}
     book = JobBook(paths.run_dir.resolve() / "jobs.json")
-    entry = book.get(a.key)
-    pkl = Path(entry["folder"].replace("%j", "4200_0")) / "4200_0_submitted.pkl"
-    task = pickle_load(pkl).function
-    assert isinstance(task, CellTask) and task.launch == "torchrun" and task.key == a.key
-    assert Path(task.results).is_absolute() and task.gpus_per_node == 8
+    entry = book.get(b.key)
+    assert entry["preflight_job"] == "4200" and entry["logs"].endswith(f"logs/4201/{b.slug}")
 
     # Everything still queued: a rerun must not submit duplicates.
-    sacct.write_text(json.dumps({"4200_0": "PENDING", "4200_1": "RUNNING", "4200_2": "PENDING"}))
-    fresh_watcher(monkeypatch)
-    rep = submit_slurm(defn, profile, paths=paths, progress=False)
+    fake_slurm.sacct.write_text(json.dumps({"4200": "RUNNING", "4201": "PENDING", "4202": "PENDING"}))
+    rep = submit_slurm(defn, profile, paths=paths)
     assert not rep.submitted and len(rep.skipped_in_flight) == 3
 
-    # a finished with its line, b failed (log tail explains), c still pending
+    # The allocation ran: a wrote its line, b failed on node 5 (out of memory; the other nodes
+    # only report the collective it left hanging), c is still running.
     append_record(paths.run_dir.resolve() / "cells" / f"{a.slug}.jsonl", _record(a))
-    log_dir = Path(entry["folder"].replace("%j", "4200_1"))
-    log_dir.mkdir(parents=True, exist_ok=True)
-    (log_dir / "4200_1_0_log.err").write_text("loading\nRuntimeError: NCCL timeout on rank 5\n")
-    sacct.write_text(json.dumps({"4200_0": "COMPLETED", "4200_1": "FAILED", "4200_2": "PENDING"}))
-    fresh_watcher(monkeypatch)
+    b_dir = Path(entry["logs"])
+    b_dir.mkdir(parents=True)
+    (b_dir / "exit").write_text("1\n")
+    for t in range(8):
+        host = f"gpu-a{t + 1:02d}"
+        lines = ["starting torchrun", "[rank40] Watchdog caught collective operation timeout: WorkNCCL(...)"]
+        if t == 5:
+            lines = [
+                "starting torchrun",
+                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB",
+                f"canzona-node: FAILED on {host} (node 5): exit code 1",
+            ]
+        if t == 0:
+            lines.append("srun: error: gpu-a06: task 5: Exited with exit code 1")
+        (b_dir / f"task{t}-{host}.log").write_text("\n".join(lines) + "\n")
+    fake_slurm.sacct.write_text(json.dumps({"4200": "COMPLETED", "4201": "RUNNING", "4202": "PENDING"}))
     states = {s.cell.key: s for s in sweep_status(defn, paths)}
     assert states[a.key].state == "done"
-    assert states[b.key].state == "failed" and "FAILED" in states[b.key].reason
-    assert states[b.key].tail[-1] == "RuntimeError: NCCL timeout on rank 5"
-    assert states[c.key].state == "pending" and "PENDING" in states[c.key].reason
+    assert states[b.key].state == "failed"
+    assert "node gpu-a06 (task 5)" in states[b.key].reason and "CUDA out of memory" in states[b.key].reason
+    assert states[c.key].state == "pending" and "RUNNING" in states[c.key].reason
     text = format_status(defn, paths, list(states.values()))
-    assert "1 done, 1 failed, 1 pending" in text and "| RuntimeError: NCCL timeout on rank 5" in text
+    assert "1 done, 1 failed, 1 pending" in text and "| torch.OutOfMemoryError" in text
 
-    fresh_watcher(monkeypatch)
-    rep = submit_slurm(defn, profile, paths=paths, progress=False)
+    # b's step finished, so b is resubmitted alone (c's allocation is still running it)
+    rep = submit_slurm(defn, profile, paths=paths)
     assert [k for k, _ in rep.submitted] == [b.key] and rep.skipped_done == [a.key]
     assert JobBook(paths.run_dir.resolve() / "jobs.json").get(b.key)["attempts"] == 2
     assert (paths.results.resolve()).read_text().count(a.key) == 1  # collected on submission
 
 
-def test_world_not_divisible_by_gpus_per_node_is_refused_before_submitting(tmp_path, fake_slurm):
-    from canzona.errors import ConfigError
-
+def test_cells_not_reached_after_a_failed_preflight_say_so(tmp_path, fake_slurm):
     defn = parse_sweep(SMALL, "s.toml")
-    profile = parse_profile({"cluster": {"partition": "gpu", "gpus_per_node": 6}}, "p.toml")
+    profile = parse_profile({"cluster": {**PROFILE, "max_nodes": 4}}, "p.toml")
+    paths = SweepPaths.for_sweep(defn.name, tmp_path / "runs", tmp_path / "results")
+    submit_slurm(defn, profile, paths=paths)
+    pre = paths.run_dir.resolve() / "logs" / "4200" / "preflight"
+    pre.mkdir(parents=True)
+    (pre / "exit").write_text("1\n")
+    (pre / "task1-gpu-b02.log").write_text("preflight: FAILED: rank 9 (gpu-b02): torch 2.13.0+cpu has no CUDA\n")
+    fake_slurm.sacct.write_text(json.dumps({"4200": "FAILED", "4201": "CANCELLED", "4202": "COMPLETED"}))
+    states = sweep_status(defn, paths)
+    assert all(s.state == "failed" and "preflight job 4200 failed" in s.reason for s in states)
+    assert "gpu-b02" in states[0].reason
+
+
+def test_world_not_divisible_by_gpus_per_node_is_refused_before_submitting(tmp_path, fake_slurm):
+    defn = parse_sweep(SMALL, "s.toml")
+    profile = parse_profile({"cluster": {**PROFILE, "gpus_per_node": 6, "max_nodes": 8}}, "p.toml")
     paths = SweepPaths.for_sweep(defn.name, tmp_path / "runs", tmp_path / "results")
     with pytest.raises(ConfigError, match="does not divide the world size 16"):
-        submit_slurm(defn, profile, paths=paths, progress=False)
-    assert not list(fake_slurm[1].iterdir())
+        submit_slurm(defn, profile, paths=paths)
+    assert not fake_slurm.calls.exists()
 
 
-def test_torchrun_command_per_node():
-    class Env:
-        num_nodes, node, hostnames, job_id, global_rank = (
-            4,
-            2,
-            ["gpu-a01", "gpu-a02", "gpu-a03", "gpu-a04"],
-            "4200_3",
-            8,
-        )
-
-    t = CellTask(
-        "k",
-        ["python", "-m", "canzona", "train", "--tp", "2"],
-        "r.jsonl",
-        "torchrun",
-        gpus_per_node=8,
-        rdzv_port=29500,
-        python="py",
+def _node(tmp_path, monkeypatch, *args: str) -> subprocess.CompletedProcess:
+    env = dict(
+        os.environ,
+        SLURM_JOB_ID="77",
+        SLURM_JOB_NUM_NODES="1",
+        SLURM_NODEID="0",
+        SLURM_PROCID="0",
+        SLURM_JOB_NODELIST=socket.gethostname(),
     )
-    argv = t.command(Env())
-    assert argv[:3] == ["py", "-m", "torch.distributed.run"]
-    flags = dict(zip(argv[3:15:2], argv[4:16:2], strict=False))
-    assert flags["--nnodes"] == "4" and flags["--node_rank"] == "2" and flags["--nproc_per_node"] == "8"
-    assert flags["--master_addr"] == "gpu-a01" and 29500 <= int(flags["--master_port"]) < 30500
-    assert argv[argv.index("--no-python") + 1 :] == ["python", "-m", "canzona", "train", "--tp", "2"]
-
-
-def test_timeout_kills_the_whole_process_group(tmp_path):
-    pidfile = tmp_path / "grandchild.pid"
-    prog = (
-        f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-        f"open({str(pidfile)!r}, 'w').write(str(p.pid)); time.sleep(60)"
+    return subprocess.run(
+        [sys.executable, "-m", "canzona.sweep.node", "--gpus-per-node", "1", "--port", "29650", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=tmp_path,
     )
-    t = CellTask("k", [sys.executable, "-c", prog], str(tmp_path / "r.jsonl"), timeout_s=2)
-    start = time.monotonic()
-    with pytest.raises(CellFailed, match="timed out"):
-        t()
-    assert time.monotonic() - start < 30
-    gc = int(pidfile.read_text())
-    for _ in range(50):  # the grandchild was in the killed group
-        try:
-            os.kill(gc, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail("grandchild survived the cell timeout")
 
 
-def test_checkpoint_requeues_the_same_cell():
-    t = CellTask("k", ["true"], "r.jsonl", "torchrun", gpus_per_node=8)
-    again = t.checkpoint()
-    assert again.function == t and again.function is not t
+def test_node_launcher_skips_done_cells_and_names_its_node_on_failure(tmp_path, monkeypatch):
+    defn = parse_sweep(SMALL, "s.toml")
+    cell = defn.cells()[0]
+    results = tmp_path / "r.jsonl"
+    append_record(results, _record(cell))
+    never = str(tmp_path / "never-created")
+    done = _node(tmp_path, monkeypatch, "--timeout-s", "60", "--key", cell.key, "--results", str(results), "--")
+    assert done.returncode == 2  # argparse: a command is required after --
+    done = _node(
+        tmp_path,
+        monkeypatch,
+        "--timeout-s",
+        "60",
+        "--key",
+        cell.key,
+        "--results",
+        str(results),
+        "--",
+        sys.executable,
+        "-c",
+        f"open({never!r}, 'w')",
+    )
+    assert done.returncode == 0 and "already done" in done.stdout and not Path(never).exists()
+    # a failing command under torchrun (1 node, 1 rank): non-zero exit and the node named
+    failed = _node(tmp_path, monkeypatch, "--timeout-s", "60", "--", sys.executable, "-c", "raise SystemExit(3)")
+    assert failed.returncode == 1
+    assert f"canzona-node: FAILED on {socket.gethostname()} (node 0): exit code" in failed.stderr
+
+
+def test_preflight_checks_every_rank_and_reports_bus_bandwidth():
+    from canzona.runtime.launch import launch
+    from canzona.sweep.preflight import bus_bandwidth_gbs, problems, run_checks
+
+    def rank(info):
+        return run_checks(info.device, mb=1.0, iters=2)
+
+    report = launch(rank, 2, backend="gloo", timeout_s=60)[0]
+    assert report["world"] == 2 and len(report["ranks"]) == 2 and report["nodes"] == [socket.gethostname()]
+    ar = report["all_reduce"]
+    assert ar["bytes"] == 2**20 and ar["bus_bandwidth_gbs"] == pytest.approx(2**20 / ar["seconds"] / 1e9)
+    assert report["problems"] == []  # same versions everywhere, megatron-core present
+    assert bus_bandwidth_gbs(8 * 10**9, 1.0, 256) == pytest.approx(16 * 255 / 256)
+    facts = [dict(report["ranks"][0]), dict(report["ranks"][0], host="gpu-b02", nccl="2.18.1")]
+    found = problems(facts, gpu=False)
+    assert len(found) == 1 and "nccl differs" in found[0] and "gpu-b02" in found[0]
+    gpu_facts = [dict(report["ranks"][0], cuda="12.8", visible_gpus=1, local_ranks=8)]
+    assert "sees 1 GPU(s) for 8 ranks" in problems(gpu_facts, gpu=True)[0]
+
+
+def test_preflight_without_cuda_fails_naming_the_host(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "canzona.sweep.preflight", "--report", str(tmp_path / "r.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert out.returncode == 2 and f"FAILED on {socket.gethostname()}" in out.stderr and "CUDA" in out.stderr

@@ -45,7 +45,7 @@ def aggregate_cells(df: pd.DataFrame) -> pd.DataFrame:
     out: list[dict[str, Any]] = []
     for key, g in df.groupby(list(GROUP_KEY), sort=False, dropna=False):
         first = g.iloc[0]
-        row: dict[str, Any] = dict(zip(GROUP_KEY, key, strict=False))
+        row: dict[str, Any] = dict(zip(GROUP_KEY, key, strict=True))
         for c in (
             "model",
             "tp",
@@ -80,7 +80,7 @@ def aggregate_cells(df: pd.DataFrame) -> pd.DataFrame:
         for c in phase_cols:
             vals = g[c].dropna()
             row[c] = float(np.median(vals.to_numpy(dtype=float))) if not vals.empty else np.nan
-        row["files"] = ";".join(sorted({f"{f}:{ln}" for f, ln in zip(g["file"], g["line"], strict=False)}))
+        row["files"] = ";".join(sorted({f"{f}:{ln}" for f, ln in zip(g["file"], g["line"], strict=True)}))
         out.append(row)
     return pd.DataFrame(out)
 
@@ -103,8 +103,8 @@ def speedups(cells: pd.DataFrame, ours: str = OURS, baselines: Sequence[str] | N
     )
     rows: list[dict[str, Any]] = []
     for key, g in cells.groupby(list(ROW_KEY), sort=False, dropna=False):
-        by = {m: r for m, r in zip(g["method"], g.to_dict("records"), strict=False)}
-        row: dict[str, Any] = dict(zip(ROW_KEY, key, strict=False))
+        by = {m: r for m, r in zip(g["method"], g.to_dict("records"), strict=True)}
+        row: dict[str, Any] = dict(zip(ROW_KEY, key, strict=True))
         mine = by.get(ours)
         for b in bases:
             base = by.get(b)

@@ -135,7 +135,7 @@ def _fit_line(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
     n = len(x)
     mx, my = sum(x) / n, sum(y) / n
     sxx = sum((xi - mx) ** 2 for xi in x)
-    b = sum((xi - mx) * (yi - my) for xi, yi in zip(x, y, strict=False)) / sxx if sxx > 0 else 0.0
+    b = sum((xi - mx) * (yi - my) for xi, yi in zip(x, y, strict=True)) / sxx if sxx > 0 else 0.0
     b = max(b, 1e-18)
     a = max(my - b * mx, 0.0)
     return a, b

@@ -49,7 +49,7 @@ def sensitivity_markdown(sens: pd.DataFrame) -> str:
 
     header = [c for c in sens.columns]
     rows = [
-        [fmt_speedup(v) if str(h).startswith("speedup") else v for h, v in zip(header, rec, strict=False)]
+        [fmt_speedup(v) if str(h).startswith("speedup") else v for h, v in zip(header, rec, strict=True)]
         for rec in sens.itertuples(index=False)
     ]
     return "\n".join(

@@ -113,13 +113,13 @@ def plot_phases(cells: pd.DataFrame, path: str | Path, max_panels: int = 6) -> P
     groups = [
         (k, g)
         for k, g in cells.groupby(list(ROW_KEY), sort=False, dropna=False)
-        if g["method"].nunique() >= 2 and "overlap=megatron" not in str(dict(zip(ROW_KEY, k, strict=False))["source"])
+        if g["method"].nunique() >= 2 and "overlap=megatron" not in str(dict(zip(ROW_KEY, k, strict=True))["source"])
     ]
     groups = groups[:max_panels]
     n = max(1, len(groups))
     fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 5), squeeze=False)
-    for ax, (key, g) in zip(axes[0], groups, strict=False):
-        k = dict(zip(ROW_KEY, key, strict=False))
+    for ax, (key, g) in zip(axes[0], groups, strict=True):
+        k = dict(zip(ROW_KEY, key, strict=True))
         g = g.set_index("method")
         methods = [m for m in METHOD_ORDER if m in g.index] + sorted(set(g.index) - set(METHOD_ORDER))
         bottom = [0.0] * len(methods)
@@ -135,7 +135,7 @@ def plot_phases(cells: pd.DataFrame, path: str | Path, max_panels: int = 6) -> P
                 continue
             any_phase = True
             ax.bar(methods, vals, bottom=bottom, label=p, color=PHASE_COLORS.get(p))
-            bottom = [b + v for b, v in zip(bottom, vals, strict=False)]
+            bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
         if not any_phase:  # no phase breakdown: show the step total
             ax.bar(methods, [float(g.loc[m, "step_ms"]) for m in methods], label="step (no phases)")
         ax.set_ylabel("ms per optimizer step")
@@ -187,7 +187,7 @@ def plot_alpha(curve: pd.DataFrame, path: str | Path, title: str) -> Path:
     if "step_ms" in curve:
         panels.append(("step_ms", "projected step (ms)"))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.3), squeeze=False)
-    for ax, (col, label) in zip(axes[0], panels, strict=False):
+    for ax, (col, label) in zip(axes[0], panels, strict=True):
         for algo, g in curve.groupby("algo", sort=False):
             name, style = ALGO_STYLE.get(algo, (algo, "x-"))
             ax.plot(g["alpha"], g[col], style, label=name)

@@ -290,11 +290,12 @@ class Comm:
 
 
 def pick_mode(sizes: Sequence[int]) -> str:
-    """The runtime's choice for an uneven collective (``collective_mode='auto'``), from the runtime itself."""
-    from canzona.runtime.collectives import pick_mode as runtime_pick_mode
-    from canzona.runtime.config import DistConfig
+    """The runtime's choice on NCCL for an uneven collective (``collective_mode='auto'``), from the
+    lowering itself (canzona.plan.schedule.choose_mode, α–β priced)."""
+    from canzona.plan.comm import NCCL
+    from canzona.plan.schedule import choose_mode
 
-    return runtime_pick_mode(sizes, "auto", DistConfig().pad_threshold)
+    return choose_mode(list(sizes), "auto", NCCL, 4)
 
 
 def uneven_ms(comm: Comm, op: str, sizes: Sequence[int], nbytes_per_elem: int, group: str = "dp") -> tuple[float, str]:
@@ -817,14 +818,14 @@ def detail_string(s: Scenario, profile: Profile) -> str:
 
 
 def to_record(p: Projection, env: dict[str, Any]) -> dict[str, Any]:
-    """A schema-v1 record (kind "train", provenance "projected") for one projection.
+    """A schema record (kind "train", provenance "projected") for one projection.
 
     Beyond the schema: ``run_id`` (hash of detail + cell: projections share host and timestamp),
     ``config.cost`` (the planner's balancing cost), ``config.overlap`` and
     ``timings.runtime_total_ms`` (the step with nothing overlapped) -- additive keys that
     ``schema.validate`` ignores.
     """
-    from canzona.results.schema import SCHEMA_VERSION, cell_key, validate
+    from canzona.results.schema import SCHEMA_VERSION, cell_key, ns_dtype_for, validate
 
     s = p.scenario
     cfg = {
@@ -840,6 +841,9 @@ def to_record(p: Projection, env: dict[str, Any]) -> dict[str, Any]:
         "global_batch": s.global_batch,
         "alpha": s.alpha,
         "dtype": "bf16" if p.profile.param_bytes == 2 else "fp32",
+        # Newton-Schulz is modelled at the profile's matmul rate: bf16 on the GPU profiles, the
+        # measured fp32 rate on the CPU profile -- the same format as the parameters
+        "ns_dtype": ns_dtype_for(s.optimizer, "bf16" if p.profile.param_bytes == 2 else "fp32"),
         "bucket_size": s.bucket_size,
         "warmup": 0,
         "iters": 0,

@@ -94,7 +94,7 @@ def _speedup_values(cells: pd.DataFrame, claim: Claim) -> list[tuple[str, str, f
     sub = sub[sub["cost"].isna() | (sub["cost"] == "flops")] if "cost" in sub else sub
     out = []
     for _, g in sub.groupby(list(ROW_KEY), sort=False, dropna=False):
-        by = {m: r for m, r in zip(g["method"], g.to_dict("records"), strict=False)}
+        by = {m: r for m, r in zip(g["method"], g.to_dict("records"), strict=True)}
         mine = by.get(OURS)
         if mine is None:
             continue

@@ -47,8 +47,8 @@ def build_table2(cells: pd.DataFrame) -> pd.DataFrame:
     sp = speedups(cells, OURS, bases)
     rows: list[dict[str, Any]] = []
     for key, g in cells.groupby(list(ROW_KEY), sort=False, dropna=False):
-        k = dict(zip(ROW_KEY, key, strict=False))
-        by = {m: r for m, r in zip(g["method"], g.to_dict("records"), strict=False)}
+        k = dict(zip(ROW_KEY, key, strict=True))
+        by = {m: r for m, r in zip(g["method"], g.to_dict("records"), strict=True)}
         first = g.iloc[0]
         row: dict[str, Any] = {
             "model": k["model"],

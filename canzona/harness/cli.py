@@ -5,7 +5,9 @@ Launch modes (the rank function is the same, ``canzona.harness.train.train``):
 * otherwise: fork ``--nproc`` local ranks (default tp·pp·dp) — gloo on CPU, NCCL with one GPU
   per rank when there are GPUs — after megatron has been imported once in the parent (forked
   ranks start in well under a second).
-The configuration is validated BEFORE any rank starts; ConfigError exits with code 2.
+The configuration is validated BEFORE any rank starts; ConfigError exits with code 2. That
+includes a GPU run (``--device gpu``, what every GPU sweep cell passes) on a torch without CUDA:
+it exits 2 naming the fix instead of running 256 gloo ranks on CPUs.
 A method whose software is missing (megatron-muon without megatron-core >= 0.19) prints why
 and exits with code 3: never a silent fallback to another method.
 """
@@ -18,7 +20,18 @@ import sys
 from typing import Any
 
 from canzona.errors import ConfigError
-from canzona.harness.config import METHODS, OPTIMIZERS, RunConfig, load_config, named_configs
+from canzona.harness.config import (
+    ATTENTIONS,
+    COSTS,
+    DEVICES,
+    DTYPES,
+    METHODS,
+    NS_DTYPES,
+    OPTIMIZERS,
+    RunConfig,
+    load_config,
+    named_configs,
+)
 
 EXIT_PEER_UNAVAILABLE = 3
 
@@ -42,7 +55,28 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, help="matrix optimizer learning rate")
     p.add_argument("--adamw-lr", type=float, help="AdamW learning rate (embedding, output, norms)")
     p.add_argument("--weight-decay", type=float)
-    p.add_argument("--dtype", choices=("fp32", "bf16"))
+    p.add_argument("--dtype", choices=DTYPES, help="parameter number format (default fp32)")
+    p.add_argument(
+        "--ns-dtype",
+        choices=NS_DTYPES,
+        help="Newton-Schulz number format (Muon's compute_dtype; Megatron's muon_fp32_matmul_prec "
+        "medium=bf16 / highest=fp32 for megatron-muon); auto: bf16 where the device computes it natively, "
+        "Megatron's default (bf16) for the peer; the record holds the concrete format",
+    )
+    p.add_argument(
+        "--device",
+        choices=DEVICES,
+        help="gpu: exit 2 unless torch sees CUDA (never a silent CPU/gloo run); cpu: gloo; "
+        "auto (default): CUDA if present",
+    )
+    p.add_argument(
+        "--attention",
+        choices=ATTENTIONS,
+        help="te: Transformer Engine spec; sdpa: megatron's local spec with torch's fused attention; "
+        "local: megatron's s x s path; auto (default): te if importable on GPU, else sdpa on GPU, local on CPU",
+    )
+    p.add_argument("--cost", choices=COSTS, help="the planner's balancing cost (default flops)")
+    p.add_argument("--variant", help="label recorded with the run (a sweep grid's variant, e.g. authors)")
     p.add_argument("--seed", type=int)
     p.add_argument(
         "--muon-tp-mode",
@@ -83,6 +117,11 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         "adamw_lr",
         "weight_decay",
         "dtype",
+        "ns_dtype",
+        "device",
+        "attention",
+        "cost",
+        "variant",
         "seed",
         "results",
         "muon_tp_mode",
@@ -104,13 +143,15 @@ def under_launcher() -> bool:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    run_cfg = config_from_args(args)
     gpu = torch.cuda.is_available()
+    run_cfg = config_from_args(args).resolve(gpu=gpu)  # --device gpu without CUDA: ConfigError, exit 2
     if under_launcher():
         world = int(os.environ["WORLD_SIZE"])
     else:
         world = args.nproc if args.nproc is not None else run_cfg.world
     run_cfg.validate(world, gpu=gpu)
+    gpu = run_cfg.device == "gpu"
+    backend = "nccl" if gpu else "gloo"
     if run_cfg.method == "megatron-muon":
         from canzona.harness import peer_megatron
 
@@ -126,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
     from canzona.runtime.launch import RankError, init_from_env, launch
 
     if under_launcher():
-        ri = init_from_env()
+        ri = init_from_env(backend)
         try:
             out = train(ri, run_cfg)
         finally:
@@ -135,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         # one GPU per forked rank with NCCL when there are GPUs (the parent never initialises CUDA)
         try:
-            outs = launch(train, world, run_cfg, backend="nccl" if gpu else "gloo", timeout_s=600.0)
+            outs = launch(train, world, run_cfg, backend=backend, timeout_s=600.0)
         except RankError as exc:
             print(f"canzona train: {exc}", file=sys.stderr)
             return 1

@@ -11,6 +11,7 @@ command-line flags override them field by field.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,14 +19,25 @@ from typing import Any
 
 import tomllib
 
+from canzona.cost import optimizer_names
 from canzona.errors import ConfigError
 from canzona.models.qwen3 import Qwen3Config, get_model
+from canzona.results.schema import NS_OPTIMIZERS, ns_dtype_for
 
 METHODS = ("sc", "layerwise", "asc", "canzona", "megatron-muon")
 CANZONA_METHODS = ("sc", "layerwise", "asc", "canzona")  # strategies of canzona.runtime
-OPTIMIZERS = ("muon", "shampoo", "soap", "adamw")
+OPTIMIZERS = optimizer_names()  # the optimizer registry (canzona.optim.registry)
 DTYPES = ("fp32", "bf16")
+NS_DTYPES = ("auto", *DTYPES)
+DEVICES = ("auto", "gpu", "cpu")
+ATTENTIONS = ("auto", "te", "sdpa", "local")
+COSTS = ("flops", "numel")
 MUON_TP_MODES = ("duplicated", "distributed", "blockwise")
+NO_CUDA_FIX = (
+    "install a CUDA build of torch on the nodes (e.g. `make install TORCH_SPEC='torch==2.13.0 "
+    "--index-url https://download.pytorch.org/whl/cu128'`, or the profile's container image), "
+    "or run the cell with --device cpu"
+)
 CONFIG_DIR = Path(__file__).parent / "configs"
 
 
@@ -57,6 +69,13 @@ class RunConfig:
     adamw_weight_decay: float = 0.0
     seed: int = 1234
     dtype: str = "fp32"
+    # Newton-Schulz number format (Muon's compute_dtype; Megatron's muon_fp32_matmul_prec for the
+    # peer). "auto" is resolved to fp32|bf16 by ``resolve`` before any rank starts.
+    ns_dtype: str = "auto"
+    device: str = "auto"  # gpu: refuse to start without CUDA; cpu: gloo even where CUDA exists
+    attention: str = "auto"  # te | sdpa (torch's fused kernels) | local (megatron's s x s path)
+    cost: str = "flops"  # the planner's balancing cost (Canzona runtime methods)
+    variant: str | None = None  # the sweep grid's variant label, e.g. "authors"
     muon_tp_mode: str = "duplicated"  # megatron-muon only: Megatron's Muon TP mode
     overlap_param_sync: bool = False  # Canzona runtime: param all-gathers overlap the next forward
     results: str | None = None
@@ -99,12 +118,7 @@ class RunConfig:
             )
         if self.muon_tp_mode not in MUON_TP_MODES:
             raise ConfigError(f"unknown muon_tp_mode {self.muon_tp_mode!r}; choose one of {', '.join(MUON_TP_MODES)}")
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
-        if gpu is False and self.dtype != "fp32":
-            raise ConfigError(
-                f"dtype {self.dtype} without a GPU: bf16 matmuls are ~60x slower than fp32 on CPU; use --dtype fp32"
-            )
+        self._validate_formats(gpu)
         for k in ("tp", "pp", "dp", "seq_len", "micro_batch", "global_batch", "iters", "bucket_size"):
             v = getattr(self, k)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -142,6 +156,52 @@ class RunConfig:
             )
         return self
 
+    def _validate_formats(self, gpu: bool | None) -> None:
+        """dtype, ns_dtype, device, attention and cost; device checks only when ``gpu`` is known."""
+        for key, allowed in (
+            ("dtype", DTYPES),
+            ("ns_dtype", NS_DTYPES),
+            ("device", DEVICES),
+            ("attention", ATTENTIONS),
+            ("cost", COSTS),
+        ):
+            if getattr(self, key) not in allowed:
+                raise ConfigError(f"unknown {key} {getattr(self, key)!r}; choose one of {', '.join(allowed)}")
+        if self.optimizer not in NS_OPTIMIZERS and self.ns_dtype != "auto":
+            raise ConfigError(
+                f"--ns-dtype sets Muon's Newton-Schulz format; optimizer {self.optimizer} runs no "
+                "Newton-Schulz: drop it"
+            )
+        if gpu is False and self.device == "gpu":
+            import torch
+
+            raise ConfigError(
+                f"this is a GPU run (--device gpu) but torch {torch.__version__} sees no CUDA; {NO_CUDA_FIX}"
+            )
+        if gpu is False and self.attention == "te":
+            raise ConfigError("--attention te needs Transformer Engine on a GPU; use --attention local on CPU")
+
+    def resolve(self, *, gpu: bool) -> RunConfig:
+        """A copy with every "auto" made concrete for a machine with (``gpu``) or without CUDA.
+
+        Why before launch: the record and the sweep's cell key carry the concrete formats, and the
+        parent must reject a GPU run on a CUDA-less torch before forking or joining any group.
+        """
+        from canzona.optim.precision import compute_dtype_name
+
+        self.validate(gpu=gpu)
+        on_gpu = self.device == "gpu" or (self.device == "auto" and gpu)
+        ns = self.ns_dtype
+        if ns == "auto" and self.optimizer in NS_OPTIMIZERS:
+            # the peer's default is Megatron's muon_fp32_matmul_prec="medium", i.e. bf16 Newton-Schulz
+            ns = "bf16" if self.method == "megatron-muon" else compute_dtype_name("auto", _torch_device(on_gpu))
+        attention = self.attention
+        if attention == "auto":
+            # find_spec, not import: importing TE may initialise CUDA, and forked ranks follow
+            te = importlib.util.find_spec("transformer_engine") is not None
+            attention = ("te" if te else "sdpa") if on_gpu else "local"
+        return dataclasses.replace(self, device="gpu" if on_gpu else "cpu", ns_dtype=ns, attention=attention)
+
     # ---- (de)serialisation ---------------------------------------------------------------
     def record_config(self) -> dict[str, Any]:
         """The ``config`` block of the results record (schema fields first, then the extras)."""
@@ -158,6 +218,7 @@ class RunConfig:
             "global_batch": self.global_batch,
             "alpha": self.alpha,
             "dtype": self.dtype,
+            "ns_dtype": ns_dtype_for(self.optimizer, self.ns_dtype),
             "bucket_size": self.bucket_size,
             "warmup": self.warmup,
             "iters": self.iters,
@@ -169,6 +230,10 @@ class RunConfig:
             "seed": self.seed,
             "muon_tp_mode": self.muon_tp_mode if self.method == "megatron-muon" else None,
             "overlap_param_sync": self.overlap_param_sync,
+            "cost": self.cost if self.method != "megatron-muon" else None,
+            "device": self.device,
+            "attention": self.attention,
+            "variant": self.variant,
             "name": self.name,
         }
 
@@ -185,6 +250,12 @@ class RunConfig:
         if "model" not in data:
             raise ConfigError(f"{where}: 'model' is required")
         return cls(**dict(data))
+
+
+def _torch_device(gpu: bool) -> Any:
+    import torch
+
+    return torch.device("cuda" if gpu else "cpu")
 
 
 def named_configs() -> dict[str, Path]:

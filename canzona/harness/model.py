@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from canzona.errors import ConfigError
 from canzona.harness.params import tp_shard
 from canzona.models.qwen3 import Qwen3Config
 from canzona.models.spec import ParamSpec
@@ -90,13 +91,30 @@ def transformer_config(cfg: Qwen3Config, *, tp: int, pp: int, dtype: torch.dtype
     )
 
 
-def layer_spec(cfg: Qwen3Config, use_te: bool) -> Any:
-    """Transformer-Engine layer spec when TE runs here, megatron's local (pure torch) spec otherwise."""
+def layer_spec(cfg: Qwen3Config, attention: str) -> Any:
+    """megatron layer spec for an attention backend (``RunConfig.attention``, resolved):
+
+    te     Transformer-Engine spec (fused attention, norms and linears; CUDA only)
+    sdpa   megatron's local spec with ``SdpaAttention`` (torch's fused kernels) as core attention
+    local  megatron's local spec as is (``DotProductAttention``: builds the s×s score matrix)
+    """
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
-    if use_te:
+    if attention == "te":
+        if not te_available():
+            raise ConfigError(
+                "attention te: Transformer Engine is installed but does not import on this GPU; "
+                "fix the TE install or run with --attention sdpa"
+            )
         return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=True)
-    return specs.get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
+    spec = specs.get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
+    if attention == "sdpa":
+        from canzona.harness.attention import SdpaAttention
+
+        spec.submodules.self_attention.submodules.core_attention = SdpaAttention
+    elif attention != "local":
+        raise ValueError(f"unknown attention backend {attention!r}")
+    return spec
 
 
 def build_model(
@@ -107,22 +125,23 @@ def build_model(
     seq_len: int,
     dtype: torch.dtype,
     device: torch.device,
-    use_te: bool | None = None,
+    attention: str | None = None,
 ) -> torch.nn.Module:
     """This rank's pipeline stage of ``cfg`` (parallel_state must already be initialised).
 
-    Megatron's initial values depend on the layout; call ``init_weights`` next.
+    ``attention`` None picks TE where it runs, else megatron's local path. Megatron's initial
+    values depend on the layout; call ``init_weights`` next.
     """
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
 
     cpu = device.type == "cpu"
-    if use_te is None:
-        use_te = te_available() and not cpu
+    if attention is None:
+        attention = "te" if te_available() and not cpu else "local"
     config = transformer_config(cfg, tp=tp, pp=pp, dtype=dtype, cpu=cpu)
     model = GPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(cfg, use_te),
+        transformer_layer_spec=layer_spec(cfg, attention),
         vocab_size=cfg.vocab,
         max_sequence_length=seq_len,
         pre_process=ps.is_pipeline_first_stage(),

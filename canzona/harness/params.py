@@ -127,33 +127,11 @@ def tp_shard(full: torch.Tensor, dim: int, stride: int, tp: int, rank: int) -> t
     return torch.cat(pieces[rank::tp], dim=dim)
 
 
-def tp_partial_grad_params(named: list[NamedParam], tp: int) -> list[torch.nn.Parameter]:
-    """Replicated params whose grads must be summed across TP before the step (empty at TP=1)."""
+def tp_partial_names(named: list[NamedParam], tp: int) -> list[str]:
+    """Replicated params whose grads are partial sums per TP rank (summed by the optimizer; empty at TP=1)."""
     if tp == 1:
         return []
-    return [p for n, s, p in named if s.partition_dim is None and TP_PARTIAL_GRAD.search(n)]
-
-
-@torch.no_grad()
-def allreduce_tp_partial_grads(params: list[torch.nn.Parameter], tp_group: torch.distributed.ProcessGroup) -> None:
-    """Sum the partial grads of ``params`` across TP, in place (one coalesced all-reduce).
-
-    In place matters: Canzona's optimizer keeps ``.grad`` as views into its flat buffers, so
-    writing back through ``.grad`` is what the step reads. Summing across TP after the DP
-    reduction is equivalent to before it (both are linear), and the AdamW buckets are laid out
-    identically on every TP rank, so a ZeRO owner's slice is summed with the same slice.
-    """
-    import torch.distributed as dist
-
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, group=tp_group)
-    off = 0
-    for g in grads:
-        g.copy_(flat[off : off + g.numel()].view_as(g))
-        off += g.numel()
+    return [n for n, s, _ in named if s.partition_dim is None and TP_PARTIAL_GRAD.search(n)]
 
 
 @torch.no_grad()

@@ -34,6 +34,8 @@ from canzona.errors import ConfigError
 from canzona.harness.config import RunConfig
 
 MIN_VERSION = "0.19"
+# RunConfig.ns_dtype -> Megatron's OptimizerConfig.muon_fp32_matmul_prec (megatron-core >= 0.19)
+FP32_MATMUL_PREC = {"bf16": "medium", "fp32": "highest"}
 HOW_TO = (
     "build the optional peer environment with `make megatron-peer-env` and run "
     "`.venv-peer/bin/python -m canzona train ... --method megatron-muon`"
@@ -61,10 +63,10 @@ def available() -> tuple[bool, str]:
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # noqa: F401 - importing is the availability check
     except Exception as exc:  # noqa: BLE001 - any failure here means 'not available' / 'report it', by design
         return False, f"megatron-core {v}: cannot import its optimizer factory ({exc})"
-    if not hasattr(OptimizerConfig, "muon_tp_mode") and "muon_tp_mode" not in getattr(
-        OptimizerConfig, "__dataclass_fields__", {}
-    ):
-        return False, f"megatron-core {v}: OptimizerConfig has no muon_tp_mode"
+    fields = getattr(OptimizerConfig, "__dataclass_fields__", {})
+    for needed in ("muon_tp_mode", "muon_fp32_matmul_prec"):
+        if not hasattr(OptimizerConfig, needed) and needed not in fields:
+            return False, f"megatron-core {v}: OptimizerConfig has no {needed}"
     return True, f"megatron-core {v}"
 
 
@@ -98,8 +100,9 @@ class MegatronMuonStep:
         with cpu_shim.cuda_literals_to_cpu():
             finalize_model_grads([self.ddp])
 
-    def step(self) -> dict[str, float]:
-        """Megatron's ``optimizer.step()`` (includes the layer-wise param all-gather); ms, max across ranks."""
+    def step(self) -> None:
+        """Megatron's ``optimizer.step()`` (includes the layer-wise param all-gather), timed; ``timings``
+        reads it (ms, max across ranks)."""
         from canzona.harness import cpu_shim
 
         if self.device.type == "cuda":
@@ -113,7 +116,13 @@ class MegatronMuonStep:
         dist.all_reduce(ms, op=dist.ReduceOp.MAX)
         if not ok:
             raise FloatingPointError("megatron-muon: optimizer step unsuccessful (non-finite gradients)")
-        return {"total": float(ms.item())}
+        self._last = {"total": float(ms.item())}
+
+    def timings(self) -> dict[str, float]:
+        return dict(self._last)
+
+    def wait_param_sync(self) -> None:
+        """Megatron's step returns with its parameters in place."""
 
     def zero_grad(self) -> None:
         self.ddp.zero_grad_buffer()
@@ -159,6 +168,9 @@ def build(run: RunConfig, model: torch.nn.Module) -> tuple[torch.nn.Module, Mega
         muon_extra_scale_factor=0.2,
         muon_split_qkv=False,
         muon_num_ns_steps=5,
+        # the recorded Newton-Schulz format: emerging-optimizers casts to bf16 under "medium"
+        # (Megatron's default) and stays in fp32 under "highest" (no TF32 either)
+        muon_fp32_matmul_prec=FP32_MATMUL_PREC[run.ns_dtype],
     )
     # the Adam-routed params (Megatron's own rule: embedding/output or not 2-D) get --adamw-lr,
     # like Canzona's AdamW params; without this Megatron would run them at the Muon LR

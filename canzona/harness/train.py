@@ -31,17 +31,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 import torch.distributed as dist
 
+from canzona.errors import ConfigError
 from canzona.harness import cpu_shim
 from canzona.harness.config import RunConfig
-from canzona.harness.model import build_model, causal_mask, init_weights, te_available
-from canzona.harness.params import (
-    NamedParam,
-    allreduce_tp_partial_grads,
-    named_params,
-    replica_divergence,
-    tp_partial_grad_params,
-)
+from canzona.harness.model import build_model, causal_mask, init_weights
+from canzona.harness.params import NamedParam, named_params, replica_divergence, tp_partial_names
 from canzona.harness.timing import Clock, IterationLog, aggregate, peak_memory_mb
+from canzona.results.schema import NS_OPTIMIZERS
 
 if TYPE_CHECKING:
     from canzona.runtime.launch import RankInfo
@@ -54,7 +50,9 @@ class StepOptimizer(Protocol):
 
     def no_sync(self) -> AbstractContextManager[Any]: ...
     def finish_grad_sync(self) -> None: ...
-    def step(self) -> dict[str, float]: ...
+    def step(self) -> object: ...
+    def timings(self) -> dict[str, float]: ...
+    def wait_param_sync(self) -> None: ...
     def zero_grad(self) -> None: ...
 
 
@@ -92,6 +90,15 @@ class SyntheticTokens:
         return [(mb[:, :-1].contiguous(), mb[:, 1:].contiguous()) for mb in mine.split(micro_batch)]
 
 
+def _optimizer_options(run: RunConfig) -> dict[str, Any]:
+    """The matrix optimizer's config fields a run sets: LR, decay and, for Newton–Schulz optimizers,
+    the recorded number format (never "auto": ``RunConfig.resolve`` made it concrete)."""
+    if run.optimizer == "adamw":
+        return {}
+    ns = {"compute_dtype": run.ns_dtype} if run.optimizer in NS_OPTIMIZERS else {}
+    return {"lr": run.lr, "weight_decay": run.weight_decay, **ns}
+
+
 def build_optimizer(
     run: RunConfig, model: torch.nn.Module, named: list[NamedParam]
 ) -> tuple[torch.nn.Module, StepOptimizer]:
@@ -103,32 +110,40 @@ def build_optimizer(
         from canzona.harness import peer_megatron
 
         return peer_megatron.build(run, model)
-    from canzona.runtime import DistConfig, DistributedOptimizer
+    from canzona.optim.adamw import AdamWConfig
+    from canzona.plan.types import PlanConfig
+    from canzona.runtime import CommConfig, DistConfig, DistributedOptimizer, optimizer_config
 
     cfg = DistConfig(
-        strategy=run.method,
-        optimizer=run.optimizer,
-        lr=run.lr,
-        weight_decay=run.weight_decay,
-        adamw_lr=run.adamw_lr,
-        adamw_weight_decay=run.adamw_weight_decay,
-        alpha=run.alpha,
-        bucket_size=run.bucket_size,
-        overlap_grad_sync=True,
-        overlap_param_sync=run.overlap_param_sync,
+        optimizer=optimizer_config(run.optimizer, **_optimizer_options(run)),
+        adamw=AdamWConfig(lr=run.adamw_lr, betas=(0.9, 0.95), weight_decay=run.adamw_weight_decay),
+        plan=PlanConfig(strategy=run.method, alpha=run.alpha, bucket_size=run.bucket_size, cost=run.cost),
+        comm=CommConfig(overlap_grad_sync=True, overlap_param_sync=run.overlap_param_sync),
         nonfinite="raise",
+        timers=True,  # a benchmark harness: phases are read once per iteration, outside the step
     )
-    # world_group = this PP stage's TP×DP ranks: stages hold different params, hence different plans
+    # stage_group = this PP stage's TP×DP ranks (stages hold different params, hence different
+    # plans); the norm and the non-finite verdict span every stage (the default group).
     opt = DistributedOptimizer(
         named,
         ps.get_data_parallel_group(),
         ps.get_tensor_model_parallel_group(),
         cfg,
-        world_group=ps.get_tensor_and_data_parallel_group(),
+        stage_group=ps.get_tensor_and_data_parallel_group(),
+        tp_partial=tp_partial_names(named, run.tp),
     )
     if run.overlap_param_sync:  # each module waits for its own params' all-gather before its forward
         opt.attach(model)
     return model, opt
+
+
+def rank_hostnames() -> list[str]:
+    """Sorted distinct hostnames of every rank (one all_gather_object at the end of a run)."""
+    import socket
+
+    names: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(names, socket.gethostname())
+    return sorted(set(names))
 
 
 def make_forward_step(seq_len: int, device: torch.device) -> Callable[..., Any]:
@@ -157,6 +172,9 @@ def train(ri: RankInfo, run: RunConfig) -> dict[str, Any]:
 
     device = ri.device
     on_cpu = device.type == "cpu"
+    run = run.resolve(gpu=not on_cpu)  # a no-op for a config the CLI already resolved
+    if (run.device == "gpu") == on_cpu:
+        raise ConfigError(f"run configured for device {run.device} but this rank was given {device}")
     if on_cpu:
         cpu_shim.install()
     backend = str(dist.get_backend())
@@ -168,22 +186,25 @@ def train(ri: RankInfo, run: RunConfig) -> dict[str, Any]:
         mcfg = run.model_config
         tp_rank, stage = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
         dp_rank = ps.get_data_parallel_rank()
-        use_te = te_available() and not on_cpu
         model = build_model(
-            mcfg, tp=run.tp, pp=run.pp, seq_len=run.seq_len, dtype=DTYPES[run.dtype], device=device, use_te=use_te
+            mcfg,
+            tp=run.tp,
+            pp=run.pp,
+            seq_len=run.seq_len,
+            dtype=DTYPES[run.dtype],
+            device=device,
+            attention=run.attention,
         )
         named = named_params(model, mcfg, tp=run.tp, pp=run.pp, stage=stage)
         init_weights(named, mcfg, seed=run.seed, tp_rank=tp_rank, tp=run.tp)
 
         # --- optimizer, hooked into megatron's schedule -------------------------------------
         model, opt = build_optimizer(run, model, named)
-        tp_partial = tp_partial_grad_params(named, run.tp) if run.method != "megatron-muon" else []
 
         def finalize_model_grads(*_: Any, **__: Any) -> None:
-            """Replaces megatron's finalize_model_grads: DP reduction by our optimizer, then the
-            QK-layernorm grads (partial per TP rank) summed across TP, as megatron does."""
+            """Replaces megatron's finalize_model_grads: the optimizer's DP reduction, which also sums
+            the QK-layernorm grads (partial per TP rank) across TP, as megatron does."""
             opt.finish_grad_sync()
-            allreduce_tp_partial_grads(tp_partial, ps.get_tensor_model_parallel_group())
 
         mconfig = get_model_config(model)
         mconfig.no_sync_func = opt.no_sync
@@ -212,11 +233,14 @@ def train(ri: RankInfo, run: RunConfig) -> dict[str, Any]:
             if on_cpu:  # so that step_ms times the step, not the ranks' forward-backward skew
                 dist.barrier()
             t1 = clock.now_ms()
-            phases = dict(opt.step())
+            opt.step()
             t2 = clock.now_ms()
             opt.zero_grad()
             t3 = clock.now_ms()
-            phases.pop("skipped", None)  # nonfinite="raise": a non-finite step never gets here
+            # after the iteration, outside every timed region: it syncs and max-reduces. With
+            # overlap_param_sync, ``param_wait`` is what THIS iteration's forward waited for the
+            # previous step's all-gathers (inside fwd_bwd and the iteration, never hidden).
+            phases = opt.timings()
             loss = float(sum(float(x["loss"]) for x in losses) / len(losses)) if loss_rank else 0.0
             log.add(t3 - t0, t1 - t0, t2 - t1, phases, loss)
 
@@ -225,6 +249,7 @@ def train(ri: RankInfo, run: RunConfig) -> dict[str, Any]:
             opt.wait_param_sync()  # the last step's all-gathers are still in flight
         timings = aggregate(log, loss_divisor=run.dp, device=device)
         drift = replica_divergence(named, ps.get_data_parallel_group(), ps.get_tensor_model_parallel_group())
+        hosts = rank_hostnames()  # every rank takes part: the record names all nodes, not rank 0's
         out: dict[str, Any] = {
             "rank": ri.rank,
             "loss_curve": timings.loss_curve,
@@ -233,12 +258,14 @@ def train(ri: RankInfo, run: RunConfig) -> dict[str, Any]:
         }
         if ri.rank == 0:
             from canzona.harness.record import build_record, environment
+            from canzona.results.env import cluster_environment
             from canzona.results.schema import append_record
 
             _, mem_kind = peak_memory_mb(device)
             extra: dict[str, Any] = {
-                "layer_spec": "transformer_engine" if use_te else "local",
+                "layer_spec": "transformer_engine" if run.attention == "te" else "local",
                 "cpu_shim": cpu_shim.installed(),
+                **cluster_environment(device, hosts),
             }
             if run.method == "megatron-muon":
                 extra["megatron_muon_layer_wise"] = getattr(opt, "layer_wise", None)

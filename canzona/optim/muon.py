@@ -5,23 +5,42 @@ scale (Moonlight, Liu et al. 2025) gives U roughly AdamW's update RMS, so AdamW 
 and weight decay carry over. Momentum is the EMA form of torch.optim.Muon / Keller Jordan's code
 (buf ← β·buf + (1−β)·g, Nesterov g ← (1−β)·g + β·buf); since NS normalises by the Frobenius
 norm first, this equals the "buf ← β·buf + g" form up to the NS epsilon.
+
+The step is three parts so a runtime can run them where the data is:
+  before         momentum + Nesterov, elementwise: valid on any block or shard of the matrix (fp32);
+  orthogonalize  Newton–Schulz of a whole matrix (a group of ranks sharing one matrix calls
+                 canzona.optim.newton_schulz.newton_schulz_blocks with ``ns_options`` instead);
+  after          the 0.2·sqrt(max(full shape)) scale, again valid on any block (fp32).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 
-from canzona.cost import CostSettings
+from canzona.cost import NS_METHODS, CostSettings, ns_method_for
 from canzona.errors import ConfigError
 from canzona.optim.base import MatrixOptimizer, OptimizerConfig, State
-from canzona.optim.newton_schulz import get_coefficient_set, newton_schulz
+from canzona.optim.newton_schulz import check_ns_options, get_coefficient_set, newton_schulz
+from canzona.optim.precision import COMPUTE_DTYPES, ComputeDtype, compute_dtype_for, dtype_name
 
-ComputeDtype = Literal["auto", "fp32", "bf16"]
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+NSMethodSetting = Literal["standard", "gram", "auto"]
+# Gram NS in half precision restarts before its third iteration for up to 5 steps: the published
+# default (Dao-AILab gram-newton-schulz, reset_iterations=[2]). Longer schedules restart every
+# second iteration: measured in bf16 on a 1024² Gaussian (σ_min ≈ 0), 8 Polar Express steps give
+# max-relative error 7e3 with (2,), 0.92 with (2, 5) and 0.031 with (2, 4, 6) (standard: 0.013).
+# In fp32 the drift of R over 5 iterations is ~1e-5, so fp32 skips restarts and keeps Gram's
+# full FLOP saving. docs/newton-schulz.md has the numbers.
+PUBLISHED_RESTARTS = (2,)
+
+
+def half_precision_restarts(steps: int) -> tuple[int, ...]:
+    if steps <= 2:
+        return ()
+    return PUBLISHED_RESTARTS if steps <= 5 else tuple(range(2, steps, 2))
 
 
 @dataclass(frozen=True)
@@ -31,23 +50,22 @@ class MuonConfig(OptimizerConfig):
     nesterov: bool = True
     ns_steps: int = 5
     coefficients: str = "quintic"
-    compute_dtype: ComputeDtype = "auto"  # auto: bf16 on CUDA (fast, what Muon was tuned with), fp32 elsewhere
+    compute_dtype: ComputeDtype = "auto"  # auto: bf16 where the device has native bf16 matmul (precision.py)
+    ns_method: NSMethodSetting = "standard"  # auto: gram on long-thin shapes (canzona.cost.ns_method_for)
+    ns_restarts: tuple[int, ...] | None = None  # None: half_precision_restarts in bf16, none in fp32
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.momentum < 1.0:
             raise ConfigError(f"muon momentum must be in [0, 1), got {self.momentum}")
         if self.ns_steps < 1:
             raise ConfigError(f"muon ns_steps must be >= 1, got {self.ns_steps}")
-        if self.compute_dtype not in ("auto", *_DTYPES):
+        if self.compute_dtype not in ("auto", *COMPUTE_DTYPES):
             raise ConfigError(f"muon compute_dtype {self.compute_dtype!r} unknown; use auto, fp32 or bf16")
+        if self.ns_method not in NS_METHODS:
+            raise ConfigError(f"muon ns_method {self.ns_method!r} unknown; use {', '.join(NS_METHODS)}")
+        if self.ns_restarts is not None:
+            object.__setattr__(self, "ns_restarts", check_ns_options(self.ns_steps, "gram", self.ns_restarts))
         get_coefficient_set(self.coefficients)
-
-
-def compute_dtype_for(setting: ComputeDtype, device: torch.device) -> torch.dtype:
-    """bf16 matmuls are fast on GPUs but ~60× slower than fp32 on CPUs, hence 'auto'."""
-    if setting == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return _DTYPES[setting]
 
 
 class Muon(MatrixOptimizer):
@@ -59,13 +77,60 @@ class Muon(MatrixOptimizer):
         return {"momentum": torch.zeros(shape, dtype=torch.float32, device=device)}
 
     def direction(self, grad: torch.Tensor, state: State, step: int) -> torch.Tensor:
+        return self.after(self.orthogonalize(self.before(grad, state, step)), tuple(grad.shape))
+
+    def before(self, grad: torch.Tensor, state: State, step: int) -> torch.Tensor:
+        """Advance the momentum with ``grad`` and return the (Nesterov) matrix to orthogonalise (fp32)."""
         c, buf = self.config, state["momentum"]
         self.check_inputs(grad, buf, step)
         g = grad.to(torch.float32)
         buf.lerp_(g, 1.0 - c.momentum)
-        m = torch.lerp(g, buf, c.momentum) if c.nesterov else buf
-        X = newton_schulz(m, c.ns_steps, c.coefficients, compute_dtype_for(c.compute_dtype, grad.device))
-        return X.to(torch.float32).mul_(0.2 * math.sqrt(max(grad.shape)))
+        return torch.lerp(g, buf, c.momentum) if c.nesterov else buf.clone()
+
+    def orthogonalize(self, M: torch.Tensor) -> torch.Tensor:
+        """Newton–Schulz of the whole matrix ``M`` with the config's method and compute dtype."""
+        return newton_schulz(M, **self.ns_options(tuple(M.shape), M.device))
+
+    def after(self, ortho: torch.Tensor, full_shape: tuple[int, ...]) -> torch.Tensor:
+        """Scale an orthogonalised matrix (or any block of it) into the update U (fp32)."""
+        return ortho.to(torch.float32) * (0.2 * math.sqrt(max(full_shape)))
+
+    def ns_options(self, full_shape: tuple[int, ...], device: torch.device | str) -> dict[str, Any]:
+        """Keyword arguments of newton_schulz / newton_schulz_blocks for a matrix of ``full_shape``."""
+        c = self.config
+        dtype = compute_dtype_for(c.compute_dtype, device)
+        restarts = self.ns_restarts_for(dtype)
+        method = ns_method_for(full_shape, c.ns_steps, restarts) if c.ns_method == "auto" else c.ns_method
+        return {
+            "steps": c.ns_steps,
+            "coefficients": c.coefficients,
+            "compute_dtype": dtype,
+            "method": method,
+            "restarts": restarts if method == "gram" else (),
+        }
+
+    def ns_record(self, device: torch.device | str) -> dict[str, Any]:
+        """What a results record should say about Newton–Schulz on ``device`` ("auto"s resolved)."""
+        c = self.config
+        dtype = compute_dtype_for(c.compute_dtype, device)
+        return {
+            "ns_compute_dtype": dtype_name(dtype),
+            "ns_method": c.ns_method,
+            "ns_steps": c.ns_steps,
+            "ns_restarts": list(self.ns_restarts_for(dtype)),
+            "ns_coefficients": c.coefficients,
+        }
+
+    def ns_restarts_for(self, dtype: torch.dtype) -> tuple[int, ...]:
+        if self.config.ns_restarts is not None:
+            return self.config.ns_restarts
+        half = dtype in (torch.bfloat16, torch.float16)
+        return half_precision_restarts(self.config.ns_steps) if half else ()
 
     def cost_settings(self) -> CostSettings:
-        return CostSettings(ns_steps=self.config.ns_steps)
+        # The cost model is device-free: it prices "auto" as bf16, what auto runs on every device
+        # with native bf16 matmul (all GPUs and CPUs the planner targets; see precision.py).
+        c = self.config
+        dtype = torch.float32 if c.compute_dtype == "fp32" else torch.bfloat16
+        restarts = () if c.ns_method == "standard" else self.ns_restarts_for(dtype)
+        return CostSettings(ns_steps=c.ns_steps, ns_method=c.ns_method, ns_restarts=restarts)

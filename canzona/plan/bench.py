@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from canzona.cost import matrix_optimizer_names
+
 MODELS = ("qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b")
 TPS = (1, 2, 4, 8)
 PPS = (1, 2, 4)
@@ -55,7 +57,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="results/planner", help="output folder")
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated model names")
     p.add_argument("--bucket-size", type=int, default=40_000_000)
-    p.add_argument("--optimizer", default="muon")
+    p.add_argument("--optimizer", default="muon", help=" | ".join(matrix_optimizer_names()))
     p.add_argument("--no-plots", action="store_true")
 
 

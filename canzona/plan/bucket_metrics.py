@@ -21,11 +21,12 @@ Definitions (per PP stage; ``plan_metrics`` reports the worst stage):
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from canzona.plan.buckets import BUCKET_ALIGN_BASE, PARAM_ALIGN
 from canzona.plan.dp import pigeonhole_bound
-from canzona.plan.types import Plan
+from canzona.plan.types import Bucket, Layout, Plan
 
 
 def bucket_slices(plan: Plan) -> list[tuple[tuple[int, ...], list[int]]]:
@@ -36,13 +37,21 @@ def bucket_slices(plan: Plan) -> list[tuple[tuple[int, ...], list[int]]]:
     return out
 
 
-def slice_floor(plan: Plan, b: int) -> int:
-    """L_b rounded to the slice alignment: the least slice any split of bucket b reaches when padded."""
-    bucket = plan.dp.buckets[b]
-    g = len(plan.layout.group_ranks(bucket.ep_rank))
+def slice_floor(bucket: Bucket, group: int) -> int:
+    """L_b rounded to the slice alignment: the least slice any split of ``bucket`` over ``group``
+    ranks reaches when padded (every slice at least the mean, the widest item and the pigeonhole)."""
     w = [-(-e.numel // PARAM_ALIGN) * PARAM_ALIGN for e in bucket.entries]
-    low = max(math.ceil(sum(w) / g), max(w, default=0), pigeonhole_bound(w, g), 1)
+    low = max(math.ceil(sum(w) / group), max(w, default=0), pigeonhole_bound(w, group), 1)
     return -(-int(low) // BUCKET_ALIGN_BASE) * BUCKET_ALIGN_BASE
+
+
+def padding_floor(buckets: Sequence[Bucket], layout: Layout) -> float:
+    """The padding fraction no owner-grouped split of these buckets can beat (0 when empty)."""
+    floor = sum(
+        len(layout.group_ranks(b.ep_rank)) * slice_floor(b, len(layout.group_ranks(b.ep_rank))) for b in buckets
+    )
+    used = sum(b.used for b in buckets)
+    return (floor - used) / floor if floor else 0.0
 
 
 @dataclass(frozen=True)
@@ -77,7 +86,7 @@ def bucket_stats(plan: Plan) -> BucketStats:
     slices = bucket_slices(plan)
     padded = sum(len(r) * max(w) for r, w in slices)
     worst = max((len(r) * max(w) / b.used for (r, w), b in zip(slices, bks, strict=True) if b.used), default=1.0)
-    floors = [slice_floor(plan, b) for b in range(len(bks))]
+    floors = [slice_floor(b, len(r)) for (r, _), b in zip(slices, bks, strict=True)]
     floor = sum(len(r) * f for (r, _), f in zip(slices, floors, strict=True))
     if plan.dp.layout == "padded":
         excess = sum(max(w) for _, w in slices) / max(sum(floors), 1)

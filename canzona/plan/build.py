@@ -9,12 +9,15 @@ the strategy; tp_mode sc|no|sorted|global with every strategy except zero, whose
 dp_algo ``first-element``; canzona DP with the ASC TP schedule is ``canzona`` with tp_mode ``no``.
 The Plan stores the RESOLVED config and hashes it.
 
-Bucket geometry. Every strategy lays its matrix gradients out as Megatron's DDP buffer does, with
-Megatron's bucket size max(40M, 1M·DP) unless ``bucket_size`` is given (``buckets``), except the
-algorithms a strategy marks ``chunked`` (canzona's refine and lpt) in the padded layout: those cut
-the buffer with ``buckets.matrix_chunks``. Under EP > 1 the expert matrices of each EP rank form
-their own buffer over that rank's expert-DP group, as Megatron's expert buffers do (padded layout
-only; the runtime executes EP plans in a later step).
+Bucket geometry and buffer layout. Every strategy lays its matrix gradients out as Megatron's DDP
+buffer does, with Megatron's bucket size max(40M, 1M·DP) unless ``bucket_size`` is given
+(``buckets``), and cuts it into exact (uneven) slices; the runtime's lowering then picks each
+bucket's collective mode (``schedule.choose_mode``). The exception is the algorithms a strategy
+marks ``chunked`` (canzona's refine and lpt) under ``dp_layout = "padded"``: they optimise for the
+NCCL-native layout itself, so they cut the buffer with ``buckets.matrix_chunks``, own matrices
+anywhere in a bucket and emit owner-grouped equal slices. Under EP > 1 the expert matrices of each
+EP rank form their own buffer over that rank's expert-DP group, as Megatron's expert buffers do
+(those algorithms only; the runtime executes EP plans in a later step).
 """
 
 from __future__ import annotations
@@ -28,11 +31,12 @@ from dataclasses import replace
 from canzona.cost import CostModel
 from canzona.errors import ConfigError
 from canzona.models import Model, ParamSpec, get_model, list_params
+from canzona.plan.bucket_metrics import padding_floor
 from canzona.plan.buckets import build_buckets, matrix_chunks, packed_bucket, resolve_bucket_size
 from canzona.plan.dp import make_problem
 from canzona.plan.strategies import STRATEGIES, get_strategy, resolve_algo
 from canzona.plan.tp import TP_MODES, check_tp_mode, schedule_tp
-from canzona.plan.types import DP_LAYOUTS, Bucket, Layout, Plan, PlanConfig, PlanItem, input_hash
+from canzona.plan.types import AUTO_PADDING_LIMIT, DP_LAYOUTS, Bucket, Layout, Plan, PlanConfig, PlanItem, input_hash
 
 
 def _positive_int(v: object) -> bool:
@@ -114,6 +118,20 @@ def matrix_buckets(
     return tuple(out)
 
 
+def _choose_layout(params: Sequence[ParamSpec], items: Sequence[PlanItem], layout: Layout, cfg: PlanConfig) -> str:
+    """The layout the plan uses. Only the algorithms that plan the padded layout themselves
+    (``chunked_algos``) are padded; ``auto`` is padded while the padded buckets' padding floor is
+    <= AUTO_PADDING_LIMIT (always under EP), else exact."""
+    if cfg.dp_algo not in get_strategy(cfg.strategy).chunked_algos:
+        return "exact"  # contiguous algorithms and baselines: exact cuts, the runtime picks each mode
+    if cfg.dp_layout != "auto":
+        return cfg.dp_layout
+    if any(it.ep_rank is not None for it in items):
+        return "padded"  # expert buffers are planned in the padded layout only
+    chunks = matrix_buckets(params, items, layout, replace(cfg, dp_layout="padded"))
+    return "padded" if padding_floor(chunks, layout) <= AUTO_PADDING_LIMIT else "exact"
+
+
 def make_plan(
     params: Sequence[ParamSpec], layout: Layout, config: PlanConfig, *, cost_model: CostModel | None = None
 ) -> Plan:
@@ -132,15 +150,19 @@ def make_plan(
     if dup:
         raise ConfigError(f"duplicate parameter names: {', '.join(dup[:3])}")
     items = make_items(params, cost_model, layout.ep)
+    cfg = replace(cfg, dp_layout=_choose_layout(params, items, layout, cfg))
     if any(it.ep_rank is not None for it in items) and (
-        cfg.dp_layout != "padded" or strategy.grad_sync != "reduce-scatter" or strategy.tp_mode == "shard"
+        cfg.dp_layout != "padded" or cfg.dp_algo not in strategy.chunked_algos
     ):
         raise ConfigError(
-            f"EP > 1 is planned only in the padded layout by atomic reduce-scatter strategies (canzona, asc); "
-            f"got {cfg.strategy} / {cfg.dp_layout}"
+            "EP > 1 is planned only by the padded layout's own algorithms (canzona refine or lpt); "
+            f"got {cfg.strategy} / {cfg.dp_algo} / {cfg.dp_layout}"
         )
     buckets = matrix_buckets(params, items, layout, cfg)
-    problem = make_problem(items, buckets, layout.dp, layout.tp, cfg.tp_mode, layout=cfg.dp_layout, ep=layout.ep)
+    padded = cfg.dp_layout == "padded" and cfg.dp_algo in strategy.chunked_algos
+    problem = make_problem(
+        items, buckets, layout.dp, layout.tp, cfg.tp_mode, layout="padded" if padded else "exact", ep=layout.ep
+    )
     dpp = strategy.planner(problem, items, cfg.dp_algo, cfg.alpha)
     tps = schedule_tp(
         items,

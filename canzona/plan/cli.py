@@ -20,7 +20,7 @@ from canzona.plan.types import MAX_DP
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    from canzona.cost import COST_KINDS, MATRIX_OPTIMIZERS
+    from canzona.cost import COST_KINDS, matrix_optimizer_names
     from canzona.models.transformer import VIEWS
     from canzona.plan.strategies import STRATEGIES, all_algos
     from canzona.plan.tp import TP_MODES
@@ -32,7 +32,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dp", type=int_in(1, MAX_DP), default=None, help="DP size (default: world / (tp·pp))")
     p.add_argument("--ep", type=int_in(1, MAX_DP), default=1, help="expert parallelism inside DP (MoE models)")
     p.add_argument("--world", type=int_in(1, MAX_DP * 1024), default=None, help="check dp·tp·pp against this")
-    p.add_argument("--optimizer", default="muon", choices=MATRIX_OPTIMIZERS)
+    p.add_argument("--optimizer", default="muon", help=" | ".join(matrix_optimizer_names()))
     p.add_argument("--strategy", default="canzona", choices=tuple(STRATEGIES))
     p.add_argument(
         "--alpha",
@@ -49,9 +49,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp-mode", default=None, choices=TP_MODES, help="TP schedule (default: the strategy's)")
     p.add_argument(
         "--dp-layout",
-        default="padded",
+        default="auto",
         choices=DP_LAYOUTS,
-        help="padded: NCCL-native equal slices (default); exact: uneven slices",
+        help="padded: NCCL-native equal slices; exact: uneven slices; auto (default): padded unless padding "
+        "would exceed 25%% of the bucket bytes",
     )
     p.add_argument(
         "--bucket-size",

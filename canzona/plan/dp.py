@@ -98,8 +98,8 @@ def forced_mean(cost: Sequence[float], sharded: Sequence[bool], dp: int, tp: int
     TP rank (that redundancy is the design, not the plan's fault)."""
     if tp == 1:
         return sum(cost) / dp
-    w = sum(c for c, s in zip(cost, sharded, strict=False) if s) + tp * sum(
-        c for c, s in zip(cost, sharded, strict=False) if not s
+    w = sum(c for c, s in zip(cost, sharded, strict=True) if s) + tp * sum(
+        c for c, s in zip(cost, sharded, strict=True) if not s
     )
     return w / (dp * tp)
 
@@ -164,7 +164,7 @@ def owners_tuple(
     p: DPProblem, owner: Sequence[int], items: Sequence[PlanItem]
 ) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """owners in registration order (one rank each)."""
-    o = dict(zip(p.names, owner, strict=False))
+    o = dict(zip(p.names, owner, strict=True))
     return tuple((it.name, (int(o[it.name]),)) for it in items)
 
 

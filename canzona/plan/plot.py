@@ -50,7 +50,7 @@ def plot_alpha_sweep(rows: Sequence[dict[str, Any]], path: str | Path, *, title:
         xs = [r["comm_balance"] for r in rs]
         ys = [r["compute_balance"] for r in rs]
         ax.plot(xs, ys, marker="o", label=algo)
-        for r, x, y in zip(rs, xs, ys, strict=False):
+        for r, x, y in zip(rs, xs, ys, strict=True):
             ax.annotate(f"{r['alpha']:g}", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
     if rows:
         ax.axhline(rows[0]["lower_bound"], color="#C44E52", ls="--", lw=1, label="atomic compute bound")

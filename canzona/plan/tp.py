@@ -99,8 +99,8 @@ def slot_loads(mode: str, costs: Sequence[float], sharded: Sequence[bool], tp: i
 
     Fast path used by the DP planner; must agree with what ``schedule_tp`` + metrics compute.
     """
-    repl = sum(c for c, s in zip(costs, sharded, strict=False) if not s)
-    sh = [c for c, s in zip(costs, sharded, strict=False) if s]
+    repl = sum(c for c, s in zip(costs, sharded, strict=True) if not s)
+    sh = [c for c, s in zip(costs, sharded, strict=True) if s]
     if tp == 1:
         return [repl + sum(sh)]
     if mode == "sc":

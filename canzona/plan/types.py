@@ -161,7 +161,8 @@ class TPSchedule:
 # α = 0.5 weighs compute balance and slice-size (communication) balance equally; on the
 # 256-GPU Qwen3 layouts it reaches efficiency 1.0 with comm balance at its bound (results/planner).
 DEFAULT_ALPHA = 0.5
-DP_LAYOUTS = ("padded", "exact")
+DP_LAYOUTS = ("auto", "padded", "exact")
+AUTO_PADDING_LIMIT = 0.25  # auto: the padded layout while its padding floor stays at or below this
 
 
 @dataclass(frozen=True)
@@ -169,8 +170,13 @@ class PlanConfig:
     """Every input choice that shapes a plan (hashed together with the items and layout).
 
     bucket_size  elements per DP bucket; None = Megatron's rule max(40M, 1M·DP) (``buckets``).
-    dp_layout    "padded": NCCL-native equal slices (one reduce-scatter + one all-gather per bucket,
-                 the production default); "exact": uneven slices cut on parameter boundaries.
+    dp_layout    "padded": NCCL-native equal slices (one reduce-scatter + one all-gather per bucket);
+                 "exact": uneven slices cut on parameter boundaries (the runtime then picks each
+                 bucket's collective mode); "auto" (default): padded unless no split of the padded
+                 buckets keeps the padding at or below ``AUTO_PADDING_LIMIT`` of the bucket bytes,
+                 which happens when DP ranks outnumber the matrices (Qwen3-8B at DP128: 46% at best),
+                 where padding would also multiply the gradient and parameter buffers. The Plan
+                 stores the layout chosen.
     """
 
     strategy: str = "canzona"
@@ -182,7 +188,7 @@ class PlanConfig:
     bucket_size: int | None = None
     capacity_bytes: int | None = None
     grad_dtype_bytes: int = 4
-    dp_layout: str = "padded"
+    dp_layout: str = "auto"
 
 
 @dataclass(frozen=True)

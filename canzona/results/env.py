@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import platform
 import socket
 import subprocess
@@ -67,3 +68,44 @@ def environment(device: torch.device, backend: str, *, extra: dict[str, Any] | N
     }
     env.update(extra or {})
     return env
+
+
+# Variables the container runtimes set inside a container (apptainer/singularity name the image
+# file); the rendered Slurm scripts export CANZONA_CONTAINER_IMAGE with the profile's image for
+# pyxis, which sets none. Read for the record only; nothing behaves differently.
+_CONTAINER_VARS = ("CANZONA_CONTAINER_IMAGE", "APPTAINER_CONTAINER", "SINGULARITY_CONTAINER")
+
+
+def gpu_driver_version() -> str:
+    """The NVIDIA driver version from nvidia-smi, "unavailable" where there is none."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout.split()
+        return out[0] if out else "unavailable"
+    except (OSError, subprocess.SubprocessError):
+        return "unavailable"
+
+
+def cluster_environment(device: torch.device, hostnames: list[str]) -> dict[str, Any]:
+    """Where a multi-node run ran and with which GPU stack: Slurm job and nodes, every rank's host,
+    driver/CUDA/NCCL versions and the container image (None where not applicable)."""
+    cuda = device.type == "cuda"
+    nccl = None
+    if cuda:
+        v = torch.cuda.nccl.version()
+        nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    image = next((os.environ[k] for k in _CONTAINER_VARS if os.environ.get(k)), None)
+    return {
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "slurm_nodelist": os.environ.get("SLURM_JOB_NODELIST"),
+        "hostnames": list(hostnames),
+        "cuda": torch.version.cuda if cuda else None,
+        "nccl": nccl,
+        "gpu_driver": gpu_driver_version() if cuda else None,
+        "container_image": image,
+    }

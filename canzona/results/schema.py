@@ -1,17 +1,27 @@
 """One JSON line per run. Versioned; validated on read; written atomically.
 
-A record (schema_version 1):
+A record (schema_version 2):
   schema_version  int, this module's SCHEMA_VERSION
   kind            "train" (harness iteration timings) | "step" (optimizer-step benchmark)
   provenance      "measured" | "projected"
   provenance_detail  where measured (device/backend) or which model + hardware profile projected it
   config          model, tp, pp, dp, world, method, optimizer, seq_len, micro_batch, global_batch,
-                  alpha, dtype, bucket_size, warmup, iters
+                  alpha, dtype, ns_dtype, bucket_size, warmup, iters
+                  dtype     "fp32" | "bf16": the parameters' number format
+                  ns_dtype  "fp32" | "bf16": the number format Newton-Schulz ran in (Muon's
+                            compute_dtype; Megatron's muon_fp32_matmul_prec "highest" | "medium");
+                            null for optimizers without Newton-Schulz (shampoo, soap, adamw)
   env             git_commit, torch, megatron, device, backend, hostname, python, timestamp (ISO 8601 UTC)
   timings         iteration_ms, fwd_bwd_ms, step_ms: {"median", "p90", "n"};
                   phases_ms: {phase: median}; tokens_per_s; model_tflops; peak_mem_mb
   loss            {"first", "last"} (null for kind "step")
   cell            the cell key (see ``cell_key``) so sweeps can tell which cell a line belongs to
+
+Version 2 added dtype and ns_dtype to the cell key: a bf16 line and an fp32 line are different
+cells, so an fp32 line can never mark a bf16 cell done (or be pooled with it). Version-1 lines
+are upgraded on read by ``upgrade_v1`` where the version-1 code fixed the Newton-Schulz format
+(the rules are written there); any other version-1 line is refused with a message naming the
+fix. ``validate`` is the single reader: every consumer (sweeps, analysis) sees upgraded lines.
 """
 
 from __future__ import annotations
@@ -25,9 +35,13 @@ from typing import Any
 
 from canzona.errors import ConfigError
 
-SCHEMA_VERSION = 1
-CELL_FIELDS = ("model", "tp", "pp", "dp", "method", "optimizer", "seq_len", "global_batch")
-REQUIRED_CONFIG = ("model", "tp", "pp", "dp", "world", "method", "optimizer")
+SCHEMA_VERSION = 2
+CELL_FIELDS = ("model", "tp", "pp", "dp", "method", "optimizer", "seq_len", "global_batch", "dtype", "ns_dtype")
+CELL_FIELDS_V1 = ("model", "tp", "pp", "dp", "method", "optimizer", "seq_len", "global_batch")
+REQUIRED_CONFIG = ("model", "tp", "pp", "dp", "world", "method", "optimizer", "dtype", "ns_dtype")
+DTYPES = ("fp32", "bf16")
+# Optimizers whose step runs Newton-Schulz (and so have an ns_dtype); the others record null.
+NS_OPTIMIZERS = ("muon",)
 REQUIRED_TOP = ("schema_version", "kind", "provenance", "config", "env", "timings", "cell")
 PROVENANCES = ("measured", "projected")
 
@@ -41,17 +55,74 @@ def cell_key(config: dict[str, Any]) -> str:
     return "|".join(f"{k}={config.get(k)}" for k in CELL_FIELDS)
 
 
+def ns_dtype_for(optimizer: str, ns_dtype: str | None) -> str | None:
+    """The ns_dtype a record of ``optimizer`` carries: the format for Newton-Schulz optimizers,
+    None for the others (so a Shampoo cell is not split into two by a setting it never uses)."""
+    return ns_dtype if optimizer in NS_OPTIMIZERS else None
+
+
+def _v1_ns_dtype(record: dict[str, Any]) -> str | None:
+    """The Newton-Schulz format a version-1 line ran in, where the version-1 code fixed it.
+
+    * projected lines: the projection modelled Newton-Schulz at its profile's matmul rate, the
+      bf16 rate on the GPU profiles and the measured fp32 rate on the CPU profile, i.e. in the
+      line's own ``dtype``;
+    * measured ``megatron-muon``: Megatron's ``muon_fp32_matmul_prec`` was left at its default
+      "medium" (megatron-core 0.19), under which emerging-optimizers casts to bf16;
+    * measured Canzona methods and bench-step: Muon's ``compute_dtype="auto"`` was fp32 off CUDA
+      and bf16 on CUDA, read from ``env.device`` ("cpu..." on CPU) and ``env.backend`` ("nccl").
+    Anything else returns None: the caller refuses the line rather than guess.
+    """
+    cfg, env = record["config"], record.get("env") or {}
+    if cfg.get("optimizer") not in NS_OPTIMIZERS:
+        return None
+    if record.get("provenance") == "projected":
+        return cfg.get("dtype") if cfg.get("dtype") in DTYPES else None
+    if cfg.get("method") == "megatron-muon":
+        return "bf16"
+    if str(env.get("device", "")).lower().startswith("cpu") and env.get("backend") == "gloo":
+        return "fp32"
+    if env.get("backend") == "nccl":
+        return "bf16"
+    return None
+
+
+def upgrade_v1(record: dict[str, Any], where: str = "record") -> dict[str, Any]:
+    """A copy of a version-1 record as version 2 (ns_dtype filled by the rules of ``_v1_ns_dtype``,
+    the cell key recomputed, ``schema_upgraded_from: 1`` added); ResultsError when the format
+    cannot be told, so an fp32 line is never labelled bf16 or the other way round."""
+    cfg = record.get("config")
+    if not isinstance(cfg, dict) or record.get("cell") != "|".join(f"{k}={cfg.get(k)}" for k in CELL_FIELDS_V1):
+        raise ResultsError(f"{where}: schema_version 1 line whose cell does not match its config; rerun the cell")
+    if cfg.get("dtype") not in DTYPES:
+        raise ResultsError(
+            f"{where}: schema_version 1 line without a dtype (fp32|bf16); rerun the cell to get a version-2 line"
+        )
+    ns = _v1_ns_dtype(record)
+    if ns is None and cfg.get("optimizer") in NS_OPTIMIZERS:
+        raise ResultsError(
+            f"{where}: schema_version 1 line whose Newton-Schulz format cannot be told from its env "
+            f"(device {record.get('env', {}).get('device')!r}, backend {record.get('env', {}).get('backend')!r}); "
+            "rerun the cell to get a version-2 line"
+        )
+    new_cfg = dict(cfg, ns_dtype=ns)
+    return dict(record, schema_version=SCHEMA_VERSION, config=new_cfg, cell=cell_key(new_cfg), schema_upgraded_from=1)
+
+
 def validate(record: dict[str, Any], where: str = "record") -> dict[str, Any]:
-    """Return ``record`` if it follows the schema, else raise ResultsError naming ``where``."""
+    """Return ``record`` (a version-2 copy if it was a version-1 line) if it follows the schema,
+    else raise ResultsError naming ``where``."""
     if not isinstance(record, dict):
         raise ResultsError(f"{where}: expected a JSON object, got {type(record).__name__}")
     missing = [k for k in REQUIRED_TOP if k not in record]
     if missing:
         raise ResultsError(f"{where}: missing field(s) {', '.join(missing)}")
+    if record["schema_version"] == 1:
+        record = upgrade_v1(record, where)
     if record["schema_version"] != SCHEMA_VERSION:
         raise ResultsError(
-            f"{where}: schema_version {record['schema_version']!r}, this Canzona reads {SCHEMA_VERSION}; "
-            "rerun the cell or convert the file"
+            f"{where}: schema_version {record['schema_version']!r}, this Canzona reads {SCHEMA_VERSION} "
+            "(and upgrades 1); rerun the cell or convert the file"
         )
     if record["provenance"] not in PROVENANCES:
         raise ResultsError(f"{where}: provenance must be one of {PROVENANCES}, got {record['provenance']!r}")
@@ -59,6 +130,14 @@ def validate(record: dict[str, Any], where: str = "record") -> dict[str, Any]:
     missing = [k for k in REQUIRED_CONFIG if k not in cfg]
     if missing:
         raise ResultsError(f"{where}: config lacks {', '.join(missing)}")
+    if cfg["dtype"] not in DTYPES:
+        raise ResultsError(f"{where}: config.dtype must be one of {DTYPES}, got {cfg['dtype']!r}")
+    want_ns = DTYPES if cfg["optimizer"] in NS_OPTIMIZERS else (None,)
+    if cfg["ns_dtype"] not in want_ns:
+        raise ResultsError(
+            f"{where}: config.ns_dtype must be one of {want_ns} for optimizer {cfg['optimizer']!r}, "
+            f"got {cfg['ns_dtype']!r}"
+        )
     if record["cell"] != cell_key(cfg):
         raise ResultsError(f"{where}: cell {record['cell']!r} does not match its config ({cell_key(cfg)!r})")
     step = record["timings"].get("step_ms")
@@ -70,7 +149,7 @@ def validate(record: dict[str, Any], where: str = "record") -> dict[str, Any]:
 def append_record(path: str | Path, record: dict[str, Any]) -> None:
     """Append one validated line with a single O_APPEND write + fsync: a crash leaves either
     the whole line or none of it, and lines already in the file are never touched."""
-    validate(record)
+    record = validate(record)
     line = (json.dumps(record, sort_keys=True) + "\n").encode()
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,14 @@
-"""Runtime: execute plans on torch.distributed (gloo on CPU, NCCL on GPU)."""
+"""Runtime: execute lowered plans on torch.distributed (gloo on CPU, NCCL on GPU)."""
 
-from canzona.runtime.config import STRATEGIES, DistConfig
-from canzona.runtime.optimizer import DistributedOptimizer
+from canzona.runtime.config import CommConfig, DistConfig, PrecisionConfig, optimizer_config, strategies
+from canzona.runtime.optimizer import DistributedOptimizer, StepInfo
 
-__all__ = ["STRATEGIES", "DistConfig", "DistributedOptimizer"]
+__all__ = [
+    "CommConfig",
+    "DistConfig",
+    "DistributedOptimizer",
+    "PrecisionConfig",
+    "StepInfo",
+    "optimizer_config",
+    "strategies",
+]

@@ -15,11 +15,17 @@ import sys
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
+from canzona.cost import matrix_optimizer_names
 from canzona.errors import ConfigError
 from canzona.models import get_model, list_params
-from canzona.plan.types import DEFAULT_ALPHA
-from canzona.runtime.config import COLLECTIVE_MODES, STRATEGIES, DistConfig
+from canzona.plan.schedule import REQUESTABLE_MODES
+from canzona.plan.types import DEFAULT_ALPHA, PlanConfig
+from canzona.runtime.config import CommConfig, DistConfig, optimizer_config, strategies
+
+STRATEGIES = strategies()
+PARAM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -27,7 +33,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dp", type=int, default=2)
     p.add_argument("--tp", type=int, default=2)
     p.add_argument("--model", default="qwen3-tiny")
-    p.add_argument("--optimizer", default="muon", choices=("muon", "shampoo", "soap"))
+    p.add_argument("--optimizer", default="muon", choices=matrix_optimizer_names())
     p.add_argument("--steps", type=int, default=20, help="measured steps per strategy")
     p.add_argument("--warmup", type=int, default=3, help="unmeasured steps per strategy")
     p.add_argument(
@@ -39,16 +45,34 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--collective-mode",
         default="auto",
-        choices=COLLECTIVE_MODES,
-        help="uneven reduce-scatter/all-gather implementation (auto: per bucket)",
+        choices=REQUESTABLE_MODES,
+        help="DP bucket collectives: native (padded, one RS + one AG), uneven, per-root, or auto (α–β model)",
+    )
+    p.add_argument("--dtype", default="fp32", choices=tuple(PARAM_DTYPES), help="parameter dtype (fp32 main grads)")
+    p.add_argument(
+        "--ns-dtype",
+        default="auto",
+        choices=("auto", "fp32", "bf16"),
+        help="Muon Newton–Schulz number format (auto: bf16 where the device has native bf16 matmul; recorded resolved)",
     )
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     p.add_argument("--out", help="also write the JSON object to this file (atomically)")
     p.add_argument("--results", help="append one schema record (kind 'step') per strategy to this JSONL file")
 
 
+def make_config(strategy: str, args: argparse.Namespace) -> DistConfig:
+    """bench-step's DistConfig for one strategy (timers on: the step is what is measured)."""
+    opts = {"compute_dtype": args.ns_dtype} if args.optimizer == "muon" else {}
+    return DistConfig(
+        optimizer=optimizer_config(args.optimizer, **opts),
+        plan=PlanConfig(strategy=strategy, alpha=args.alpha, bucket_size=args.bucket_size),
+        comm=CommConfig(collective_mode=args.collective_mode),
+        timers=True,
+    )
+
+
 def _rank(
-    info: Any, model: str, dp: int, tp: int, strategies: list[str], cfg_kw: dict, steps: int, warmup: int
+    info: Any, model: str, dp: int, tp: int, strategies: list[str], args: argparse.Namespace, steps: int, warmup: int
 ) -> dict:
     from canzona.runtime.launch import dp_tp_groups
     from canzona.runtime.optimizer import DistributedOptimizer
@@ -66,12 +90,14 @@ def _rank(
                 s.name,
                 s,
                 torch.nn.Parameter(
-                    torch.randn(s.shard_shape(tp), generator=torch.Generator().manual_seed(7)).to(info.device) * 0.02
+                    (torch.randn(s.shard_shape(tp), generator=torch.Generator().manual_seed(7)) * 0.02).to(
+                        info.device, PARAM_DTYPES[args.dtype]
+                    )
                 ),
             )
             for s in specs
         ]
-        runs[strategy] = (DistributedOptimizer(params, *groups, DistConfig(strategy=strategy, **cfg_kw)), params)
+        runs[strategy] = (DistributedOptimizer(params, *groups, make_config(strategy, args)), params)
     times: dict[str, list[dict[str, float]]] = {s: [] for s in strategies}
     # Interleaved: each step times every strategy in turn on the same gradients, so drift in the
     # machine's load (other processes, thermal) hits all strategies alike instead of one block.
@@ -79,10 +105,13 @@ def _rank(
         grads = [torch.randn(p.shape, generator=gen).to(info.device) for _, _, p in runs[strategies[0]][1]]
         for strategy in strategies:
             opt, params = runs[strategy]
-            for (_, _, p), g in zip(params, grads, strict=False):
-                p.grad.copy_(g)
+            for (_, _, p), g in zip(params, grads, strict=True):
+                p.grad = g.to(p.dtype)
+            if info.device.type == "cpu":  # CPU ranks start each step together (CUDA times with events)
+                dist.barrier()
             opt.finish_grad_sync()
-            timing = opt.step()
+            opt.step()
+            timing = opt.timings()  # outside the step: the sync and max-reduction of the timers
             opt.zero_grad()
             if i >= warmup:
                 times[strategy].append(timing)
@@ -97,7 +126,9 @@ def _rank(
 
 
 def run(args: argparse.Namespace) -> int:
+    from canzona.optim.precision import compute_dtype_name
     from canzona.results.env import environment
+    from canzona.results.schema import ns_dtype_for
     from canzona.runtime.launch import launch
 
     if args.dp * args.tp != args.nproc:
@@ -107,10 +138,8 @@ def run(args: argparse.Namespace) -> int:
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:
         raise ConfigError(f"unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}")
-    cfg_kw = dict(
-        optimizer=args.optimizer, alpha=args.alpha, bucket_size=args.bucket_size, collective_mode=args.collective_mode
-    )
-    DistConfig(**cfg_kw)  # validate before forking
+    for strategy in strategies:
+        make_config(strategy, args)  # validate before forking
     per_rank = launch(
         _rank,
         args.nproc,
@@ -118,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         args.dp,
         args.tp,
         strategies,
-        cfg_kw,
+        args,
         args.steps,
         args.warmup,
         backend=args.backend,
@@ -140,6 +169,8 @@ def run(args: argparse.Namespace) -> int:
         "steps": args.steps,
         "warmup": args.warmup,
         "threads_per_rank": 1,
+        "dtype": args.dtype,
+        "ns_dtype": ns_dtype_for(args.optimizer, compute_dtype_name(args.ns_dtype, device)),  # "auto" resolved
         "step_ms": step_ms,
         "speedup_vs_sc": {s: step_ms["sc"] / v for s, v in step_ms.items()} if "sc" in step_ms else {},
         "speedup_vs_layerwise": {s: step_ms["layerwise"] / v for s, v in step_ms.items()}
@@ -189,7 +220,8 @@ def _append_records(args: argparse.Namespace, out: dict, med: dict) -> None:
             "bucket_size": args.bucket_size,
             "warmup": args.warmup,
             "iters": args.steps,
-            "dtype": "fp32",
+            "dtype": args.dtype,
+            "ns_dtype": out["ns_dtype"],
         }
         append_record(
             args.results,

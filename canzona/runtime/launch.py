@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from canzona.errors import ConfigError
+
 
 class RankError(RuntimeError):
     """A rank raised; carries that rank's formatted traceback."""
@@ -43,14 +45,28 @@ def _free_port() -> int:
 
 
 def _device_for(local_rank: int, backend: str) -> torch.device:
+    """This rank's device. NCCL ranks bind GPU ``local_rank % device_count()``: torchrun with all
+    of a node's GPUs visible gives each rank its own GPU (local_rank < count), and under Slurm's
+    per-task binding (--gpus-per-task=1, --gpu-bind=single:1 / map_gpu) each task sees one GPU as
+    device 0, where ``set_device(local_rank)`` would fail."""
     if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"backend nccl needs CUDA, but torch {torch.__version__} sees none on this node; "
+                "install a CUDA build of torch there (or use the profile's container image)"
+            )
+        index = local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
     return torch.device("cpu")
 
 
 def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> RankInfo:
-    """Join the group described by torchrun/srun variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*)."""
+    """Join the group described by torchrun/srun variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*).
+
+    ``backend`` None: nccl where CUDA is visible, else gloo. A caller that needs GPUs passes
+    "nccl" and gets a ConfigError on a CUDA-less node, never a silent gloo run.
+    """
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", rank))
@@ -62,14 +78,27 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> RankI
 def dp_tp_groups(rank: int, dp: int, tp: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
     """This rank's DP and TP groups of a dp × tp world in Megatron's order (TP ranks contiguous:
     rank = d·tp + t). Every rank creates every group, as torch.distributed requires."""
-    dp_group = tp_group = None
-    for t in range(tp):
-        g = dist.new_group([d * tp + t for d in range(dp)])
-        dp_group = g if rank % tp == t else dp_group
-    for d in range(dp):
-        g = dist.new_group([d * tp + t for t in range(tp)])
-        tp_group = g if rank // tp == d else tp_group
+    dp_group, tp_group, _ = stage_groups(rank, dp, tp, 1)
     return dp_group, tp_group
+
+
+def stage_groups(
+    rank: int, dp: int, tp: int, pp: int
+) -> tuple[dist.ProcessGroup, dist.ProcessGroup, dist.ProcessGroup]:
+    """(DP, TP, stage) groups of this rank in a dp × tp × pp world, Megatron's order
+    (rank = s·dp·tp + d·tp + t); the stage group is the TP×DP ranks of one PP stage."""
+    dp_group = tp_group = stage_group = None
+    for s in range(pp):
+        base = s * dp * tp
+        for t in range(tp):
+            g = dist.new_group([base + d * tp + t for d in range(dp)])
+            dp_group = g if (rank // (dp * tp), rank % tp) == (s, t) else dp_group
+        for d in range(dp):
+            g = dist.new_group([base + d * tp + t for t in range(tp)])
+            tp_group = g if (rank // (dp * tp), rank % (dp * tp) // tp) == (s, d) else tp_group
+        g = dist.new_group(list(range(base, base + dp * tp)))
+        stage_group = g if rank // (dp * tp) == s else stage_group
+    return dp_group, tp_group, stage_group
 
 
 def _child(

@@ -1,24 +1,27 @@
 """The distributed optimizer facade: one object, the strategy is data.
 
-    opt = DistributedOptimizer(named_params, dp_group, tp_group, DistConfig(strategy="canzona"))
-    loss.backward()            # grad hooks launch each bucket's DP reduction as it fills
+    opt = DistributedOptimizer(named_params, dp_group, tp_group, DistConfig(plan=PlanConfig(strategy="canzona")))
+    loss.backward()            # hooks fold grads into fp32 main grads and launch bucket reductions
     opt.finish_grad_sync()
-    timings = opt.step()       # {phase: ms, max across ranks}
-    opt.zero_grad()
+    info = opt.step()          # StepInfo(grad_norm, skipped, clip_coef); one host sync
+    opt.zero_grad()            # optional: a step's gradients are zeroed before the next backward
 
-Every strategy runs the same code path; only the plan differs:
-  sc         grads all-reduced; every DP and TP rank computes every matrix (TP all-gather)
-  layerwise  grads all-reduced; whole matrices computed by one DP owner (planner LPT), TP
-             duplicated (all-gather, every TP rank computes), params sent back by uneven
-             all-gather
-  asc        buckets reduce-scattered into parameter-aligned slices (first-element rule), one
-             TP host per matrix, no balancing
-  canzona    α-balanced parameter-aligned slices, TP micro-groups (fused all-to-alls, pipelined)
-Matrix parameters go to the matrix optimizer; everything else to ZeRO-1 AdamW in the same step.
+Every strategy runs the same code: the plan (canzona.plan) says who owns what, the lowering
+(canzona.plan.schedule) turns it into this rank's buffers, collective modes and executors, and this
+class only wires them together:
+  DPSync       gradient reductions and parameter all-gathers (canzona.runtime.dp_sync)
+  executors    matrix updates, local / TP all-gather / micro-groups (canzona.runtime.executors)
+  ZeroAdamW    the non-matrix parameters, ZeRO-1 (canzona.runtime.zero_adamw)
+  grad_norm    the step's single reduction: global norm + non-finite flag (canzona.runtime.grad_norm)
+  checkpoint   DCP state in full-matrix space (canzona.runtime.checkpoint)
+
+Mixed precision: parameters keep the model's dtype; updates are applied to fp32 masters of what
+this rank owns and cast into the parameter buffer before the all-gather.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -30,75 +33,79 @@ import torch.distributed as dist
 
 from canzona.errors import ConfigError, NonFiniteGradientError
 from canzona.models.spec import ParamSpec
-from canzona.optim import make_matrix_optimizer
-from canzona.optim.adamw import AdamWConfig
 from canzona.optim.base import apply_update
 from canzona.plan import make_plan
-from canzona.plan.buckets import build_buckets
-from canzona.plan.types import Layout, Plan, PlanConfig
-from canzona.runtime.buffers import FlatBuffers
-from canzona.runtime.collectives import Pending, all_gather_v, pick_mode, reduce_scatter_v
+from canzona.plan.buckets import build_buckets, resolve_bucket_size
+from canzona.plan.comm import MODELS, model_for_backend
+from canzona.plan.schedule import LowerSettings, RankSchedule, lower
+from canzona.plan.types import Layout, Plan
+from canzona.runtime import checkpoint, grad_norm
+from canzona.runtime.buffers import DTYPES, FlatBuffers
 from canzona.runtime.config import DistConfig
+from canzona.runtime.dp_sync import DPSync
+from canzona.runtime.executors import select_executors
 from canzona.runtime.timers import PhaseTimer
-from canzona.runtime.tp_exec import AllGatherTP, LocalTP, MicroGroupTP
-from canzona.runtime.zero_adamw import MOMENTS, ZeroAdamW
+from canzona.runtime.zero_adamw import ZeroAdamW
 
 NamedParam = tuple[str, ParamSpec, torch.nn.Parameter]
 
 
 @dataclass(frozen=True)
-class _Placement:
-    """Which matrices this rank's DP index owns (it holds reduced gradient shards of them), which
-    of those it computes, and which it is the canonical state holder for."""
+class StepInfo:
+    """What a step did: the global grad norm before clipping, whether it was skipped, the clip scale."""
 
-    owns: tuple[str, ...]
-    computes: tuple[str, ...]
-    canonical: frozenset[str]
+    grad_norm: float
+    skipped: bool
+    clip_coef: float = 1.0
 
 
 class DistributedOptimizer:
+    """See the module docstring. ``stage_group``: the TP×DP ranks of this PP stage (they must hold
+    the same plan; default WORLD). ``global_group``: every rank of the model, PP included (the norm
+    and the non-finite verdict; default WORLD). ``tp_partial``: replicated parameters whose gradient
+    is a partial sum per TP rank (QK-norm weights): summed across TP after the DP reduction."""
+
     def __init__(
         self,
         named_params: Sequence[NamedParam],
         dp_group: dist.ProcessGroup | None,
         tp_group: dist.ProcessGroup | None,
         config: DistConfig,
-        world_group: dist.ProcessGroup | None = None,
+        *,
+        stage_group: dist.ProcessGroup | None = None,
+        global_group: dist.ProcessGroup | None = None,
+        tp_partial: Sequence[str] = (),
     ) -> None:
-        self.config = config
-        self.dp_group, self.tp_group, self.world_group = dp_group, tp_group, world_group
-        self.dp, self.dp_rank = dist.get_world_size(dp_group), dist.get_rank(dp_group)
-        self.backend = str(dist.get_backend(dp_group))
-        self.tp, self.tp_rank = dist.get_world_size(tp_group), dist.get_rank(tp_group)
+        if not isinstance(config, DistConfig):
+            raise ConfigError(f"DistributedOptimizer needs a DistConfig, got {type(config).__name__}")
         if not named_params:
             raise ConfigError("DistributedOptimizer got no parameters")
+        self.config = config
+        self.dp_group, self.tp_group = dp_group, tp_group
+        self.stage_group, self.global_group = stage_group, global_group
+        self.dp, self.dp_rank = dist.get_world_size(dp_group), dist.get_rank(dp_group)
+        self.tp, self.tp_rank = dist.get_world_size(tp_group), dist.get_rank(tp_group)
+        self.backend = str(dist.get_backend(dp_group))
         self.device = named_params[0][2].device
         self.specs: dict[str, ParamSpec] = {}
         self.params: dict[str, torch.nn.Parameter] = {}
         for name, spec, p in named_params:
             self._check_param(name, spec, p)
             self.specs[name], self.params[name] = spec, p
-        use_matrix = config.optimizer != "adamw"
+        unknown = sorted(set(tp_partial) - set(self.params))
+        if unknown:
+            raise ConfigError(f"tp_partial names unknown parameters: {', '.join(unknown[:3])}")
+        self.tp_partial = frozenset(tp_partial)
+        use_matrix = config.optimizer is not None
         self.matrix_names = [n for n, s, _ in named_params if use_matrix and s.route == "matrix"]
-        self.matrix_set = frozenset(self.matrix_names)
-        self.adamw_names = [n for n, _, _ in named_params if n not in self.matrix_set]
-
-        self.plan: Plan | None = None
-        self.collective_modes: dict[str, str] = {}
-        self._pending: dict[tuple[str, int], Pending] = {}
-        self._sync_enabled = True
-        self._synced = False
+        self.adamw_names = [n for n in self.params if n not in set(self.matrix_names)]
         self.step_count = 0
-        self.timer = PhaseTimer(self.device)
-        self.states: dict[str, dict[str, torch.Tensor]] = {}
-        self._param_pending: dict[tuple[str, int], Pending] = {}
-
-        if self.matrix_names:
-            self._setup_matrix()
-        self._setup_adamw()
-        if config.overlap_grad_sync:
-            for kind, bufs in self._buffer_sets():
-                bufs.register_ready_hooks(lambda b, kind=kind: self._launch(kind, b), lambda: self._sync_enabled)
+        self.timer = PhaseTimer(self.device, enabled=config.timers)
+        self._synced = False
+        self._grad_sync_ms = 0.0
+        self.plan = self._make_plan() if self.matrix_names else None
+        self.schedule = self._lower()
+        self._build()
 
     # ---------------------------------------------------------------- set-up
     def _check_param(self, name: str, spec: ParamSpec, p: torch.Tensor) -> None:
@@ -114,372 +121,210 @@ class DistributedOptimizer:
                 f"{name}: local shape {tuple(p.shape)} is not the TP={self.tp} shard "
                 f"{spec.shard_shape(self.tp)} of {spec.shape}"
             )
+        if p.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ConfigError(f"{name}: parameters must be fp32, bf16 or fp16, got {p.dtype}")
 
-    def _setup_matrix(self) -> None:
-        c = self.config
-        pcfg = PlanConfig(
-            strategy=c.strategy,
-            optimizer=c.optimizer,
-            cost=c.cost,
-            alpha=c.alpha,
-            bucket_size=c.bucket_size,
-            capacity_bytes=c.capacity_bytes,
-            **{k: v for k, v in (("dp_algo", c.dp_algo), ("tp_mode", c.tp_mode)) if v is not None},
-        )
-        self.math = make_matrix_optimizer(c.optimizer, lr=c.lr, weight_decay=c.weight_decay, **c.optimizer_options)
-        self.plan = make_plan(
+    def _make_plan(self) -> Plan:
+        self.math = self.config.make_math()
+        pc = self.config.plan
+        pc = dataclasses.replace(pc, bucket_size=resolve_bucket_size(pc.bucket_size, self.dp))
+        plan = make_plan(
             [self.specs[n] for n in self.matrix_names],
             Layout(self.dp, self.tp, 1),
-            pcfg,
-            cost_model=self.math.cost_model(c.cost),
+            pc,
+            cost_model=self.math.cost_model(pc.cost),
         )
-        self._check_plan_agreement(self.plan.input_hash)
-        dp = self.plan.dp
-        cuts = dp.cuts if dp.grad_sync == "reduce-scatter" else [()] * len(dp.buckets)
-        self.mbufs = FlatBuffers(dp.buckets, cuts, {n: self.params[n] for n in self.matrix_names}, self.device)
-        for i, bb in enumerate(self.mbufs.buckets):
-            if bb.cuts:
-                self.collective_modes[f"matrix{i}"] = pick_mode(
-                    bb.slice_sizes(), c.collective_mode, c.pad_threshold, self.backend
-                )
-            else:
-                self.collective_modes[f"matrix{i}"] = "all-reduce"
-        owners = dp.owner_map()
-        mine = [n for n in self.matrix_names if self.dp_rank in owners[n]]
-        split = [n for n in mine if self.tp > 1 and self.specs[n].partition_dim is not None]
-        self.local_tp = LocalTP([n for n in mine if n not in set(split)], self.specs)
-        dtype = self.params[self.matrix_names[0]].dtype
-        hosts: dict[str, int] = {}
-        if self.plan.tp.mode == "sc" or not split:
-            self.tp_exec: AllGatherTP | MicroGroupTP = AllGatherTP(split, self.specs, self.tp_group, self.device, dtype)
-        else:
-            groups = self.plan.tp.groups[self.dp_rank]
-            hosts = {n: h for g in groups for n, h in g.hosts}
-            if sorted(hosts) != sorted(split):
-                raise ConfigError(
-                    f"plan {self.plan.input_hash}: TP micro-groups do not cover DP rank {self.dp_rank}'s matrices"
-                )
-            self.tp_exec = MicroGroupTP(groups, self.specs, self.tp_group, self.device, dtype)
-        computes = tuple(n for n in mine if n not in hosts or hosts[n] == self.tp_rank)
-        lead = {n: min(owners[n]) for n in mine}
-        canonical = frozenset(n for n in computes if lead[n] == self.dp_rank and (n in hosts or self.tp_rank == 0))
-        self.placement = _Placement(tuple(mine), computes, canonical)
-        if dp.param_sync != "none" and not dp.cuts:
-            self._setup_owner_gather(owners)
+        self._check_agreement(plan.input_hash)
+        return plan
 
-    def _setup_owner_gather(self, owners: dict[str, tuple[int, ...]]) -> None:
-        """Layer-wise: per-rank staging of owned (TP-local) params for the uneven all-gather."""
-        self.owned_by = [[n for n in self.matrix_names if owners[n][0] == r] for r in range(self.dp)]
-        sizes = [sum(self.params[n].numel() for n in names) for names in self.owned_by]
-        dtype = self.params[self.matrix_names[0]].dtype
-        self.staging = [torch.empty(s, dtype=dtype, device=self.device) for s in sizes]
-        self.collective_modes["owner_gather"] = pick_mode(
-            sizes, self.config.collective_mode, self.config.pad_threshold, self.backend
+    def _lower(self) -> RankSchedule:
+        comm, prec = self.config.comm, self.config.precision
+        model = MODELS[comm.cost_model] if comm.cost_model else model_for_backend(self.backend)
+        pdtype = self.params[next(iter(self.params))].dtype
+        settings = LowerSettings(
+            collective_mode=comm.collective_mode,
+            model=model,
+            grad_bytes=DTYPES[prec.grad_dtype].itemsize,
+            param_bytes=pdtype.itemsize,
+            tp_partial=self.tp_partial,
+            global_world=dist.get_world_size(self.global_group),
         )
+        size = resolve_bucket_size(self.config.plan.bucket_size, self.dp)
+        adamw = build_buckets([(n, self.params[n].numel()) for n in self.adamw_names], self.dp, size)
+        return lower(self.plan, adamw, self.dp_rank, self.tp_rank, settings, Layout(self.dp, self.tp, 1))
 
-    def _setup_adamw(self) -> None:
-        c = self.config
-        names = self.adamw_names
-        buckets = build_buckets([(n, self.params[n].numel()) for n in names], self.dp, c.bucket_size)
-        cuts = [tuple(b.size * r // self.dp for r in range(self.dp + 1)) for b in buckets]
-        self.abufs = FlatBuffers(buckets, cuts, {n: self.params[n] for n in names}, self.device)
-        self.adamw = ZeroAdamW(
-            self.abufs.buckets,
-            self.dp_rank,
-            AdamWConfig(lr=c.adamw_lr, betas=c.adamw_betas, eps=c.adamw_eps, weight_decay=c.adamw_weight_decay),
-        )
-        for i, bb in enumerate(self.abufs.buckets):
-            self.collective_modes[f"adamw{i}"] = pick_mode(
-                bb.slice_sizes(), c.collective_mode, c.pad_threshold, self.backend
-            )
+    def _build(self) -> None:
+        s, gdtype = self.schedule, DTYPES[self.config.precision.grad_dtype]
+        layouts = {k: [b for b in s.buckets if b.kind == k] for k in ("matrix", "adamw")}
+        self.sets = {k: FlatBuffers(v, self.params, gdtype, self.dp_rank, self.device) for k, v in layouts.items() if v}
+        self.dps = DPSync(s, self.sets, self.dp_group, self.tp_group, self.tp_partial, self.device, self.timer)
+        self.executors = select_executors(s.executors, self.specs, self.tp_group, self.device)
+        self.applied = [n for spec in s.executors for n in spec.names]
+        self.masters = self._masters()
+        self.states = {n: self.math.init_state(self.specs[n].shape, device=self.device) for n in s.computes}
+        self.adamw = ZeroAdamW(self.sets["adamw"].buckets if "adamw" in self.sets else [], self.config.adamw)
+        self.norm_tensors = self._canonical_grads()
+        self.scaled_tensors = [*(self.sets["matrix"].grad(n) for n in self.applied), *self.adamw.grads()]
+        overlap = self.config.comm.overlap_grad_sync
+        self._hooks = [
+            h for k, bufs in self.sets.items() for h in bufs.register_hooks(*self.dps.hook_callbacks(k, overlap))
+        ]
 
-    def _check_plan_agreement(self, h: str) -> None:
-        """Every rank must execute the same plan; a mismatch would deadlock or corrupt silently."""
+    def _masters(self) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+        """name -> (fp32 master shard, param view to publish into or None when the master IS it)."""
+        if "matrix" not in self.sets:
+            return {}
+        inside = {n: (m, p) for n, m, p in self.sets["matrix"].masters()}
+        out = {}
+        for n in self.applied:
+            if n in inside:
+                m, p = inside[n]
+                out[n] = (m, None if m.data_ptr() == p.data_ptr() else p)
+            else:  # bucket reduced whole (sc, layer-wise): a master per owned parameter
+                p = self.sets["matrix"].param(n)
+                out[n] = (p, None) if p.dtype == torch.float32 else (p.float(), p)
+        return out
+
+    def _canonical_grads(self) -> list[torch.Tensor]:
+        """The gradients this rank counts in the global norm (each parameter once; module docstring
+        of canzona.runtime.grad_norm)."""
+        out = []
+        sharded = lambda n: self.specs[n].partition_dim is not None and self.tp > 1
+        counts = lambda n: sharded(n) or self.tp_rank == 0
+        if self.plan is not None:
+            owners = self.plan.dp.owner_map()
+            mine = [n for n in self.applied if min(owners[n]) == self.dp_rank]
+            out += [self.sets["matrix"].grad(n) for n in mine if counts(n)]
+        for bb in self.sets["adamw"].buckets if "adamw" in self.sets else []:
+            lo, hi = bb.region
+            for n, (off, numel) in bb.where.items():
+                a, b = max(off, lo), min(off + numel, hi)
+                if a < b and counts(n):
+                    out.append(bb.grad[a:b])
+        return out
+
+    def _check_agreement(self, h: str) -> None:
+        """Every rank of the stage must execute the same plan; a mismatch would deadlock or corrupt."""
         v = torch.tensor([int(h, 16) & ((1 << 62) - 1)], dtype=torch.int64, device=self.device)
         lo, hi = v.clone(), v.clone()
-        dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=self.world_group)
-        dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=self.world_group)
+        dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=self.stage_group)
+        dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=self.stage_group)
         if lo.item() != hi.item():
             raise ConfigError(
                 f"plan hash differs across ranks (this rank: {h}); every rank must pass the same parameter "
                 "names, shapes, layout and DistConfig"
             )
 
-    def _buffer_sets(self) -> list[tuple[str, FlatBuffers]]:
-        sets = [("adamw", self.abufs)]
-        if self.matrix_names:
-            sets.insert(0, ("matrix", self.mbufs))
-        return sets
+    @property
+    def collective_modes(self) -> dict[str, str]:
+        """The mode of every DP bucket (and layer-wise's owner gather), as the lowering chose."""
+        modes = {b.tag: b.mode for b in self.schedule.buckets}
+        if self.schedule.owner_gather is not None:
+            modes["owner_gather"] = self.schedule.owner_gather[1]
+        return modes
 
     # ---------------------------------------------------------------- grad sync
     @contextmanager
     def no_sync(self) -> Iterator[None]:
         """Accumulate gradients without DP reduction (all micro-batches but the last)."""
-        prev, self._sync_enabled = self._sync_enabled, False
+        prev, self.dps.sync_enabled = self.dps.sync_enabled, False
         try:
             yield
         finally:
-            self._sync_enabled = prev
-
-    def _launch(self, kind: str, b: int) -> None:
-        if (kind, b) in self._pending:
-            return
-        bufs = self.mbufs if kind == "matrix" else self.abufs
-        bb = bufs.buckets[b]
-        bb.grad.div_(self.dp)
-        if self.dp == 1 or not bb.grad.numel():
-            self._pending[(kind, b)] = Pending()
-        elif bb.cuts:
-            self._pending[(kind, b)] = reduce_scatter_v(
-                bb.chunks("grad"), self.dp_group, self.collective_modes[f"{kind}{b}"]
-            )
-        else:
-            self._pending[(kind, b)] = Pending([dist.all_reduce(bb.grad, group=self.dp_group, async_op=True)])
+            self.dps.sync_enabled = prev
 
     def finish_grad_sync(self) -> None:
-        """Launch whatever the hooks did not, then wait for every bucket's DP reduction."""
-        self.wait_param_sync()
+        """Launch whatever the hooks did not, wait for every bucket's DP reduction, sum TP partials."""
+        t0 = time.perf_counter()
         with self.timer.phase("grad_sync"):
-            for kind, bufs in self._buffer_sets():
-                bufs.rebind_grads()
-                for b in range(len(bufs.buckets)):
-                    self._launch(kind, b)
-            for p in self._pending.values():
-                p.wait()
-        self._pending.clear()
-        for _, bufs in self._buffer_sets():
-            bufs.reset_ready()
+            self.dps.wait_params()
+            self.dps.finish()
+        self._grad_sync_ms = (time.perf_counter() - t0) * 1e3
         self._synced = True
 
     # ---------------------------------------------------------------- step
-    def _owned_grads(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Every reduced gradient this rank holds: its shards of the matrices its DP index owns
-        (hosted here or elsewhere: a host only sees other shards after the gather) and its
-        AdamW slices."""
-        if self.matrix_names:
-            for n in self.placement.owns:
-                yield n, self.mbufs.grad(n)
-        for g in self.adamw.grads():
-            yield "an AdamW parameter", g
-
-    def _all_finite(self) -> tuple[bool, str]:
-        bad = next((n for n, g in self._owned_grads() if g.numel() and not bool(torch.isfinite(g).all())), "")
-        flag = torch.tensor([1.0 if bad else 0.0], device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.world_group)
-        return flag.item() == 0.0, bad
-
     def _compute(self, name: str, full_grad: torch.Tensor) -> torch.Tensor:
-        st = self.states.get(name)
-        if st is None:
-            st = self.states[name] = self.math.init_state(self.specs[name].shape, device=self.device)
-        return self.math.direction(full_grad, st, self.step_count)
+        return self.math.direction(full_grad, self.states[name], self.step_count)
 
     def _apply(self, name: str, update_shard: torch.Tensor) -> None:
-        apply_update(
-            self.params[name].data, update_shard.view_as(self.params[name]), self.config.lr, self.config.weight_decay
-        )
+        master, publish = self.masters[name]
+        cfg = self.math.config
+        apply_update(master, update_shard.reshape(master.shape), cfg.lr, cfg.weight_decay)
+        if publish is not None:
+            publish.copy_(master)
 
-    def _param_sync(self) -> dict[tuple[str, int], Pending]:
-        """Launch the DP parameter all-gathers; one Pending per buffer key.
+    def _check(self) -> StepInfo:
+        with self.timer.phase("check"):
+            sumsq = grad_norm.sum_of_squares(self.norm_tensors, self.device)
+            norm = grad_norm.global_norm(sumsq, self.global_group)
+        if norm != norm or norm == float("inf"):
+            if self.config.nonfinite == "raise":
+                bad = next((f"{n}" for n in self.params if not torch.isfinite(self._grad_of(n)).all()), "")
+                raise NonFiniteGradientError(
+                    f"non-finite gradient ({bad or 'on another rank'}); state and parameters left untouched. "
+                    "Lower the LR, clip gradients (max_grad_norm), or set DistConfig(nonfinite='skip')"
+                )
+            return StepInfo(norm, True)
+        return StepInfo(norm, False, grad_norm.clip_coefficient(norm, self.config.max_grad_norm))
 
-        Buckets are issued last-first: the last bucket holds the first layers (reverse
-        registration order), which the next forward needs first.
-        """
-        pend: dict[tuple[str, int], Pending] = {}
-        if self.dp == 1:
-            return pend
-        if self.matrix_names:
-            if self.plan.dp.param_sync == "none":
-                pass
-            elif self.plan.dp.cuts:  # owners hold contiguous bucket slices: gather them in place
-                for i in reversed(range(len(self.mbufs.buckets))):
-                    pend[("matrix", i)] = all_gather_v(
-                        self.mbufs.buckets[i].chunks("param"), self.dp_group, self.collective_modes[f"matrix{i}"]
-                    )
-            else:  # owners ignore bucket geometry (layer-wise): pack, gather, unpack
-                pend[("owner", 0)] = self._owner_gather()
-        for i in reversed(range(len(self.abufs.buckets))):
-            pend[("adamw", i)] = all_gather_v(
-                self.abufs.buckets[i].chunks("param"), self.dp_group, self.collective_modes[f"adamw{i}"]
-            )
-        return pend
+    def _grad_of(self, name: str) -> torch.Tensor:
+        return next(bufs.grad(name) for bufs in self.sets.values() if name in bufs.index)
 
-    def _owner_gather(self) -> Pending:
-        """Layer-wise: pack my owned params, uneven all-gather, unpack every other owner's."""
-        mine = self.staging[self.dp_rank]
-        off = 0
-        for n in self.owned_by[self.dp_rank]:
-            k = self.params[n].numel()
-            mine[off : off + k].copy_(self.mbufs.param(n))
-            off += k
+    def step(self) -> StepInfo:
+        """One optimizer step. Issues the schedule's calls; ONE host sync (the global norm)."""
+        if not self._synced:
+            self.finish_grad_sync()
+        t0 = time.perf_counter()
+        with self.timer.phase("total"):
+            info = self._check()
+            if not info.skipped:
+                grad_norm.scale_(self.scaled_tensors, info.clip_coef)
+                self.step_count += 1
+                for ex in self.executors:
+                    ex.run(self.sets["matrix"].grad, self._compute, self._apply, self.timer)
+                with self.timer.phase("compute"):
+                    self.adamw.step()
+                with self.timer.phase("param_sync"):
+                    self.dps.launch_param_sync()
+                    if not self.config.comm.overlap_param_sync:
+                        self.dps.wait_params()
+        self._step_ms = (time.perf_counter() - t0) * 1e3
+        self.dps.needs_zero = True
+        self._synced = False
+        return info
 
-        def unpack() -> None:
-            for r, names in enumerate(self.owned_by):
-                o = 0
-                for n in names:
-                    k = self.params[n].numel()
-                    if r != self.dp_rank:
-                        self.mbufs.param(n).copy_(self.staging[r][o : o + k])
-                    o += k
+    def timings(self) -> dict[str, float]:
+        """{phase: ms} of the steps since the last call, max across the stage; ``total`` includes
+        grad_sync. Synchronises: call it outside the step. Needs DistConfig(timers=True)."""
+        if not self.config.timers:
+            raise ConfigError("phase timers are off; build the optimizer with DistConfig(timers=True)")
+        ms = self.timer.collect(self.stage_group)
+        ms["total"] += ms["grad_sync"]
+        return ms
 
-        return Pending([all_gather_v(self.staging, self.dp_group, self.collective_modes["owner_gather"])], unpack)
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero the main grads now and drop any ``.grad``; never waits on parameter all-gathers."""
+        for bufs in self.sets.values():
+            bufs.zero()
+            for p in bufs.params.values():
+                p.grad = None
+        self.dps.needs_zero = False
 
     def wait_param_sync(self) -> None:
         """Block until every parameter all-gather of the last step has landed."""
-        for p in self._param_pending.values():
-            p.wait()
-        self._param_pending.clear()
+        self.dps.wait_params()
 
     def attach(self, model: torch.nn.Module) -> None:
-        """With ``overlap_param_sync``: make each module wait, just before its forward, for the
+        """With ``overlap_param_sync``: each module waits, just before its forward, for the
         all-gathers of the buckets holding its own parameters (the rest keep flowing)."""
-        key_of = {}
-        for n in self.params:
-            kind = "matrix" if n in self.matrix_set else "adamw"
-            bufs = self.mbufs if kind == "matrix" else self.abufs
-            owner_gather = kind == "matrix" and self.plan is not None and not self.plan.dp.cuts
-            key_of[id(self.params[n])] = ("owner", 0) if owner_gather else (kind, bufs.where[n][0])
-        for module in model.modules():
-            keys = {key_of[id(p)] for p in module.parameters(recurse=False) if id(p) in key_of}
-            if keys:
-                module.register_forward_pre_hook(lambda _m, _a, keys=frozenset(keys): self._wait_keys(keys))
-
-    def _wait_keys(self, keys: frozenset) -> None:
-        for k in keys:
-            p = self._param_pending.pop(k, None)
-            if p is not None:
-                p.wait()
-
-    def step(self) -> dict[str, float]:
-        """One optimizer step; returns {phase: ms} (max across ranks) plus ``skipped`` (0/1)."""
-        if not self._synced:
-            self.finish_grad_sync()
-        with self.timer.phase("start"):
-            if self.device.type == "cpu":  # CPU timings start together; CUDA uses events instead
-                dist.barrier(group=self.world_group)
-        t0 = time.perf_counter()
-        with self.timer.phase("check"):
-            finite, bad = self._all_finite()
-        skipped = False
-        if not finite:
-            if self.config.nonfinite == "raise":
-                raise NonFiniteGradientError(
-                    f"non-finite gradient ({bad or 'on another rank'}); state and parameters left untouched. "
-                    "Lower the LR or set DistConfig(nonfinite='skip') to skip such steps"
-                )
-            skipped = True
-        else:
-            self.step_count += 1
-            if self.matrix_names:
-                self.local_tp.run(self.mbufs.grad, self._compute, self._apply, self.timer)
-                self.tp_exec.run(self.mbufs.grad, self._compute, self._apply, self.timer)
-            with self.timer.phase("compute"):
-                self.adamw.step()
-            with self.timer.phase("param_sync"):
-                self._param_pending = self._param_sync()
-                if not self.config.overlap_param_sync:
-                    self.wait_param_sync()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self.timer.add("total", (time.perf_counter() - t0) * 1e3)
-        timings = self.timer.collect(self.world_group)
-        timings["total"] += timings["grad_sync"]
-        timings["skipped"] = float(skipped)
-        self.timer.reset()
-        self._synced = False
-        return timings
-
-    def zero_grad(self) -> None:
-        self.wait_param_sync()
-        for _, bufs in self._buffer_sets():
-            bufs.zero_grad()
-            bufs.rebind_grads()
+        self._attached = self.dps.attach(model, self.params)
 
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """Optimizer state in FULL-matrix space keyed by (parameter name, state name).
+        """DCP state in full-matrix space: only what this rank owns, as views (no communication).
+        Save with ``torch.distributed.checkpoint.save({"optimizer": opt}, ...)`` (this is Stateful)."""
+        return checkpoint.local_state(self)
 
-        Independent of DP/TP layout, host assignment and strategy: load it into any layout.
-        Collective over the world group; every rank returns the same dict (tensors on CPU).
-        """
-        self.wait_param_sync()
-        local: dict[str, Any] = {"matrix": {}, "adamw": []}
-        if self.matrix_names:
-            for n in self.placement.canonical:
-                if n in self.states:
-                    local["matrix"][n] = {k: v.detach().cpu() for k, v in self.states[n].items()}
-        for b, bb in enumerate(self.abufs.buckets):
-            lo, hi = self.adamw.ranges[b]
-            mom = self.adamw.moments(b)
-            for e in bb.bucket.entries:
-                a, z = max(e.start, lo), min(e.end, hi)
-                if a < z:
-                    local["adamw"].append(
-                        (e.name, self.tp_rank, a - e.start, {k: mom[k][a - lo : z - lo].cpu() for k in MOMENTS})
-                    )
-        world = dist.get_world_size(self.world_group)
-        gathered: list[Any] = [None] * world
-        dist.all_gather_object(gathered, local, group=self.world_group)
-        matrix: dict[str, dict[str, torch.Tensor]] = {}
-        pieces: dict[tuple[str, int], list] = {}
-        for g in gathered:
-            matrix.update(g["matrix"])
-            for name, tpr, off, st in g["adamw"]:
-                pieces.setdefault((name, tpr), []).append((off, st))
-        adamw: dict[str, dict[str, torch.Tensor]] = {}
-        for name in self.adamw_names:
-            spec = self.specs[name]
-            shard_shape = tuple(self.params[name].shape)
-            per_tp = []
-            for tpr in range(self.tp if spec.partition_dim is not None else 1):
-                parts = sorted(pieces.get((name, tpr), []), key=lambda x: x[0])
-                per_tp.append({k: torch.cat([st[k] for _, st in parts]).view(shard_shape) for k in MOMENTS})
-            adamw[name] = {
-                k: torch.cat([t[k] for t in per_tp], dim=spec.partition_dim) if len(per_tp) > 1 else per_tp[0][k]
-                for k in MOMENTS
-            }
-        step_t = torch.tensor([self.adamw.steps_taken], device=self.device)
-        dist.all_reduce(step_t, op=dist.ReduceOp.MAX, group=self.world_group)
-        return {
-            "optimizer": self.config.optimizer,
-            "step": self.step_count,
-            "matrix": matrix,
-            "adamw": adamw,
-            "adamw_step": step_t.item(),
-        }
-
-    def load_state_dict(self, sd: dict[str, Any]) -> None:
-        """Load a full-space state dict saved under any layout or strategy."""
-        if sd.get("optimizer") != self.config.optimizer:
-            raise ConfigError(
-                f"checkpoint is for optimizer {sd.get('optimizer')!r}, this run uses {self.config.optimizer!r}"
-            )
-        self.step_count = int(sd["step"])
-        self.states = {}
-        if self.matrix_names:
-            for n in self.placement.computes:
-                if n in sd["matrix"]:
-                    self.states[n] = {k: v.to(self.device).clone() for k, v in sd["matrix"][n].items()}
-                elif self.step_count > 0:
-                    raise ConfigError(f"checkpoint has no optimizer state for {n!r}; was it saved from the same model?")
-        moments = []
-        for b, bb in enumerate(self.abufs.buckets):
-            lo, hi = self.adamw.ranges[b]
-            sl = {k: torch.zeros(hi - lo, dtype=bb.param.dtype) for k in MOMENTS}
-            for e in bb.bucket.entries:
-                a, z = max(e.start, lo), min(e.end, hi)
-                if a >= z:
-                    continue
-                if e.name not in sd["adamw"]:
-                    raise ConfigError(f"checkpoint has no AdamW state for {e.name!r}")
-                spec = self.specs[e.name]
-                for k in MOMENTS:
-                    full = sd["adamw"][e.name][k]
-                    mine = (
-                        full.chunk(self.tp, dim=spec.partition_dim)[self.tp_rank]
-                        if spec.partition_dim is not None
-                        else full
-                    )
-                    sl[k][a - lo : z - lo].copy_(mine.reshape(-1)[a - e.start : z - e.start])
-            moments.append(sl)
-        self.adamw.load(moments, float(sd["adamw_step"]))
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Apply a state filled by ``torch.distributed.checkpoint.load`` (any layout or strategy saved it)."""
+        checkpoint.apply_state(self, state)

@@ -1,12 +1,17 @@
-"""Benchmark sweeps: definitions (TOML), cluster profiles, the Slurm launcher (submitit),
-the local executor, and resume/status.
+"""Benchmark sweeps: definitions (TOML), cluster profiles, the Slurm launcher, the local
+executor, and resume/status.
 
-    definition  sweep TOML -> validated ``SweepDefinition`` -> ``Cell`` list
-    profile     cluster profile TOML -> validated ``ClusterProfile`` (no raw shell)
-    task        ``CellTask``: the submitit callable that runs one cell and checks its result line
-    local       run cells on one machine (submitit LocalExecutor / DebugExecutor), with resume
-    slurm       submitit SlurmExecutor arrays and ``--dry-run`` rendering
-    state       per-cell result files, collection into results/<sweep>.jsonl, job book, status
+    definition    sweep TOML -> validated ``SweepDefinition`` -> ``Cell`` list
+    profile       cluster profile TOML -> validated ``ClusterProfile`` (no raw shell)
+    budget        per-cell memory estimate (checked against the profile's HBM) and timeout
+    task          ``CellTask``: runs one cell's command (direct or torchrun) and checks its line
+    node          what one node runs inside a Slurm step (torchrun for its GPUs, node named on failure)
+    preflight     CUDA / NCCL / versions / all-reduce bandwidth check of an allocation
+    local         run cells on one machine (submitit LocalExecutor / DebugExecutor), resume after kill -9
+    slurm_script  the bash text of the Slurm jobs (preflight, allocation per model, array, collect)
+    slurm         plan, write and submit them (``--dry-run`` stops before sbatch)
+    slurm_state   sacct, step exit files and every node's log -> the failing node
+    state         per-cell result files, collection into results/<sweep>.jsonl, job book, status
 """
 
 from canzona.sweep.definition import Cell, Layout, SweepDefinition, load_sweep, parse_sweep

@@ -2,7 +2,7 @@
 
 canzona sweep show    SWEEP.toml                          cells, layouts and the reason for each
 canzona sweep run     SWEEP.toml [--backend local|debug]  run locally (forked ranks), resuming
-canzona sweep run     SWEEP.toml --backend slurm --profile PROFILE.toml [--wait] [--force]
+canzona sweep run     SWEEP.toml --backend slurm --profile PROFILE.toml [--allocation model|cell] [--wait] [--force]
 canzona sweep run     SWEEP.toml --backend slurm --profile PROFILE.toml --dry-run [--out DIR]
 canzona sweep status  SWEEP.toml                          done / failed / pending per cell, with reasons
 canzona sweep collect SWEEP.toml                          merge per-cell lines into results/<sweep>.jsonl
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -32,7 +33,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
     q = sub.add_parser("show", help="list the cells, layouts and the reason for each layout")
     common(q)
-    q.add_argument("--profile", help="cluster profile: also print nodes per cell")
+    q.add_argument("--profile", help="cluster profile: also print nodes, the HBM check and each cell's timeout")
 
     q = sub.add_parser("run", help="run (local) or submit (slurm) every cell without a valid result line")
     common(q)
@@ -41,10 +42,17 @@ def configure(p: argparse.ArgumentParser) -> None:
         choices=("local", "debug", "slurm"),
         default="local",
         help="local: submitit LocalExecutor, ranks forked by `canzona train --nproc`; "
-        "debug: in-process submitit DebugExecutor; slurm: submitit SlurmExecutor arrays",
+        "debug: in-process submitit DebugExecutor; slurm: sbatch jobs (see --allocation)",
+    )
+    q.add_argument(
+        "--allocation",
+        choices=("model", "cell"),
+        default="model",
+        help="slurm: model = one allocation per model, its cells back to back on the same nodes (default); "
+        "cell = one array task per cell",
     )
     q.add_argument("--profile", help="cluster profile TOML (required for --backend slurm)")
-    q.add_argument("--dry-run", action="store_true", help="slurm: render the sbatch scripts, submit nothing")
+    q.add_argument("--dry-run", action="store_true", help="slurm: write the job scripts and submit.sh, submit nothing")
     q.add_argument("--out", help="dry-run output folder (default: runs/<sweep>/dry-run)")
     q.add_argument("--wait", action="store_true", help="slurm: wait for the jobs, then collect")
     q.add_argument("--force", action="store_true", help="slurm: resubmit cells whose earlier job looks in flight")
@@ -63,7 +71,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Dispatch; run returns 1 when a local cell failed so scripts can tell, else 0."""
     from canzona.errors import ConfigError
-    from canzona.sweep.definition import estimate_memory_gb, load_sweep
+    from canzona.sweep.budget import cell_memory_gb, cell_timeout_min, check_fits, estimate_memory_gb
+    from canzona.sweep.definition import load_sweep
     from canzona.sweep.local import run_local, select_cells
     from canzona.sweep.profile import load_profile
     from canzona.sweep.state import SweepPaths, collect, format_status, sweep_status
@@ -76,8 +85,8 @@ def run(args: argparse.Namespace) -> int:
     if action == "show":
         profile = load_profile(args.profile) if args.profile else None
         print(
-            f"sweep {defn.name}: {len(cells)} cells, world {defn.world}, seq_len {defn.seq_len}, "
-            f"micro_batch {defn.micro_batch}, global_batch {defn.global_batch}, "
+            f"sweep {defn.name}: {len(cells)} cells, world {defn.world}, device {defn.device}, "
+            f"seq_len {defn.seq_len}, micro_batch {defn.micro_batch}, global_batch {defn.global_batch}, "
             f"warmup {defn.warmup}, iters {defn.iters}"
         )
         if defn.description:
@@ -87,8 +96,12 @@ def run(args: argparse.Namespace) -> int:
             nodes = f", {profile.nodes_for(lay.world)} nodes" if profile else ""
             print(f"\n{lay.model}: TP={lay.tp} PP={lay.pp} DP={lay.dp}{nodes}, est. {est:.1f} GB/GPU\n  {lay.reason}")
         print()
+        if profile is not None and defn.device == "gpu":
+            check_fits(cells, profile)  # exit 2 naming the fix when a cell cannot fit
         for c in cells:
-            print(f"[{c.grid}] {c.key}")
+            t = cell_timeout_min(c, profile) if profile is not None or c.time_min is not None else None
+            timing = f", timeout {t} min" if t is not None else ""
+            print(f"[{c.grid}] {c.key}  (est. {cell_memory_gb(c):.1f} GB/GPU{timing})")
         return 0
 
     if action == "collect":
@@ -104,30 +117,7 @@ def run(args: argparse.Namespace) -> int:
 
     # run
     if args.backend == "slurm":
-        from canzona.sweep.slurm import render_dry_run, submit_slurm
-
-        if not args.profile:
-            raise ConfigError("--backend slurm needs --profile PROFILE.toml (copy slurm/profiles/example.toml)")
-        profile = load_profile(args.profile)
-        if args.dry_run:
-            out = Path(args.out) if args.out else paths.run_dir / "dry-run"
-            files = render_dry_run(defn, profile, out, paths=paths, cells=cells)
-            print(f"dry run: {len(cells)} cells in {len(files) // 2} array script(s), nothing submitted")
-            for f in files:
-                print(f"  {f}")
-            return 0
-        rep = submit_slurm(
-            defn, profile, paths=paths, cells=cells, force=args.force, wait=args.wait, progress=not args.no_progress
-        )
-        print(
-            f"submitted {len(rep.submitted)} cell(s) in array job(s) {', '.join(rep.arrays) or '-'}; "
-            f"{len(rep.skipped_done)} already done, {len(rep.skipped_in_flight)} still in flight"
-        )
-        for key, why in rep.skipped_in_flight:
-            print(f"  in flight: {key}: {why}")
-        if not args.wait:
-            print(f"follow with: canzona sweep status {args.sweep}   then: canzona sweep collect {args.sweep}")
-        return 0
+        return _run_slurm(args, defn, paths, cells)
     if args.dry_run:
         raise ConfigError("--dry-run renders Slurm scripts; add --backend slurm --profile PROFILE.toml")
     rep = run_local(
@@ -139,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
         timeout_s=args.timeout_s,
         progress=not args.no_progress,
     )
+    for o in rep.ended_orphans:
+        print(o)
     for q in rep.quarantined:
         print(f"quarantined {q}")
     print(
@@ -148,3 +140,36 @@ def run(args: argparse.Namespace) -> int:
     for key, why in rep.failed:
         print(f"  failed: {key}: {why}")
     return 0 if rep.success else 1
+
+
+def _run_slurm(args: argparse.Namespace, defn: Any, paths: Any, cells: list[Any]) -> int:
+    from canzona.errors import ConfigError
+    from canzona.sweep.profile import load_profile
+    from canzona.sweep.slurm import describe, render_dry_run, submit_slurm
+
+    if not args.profile:
+        raise ConfigError("--backend slurm needs --profile PROFILE.toml (copy slurm/profiles/example.toml)")
+    profile = load_profile(args.profile)
+    if args.dry_run:
+        out = Path(args.out) if args.out else paths.run_dir / "dry-run"
+        plan, files = render_dry_run(defn, profile, out, paths=paths, cells=cells, allocation=args.allocation)
+        print("\n".join(describe(plan, profile)))
+        print(f"dry run: {len(plan.steps)} cell(s) in {len(plan.jobs)} job(s), nothing submitted; bash -n checks them:")
+        for f in files:
+            print(f"  {f}")
+        return 0
+    rep = submit_slurm(
+        defn, profile, paths=paths, cells=cells, allocation=args.allocation, force=args.force, wait=args.wait
+    )
+    if rep.plan is not None:
+        print("\n".join(describe(rep.plan, profile)))
+    print(
+        f"submitted {len(rep.submitted)} cell(s) in job(s) "
+        f"{', '.join(f'{k}={v}' for k, v in rep.jobs.items()) or '-'}; "
+        f"{len(rep.skipped_done)} already done, {len(rep.skipped_in_flight)} still in flight"
+    )
+    for key, why in rep.skipped_in_flight:
+        print(f"  in flight: {key}: {why}")
+    if not args.wait:
+        print(f"follow with: canzona sweep status {args.sweep}   then: canzona sweep collect {args.sweep}")
+    return 0

@@ -1,18 +1,22 @@
-"""Submit a sweep to Slurm with submitit: one array job per (nodes, time) group, one task per cell.
+"""Submit a sweep to Slurm: a preflight, one allocation per model (or one array), a collect.
 
-Launch model (the one we chose of the two the harness supports): every cell is one Slurm
-job (an array task) on ``world / gpus_per_node`` nodes with ONE srun task per node
-(``ntasks_per_node = 1``). submitit runs ``CellTask`` in that task; the task reads its node
-index and the allocation's host list from submitit's JobEnvironment (SLURM_NODEID,
-SLURM_JOB_NODELIST) and starts ``torchrun --nnodes N --node_rank i --nproc_per_node G
---master_addr <first node>`` around `canzona train` (static rendezvous, see
-``task.torchrun_argv``). One process per node keeps submitit's signal handling (preemption
-→ checkpoint → requeue) in one place per node, and torchrun owns the per-GPU ranks.
+What happens, in order (``plan_submission`` -> ``write_submission`` -> ``bash submit.sh``):
 
-Everything site-specific comes from a validated ``ClusterProfile`` (account, partition, qos,
-constraint, GPUs per node, modules, venv, env); ``slurm_parameters`` is the one mapping from
-profile + group to submitit's parameters, used both to submit and to render ``--dry-run``
-scripts with ``submitit.slurm.slurm._make_sbatch_string`` (which needs no cluster).
+1. Cells whose method the profile cannot run are left out, each with one line saying why (the
+   ``megatron-muon`` peer needs its own interpreter: ``[cluster.python_for]``).
+2. Every remaining cell's memory estimate must fit the profile's ``hbm_gb`` (else ConfigError,
+   exit 2, naming the fix) and gets a timeout derived from the profile (``budget``); both are
+   printed beside the cell.
+3. The jobs are rendered (``slurm_script``): the preflight job; per model ONE allocation whose
+   cells run back to back on the same nodes after a preflight step there (``--allocation model``,
+   the default), or one throttled array with a task per cell (``--allocation cell``); a collect
+   job. ``submit.sh`` submits them with ``--dependency=afterok:<preflight>`` and lanes of
+   ``afterany`` so that at most ``max_nodes`` nodes are held at once.
+4. The job book records per cell its job, its log folder and the preflight job, for resume
+   and ``canzona sweep status``.
+
+``--dry-run`` stops after writing the files (scripts, submit.sh, a manifest): the exact text
+submission would hand to sbatch, renderable anywhere.
 """
 
 from __future__ import annotations
@@ -20,97 +24,157 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
-import sys
+import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
-from typing import Any
 
 from canzona.errors import ConfigError
+from canzona.sweep.budget import cell_timeout_min, check_fits
 from canzona.sweep.definition import Cell, SweepDefinition
 from canzona.sweep.local import now
 from canzona.sweep.profile import ClusterProfile
+from canzona.sweep.slurm_script import (
+    CellStep,
+    Job,
+    cell_step_lines,
+    peak_nodes,
+    plan_jobs,
+    render_job,
+    submit_script,
+)
+from canzona.sweep.slurm_state import IN_FLIGHT, sacct_states
 from canzona.sweep.state import JobBook, SweepPaths, collect, triage
-from canzona.sweep.task import CellTask, CommandBuilder, quarantine_invalid, torchrun_argv, train_command
+from canzona.sweep.task import quarantine_invalid
+
+ALLOCATIONS = ("model", "cell")
 
 
-@dataclass(frozen=True)
-class ArrayGroup:
-    """Cells that share one sbatch script (same node count and time limit) = one job array."""
+@dataclass
+class Plan:
+    """A submission before it is written: the jobs, the cells left out and why, the peak nodes."""
 
-    nodes: int
-    time_min: int
-    cells: tuple[Cell, ...]
+    jobs: list[Job]
+    excluded: list[tuple[str, str]]
+    peak: int
 
-
-def group_cells(cells: Sequence[Cell], profile: ClusterProfile) -> list[ArrayGroup]:
-    """Group by (nodes, time), keeping the sweep's order; ConfigError if a world does not fit nodes."""
-    groups: dict[tuple[int, int], list[Cell]] = {}
-    for c in cells:
-        groups.setdefault((profile.nodes_for(c.world), c.time_min), []).append(c)
-    return [ArrayGroup(n, t, tuple(cs)) for (n, t), cs in groups.items()]
+    @property
+    def steps(self) -> list[CellStep]:
+        return [s for j in self.jobs for s in j.steps]
 
 
-def slurm_parameters(profile: ClusterProfile, *, nodes: int, time_min: int, job_name: str) -> dict[str, Any]:
-    """submitit SlurmExecutor parameters for one array (names as in ``_make_sbatch_string``)."""
-    params: dict[str, Any] = {
-        "job_name": job_name,
-        "partition": profile.partition,
-        "time": time_min,
-        "nodes": nodes,
-        "ntasks_per_node": 1,
-        "gpus_per_node": profile.gpus_per_node,
-        "array_parallelism": profile.array_parallelism,
-        "signal_delay_s": profile.signal_delay_s,
-        "setup": profile.setup_lines(),
-        # requeue: explicit, because submitit requeues preempted/timed-out jobs with
-        # `scontrol requeue`, which Slurm refuses for jobs submitted with --no-requeue.
-        "additional_parameters": {"requeue": True} if profile.requeue else {"no-requeue": True},
+def plan_submission(
+    defn: SweepDefinition, profile: ClusterProfile, cells: Sequence[Cell], allocation: str = "model"
+) -> Plan:
+    """Jobs for ``cells`` (ConfigError before anything is written when a cell cannot fit or run)."""
+    if allocation not in ALLOCATIONS:
+        raise ConfigError(f"--allocation must be one of {', '.join(ALLOCATIONS)}, got {allocation!r}")
+    if defn.device != "gpu":
+        raise ConfigError(
+            f"sweep {defn.name} runs on device {defn.device!r}; Slurm sweeps are GPU sweeps: "
+            "run it with --backend local"
+        )
+    excluded = [(c.key, why) for c in cells if (why := profile.excluded(c.method))]
+    kept = [c for c in cells if not profile.excluded(c.method)]
+    if not kept:
+        return Plan([], excluded, 0)
+    nodes = {profile.nodes_for(c.world) for c in kept}
+    if len(nodes) > 1:
+        raise ConfigError(f"cells need different node counts {sorted(nodes)}; submit them separately with --only")
+    est = check_fits(kept, profile)
+    by_model: dict[str, list[CellStep]] = {}
+    for i, c in enumerate(kept):
+        steps = by_model.setdefault(c.model, [])
+        index = len(steps) if allocation == "model" else i
+        steps.append(CellStep(c, index, cell_timeout_min(c, profile), est[c.key], profile.interpreter(c.method)))
+    jobs = plan_jobs(by_model, profile, nodes.pop(), allocation)
+    return Plan(jobs, excluded, peak_nodes(jobs, profile))
+
+
+def collect_command(defn: SweepDefinition, profile: ClusterProfile, paths: SweepPaths) -> str:
+    """The collect job's one srun step (in the container when the profile has one)."""
+    c = profile.container
+    flags = c.srun_flags() if c else []
+    argv = ["srun", "--nodes=1", "--ntasks=1", "--cpus-per-task=1", *flags, *(c.command_prefix() if c else [])]
+    argv += [profile.interpreter(), "-m", "canzona", "sweep", "collect", str(Path(defn.source).resolve())]
+    argv += ["--runs-dir", str(paths.run_dir.parent), "--results-dir", str(paths.results.parent)]
+    return "step collect " + shlex.join(argv)
+
+
+def write_submission(
+    plan: Plan, defn: SweepDefinition, profile: ClusterProfile, paths: SweepPaths, out: Path
+) -> list[Path]:
+    """Write every job script, submit.sh and manifest.json into ``out``; return the files."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths.logs.mkdir(parents=True, exist_ok=True)  # Slurm does not create the --output folder
+    results = {s.cell.key: paths.cell_results(s.cell) for s in plan.steps}
+    written = []
+    for job in plan.jobs:
+        lines = cell_step_lines(job, profile, results, profile.rdzv_port + 1)
+        text = render_job(
+            job,
+            profile,
+            sweep=defn.name,
+            logs_root=paths.logs,
+            cell_lines=lines,
+            collect_command=collect_command(defn, profile, paths) if job.kind == "collect" else "",
+        )
+        (out / job.script).write_text(text)
+        written.append(out / job.script)
+    submit = out / "submit.sh"
+    submit.write_text(submit_script(plan.jobs))
+    submit.chmod(0o755)
+    manifest = {
+        "sweep": defn.name,
+        "peak_nodes": plan.peak,
+        "max_nodes": profile.max_nodes,
+        "excluded": [{"cell": k, "why": w} for k, w in plan.excluded],
+        "jobs": [
+            {
+                "name": j.name,
+                "kind": j.kind,
+                "nodes": j.nodes,
+                "time_min": j.time_min,
+                "after": j.after,
+                "cells": [
+                    {
+                        "index": s.index,
+                        "cell": s.cell.key,
+                        "slug": s.cell.slug,
+                        "results": str(results[s.cell.key]),
+                        "timeout_min": s.timeout_min,
+                        "memory_gb": round(s.memory_gb, 1),
+                        "python": s.python,
+                    }
+                    for s in j.steps
+                ],
+            }
+            for j in plan.jobs
+        ],
     }
-    for key in ("account", "qos", "constraint", "cpus_per_task", "mem"):
-        value = getattr(profile, key)
-        if value is not None:
-            params[key] = value
-    if profile.exclusive:
-        params["exclusive"] = True
-    return params
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return [*written, submit, out / "manifest.json"]
 
 
-def job_python(profile: ClusterProfile) -> str:
-    """The interpreter that runs submitit (and, by default, `canzona train`) on the nodes."""
-    return profile.python or sys.executable
-
-
-def submitit_command(python: str, folder: str | Path) -> str:
-    """What submitit's SlurmExecutor runs under srun (its ``_submitit_command_str``)."""
-    return " ".join([shlex.quote(python), "-u -m submitit.core._submit", shlex.quote(str(folder))])
+def describe(plan: Plan, profile: ClusterProfile) -> list[str]:
+    """What ``sweep run --backend slurm`` prints: each job, each cell with memory and timeout."""
+    lines = [f"left out {k}: {why}" for k, why in plan.excluded]
+    for j in plan.jobs:
+        after = f", after {j.after} ends" if j.after else ""
+        lines.append(f"{j.name}: {j.kind}, {j.nodes} node(s), --time {j.time_min} min{after}")
+        lines += [
+            f"  {s.index:>2} {s.cell.key}  est. {s.memory_gb:.1f} GB/GPU (HBM {profile.hbm_gb:g})  "
+            f"timeout {s.timeout_min} min"
+            for s in j.steps
+        ]
+    lines.append(f"peak {plan.peak} node(s) at once (profile max_nodes {profile.max_nodes})")
+    return lines
 
 
 def _absolute(paths: SweepPaths) -> SweepPaths:
     """Jobs may start in another directory (a profile's workdir): give them absolute paths."""
     return SweepPaths(paths.name, paths.run_dir.resolve(), paths.results.resolve())
-
-
-def _builder_for(profile: ClusterProfile, builder: CommandBuilder | None) -> CommandBuilder:
-    return builder if builder is not None else partial(train_command, python=job_python(profile))
-
-
-def _task(cell: Cell, paths: SweepPaths, profile: ClusterProfile, builder: CommandBuilder) -> CellTask:
-    results = paths.cell_results(cell)
-    # Under torchrun each rank is one process: no --nproc.
-    argv = builder(cell, results, None)
-    return CellTask(
-        cell.key,
-        list(argv),
-        str(results),
-        "torchrun",
-        gpus_per_node=profile.gpus_per_node,
-        rdzv_port=profile.rdzv_port,
-        python=job_python(profile),
-        timeout_s=None,
-    )
 
 
 def render_dry_run(
@@ -120,72 +184,36 @@ def render_dry_run(
     *,
     paths: SweepPaths | None = None,
     cells: Sequence[Cell] | None = None,
-    builder: CommandBuilder | None = None,
-) -> list[Path]:
-    """Write the sbatch script of every array plus a manifest of what each array index runs.
-
-    Nothing is submitted and no cluster is needed. The scripts are exactly what submission
-    would hand to sbatch (same ``slurm_parameters``, same submitit renderer); the manifest
-    (``<array>.cells.json``) lists index → cell key, result file and the per-node command,
-    with {NODE_RANK}, {MASTER_ADDR} and {MASTER_PORT} filled in at run time by ``CellTask``.
-    """
-    from submitit.slurm.slurm import _make_sbatch_string
-
+    allocation: str = "model",
+) -> tuple[Plan, list[Path]]:
+    """Write what submission would submit (scripts, submit.sh, manifest); nothing is submitted."""
     paths = _absolute(paths or SweepPaths.for_sweep(defn.name))
-    cells = list(cells if cells is not None else defn.cells())
-    builder = _builder_for(profile, builder)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    folder = paths.logs / "%j"
-    written: list[Path] = []
-    for k, group in enumerate(group_cells(cells, profile)):
-        params = slurm_parameters(profile, nodes=group.nodes, time_min=group.time_min, job_name=f"canzona-{defn.name}")
-        text = _make_sbatch_string(
-            command=submitit_command(job_python(profile), folder), folder=folder, map_count=len(group.cells), **params
-        )
-        stem = f"{defn.name}-array{k:02d}-{group.nodes}n-{group.time_min}min"
-        script = out / f"{stem}.sbatch"
-        script.write_text(text)
-        manifest = []
-        for i, cell in enumerate(group.cells):
-            task = _task(cell, paths, profile, builder)
-            node_cmd = torchrun_argv(
-                task.argv,
-                python=task.python,
-                nnodes=group.nodes,
-                node_rank=0,
-                nproc_per_node=profile.gpus_per_node,
-                master_addr="{MASTER_ADDR}",
-                master_port=0,
-            )
-            node_cmd[node_cmd.index("--node_rank") + 1] = "{NODE_RANK}"
-            node_cmd[node_cmd.index("--master_port") + 1] = "{MASTER_PORT}"
-            manifest.append(
-                {
-                    "index": i,
-                    "cell": cell.key,
-                    "results": task.results,
-                    "world": cell.world,
-                    "nodes": group.nodes,
-                    "node_command": shlex.join(node_cmd),
-                }
-            )
-        cells_file = out / f"{stem}.cells.json"
-        cells_file.write_text(json.dumps(manifest, indent=1) + "\n")
-        written += [script, cells_file]
-    return written
+    plan = plan_submission(defn, profile, list(cells if cells is not None else defn.cells()), allocation)
+    return plan, write_submission(plan, defn, profile, paths, Path(out_dir))
 
 
 @dataclass
 class SubmitReport:
-    """What one submission did: cells submitted (with job ids), skipped as done or in flight."""
+    """What one submission did: cells submitted (with job ids), skipped as done, in flight or left out."""
 
     sweep: str
     results: Path
+    plan: Plan | None = None
+    jobs: dict[str, str] = field(default_factory=dict)  # job name -> Slurm job id
     submitted: list[tuple[str, str]] = field(default_factory=list)  # (cell key, job id)
     skipped_done: list[str] = field(default_factory=list)
     skipped_in_flight: list[tuple[str, str]] = field(default_factory=list)
-    arrays: list[str] = field(default_factory=list)
+
+
+def _run_submit(script: Path) -> dict[str, str]:
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True)
+    ids = dict(line.split(maxsplit=1) for line in proc.stdout.splitlines() if len(line.split()) == 2)
+    if proc.returncode != 0:
+        raise ConfigError(
+            f"sbatch refused a job of {script} (exit {proc.returncode}); submitted so far: {ids or 'nothing'}; "
+            f"sbatch said: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else '-'}"
+        )
+    return ids
 
 
 def submit_slurm(
@@ -194,20 +222,17 @@ def submit_slurm(
     *,
     paths: SweepPaths | None = None,
     cells: Sequence[Cell] | None = None,
-    builder: CommandBuilder | None = None,
+    allocation: str = "model",
     force: bool = False,
     wait: bool = False,
     poll_s: float = 60.0,
-    progress: bool = True,
 ) -> SubmitReport:
     """Submit every cell without a valid result line that is not already queued/running.
 
     ``force`` also resubmits cells whose earlier job still looks in flight (e.g. when sacct is
-    unreachable and the state is unknown). ``wait`` polls until every submitted job ended and
-    then collects results/<sweep>.jsonl; otherwise run `canzona sweep collect` later.
+    unreachable and the state is unknown). ``wait`` polls sacct until every submitted job ended
+    and then collects results/<sweep>.jsonl; otherwise run `canzona sweep collect` later.
     """
-    import submitit
-
     if shutil.which("sbatch") is None:
         raise ConfigError(
             "sbatch is not on PATH: this is not a Slurm login node. Render the scripts with "
@@ -215,58 +240,52 @@ def submit_slurm(
         )
     paths = _absolute(paths or SweepPaths.for_sweep(defn.name))
     cells = list(cells if cells is not None else defn.cells())
-    builder = _builder_for(profile, builder)
-    group_cells(cells, profile)  # validate every world against gpus_per_node before submitting anything
+    plan_submission(defn, profile, cells, allocation)  # every check before anything is touched
     paths.run_dir.mkdir(parents=True, exist_ok=True)
     collect(paths)
     report = SubmitReport(defn.name, paths.results)
     finished, busy, todo = triage(paths, cells)
-    book = JobBook(paths.jobs)
     report.skipped_done += finished
-    if force:  # resubmit in-flight cells too, keeping the sweep's cell order (= array indices)
+    if force:  # resubmit in-flight cells too, keeping the sweep's cell order
         keep = {c.key for c in todo} | {c.key for c, _ in busy}
         todo = [c for c in cells if c.key in keep]
     else:
         report.skipped_in_flight += [(c.key, why) for c, why in busy]
+    plan = plan_submission(defn, profile, todo, allocation)
+    report.plan = plan
+    if not plan.jobs:
+        return report
     for c in todo:
         quarantine_invalid(paths.cell_results(c))
-
-    folder = paths.logs / "%j"
-    executor = submitit.SlurmExecutor(
-        folder=folder, max_num_timeout=profile.max_num_timeout, python=shlex.quote(job_python(profile))
-    )
-    jobs = []
-    for group in group_cells(todo, profile):
-        executor.update_parameters(
-            **slurm_parameters(profile, nodes=group.nodes, time_min=group.time_min, job_name=f"canzona-{defn.name}")
-        )
-        tasks = [_task(c, paths, profile, builder) for c in group.cells]
-        with executor.batch():
-            group_jobs = [executor.submit(t) for t in tasks]
-        for cell, task, job in zip(group.cells, tasks, group_jobs, strict=False):
-            book.record(
-                cell.key,
-                backend="slurm",
-                job_id=str(job.job_id),
-                folder=str(folder),
-                submitted=now(),
-                command=shlex.join(task.argv),
-            )
-            report.submitted.append((cell.key, str(job.job_id)))
-        report.arrays.append(str(group_jobs[0].job_id).split("_")[0])
-        jobs += group_jobs
-
-    if wait and jobs:
-        from tqdm import tqdm
-
-        with tqdm(total=len(jobs), desc=f"sweep {defn.name} (slurm)", unit="cell", disable=not progress) as bar:
-            finished: set[str] = set()
-            while len(finished) < len(jobs):
-                for job in jobs:
-                    if job.job_id not in finished and job.done():
-                        finished.add(job.job_id)
-                        bar.update(1)
-                if len(finished) < len(jobs):
-                    time.sleep(poll_s)
+    out = paths.run_dir / "slurm" / time.strftime("%Y%m%dT%H%M%S")
+    write_submission(plan, defn, profile, paths, out)
+    report.jobs = _run_submit(out / "submit.sh")
+    _book(plan, report, paths, out)
+    if wait:
+        ids = list(report.jobs.values())
+        while any(st in IN_FLIGHT or st == "UNKNOWN" for st in sacct_states(ids).values()):
+            time.sleep(poll_s)
         collect(paths)
     return report
+
+
+def _book(plan: Plan, report: SubmitReport, paths: SweepPaths, out: Path) -> None:
+    """One job-book entry per submitted cell: its job, log folder and the preflight it waits on."""
+    book = JobBook(paths.jobs)
+    pre = report.jobs["preflight"]
+    for job in plan.jobs:
+        for s in job.steps:
+            jid = f"{report.jobs[job.name]}_{s.index}" if job.kind == "array" else report.jobs[job.name]
+            book.record(
+                s.cell.key,
+                backend="slurm",
+                job_id=jid,
+                job=job.name,
+                logs=str(paths.logs / jid / s.cell.slug),
+                preflight_job=pre,
+                preflight_dir=str(paths.logs / pre / "preflight"),
+                script=str(out / job.script),
+                submitted=now(),
+                timeout_min=s.timeout_min,
+            )
+            report.submitted.append((s.cell.key, jid))

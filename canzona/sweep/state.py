@@ -3,12 +3,14 @@
 Files of a sweep named N (the run folder is git-ignored, the collected file is committed):
 
     runs/N/cells/<cell-slug>.jsonl   the --results file of one cell; only that cell's job writes it
-    runs/N/logs/<job-id>/...         submitit's pickles and stdout/stderr logs
-    runs/N/jobs.json                 cell key -> backend, job id, log folder, outcome (write_atomic)
+    runs/N/logs/<job-id>/...         local: submitit's pickles and logs; Slurm: per-cell step logs
+                                     of every node and the step's exit status (``slurm_state``)
+    runs/N/jobs.json                 cell key -> backend, job id, log folder, process group,
+                                     outcome (write_atomic)
     runs/N/corrupt/                  invalid lines moved out of the collected file, kept verbatim
     results/N.jsonl                  every valid line of every cell, merged by ``collect``
 
-Why per-cell files plus a collected file: concurrent array jobs never write the same file
+Why per-cell files plus a collected file: concurrent jobs never write the same file
 (each appends one line to its own file with ``append_record``), while the committed results
 file is only ever replaced whole (``write_atomic``) by one process. A killed sweep therefore
 loses nothing already written, and a truncated line can only be the last line of one cell's
@@ -27,22 +29,7 @@ from typing import Any
 
 from canzona.results.schema import ResultsError, validate, write_atomic
 from canzona.sweep.definition import Cell, SweepDefinition
-
-# Slurm states of a job that is still queued or running (it may still write its line).
-IN_FLIGHT = {
-    "PENDING",
-    "RUNNING",
-    "REQUEUED",
-    "CONFIGURING",
-    "COMPLETING",
-    "SUSPENDED",
-    "RESIZING",
-    "REQUEUE_HOLD",
-    "REQUEUE_FED",
-    "SIGNALING",
-    "STAGE_OUT",
-    "RESV_DEL_HOLD",
-}
+from canzona.sweep.slurm_state import IN_FLIGHT, sacct_states, slurm_cell_state, step_exit
 
 
 @dataclass(frozen=True)
@@ -249,17 +236,7 @@ def failure_reason(text: str) -> str:
     return lines[-1].strip() if lines else "no reason recorded"
 
 
-def slurm_state(entry: dict[str, Any]) -> str:
-    """sacct state via submitit ("UNKNOWN" when sacct is unavailable)."""
-    import submitit
-
-    try:
-        return str(submitit.SlurmJob(folder=entry["folder"], job_id=str(entry["job_id"])).state)
-    except Exception:  # noqa: BLE001 - any failure here means 'not available' / 'report it', by design
-        return "UNKNOWN"
-
-
-def _pid_alive(pid: Any) -> bool:
+def pid_alive(pid: Any) -> bool:
     try:
         os.kill(int(pid), 0)
         return True
@@ -277,18 +254,25 @@ class CellStatus:
     tail: list[str] = field(default_factory=list)
 
 
-def in_flight(entry: dict[str, Any] | None) -> tuple[bool, str]:
-    """Whether a launched job may still write its line (then resubmitting would duplicate it)."""
+def in_flight(entry: dict[str, Any] | None, states: dict[str, str] | None = None) -> tuple[bool, str]:
+    """Whether a launched job may still write its line (then resubmitting would duplicate it).
+
+    Slurm: the cell's step has not finished (no exit file) and its job is queued/running, or
+    sacct cannot tell. Local: the sweep process that launched it is still alive; an orphan
+    whose sweep process died is ended by ``local.end_orphans`` before this is asked.
+    """
     if not entry:
         return False, ""
     if entry.get("backend") == "slurm":
-        st = slurm_state(entry)
-        if st.split()[0] in IN_FLIGHT:
+        if step_exit(Path(entry["logs"])) is not None:
+            return False, "its step finished"
+        st = (states or sacct_states([str(entry["job_id"])])).get(str(entry["job_id"]), "UNKNOWN")
+        if st in IN_FLIGHT:
             return True, f"slurm {st} (job {entry['job_id']})"
-        if st == "UNKNOWN" and pickled_outcome(entry["folder"], str(entry["job_id"])) is None:
+        if st == "UNKNOWN":
             return True, f"slurm state UNKNOWN (sacct unreachable?) for job {entry['job_id']}"
         return False, st
-    if "outcome" not in entry and _pid_alive(entry.get("pid")):
+    if "outcome" not in entry and pid_alive(entry.get("pid")):
         return True, f"running under {entry.get('backend')} executor (pid {entry.get('pid')})"
     return False, ""
 
@@ -302,12 +286,13 @@ def triage(paths: SweepPaths, cells: Iterable[Cell]) -> tuple[list[str], list[tu
     cells = list(cells)
     done = done_records(paths, cells)
     book = JobBook(paths.jobs)
+    states = sacct_states([str(e["job_id"]) for e in book.entries.values() if e.get("backend") == "slurm"])
     finished, busy, todo = [], [], []
     for c in cells:
         if c.key in done:
             finished.append(c.key)
             continue
-        flying, why = in_flight(book.get(c.key))
+        flying, why = in_flight(book.get(c.key), states)
         (busy.append((c, why)) if flying else todo.append(c))
     return finished, busy, todo
 
@@ -320,6 +305,7 @@ def sweep_status(
     cells = list(cells if cells is not None else defn.cells())
     done = done_records(paths, cells)
     book = JobBook(paths.jobs)
+    states = sacct_states([str(e["job_id"]) for e in book.entries.values() if e.get("backend") == "slurm"])
     out: list[CellStatus] = []
     for cell in cells:
         rec = done.get(cell.key)
@@ -334,21 +320,14 @@ def sweep_status(
         if not entry:
             out.append(CellStatus(cell, "failed" if corrupt else "pending", ("not submitted" + corrupt).lstrip("; ")))
             continue
+        if entry.get("backend") == "slurm":
+            state, reason, tail_lines = slurm_cell_state(entry, states.get(str(entry["job_id"]), "UNKNOWN"), tail)
+            out.append(CellStatus(cell, state, reason + corrupt, tail_lines))
+            continue
         logs = log_tail(entry["folder"], str(entry["job_id"]), tail) if entry.get("folder") else []
         job = f"{entry.get('backend')} job {entry.get('job_id')}, attempt {entry.get('attempts', 1)}"
-        if entry.get("backend") == "slurm":
-            st = slurm_state(entry)
-            head = st.split()[0] if st else "UNKNOWN"
-            pick = pickled_outcome(entry["folder"], str(entry["job_id"]))
-            if head in IN_FLIGHT or (head == "UNKNOWN" and pick is None):
-                out.append(CellStatus(cell, "pending", f"slurm {st} ({job}){corrupt}", logs))
-            elif pick is not None and pick[0] == "error":
-                out.append(CellStatus(cell, "failed", f"slurm {st} ({job}): {failure_reason(pick[1])}{corrupt}", logs))
-            else:
-                out.append(CellStatus(cell, "failed", f"slurm {st} ({job}): no valid result line{corrupt}", logs))
-            continue
         if "outcome" not in entry:
-            if _pid_alive(entry.get("pid")):
+            if pid_alive(entry.get("pid")):
                 out.append(CellStatus(cell, "pending", f"running ({job})", logs))
             else:
                 out.append(

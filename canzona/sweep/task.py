@@ -13,8 +13,10 @@ must also hold a valid schema line whose ``cell`` is this cell's key. That turns
 from __future__ import annotations
 
 import collections
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from canzona.results.schema import iter_records
+from canzona.results.schema import iter_records, write_atomic
 from canzona.sweep.definition import Cell
 
 # Variables a launcher sets per rank. Stripped from a forked child's environment so that
@@ -128,16 +130,29 @@ def _job_environment() -> Any | None:
         return None
 
 
+def process_start(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (clock ticks since boot, /proc/<pid>/stat field 22),
+    None when the process does not exist: with the pid it identifies one process for good."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
 @dataclass
 class CellTask:
-    """One cell as a picklable submitit callable.
+    """One cell as a picklable submitit callable (and what a Slurm node runs, see ``node.py``).
 
+    key: the cell's key, None for a command without a result line (the Slurm preflight).
     launch: "direct" runs ``argv`` as is (local forked ranks); "torchrun" wraps it per node.
     timeout_s: kill the command's process group after this long (a hung collective must
     fail the cell, not the sweep).
+    proc_file: where to write the command's process group while it runs, so that a resumed
+    sweep can find (and end) a run whose sweep process was killed.
     """
 
-    key: str
+    key: str | None
     argv: list[str]
     results: str
     launch: str = "direct"
@@ -146,6 +161,7 @@ class CellTask:
     python: str = field(default_factory=lambda: sys.executable)
     timeout_s: float | None = None
     tail_lines: int = 20
+    proc_file: str | None = None
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -176,12 +192,17 @@ class CellTask:
         )
 
     def __call__(self) -> dict[str, Any]:
-        env = _job_environment()
-        first = env is None or env.global_rank == 0
+        return self.run(_job_environment())
+
+    def run(self, env: Any | None) -> dict[str, Any]:
+        """Run the command in ``env`` (submitit's JobEnvironment, or None on the local machine)."""
+        first = (env is None or env.global_rank == 0) and self.key is not None
         results = Path(self.results)
+        # EVERY node checks (a shared file nobody writes now): if node 0 alone skipped a requeued,
+        # finished cell, the other nodes' torchrun would wait for it until their rendezvous timeout
+        if self.key is not None and has_result(results, self.key):
+            return {"cell": self.key, "status": "already done", "results": str(results)}
         if first:
-            if has_result(results, self.key):  # e.g. requeued after the line was written
-                return {"cell": self.key, "status": "already done", "results": str(results)}
             quarantine_invalid(results)
         argv = self.command(env)
         child_env = {k: v for k, v in os.environ.items() if k not in RANK_ENV}
@@ -194,6 +215,7 @@ class CellTask:
             env=child_env,
             start_new_session=True,
         )
+        self._record_process()
         reader = threading.Thread(target=_tee, args=(self._proc.stderr, tail), daemon=True)
         reader.start()
         try:
@@ -207,6 +229,8 @@ class CellTask:
         finally:
             if self._proc.poll() is None:
                 self._kill()
+            if self.proc_file:
+                Path(self.proc_file).unlink(missing_ok=True)
         reader.join(timeout=5)
         elapsed = time.monotonic() - start
         if rc != 0:
@@ -222,6 +246,15 @@ class CellTask:
                 f"(missing or truncated)\n" + "".join(tail)
             )
         return {"cell": self.key, "status": "ok", "results": str(results), "seconds": round(elapsed, 2)}
+
+    def _record_process(self) -> None:
+        """Write the command's process group (its pid: start_new_session) and start time."""
+        if not self.proc_file or self._proc is None:
+            return
+        pid = self._proc.pid
+        info = {"key": self.key, "pgid": pid, "start": process_start(pid), "host": socket.gethostname()}
+        task = {"task_pid": os.getpid(), "task_start": process_start(os.getpid())}
+        write_atomic(self.proc_file, json.dumps({**info, **task}) + "\n")
 
     def checkpoint(self) -> Any:
         """submitit calls this on preemption/timeout (its USR2 signal): stop the run and requeue it.

@@ -1,25 +1,31 @@
-"""TP side of a step: turn owned TP shards into full-matrix updates and hand shards back.
+"""Matrix executors: turn the owned gradient shards of a step into full-matrix updates, applied.
 
-Two executors behind one ``run`` call:
-  ``AllGatherTP`` (TP mode sc, "duplicated"): one fused all-gather of every owned shard, every
-      TP rank reconstructs and computes every matrix, keeps its own chunk of the update.
-  ``MicroGroupTP`` (modes no / sorted / global): per micro-group ONE fused all_to_all_single
-      gathers shards to their host, hosts compute in parallel, ONE all_to_all_single scatters
-      update chunks back. Pipelined: the gather of group i+1 and the scatter of group i−1 are
-      in flight while group i computes. Buffers are pre-sized once (ping-pong pairs).
-Matrices that TP does not split are computed locally by every TP rank of the owner.
+One interface, ``MatrixExecutor.run(grad_of, compute, apply, timer)``, and one place that maps a
+lowered schedule to executors, ``select_executors``. The optimizer facade never branches on a
+strategy: the lowering (canzona.plan.schedule.executor_specs) decides which matrices go where, and
+each spec kind has one executor class here.
+
+  ``local``        whole matrices on this rank (TP = 1 or not TP-split): no communication.
+  ``all-gather``   TP "duplicated" (sc, layer-wise): one fused all-gather of every owned shard,
+                   every TP rank reconstructs and computes every matrix, keeps its own chunk.
+  ``micro-group``  one host per matrix (asc, canzona): per micro-group ONE fused all_to_all_single
+                   gathers shards to their host, hosts compute in parallel, ONE all_to_all_single
+                   scatters update chunks back. Pipelined: the gather of group i+1 and the scatter
+                   of group i−1 are in flight while group i computes. Ping-pong buffers sized once.
+Gradients and updates travel in fp32 whatever the parameters' dtype (they feed fp32 masters).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
 
 from canzona.models.spec import ParamSpec
-from canzona.plan.types import MicroGroup
+from canzona.plan.schedule import ExecSpec
 from canzona.runtime.collectives import all_gather_flat
 from canzona.runtime.timers import PhaseTimer
 
@@ -37,11 +43,21 @@ def _assemble(pieces: Sequence[torch.Tensor], spec: ParamSpec, tp: int) -> torch
     return torch.cat([p.view(shard) for p in pieces], dim=spec.partition_dim)
 
 
+class MatrixExecutor(Protocol):
+    """Computes and applies the updates of its matrices for one step."""
+
+    names: list[str]
+
+    def run(self, grad_of: ShardOf, compute: Compute, apply: Apply, timer: PhaseTimer) -> None: ...
+
+
 class LocalTP:
     """Owned matrices that need no TP communication (TP = 1 or not TP-split)."""
 
-    def __init__(self, names: Sequence[str], specs: dict[str, ParamSpec]) -> None:
-        self.names = list(names)
+    def __init__(
+        self, spec: ExecSpec, specs: dict[str, ParamSpec], group: dist.ProcessGroup | None, device: torch.device
+    ) -> None:
+        self.names = list(spec.names)
         self.specs = specs
 
     def run(self, grad_of: ShardOf, compute: Compute, apply: Apply, timer: PhaseTimer) -> None:
@@ -55,14 +71,10 @@ class AllGatherTP:
     """TP mode sc: all TP ranks gather all owned shards and compute everything."""
 
     def __init__(
-        self,
-        names: Sequence[str],
-        specs: dict[str, ParamSpec],
-        group: dist.ProcessGroup,
-        device: torch.device,
-        dtype: torch.dtype,
+        self, spec: ExecSpec, specs: dict[str, ParamSpec], group: dist.ProcessGroup | None, device: torch.device
     ) -> None:
-        self.names, self.specs, self.group = list(names), specs, group
+        self.names, self.specs, self.group = list(spec.names), specs, group
+        dtype = torch.float32
         self.tp, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.sizes = [specs[n].shard_numel(self.tp) for n in self.names]
         total = sum(self.sizes)
@@ -75,12 +87,12 @@ class AllGatherTP:
         total = self.send.numel()
         with timer.phase("tp_gather"):
             off = 0
-            for n, k in zip(self.names, self.sizes, strict=False):
+            for n, k in zip(self.names, self.sizes, strict=True):
                 self.send[off : off + k].copy_(grad_of(n))
                 off += k
             all_gather_flat(self.recv, self.send, group=self.group)
         off = 0
-        for n, k in zip(self.names, self.sizes, strict=False):
+        for n, k in zip(self.names, self.sizes, strict=True):
             spec = self.specs[n]
             with timer.phase("compute"):
                 pieces = [self.recv[s * total + off : s * total + off + k] for s in range(self.tp)]
@@ -105,19 +117,15 @@ class MicroGroupTP:
     """Canzona / ASC: host-per-matrix micro-groups with fused, pipelined all-to-alls."""
 
     def __init__(
-        self,
-        groups: Sequence[MicroGroup],
-        specs: dict[str, ParamSpec],
-        group: dist.ProcessGroup,
-        device: torch.device,
-        dtype: torch.dtype,
+        self, spec: ExecSpec, specs: dict[str, ParamSpec], group: dist.ProcessGroup | None, device: torch.device
     ) -> None:
-        self.specs, self.group = specs, group
+        self.names, self.specs, self.group = list(spec.names), specs, group
+        dtype = torch.float32
         self.tp, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.layouts: list[_GroupLayout] = []
-        for g in groups:
+        for g in spec.groups:
             by_host: list[list[str]] = [[] for _ in range(self.tp)]
-            for name, host in g.hosts:
+            for name, host in g:
                 by_host[host].append(name)
             send = [sum(specs[n].shard_numel(self.tp) for n in by_host[h]) for h in range(self.tp)]
             mine = send[self.rank]  # shards are equal across TP ranks, so what I host = what I receive per source
@@ -210,3 +218,13 @@ class MicroGroupTP:
         with timer.phase("tp_scatter"):
             scatters.pop(n - 1).wait()
             self._apply(n - 1, apply)
+
+
+EXECUTORS: dict[str, type] = {"local": LocalTP, "all-gather": AllGatherTP, "micro-group": MicroGroupTP}
+
+
+def select_executors(
+    specs: Sequence[ExecSpec], params: dict[str, ParamSpec], tp_group: dist.ProcessGroup | None, device: torch.device
+) -> list[MatrixExecutor]:
+    """The only place that maps the lowering's executor specs to executor objects."""
+    return [EXECUTORS[s.kind](s, params, tp_group, device) for s in specs]

@@ -1,0 +1,117 @@
+"""α–β cost of one collective call: what the runtime's mode choice and the projection both charge.
+
+Why here (the pure layer): the runtime picks, per DP bucket, how to run its uneven reduce-scatter /
+all-gather (``canzona.plan.schedule.choose_mode``), and the projection replays the same calls. Both
+must price a call the same way, so the formula lives once, below the runtime and the analysis.
+
+The ring model with the nccl-tests bus-bandwidth convention, for a call on a group of ``n`` ranks
+whose full buffer is ``nbytes``:
+
+    t = base + steps · hop + factor · nbytes / bus_bw
+
+  kind             factor        steps    buffer counted
+  all_reduce       2(n−1)/n      2(n−1)   the reduced buffer
+  reduce_scatter   (n−1)/n       n−1      the full input (n · output)
+  all_gather       (n−1)/n       n−1      the full output (n · input)
+  reduce/broadcast 1             n−1      the buffer (a pipelined chain)
+  all_to_all       (n−1)/n       1        what one rank sends (n equal parts)
+
+A model may override (latency, bandwidth) per kind: gloo's kinds differ by up to 7× on our CPU
+hosts (its broadcast and reduce outrun its all_gather / reduce_scatter), which is exactly what
+makes per-root calls the right choice there and the wrong one on NCCL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from canzona.errors import ConfigError
+
+KINDS = ("all_reduce", "reduce_scatter", "all_gather", "reduce", "broadcast", "all_to_all")
+
+
+@dataclass(frozen=True)
+class Link:
+    """Bus bandwidth (bytes/s) and latencies (µs) of one kind of call on one kind of link."""
+
+    bus_bw: float
+    base_latency_us: float
+    hop_latency_us: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.bus_bw > 0 or self.base_latency_us < 0 or self.hop_latency_us < 0:
+            raise ConfigError(f"link needs bus_bw > 0 and latencies >= 0, got {self}")
+
+
+def ring_terms(kind: str, n: int) -> tuple[float, int]:
+    """(bandwidth factor, latency steps) of ``kind`` on ``n`` ranks (see the module docstring)."""
+    if kind not in KINDS:
+        raise ConfigError(f"unknown collective kind {kind!r}; known: {', '.join(KINDS)}")
+    if n <= 1:
+        return 0.0, 0
+    if kind == "all_reduce":
+        return 2.0 * (n - 1) / n, 2 * (n - 1)
+    if kind in ("reduce_scatter", "all_gather"):
+        return (n - 1) / n, n - 1
+    if kind == "all_to_all":
+        return (n - 1) / n, 1
+    return 1.0, n - 1
+
+
+@dataclass(frozen=True)
+class CommModel:
+    """How long collectives take on one backend: a default link plus per-kind overrides."""
+
+    name: str
+    link: Link
+    per_kind: tuple[tuple[str, Link], ...] = ()
+    copy_bw: float = 1e12  # bytes/s of a local staging copy (read + write)
+    source: str = ""
+    _kinds: dict[str, Link] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_kinds", dict(self.per_kind))
+
+    def call_us(self, kind: str, n: int, nbytes: float) -> float:
+        """Microseconds of one call of ``kind`` on ``n`` ranks with a ``nbytes`` buffer (0 if n == 1)."""
+        factor, steps = ring_terms(kind, n)
+        if n <= 1:
+            return 0.0
+        link = self._kinds.get(kind, self.link)
+        return link.base_latency_us + steps * link.hop_latency_us + factor * nbytes / link.bus_bw * 1e6
+
+    def copy_us(self, nbytes: float) -> float:
+        return 2.0 * nbytes / self.copy_bw * 1e6
+
+
+# Defaults the runtime uses to choose a DP collective mode when the caller gives no model.
+# NCCL: H800-class inter-node ring (DP groups of a 256-GPU job span nodes), numbers from the same
+# sources as canzona/analysis/profiles/H800.toml. NCCL's reduce/broadcast are ring chains with the
+# same per-call latency, so per-root calls pay DP latencies where one native call pays one.
+NCCL = CommModel(
+    "nccl",
+    Link(bus_bw=50e9, base_latency_us=8.4, hop_latency_us=6.6),
+    copy_bw=3.0e12,
+    source="IB 50 GB/s per GPU (DeepSeek-V3 report sec. 3.2.2); NCCL tuning.cc Ring/Simple latencies 8.4 + 6.6 us/step",
+)
+# gloo on one CPU host: per-kind fits of `canzona calibrate-cpu` (canzona/analysis/profiles/cpu-local.toml,
+# 2026-11-29, 2-core VM): broadcast and reduce move data 3-7x faster than all_gather / reduce_scatter.
+GLOO = CommModel(
+    "gloo",
+    Link(bus_bw=7.77e8, base_latency_us=383.0),
+    per_kind=(
+        ("reduce_scatter", Link(bus_bw=2.74e8, base_latency_us=1039.0)),
+        ("all_gather", Link(bus_bw=3.67e8, base_latency_us=151.0)),
+        ("all_to_all", Link(bus_bw=6.51e8, base_latency_us=204.0)),
+        ("broadcast", Link(bus_bw=2.00e9, base_latency_us=264.0)),
+        ("reduce", Link(bus_bw=6.67e8, base_latency_us=0.0)),
+    ),
+    copy_bw=1.36e10,
+    source="canzona calibrate-cpu fits on a 2-core x86_64 VM (cpu-local profile, 2026-11-29)",
+)
+MODELS = {m.name: m for m in (NCCL, GLOO)}
+
+
+def model_for_backend(backend: str) -> CommModel:
+    """The default model of a torch.distributed backend name (unknown backends price like NCCL)."""
+    return MODELS.get(str(backend).lower(), NCCL)

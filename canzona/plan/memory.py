@@ -1,0 +1,176 @@
+"""Bytes per GPU that the optimizer side of a step holds, read off the lowered schedule.
+
+Why from the schedule: the runtime allocates exactly the buffers the lowering describes (bucket
+layouts with their padding, staging of the chosen collective modes, executors), so the model and
+the runtime cannot disagree about what a strategy costs in memory. Activations are not counted
+(they depend on the model code, recomputation and micro-batch, not on the optimizer).
+
+Per GPU, in bytes:
+  params        every parameter's buffer (param dtype), padding of its bucket layout included
+  main_grads    the main-grad buffers (grad dtype): the same layouts
+  master        fp32 copies of what this rank owns and updates, only when params are not fp32
+                (its region of every reduce-scattered bucket; whole owned matrices otherwise)
+  optimizer     matrix-optimizer state of every matrix this GPU COMPUTES (full matrix: Muon's
+                momentum, Shampoo/SOAP factors) + AdamW's two fp32 moments of its regions
+  dp_staging    persistent staging of ``uneven`` buckets and layer-wise's owner gather
+  tp_staging    the TP executors' fused buffers (fp32): micro-group ping-pong pairs, or the
+                duplicated all-gather's send + receive buffers
+  workspace     the transient peak of one update: the assembled fp32 gradient and update of the
+                largest computed matrix plus its Newton–Schulz working set
+The extra copies ``sc`` and ``layerwise`` need show up as what they are: every matrix's state on
+every GPU (sc), the duplicated TP gather and state on every TP rank, the owner-gather staging.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from canzona.cost import CostModel
+from canzona.models.spec import ParamSpec
+from canzona.plan.build import adamw_buckets
+from canzona.plan.schedule import BucketLayout, LowerSettings, RankSchedule, stage_schedules
+from canzona.plan.types import Plan
+
+COMPONENTS = ("params", "main_grads", "master", "optimizer", "dp_staging", "tp_staging", "workspace")
+FP32 = 4
+
+
+@dataclass(frozen=True)
+class MemoryPrecision:
+    """Element sizes: parameters (2 = bf16), main grads, Newton–Schulz working set."""
+
+    param_bytes: int = 2
+    grad_bytes: int = 4
+    ns_bytes: int = 2
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    dp_rank: int
+    tp_rank: int
+    params: int
+    main_grads: int
+    master: int
+    optimizer: int
+    dp_staging: int
+    tp_staging: int
+    workspace: int
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(getattr(self, c) for c in COMPONENTS)
+
+    def fits(self, hbm_bytes: float) -> bool:
+        return self.total_bytes <= hbm_bytes
+
+    def to_dict(self) -> dict[str, int]:
+        return {**asdict(self), "total_bytes": self.total_bytes}
+
+
+def _region(b: BucketLayout, dp_rank: int) -> int:
+    lo, hi = b.regions[dp_rank]
+    return hi - lo
+
+
+def _ns_workspace(shape: tuple[int, int], prec: MemoryPrecision) -> int:
+    """Assembled fp32 gradient + fp32 update + NS working set (X, next X, A = X·Xᵀ, B) of one matrix."""
+    m, n = shape
+    s = min(m, n)
+    return m * n * (2 * FP32 + 2 * prec.ns_bytes) + 2 * s * s * prec.ns_bytes
+
+
+def _tp_staging(s: RankSchedule, plan: Plan) -> int:
+    tp = plan.layout.tp
+    shard = {it.name: it.numel // tp for it in plan.items}
+    out = 0
+    for spec in s.executors:
+        if spec.kind == "all-gather":
+            total = sum(shard[n] for n in spec.names)
+            out += (total + tp * total) * FP32
+        elif spec.kind == "micro-group":
+            send = max(sum(shard[n] for n, _ in g) for g in spec.groups)
+            recv = max(sum(shard[n] for n, h in g if h == s.tp_rank) * tp for g in spec.groups)
+            out += 2 * 2 * (send + recv) * FP32  # gather + scatter, each a ping-pong pair
+    return out
+
+
+def _dp_staging(s: RankSchedule, plan: Plan | None, prec: MemoryPrecision) -> int:
+    out = 0
+    for b in s.buckets:
+        if b.mode == "uneven":
+            width = max(hi - lo for lo, hi in b.regions)
+            out += s.dp * width * (prec.grad_bytes + prec.param_bytes)
+    if s.owner_gather is not None and plan is not None:
+        by_rank, mode = s.owner_gather
+        tp = plan.layout.tp
+        local = {it.name: it.numel // tp if it.partition_dim is not None else it.numel for it in plan.items}
+        sizes = [sum(local[n] for n in names) for names in by_rank]
+        out += (sum(sizes) if mode == "per-root" else s.dp * max(sizes)) * prec.param_bytes
+    return out
+
+
+def rank_memory(s: RankSchedule, plan: Plan | None, cost: CostModel | None, prec: MemoryPrecision) -> MemoryBreakdown:
+    """One GPU's breakdown (see the module docstring)."""
+    size = sum(b.size for b in s.buckets)
+    owned = sum(_region(b, s.dp_rank) for b in s.buckets if b.regions)
+    items = {it.name: it for it in plan.items} if plan is not None else {}
+    tp = s.tp
+    local = {n: it.numel // tp if it.partition_dim is not None and tp > 1 else it.numel for n, it in items.items()}
+    whole = [b for b in s.buckets if not b.regions]  # reduced whole: owners keep masters per matrix
+    applied = {n for spec in s.executors for n in spec.names}
+    whole_owned = sum(local[n] for b in whole for n, _, _ in b.entries if n in applied)
+    master = (owned + whole_owned) * FP32 if prec.param_bytes != FP32 else 0
+    adam = sum(_region(b, s.dp_rank) for b in s.buckets if b.kind == "adamw")
+    state = sum(cost.state_bytes(items[n].shape) for n in s.computes) if cost is not None else 0
+    work = max((_ns_workspace(items[n].shape, prec) for n in s.computes), default=0)
+    return MemoryBreakdown(
+        dp_rank=s.dp_rank,
+        tp_rank=s.tp_rank,
+        params=size * prec.param_bytes,
+        main_grads=size * prec.grad_bytes,
+        master=master,
+        optimizer=state + 2 * adam * FP32,
+        dp_staging=_dp_staging(s, plan, prec),
+        tp_staging=_tp_staging(s, plan) if plan is not None else 0,
+        workspace=work,
+    )
+
+
+def stage_memory(
+    plan: Plan, specs: Sequence[ParamSpec], settings: LowerSettings, prec: MemoryPrecision
+) -> list[MemoryBreakdown]:
+    """Every GPU of one PP stage (``specs``: the stage's parameters, any route)."""
+    adamw = adamw_buckets(specs, plan.layout, plan.config.bucket_size)
+    cost = CostModel(plan.config.optimizer, "flops")
+    return [rank_memory(s, plan, cost, prec) for s in stage_schedules(plan, adamw, settings)]
+
+
+def peak(breakdowns: Sequence[MemoryBreakdown]) -> MemoryBreakdown:
+    """The GPU with the largest total (the one that decides whether a layout fits)."""
+    return max(breakdowns, key=lambda b: (b.total_bytes, -b.dp_rank, -b.tp_rank))
+
+
+def gib(nbytes: float) -> float:
+    return nbytes / 2**30
+
+
+def format_breakdown(b: MemoryBreakdown, hbm_gb: float | None = None) -> str:
+    """One line per component, in GB (10^9 bytes, as GPU HBM is sold)."""
+    rows = [f"  {c:<11} {getattr(b, c) / 1e9:9.2f} GB" for c in COMPONENTS]
+    verdict = ""
+    if hbm_gb is not None:
+        verdict = f"  -> {'fits' if b.fits(hbm_gb * 1e9) else 'does NOT fit'} {hbm_gb:g} GB (activations excluded)"
+    return "\n".join([*rows, f"  {'total':<11} {b.total_bytes / 1e9:9.2f} GB{verdict}"])
+
+
+__all__ = [
+    "COMPONENTS",
+    "MemoryBreakdown",
+    "MemoryPrecision",
+    "format_breakdown",
+    "gib",
+    "peak",
+    "rank_memory",
+    "stage_memory",
+]

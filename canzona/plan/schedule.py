@@ -1,0 +1,419 @@
+"""Plans lowered once: one rank's step as data — buffers, executors, and the ordered collective calls.
+
+Why: the runtime, the collective budget, the memory model and the projection must agree on what a
+plan costs. Each used to decide for itself (which uneven-collective mode a bucket uses, which
+executor a matrix goes through, which calls overlap), so they could drift apart silently. Here a
+pure function turns (plan, rank) into a ``RankSchedule``; the runtime allocates and executes exactly
+that (a test records every torch.distributed call and compares), and the other readers price it.
+
+Per DP bucket the schedule fixes a MODE and the runtime buffer LAYOUT that goes with it:
+
+  native     owner-grouped, every DP rank's slice padded to the bucket's widest slice W: the buffer
+             is DP·W elements and the bucket is ONE in-place ``reduce_scatter_tensor`` + ONE in-place
+             ``all_gather_into_tensor`` (Megatron's ZeRO when slices are equal). Costs padding bytes.
+  uneven     Megatron's layout with exact uneven slices, run through a padded staging copy and the
+             same two native calls (extra copies, same bytes as native).
+  per-root   exact slices, one ``reduce`` / ``broadcast`` per non-empty slice: no padding, DP calls.
+  all-reduce the bucket reduced whole (sc, layer-wise): no cuts.
+
+``choose_mode`` picks among the first three with the α–β model of ``canzona.plan.comm`` (latency per
+call included, not bytes alone): native wins on NCCL unless padding is extreme; per-root wins on gloo,
+whose broadcast / reduce outrun its all-gather / reduce-scatter.
+
+Per rank the schedule lists executors (which matrices are computed how) and the collective calls
+of one step in the order the runtime issues them when no gradient hook fired early:
+grad_sync (matrix buckets, then AdamW buckets, in bucket order) → tp_partial (QK-norm-style
+partial grads summed across TP) → norm (one all-reduce: grad norm and non-finite flag) → TP
+executor calls (micro-groups: G0 G1 S0 G2 S1 … S_last) → param_sync (buckets last-first).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from canzona.errors import ConfigError
+from canzona.plan.comm import NCCL, CommModel
+from canzona.plan.types import Bucket, Layout, Plan
+
+DP_MODES = ("native", "uneven", "per-root")
+REQUESTABLE_MODES = ("auto", *DP_MODES)
+SLICE_ALIGN = 128  # elements: every padded slice starts 256-byte aligned for bf16 (Megatron's lcm(dp, 128))
+
+
+@dataclass(frozen=True)
+class LowerSettings:
+    """What lowering needs beyond the plan: element sizes, the mode request and the cost model."""
+
+    collective_mode: str = "auto"
+    model: CommModel = NCCL
+    grad_bytes: int = 4  # main-grad element (fp32; 2 when gradients are reduced in bf16)
+    param_bytes: int = 4  # parameter element (2 for bf16 params)
+    tp_bytes: int = 4  # TP staging element: full-matrix gradients and updates travel in fp32
+    tp_partial: frozenset[str] = frozenset()  # replicated params whose grad is a partial sum per TP rank
+    norm_check: bool = True  # one global all-reduce per step (grad norm + non-finite flag)
+    global_world: int | None = None  # ranks of the norm's group (every stage); None: this stage's dp·tp
+
+    def __post_init__(self) -> None:
+        if self.collective_mode not in REQUESTABLE_MODES:
+            raise ConfigError(
+                f"unknown collective mode {self.collective_mode!r}; choose one of {', '.join(REQUESTABLE_MODES)}"
+            )
+
+
+@dataclass(frozen=True)
+class BucketLayout:
+    """One DP bucket as the runtime allocates it.
+
+    ``entries``: (name, offset in this buffer, numel). ``regions``: per DP rank the [lo, hi) range it
+    reduces into and gathers from (its slice; padding included in native mode), () when the bucket
+    is reduced whole. ``used``: elements that hold a parameter.
+    """
+
+    kind: str  # matrix | adamw
+    index: int
+    size: int
+    entries: tuple[tuple[str, int, int], ...]
+    regions: tuple[tuple[int, int], ...]
+    mode: str
+
+    @property
+    def used(self) -> int:
+        return sum(n for _, _, n in self.entries)
+
+    @property
+    def padding(self) -> int:
+        return self.size - self.used
+
+    @property
+    def tag(self) -> str:
+        return f"{self.kind}{self.index}"
+
+    def where(self) -> dict[str, tuple[int, int]]:
+        return {n: (o, k) for n, o, k in self.entries}
+
+
+@dataclass(frozen=True)
+class ExecSpec:
+    """Which owned matrices one executor computes and how.
+
+    kind ``local``: whole matrices on this rank (TP = 1 or not TP-split); ``all-gather``: TP
+    "duplicated" — one fused all-gather, every TP rank computes every matrix; ``micro-group``:
+    one host per matrix, ``groups`` of (name, host TP rank) run as fused all-to-alls, pipelined.
+    """
+
+    kind: str
+    names: tuple[str, ...]
+    groups: tuple[tuple[tuple[str, int], ...], ...] = ()
+
+    def computed_by(self, tp_rank: int) -> tuple[str, ...]:
+        if self.kind != "micro-group":
+            return self.names
+        return tuple(n for g in self.groups for n, h in g if h == tp_rank)
+
+
+@dataclass(frozen=True)
+class CommOp:
+    """One collective call. ``nbytes``: the call's buffer in the nccl-tests sense (reduce-scatter:
+    the full input; all-gather: the full output; all-to-all: what this rank sends; rooted calls:
+    the chunk)."""
+
+    phase: str  # grad_sync | tp_partial | norm | tp_gather | tp_scatter | param_sync
+    kind: str
+    group: str  # dp | tp | global
+    nbytes: int
+    tag: str
+    root: int | None = None
+
+
+@dataclass(frozen=True)
+class RankSchedule:
+    dp_rank: int
+    tp_rank: int
+    dp: int
+    tp: int
+    buckets: tuple[BucketLayout, ...]
+    executors: tuple[ExecSpec, ...]
+    ops: tuple[CommOp, ...]
+    owner_gather: tuple[tuple[tuple[str, ...], ...], str] | None = None  # layer-wise: names per DP rank, mode
+    computes: tuple[str, ...] = field(default=())
+
+    def bucket(self, kind: str, index: int) -> BucketLayout:
+        for b in self.buckets:
+            if (b.kind, b.index) == (kind, index):
+                return b
+        raise KeyError((kind, index))
+
+    def counts(self, group: str | None = None) -> dict[str, int]:
+        """Collective calls per step by kind (optionally of one group)."""
+        return dict(Counter(o.kind for o in self.ops if group is None or o.group == group))
+
+
+# ----------------------------------------------------------------------------- DP buckets
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def padded_width(slice_sizes: Sequence[int]) -> int:
+    """W of the native layout: the slice size when slices are equal (Megatron's layout, nothing to
+    pad), else the widest slice rounded up to the slice alignment."""
+    if not slice_sizes or all(w == slice_sizes[0] for w in slice_sizes):
+        return slice_sizes[0] if slice_sizes else 0
+    return _round_up(max(slice_sizes), SLICE_ALIGN)
+
+
+def mode_cost_us(mode: str, slice_sizes: Sequence[int], elem_bytes: int, model: CommModel) -> float:
+    """Reduce-scatter + all-gather of one bucket in ``mode`` (µs, α–β model)."""
+    n = len(slice_sizes)
+    if mode == "per-root":
+        return sum(
+            model.call_us("reduce", n, w * elem_bytes) + model.call_us("broadcast", n, w * elem_bytes)
+            for w in slice_sizes
+            if w
+        )
+    if all(w == slice_sizes[0] for w in slice_sizes) and mode == "uneven":
+        mode = "native"  # equal slices need no staging
+    full = n * padded_width(slice_sizes) * elem_bytes
+    t = model.call_us("reduce_scatter", n, full) + model.call_us("all_gather", n, full)
+    if mode == "uneven":
+        t += 2 * model.copy_us(full)
+    return t
+
+
+def choose_mode(slice_sizes: Sequence[int], requested: str, model: CommModel, elem_bytes: int) -> str:
+    """The DP mode of one bucket: the request, or under ``auto`` the cheapest by the α–β model
+    (ties go to native: one call each way, in place, no staging)."""
+    if requested not in REQUESTABLE_MODES:
+        raise ConfigError(f"unknown collective mode {requested!r}; choose one of {', '.join(REQUESTABLE_MODES)}")
+    if requested != "auto":
+        return requested
+    costs = {m: mode_cost_us(m, slice_sizes, elem_bytes, model) for m in DP_MODES}
+    return min(DP_MODES, key=lambda m: (costs[m], DP_MODES.index(m)))
+
+
+def layout_bucket(kind: str, bucket: Bucket, cuts: Sequence[int], dp: int, mode: str) -> BucketLayout:
+    """The runtime buffer of ``bucket`` under ``mode`` (cuts: DP+1 offsets, or () for all-reduce)."""
+    entries = tuple((e.name, e.start, e.numel) for e in bucket.entries)
+    if not cuts:
+        return BucketLayout(kind, bucket.index, bucket.size, entries, (), "all-reduce")
+    exact = tuple((cuts[r], cuts[r + 1]) for r in range(dp))
+    sizes = [b - a for a, b in exact]
+    if mode != "native" or all(w == sizes[0] for w in sizes):
+        return BucketLayout(kind, bucket.index, bucket.size, entries, exact, mode)
+    w = padded_width(sizes)
+    moved = []
+    for name, start, numel in entries:
+        r = next(r for r, (a, b) in enumerate(exact) if a <= start < b)
+        moved.append((name, r * w + start - exact[r][0], numel))
+    return BucketLayout(kind, bucket.index, dp * w, tuple(moved), tuple((r * w, (r + 1) * w) for r in range(dp)), mode)
+
+
+def equal_cuts(bucket: Bucket, dp: int) -> tuple[int, ...]:
+    """ZeRO-1's equal slices (bucket sizes are multiples of lcm(dp, 128))."""
+    return tuple(bucket.size * r // dp for r in range(dp + 1))
+
+
+def _layout_with_cuts(kind: str, b: Bucket, cuts: Sequence[int], dp: int, settings: LowerSettings) -> BucketLayout:
+    if not cuts:
+        return layout_bucket(kind, b, (), dp, "all-reduce")
+    sizes = [cuts[r + 1] - cuts[r] for r in range(dp)]
+    return layout_bucket(
+        kind, b, cuts, dp, choose_mode(sizes, settings.collective_mode, settings.model, settings.grad_bytes)
+    )
+
+
+def bucket_layouts(
+    plan: Plan | None, adamw: Sequence[Bucket], dp: int, settings: LowerSettings
+) -> tuple[tuple[BucketLayout, ...], tuple[BucketLayout, ...]]:
+    """(matrix, AdamW) buffers of one stage; identical on every rank of the stage. AdamW buckets are
+    ZeRO-1's equal slices; matrix buckets follow the plan's cuts (or are reduced whole)."""
+    matrix = ()
+    if plan is not None:
+        reduce_scatter = plan.dp.grad_sync == "reduce-scatter"
+        matrix = tuple(
+            _layout_with_cuts("matrix", b, plan.dp.cuts[i] if reduce_scatter else (), dp, settings)
+            for i, b in enumerate(plan.dp.buckets)
+        )
+    return matrix, tuple(_layout_with_cuts("adamw", b, equal_cuts(b, dp), dp, settings) for b in adamw)
+
+
+# ----------------------------------------------------------------------------- executors
+def executor_specs(plan: Plan, dp_rank: int) -> tuple[ExecSpec, ...]:
+    """The one mapping from a plan to executors, for the matrices DP rank ``dp_rank`` owns."""
+    tp = plan.layout.tp
+    owners = plan.dp.owner_map()
+    mine = [it for it in plan.items if dp_rank in owners[it.name]]
+    split = [it.name for it in mine if tp > 1 and it.partition_dim is not None]
+    local = tuple(it.name for it in mine if it.name not in set(split))
+    specs = [ExecSpec("local", local)] if local else []
+    if not split:
+        return tuple(specs)
+    if plan.tp.mode == "sc":
+        return (*specs, ExecSpec("all-gather", tuple(split)))
+    groups = tuple(g.hosts for g in plan.tp.groups[dp_rank])
+    hosted = sorted(n for g in groups for n, _ in g)
+    if hosted != sorted(split):
+        raise ConfigError(
+            f"plan {plan.input_hash}: TP micro-groups of DP rank {dp_rank} do not cover its TP-split matrices; "
+            "re-plan with this planner version"
+        )
+    return (*specs, ExecSpec("micro-group", tuple(split), groups))
+
+
+# ----------------------------------------------------------------------------- calls
+def _dp_calls(b: BucketLayout, phase: str, dp: int, elem: int) -> list[CommOp]:
+    if dp == 1 or not b.used:
+        return []
+    if b.mode == "all-reduce":
+        return [CommOp(phase, "all_reduce", "dp", b.size * elem, b.tag)] if phase == "grad_sync" else []
+    kind = "reduce_scatter" if phase == "grad_sync" else "all_gather"
+    if b.mode == "per-root":
+        rooted = "reduce" if phase == "grad_sync" else "broadcast"
+        return [
+            CommOp(phase, rooted, "dp", (hi - lo) * elem, b.tag, r) for r, (lo, hi) in enumerate(b.regions) if hi > lo
+        ]
+    width = b.regions[0][1] - b.regions[0][0] if b.mode == "native" else padded_width([hi - lo for lo, hi in b.regions])
+    return [CommOp(phase, kind, "dp", dp * width * elem, b.tag)]
+
+
+def _tp_calls(spec: ExecSpec, plan: Plan, tp_rank: int, elem: int) -> list[CommOp]:
+    tp = plan.layout.tp
+    shard = {it.name: it.numel // tp for it in plan.items}
+    if spec.kind == "all-gather":
+        return [CommOp("tp_gather", "all_gather", "tp", tp * sum(shard[n] for n in spec.names) * elem, "all-gather")]
+    if spec.kind != "micro-group":
+        return []
+    gathers, scatters = [], []
+    for i, g in enumerate(spec.groups):
+        send = sum(shard[n] for n, _ in g)  # my shard of every matrix of the group, one part per host
+        mine = sum(shard[n] for n, h in g if h == tp_rank) * tp  # every source's shard of what I host
+        gathers.append(CommOp("tp_gather", "all_to_all", "tp", send * elem, f"mg{i}"))
+        scatters.append(CommOp("tp_scatter", "all_to_all", "tp", mine * elem, f"mg{i}"))
+    ops = [gathers[0]]
+    for i in range(1, len(gathers)):
+        ops += [gathers[i], scatters[i - 1]]
+    return [*ops, scatters[-1]] if scatters else ops
+
+
+def _tp_partial_elems(adam: Sequence[BucketLayout], dp_rank: int, names: frozenset[str]) -> int:
+    total = 0
+    for b in adam:
+        lo, hi = b.regions[dp_rank]
+        for n, o, k in b.entries:
+            if n in names:
+                total += max(0, min(o + k, hi) - max(o, lo))
+    return total
+
+
+def _owner_gather(plan: Plan, settings: LowerSettings) -> tuple[tuple[tuple[str, ...], ...], str] | None:
+    """Layer-wise: owners ignore the buckets, so owned params are packed, gathered unevenly, unpacked."""
+    if plan.dp.cuts or plan.dp.param_sync == "none" or plan.layout.dp == 1:
+        return None
+    owners = plan.dp.owner_map()
+    tp = plan.layout.tp
+    local = {it.name: (it.numel // tp if it.partition_dim is not None else it.numel) for it in plan.items}
+    by_rank = tuple(tuple(it.name for it in plan.items if owners[it.name][0] == r) for r in range(plan.layout.dp))
+    sizes = [sum(local[n] for n in names) for names in by_rank]
+    requested = "uneven" if settings.collective_mode == "native" else settings.collective_mode
+    mode = choose_mode(sizes, requested, settings.model, settings.param_bytes)
+    return by_rank, ("uneven" if mode == "native" else mode)
+
+
+def lower(
+    plan: Plan | None,
+    adamw: Sequence[Bucket],
+    dp_rank: int,
+    tp_rank: int,
+    settings: LowerSettings,
+    layout: Layout | None = None,
+    layouts: tuple[tuple[BucketLayout, ...], tuple[BucketLayout, ...]] | None = None,
+) -> RankSchedule:
+    """One rank's step (see the module docstring). Pure and deterministic. ``plan`` is None when no
+    parameter goes to a matrix optimizer (then ``layout`` gives dp and tp). ``layouts``: the stage's
+    ``bucket_layouts``, when the caller lowers many ranks (they are the same for every rank)."""
+    lay = plan.layout if plan is not None else layout
+    if lay is None:
+        raise ConfigError("lower() needs a plan or a layout")
+    dp, tp = lay.dp, lay.tp
+    if not (0 <= dp_rank < dp and 0 <= tp_rank < tp):
+        raise ConfigError(f"rank (dp {dp_rank}, tp {tp_rank}) outside the layout dp{dp}×tp{tp}")
+    matrix, adam = layouts if layouts is not None else bucket_layouts(plan, adamw, dp, settings)
+    execs = executor_specs(plan, dp_rank) if plan is not None else ()
+    gather = _owner_gather(plan, settings) if plan is not None else None
+    g, p = settings.grad_bytes, settings.param_bytes
+    ops: list[CommOp] = []
+    for b in (*matrix, *adam):
+        ops += _dp_calls(b, "grad_sync", dp, g)
+    partial = _tp_partial_elems(adam, dp_rank, settings.tp_partial) if tp > 1 else 0
+    if partial:
+        ops.append(CommOp("tp_partial", "all_reduce", "tp", partial * g, "tp-partial"))
+    if settings.norm_check and (settings.global_world or dp * tp) > 1:
+        ops.append(CommOp("norm", "all_reduce", "global", 8, "norm"))
+    for spec in execs:
+        ops += _tp_calls(spec, plan, tp_rank, settings.tp_bytes)
+    for b in reversed(matrix):
+        ops += _dp_calls(b, "param_sync", dp, p)
+    if gather is not None and plan is not None:
+        ops += _owner_gather_calls(plan, gather, p)
+    for b in reversed(adam):
+        ops += _dp_calls(b, "param_sync", dp, p)
+    computes = tuple(n for s in execs for n in s.computed_by(tp_rank))
+    return RankSchedule(dp_rank, tp_rank, dp, tp, (*matrix, *adam), execs, tuple(ops), gather, computes)
+
+
+def _owner_gather_calls(plan: Plan, gather: tuple[tuple[tuple[str, ...], ...], str], elem: int) -> list[CommOp]:
+    by_rank, mode = gather
+    tp = plan.layout.tp
+    local = {it.name: (it.numel // tp if it.partition_dim is not None else it.numel) for it in plan.items}
+    sizes = [sum(local[n] for n in names) for names in by_rank]
+    dp = len(sizes)
+    if mode == "per-root":
+        return [CommOp("param_sync", "broadcast", "dp", s * elem, "owner", r) for r, s in enumerate(sizes) if s]
+    return [CommOp("param_sync", "all_gather", "dp", dp * max(sizes) * elem, "owner")]
+
+
+def stage_schedules(plan: Plan, adamw: Sequence[Bucket], settings: LowerSettings) -> list[RankSchedule]:
+    """Every rank of one stage, in (dp, tp) order."""
+    lay = plan.layout
+    layouts = bucket_layouts(plan, adamw, lay.dp, settings)
+    return [lower(plan, adamw, d, t, settings, layouts=layouts) for d in range(lay.dp) for t in range(lay.tp)]
+
+
+def padding_fraction(layouts: Sequence[BucketLayout]) -> float:
+    """Padding elements / buffer elements over the given buckets (0 for an empty list)."""
+    size = sum(b.size for b in layouts)
+    return sum(b.padding for b in layouts) / size if size else 0.0
+
+
+def step_bytes(s: RankSchedule) -> int:
+    """Bytes this rank's collective calls move per step (the buffers, as nccl-tests count them)."""
+    return sum(o.nbytes for o in s.ops)
+
+
+def dp_call_bound(s: RankSchedule) -> int:
+    """2·(matrix buckets) + 4: what issue #11 allows Canzona's DP calls per step to be."""
+    return 2 * sum(1 for b in s.buckets if b.kind == "matrix") + 4
+
+
+__all__ = [
+    "DP_MODES",
+    "REQUESTABLE_MODES",
+    "BucketLayout",
+    "CommOp",
+    "ExecSpec",
+    "LowerSettings",
+    "RankSchedule",
+    "bucket_layouts",
+    "choose_mode",
+    "dp_call_bound",
+    "equal_cuts",
+    "executor_specs",
+    "layout_bucket",
+    "lower",
+    "mode_cost_us",
+    "padded_width",
+    "padding_fraction",
+    "stage_schedules",
+    "step_bytes",
+]

@@ -1,0 +1,219 @@
+"""DP communication of a step: gradient reductions (overlapped with backward) and parameter
+all-gathers (optionally overlapped with the next forward), executed as the schedule lowered them.
+
+Gradients: a post-accumulate hook folds each ``.grad`` into its main grad; when the last parameter
+of a bucket has its gradient, the bucket's reduction is launched (async) while backward continues.
+``finish`` launches what the hooks did not, waits for everything, then sums the TP-partial
+gradients (QK-norm weights) across TP in ONE all-reduce.
+
+Parameters: ``launch_param_sync`` issues every bucket's all-gather last bucket first (the last
+bucket holds the first layers, which the next forward needs first). With ``attach``, each module
+waits just before its forward for the buckets holding its own parameters; nothing else waits, so
+``zero_grad`` and unrelated modules never stall on all-gathers they do not need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from canzona.plan.schedule import RankSchedule
+from canzona.runtime.buffers import FlatBuffers
+from canzona.runtime.collectives import Pending, all_gather_flat, make_mode
+from canzona.runtime.timers import PhaseTimer
+
+Key = tuple[str, int]
+
+
+class DPSync:
+    def __init__(
+        self,
+        schedule: RankSchedule,
+        sets: dict[str, FlatBuffers],
+        dp_group: dist.ProcessGroup | None,
+        tp_group: dist.ProcessGroup | None,
+        tp_partial: frozenset[str],
+        device: torch.device,
+        timer: PhaseTimer,
+    ) -> None:
+        self.schedule, self.sets, self.dp_group, self.tp_group = schedule, sets, dp_group, tp_group
+        self.dp, self.device, self.timer = schedule.dp, device, timer
+        self.modes = {}
+        for kind, bufs in sets.items():
+            for i, bb in enumerate(bufs.buckets):
+                lay = bb.layout
+                if lay.regions and self.dp > 1:
+                    sizes = [hi - lo for lo, hi in lay.regions]
+                    self.modes[(kind, i)] = make_mode(lay.mode, sizes, self.dp, (bb.grad.dtype, bb.param.dtype), device)
+        self.pending: dict[Key, Pending] = {}
+        self.param_pending: dict[Key, Pending] = {}
+        self.partial = self._partial_views(sets.get("adamw"), tp_partial) if schedule.tp > 1 else []
+        self.partial_buf = torch.zeros(sum(v.numel() for v in self.partial), dtype=torch.float32, device=device)
+        self.sync_enabled = True
+        self.needs_zero = False
+        self._setup_owner_gather()
+
+    # ------------------------------------------------------------------ gradients
+    def _partial_views(self, bufs: FlatBuffers | None, names: frozenset[str]) -> list[torch.Tensor]:
+        """This rank's region of every TP-partial parameter's main grad (same positions on every TP rank)."""
+        out = []
+        for bb in bufs.buckets if bufs is not None else []:
+            lo, hi = bb.region
+            for name, (off, numel) in bb.where.items():
+                a, b = max(off, lo), min(off + numel, hi)
+                if name in names and a < b:
+                    out.append(bb.grad[a:b])
+        return out
+
+    def zero_if_needed(self) -> None:
+        """Zero main grads once after a step consumed them (lazily: at the next backward or sync)."""
+        if self.needs_zero:
+            for bufs in self.sets.values():
+                bufs.zero()
+            self.needs_zero = False
+
+    def launch(self, kind: str, b: int) -> None:
+        if (kind, b) in self.pending:
+            return
+        bb = self.sets[kind].buckets[b]
+        bb.grad.div_(self.dp)  # mean over DP, applied before the sum (bf16 buffers stay in range)
+        if self.dp == 1 or not bb.layout.used:
+            self.pending[(kind, b)] = Pending()
+        elif not bb.layout.regions:
+            self.pending[(kind, b)] = Pending([dist.all_reduce(bb.grad, group=self.dp_group, async_op=True)])
+        else:
+            self.pending[(kind, b)] = self.modes[(kind, b)].reduce(bb.chunks("grad"), self.dp_group)
+
+    def hook_callbacks(self, kind: str, overlap: bool) -> tuple[Callable, Callable, Callable]:
+        return (lambda b: self.launch(kind, b), lambda: overlap and self.sync_enabled, self.zero_if_needed)
+
+    def finish(self) -> None:
+        """Fold hand-set ``.grad``s, launch every bucket not launched, wait for all, sum TP partials."""
+        self.zero_if_needed()
+        for kind, bufs in self.sets.items():
+            for b in bufs.fold_grads():
+                if (kind, b) in self.pending:
+                    raise RuntimeError(
+                        f"a .grad was set on a parameter of {kind} bucket {b} after the bucket's reduction was "
+                        "launched; set gradients before backward finishes or call finish_grad_sync() once"
+                    )
+        for kind, bufs in self.sets.items():
+            for b in range(len(bufs.buckets)):
+                self.launch(kind, b)
+        for p in self.pending.values():
+            p.wait()
+        self.pending.clear()
+        for bufs in self.sets.values():
+            bufs.reset_ready()
+        if self.partial:
+            torch.cat(self.partial, out=self.partial_buf)
+            dist.all_reduce(self.partial_buf, group=self.tp_group)
+            off = 0
+            for v in self.partial:
+                v.copy_(self.partial_buf[off : off + v.numel()])
+                off += v.numel()
+
+    # ------------------------------------------------------------------ parameters
+    def _setup_owner_gather(self) -> None:
+        """Layer-wise: per-DP-rank staging of owned params for the uneven all-gather (sized once)."""
+        self.owner = None
+        if self.schedule.owner_gather is None or "matrix" not in self.sets:
+            return
+        by_rank, mode = self.schedule.owner_gather
+        mbufs = self.sets["matrix"]
+        sizes = [sum(mbufs.param(n).numel() for n in names) for names in by_rank]
+        dtype = mbufs.buckets[0].param.dtype
+        if mode == "per-root":
+            staging = [torch.empty(s, dtype=dtype, device=self.device) for s in sizes]
+        else:  # one padded buffer: rank r's part starts at r·W
+            w = max(sizes)
+            flat = torch.empty(w * self.dp, dtype=dtype, device=self.device)
+            staging = [flat[r * w : r * w + s] for r, s in enumerate(sizes)]
+            self.owner_flat = flat
+        self.owner = (by_rank, mode, staging, max(sizes))
+
+    def _owner_gather(self) -> Pending:
+        by_rank, mode, staging, width = self.owner
+        mbufs, me = self.sets["matrix"], dist.get_rank(self.dp_group)
+        mine = staging[me]
+        off = 0
+        for n in by_rank[me]:
+            k = mbufs.param(n).numel()
+            mine[off : off + k].copy_(mbufs.param(n))
+            off += k
+
+        def unpack() -> None:
+            for r, names in enumerate(by_rank):
+                o = 0
+                for n in names:
+                    k = mbufs.param(n).numel()
+                    if r != me:
+                        mbufs.param(n).copy_(staging[r][o : o + k])
+                    o += k
+
+        if mode == "per-root":
+            works = [
+                dist.broadcast(
+                    s,
+                    dist.get_global_rank(self.dp_group, r) if self.dp_group is not None else r,
+                    group=self.dp_group,
+                    async_op=True,
+                )
+                for r, s in enumerate(staging)
+                if s.numel()
+            ]
+        else:
+            mine_full = self.owner_flat[me * width : (me + 1) * width]
+            works = [all_gather_flat(self.owner_flat, mine_full, group=self.dp_group, async_op=True)]
+        return Pending(works, unpack)
+
+    def launch_param_sync(self) -> None:
+        """Issue every parameter all-gather of the step (last bucket first); nothing waits here."""
+        if self.dp == 1:
+            return
+        for kind in ("matrix", "adamw"):
+            bufs = self.sets.get(kind)
+            if bufs is None:
+                continue
+            for i in reversed(range(len(bufs.buckets))):
+                bb = bufs.buckets[i]
+                if bb.layout.regions and bb.layout.used:
+                    self.param_pending[(kind, i)] = self.modes[(kind, i)].gather(bb.chunks("param"), self.dp_group)
+            if kind == "matrix" and self.owner is not None:
+                self.param_pending[("owner", 0)] = self._owner_gather()
+
+    def wait_params(self, keys: frozenset[Key] | None = None) -> None:
+        """Block until the all-gathers of ``keys`` (default: all) have landed."""
+        for k in list(self.param_pending) if keys is None else keys:
+            p = self.param_pending.pop(k, None)
+            if p is not None:
+                p.wait()
+
+    def key_of(self, name: str) -> Key:
+        """The pending all-gather that fills parameter ``name``."""
+        if self.owner is not None and name in self.sets["matrix"].index:
+            return ("owner", 0)
+        for kind, bufs in self.sets.items():
+            if name in bufs.index:
+                return (kind, bufs.index[name])
+        raise KeyError(name)
+
+    def wait_before_forward(self, keys: frozenset[Key]) -> None:
+        """A module's forward needs these buckets: wait for them, timed as ``param_wait``."""
+        if any(k in self.param_pending for k in keys):
+            with self.timer.phase("param_wait"):
+                self.wait_params(keys)
+
+    def attach(self, model: torch.nn.Module, params: dict[str, torch.nn.Parameter]) -> list:
+        """Forward pre-hooks: each module waits for the all-gathers of its own parameters only."""
+        key_of = {id(p): self.key_of(n) for n, p in params.items()}
+        handles = []
+        for module in model.modules():
+            keys = frozenset(key_of[id(p)] for p in module.parameters(recurse=False) if id(p) in key_of)
+            if keys:
+                handles.append(
+                    module.register_forward_pre_hook(lambda _m, _a, keys=keys: self.wait_before_forward(keys))
+                )
+        return handles

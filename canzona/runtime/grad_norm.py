@@ -1,0 +1,51 @@
+"""The step's one reduction: global grad norm and non-finite flag, agreed by every rank.
+
+Why one reduction: the norm (for clipping) and the non-finite verdict (for raise / skip) both need
+every rank's view, and each extra reduction or host read is a stall on GPUs. A NaN or Inf anywhere
+makes the sum of squares non-finite, so the flag rides in the norm: ONE all-reduce of one float64
+over ``global_group`` (every DP, TP and PP rank) and ONE host read per step.
+
+Counting each parameter exactly once: a rank contributes only gradients it is the canonical holder
+of after the DP reduction — its region of every reduce-scattered bucket, or, for buckets reduced
+whole (sc, layer-wise), the matrices its DP rank owns (sc: DP rank 0 only). Across TP, a TP-split
+parameter contributes each rank's shard; a replicated one (norms, QK-norm after its TP sum,
+matrices TP does not split) only TP rank 0's copy. PP stages hold disjoint parameters.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+
+def sum_of_squares(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Σ‖t‖² as a float64 scalar on ``device`` (no host sync; NaN/Inf propagate)."""
+    live = [t for t in tensors if t.numel()]
+    if not live:
+        return torch.zeros((), dtype=torch.float64, device=device)
+    norms = torch._foreach_norm(live, 2.0)  # one fused kernel per dtype/device, as clip_grad_norm_ uses
+    return torch.stack([n.to(torch.float64) for n in norms]).pow(2).sum()
+
+
+def global_norm(local_sumsq: torch.Tensor, group: dist.ProcessGroup | None) -> float:
+    """The global L2 norm (NaN/Inf if any gradient anywhere is non-finite). The step's one host sync."""
+    if dist.get_world_size(group) > 1:
+        dist.all_reduce(local_sumsq, group=group)
+    return math.sqrt(local_sumsq.item())  # sqrt(nan) = nan, sqrt(inf) = inf: the flag survives
+
+
+def clip_coefficient(norm: float, max_norm: float | None) -> float:
+    """Scale for the gradients: min(1, max_norm / (norm + 1e-6)), as torch's clip_grad_norm_."""
+    if max_norm is None:
+        return 1.0
+    return min(1.0, max_norm / (norm + 1e-6))
+
+
+def scale_(tensors: Sequence[torch.Tensor], coef: float) -> None:
+    """Multiply every gradient in place by a host float (no device read)."""
+    live = [t for t in tensors if t.numel()]
+    if coef != 1.0 and live:
+        torch._foreach_mul_(live, coef)

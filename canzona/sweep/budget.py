@@ -1,0 +1,182 @@
+"""What a sweep cell costs before it runs: GPU memory and wall time, both from pure functions.
+
+Why here and checked before submitting: a cell that does not fit the GPU, or a hung cell, costs
+a 32-node allocation. The memory estimate rejects a layout that cannot fit the profile's HBM
+(exit 2, naming the fix) and is printed beside each cell; the time estimate sets each cell's
+timeout (printed too), so a hang or a slow node ends that cell well before the allocation's
+limit, and the allocation's limit is the sum of its cells' timeouts.
+
+Both are estimates, not measurements: the memory one counts the terms written in
+``estimate_memory_gb``; the time one is a deliberately pessimistic projection (low MFU, a
+Newton-Schulz rate well under peak, the slowest method's step) times a margin.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+from canzona.cost import matrix_flops, matrix_optimizer_names
+from canzona.errors import ConfigError
+from canzona.models import get_model, list_params
+from canzona.models.qwen3 import count_params
+from canzona.sweep.definition import Cell
+from canzona.sweep.profile import ClusterProfile
+
+CANZONA_METHODS = ("sc", "layerwise", "asc", "canzona")  # the runtime's strategies
+
+# Bytes per parameter element held on every model-parallel replica (bf16 weight + fp32 main grad,
+# Megatron's default accumulate-in-fp32) and per element of ZeRO-1-sharded optimizer state
+# (fp32 master + Muon momentum for matrices; fp32 master + Adam m, v for the AdamW-routed rest).
+_REPLICA_BYTES = 2 + 4
+_SHARDED_BYTES = {"matrix": 4 + 4, "adamw": 4 + 8}
+
+
+def estimate_memory_gb(model: str, tp: int, pp: int, dp: int, seq_len: int, micro_batch: int) -> float:
+    """Rough per-GPU peak memory (GB = 1e9 bytes) of Megatron mixed-precision training with ZeRO-1.
+
+    Why it exists: the Table-2 layouts are chosen by one written rule (smallest TP inside a node
+    whose estimate fits the budget), and the rule is only checkable if the estimate is code.
+    It counts the first pipeline stage (it holds the embedding and, under 1F1B, ``pp``
+    micro-batches of activations), activations per layer ``s·b·h·(10 + 24/tp)`` bytes
+    (Korthikanti et al. 2022, selective recompute, no sequence parallelism), and fp32 logits
+    plus their gradient on the last stage. Allocator slack, NCCL buffers and the CUDA context
+    are what the budget's headroom is for; this is an estimate, not a measurement.
+    """
+    cfg = get_model(model)
+    cfg.validate_layout(tp=tp, pp=pp)
+    first = list_params(cfg, pp=pp, stage=0)
+    replica = sum(p.shard_numel(tp) for p in first)
+    sharded = sum(p.shard_numel(tp) * _SHARDED_BYTES[p.route] for p in first) / dp
+    static = replica * _REPLICA_BYTES + sharded
+    sbh = seq_len * micro_batch * cfg.hidden
+    activations = sbh * (10 + 24 / tp) * (cfg.layers // pp) * pp
+    logits = 2 * 4 * seq_len * micro_batch * cfg.vocab / tp if pp == 1 else 0.0
+    if pp > 1:  # the last stage holds the logits but only one micro-batch of activations in flight
+        last = list_params(cfg, pp=pp, stage=pp - 1)
+        last_static = (
+            sum(p.shard_numel(tp) for p in last) * _REPLICA_BYTES
+            + sum(p.shard_numel(tp) * _SHARDED_BYTES[p.route] for p in last) / dp
+        )
+        last_total = (
+            last_static + sbh * (10 + 24 / tp) * (cfg.layers // pp) + 2 * 4 * seq_len * micro_batch * cfg.vocab / tp
+        )
+        return max(static + activations, last_total) / 1e9
+    return (static + activations + logits) / 1e9
+
+
+def activation_bytes(model: str, tp: int, pp: int, stage: int, seq_len: int, micro_batch: int) -> float:
+    """Activations a stage holds at its 1F1B peak (the terms of ``estimate_memory_gb``): ``pp``
+    micro-batches on the first stage, one on the last, which also holds fp32 logits and their grad."""
+    cfg = get_model(model)
+    sbh = seq_len * micro_batch * cfg.hidden
+    in_flight = pp - stage
+    logits = 2 * 4 * seq_len * micro_batch * cfg.vocab / tp if stage == pp - 1 else 0.0
+    return sbh * (10 + 24 / tp) * (cfg.layers // pp) * in_flight + logits
+
+
+def cell_memory_gb(cell: Cell) -> float:
+    """Per-GPU memory estimate of ``cell`` (GB): the memory model of what its method allocates
+    (canzona.plan.memory: buffers, masters, optimizer state, staging, update workspace of the
+    GPU that holds the most) plus the stage's activations, maximised over PP stages. The
+    megatron-muon peer and AdamW-only cells keep the Megatron-style estimate of
+    ``estimate_memory_gb`` (the memory model describes Canzona's runtime)."""
+    if cell.method not in CANZONA_METHODS or cell.optimizer not in matrix_optimizer_names():
+        return estimate_memory_gb(cell.model, cell.tp, cell.pp, cell.dp, cell.seq_len, cell.micro_batch)
+    return _canzona_memory_gb(
+        cell.model,
+        cell.tp,
+        cell.pp,
+        cell.dp,
+        cell.method,
+        cell.optimizer,
+        cell.dtype,
+        cell.ns_dtype,
+        cell.alpha,
+        cell.bucket_size,
+        cell.cost,
+        cell.seq_len,
+        cell.micro_batch,
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _canzona_memory_gb(
+    model: str,
+    tp: int,
+    pp: int,
+    dp: int,
+    method: str,
+    optimizer: str,
+    dtype: str,
+    ns_dtype: str | None,
+    alpha: float | None,
+    bucket_size: int | None,
+    cost: str | None,
+    seq_len: int,
+    micro_batch: int,
+) -> float:
+    from canzona.plan.build import plan_model
+    from canzona.plan.memory import MemoryPrecision, peak, stage_memory
+    from canzona.plan.schedule import LowerSettings
+    from canzona.plan.types import Layout, PlanConfig
+
+    pc = {k: v for k, v in (("alpha", alpha), ("bucket_size", bucket_size), ("cost", cost)) if v is not None}
+    plans = plan_model(model, Layout(dp, tp, pp), PlanConfig(strategy=method, optimizer=optimizer, **pc))
+    param_bytes = 2 if dtype == "bf16" else 4
+    prec = MemoryPrecision(param_bytes=param_bytes, ns_bytes=2 if ns_dtype == "bf16" else 4)
+    settings = LowerSettings(param_bytes=param_bytes)
+    worst = 0.0
+    for stage, plan in enumerate(plans):
+        specs = list_params(get_model(model), pp=pp, stage=stage)
+        held = peak(stage_memory(plan, specs, settings, prec)).total_bytes
+        worst = max(worst, held + activation_bytes(model, tp, pp, stage, seq_len, micro_batch))
+    return worst / 1e9
+
+
+def check_fits(cells: list[Cell], profile: ClusterProfile) -> dict[str, float]:
+    """Cell key -> estimate; ConfigError (exit 2) naming the first cell over the profile's HBM and the fix."""
+    est = {c.key: cell_memory_gb(c) for c in cells}
+    for c in cells:
+        if est[c.key] > profile.hbm_gb:
+            raise ConfigError(
+                f"cell {c.key} needs an estimated {est[c.key]:.1f} GB per GPU, more than the profile's "
+                f"hbm_gb = {profile.hbm_gb:g} ({profile.source}): raise TP in the {c.model} [[layout]] "
+                f"(TP={min(8, 2 * c.tp)}, DP={c.world // (2 * c.tp * c.pp)}) or lower micro_batch/seq_len"
+            )
+    return est
+
+
+# Time estimate (pessimistic on purpose: a timeout that fires on a healthy cell wastes more than
+# a few minutes of a hung one).
+STARTUP_S = 600.0  # python + megatron imports, NCCL communicators for 256 ranks, model build on a cold node
+ASSUMED_MFU = 0.25  # forward/backward; Megatron-Core reaches ~0.47 on H100 clusters
+MATRIX_EFFICIENCY = 0.4  # optimizer matmuls (Newton-Schulz, eigh) as a fraction of the bf16 peak
+FP32_SLOWDOWN = 16.0  # fp32 Newton-Schulz without tensor cores: H100 SXM 67 vs 989 TFLOP/s dense bf16
+MARGIN = 3.0
+
+
+def iteration_s(cell: Cell, peak_tflops: float) -> float:
+    """Upper-bound seconds per iteration: fwd/bwd at ASSUMED_MFU plus the slowest method's step,
+    one rank updating every matrix of the model (what sc does), at MATRIX_EFFICIENCY of peak."""
+    cfg = get_model(cell.model)
+    peak = peak_tflops * 1e12
+    fwd_bwd = 6.0 * count_params(cfg) * cell.global_batch * cell.seq_len / (cell.world * peak * ASSUMED_MFU)
+    if cell.optimizer not in matrix_optimizer_names():
+        return fwd_bwd
+    flops = sum(matrix_flops(cell.optimizer, p.shape) for p in list_params(cfg) if p.route == "matrix")
+    slow = FP32_SLOWDOWN if cell.ns_dtype == "fp32" or cell.optimizer != "muon" else 1.0
+    return fwd_bwd + flops * slow / (peak * MATRIX_EFFICIENCY)
+
+
+def cell_timeout_min(cell: Cell, profile: ClusterProfile | None) -> int:
+    """Whole minutes a cell may run before it is ended: its sweep's time_min when set, else
+    STARTUP_S + MARGIN x (warmup + iters) x ``iteration_s``; ConfigError without either."""
+    if cell.time_min is not None:
+        return cell.time_min
+    if profile is None:
+        raise ConfigError(
+            f"cell {cell.key} has no time_min; its timeout is derived from a cluster profile: pass --profile"
+        )
+    seconds = STARTUP_S + MARGIN * (cell.warmup + cell.iters) * iteration_s(cell, profile.peak_tflops)
+    return math.ceil(seconds / 60.0)

@@ -1,0 +1,54 @@
+"""The memory model against a hand computation: Qwen3-32B at DP32×TP8, bf16 parameters, Muon."""
+
+from __future__ import annotations
+
+import pytest
+
+from canzona.models import get_model, list_params
+from canzona.plan.build import plan_model
+from canzona.plan.memory import MemoryPrecision, peak, stage_memory
+from canzona.plan.schedule import LowerSettings
+from canzona.plan.types import Layout, PlanConfig
+
+# Qwen3-32B: 64 layers, hidden 5120, FFN 25600, 64 heads / 8 KV heads of 128, vocab 151936.
+TP, DP, L = 8, 32, 64
+QKV = (64 * 128 + 2 * 8 * 128) * 5120 // TP  # 6,553,600 per GPU
+PROJ = 5120 * 64 * 128 // TP  # 5,242,880
+FC1 = 2 * 25600 * 5120 // TP  # 32,768,000
+FC2 = 5120 * 25600 // TP  # 16,384,000
+NORMS = 5120 + 5120 + 128 + 128  # input, pre-MLP, q and k norms: replicated
+EMB = 151936 * 5120 // TP  # embedding and output layer, each vocab-split
+LOCAL = L * (QKV + PROJ + FC1 + FC2 + NORMS) + 2 * EMB + 5120  # 4,095,857,664 elements per GPU
+ADAMW_LOCAL = L * NORMS + 2 * EMB + 5120  # what ZeRO-1 AdamW handles
+FULL_FC1 = 2 * 25600 * 5120  # the largest matrix, hosted whole by one GPU
+
+
+def _peak(strategy: str):
+    plans = plan_model("qwen3-32b", Layout(DP, TP, 1), PlanConfig(strategy=strategy))
+    specs = list_params(get_model("qwen3-32b"))
+    return peak(stage_memory(plans[0], specs, LowerSettings(param_bytes=2), MemoryPrecision()))
+
+
+def test_qwen3_32b_canzona_matches_the_hand_computation() -> None:
+    assert LOCAL == 4_095_857_664
+    b = _peak("canzona")
+    # buffers: bf16 params and fp32 main grads of every local parameter, plus the padded DP layout's
+    # slice padding (each of the 4 matrix buckets is 32 slices of one fc1 shard: 32·FC1 elements
+    # for 16 layers' matrices) and alignment padding < 0.1%
+    pad = 4 * (DP * FC1 - 16 * (QKV + PROJ + FC1 + FC2))
+    assert b.params == pytest.approx(2 * (LOCAL + pad), rel=1e-3) and b.params >= 2 * (LOCAL + pad)
+    assert b.main_grads == pytest.approx(4 * (LOCAL + pad), rel=1e-3) and b.main_grads >= 4 * (LOCAL + pad)
+    # fp32 masters of one DP rank's share: 1/32 of the local elements, up to one whole fc1 shard more
+    assert b.master * 1.01 >= 4 * LOCAL / DP and b.master <= 4 * (LOCAL / DP + FC1)
+    # state: the momentum of the hosted fc1 (fp32, full matrix) + AdamW's two fp32 moments of a 1/32 slice
+    assert b.optimizer == pytest.approx(4 * FULL_FC1 + 2 * 4 * ADAMW_LOCAL / DP, rel=0.02)
+    # one update's peak: fp32 gradient + update of fc1 and its bf16 NS working set (X, X', A, B)
+    assert b.workspace == FULL_FC1 * (4 + 4 + 2 + 2) + 2 * 5120 * 5120 * 2
+    assert b.total_bytes < 80e9  # fits an 80 GB GPU with room for activations
+
+
+def test_sc_cannot_hold_every_matrix_on_every_gpu() -> None:
+    b = _peak("sc")
+    matrices = L * (QKV + PROJ + FC1 + FC2) * TP  # full matrices, every one on every GPU
+    assert b.optimizer >= 4 * matrices  # Muon momentum of all of them
+    assert not b.fits(80e9)

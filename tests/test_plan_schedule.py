@@ -1,0 +1,113 @@
+"""The lowered schedule: collective modes priced by the α–β model, bucket layouts, calls per rank."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from canzona.models import get_model, list_params
+from canzona.models.spec import ParamSpec
+from canzona.plan import make_plan
+from canzona.plan.build import adamw_buckets
+from canzona.plan.comm import GLOO, NCCL
+from canzona.plan.schedule import (
+    SLICE_ALIGN,
+    LowerSettings,
+    choose_mode,
+    layout_bucket,
+    lower,
+    mode_cost_us,
+    padded_width,
+    stage_schedules,
+)
+from canzona.plan.types import Bucket, BucketEntry, Layout, PlanConfig
+
+
+def test_gloo_prefers_per_root_and_nccl_native() -> None:
+    # gloo: broadcast/reduce outrun all_gather/reduce_scatter (calibrated), even for equal slices
+    assert choose_mode([1000, 1000, 1000, 1000], "auto", GLOO, 4) == "per-root"
+    # NCCL: one native call each way beats DP rooted calls when slices are equal or nearly so
+    assert choose_mode([1000, 1000, 1000, 1000], "auto", NCCL, 4) == "native"
+    assert choose_mode([10**6, 9 * 10**5, 10**6, 10**6], "auto", NCCL, 4) == "native"
+    # ... but not when padding multiplies the bytes (one matrix per 40M bucket at DP 32)
+    assert choose_mode([40 * 10**6] + [0] * 31, "auto", NCCL, 4) == "per-root"
+    assert choose_mode([5, 7], "uneven", NCCL, 4) == "uneven"
+
+
+def test_mode_cost_counts_latency_per_call() -> None:
+    # per-root pays one latency per non-empty slice and kind; native two calls whatever DP is
+    tiny = [1] * 64
+    assert mode_cost_us("per-root", tiny, 4, NCCL) > 20 * mode_cost_us("native", tiny, 4, NCCL)
+
+
+def test_native_layout_is_owner_grouped_and_padded() -> None:
+    bucket = Bucket(0, (BucketEntry("a", 0, 5), BucketEntry("b", 64, 12), BucketEntry("c", 128, 7)), 256)
+    lay = layout_bucket("matrix", bucket, (0, 64, 64, 256), 3, "native")
+    w = padded_width([64, 0, 192])
+    assert w == 256 and lay.size == 3 * w and lay.regions == ((0, 256), (256, 512), (512, 768))
+    assert lay.entries == (("a", 0, 5), ("b", 512, 12), ("c", 576, 7))
+    assert lay.padding == 3 * 256 - 24
+    exact = layout_bucket("matrix", bucket, (0, 64, 64, 256), 3, "per-root")
+    assert exact.size == 256 and exact.regions == ((0, 64), (64, 64), (64, 256))
+    # equal slices: Megatron's own layout, nothing added
+    eq = layout_bucket("adamw", bucket, (0, 128, 256), 2, "native")
+    assert eq.size == 256 and eq.entries == (("a", 0, 5), ("b", 64, 12), ("c", 128, 7))
+
+
+def _schedules(model: str, layout: Layout, **kw) -> list:
+    specs = list_params(get_model(model))
+    plan = make_plan(specs, layout, PlanConfig(bucket_size=kw.pop("bucket_size", 40_000_000)))
+    return stage_schedules(plan, adamw_buckets(specs, layout, 40_000_000), LowerSettings(**kw))
+
+
+def test_canzona_calls_per_step_on_nccl() -> None:
+    scheds = _schedules("qwen3-tiny", Layout(2, 2), collective_mode="native")
+    for s in scheds:
+        buckets = len(s.buckets)
+        counts = s.counts("dp")
+        assert counts == {"reduce_scatter": buckets, "all_gather": buckets}
+        assert s.counts("global") == {"all_reduce": 1}
+        groups = next(e for e in s.executors if e.kind == "micro-group").groups
+        assert s.counts("tp") == {"all_to_all": 2 * len(groups)}
+        n = len(groups)
+        tp_tags = [(o.phase, o.tag) for o in s.ops if o.group == "tp"]
+        pipelined = [("tp_gather", "mg0")]
+        for i in range(1, n):  # gather i+1 is issued before scatter i-1: both in flight during compute i
+            pipelined += [("tp_gather", f"mg{i}"), ("tp_scatter", f"mg{i - 1}")]
+        assert tp_tags == [*pipelined, ("tp_scatter", f"mg{n - 1}")]
+        phases = [o.phase for o in s.ops if o.group != "tp"]
+        assert phases == ["grad_sync"] * buckets + ["norm"] + ["param_sync"] * buckets
+
+
+def test_every_matrix_is_computed_once_per_stage() -> None:
+    scheds = _schedules("qwen3-micro", Layout(2, 2))
+    computed = [n for s in scheds for n in s.computes]
+    items = [s.name for s in list_params(get_model("qwen3-micro")) if s.route == "matrix"]
+    assert sorted(computed) == sorted(items)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    shapes=st.lists(st.tuples(st.integers(1, 40), st.integers(1, 40)), min_size=1, max_size=24),
+    dp=st.integers(1, 6),
+    bucket=st.integers(200, 3000),
+)
+def test_native_layout_properties(shapes: list[tuple[int, int]], dp: int, bucket: int) -> None:
+    """Each matrix owned once and never split; regions equal; padding exactly DP·W − used."""
+    specs = [ParamSpec(f"layers.{i}.w", s, None, "matrix", i) for i, s in enumerate(shapes)]
+    plan = make_plan(specs, Layout(dp), PlanConfig(bucket_size=bucket))
+    s = lower(plan, (), 0, 0, LowerSettings(collective_mode="native"))
+    seen = []
+    for b in s.buckets:
+        widths = {hi - lo for lo, hi in b.regions}
+        assert len(widths) == 1
+        w = widths.pop()
+        assert b.size == dp * w and b.padding == dp * w - b.used
+        for name, off, numel in b.entries:
+            inside = [r for r, (lo, hi) in enumerate(b.regions) if lo <= off and off + numel <= hi]
+            assert len(inside) == 1, (name, off, numel, b.regions)
+            seen.append(name)
+        exact = [c for c in plan.dp.cuts[b.index]]
+        slices = [exact[r + 1] - exact[r] for r in range(dp)]
+        assert w == padded_width(slices) and (len(set(slices)) == 1 or w - max(slices) < SLICE_ALIGN)
+    assert sorted(seen) == sorted(sp.name for sp in specs)
