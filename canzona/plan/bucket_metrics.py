@@ -2,7 +2,8 @@
 
 Definitions (per PP stage; ``plan_metrics`` reports the worst stage):
   slices              per bucket with cuts: its group's DP ranks and each one's slice length
-  padded elements     Σ_b G_b · max slice_b: what the native (padded) collectives move; equal to the
+  padded elements     Σ_b G_b · W_b, W_b the widest slice rounded to 128 elements unless all are equal
+                      (``schedule.padded_width``): what the native collectives move; equal to the
                       bucket sizes in the padded layout, where the padding is in the plan itself
   padding_fraction    (bucket elements − gradient elements) / bucket elements of the layout the plan
                       uses: padded → Σ size, exact → Σ size too (its slices are sent unpadded, so
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 
 from canzona.plan.buckets import BUCKET_ALIGN_BASE, PARAM_ALIGN
 from canzona.plan.dp import pigeonhole_bound
+from canzona.plan.schedule import padded_width
 from canzona.plan.types import Bucket, Layout, Plan
 
 
@@ -84,8 +86,10 @@ def bucket_stats(plan: Plan) -> BucketStats:
     if not plan.dp.cuts:
         return BucketStats(used, size, size, size, size / used if used else 1.0, 1.0, per_gpu)
     slices = bucket_slices(plan)
-    padded = sum(len(r) * max(w) for r, w in slices)
-    worst = max((len(r) * max(w) / b.used for (r, w), b in zip(slices, bks, strict=True) if b.used), default=1.0)
+    padded = sum(len(r) * padded_width(w) for r, w in slices)
+    worst = max(
+        (len(r) * padded_width(w) / b.used for (r, w), b in zip(slices, bks, strict=True) if b.used), default=1.0
+    )
     floors = [slice_floor(b, len(r)) for (r, _), b in zip(slices, bks, strict=True)]
     floor = sum(len(r) * f for (r, _), f in zip(slices, floors, strict=True))
     if plan.dp.layout == "padded":
