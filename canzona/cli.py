@@ -4,8 +4,8 @@ so `canzona --help` stays fast.
 
 User errors exit with code 2 and ONE line on stderr, never a traceback: bad flags and values
 (argparse, with the shared types of ``canzona.argtypes``), ConfigError from any command, a user
-file that cannot be read or written (an OSError naming a file), and an optional dependency that is
-not installed. Anything else is a bug and keeps its traceback."""
+file that cannot be read or written (an OSError naming a file) or is not UTF-8 text, and an optional
+dependency that is not installed. Anything else is a bug and keeps its traceback."""
 
 from __future__ import annotations
 
@@ -106,6 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if exc.filename is None:  # not about a path the user gave: a bug or the system, keep the traceback
             raise
         return _user_error(args.command, f"{exc.filename}: {exc.strerror or exc}")
+    except UnicodeDecodeError as exc:  # a user file that is not UTF-8 text (ours are all written as UTF-8)
+        return _user_error(args.command, f"an input file is not UTF-8 text ({exc.reason} at byte {exc.start})")
 
 
 def _user_error(command: str, message: str) -> int:
