@@ -8,8 +8,10 @@ Definitions (per PP stage; ``plan_metrics`` reports the worst stage):
   padding_fraction    (bucket elements − gradient elements) / bucket elements of the layout the plan
                       uses: padded → Σ size, exact → Σ size too (its slices are sent unpadded, so
                       only Megatron's alignment counts); plans without cuts: alignment only
-  padding_floor       the padding fraction no split of the same buckets can beat in the padded
-                      layout: slices at least L_b = max(⌈Σ widths / G⌉, widest, pigeonhole)
+  padding_floor       the padding fraction no owner-grouped split can beat in the padded layout: slices at
+                      least L_b = max(⌈Σ widths / G⌉, widest, pigeonhole), over the plan's own buckets
+                      when it is padded, else over the buckets Canzona's padded layout would cut
+                      (``buckets.matrix_chunks``): what ``dp_layout = "auto"`` compares with 25%
   bucket_comm_balance padded elements / gradient elements: the padded collectives against an even
                       split of the content (1 = no padding at all)
   bucket_comm_balance_worst  the same ratio for the worst single bucket
@@ -25,7 +27,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from canzona.plan.buckets import BUCKET_ALIGN_BASE, PARAM_ALIGN
+from canzona.plan.buckets import (
+    BUCKET_ALIGN_BASE,
+    PARAM_ALIGN,
+    matrix_chunks,
+    packed_bucket,
+    resolve_bucket_size,
+)
 from canzona.plan.dp import pigeonhole_bound
 from canzona.plan.schedule import padded_width
 from canzona.plan.types import Bucket, Layout, Plan
@@ -45,6 +53,18 @@ def slice_floor(bucket: Bucket, group: int) -> int:
     w = [-(-e.numel // PARAM_ALIGN) * PARAM_ALIGN for e in bucket.entries]
     low = max(math.ceil(sum(w) / group), max(w, default=0), pigeonhole_bound(w, group), 1)
     return -(-int(low) // BUCKET_ALIGN_BASE) * BUCKET_ALIGN_BASE
+
+
+def padded_buckets(plan: Plan) -> list[Bucket]:
+    """The buckets Canzona's padded layout would cut for this plan's matrices (one reduce group each)."""
+    local = {e.name: e.numel for b in plan.dp.buckets for e in b.entries}
+    size = resolve_bucket_size(plan.config.bucket_size, plan.layout.dp)
+    out: list[Bucket] = []
+    for ep_rank in sorted({it.ep_rank for it in plan.items}, key=lambda e: -1 if e is None else e):
+        group = len(plan.layout.group_ranks(ep_rank))
+        mine = [(it.name, local[it.name]) for it in plan.items if it.ep_rank == ep_rank]
+        out += [packed_bucket(len(out), c, group, ep_rank) for c in matrix_chunks(mine, group, size)]
+    return out
 
 
 def padding_floor(buckets: Sequence[Bucket], layout: Layout) -> float:
@@ -92,6 +112,12 @@ def bucket_stats(plan: Plan) -> BucketStats:
     )
     floors = [slice_floor(b, len(r)) for (r, _), b in zip(slices, bks, strict=True)]
     floor = sum(len(r) * f for (r, _), f in zip(slices, floors, strict=True))
+    if plan.dp.layout != "padded":
+        chunks = padded_buckets(plan)
+        floor = sum(
+            len(plan.layout.group_ranks(c.ep_rank)) * slice_floor(c, len(plan.layout.group_ranks(c.ep_rank)))
+            for c in chunks
+        )
     if plan.dp.layout == "padded":
         excess = sum(max(w) for _, w in slices) / max(sum(floors), 1)
     else:

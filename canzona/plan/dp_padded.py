@@ -42,12 +42,14 @@ import numpy as np
 from canzona.plan.dp import DPProblem, pigeonhole_bound
 
 SLACKS = (1.0, 1.15)
+PACK_ALPHAS = (0.5, 0.75, 0.9, 1.0)  # placement keys tried under the tight slice cap (``seed_settings``)
 P_EXP = 8
 REL_EPS = 1e-12
 CRITICAL = 2  # critical ranks (compute) and buckets (slices) examined per step
 EXACT_CHECKS = 16  # candidates checked exactly per critical rank and step (they are screened by a bound)
 WORK_BUDGET = 2_000_000  # rank evaluations the search may spend, plus WORK_PER_ITEM per item
 WORK_PER_ITEM = 200
+SEARCHED_SEEDS = 3  # distinct seeds the search starts from (best first, one shared work budget)
 
 
 def slice_bounds(p: DPProblem) -> list[float]:
@@ -61,26 +63,27 @@ def slice_bounds(p: DPProblem) -> list[float]:
 
 
 class _State:
-    """Per-rank compute (exact LPT over TP slots when items arrive cost-descending) and per-bucket slices."""
+    """Per-rank compute (exact LPT over TP slots when items arrive cost-descending) and per-bucket slices.
+
+    ``low`` keeps each rank's least loaded TP slot so a placement is scored without scanning slots.
+    """
 
     def __init__(self, p: DPProblem):
         self.p = p
         self.simple = p.tp == 1 or p.tp_mode == "sc"
         self.G = np.zeros(p.dp)
+        self.low = np.zeros(p.dp)
         self.slots = np.zeros((p.dp, max(p.tp, 1)))
         self.S = np.zeros((len(p.buckets), p.dp))
 
-    def landing(self, ranks: np.ndarray, i: int) -> tuple[np.ndarray, np.ndarray]:
+    def landing(self, ranks: slice | np.ndarray, i: int) -> tuple[np.ndarray, np.ndarray]:
         """(new per-GPU max, load of the TP slot the item lands on) for each candidate rank."""
         c = self.p.cost[i]
-        if self.simple:
+        if self.simple or not self.p.sharded[i]:
             g = self.G[ranks] + c
             return g, g
-        if self.p.sharded[i]:
-            low = self.slots[ranks].min(axis=1) + c
-            return np.maximum(self.G[ranks], low), low
-        g = self.G[ranks] + c
-        return g, g
+        low = self.low[ranks] + c
+        return np.maximum(self.G[ranks], low), low
 
     def place(self, i: int, r: int) -> None:
         p = self.p
@@ -89,12 +92,13 @@ class _State:
         if self.simple:
             self.G[r] += c
             return
+        slots = self.slots[r]
         if p.sharded[i]:
-            s = int(np.argmin(self.slots[r]))
-            self.slots[r, s] += c
+            slots[int(np.argmin(slots))] += c
         else:
-            self.slots[r] += c
-        self.G[r] = self.slots[r].max()
+            slots += c
+        self.G[r] = slots.max()
+        self.low[r] = slots.min()
 
 
 def pack(p: DPProblem, alpha: float, slack: float | None) -> list[int]:
@@ -109,7 +113,9 @@ def pack(p: DPProblem, alpha: float, slack: float | None) -> list[int]:
     a = 1.0 if slack is None else alpha
     weight = [a * p.cost[i] / tc + (1 - a) * p.width[i] / tw for i in range(n)]
     order = sorted(range(n), key=lambda i: (-weight[i], -p.cost[i], i))
-    groups = [np.asarray(g) for g in p.groups]
+    # a group of every DP rank in order is indexed by a slice (a view), others by their rank array
+    groups = [slice(None) if g == tuple(range(p.dp)) else np.asarray(g) for g in p.groups]
+    sizes = [len(g) for g in p.groups]
     st = _State(p)
     owner = [-1] * n
     for i in order:
@@ -117,17 +123,22 @@ def pack(p: DPProblem, alpha: float, slack: float | None) -> list[int]:
         ranks = groups[b]
         g, land = st.landing(ranks, i)
         s = st.S[b, ranks] + p.width[i]
-        p.work += len(ranks)
+        p.work += sizes[b]
         if slack is None:
-            key = g / gs
+            key = g
         else:
             key = alpha * g / gs + (1 - alpha) * s / bounds[b]
             room = s <= slack * bounds[b] * (1 + REL_EPS)
-            key = np.where(room, key, np.inf) if room.any() else s
+            if room.all():
+                pass
+            elif room.any():
+                key = np.where(room, key, np.inf)
+            else:
+                key = s
         best = key.min()
         tied = key <= best + REL_EPS * max(1.0, abs(best))
-        k = int(np.argmin(np.where(tied, land, np.inf)))
-        owner[i] = int(ranks[k])
+        k = int(np.argmin(land if tied.all() else np.where(tied, land, np.inf)))
+        owner[i] = k if isinstance(ranks, slice) else int(ranks[k])
         st.place(i, owner[i])
     return owner
 
@@ -373,20 +384,44 @@ def score(p: DPProblem, alpha: float, owner: Sequence[int]) -> Key:
     return Search(p, alpha, owner).key()
 
 
-def refine(p: DPProblem, alpha: float) -> list[int]:
-    """lpt and pack at each slack in ``SLACKS``, the best seed searched; the best key wins.
+def seed_settings(alpha: float) -> list[tuple[float, float | None]]:
+    """(placement α', slack) of refine's seeds: lpt; pack under the tight cap (slack 1) with the
+    objective's α and with every α' of ``PACK_ALPHAS``; pack under the looser caps with the
+    objective's α. Why several α': under a slice cap the cap already bounds the comm term, and a
+    placement key that still weighs slices heavily can give up compute for slack it does not need
+    (Qwen3-30B-A3B at DP64×TP4: compute 1.025 → 1.011 of the bound at the same padding), while the
+    best α' differs from model to model; each seed is scored at the objective's own α."""
+    tight = dict.fromkeys([alpha, *PACK_ALPHAS])
+    return [(1.0, None), *((a, SLACKS[0]) for a in tight), *((alpha, s) for s in SLACKS[1:])]
 
-    Work is bounded: the search stops once the problem's work count passes ``WORK_BUDGET`` plus
-    ``WORK_PER_ITEM`` per item, so a 12k-matrix MoE plans in seconds (tests bound the count).
+
+def refine(p: DPProblem, alpha: float) -> list[int]:
+    """The seeds of ``seed_settings``; the best ``SEARCHED_SEEDS`` distinct ones searched, best first,
+    while a shared work budget lasts; the best key (at ``alpha``) wins (ties: the earlier).
+
+    Why several: the best seed is not always the best start (Qwen3-4B at DP5×PP4, α = 0.9: the search
+    from largest-first stops at compute 1.019 / comm 1.184 of their bounds, from a capped seed it
+    reaches 1.015 / 1.050). Work is bounded: the searches stop once the problem's work count passes
+    ``WORK_BUDGET`` plus ``WORK_PER_ITEM`` per item, so a 12k-matrix MoE plans in seconds.
     """
-    seeds = [pack(p, alpha, s) for s in (None, *SLACKS)]
-    keys = [score(p, alpha, o) for o in seeds]
-    best_k = 0
-    for k in range(1, len(seeds)):
-        if better(keys[k], keys[best_k]):
-            best_k = k
-    if at_bound(keys[best_k]):
-        return seeds[best_k]
+    seeds: list[tuple[Key, int, list[int]]] = []
+    for k, (a, slack) in enumerate(seed_settings(alpha)):
+        o = pack(p, a, slack)
+        seeds.append((score(p, alpha, o), k, o))
+        if at_bound(seeds[-1][0]):
+            return o
+    ordered = sorted(seeds, key=lambda t: (t[0], t[1]))
+    best_key, _, best = ordered[0]
     budget = p.work + WORK_BUDGET + WORK_PER_ITEM * p.n
-    searched = search(p, alpha, seeds[best_k], budget)
-    return searched if better(score(p, alpha, searched), keys[best_k]) else seeds[best_k]
+    starts: list[list[int]] = []
+    for _, _, o in ordered:
+        if len(starts) == SEARCHED_SEEDS or p.work >= budget:
+            break
+        if o in starts:
+            continue
+        starts.append(o)
+        searched = search(p, alpha, o, budget)
+        key = score(p, alpha, searched)
+        if better(key, best_key):
+            best_key, best = key, searched
+    return best

@@ -78,32 +78,31 @@ class GpuLoads:
         return [[sum(src[ph][d][t] for ph in PHASES) for t in range(self.tp)] for d in range(self.dp)]
 
 
-def gpu_loads(plan: Plan) -> GpuLoads:
-    """Per (dp, tp) GPU: optimizer cost and bytes by phase (see module docstring)."""
-    dp, tp = plan.layout.dp, plan.layout.tp
-    gb = plan.config.grad_dtype_bytes
-    mode = plan.tp.mode
-    om = plan.dp.owner_map()
-    strategy = plan.dp.strategy
+def _shares(plan: Plan, local: dict[str, int]) -> dict[str, list[tuple[int, float]]]:
+    """Per matrix: (DP rank, fraction of its compute) for every rank that computes it."""
+    dp = plan.layout.dp
+    where = {e.name: (b.index, e.start) for b in plan.dp.buckets for e in b.entries}
+    out = {}
+    for name, owners in plan.dp.owners:
+        if plan.dp.strategy == "sc":
+            out[name] = [(d, 1.0) for d in range(dp)]
+        elif len(owners) == 1:
+            out[name] = [(owners[0], 1.0)]
+        elif plan.dp.cuts:  # split by the cuts (zero's element shares)
+            bi, s = where[name]
+            e, c = s + local[name], plan.dp.cuts[bi]
+            out[name] = [(d, max(0, min(e, c[d + 1]) - max(s, c[d])) / local[name]) for d in owners]
+        else:
+            out[name] = [(d, 1.0 / len(owners)) for d in owners]
+    return out
+
+
+def _costs(plan: Plan, shares: dict[str, list[tuple[int, float]]]) -> list[list[float]]:
+    dp, tp, mode = plan.layout.dp, plan.layout.tp, plan.tp.mode
     cost = [[0.0] * tp for _ in range(dp)]
     hosts = [{n: h for g in per for n, h in g.hosts} for per in plan.tp.groups] if plan.tp.groups else [{}] * dp
-    local = {e.name: e.numel for b in plan.dp.buckets for e in b.entries}
-    where = {e.name: (b.index, e.start) for b in plan.dp.buckets for e in b.entries}
-
-    def share(name: str, owners: tuple[int, ...]) -> list[tuple[int, float]]:
-        if strategy == "sc":
-            return [(d, 1.0) for d in range(dp)]
-        if len(owners) == 1:
-            return [(owners[0], 1.0)]
-        if plan.dp.cuts:
-            bi, s = where[name]
-            e = s + local[name]
-            c = plan.dp.cuts[bi]
-            return [(d, max(0, min(e, c[d + 1]) - max(s, c[d])) / local[name]) for d in owners]
-        return [(d, 1.0 / len(owners)) for d in owners]
-
     for it in plan.items:
-        for d, f in share(it.name, om[it.name]):
+        for d, f in shares[it.name]:
             c = it.cost * f
             if tp == 1:
                 cost[d][0] += c
@@ -118,10 +117,13 @@ def gpu_loads(plan: Plan) -> GpuLoads:
             else:  # owned cooperatively, not scheduled: spread evenly
                 for t in range(tp):
                     cost[d][t] += c / tp
+    return cost
 
-    zeros = lambda: [[0] * tp for _ in range(dp)]
-    sent = {ph: zeros() for ph in PHASES}
-    recv = {ph: zeros() for ph in PHASES}
+
+def _dp_elements(plan: Plan, local: dict[str, int]) -> tuple[list[int], list[list[int]]]:
+    """Per DP rank: slice elements, and (grad sent, grad received, param sent, param received) elements."""
+    dp = plan.layout.dp
+    om = plan.dp.owner_map()
     slice_elems = [0] * dp
     sizes = [b.size for b in plan.dp.buckets]
     g_s, g_r, p_s, p_r = ([0] * dp for _ in range(4))
@@ -137,24 +139,27 @@ def gpu_loads(plan: Plan) -> GpuLoads:
                     if gather:
                         p_s[d] += (G - 1) * w[k]
                         p_r[d] += S - w[k]
+        return slice_elems, [g_s, g_r, p_s, p_r]
+    if plan.dp.strategy == "sc":
+        slice_elems = [sum(sizes)] * dp
     else:
-        if strategy == "sc":
-            slice_elems = [sum(sizes)] * dp
-        else:
-            for it in plan.items:
-                for d in om[it.name]:
-                    slice_elems[d] += local[it.name] // len(om[it.name])
-        total_owned = sum(slice_elems)
-        for d in range(dp):
-            if dp > 1:
-                g_s[d] = g_r[d] = sum(round(2 * (dp - 1) * S / dp) for S in sizes)
-                if gather:
-                    p_s[d] = (dp - 1) * slice_elems[d]
-                    p_r[d] = total_owned - slice_elems[d]
-    for d in range(dp):
-        for t in range(tp):
-            sent["grad"][d][t], recv["grad"][d][t] = g_s[d] * gb, g_r[d] * gb
-            sent["param"][d][t], recv["param"][d][t] = p_s[d] * gb, p_r[d] * gb
+        for it in plan.items:
+            for d in om[it.name]:
+                slice_elems[d] += local[it.name] // len(om[it.name])
+    total_owned = sum(slice_elems)
+    for d in range(dp if dp > 1 else 0):
+        g_s[d] = g_r[d] = sum(round(2 * (dp - 1) * S / dp) for S in sizes)
+        if gather:
+            p_s[d] = (dp - 1) * slice_elems[d]
+            p_r[d] = total_owned - slice_elems[d]
+    return slice_elems, [g_s, g_r, p_s, p_r]
+
+
+def _tp_bytes(
+    plan: Plan, local: dict[str, int], shares: dict[str, list[tuple[int, float]]], sent: dict, recv: dict
+) -> None:
+    """Add the TP gather / scatter bytes of every GPU into ``sent`` / ``recv``."""
+    tp, mode, gb = plan.layout.tp, plan.tp.mode, plan.config.grad_dtype_bytes
     if tp > 1 and mode in ("no", "sorted", "global"):
         for d, per in enumerate(plan.tp.groups):
             for g in per:
@@ -170,11 +175,29 @@ def gpu_loads(plan: Plan) -> GpuLoads:
         for it in plan.items:
             if it.partition_dim is None:
                 continue
-            for d, _ in share(it.name, om[it.name]):
+            for d, _ in shares[it.name]:
                 v = (tp - 1) * local[it.name] * gb
                 for t in range(tp):
                     sent["tp_gather"][d][t] += v
                     recv["tp_gather"][d][t] += v
+
+
+def gpu_loads(plan: Plan) -> GpuLoads:
+    """Per (dp, tp) GPU: optimizer cost and bytes by phase (see module docstring)."""
+    dp, tp = plan.layout.dp, plan.layout.tp
+    gb = plan.config.grad_dtype_bytes
+    local = {e.name: e.numel for b in plan.dp.buckets for e in b.entries}
+    shares = _shares(plan, local)
+    cost = _costs(plan, shares)
+    slice_elems, (g_s, g_r, p_s, p_r) = _dp_elements(plan, local)
+    zeros = lambda: [[0] * tp for _ in range(dp)]
+    sent = {ph: zeros() for ph in PHASES}
+    recv = {ph: zeros() for ph in PHASES}
+    for d in range(dp):
+        for t in range(tp):
+            sent["grad"][d][t], recv["grad"][d][t] = g_s[d] * gb, g_r[d] * gb
+            sent["param"][d][t], recv["param"][d][t] = p_s[d] * gb, p_r[d] * gb
+    _tp_bytes(plan, local, shares, sent, recv)
     freeze = lambda m: tuple(tuple(r) for r in m)
     return GpuLoads(
         dp,
