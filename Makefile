@@ -9,14 +9,15 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.canzona-installed
 PYTEST_ARGS ?= -n 2 -q
 
-.PHONY: help install lint test reproduce-table2 table2 planner-bench bench-step clean-venv megatron-peer-env
+.PHONY: help install lint test reproduce-table2 table2 notebook planner-bench bench-step clean-venv megatron-peer-env
 
 help:
 	@echo "make reproduce-table2   run the Table-2 reproduction (Slurm if present, else the embedded local default)"
 	@echo "make test               install test deps if missing, lint (ruff), run the test suite"
 	@echo "make lint               ruff check + ruff format --check"
+	@echo "make notebook           execute analysis/table2.ipynb headless (nbconvert) -> results/table2.ipynb"
 	@echo "make planner-bench      planner quality at 256 GPUs -> results/planner/"
-	@echo "make bench-step         optimizer-step benchmark, 4 gloo ranks -> results/bench_step/"
+	@echo "make bench-step         optimizer-step benchmark, 4 gloo ranks (qwen3-tiny, qwen3-32b-w16) -> results/bench_step/"
 	@echo "make megatron-peer-env  optional .venv-peer with megatron-core 0.19.x for the megatron-muon peer"
 
 $(VPY):
@@ -47,12 +48,19 @@ reproduce-table2: $(STAMP)
 table2: $(STAMP)
 	$(VPY) experiments/reproduce_table2.py --collect-only
 
+# The notebook runs with its kernel in analysis/ (as Jupyter starts it); its paths resolve from the
+# repository root, so it reads results/ wherever it is started.
+notebook: $(STAMP)
+	$(VPY) -m jupyter nbconvert --to notebook --execute analysis/table2.ipynb --output-dir results --output table2.ipynb
+
 planner-bench: $(STAMP)
 	$(VPY) -m canzona plan-bench --out results/planner
 
 bench-step: $(STAMP)
 	$(VPY) -m canzona bench-step --nproc 4 --dp 2 --tp 2 --model qwen3-tiny --optimizer muon --steps 20 --json --out results/bench_step/muon_dp2_tp2.json --results results/bench_step/bench_step.jsonl
 	$(VPY) -m canzona bench-step --nproc 4 --dp 4 --tp 1 --model qwen3-tiny --optimizer muon --steps 20 --json --out results/bench_step/muon_dp4_tp1.json --results results/bench_step/bench_step.jsonl
+	$(VPY) -m canzona bench-step --nproc 4 --dp 2 --tp 2 --model qwen3-32b-w16 --bucket-size 156250 --optimizer muon --steps 20 --json --out results/bench_step/muon_w16_dp2_tp2.json --results results/bench_step/bench_step.jsonl
+	$(VPY) -m canzona bench-step --nproc 4 --dp 4 --tp 1 --model qwen3-32b-w16 --bucket-size 156250 --optimizer muon --steps 20 --json --out results/bench_step/muon_w16_dp4_tp1.json --results results/bench_step/bench_step.jsonl
 
 clean-venv:
 	rm -rf $(VENV)

@@ -10,7 +10,8 @@ Everywhere else it runs the embedded default, each step labelled with what its n
                   qwen3-tiny, 4 forked gloo ranks, every method) -> results/table2-local.jsonl
   2. planner      ANALYSIS at the true 256-GPU scale: `canzona plan-bench` -> results/planner/
   3. projection   PROJECTED 256-GPU times from the plans + GPU hardware profiles:
-                  `canzona project --preset paper` -> results/projected.jsonl
+                  `canzona project --preset paper` -> results/projected.jsonl (+ the sensitivity
+                  and batch studies), `--preset authors` -> results/projected_authors.jsonl
   4. table2       `canzona table2` over every results file -> results/table2.csv, table2.md, PNGs
 
 A step whose command does not exist yet is reported as "not available yet: <reason>" and
@@ -21,6 +22,7 @@ cannot take the others down, and each prints its wall time.
 from __future__ import annotations
 
 import argparse
+import itertools
 import shutil
 import subprocess
 import sys
@@ -40,6 +42,8 @@ RESULTS = ROOT / "results"
 PY = sys.executable
 PEER_PY = ROOT / ".venv-peer" / "bin" / "python"
 BENCH = RESULTS / "bench_step" / "bench_step.jsonl"
+# bench-step models: (model, bucket size or None for the default, output tag)
+BENCH_MODELS = (("qwen3-tiny", None, ""), ("qwen3-32b-w16", 156_250, "w16_"))
 
 
 @dataclass
@@ -138,7 +142,7 @@ def result_files() -> list[Path]:
     """Every results file Table 2 is built from: the measured sweeps and the projections."""
     names = ["table2.jsonl", "table2-local.jsonl", "bench_step/bench_step.jsonl"]
     files = [RESULTS / n for n in names if (RESULTS / n).is_file()]
-    files += [RESULTS / "projected.jsonl"] if (RESULTS / "projected.jsonl").is_file() else []
+    files += [RESULTS / n for n in ("projected.jsonl", "projected_authors.jsonl") if (RESULTS / n).is_file()]
     return files
 
 
@@ -295,7 +299,8 @@ def embedded_default(args: argparse.Namespace) -> int:
         Step(
             "bench-step",
             "MEASURED on this CPU: optimizer-step latency of every strategy side by side, "
-            "qwen3-tiny, 4 forked gloo ranks, DPxTP 2x2 and 4x1 (canzona bench-step)",
+            "qwen3-tiny and qwen3-32b-w16 (Qwen3-32B's structure at 1/16 width, bucket 156,250), 4 forked gloo "
+            "ranks, DPxTP 2x2 and 4x1 (canzona bench-step)",
         ),
         Step("planner", "ANALYSIS at the true 256-GPU scale: planner load balance / traffic (canzona plan-bench)"),
         Step("projection", "PROJECTED 256-GPU iteration/step times from plans + hardware profile (canzona project)"),
@@ -315,34 +320,16 @@ def embedded_default(args: argparse.Namespace) -> int:
         if step.name == "local-sweep":
             local_sweep(step, progress=not args.no_progress)
         elif step.name == "bench-step":
-            for dp, tp in ((2, 2), (4, 1)):
-                run_command(
-                    step,
-                    [
-                        "bench-step",
-                        "--nproc",
-                        "4",
-                        "--dp",
-                        str(dp),
-                        "--tp",
-                        str(tp),
-                        "--model",
-                        "qwen3-tiny",
-                        "--optimizer",
-                        "muon",
-                        "--steps",
-                        "20",
-                        "--warmup",
-                        "3",
-                        "--out",
-                        f"results/bench_step/muon_dp{dp}_tp{tp}.json",
-                        "--results",
-                        str(BENCH.relative_to(ROOT)),
-                    ],
-                )
+            # qwen3-tiny, and qwen3-32b-w16 with its bucket (the structure of Qwen3-32B at 256 GPUs)
+            for (model, bucket, tag), (dp, tp) in itertools.product(BENCH_MODELS, ((2, 2), (4, 1))):
+                out = f"results/bench_step/muon_{tag}dp{dp}_tp{tp}.json"
+                argv = ["bench-step", "--nproc", "4", "--dp", str(dp), "--tp", str(tp), "--model", model]
+                argv += ["--optimizer", "muon", "--steps", "20", "--warmup", "3", "--out", out]
+                argv += ["--results", str(BENCH.relative_to(ROOT))]
+                run_command(step, argv + (["--bucket-size", str(bucket)] if bucket else []))
                 if step.status != "ok":
                     break
-                step.outputs.append(f"results/bench_step/muon_dp{dp}_tp{tp}.json")
+                step.outputs.append(out)
         elif step.name == "calibration":
             run_command(step, ["calibrate-cpu"])
             if step.status == "ok":
@@ -360,11 +347,19 @@ def embedded_default(args: argparse.Namespace) -> int:
             if step.status == "ok":
                 step.outputs.append("results/planner/")
         elif step.name == "projection":
-            run_command(step, ["project", "--preset", "paper", "--out", "results/"])
+            for preset in ("paper", "authors"):
+                run_command(step, ["project", "--preset", preset, "--out", "results/"])
+                if step.status != "ok":
+                    break
             if step.status == "ok":
                 step.outputs += [
                     str(p.relative_to(ROOT))
-                    for p in (RESULTS / "projected.jsonl", RESULTS / "projection_sensitivity.csv")
+                    for p in (
+                        RESULTS / "projected.jsonl",
+                        RESULTS / "projected_authors.jsonl",
+                        RESULTS / "projection_sensitivity.csv",
+                        RESULTS / "projection_batch.csv",
+                    )
                     if p.exists()
                 ]
         else:

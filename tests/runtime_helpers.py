@@ -52,7 +52,8 @@ def dist_config(strategy: str, optimizer: str, **kw) -> DistConfig:
     # preconditions only sides whose factor is full rank (max_precond_dim 64), since eigh's basis of
     # a null space is arbitrary and would differ between any two summation orders.
     opts = dict(OPTIONS.get(optimizer, {}))
-    plan = {k: kw.pop(k) for k in ("alpha", "dp_algo", "tp_mode", "capacity_bytes") if k in kw}
+    plan_fields = ("alpha", "dp_algo", "tp_mode", "capacity_bytes", "cooperative", "coop_force", "coop_profile")
+    plan = {k: kw.pop(k) for k in plan_fields if k in kw}
     comm = {k: kw.pop(k) for k in ("collective_mode", "overlap_grad_sync", "overlap_param_sync") if k in kw}
     prec = {k: kw.pop(k) for k in ("grad_dtype",) if k in kw}
     opts.update(kw.pop("optimizer_options", {}))
@@ -87,7 +88,7 @@ def run_steps(opt: DistributedOptimizer, params: dict, rank: int, tp: int, steps
         opt.zero_grad()
 
 
-def reference(optimizer: str, dp: int | list[int], steps: range, seed: int) -> dict[str, torch.Tensor]:
+def reference(optimizer: str, dp: int | list[int], steps: range, seed: int, **options) -> dict[str, torch.Tensor]:
     """The single-process optimizer on full matrices with the DP-mean gradient.
 
     ``dp`` may be a list (one DP size per step) to model a run resumed at another layout.
@@ -96,7 +97,8 @@ def reference(optimizer: str, dp: int | list[int], steps: range, seed: int) -> d
     params = {s.name: init_param(s, seed) for s in SPECS}
     mats = [s for s in SPECS if s.route == "matrix" and optimizer != "adamw"]
     rest = [s for s in SPECS if s not in mats]
-    math = make_matrix_optimizer(optimizer, lr=LR, weight_decay=WD, **OPTIONS.get(optimizer, {})) if mats else None
+    opts = {**OPTIONS.get(optimizer, {}), **options}
+    math = make_matrix_optimizer(optimizer, lr=LR, weight_decay=WD, **opts) if mats else None
     states = {s.name: math.init_state(s.shape) for s in mats}
     leaves = {s.name: torch.nn.Parameter(params[s.name]) for s in rest}
     adamw = make_adamw(list(leaves.values()), AdamWConfig(lr=ADAMW_LR, betas=(0.9, 0.95), weight_decay=WD))

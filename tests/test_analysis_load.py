@@ -80,10 +80,10 @@ def test_table2_rows_columns_provenance(cells) -> None:
 def test_write_table2_files(tmp_path) -> None:
     files = write_table2(GOOD, tmp_path)
     md = files["table2.md"].read_text()
-    assert md.index("## Reproduction report") < md.index("## Table 2")
-    assert "5.80× vs layerwise" in md and "1.57× vs layerwise" in md
-    assert "not testable here as a measurement" in md
-    assert "0.0700 s vs 0.0701 s" in md  # flops vs numel balancing from the projected fixture
+    assert md.index("## Headline") < md.index("## Reproduction report") < md.index("## Table 2")
+    assert "H800 5.80× (vs layerwise)" in md and "H800 1.57× (vs layerwise)" in md
+    assert "projection agrees on every profile" in md
+    assert "0.0700 s (FLOPs) vs 0.0701 s (numel)" in md  # flops vs numel balancing from the projected fixture
     csv = files["table2.csv"].read_text().splitlines()
     assert len(csv) == 1 + 4
 

@@ -12,7 +12,6 @@ from canzona.analysis.projection import (
     Layout,
     Link,
     Scenario,
-    _pipelined,
     collective_ms,
     fwd_bwd_ms,
     load_profile,
@@ -21,6 +20,7 @@ from canzona.analysis.projection import (
     project_stage,
     to_record,
 )
+from canzona.analysis.projection.phases import _pipelined
 from canzona.cost import matrix_flops
 from canzona.errors import ConfigError
 from canzona.plan.types import Bucket, BucketEntry, DPPlan, MicroGroup, Plan, PlanConfig, PlanItem, TPSchedule
@@ -319,7 +319,7 @@ def test_calibrate_cpu_writes_a_loadable_sourced_profile(tmp_path: Path) -> None
     from canzona.analysis.calibrate import calibrate, write_profile
     from canzona.analysis.projection import COLLECTIVES
 
-    c = calibrate(model="qwen3-micro", nproc=2, dp=2, tp=1, sizes=(1 << 12, 1 << 14), reps=1, rounds=1)
+    c = calibrate(model="qwen3-micro", nproc=2, dp=2, tp=1, sizes=(1 << 12, 1 << 14), reps=1, rounds=1, fwd_bwd=False)
     path = write_profile(c, tmp_path / "cpu-test.toml", tmp_path / "raw.json")
     prof = load_profile(path)
     assert prof.kind == "cpu" and prof.mfu is None and not prof.comm_compute_overlap
@@ -330,3 +330,62 @@ def test_calibrate_cpu_writes_a_loadable_sourced_profile(tmp_path: Path) -> None
     p = project(Scenario("qwen3-micro", Layout(2, 1, 1), "canzona", seq_len=1, global_batch=2), prof)
     assert p.step_ms > 0 and math.isnan(p.fwd_bwd_ms)
     assert json.loads((tmp_path / "raw.json").read_text())["nproc"] == 2
+
+
+def test_cpu_mfu_from_a_one_rank_fwd_bwd_run(tmp_path: Path) -> None:
+    """A calibration with a one-rank fwd/bwd time gives a sourced mfu, and the projected fwd/bwd
+    of W ranks sharing C cores is 6·N·T / (W · peak · mfu) / min(1, C / W)."""
+    from canzona.analysis.calibrate import write_profile
+    from canzona.models import count_params, get_model
+
+    n = count_params(get_model("qwen3-micro"))
+    c = {
+        "model": "qwen3-micro", "optimizer": "muon", "nproc": 4, "dp": 2, "tp": 2, "reps": 1, "rounds": 1,
+        "host": "h", "cpu": "x86_64", "timestamp": "t", "torch": "2", "rate": 1e9, "overhead_us": 0.0,
+        "mem_bw": 1e10, "shared_cores": 2.0, "compute_s": {"256x64": 1e-3},
+        "collectives": {k: {"latency_us": 100.0, "bus_bw": 1e9} for k in ("all_reduce", "reduce_scatter",
+                        "all_gather", "all_to_all", "broadcast", "reduce")},
+        # one rank: 6·N·1024 tokens FLOPs in 2 s at a 1 GFLOP/s peak -> mfu = 6·N·1024 / 2e9
+        "fwd_bwd": {"ms": 2000.0, "tokens": 1024, "params": n, "command": "canzona train ...",
+                    "mfu": 6.0 * n * 1024 / (2.0 * 1e9)},
+    }  # fmt: skip
+    prof = load_profile(write_profile(c, tmp_path / "cpu-test.toml"))
+    assert prof.mfu == pytest.approx(6.0 * n * 1024 / 2e9, rel=1e-5)
+    assert "one rank alone" in prof.sources["compute.mfu"]
+    # 4 ranks on 2 cores, 1024 tokens: each rank a quarter of the work at half speed -> 2 s / 4 / 0.5 = 1 s
+    assert fwd_bwd_ms(n, 1024, 4, 1, 4, prof) == pytest.approx(1000.0, rel=1e-5)
+
+
+def test_authors_preset_matches_the_sweep_variant() -> None:
+    """The projected authors' configuration is the one the cluster sweep measures (its 'authors' grid)."""
+    from canzona.analysis.projection.presets import AUTHORS, authors_scenarios
+    from canzona.sweep.definition import load_sweep
+
+    d = load_sweep(Path(__file__).resolve().parents[1] / "slurm" / "sweeps" / "table2.toml")
+    cells = [c for c in d.cells() if getattr(c, "variant", None) == "authors"]
+    if not cells:
+        pytest.skip("slurm/sweeps/table2.toml has no 'authors' variant on this branch")
+    want = (AUTHORS["model"], AUTHORS["layout"], AUTHORS["seq_len"], AUTHORS["global_batch"], AUTHORS["micro_batch"])
+    want += (AUTHORS["alpha"], AUTHORS["cost"], AUTHORS["bucket_size"])
+    for c in cells:
+        got = (c.model, Layout(c.dp, c.tp, c.pp), c.seq_len, c.global_batch, c.micro_batch, c.alpha, c.cost)
+        assert (*got, c.bucket_size) == want
+        assert c.overlap_param_sync  # both Megatron overlaps: the projection's 'megatron' view
+    assert AUTHORS["overlap"] == "megatron"
+    assert {c.method for c in cells} <= {s.method for s in authors_scenarios()}
+
+
+def test_batch_study_reaches_the_claim_below_our_batch() -> None:
+    """Canzona vs layer-wise falls as tokens grow (fixed step saving, growing fwd/bwd); the
+    'reach' row is where it crosses 1.57x, between the grid points around it."""
+    from canzona.analysis.projection.studies import batch_study
+
+    rows = batch_study([load_profile("H800")], grid=(2**14, 2**16, 2**18, 2**20, 2**22))
+    for view in ("none", "megatron"):
+        grid = [r for r in rows if r["overlap"] == view and r["point"] == "grid"]
+        (reach,) = [r for r in rows if r["overlap"] == view and r["point"] == "reach"]
+        assert grid[-1]["speedup_iteration"] < grid[0]["speedup_iteration"]
+        below = max(r["tokens"] for r in grid if r["speedup_iteration"] >= 1.57)
+        above = min(r["tokens"] for r in grid if r["tokens"] > below)
+        assert below <= reach["tokens"] <= above
+        assert reach["tokens"] < 256 * 4096  # our batch does not reach it in either view

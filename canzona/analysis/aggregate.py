@@ -14,6 +14,7 @@ Speedups are ratios of pooled medians: ``baseline_ms / canzona_ms`` (> 1 means C
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -27,8 +28,29 @@ BASELINES = ("sc", "layerwise", "megatron-muon")  # always shown; "asc" is added
 OURS = "canzona"
 GROUP_KEY = ("cell", "kind", "provenance", "source")
 # A table row: everything that defines a cell except the method, plus where the numbers come from.
-ROW_KEY = ("model", "tp", "pp", "dp", "optimizer", "seq_len", "global_batch", "kind", "provenance", "source")
+# ns_dtype: a row compares methods in ONE Newton-Schulz number format (NaN where not recorded).
+ROW_KEY = (
+    "model",
+    "tp",
+    "pp",
+    "dp",
+    "optimizer",
+    "ns_dtype",
+    "seq_len",
+    "global_batch",
+    "kind",
+    "provenance",
+    "source",
+)
 TIMINGS = ("iteration", "fwd_bwd", "step")
+
+
+def finite(x: Any) -> bool:
+    """A real, finite number (or a string of one): how every analysis module tells a value from a gap."""
+    try:
+        return x is not None and not isinstance(x, bool) and math.isfinite(float(x))
+    except (TypeError, ValueError):
+        return False
 
 
 def _p90(values: Sequence[float]) -> float:
@@ -59,10 +81,16 @@ def aggregate_cells(df: pd.DataFrame) -> pd.DataFrame:
             "global_batch",
             "alpha",
             "dtype",
+            "ns_dtype",
             "bucket_size",
             "cost",
+            "overlap",
+            "variant",
             "provenance_label",
             "provenance_detail",
+            "peer_layer_wise",
+            "peer_tp_mode",
+            "loss_curve",
         ):
             if c in g:
                 row[c] = first[c]
@@ -81,6 +109,8 @@ def aggregate_cells(df: pd.DataFrame) -> pd.DataFrame:
             vals = g[c].dropna()
             row[c] = float(np.median(vals.to_numpy(dtype=float))) if not vals.empty else np.nan
         row["files"] = ";".join(sorted({f"{f}:{ln}" for f, ln in zip(g["file"], g["line"], strict=True)}))
+        if "git_commit" in g:
+            row["git_commit"] = ";".join(sorted({str(c) for c in g["git_commit"].dropna()}))
         out.append(row)
     return pd.DataFrame(out)
 

@@ -19,8 +19,11 @@ measurements of the same conditions, never from the runs it will be compared wit
   ``t = latency + factor(kind, n) · bytes / bus_bw`` per kind gives the profile's
   ``[collectives.<kind>]`` overrides.
 
-Fwd/bwd MFU is not calibrated on CPU (no harness run is used to calibrate), so the cpu-local
-profile has no ``mfu`` and the projection reports no CPU iteration times.
+* fwd/bwd: one ``canzona train`` run on ONE rank (``--nproc 1``, the ranks' one thread) times
+  the model's forward/backward alone; ``mfu = 6·N·tokens / (time · peak_flops)``. The runs the
+  projection is checked against use 4 ranks and other layouts, so this is not fitted to them: it
+  tests that fwd/bwd scales as modelled (work split over the ranks, cores shared, no TP or DP
+  communication inside fwd/bwd), and the iteration = fwd/bwd + step composition.
 """
 
 from __future__ import annotations
@@ -156,6 +159,34 @@ def _median_rounds(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return out
 
 
+FWD_BWD_RUN = {"seq_len": 128, "global_batch": 8, "warmup": 1, "iters": 3}  # the one-rank fwd/bwd run
+
+
+def measure_fwd_bwd(model: str, run: dict[str, int] = FWD_BWD_RUN) -> dict[str, Any]:
+    """Fwd/bwd of ``model`` on one rank, timed by ``canzona train --nproc 1`` (subprocess, so the
+    measurement is the harness's own timer); returns the run's settings, ms and parameter count."""
+    import json
+    import subprocess
+    import sys
+
+    from canzona.models import count_params, get_model
+
+    cmd = [sys.executable, "-m", "canzona", "train", "--model", model, "--tp", "1", "--pp", "1", "--dp", "1"]
+    cmd += ["--method", "sc", "--optimizer", "muon", "--micro-batch", "1", "--nproc", "1", "--json"]
+    cmd += [a for k, v in run.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"fwd/bwd calibration run failed ({' '.join(cmd[2:])}): {proc.stderr.strip()[-500:]}")
+    rec = json.loads(proc.stdout.strip().splitlines()[-1])
+    return dict(
+        run,
+        ms=float(rec["timings"]["fwd_bwd_ms"]["median"]),
+        tokens=run["seq_len"] * run["global_batch"],
+        params=count_params(get_model(model)),
+        command="canzona " + " ".join(cmd[3:]),
+    )
+
+
 def calibrate(
     model: str = "qwen3-tiny",
     optimizer: str = "muon",
@@ -165,9 +196,10 @@ def calibrate(
     sizes: Sequence[int] = DEFAULT_SIZES,
     reps: int = 5,
     rounds: int = 1,
+    fwd_bwd: bool = True,
 ) -> dict[str, Any]:
-    """Run the measurements on ``nproc`` forked gloo ranks ``rounds`` times (median over rounds);
-    return raw medians and fitted constants."""
+    """Run the measurements on ``nproc`` forked gloo ranks ``rounds`` times (median over rounds),
+    and with ``fwd_bwd`` the one-rank fwd/bwd run; return raw medians and fitted constants."""
     import torch
 
     from canzona.runtime.launch import launch
@@ -206,7 +238,11 @@ def calibrate(
             ys.append(t)
         lat, inv_bw = _fit_line(xs, ys)
         coll[kind] = {"latency_us": lat * 1e6, "bus_bw": 1.0 / inv_bw}
+    fb = measure_fwd_bwd(model) if fwd_bwd else None
+    if fb is not None:
+        fb["mfu"] = 6.0 * fb["params"] * fb["tokens"] / (fb["ms"] * 1e-3 * (1.0 / inv_rate))
     return {
+        "fwd_bwd": fb,
         "model": model,
         "optimizer": optimizer,
         "nproc": nproc,
@@ -275,7 +311,7 @@ def profile_toml(c: dict[str, Any], name: str = "cpu-local") -> str:
         'param_bytes_source = "fp32 parameters on CPU (bench-step and the CPU harness run fp32)"',
         "grad_bytes = 4",
         'grad_bytes_source = "fp32 gradients on CPU"',
-        "# mfu is absent on purpose: CPU fwd/bwd is not calibrated, so CPU iteration times are not projected.",
+        *_mfu_lines(c.get("fwd_bwd"), how),
         "",
         "[compute.measured_ms]",
         f'source = "{how}: median {c["optimizer"]} direction() time per full shape, rank 0 alone"',
@@ -304,6 +340,17 @@ def profile_toml(c: dict[str, Any], name: str = "cpu-local") -> str:
             "",
         ]
     return "\n".join(lines)
+
+
+def _mfu_lines(fb: dict[str, Any] | None, how: str) -> list[str]:
+    if not fb:
+        return ["# no mfu: fwd/bwd was not calibrated (--no-fwd-bwd), so CPU iteration times are not projected."]
+    return [
+        f"mfu = {fb['mfu']:.6g}",
+        f'mfu_source = "{how}: `{fb["command"]}` (one rank alone, {fb["tokens"]} tokens): fwd/bwd '
+        f"{fb['ms']:.1f} ms; mfu = 6 x {fb['params']} params x tokens / (time x peak_flops); "
+        'ranks computing fwd/bwd at once share shared_cores"',
+    ]
 
 
 def write_profile(c: dict[str, Any], out: str | Path | None = None, raw_out: str | Path | None = None) -> Path:
@@ -335,6 +382,9 @@ def configure(p: Any) -> None:
         "--out", type=output_file, help="profile TOML to write (default canzona/analysis/profiles/cpu-local.toml)"
     )
     p.add_argument("--raw", default="results/calibration/cpu-local.json", help="raw measurements JSON ('' to skip)")
+    p.add_argument(
+        "--no-fwd-bwd", action="store_true", help="skip the one-rank fwd/bwd run (no mfu: no CPU iterations)"
+    )
 
 
 def run(args: Any) -> int:
@@ -346,6 +396,7 @@ def run(args: Any) -> int:
         tp=args.tp,
         reps=args.reps,
         rounds=args.rounds,
+        fwd_bwd=not args.no_fwd_bwd,
     )
     path = write_profile(c, args.out, args.raw or None)
     print(
@@ -353,6 +404,9 @@ def run(args: Any) -> int:
         f"overhead {c['overhead_us']:.0f} us/matrix, "
         f"memory {c['mem_bw'] / 1e9:.2f} GB/s per rank"
     )
+    fb = c["fwd_bwd"]
+    if fb:
+        print(f"fwd/bwd on one rank: {fb['ms']:.1f} ms for {fb['tokens']} tokens, mfu {fb['mfu']:.3f}")
     for k, f in c["collectives"].items():
         print(f"  {k:<15} latency {f['latency_us']:8.1f} us   bus bw {f['bus_bw'] / 1e6:8.1f} MB/s")
     print(f"wrote {path}" + (f" and {args.raw}" if args.raw else ""))

@@ -4,8 +4,9 @@
     canzona table2 --results a.jsonl b.jsonl --out /tmp/t2 --no-plots
 
 Folders are searched for *.jsonl; named files are read whatever their suffix. If ``--out``
-already holds ``projection_validation.csv`` / ``projection_sensitivity.csv`` (written by
-``canzona project``) they become sections of table2.md, unless other files are named.
+already holds ``projection_validation.csv`` / ``projection_sensitivity.csv`` /
+``projection_batch.csv`` (written by ``canzona project``) or ``planner/efficiency.csv`` (``canzona
+plan-bench``) they become sections of table2.md, unless other files are named.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING
 from canzona.argtypes import existing_path, output_dir, readable_file
 
 if TYPE_CHECKING:
-    import pandas as pd
+    pass
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -39,6 +40,8 @@ def configure(p: argparse.ArgumentParser) -> None:
         type=readable_file(".csv"),
         help="projection sensitivity CSV (default: OUT/projection_sensitivity.csv if present)",
     )
+    p.add_argument("--batch", help="iteration speedup vs batch CSV (default: OUT/projection_batch.csv if present)")
+    p.add_argument("--planner", help="planner efficiency CSV (default: OUT/planner/efficiency.csv if present)")
     p.add_argument("--no-plots", action="store_true", help="skip the figures")
     p.add_argument("--plot-model", default="qwen3-32b", help="model of the per-GPU load and alpha figures")
     p.add_argument("--plot-layout", default="32,8,1", help="dp,tp,pp of those figures (default 32,8,1 = 256 GPUs)")
@@ -53,28 +56,6 @@ def _read_csv(path: Path | None):
     return pd.read_csv(path)
 
 
-def sensitivity_markdown(sens: pd.DataFrame) -> str:
-    """The sensitivity CSV as a Markdown section."""
-    from canzona.analysis.table2 import fmt_speedup, markdown_table
-
-    header = [c for c in sens.columns]
-    rows = [
-        [fmt_speedup(v) if str(h).startswith("speedup") else v for h, v in zip(header, rec, strict=True)]
-        for rec in sens.itertuples(index=False)
-    ]
-    return "\n".join(
-        [
-            "## Projection sensitivity (Qwen3-32B, 256 GPUs)",
-            "",
-            "Canzona's projected speedup over the layer-wise baseline as single assumptions change "
-            "(written by `canzona project --preset paper`).",
-            "",
-            markdown_table(header, rows),
-            "",
-        ]
-    )
-
-
 def run(args: argparse.Namespace) -> int:
     from canzona.analysis.aggregate import aggregate_cells
     from canzona.analysis.load import load_results
@@ -82,17 +63,21 @@ def run(args: argparse.Namespace) -> int:
     from canzona.errors import ConfigError
 
     out = Path(args.out)
-    val_path = Path(args.validation) if args.validation else out / "projection_validation.csv"
-    sens_path = Path(args.sensitivity) if args.sensitivity else out / "projection_sensitivity.csv"
-    validation = _read_csv(val_path)
+    named = lambda opt, default: Path(opt) if opt else out / default
+    validation = _read_csv(named(args.validation, "projection_validation.csv"))
     if args.validation and validation is None:
-        raise ConfigError(f"--validation {val_path}: no such (non-empty) file; run `canzona project --validate` first")
-    sens = _read_csv(sens_path)
-    extra = [sensitivity_markdown(sens)] if sens is not None else []
-    if validation is not None:
-        validation = validation[validation["timing"].isin(["step", "iteration"])]
+        raise ConfigError(f"--validation {args.validation}: no such (non-empty) file; run `canzona project --validate`")
     cmd = "canzona table2 --results " + " ".join(args.results) + f" --out {args.out}"
-    files = write_table2(args.results, out, validation=validation, command=cmd, extra_sections=extra)
+    batch = _read_csv(named(args.batch, "projection_batch.csv"))
+    files = write_table2(
+        args.results,
+        out,
+        validation=validation,
+        batch=batch,
+        sensitivity=_read_csv(named(args.sensitivity, "projection_sensitivity.csv")),
+        planner=_read_csv(named(args.planner, "planner/efficiency.csv")),
+        command=cmd,
+    )
     for f in files.values():
         print(f"wrote {f}")
     if not args.no_plots:
@@ -109,7 +94,15 @@ def run(args: argparse.Namespace) -> int:
             table = table[table["provenance"].map(keep)]
             cells = cells[cells["provenance_label"].map(keep)]
         figs = write_figures(
-            table, cells, out / "figures", model=args.plot_model, dp=dp, tp=tp, pp=pp, profile=args.plot_profile
+            table,
+            cells,
+            out / "figures",
+            model=args.plot_model,
+            dp=dp,
+            tp=tp,
+            pp=pp,
+            profile=args.plot_profile,
+            batch=batch,
         )
         for f in figs.values():
             print(f"wrote {f}")

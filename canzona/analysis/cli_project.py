@@ -2,14 +2,19 @@
 
     canzona project --model qwen3-32b --layout 32,8,1 --profile H800           # print one layout
     canzona project --preset paper --out results/                                # Table 2's projected rows
+    canzona project --preset authors --out results/                              # the authors' configuration
     canzona project --validate results/ --profile cpu-local --out results/      # error vs measured runs
 
-``--preset paper`` writes ``OUT/projected.jsonl`` (whole file, atomically: the projection is
-deterministic, so rerunning replaces it) with every Qwen3 model at 256 GPUs (layouts in
-``projection.PAPER_LAYOUTS``) x methods x the four GPU profiles x overlap views ``none`` and
-``megatron``, plus Canzona with numel balancing on H800 (the App. F.2 claim), and
+``--preset NAME`` writes ``OUT/<the preset's file>`` (whole file, atomically: the projection is
+deterministic, so rerunning replaces it); the presets are listed in
+``canzona.analysis.projection.presets``: ``paper`` (every Qwen3 model at 256 GPUs x methods x
+the four GPU profiles x overlap views ``none`` and ``megatron``, plus Qwen3-32B with numel
+balancing on H800 and with Shampoo / SOAP) -> ``projected.jsonl``, and ``authors`` (the authors'
+Qwen3-32B configuration) -> ``projected_authors.jsonl``. ``paper`` also writes
 ``OUT/projection_sensitivity.csv`` (Qwen3-32B on H800 as batch, layout, views and profile
-constants change). ``--validate`` writes ``OUT/projection_validation.csv``.
+constants change) and ``OUT/projection_batch.csv`` (iteration speedup against tokens per
+iteration, per GPU profile and view, with the largest batch reaching 1.57x).
+``--validate`` writes ``OUT/projection_validation.csv``.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from canzona.argtypes import existing_path, positive_int, unit_float
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", choices=("paper",), help="the Table-2 projection set (see module doc)")
+    p.add_argument("--preset", choices=("paper", "authors"), help="a fixed projection set (see module doc)")
     p.add_argument(
         "--validate",
         nargs="+",
@@ -93,198 +98,99 @@ def _print(rows: list[tuple[str, str, dict[str, Any]]]) -> None:
             print(f"  canzona vs {b:<10} step {s['step']:6.2f}x   iteration {s['iteration']:5.2f}x")
 
 
-def _grid(scenarios, profiles) -> list[Any]:
-    """Project every scenario on every profile, planning each scenario once."""
-    from dataclasses import replace
-
-    from canzona.analysis.projection import make_plans, project
-
-    plans: dict[Any, Any] = {}
-    out = []
-    for s in scenarios:
-        key = replace(s, overlap="none")
-        if key not in plans:
-            plans[key] = make_plans(s)
-        for prof in profiles:
-            out.append(project(s, prof, plans[key]))
-    return out
-
-
-def sensitivity(profile_name: str = "H800") -> list[dict[str, Any]]:
-    """Qwen3-32B at 256 GPUs: Canzona vs layer-wise as one assumption changes at a time."""
-    from dataclasses import replace
-
-    from canzona.analysis.projection import (
-        PAPER_GLOBAL_BATCH,
-        PAPER_LAYOUTS,
-        Scenario,
-        load_profile,
-        project,
-        speedup,
-        with_profile_overrides,
-    )
-    from canzona.plan.types import Layout
-
-    base_prof = load_profile(profile_name)
-    lay = PAPER_LAYOUTS["qwen3-32b"]
-    variants: list[tuple[str, dict[str, Any], Any]] = [("baseline assumptions", {}, base_prof)]
-    variants += [
-        (f"global batch {g} seq", {"global_batch": g}, base_prof)
-        for g in (64, 128, 512, 1024)
-        if g != PAPER_GLOBAL_BATCH
-    ]
-    variants += [
-        (f"layout dp{lay.dp}·tp{lay.tp}·pp{lay.pp}", {"layout": lay}, base_prof)
-        for lay in (Layout(16, 8, 2), Layout(8, 8, 4), Layout(64, 4, 1))
-    ]
-    variants += [("views qkv,gate_up (split matrices)", {"views": ("qkv", "gate_up")}, base_prof)]
-    variants += [
-        (f"matmul efficiency {e}", {}, with_profile_overrides(base_prof, matmul_efficiency=e)) for e in (0.5, 0.65)
-    ]
-    variants += [(f"MFU {m}", {}, with_profile_overrides(base_prof, mfu=m)) for m in (0.35, 0.55)]
-    rows = []
-    for label, kw, prof in variants:
-        for ov in ("none", "megatron"):
-            res = {}
-            for m in ("layerwise", "canzona"):
-                s = replace(Scenario("qwen3-32b", lay, m, overlap=ov), **kw)
-                res[m] = project(s, prof)
-            c, b = res["canzona"], res["layerwise"]
-            rows.append(
-                {
-                    "profile": profile_name,
-                    "variant": label,
-                    "overlap": ov,
-                    "canzona step ms": round(c.step_ms, 1),
-                    "layerwise step ms": round(b.step_ms, 1),
-                    "canzona iter ms": round(c.iteration_ms, 1),
-                    "layerwise iter ms": round(b.iteration_ms, 1),
-                    "speedup step": speedup(b.step_ms, c.step_ms),
-                    "speedup iteration": speedup(b.iteration_ms, c.iteration_ms),
-                }
-            )
-    return rows
-
-
 def run(args: argparse.Namespace) -> int:
-    import pandas as pd
-
-    from canzona.analysis.projection import (
-        METHODS,
-        PAPER_LAYOUTS,
-        Scenario,
-        load_profile,
-        paper_scenarios,
-        projected_env,
-        to_record,
-        validate_against,
-    )
-    from canzona.errors import ConfigError
-    from canzona.results.schema import write_atomic
+    from canzona.analysis.projection import load_profile
 
     default = ["cpu-local"] if args.validate else ["H800"]  # our measured runs are CPU gloo runs
     profiles = [load_profile(p) for p in (args.profile or default)]
     if args.validate:
-        out = Path(args.out or "results")
-        frames = [validate_against(args.validate, prof) for prof in profiles]
-        df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-        path = out / "projection_validation.csv" if out.suffix != ".csv" else out
-        write_atomic(path, df.to_csv(index=False))
-        steps = df[df["timing"] == "step"] if not df.empty else df
-        for r in steps.to_dict("records"):
-            print(
-                f"{r['model']} {r['layout']} {r['method']:<10} {r['kind']}: measured {r['measured_ms']:9.2f} ms, "
-                f"projected {r['projected_ms']:9.2f} ms, error {r['error']:+.1%}  ({r['profile']})"
-            )
-        if not steps.empty:
-            print(f"max |error| {steps['error'].abs().max():.1%} over {len(steps)} step comparisons")
-        else:
-            print("no measured lines matched the profile(s)")
-        print(f"wrote {path}")
-        return 0
+        return _validate(args.validate, profiles, Path(args.out or "results"))
+    if args.preset:
+        return _write_preset(args.preset, Path(args.out or "results"), profiles if args.profile else None)
+    return _custom(args, profiles)
+
+
+def _validate(results: list[str], profiles: list[Any], out: Path) -> int:
+    """Project every measured cell on each profile, print the step errors, write the CSV."""
+    import pandas as pd
+
+    from canzona.analysis.projection import validate_against
+    from canzona.results.schema import write_atomic
+
+    frames = [validate_against(results, prof) for prof in profiles]
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    path = out / "projection_validation.csv" if out.suffix != ".csv" else out
+    write_atomic(path, df.to_csv(index=False))
+    steps = df[df["timing"] == "step"] if not df.empty else df
+    for r in steps.to_dict("records"):
+        print(
+            f"{r['model']} {r['layout']} {r['method']:<10} {r['kind']}: measured {r['measured_ms']:9.2f} ms, "
+            f"projected {r['projected_ms']:9.2f} ms, error {r['error']:+.1%}  ({r['profile']})"
+        )
+    if not steps.empty:
+        print(f"max |error| {steps['error'].abs().max():.1%} over {len(steps)} step comparisons")
+    else:
+        print("no measured lines matched the profile(s)")
+    print(f"wrote {path}")
+    return 0
+
+
+def _as_json(rows: list[tuple[str, str, dict[str, Any]]]) -> str:
+    nan_none = lambda v: v if math.isfinite(v) else None
+    return json.dumps(
+        [
+            {
+                "profile": pn,
+                "overlap": ov,
+                "methods": {
+                    m: {
+                        "step_ms": p.step_ms,
+                        "iteration_ms": nan_none(p.iteration_ms),
+                        "fwd_bwd_ms": nan_none(p.fwd_bwd_ms),
+                        "phases_ms": p.phase_ms(),
+                    }
+                    for m, p in res.items()
+                },
+                "speedups": _speedups(res),
+            }
+            for pn, ov, res in rows
+        ],
+        sort_keys=True,
+    )
+
+
+def _custom(args: argparse.Namespace, profiles: list[Any]) -> int:
+    """One model and layout from the flags, every method and overlap view asked for."""
+    from canzona.analysis.projection import METHODS, Scenario, project_grid, projected_env, to_record
+    from canzona.errors import ConfigError
+    from canzona.results.schema import write_atomic
 
     overlaps = args.overlap or ["none"]
-    if args.preset == "paper":
-        out = Path(args.out or "results")
-        profs = [load_profile(n) for n in ("H800", "H100", "A100", "H200")] if not args.profile else profiles
-        scen = [s for ov in ("none", "megatron") for s in paper_scenarios(overlap=ov)]
-        scen += [
-            Scenario("qwen3-32b", PAPER_LAYOUTS["qwen3-32b"], "canzona", cost="numel", overlap=ov)
-            for ov in ("none", "megatron")
-        ]
-        projs = [p for p in _grid(scen, profs) if not (p.scenario.cost == "numel" and p.profile.name != "H800")]
-        env = projected_env()
-        text = "".join(json.dumps(to_record(p, env), sort_keys=True) + "\n" for p in projs)
-        write_atomic(out / "projected.jsonl", text)
-        sens = pd.DataFrame(sensitivity("H800"))
-        write_atomic(out / "projection_sensitivity.csv", sens.to_csv(index=False))
-        head = [p for p in projs if p.scenario.model == "qwen3-32b" and p.scenario.cost == "flops"]
-        rows = []
-        for prof in profs:
-            for ov in ("none", "megatron"):
-                res = {p.scenario.method: p for p in head if p.profile.name == prof.name and p.scenario.overlap == ov}
-                rows.append((prof.name, ov, res))
-        _print(rows)
-        print(f"\nwrote {out / 'projected.jsonl'} ({len(projs)} records) and {out / 'projection_sensitivity.csv'}")
-        return 0
-
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in methods if m not in METHODS]
     if bad:
         raise ConfigError(f"the projection models {', '.join(METHODS)}; not {', '.join(bad)}")
     layout = _layout(args.layout)
     views = tuple(v for v in args.views.split(",") if v)
+    kw = {"alpha": args.alpha} if args.alpha is not None else {}
     scen = [
-        Scenario(
-            args.model,
-            layout,
-            m,
-            optimizer=args.optimizer,
-            seq_len=args.seq_len,
-            micro_batch=args.micro_batch,
-            global_batch=args.global_batch,
-            cost=args.cost,
-            views=views,
-            overlap=ov,
-            **({"alpha": args.alpha} if args.alpha is not None else {}),
-        )
+        Scenario(args.model, layout, m, optimizer=args.optimizer, seq_len=args.seq_len, micro_batch=args.micro_batch,
+                 global_batch=args.global_batch, cost=args.cost, views=views, overlap=ov, **kw)
         for ov in overlaps
         for m in methods
-    ]
-    projs = _grid(scen, profiles)
-    rows = []
-    for prof in profiles:
-        for ov in overlaps:
-            rows.append(
-                (
-                    prof.name,
-                    ov,
-                    {p.scenario.method: p for p in projs if p.profile.name == prof.name and p.scenario.overlap == ov},
-                )
-            )
-    if args.json:
-        print(
-            json.dumps(
-                [
-                    {
-                        "profile": pn,
-                        "overlap": ov,
-                        "methods": {
-                            m: {
-                                "step_ms": p.step_ms,
-                                "iteration_ms": p.iteration_ms if math.isfinite(p.iteration_ms) else None,
-                                "fwd_bwd_ms": p.fwd_bwd_ms if math.isfinite(p.fwd_bwd_ms) else None,
-                                "phases_ms": p.phase_ms(),
-                            }
-                            for m, p in res.items()
-                        },
-                        "speedups": _speedups(res),
-                    }
-                    for pn, ov, res in rows
-                ],
-                sort_keys=True,
-            )
+    ]  # fmt: skip
+    projs = project_grid(scen, profiles)
+    rows = [
+        (
+            prof.name,
+            ov,
+            {p.scenario.method: p for p in projs if p.profile.name == prof.name and p.scenario.overlap == ov},
         )
+        for prof in profiles
+        for ov in overlaps
+    ]
+    if args.json:
+        print(_as_json(rows))
     else:
         _print(rows)
     if args.out:
@@ -294,4 +200,37 @@ def run(args: argparse.Namespace) -> int:
             path = path / "projected_custom.jsonl"
         write_atomic(path, "".join(json.dumps(to_record(p, env), sort_keys=True) + "\n" for p in projs))
         print(f"wrote {path}")
+    return 0
+
+
+def _write_preset(name: str, out: Path, profiles: list[Any] | None) -> int:
+    """Project a preset and write its file (and, for ``paper``, the sensitivity and batch studies)."""
+    import pandas as pd
+
+    from canzona.analysis.projection import load_profile, project_grid, projected_env, to_record
+    from canzona.analysis.projection.presets import get_preset
+    from canzona.analysis.projection.studies import batch_study, sensitivity
+    from canzona.results.schema import write_atomic
+
+    preset = get_preset(name)
+    profs = profiles or [load_profile(n) for n in preset.profiles]
+    projs = [p for p in project_grid(preset.scenarios(), profs) if preset.keep(p.scenario, p.profile.name)]
+    env = projected_env()
+    text = "".join(json.dumps(to_record(p, env), sort_keys=True) + "\n" for p in projs)
+    written = [out / preset.out_file]
+    write_atomic(written[0], text)
+    if name == "paper":
+        studies = {
+            "projection_sensitivity.csv": sensitivity("H800"),
+            "projection_batch.csv": batch_study(profs),
+        }
+        for fname, rows in studies.items():
+            write_atomic(out / fname, pd.DataFrame(rows).to_csv(index=False))
+            written.append(out / fname)
+    head = [p for p in projs if p.scenario.model == "qwen3-32b" and p.scenario.optimizer == "muon"]
+    groups: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for p in head:
+        groups.setdefault((p.profile.name, p.scenario.overlap, p.scenario.cost), {})[p.scenario.method] = p
+    _print([(f"{prof} cost={cost}", ov, res) for (prof, ov, cost), res in groups.items() if len(res) > 1])
+    print(f"\nwrote {', '.join(map(str, written))} ({len(projs)} records in {written[0].name})")
     return 0

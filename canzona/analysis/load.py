@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 # Config fields outside the cell key that change what a line measured. Two lines of one group
 # disagreeing on any of these are not repetitions of one experiment.
-EXPERIMENT_FIELDS = ("world", "alpha", "dtype", "bucket_size", "micro_batch", "cost", "overlap")
+EXPERIMENT_FIELDS = ("world", "alpha", "dtype", "bucket_size", "micro_batch", "cost", "overlap", "variant")
 TIMING_KEYS = ("iteration_ms", "fwd_bwd_ms", "step_ms")
 ROW_CONFIG_FIELDS = (
     "model",
@@ -56,9 +56,11 @@ ROW_CONFIG_FIELDS = (
     "global_batch",
     "alpha",
     "dtype",
+    "ns_dtype",
     "bucket_size",
     "cost",
     "overlap",
+    "variant",
 )
 
 
@@ -79,7 +81,9 @@ def source_of(record: dict[str, Any]) -> str:
     if record["provenance"] == "projected":
         return str(record.get("provenance_detail") or "projection")
     env = record.get("env") or {}
-    return f"{env.get('device', 'unknown')} ({env.get('backend', 'unknown')})"
+    cost = (record.get("config") or {}).get("cost")
+    balanced = f" cost={cost}" if cost not in (None, "flops") else ""  # a numel-balanced run is its own experiment
+    return f"{env.get('device', 'unknown')} ({env.get('backend', 'unknown')}){balanced}"
 
 
 def provenance_label(record: dict[str, Any]) -> str:
@@ -140,6 +144,9 @@ def _row(record: dict[str, Any], file: str, line: int) -> dict[str, Any]:
         "hostname": env.get("hostname"),
         "timestamp": env.get("timestamp"),
         "git_commit": env.get("git_commit"),
+        # what Megatron's own Muon ran as (recorded by the harness): layer-wise optimizer on/off, TP mode
+        "peer_layer_wise": env.get("megatron_muon_layer_wise"),
+        "peer_tp_mode": env.get("megatron_muon_tp_mode"),
     }
     for k in ROW_CONFIG_FIELDS:
         row[k] = cfg.get(k)
@@ -158,6 +165,9 @@ def _row(record: dict[str, Any], file: str, line: int) -> dict[str, Any]:
         except (TypeError, ValueError) as exc:
             raise ResultsError(f"{where}: timings.phases_ms.{name} is not a number ({ms!r})") from exc
     row["tokens_per_s"] = record["timings"].get("tokens_per_s")
+    loss = record.get("loss") or {}
+    curve = loss.get("curve") if isinstance(loss, dict) else None
+    row["loss_curve"] = tuple(float(x) for x in curve) if isinstance(curve, list) else None
     row["_identity"] = run_identity(record)
     row["_group"] = (record["cell"], record["kind"], record["provenance"], row["source"])
     return row

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from canzona.analysis.aggregate import METHOD_ORDER, OURS
+from canzona.analysis.aggregate import METHOD_ORDER, OURS, finite
 from canzona.results.figures import pyplot, save_figure
 
 if TYPE_CHECKING:
@@ -42,102 +42,115 @@ def _source_title(prov: str) -> str:
     tok = dict(t.split("=", 1) for t in prov.replace("(", " ").replace(")", " ").replace(",", " ").split() if "=" in t)
     prof = prov.split("projected on ", 1)[-1].split(" ", 1)[0]
     extra = "".join(f", {k}={tok[k]}" for k in ("cost", "views") if k in tok and tok[k] not in ("flops", "none"))
+    extra = ", authors' setting" if tok.get("variant") == "authors" else extra
     return f"projected: {prof}, overlap={tok.get('overlap', '?')}{extra}"
 
 
-def plot_speedups(table: pd.DataFrame, path: str | Path) -> Path:
-    """Canzona's speedup over each baseline: one column of panels per provenance (measured, each
-    projection view), rows = iteration and optimizer step, x = model, bars = baselines (log y)."""
-    plt = pyplot()
+def _speedup_panels(table: pd.DataFrame) -> list[tuple[str, str, str, list[dict]]]:
+    """(provenance, column suffix, label, rows) for every panel that has at least one value."""
     sp_cols = [c for c in table.columns if c.startswith(f"{OURS} vs ")]
-    t = table[table[sp_cols].notna().any(axis=1)] if sp_cols and not table.empty else table
-    bases = [c.split(" vs ")[1].split(" (")[0] for c in sp_cols if c.endswith("(step)")]
-    sources = list(dict.fromkeys(t["provenance"])) if not t.empty else []
-    n = max(1, len(sources))
-    fig, axes = plt.subplots(2, n, figsize=(max(6.0, 4.6 * n), 8), squeeze=False)
+    if table.empty or not sp_cols:
+        return []
+    panels = []
+    for src in dict.fromkeys(table["provenance"]):
+        t = table[table["provenance"] == src]
+        for col, label in (("iter", "iteration"), ("step", "optimizer step")):
+            cols = [c for c in sp_cols if c.endswith(f"({col})")]
+            rows = [r for r in t.to_dict("records") if any(finite(r.get(c)) for c in cols)]
+            if rows:
+                panels.append((str(src), col, label, rows))
+    return panels
+
+
+def _xlabel(r: dict) -> str:
+    """model, dp·tp·pp, and what else distinguishes the row (optimizer, step benchmark)."""
+    extra = [str(r["optimizer"])] if r.get("optimizer") not in (None, "muon") else []
+    extra += ["bench-step"] if r.get("kind") == "step" else []
+    return "\n".join([str(r["model"]).replace("qwen3-", ""), r["layout (dp·tp·pp = GPUs)"].split(" =")[0], *extra])
+
+
+def plot_speedups(table: pd.DataFrame, path: str | Path) -> Path:
+    """Canzona's speedup over each baseline: one panel per (provenance, timing) that has values
+    (a step benchmark has no iteration panel), x = the rows with a value, bars = baselines (log y)."""
+    plt = pyplot()
+    panels = _speedup_panels(table)
+    bases = [
+        c.split(" vs ")[1].split(" (")[0] for c in table.columns if c.startswith(f"{OURS} vs ") and c.endswith("(step)")
+    ]
+    n = max(1, len(panels))
+    ncol = min(n, 4)
+    nrow = math.ceil(n / ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(max(6.0, 4.6 * ncol), 4.2 * nrow), squeeze=False)
     handles = None
-    for j, src in enumerate(sources or [None]):
-        rows = t[t["provenance"] == src].to_dict("records") if src is not None else []
-        for i, (col, label) in enumerate((("iter", "iteration"), ("step", "optimizer step"))):
-            ax = axes[i][j]
-            width = 0.8 / max(1, len(bases))
-            drawn = False
-            for k, b in enumerate(bases):
-                vals = [r.get(f"{OURS} vs {b} ({col})", math.nan) for r in rows]
-                pts = [
-                    (x + (k - (len(bases) - 1) / 2) * width, v)
-                    for x, v in enumerate(vals)
-                    if v is not None and math.isfinite(v)
-                ]
-                if not pts:
-                    continue
-                drawn = True
-                bars = ax.bar([x for x, _ in pts], [v for _, v in pts], width, label=f"vs {b}", color=COLORS.get(b))
-                ax.bar_label(
-                    bars, labels=[f"{v:.1f}" if v >= 10 else f"{v:.2f}" for _, v in pts], fontsize=6, padding=1
-                )
-            ax.axhline(1.0, color="black", lw=0.8)
-            ax.set_xticks(range(len(rows)))
-            ax.set_xticklabels(
-                [f"{r['model'].replace('qwen3-', '')}\n{r['layout (dp·tp·pp = GPUs)'].split(' =')[0]}" for r in rows],
-                fontsize=7,
-            )
-            if j == 0:
-                ax.set_ylabel(f"{label} speedup (×, log)")
-            ax.set_title(
-                f"{_source_title(str(src)) if src else 'no rows'}\n{label}: baseline ms / canzona ms", fontsize=8
-            )
-            if drawn:
-                ax.set_yscale("log")
-                handles = handles or ax.get_legend_handles_labels()
-            else:
-                ax.text(
-                    0.5, 0.5, "no rows with canzona and a baseline", ha="center", transform=ax.transAxes, fontsize=8
-                )
+    for ax in axes.flat[len(panels) :]:
+        ax.set_visible(False)
+    if not panels:
+        axes[0][0].set_visible(True)
+        axes[0][0].text(0.5, 0.5, "no rows with canzona and a baseline", ha="center", transform=axes[0][0].transAxes)
+    for ax, (src, col, label, rows) in zip(axes.flat, panels, strict=False):
+        present = [b for b in bases if any(finite(r.get(f"{OURS} vs {b} ({col})")) for r in rows)]
+        width = 0.8 / max(1, len(present))
+        for k, b in enumerate(present):
+            pts = [
+                (x + (k - (len(present) - 1) / 2) * width, r[f"{OURS} vs {b} ({col})"])
+                for x, r in enumerate(rows)
+                if finite(r.get(f"{OURS} vs {b} ({col})"))
+            ]
+            bars = ax.bar([x for x, _ in pts], [v for _, v in pts], width, label=f"vs {b}", color=COLORS.get(b))
+            ax.bar_label(bars, labels=[f"{v:.1f}" if v >= 10 else f"{v:.2f}" for _, v in pts], fontsize=6, padding=1)
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_xticks(range(len(rows)))
+        ax.set_xticklabels([_xlabel(r) for r in rows], fontsize=7)
+        ax.set_ylabel(f"{label} speedup (×, log)")
+        ax.set_yscale("log")
+        ax.set_title(f"{_source_title(src)}\n{label}: baseline ms / canzona ms", fontsize=8)
+        got = ax.get_legend_handles_labels()
+        if handles is None or len(got[0]) > len(handles[0]):
+            handles = got
     fig.suptitle("Canzona speedup over each baseline (×, higher is better; x: model, dp·tp·pp)")
-    fig.tight_layout(rect=(0, 0, 1, 0.96))
-    if handles:
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    if handles and handles[0]:
         fig.legend(*handles, loc="upper right", ncol=len(handles[0]), fontsize=8)
     return save_figure(fig, path)
 
 
 def plot_phases(cells: pd.DataFrame, path: str | Path, max_panels: int = 6) -> Path:
-    """Stacked step-time phases (ms) per method, one panel per (model, layout, kind, provenance);
-    each phase keeps its colour across panels. Measured phases are the runtime's timers (max
-    across ranks, waits included); projected ones come from the same accounting."""
+    """Step-time phases per method, one panel per (model, layout, kind, provenance).
+
+    Only disjoint phases are stacked (``PHASE_ORDER``; never the runtime's ``total``), each in
+    one colour across all panels; the step itself is a black marker. Measured phases are the
+    runtime's timers, each the max across ranks (waits included), so the stack can exceed the
+    step. A method that reports no phases (Megatron's own Muon reports only its total) shows
+    the marker alone. Projected rows appear in the overlap=none view only (the megatron view
+    moves DP communication outside the step).
+    """
     from canzona.analysis.aggregate import ROW_KEY
 
     plt = pyplot()
-    # Panels: rows with at least two methods; projected rows only in the overlap=none view, whose
-    # phases are the runtime's (the megatron view moves DP communication outside the step).
     groups = [
         (k, g)
         for k, g in cells.groupby(list(ROW_KEY), sort=False, dropna=False)
         if g["method"].nunique() >= 2 and "overlap=megatron" not in str(dict(zip(ROW_KEY, k, strict=True))["source"])
-    ]
-    groups = groups[:max_panels]
+    ][:max_panels]
     n = max(1, len(groups))
     fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 5), squeeze=False)
-    for ax, (key, g) in zip(axes[0], groups, strict=True):
+    if not groups:
+        axes[0][0].text(0.5, 0.5, "no rows with two or more methods", ha="center", transform=axes[0][0].transAxes)
+    seen: dict[str, object] = {}
+    for ax, (key, g) in zip(axes[0], groups, strict=False):
         k = dict(zip(ROW_KEY, key, strict=True))
         g = g.set_index("method")
         methods = [m for m in METHOD_ORDER if m in g.index] + sorted(set(g.index) - set(METHOD_ORDER))
         bottom = [0.0] * len(methods)
-        phases = [p for p in PHASE_ORDER if f"phase_{p}" in g] + sorted(
-            c[len("phase_") :] for c in g.columns if c.startswith("phase_") and c[len("phase_") :] not in PHASE_ORDER
-        )
-        any_phase = False
-        for p in phases:
-            vals = [
-                float(g.loc[m, f"phase_{p}"]) if math.isfinite(float(g.loc[m, f"phase_{p}"])) else 0.0 for m in methods
-            ]
+        for p in PHASE_ORDER:
+            col = f"phase_{p}"
+            vals = [float(g.loc[m, col]) if col in g and finite(g.loc[m, col]) else 0.0 for m in methods]
             if sum(vals) <= 0:
                 continue
-            any_phase = True
-            ax.bar(methods, vals, bottom=bottom, label=p, color=PHASE_COLORS.get(p))
+            seen[p] = ax.bar(methods, vals, bottom=bottom, color=PHASE_COLORS[p], label=p)
             bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
-        if not any_phase:  # no phase breakdown: show the step total
-            ax.bar(methods, [float(g.loc[m, "step_ms"]) for m in methods], label="step (no phases)")
+        steps = [float(g.loc[m, "step_ms"]) for m in methods]
+        seen["step"] = ax.scatter(methods, steps, marker="D", color="black", zorder=3, label="step (median)")
         ax.set_ylabel("ms per optimizer step")
         ax.set_title(
             f"{k['model']} dp{k['dp']}·tp{k['tp']}·pp{k['pp']} ({k['kind']})\n"
@@ -145,11 +158,10 @@ def plot_phases(cells: pd.DataFrame, path: str | Path, max_panels: int = 6) -> P
             fontsize=8,
         )
         ax.tick_params(axis="x", labelrotation=30, labelsize=8)
-        ax.legend(fontsize=7)
-    if not groups:
-        axes[0][0].text(0.5, 0.5, "no cells", ha="center")
-    fig.suptitle("Step-time phases per method (ms, stacked)")
-    fig.tight_layout()
+    if seen:
+        fig.legend(list(seen.values()), list(seen), loc="upper right", ncol=len(seen), fontsize=7)
+    fig.suptitle("Step-time phases per method (ms; each phase max over ranks, stacked; ◆ = step)")
+    fig.tight_layout(rect=(0, 0, 1, 0.92))
     return save_figure(fig, path)
 
 
@@ -172,6 +184,40 @@ def plot_gpu_load(loads: dict[str, Sequence[float]], lower_bound: float, path: s
     return save_figure(fig, path)
 
 
+PROFILE_COLORS = {"H800": "#1f77b4", "H100": "#ff7f0e", "A100": "#2ca02c", "H200": "#d62728"}
+MARKED_BATCHES = {"our batch 256×4096": 256 * 4096, "authors' 128×2048": 128 * 2048}
+
+
+def plot_batch(batch: pd.DataFrame, path: str | Path, target: float = 1.57) -> Path:
+    """Iteration speedup against tokens per iteration (``projection_batch.csv``): one line per
+    profile (colour) and overlap view (solid: none, dashed: megatron), the claim as a horizontal
+    line, a cross where each curve last reaches it, and our and the authors' batches marked."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8.5, 5))
+    grid = batch[batch["point"] == "grid"]
+    reach = batch[batch["point"] == "reach"]
+    for (prof, ov), g in grid.groupby(["profile", "overlap"], sort=False):
+        style = "-" if ov == "none" else "--"
+        color = PROFILE_COLORS.get(str(prof))
+        ax.plot(g["tokens"], g["speedup_iteration"], style, color=color, label=f"{prof}, overlap={ov}", lw=1.6)
+        r = reach[(reach["profile"] == prof) & (reach["overlap"] == ov)]
+        if len(r) and finite(float(r["tokens"].iloc[0])):
+            ax.plot(float(r["tokens"].iloc[0]), target, "x", color=color, ms=9, mew=2)
+    ax.axhline(target, color="black", lw=1, ls=":", label=f"paper {target:g}× (× = largest batch reaching it)")
+    for label, t in MARKED_BATCHES.items():
+        ax.axvline(t, color="grey", lw=0.8, ls="-.")
+        ax.text(t, ax.get_ylim()[1], label, rotation=90, va="top", ha="right", fontsize=7, color="grey")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tokens per iteration (log)")
+    ax.set_ylabel("iteration speedup, canzona vs layer-wise (×)")
+    model = grid["model"].iloc[0] if len(grid) else "?"
+    layout = grid["layout"].iloc[0] if len(grid) else "?"
+    ax.set_title(f"Projected iteration speedup vs batch, {model} dp·tp·pp {layout} (our setting)", fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
 ALGO_STYLE = {
     "blend": ("authors' blend", "o-"),
     "greedy": ("greedy (ours)", "s--"),
@@ -180,10 +226,16 @@ ALGO_STYLE = {
 
 
 def plot_alpha(curve: pd.DataFrame, path: str | Path, title: str) -> Path:
-    """α trade-off per DP algorithm: compute imbalance, slice-bytes imbalance and (with a profile)
-    the projected step, each against α."""
+    """α trade-off per DP algorithm: compute imbalance; slice-bytes imbalance summed over buckets
+    beside the worst single bucket's padded collective (a bucket's uneven slices, padded to its
+    longest, against equal slices: what one collective costs even when the sum looks balanced);
+    and (with a profile) the projected step, each against α."""
     plt = pyplot()
-    panels = [("compute_balance", "compute max/mean (×)"), ("comm_balance", "DP slice bytes max/mean (×)")]
+    panels = [
+        ("compute_balance", "compute max/mean (×)"),
+        ("comm_balance", "DP slice bytes max/mean, summed over buckets (×)"),
+        ("worst_bucket_padding", "worst bucket: padded / equal slices (×)"),
+    ]
     if "step_ms" in curve:
         panels.append(("step_ms", "projected step (ms)"))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.3), squeeze=False)
@@ -195,7 +247,8 @@ def plot_alpha(curve: pd.DataFrame, path: str | Path, title: str) -> Path:
             ax.axhline(float(curve["lower_bound"].iloc[0]), color="red", ls="--", lw=1, label="lower bound")
         ax.set_xlabel("α (0 = equal slices, 1 = balance compute)")
         ax.set_ylabel(label)
-        ax.set_yscale("log") if col != "step_ms" else None
+        if col != "step_ms":
+            ax.set_yscale("log")
         ax.legend(fontsize=7)
         ax.set_title(label, fontsize=9)
     fig.suptitle(title)
@@ -228,6 +281,19 @@ def gpu_load_data(
             costs = [it.cost for it in p.items]
             bound = max(bound, max(sum(costs) / (dp * tp), max(costs, default=0.0)))
     return loads, bound
+
+
+def worst_bucket_padding(plans: Sequence[object]) -> float:
+    """Largest, over stages and buckets, of (DP x the bucket's longest slice) / bucket size: how
+    much larger than an equal split one padded collective is (1 = equal slices; plans without
+    cuts: 1)."""
+    worst = 1.0
+    for p in plans:
+        for b, c in zip(p.dp.buckets, p.dp.cuts, strict=False):
+            widths = [c[r + 1] - c[r] for r in range(len(c) - 1)]
+            if b.size:
+                worst = max(worst, len(widths) * max(widths) / b.size)
+    return worst
 
 
 def alpha_curve(
@@ -271,6 +337,7 @@ def alpha_curve(
                 "comm_balance": met["comm_balance"],
                 "lower_bound": met["lower_bound"],
                 "padding_bytes": met["padding_bytes"],
+                "worst_bucket_padding": worst_bucket_padding(plans),
             }
             if prof is not None:
                 row["step_ms"] = project(s, prof, plans).step_ms
@@ -288,8 +355,10 @@ def write_figures(
     tp: int = 8,
     pp: int = 1,
     profile: str | None = "H800",
+    batch: pd.DataFrame | None = None,
 ) -> dict[str, Path]:
-    """All four figures into ``out_dir``; the planner figures use (model, dp, tp, pp)."""
+    """The figures into ``out_dir``: speedups, phases, gpu_load, alpha, and batch when ``batch``
+    (``projection_batch.csv``) is given; the planner figures use (model, dp, tp, pp)."""
     out = Path(out_dir)
     if not cells.empty:  # phase panels: measured rows first, then the figure's model, then the rest
         order = cells.apply(lambda r: (r["provenance"] != "measured", r["model"] != model), axis=1)
@@ -312,4 +381,6 @@ def write_figures(
         f"α trade-off of Canzona's DP partition, {model} dp{dp}·tp{tp}·pp{pp}"
         + (f" (step projected on {profile}, overlap=none)" if profile else ""),
     )
+    if batch is not None and not batch.empty:
+        files["batch"] = plot_batch(batch, out / "batch.png")
     return files

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from canzona.analysis.aggregate import BASELINES, METHOD_ORDER, OURS, ROW_KEY, aggregate_cells, speedups
+from canzona.analysis.aggregate import BASELINES, METHOD_ORDER, OURS, ROW_KEY, aggregate_cells, finite, speedups
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -54,6 +54,7 @@ def build_table2(cells: pd.DataFrame) -> pd.DataFrame:
             "model": k["model"],
             LAYOUT_COL: f"{k['dp']}·{k['tp']}·{k['pp']} = {first['world']}",
             "optimizer": k["optimizer"],
+            "ns_dtype": k["ns_dtype"] if isinstance(k["ns_dtype"], str) else math.nan,
             "seq_len": k["seq_len"],
             "global_batch": k["global_batch"],
             "kind": k["kind"],
@@ -165,7 +166,7 @@ def table2_sections(table: pd.DataFrame, headline_profile: str = "H800") -> list
         "",
         "Overlap view `none`: the runtime's step (nothing hidden under fwd/bwd; what bench-step times). "
         "View `megatron`: Megatron's optimizer timer with overlap_grad_reduce / overlap_param_gather "
-        "(see canzona/analysis/projection.py).",
+        "(see canzona/analysis/projection/overlap.py).",
         "",
         table2_markdown(_drop_empty(head)) if not head.empty else f"_No rows projected on {headline_profile}._",
         "",
@@ -176,10 +177,112 @@ def table2_sections(table: pd.DataFrame, headline_profile: str = "H800") -> list
     return out
 
 
+HEADLINE_MODEL = "qwen3-32b"
+
+
+def headline_rows(table: pd.DataFrame, profile: str = "H800") -> pd.DataFrame:
+    """The rows of the headline table: every measured row, and the projected Qwen3-32B Muon rows
+    on ``profile`` (both overlap views, ours and the authors' setting)."""
+    if table.empty:
+        return table
+    prov = table["provenance"].astype(str)
+    proj = (prov.map(_profile_of) == profile) & (table["model"] == HEADLINE_MODEL) & (table["optimizer"] == "muon")
+    compared = table[[c for c in table.columns if f"{OURS} vs " in c]].notna().any(axis=1)
+    return table[prov.str.startswith("measured") | (proj & compared)]
+
+
+def _condition(prov: str) -> str:
+    if prov.startswith("measured on "):
+        rest = prov[len("measured on ") :]
+        backend = rest.rsplit("(", 1)[-1].rstrip(")") if rest.endswith(")") else ""
+        device = rest.split(":")[0].split(" (")[0]
+        return f"measured ({device}{', ' + backend if backend else ''})"
+    tok = dict(t.split("=", 1) for t in prov.replace("(", " ").replace(")", " ").replace(",", " ").split() if "=" in t)
+    setting = ", authors' setting" if tok.get("variant") == "authors" else ""
+    return f"projected on {_profile_of(prov)}, overlap={tok.get('overlap', '?')}{setting}"
+
+
+def headline_markdown(table: pd.DataFrame, profile: str = "H800") -> str:
+    """The compact table results/table2.md opens with: model and layout, condition, batch, per
+    method step / iteration ms, then Canzona's speedup over each baseline (step / iteration)."""
+    rows = headline_rows(table, profile)
+    if rows.empty:
+        return "_No result lines were found._"
+    methods = [m for m in METHOD_ORDER if f"{m} step ms" in rows and rows[f"{m} step ms"].notna().any()]
+    has = lambda col: col in rows and rows[col].notna().any()
+    bases = [m for m in methods if m != OURS and (has(f"{OURS} vs {m} (step)") or has(f"{OURS} vs {m} (iter)"))]
+    pair = lambda a, b, f: f"{f(a)} / {f(b)}"
+    out = []
+    for r in rows.to_dict("records"):
+        batch = f"{int(r['global_batch'])}×{int(r['seq_len'])}" if finite(r.get("global_batch")) else "–"
+        ns = r.get("ns_dtype") if isinstance(r.get("ns_dtype"), str) else "–"
+        line = [r["model"], r[LAYOUT_COL].split(" =")[0], _condition(str(r["provenance"])), r["kind"], batch, ns]
+        line += [pair(r.get(f"{m} step ms"), r.get(f"{m} iter ms"), fmt_ms) for m in methods]
+        line += [pair(r.get(f"{OURS} vs {b} (step)"), r.get(f"{OURS} vs {b} (iter)"), fmt_speedup) for b in bases]
+        out.append(line)
+    header = ["model", "dp·tp·pp", "condition", "kind", "batch (seq × len)", "NS"]
+    header += [f"{m} step / iter ms" for m in methods] + [f"{OURS} vs {b} step / iter" for b in bases]
+    return markdown_table(header, out)
+
+
+def batch_markdown(batch: pd.DataFrame, target: float = 1.57) -> str:
+    """Iteration speedup against tokens per iteration (``projection_batch.csv``): one column per
+    profile and overlap view, bold where the claim is reached, and the largest batch reaching it."""
+    from canzona.analysis.report import human_tokens
+
+    grid = batch[batch["point"] == "grid"]
+    reach = batch[batch["point"] == "reach"]
+    cols = list(dict.fromkeys(zip(grid["profile"], grid["overlap"], strict=True)))
+    rows = []
+    for t, g in grid.groupby("tokens", sort=True):
+        by = {(r["profile"], r["overlap"]): r["speedup_iteration"] for r in g.to_dict("records")}
+        cells = [by.get(c, math.nan) for c in cols]
+        rows.append([human_tokens(float(t))] + [f"**{v:.2f}×**" if v >= target else fmt_speedup(v) for v in cells])
+    by = {(r["profile"], r["overlap"]): r["tokens"] for r in reach.to_dict("records")}
+    rows.append([f"{target:g}× reached up to"] + [human_tokens(float(by.get(c, math.nan))) for c in cols])
+    header = ["tokens per iteration"] + [f"{p} {o}" for p, o in cols]
+    return markdown_table(header, rows)
+
+
 def _drop_empty(df: pd.DataFrame) -> pd.DataFrame:
     """Drop method / speedup columns with no value in any row of this section."""
     keep = [c for c in df.columns if not ((c.endswith(" ms") or " vs " in c) and df[c].isna().all())]
     return df[keep]
+
+
+def sensitivity_markdown(sens: pd.DataFrame) -> str:
+    """The sensitivity CSV as a Markdown section."""
+    header = list(sens.columns)
+    rows = [
+        [fmt_speedup(v) if str(h).startswith("speedup") else v for h, v in zip(header, rec, strict=True)]
+        for rec in sens.itertuples(index=False)
+    ]
+    return "\n".join(
+        [
+            "## Projection sensitivity (Qwen3-32B, 256 GPUs)",
+            "",
+            "Canzona's projected speedup over the layer-wise baseline as single assumptions change "
+            "(written by `canzona project --preset paper`).",
+            "",
+            markdown_table(header, rows),
+            "",
+        ]
+    )
+
+
+HOW_MADE = [
+    "## How these numbers were made",
+    "",
+    "- Lines sharing (cell, kind, provenance, source) are repetitions: median of run medians, "
+    "p90 of run p90s, summed n (`cells.csv` has all three per cell).",
+    "- The same run twice, or two lines of one cell that differ in world / alpha / dtype / bucket_size / "
+    "micro_batch / cost / overlap / variant, stop the build with an error naming the lines.",
+    "- Measured rows come from result lines written by the harness / benchmarks; projected rows from "
+    "`canzona project` (see `canzona/analysis/projection/` and `canzona/analysis/profiles/`).",
+    "- Each line records the code it came from (`env.git_commit`: the commit, plus a hash of the diff when the "
+    "tree was not clean); `cells.csv` lists the lines and commits of every cell.",
+    "",
+]
 
 
 def write_table2(
@@ -187,17 +290,22 @@ def write_table2(
     out_dir: str | Path,
     *,
     validation: pd.DataFrame | None = None,
+    batch: pd.DataFrame | None = None,
+    sensitivity: pd.DataFrame | None = None,
+    planner: pd.DataFrame | None = None,
     command: str = "canzona table2",
     extra_sections: Sequence[str] = (),
     headline_profile: str = "H800",
 ) -> dict[str, Path]:
     """Load, aggregate and write ``table2.csv``, ``table2.md`` and ``cells.csv`` into ``out_dir``.
 
-    ``table2.md`` starts with the reproduction report (``canzona.analysis.report``), then the
-    table sections (``table2_sections``), the projection validation (if given), any extra
-    sections and the aggregation rules.
+    ``table2.md`` opens with the compact headline table, then the reproduction report (claims
+    with conditions, ``canzona.analysis.report``) and the projection's error, the iteration
+    speedup against the batch (``batch``), the long tables (``table2_sections``), the
+    sensitivity study, any extra sections and the aggregation rules.
     """
     from canzona.analysis.load import load_results
+    from canzona.analysis.local_structure import structure_markdown
     from canzona.analysis.report import claims_report
     from canzona.results.schema import write_atomic
 
@@ -213,21 +321,36 @@ def write_table2(
         "",
         f"_Generated by `{command}`; do not edit by hand. Inputs: {', '.join(str(r) for r in results)}._",
         "",
-        claims_report(cells, validation=validation, headline_profile=headline_profile),
+        "## Headline",
+        "",
+        f"Every measured row, and Qwen3-32B on 256 GPUs projected on {headline_profile}. Cells: step / iteration "
+        "ms (median over runs of each run's median); speedup = baseline ms / canzona ms (> 1: Canzona faster). "
+        "NS: the Newton–Schulz number format. The long tables are below and in `table2.csv`.",
+        "",
+        headline_markdown(table, headline_profile),
+        "",
+        claims_report(cells, validation=validation, batch=batch, planner=planner),
         "",
     ]
+    if batch is not None and not batch.empty:
+        parts += [
+            "## Iteration speedup against the batch (projected, Qwen3-32B, 256 GPUs)",
+            "",
+            "Canzona vs layer-wise per hardware profile and overlap view, our setting, tokens per iteration varied "
+            "(fwd/bwd = 6·N·tokens at the profile's MFU; the optimizer step does not depend on the batch). Bold: "
+            "the paper's 1.57× is reached. Written by `canzona project --preset paper` (`projection_batch.csv`); "
+            "figure `figures/batch.png`.",
+            "",
+            batch_markdown(batch),
+            "",
+        ]
+    structure = structure_markdown(cells, validation)
+    if structure:
+        parts.append(structure)
     parts += table2_sections(table, headline_profile)
+    if sensitivity is not None and not sensitivity.empty:
+        parts.append(sensitivity_markdown(sensitivity))
     parts.extend(extra_sections)
-    parts += [
-        "## How these numbers were made",
-        "",
-        "- Lines sharing (cell, kind, provenance, source) are repetitions: median of run medians, "
-        "p90 of run p90s, summed n (`cells.csv` has all three per cell).",
-        "- The same run twice, or two lines of one cell that differ in world / alpha / dtype / bucket_size / "
-        "micro_batch / cost / overlap, stop the build with an error naming the lines.",
-        "- Measured rows come from result lines written by the harness / benchmarks; projected rows from "
-        "`canzona project` (see `canzona/analysis/projection.py` and `canzona/analysis/profiles/`).",
-        "",
-    ]
+    parts += HOW_MADE
     write_atomic(files["table2.md"], "\n".join(parts))
     return files

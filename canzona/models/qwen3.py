@@ -38,6 +38,10 @@ MODELS: dict[str, TransformerConfig] = {
         Qwen3Config("qwen3-tiny", 4, 384, 1024, 8, 4, head_dim=64, vocab=4096),
         # qwen3-micro: unit tests and multi-process exactness checks.
         Qwen3Config("qwen3-micro", 2, 64, 128, 4, 2, head_dim=32, vocab=256),
+        # qwen3-32b-w16: Qwen3-32B's layer at 1/16 of its width (every dimension, so matrix costs keep
+        # 32B's spread), ONE layer: 4 matrices on 4 CPU ranks is 32B's one matrix per GPU on 256;
+        # run with --bucket-size 156250 (40M / 16²) so each bucket holds one matrix, as 32B's do.
+        Qwen3Config("qwen3-32b-w16", 1, 320, 1600, 16, 2, head_dim=32, vocab=9496),
     )
 }
 

@@ -33,6 +33,7 @@ from canzona.errors import ConfigError
 from canzona.models import Model, ParamSpec, get_model, list_params
 from canzona.plan.bucket_metrics import padding_floor
 from canzona.plan.buckets import build_buckets, matrix_chunks, packed_bucket, resolve_bucket_size
+from canzona.plan.coop import COOP_PROFILES, applies, check_ownership, plan_cooperative
 from canzona.plan.dp import make_problem
 from canzona.plan.strategies import STRATEGIES, get_strategy, resolve_algo
 from canzona.plan.tp import TP_MODES, check_tp_mode, schedule_tp
@@ -68,7 +69,13 @@ def resolve_config(config: PlanConfig) -> PlanConfig:
             f"tp mode {mode!r} does not go with strategy {config.strategy!r}: 'shard' is zero's element-wise "
             f"reference and zero has no other; choose from {', '.join(m for m in TP_MODES if m != 'shard')}"
         )
-    return replace(config, alpha=float(a), dp_algo=algo, tp_mode=mode)
+    profile = config.coop_profile or "nvlink"
+    if profile not in COOP_PROFILES:
+        raise ConfigError(f"unknown coop_profile {config.coop_profile!r}; choose one of {', '.join(COOP_PROFILES)}")
+    coop = applies(config.strategy, config.optimizer, config.cost, config.cooperative) and mode == "global"
+    if config.coop_force and not coop:
+        raise ConfigError("coop_force needs cooperation: strategy canzona, optimizer muon, cost flops, TP mode global")
+    return replace(config, alpha=float(a), dp_algo=algo, tp_mode=mode, cooperative=coop, coop_profile=profile)
 
 
 def make_items(params: Sequence[ParamSpec], cost_model: CostModel, ep: int = 1) -> tuple[PlanItem, ...]:
@@ -159,10 +166,11 @@ def make_plan(
             f"got {cfg.strategy} / {cfg.dp_algo} / {cfg.dp_layout}"
         )
     buckets = matrix_buckets(params, items, layout, cfg)
-    padded = cfg.dp_layout == "padded" and cfg.dp_algo in strategy.chunked_algos
-    problem = make_problem(
-        items, buckets, layout.dp, layout.tp, cfg.tp_mode, layout="padded" if padded else "exact", ep=layout.ep
-    )
+    if cfg.cooperative:
+        plan = _cooperative_plan(params, items, buckets, layout, cfg, cost_model, t0)
+        if plan is not None:
+            return plan
+    problem = make_problem(items, buckets, layout.dp, layout.tp, cfg.tp_mode, layout=cfg.dp_layout, ep=layout.ep)
     dpp = strategy.planner(problem, items, cfg.dp_algo, cfg.alpha)
     tps = schedule_tp(
         items,
@@ -177,6 +185,30 @@ def make_plan(
     return Plan(
         layout, cfg, items, dpp, tps, input_hash(layout, cfg, items), time.perf_counter() - t0, work=problem.work
     )
+
+
+def _cooperative_plan(
+    params: Sequence[ParamSpec],
+    items: tuple[PlanItem, ...],
+    buckets: tuple[Bucket, ...],
+    layout: Layout,
+    cfg: PlanConfig,
+    cost_model: CostModel,
+    t0: float,
+) -> Plan | None:
+    """The stage's plan with cooperative groups (``canzona.plan.coop``), or None when no matrix pays
+    for one. At TP = 1 the groups are cut at block boundaries into contiguous slices, which needs the
+    exact layout's buckets; at TP > 1 a cooperative matrix is planned as one item in either layout."""
+    if layout.tp == 1 and cfg.dp_layout != "exact":
+        cfg = replace(cfg, dp_layout="exact")
+        buckets = matrix_buckets(params, items, layout, cfg)
+    together = plan_cooperative(items, buckets, layout, cfg, cost_model.settings)
+    if together is None:
+        return None
+    dpp, tps, total, groups = together
+    plan = Plan(layout, cfg, total, dpp, tps, input_hash(layout, cfg, items), time.perf_counter() - t0, coop=groups)
+    check_ownership(plan)
+    return plan
 
 
 def plan_model(

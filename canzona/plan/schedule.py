@@ -35,10 +35,11 @@ from dataclasses import dataclass, field
 
 from canzona.errors import ConfigError
 from canzona.plan.comm import NCCL, CommModel
-from canzona.plan.types import Bucket, Layout, Plan
+from canzona.plan.types import Bucket, CoopGroup, Layout, Plan
 
 DP_MODES = ("native", "uneven", "per-root")
 REQUESTABLE_MODES = ("auto", *DP_MODES)
+FP32_BYTES = 4  # cooperative Grams are reduced in fp32
 SLICE_ALIGN = 128  # elements: every padded slice starts 256-byte aligned for bf16 (Megatron's lcm(dp, 128))
 
 
@@ -54,6 +55,8 @@ class LowerSettings:
     tp_partial: frozenset[str] = frozenset()  # replicated params whose grad is a partial sum per TP rank
     norm_check: bool = True  # one global all-reduce per step (grad norm + non-finite flag)
     global_world: int | None = None  # ranks of the norm's group (every stage); None: this stage's dp·tp
+    ns_steps: int = 5  # cooperative Newton–Schulz rounds: the Muon config's iterations ...
+    ns_restarts: tuple[int, ...] = ()  # ... and Gram restarts (one Gram all-reduce each)
 
     def __post_init__(self) -> None:
         if self.collective_mode not in REQUESTABLE_MODES:
@@ -106,6 +109,7 @@ class ExecSpec:
     kind: str
     names: tuple[str, ...]
     groups: tuple[tuple[tuple[str, int], ...], ...] = ()
+    coop: tuple[CoopGroup, ...] = ()  # kind ``cooperative``: the groups this rank is a member of
 
     def computed_by(self, tp_rank: int) -> tuple[str, ...]:
         if self.kind != "micro-group":
@@ -239,14 +243,25 @@ def bucket_layouts(
 
 
 # ----------------------------------------------------------------------------- executors
+def coop_comm_key(g: CoopGroup) -> str:
+    """The communicator of a cooperative group: the owner's TP group, or an aligned DP sub-group."""
+    if g.members[0][1] != g.members[-1][1]:
+        return "tp"
+    return f"dp{g.members[0][0]}+{g.k}"
+
+
 def executor_specs(plan: Plan, dp_rank: int) -> tuple[ExecSpec, ...]:
     """The one mapping from a plan to executors, for the matrices DP rank ``dp_rank`` owns."""
     tp = plan.layout.tp
     owners = plan.dp.owner_map()
-    mine = [it for it in plan.items if dp_rank in owners[it.name]]
+    coop = tuple(g for g in plan.coop if any(d == dp_rank for d, _ in g.members))
+    together = {g.name for g in coop}
+    mine = [it for it in plan.items if dp_rank in owners[it.name] and it.name not in together]
     split = [it.name for it in mine if tp > 1 and it.partition_dim is not None]
     local = tuple(it.name for it in mine if it.name not in set(split))
     specs = [ExecSpec("local", local)] if local else []
+    if coop:
+        specs.append(ExecSpec("cooperative", tuple(g.name for g in coop), coop=coop))
     if not split:
         return tuple(specs)
     if plan.tp.mode == "sc":
@@ -275,6 +290,26 @@ def _dp_calls(b: BucketLayout, phase: str, dp: int, elem: int) -> list[CommOp]:
         ]
     width = b.regions[0][1] - b.regions[0][0] if b.mode == "native" else padded_width([hi - lo for lo, hi in b.regions])
     return [CommOp(phase, kind, "dp", dp * width * elem, b.tag)]
+
+
+def _coop_calls(spec: ExecSpec, plan: Plan, settings: LowerSettings) -> list[CommOp]:
+    """Per (communicator, form) — as canzona.runtime.coop_exec runs them — the re-blocking
+    all-to-all when needed, the Gram all-reduces (standard: one per iteration; Gram: R₀ plus one per
+    restart) of ALL the group's matrices at once, and the all-to-all back."""
+    items = {it.name: it for it in plan.items}
+    classes: dict[tuple[str, str], list[CoopGroup]] = {}
+    for g in sorted(spec.coop, key=lambda g: g.name):
+        classes.setdefault((coop_comm_key(g), g.form), []).append(g)
+    ops = []
+    for (key, form), gs in sorted(classes.items()):
+        group = "tp" if key == "tp" else "coop"
+        gram = sum(min(items[g.name].shape) ** 2 for g in gs) * FP32_BYTES
+        regroup = sum(items[g.name].numel // g.k for g in gs if g.regroup) * FP32_BYTES
+        rounds = settings.ns_steps if form == "standard" else 1 + len(settings.ns_restarts)
+        ops += [CommOp("coop", "all_to_all", group, regroup, key)] if regroup else []
+        ops += [CommOp("coop", "all_reduce", group, gram, key) for _ in range(rounds)]
+        ops += [CommOp("coop", "all_to_all", group, regroup, key)] if regroup else []
+    return ops
 
 
 def _tp_calls(spec: ExecSpec, plan: Plan, tp_rank: int, elem: int) -> list[CommOp]:
@@ -351,7 +386,10 @@ def lower(
     if settings.norm_check and (settings.global_world or dp * tp) > 1:
         ops.append(CommOp("norm", "all_reduce", "global", 8, "norm"))
     for spec in execs:
-        ops += _tp_calls(spec, plan, tp_rank, settings.tp_bytes)
+        if spec.kind == "cooperative":
+            ops += _coop_calls(spec, plan, settings)
+        else:
+            ops += _tp_calls(spec, plan, tp_rank, settings.tp_bytes)
     for b in reversed(matrix):
         ops += _dp_calls(b, "param_sync", dp, p)
     if gather is not None and plan is not None:

@@ -30,8 +30,8 @@ from canzona.errors import ConfigError
 from canzona.plan import dp_baselines as base
 from canzona.plan import dp_canzona as cz
 from canzona.plan import dp_padded as pad
-from canzona.plan.dp import DPProblem, owner_plan
-from canzona.plan.types import DPPlan, PlanItem
+from canzona.plan.dp import DPProblem, make_problem, owner_plan
+from canzona.plan.types import Bucket, DPPlan, PlanItem
 
 Planner = Callable[[DPProblem, Sequence[PlanItem], str, float], DPPlan]
 
@@ -111,6 +111,25 @@ def resolve_algo(strategy: str, algo: str | None) -> str:
     if algo not in known:
         raise ConfigError(f"unknown dp algorithm {algo!r}; known: {', '.join(known)}")
     raise ConfigError(f"dp algorithm {algo!r} does not apply to strategy {strategy!r}; valid: {', '.join(s.algos)}")
+
+
+def plan_dp(
+    items: Sequence[PlanItem],
+    buckets: tuple[Bucket, ...],
+    dp: int,
+    tp: int,
+    strategy: str,
+    algo: str,
+    alpha: float,
+    tp_mode: str,
+    *,
+    layout: str = "exact",
+    ep: int = 1,
+) -> DPPlan:
+    """Run a registered strategy on prepared items and buckets (callers that re-price items, such as
+    cooperative planning, which plans a cooperative matrix as one replicated item at its member cost)."""
+    p = make_problem(items, buckets, dp, tp, tp_mode, layout=layout, ep=ep)
+    return get_strategy(strategy).planner(p, items, resolve_algo(strategy, algo), alpha)
 
 
 # --------------------------------------------------------------------------- built-in planners

@@ -147,6 +147,22 @@ class MicroGroup:
 
 
 @dataclass(frozen=True)
+class CoopGroup:
+    """One matrix orthogonalised by a GROUP of GPUs (canzona.plan.coop): its members as (DP, TP)
+    coordinates in block order along the long side, the Newton–Schulz form the members run, and
+    whether the blocks need one all-to-all each way (TP = 1, long side = columns)."""
+
+    name: str
+    members: tuple[tuple[int, int], ...]
+    form: str
+    regroup: bool = False
+
+    @property
+    def k(self) -> int:
+        return len(self.members)
+
+
+@dataclass(frozen=True)
 class TPSchedule:
     """Per DP rank, the micro-groups of the TP-sharded matrices it owns.
 
@@ -189,6 +205,11 @@ class PlanConfig:
     capacity_bytes: int | None = None
     grad_dtype_bytes: int = 4
     dp_layout: str = "auto"
+    cooperative: bool = True  # canzona + Muon + FLOPs cost: groups for matrices above the mean
+    coop_profile: str | None = (
+        None  # where cooperation is priced: nvlink | cpu; None: nvlink offline, the backend's at run time
+    )
+    coop_force: tuple[tuple[str, int], ...] = ()  # (matrix, k) groups taken as given (experiments, tests)
 
 
 @dataclass(frozen=True)
@@ -201,6 +222,7 @@ class Plan:
     input_hash: str
     planner_seconds: float = field(default=0.0, compare=False)
     work: int = field(default=0, compare=False)  # planner work items (deterministic; tests bound it)
+    coop: tuple[CoopGroup, ...] = ()  # cooperative matrices (canzona.plan.coop); empty: one owner each
 
     def item(self, name: str) -> PlanItem:
         for it in self.items:
@@ -238,7 +260,7 @@ class Plan:
         tp = d["tp"]
         return cls(
             layout=Layout(**d["layout"]),
-            config=PlanConfig(**d["config"]),
+            config=PlanConfig(**{**d["config"], "coop_force": tup(d["config"].get("coop_force", []))}),
             items=tuple(
                 PlanItem(i["name"], tup(i["shape"]), i["partition_dim"], i["cost"], i.get("ep_rank"))
                 for i in d["items"]
@@ -265,6 +287,9 @@ class Plan:
             input_hash=d["input_hash"],
             planner_seconds=d.get("planner_seconds", 0.0),
             work=d.get("work", 0),
+            coop=tuple(
+                CoopGroup(c["name"], tup(c["members"]), c["form"], c.get("regroup", False)) for c in d.get("coop", [])
+            ),
         )
 
     @classmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import os
 import platform
 import socket
@@ -16,22 +17,40 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def git_commit() -> str:
-    """HEAD of the checkout Canzona runs from, suffixed ``-dirty`` when tracked files changed; "unknown" outside git."""
+# Paths the runs themselves write (result lines, tables, sweep state): changing them never
+# changes the code that produced a number, so they do not make a tree "dirty".
+OUTPUT_PATHS = ("results", "runs")
+
+
+def _git(root: Path, *args: str) -> bytes:
+    return subprocess.run(["git", *args], cwd=root, capture_output=True, timeout=30, check=True).stdout
+
+
+def git_commit(root: Path = REPO_ROOT) -> str:
+    """The code a number came from: HEAD for a clean checkout, ``<HEAD>-dirty-<hash>`` otherwise.
+
+    Why a hash: "-dirty" alone ties no number to any code. The hash (sha256, 12 hex digits)
+    covers the diff of tracked files against HEAD and the paths and contents of untracked,
+    not-ignored files, so two runs of the same uncommitted code carry the same value and
+    anyone holding the diff can check it. ``OUTPUT_PATHS`` are left out. "unknown" outside git.
+    """
+    exclude = [f":(exclude){p}" for p in OUTPUT_PATHS]
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-        return head + ("-dirty" if dirty else "")
+        head = _git(root, "rev-parse", "HEAD").decode().strip()
+        diff = _git(root, "diff", "HEAD", "--binary", "--", ".", *exclude)
+        untracked = _git(root, "ls-files", "-z", "--others", "--exclude-standard", "--", ".", *exclude)
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+    names = sorted(n for n in untracked.decode(errors="replace").split("\0") if n)
+    if not diff and not names:
+        return head
+    h = hashlib.sha256(diff)
+    for name in names:
+        f = root / name
+        h.update(b"\0" + name.encode() + b"\0")
+        if f.is_file() and not f.is_symlink():
+            h.update(f.read_bytes())
+    return f"{head}-dirty-{h.hexdigest()[:12]}"
 
 
 def megatron_version() -> str:

@@ -58,11 +58,6 @@ class BucketBuffers:
         buf = self.grad if which == "grad" else self.param
         return [buf[a:b] for a, b in self.layout.regions]
 
-    def owned(self, name: str) -> tuple[int, int]:
-        """[a, b) of ``name`` relative to this rank's region (it must lie inside it)."""
-        off, numel = self.where[name]
-        return off - self.region[0], off - self.region[0] + numel
-
     def publish_master(self) -> None:
         """Cast the updated fp32 master region into the parameter buffer before the all-gather."""
         if self.separate_master:
@@ -142,11 +137,12 @@ class FlatBuffers:
     def reset_ready(self) -> None:
         self._waiting = [len(bb.where) for bb in self.buckets]
 
-    def masters(self) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
-        """(name, fp32 master view, param view) of every parameter inside this rank's regions."""
+    def masters(self) -> Iterator[tuple[str, int, int, torch.Tensor, torch.Tensor]]:
+        """(name, a, b, fp32 master view, param view) of every piece [a, b) of a parameter that lies
+        in this rank's regions (a whole parameter, or a cooperative matrix's block)."""
         for bb in self.buckets:
             lo, hi = bb.region
             for name, (off, numel) in bb.where.items():
-                if lo <= off and off + numel <= hi:
-                    a, b = bb.owned(name)
-                    yield name, bb.master[a:b], bb.param[off : off + numel]
+                a, b = max(off, lo), min(off + numel, hi)
+                if a < b:
+                    yield name, a - off, b - off, bb.master[a - lo : b - lo], bb.param[a:b]

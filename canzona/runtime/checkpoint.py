@@ -175,8 +175,11 @@ def local_state(opt: DistributedOptimizer) -> dict[str, Any]:
     }
     matrix: dict[str, Any] = {}
     for name, st in opt.states.items():
+        h = opt.held[name]  # a cooperative member holds its block of every matrix-shaped state
         for k, t in st.items():
-            matrix.setdefault(name, {})[k] = Chunks(tuple(t.shape), [((0,) * t.dim(), t)])
+            piece = tuple(t.shape) == tuple(h.shape) and h.shape != tuple(opt.specs[name].shape)
+            full = tuple(opt.specs[name].shape) if piece else tuple(t.shape)
+            matrix.setdefault(name, {})[k] = Chunks(full, [(h.state_offset if piece else (0,) * t.dim(), t)])
     if matrix:
         tree["matrix"] = matrix
     masters = opt.masters

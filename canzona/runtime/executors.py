@@ -1,6 +1,6 @@
 """Matrix executors: turn the owned gradient shards of a step into full-matrix updates, applied.
 
-One interface, ``MatrixExecutor.run(grad_of, compute, apply, timer)``, and one place that maps a
+One interface, ``MatrixExecutor.run(ctx)`` (canzona.runtime.exec_base), and one place that maps a
 lowered schedule to executors, ``select_executors``. The optimizer facade never branches on a
 strategy: the lowering (canzona.plan.schedule.executor_specs) decides which matrices go where, and
 each spec kind has one executor class here.
@@ -8,6 +8,8 @@ each spec kind has one executor class here.
   ``local``        whole matrices on this rank (TP = 1 or not TP-split): no communication.
   ``all-gather``   TP "duplicated" (sc, layer-wise): one fused all-gather of every owned shard,
                    every TP rank reconstructs and computes every matrix, keeps its own chunk.
+  ``cooperative``  a group of GPUs per matrix (canzona.runtime.coop_exec): blocks in place, one
+                   Gram all-reduce per round for all of the group's matrices.
   ``micro-group``  one host per matrix (asc, canzona): per micro-group ONE fused all_to_all_single
                    gathers shards to their host, hosts compute in parallel, ONE all_to_all_single
                    scatters update chunks back. Pipelined: the gather of group i+1 and the scatter
@@ -17,9 +19,8 @@ Gradients and updates travel in fp32 whatever the parameters' dtype (they feed f
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -27,11 +28,8 @@ import torch.distributed as dist
 from canzona.models.spec import ParamSpec
 from canzona.plan.schedule import ExecSpec
 from canzona.runtime.collectives import all_gather_flat
-from canzona.runtime.timers import PhaseTimer
-
-Compute = Callable[[str, torch.Tensor], torch.Tensor]  # (name, full grad) -> full update U
-Apply = Callable[[str, torch.Tensor], None]  # (name, this rank's shard of U) -> None
-ShardOf = Callable[[str], torch.Tensor]  # name -> this rank's reduced grad shard (1-D view)
+from canzona.runtime.coop_exec import CooperativeTP
+from canzona.runtime.exec_base import Apply, Compute, MatrixExecutor, ShardOf, StepContext
 
 
 def _chunk(t: torch.Tensor, spec: ParamSpec, tp: int, r: int) -> torch.Tensor:
@@ -43,45 +41,46 @@ def _assemble(pieces: Sequence[torch.Tensor], spec: ParamSpec, tp: int) -> torch
     return torch.cat([p.view(shard) for p in pieces], dim=spec.partition_dim)
 
 
-class MatrixExecutor(Protocol):
-    """Computes and applies the updates of its matrices for one step."""
-
-    names: list[str]
-
-    def run(self, grad_of: ShardOf, compute: Compute, apply: Apply, timer: PhaseTimer) -> None: ...
-
-
 class LocalTP:
     """Owned matrices that need no TP communication (TP = 1 or not TP-split)."""
 
     def __init__(
-        self, spec: ExecSpec, specs: dict[str, ParamSpec], group: dist.ProcessGroup | None, device: torch.device
+        self,
+        spec: ExecSpec,
+        specs: dict[str, ParamSpec],
+        comms: dict[str, dist.ProcessGroup | None],
+        device: torch.device,
     ) -> None:
         self.names = list(spec.names)
         self.specs = specs
 
-    def run(self, grad_of: ShardOf, compute: Compute, apply: Apply, timer: PhaseTimer) -> None:
+    def run(self, ctx: StepContext) -> None:
         for name in self.names:
-            with timer.phase("compute"):
-                u = compute(name, grad_of(name).view(self.specs[name].shape))
-                apply(name, u)
+            with ctx.timer.phase("compute"):
+                u = ctx.compute(name, ctx.grad_of(name).view(self.specs[name].shape))
+                ctx.apply(name, u)
 
 
 class AllGatherTP:
     """TP mode sc: all TP ranks gather all owned shards and compute everything."""
 
     def __init__(
-        self, spec: ExecSpec, specs: dict[str, ParamSpec], group: dist.ProcessGroup | None, device: torch.device
+        self,
+        spec: ExecSpec,
+        specs: dict[str, ParamSpec],
+        comms: dict[str, dist.ProcessGroup | None],
+        device: torch.device,
     ) -> None:
-        self.names, self.specs, self.group = list(spec.names), specs, group
+        self.names, self.specs, self.group = list(spec.names), specs, comms["tp"]
         dtype = torch.float32
-        self.tp, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        self.tp, self.rank = dist.get_world_size(self.group), dist.get_rank(self.group)
         self.sizes = [specs[n].shard_numel(self.tp) for n in self.names]
         total = sum(self.sizes)
         self.send = torch.empty(total, dtype=dtype, device=device)
         self.recv = torch.empty(total * self.tp, dtype=dtype, device=device)
 
-    def run(self, grad_of: ShardOf, compute: Compute, apply: Apply, timer: PhaseTimer) -> None:
+    def run(self, ctx: StepContext) -> None:
+        grad_of, compute, apply, timer = ctx.grad_of, ctx.compute, ctx.apply, ctx.timer
         if not self.names:
             return
         total = self.send.numel()
@@ -117,11 +116,15 @@ class MicroGroupTP:
     """Canzona / ASC: host-per-matrix micro-groups with fused, pipelined all-to-alls."""
 
     def __init__(
-        self, spec: ExecSpec, specs: dict[str, ParamSpec], group: dist.ProcessGroup | None, device: torch.device
+        self,
+        spec: ExecSpec,
+        specs: dict[str, ParamSpec],
+        comms: dict[str, dist.ProcessGroup | None],
+        device: torch.device,
     ) -> None:
-        self.names, self.specs, self.group = list(spec.names), specs, group
+        self.names, self.specs, self.group = list(spec.names), specs, comms["tp"]
         dtype = torch.float32
-        self.tp, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        self.tp, self.rank = dist.get_world_size(self.group), dist.get_rank(self.group)
         self.layouts: list[_GroupLayout] = []
         for g in spec.groups:
             by_host: list[list[str]] = [[] for _ in range(self.tp)]
@@ -195,7 +198,8 @@ class MicroGroupTP:
                 apply(n, recv[off : off + k].view(spec.shard_shape(self.tp)))
                 off += k
 
-    def run(self, grad_of: ShardOf, compute: Compute, apply: Apply, timer: PhaseTimer) -> None:
+    def run(self, ctx: StepContext) -> None:
+        grad_of, compute, apply, timer = ctx.grad_of, ctx.compute, ctx.apply, ctx.timer
         n = len(self.layouts)
         if n == 0:
             return
@@ -220,11 +224,20 @@ class MicroGroupTP:
             self._apply(n - 1, apply)
 
 
-EXECUTORS: dict[str, type] = {"local": LocalTP, "all-gather": AllGatherTP, "micro-group": MicroGroupTP}
+EXECUTORS: dict[str, type] = {
+    "local": LocalTP,
+    "all-gather": AllGatherTP,
+    "micro-group": MicroGroupTP,
+    "cooperative": CooperativeTP,
+}
 
 
 def select_executors(
-    specs: Sequence[ExecSpec], params: dict[str, ParamSpec], tp_group: dist.ProcessGroup | None, device: torch.device
+    specs: Sequence[ExecSpec],
+    params: dict[str, ParamSpec],
+    comms: dict[str, dist.ProcessGroup | None],
+    device: torch.device,
 ) -> list[MatrixExecutor]:
-    """The only place that maps the lowering's executor specs to executor objects."""
-    return [EXECUTORS[s.kind](s, params, tp_group, device) for s in specs]
+    """The only place that maps the lowering's executor specs to executor objects. ``comms``: the
+    TP group as "tp" and every cooperative sub-group this rank belongs to, by its key."""
+    return [EXECUTORS[s.kind](s, params, comms, device) for s in specs]

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from canzona.errors import ConfigError, NonFiniteGradientError
 from canzona.models.spec import ParamSpec
 from canzona.optim.base import apply_update
+from canzona.optim.precision import compute_dtype_for
 from canzona.plan import make_plan
 from canzona.plan.buckets import build_buckets, resolve_bucket_size
 from canzona.plan.comm import MODELS, model_for_backend
@@ -42,7 +43,9 @@ from canzona.plan.types import Layout, Plan
 from canzona.runtime import checkpoint, grad_norm
 from canzona.runtime.buffers import DTYPES, FlatBuffers
 from canzona.runtime.config import DistConfig
+from canzona.runtime.coop_exec import coop_comms, held_pieces
 from canzona.runtime.dp_sync import DPSync
+from canzona.runtime.exec_base import StepContext
 from canzona.runtime.executors import select_executors
 from canzona.runtime.timers import PhaseTimer
 from canzona.runtime.zero_adamw import ZeroAdamW
@@ -127,7 +130,11 @@ class DistributedOptimizer:
     def _make_plan(self) -> Plan:
         self.math = self.config.make_math()
         pc = self.config.plan
-        pc = dataclasses.replace(pc, bucket_size=resolve_bucket_size(pc.bucket_size, self.dp))
+        pc = dataclasses.replace(
+            pc,
+            bucket_size=resolve_bucket_size(pc.bucket_size, self.dp),
+            coop_profile=pc.coop_profile or ("cpu" if self.backend == "gloo" else "nvlink"),
+        )
         plan = make_plan(
             [self.specs[n] for n in self.matrix_names],
             Layout(self.dp, self.tp, 1),
@@ -148,42 +155,60 @@ class DistributedOptimizer:
             param_bytes=pdtype.itemsize,
             tp_partial=self.tp_partial,
             global_world=dist.get_world_size(self.global_group),
+            **self._ns_rounds(),
         )
         size = resolve_bucket_size(self.config.plan.bucket_size, self.dp)
         adamw = build_buckets([(n, self.params[n].numel()) for n in self.adamw_names], self.dp, size)
         return lower(self.plan, adamw, self.dp_rank, self.tp_rank, settings, Layout(self.dp, self.tp, 1))
+
+    def _ns_rounds(self) -> dict[str, Any]:
+        """Newton–Schulz iterations and Gram restarts of the optimizer (cooperative all-reduces)."""
+        if self.plan is None or not self.plan.coop:
+            return {}
+        dtype = compute_dtype_for(self.math.config.compute_dtype, self.device)
+        return {"ns_steps": self.math.config.ns_steps, "ns_restarts": self.math.ns_restarts_for(dtype)}
 
     def _build(self) -> None:
         s, gdtype = self.schedule, DTYPES[self.config.precision.grad_dtype]
         layouts = {k: [b for b in s.buckets if b.kind == k] for k in ("matrix", "adamw")}
         self.sets = {k: FlatBuffers(v, self.params, gdtype, self.dp_rank, self.device) for k, v in layouts.items() if v}
         self.dps = DPSync(s, self.sets, self.dp_group, self.tp_group, self.tp_partial, self.device, self.timer)
-        self.executors = select_executors(s.executors, self.specs, self.tp_group, self.device)
+        coop = next((e.coop for e in s.executors if e.kind == "cooperative"), ())
+        comms = {"tp": self.tp_group, "dp": self.dp_group, **coop_comms(coop, self.dp_group)}
+        self.executors = select_executors(s.executors, self.specs, comms, self.device)
         self.applied = [n for spec in s.executors for n in spec.names]
+        self.held = held_pieces(self.specs, coop, (self.dp_rank, self.tp_rank), self.applied, self.tp)
         self.masters = self._masters()
-        self.states = {n: self.math.init_state(self.specs[n].shape, device=self.device) for n in s.computes}
+        self.states = {n: self.math.init_state(self.held[n].shape, device=self.device) for n in s.computes}
         self.adamw = ZeroAdamW(self.sets["adamw"].buckets if "adamw" in self.sets else [], self.config.adamw)
         self.norm_tensors = self._canonical_grads()
-        self.scaled_tensors = [*(self.sets["matrix"].grad(n) for n in self.applied), *self.adamw.grads()]
+        self.scaled_tensors = [*(self._grad_piece(n) for n in self.applied), *self.adamw.grads()]
         overlap = self.config.comm.overlap_grad_sync
         self._hooks = [
             h for k, bufs in self.sets.items() for h in bufs.register_hooks(*self.dps.hook_callbacks(k, overlap))
         ]
 
     def _masters(self) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
-        """name -> (fp32 master shard, param view to publish into or None when the master IS it)."""
+        """name -> (fp32 master of the held piece, param view to publish into, or None when the
+        master IS the parameter)."""
         if "matrix" not in self.sets:
             return {}
-        inside = {n: (m, p) for n, m, p in self.sets["matrix"].masters()}
+        inside = {(n, a, b): (m, p) for n, a, b, m, p in self.sets["matrix"].masters()}
         out = {}
         for n in self.applied:
-            if n in inside:
-                m, p = inside[n]
+            h = self.held[n]
+            if (n, h.a, h.b) in inside:
+                m, p = inside[(n, h.a, h.b)]
                 out[n] = (m, None if m.data_ptr() == p.data_ptr() else p)
             else:  # bucket reduced whole (sc, layer-wise): a master per owned parameter
-                p = self.sets["matrix"].param(n)
+                p = self.sets["matrix"].param(n)[h.a : h.b]
                 out[n] = (p, None) if p.dtype == torch.float32 else (p.float(), p)
         return out
+
+    def _grad_piece(self, name: str) -> torch.Tensor:
+        """The reduced main grad of the piece of ``name`` this rank holds (flat view)."""
+        h = self.held[name]
+        return self.sets["matrix"].grad(name)[h.a : h.b]
 
     def _canonical_grads(self) -> list[torch.Tensor]:
         """The gradients this rank counts in the global norm (each parameter once; module docstring
@@ -193,8 +218,9 @@ class DistributedOptimizer:
         counts = lambda n: sharded(n) or self.tp_rank == 0
         if self.plan is not None:
             owners = self.plan.dp.owner_map()
-            mine = [n for n in self.applied if min(owners[n]) == self.dp_rank]
-            out += [self.sets["matrix"].grad(n) for n in mine if counts(n)]
+            blocks = {g.name for g in self.plan.coop if g.members[0][1] == g.members[-1][1]}  # DP sub-groups
+            mine = [n for n in self.applied if n in blocks or min(owners[n]) == self.dp_rank]
+            out += [self._grad_piece(n) for n in mine if n in blocks or counts(n)]
         for bb in self.sets["adamw"].buckets if "adamw" in self.sets else []:
             lo, hi = bb.region
             for n, (off, numel) in bb.where.items():
@@ -280,8 +306,17 @@ class DistributedOptimizer:
             if not info.skipped:
                 grad_norm.scale_(self.scaled_tensors, info.clip_coef)
                 self.step_count += 1
+                ctx = StepContext(
+                    self._grad_piece,
+                    self._compute,
+                    self._apply,
+                    self.timer,
+                    getattr(self, "math", None),
+                    self.states.__getitem__,
+                    self.step_count,
+                )
                 for ex in self.executors:
-                    ex.run(self.sets["matrix"].grad, self._compute, self._apply, self.timer)
+                    ex.run(ctx)
                 with self.timer.phase("compute"):
                     self.adamw.step()
                 with self.timer.phase("param_sync"):

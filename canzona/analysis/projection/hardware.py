@@ -1,0 +1,262 @@
+"""Hardware profiles and what one operation costs on them: a collective, one matrix update.
+
+Why one module: every number the projection charges comes from a profile
+(``canzona/analysis/profiles/*.toml``) whose values each carry a written source, and from the
+formulas here that turn a profile into milliseconds. Nothing in this module knows about plans
+or strategies; ``lowering`` says which operations a plan issues, ``phases`` charges them.
+
+Collectives use the ring model with the nccl-tests bus-bandwidth convention:
+  t = base + steps * hop + factor * bytes / bus_bw, with (factor, steps) = (2(n-1)/n, 2(n-1)) for
+  all-reduce, ((n-1)/n, n-1) for reduce-scatter / all-gather (bytes = the full buffer), (1, n-1)
+  for broadcast / reduce, and off-rank bytes / bus_bw + one hop for all-to-all. A group whose
+  ranks span more than one node uses the inter-node link (Megatron rank order: TP fastest, then
+  DP, then PP). A profile may override (latency, bus_bw) per collective kind (the CPU profile,
+  calibrated by ``canzona calibrate-cpu``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from canzona.cost import CostSettings, matrix_flops
+from canzona.errors import ConfigError
+from canzona.plan.types import Layout
+
+PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce")
+
+
+@dataclass(frozen=True)
+class Link:
+    """One interconnect: effective bus bandwidth (bytes/s) and ring latencies (µs)."""
+
+    bus_bw: float
+    base_latency_us: float
+    hop_latency_us: float
+
+
+@dataclass(frozen=True)
+class CollectiveFit:
+    """Calibrated override for one collective kind: t = latency + factor * bytes / bus_bw."""
+
+    latency_us: float
+    bus_bw: float
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A hardware profile; every number comes with a source string (see ``load_profile``)."""
+
+    name: str
+    kind: str
+    gpus_per_node: int
+    peak_flops: float
+    matmul_efficiency: float
+    per_matrix_overhead_us: float
+    mem_bw: float
+    direction_passes: float
+    copy_passes: float
+    adamw_passes: float
+    mfu: float | None
+    param_bytes: int
+    grad_bytes: int
+    intra: Link
+    inter: Link
+    comm_compute_overlap: bool = True
+    collectives: dict[str, CollectiveFit] = field(default_factory=dict)
+    measured_ms: dict[tuple[int, int], float] = field(default_factory=dict)  # direction() per full shape
+    shared_cores: float | None = None  # ranks share this many cores (CPU); None: one device per rank
+    description: str = ""
+    sources: dict[str, str] = field(default_factory=dict)
+    path: str = ""
+
+    @property
+    def flops_rate(self) -> float:
+        """Achieved matrix-optimizer FLOP/s per device."""
+        return self.peak_flops * self.matmul_efficiency
+
+
+_COMPUTE_KEYS = (
+    "peak_flops",
+    "matmul_efficiency",
+    "per_matrix_overhead_us",
+    "mem_bw",
+    "direction_passes",
+    "copy_passes",
+    "adamw_passes",
+    "param_bytes",
+    "grad_bytes",
+)
+_LINK_KEYS = ("bus_bw", "base_latency_us", "hop_latency_us")
+
+
+def profile_names() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.toml"))
+
+
+def load_profile(name_or_path: str | Path) -> Profile:
+    """Profile by name (``H800``, ``cpu-local``, ...) from canzona/analysis/profiles, or by path.
+
+    Every number must have a ``<key>_source`` entry beside it: a profile without sources is
+    rejected, because the projection is only as honest as its inputs. (Over 80 lines: one
+    checked read per profile field, in the file's order, reads better than a table of parsers.)
+    """
+    p = Path(name_or_path)
+    if not p.suffix:
+        p = PROFILE_DIR / f"{name_or_path}.toml"
+    if not p.is_file():
+        raise ConfigError(
+            f"hardware profile {name_or_path!r} not found; known: {', '.join(profile_names())} "
+            "(cpu-local is written by `canzona calibrate-cpu`)"
+        )
+    try:
+        raw = tomllib.loads(p.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read hardware profile {p}: {exc}") from exc
+    sources: dict[str, str] = {}
+
+    def need(table: dict[str, Any], key: str, where: str) -> Any:
+        if key not in table:
+            raise ConfigError(f"hardware profile {p}: [{where}] lacks {key}")
+        src = table.get(f"{key}_source")
+        if not src:
+            raise ConfigError(f"hardware profile {p}: [{where}] {key} has no {key}_source; every number needs one")
+        sources[f"{where}.{key}"] = str(src)
+        return table[key]
+
+    top = {k: v for k, v in raw.items() if not isinstance(v, dict)}
+    comp = raw.get("compute", {})
+    links = raw.get("links", {})
+    cvals = {k: float(need(comp, k, "compute")) for k in _COMPUTE_KEYS}
+    mfu = float(need(comp, "mfu", "compute")) if "mfu" in comp else None  # absent: iteration not projected
+    cores = float(need(comp, "shared_cores", "compute")) if "shared_cores" in comp else None
+
+    def link(which: str) -> Link:
+        t = links.get(which)
+        if t is None:
+            raise ConfigError(f"hardware profile {p}: [links.{which}] is missing")
+        return Link(*(float(need(t, k, f"links.{which}")) for k in _LINK_KEYS))
+
+    measured: dict[tuple[int, int], float] = {}
+    table = comp.get("measured_ms")
+    if table is not None:
+        if not table.get("source"):
+            raise ConfigError(f"hardware profile {p}: [compute.measured_ms] needs a source entry")
+        sources["compute.measured_ms"] = str(table["source"])
+        for key, ms in table.items():
+            if key == "source":
+                continue
+            try:
+                m, n = (int(x) for x in key.split("x"))
+            except ValueError as exc:
+                raise ConfigError(f"hardware profile {p}: measured_ms key {key!r} is not 'MxN'") from exc
+            measured[(m, n)] = float(ms)
+    fits: dict[str, CollectiveFit] = {}
+    for kind, t in raw.get("collectives", {}).items():
+        if kind not in COLLECTIVES:
+            raise ConfigError(f"hardware profile {p}: unknown collective {kind!r}; known: {', '.join(COLLECTIVES)}")
+        fits[kind] = CollectiveFit(
+            float(need(t, "latency_us", f"collectives.{kind}")), float(need(t, "bus_bw", f"collectives.{kind}"))
+        )
+    prof = Profile(
+        name=str(top.get("name", p.stem)),
+        kind=str(top.get("kind", "gpu")),
+        gpus_per_node=int(need(top, "gpus_per_node", "profile")),
+        peak_flops=cvals["peak_flops"],
+        matmul_efficiency=cvals["matmul_efficiency"],
+        per_matrix_overhead_us=cvals["per_matrix_overhead_us"],
+        mem_bw=cvals["mem_bw"],
+        direction_passes=cvals["direction_passes"],
+        copy_passes=cvals["copy_passes"],
+        adamw_passes=cvals["adamw_passes"],
+        mfu=mfu,
+        param_bytes=int(cvals["param_bytes"]),
+        grad_bytes=int(cvals["grad_bytes"]),
+        intra=link("intra"),
+        inter=link("inter"),
+        comm_compute_overlap=bool(need(top, "comm_compute_overlap", "profile")),
+        collectives=fits,
+        measured_ms=measured,
+        shared_cores=cores,
+        description=str(top.get("description", "")),
+        sources=sources,
+        path=str(p),
+    )
+    for k in ("peak_flops", "mem_bw", "matmul_efficiency") + (("mfu",) if mfu is not None else ()):
+        if getattr(prof, k) <= 0:
+            raise ConfigError(f"hardware profile {p}: {k} must be positive")
+    return prof
+
+
+def with_profile_overrides(profile: Profile, **kw: Any) -> Profile:
+    """A copy of ``profile`` with fields replaced (sensitivity studies; the name says so)."""
+    tag = ",".join(f"{k}={v}" for k, v in sorted(kw.items()))
+    return replace(profile, name=f"{profile.name}[{tag}]", **kw)
+
+
+# ----------------------------------------------------------------------------- collectives
+def ring_terms(kind: str, n: int) -> tuple[float, int]:
+    """(bandwidth factor on the buffer bytes, latency steps) for ``kind`` over ``n`` ranks.
+
+    Ring bandwidth terms; latency steps of the ring, except that all-reduce, broadcast and reduce
+    take the tree's 2·ceil(log2 n) steps when fewer (NCCL switches to trees for small messages,
+    which only the latency term sees).
+    """
+    tree = 2 * math.ceil(math.log2(n)) if n > 1 else 0
+    if kind == "all_reduce":
+        return 2 * (n - 1) / n, min(2 * (n - 1), tree)
+    if kind in ("reduce_scatter", "all_gather"):
+        return (n - 1) / n, n - 1
+    if kind in ("broadcast", "reduce"):
+        return 1.0, min(n - 1, tree)
+    if kind == "all_to_all":
+        return 1.0, 1  # caller passes off-rank bytes
+    raise ConfigError(f"unknown collective {kind!r}")
+
+
+def collective_ms(kind: str, n: int, nbytes: float, link: Link, fit: CollectiveFit | None = None) -> float:
+    """Time of one collective over ``n`` ranks moving ``nbytes`` (see module docstring)."""
+    if n <= 1 or nbytes < 0:
+        return 0.0
+    factor, steps = ring_terms(kind, n)
+    if fit is not None:
+        return (fit.latency_us * 1e-6 + factor * nbytes / fit.bus_bw) * 1e3
+    return (link.base_latency_us * 1e-6 + steps * link.hop_latency_us * 1e-6 + factor * nbytes / link.bus_bw) * 1e3
+
+
+def group_link(profile: Profile, layout: Layout, group: str) -> Link:
+    """Intra- or inter-node link for a DP, TP or world group (Megatron order: TP, then DP, then PP)."""
+    span = {"tp": layout.tp, "dp": layout.tp * layout.dp, "world": layout.world}[group]
+    return profile.intra if span <= profile.gpus_per_node else profile.inter
+
+
+class Comm:
+    """Collective timing bound to a profile and layout."""
+
+    def __init__(self, profile: Profile, layout: Layout) -> None:
+        self.profile, self.layout = profile, layout
+
+    def __call__(self, kind: str, group: str, nbytes: float) -> float:
+        n = {"tp": self.layout.tp, "dp": self.layout.dp, "world": self.layout.world}[group]
+        return collective_ms(
+            kind, n, nbytes, group_link(self.profile, self.layout, group), self.profile.collectives.get(kind)
+        )
+
+
+def matrix_ms(profile: Profile, optimizer: str, shape: tuple[int, int], settings: CostSettings) -> float:
+    """One full-matrix update: matmul FLOPs at the achieved rate + elementwise passes + overhead.
+
+    A profile that measured ``direction()`` for this exact shape (``[compute.measured_ms]``) is
+    charged that time plus the runtime's copy passes instead of the FLOPs model.
+    """
+    numel = shape[0] * shape[1]
+    if tuple(shape) in profile.measured_ms:
+        return profile.measured_ms[tuple(shape)] + profile.copy_passes * numel * 4 / profile.mem_bw * 1e3
+    flops_s = matrix_flops(optimizer, shape, settings) / profile.flops_rate
+    mem_s = (profile.direction_passes + profile.copy_passes) * numel * 4 / profile.mem_bw
+    return (flops_s + mem_s) * 1e3 + profile.per_matrix_overhead_us * 1e-3

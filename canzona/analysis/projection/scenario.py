@@ -1,0 +1,113 @@
+"""Scenarios: everything a projected cell depends on besides the plan and the profile, and
+``project``, which plans a scenario, charges its phases and applies its overlap view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from canzona.analysis.projection.hardware import Profile
+from canzona.analysis.projection.overlap import OVERLAPS, Projection, fwd_bwd_ms
+from canzona.analysis.projection.phases import project_stage
+from canzona.cost import CostSettings
+from canzona.errors import ConfigError
+from canzona.plan.types import DEFAULT_ALPHA, Layout, Plan, PlanConfig
+
+METHODS = ("sc", "layerwise", "asc", "canzona")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Everything a projected cell depends on besides the plan and the profile."""
+
+    model: str
+    layout: Layout
+    method: str
+    optimizer: str = "muon"
+    seq_len: int = 4096
+    micro_batch: int = 1
+    global_batch: int = 256
+    alpha: float = DEFAULT_ALPHA  # the planner's and runtime's default
+    cost: str = "flops"
+    bucket_size: int = 40_000_000
+    views: tuple[str, ...] = ()
+    overlap: str = "none"  # none | megatron (see Projection)
+    dp_algo: str | None = None  # planner DP algorithm; None: the strategy's default (canzona: refine)
+    variant: str = ""  # a named setting these values come from ("authors"); empty for ours
+
+    @property
+    def tokens(self) -> int:
+        """Tokens per iteration: the batch every iteration verdict depends on."""
+        return self.global_batch * self.seq_len
+
+
+def plan_config_for(s: Scenario) -> PlanConfig:
+    """The PlanConfig the runtime builds for this method (canzona.runtime.optimizer._setup_matrix)."""
+    extra = {"dp_algo": s.dp_algo} if s.dp_algo else {}
+    return PlanConfig(
+        strategy=s.method, optimizer=s.optimizer, cost=s.cost, alpha=s.alpha, bucket_size=s.bucket_size, **extra
+    )
+
+
+def make_plans(s: Scenario) -> list[Plan]:
+    """One plan per PP stage from the planner (``canzona.plan.plan_model``)."""
+    import canzona.plan as cplan
+    from canzona.models import get_model
+
+    if s.method not in METHODS:
+        raise ConfigError(
+            f"the projection models sc, layerwise, asc and canzona, not {s.method!r} "
+            "(megatron-muon is the layer-wise lineage: project 'layerwise')"
+        )
+    return list(cplan.plan_model(get_model(s.model), s.layout, plan_config_for(s), views=s.views))
+
+
+def project(
+    s: Scenario, profile: Profile, plans: Sequence[Plan] | None = None, settings: CostSettings | None = None
+) -> Projection:
+    """Project one scenario. ``plans`` defaults to the planner's plans for it (one per PP stage)."""
+    from canzona.models import count_params, get_model, list_params
+
+    cfg = get_model(s.model)
+    cfg.validate_layout(tp=s.layout.tp, pp=s.layout.pp)
+    plans = list(plans) if plans is not None else make_plans(s)
+    if len(plans) != s.layout.pp:
+        raise ConfigError(f"expected {s.layout.pp} stage plans, got {len(plans)}")
+    stages = []
+    for st, plan in enumerate(plans):
+        adamw = [p for p in list_params(cfg, pp=s.layout.pp, stage=st) if p.route != "matrix"]
+        stages.append(
+            project_stage(
+                plan, adamw, profile, stage=st, world=s.layout.world, settings=settings, bucket_size=s.bucket_size
+            )
+        )
+    if s.overlap not in OVERLAPS:
+        raise ConfigError(f"unknown overlap view {s.overlap!r}; choose from {', '.join(OVERLAPS)}")
+    if s.overlap == "megatron" and profile.mfu is None:
+        raise ConfigError(f"overlap view 'megatron' needs fwd/bwd time, but profile {profile.name} has no mfu")
+    if s.global_batch % (s.micro_batch * s.layout.dp):
+        raise ConfigError(
+            f"global_batch {s.global_batch} is not a multiple of micro_batch·dp = {s.micro_batch}·{s.layout.dp}"
+        )
+    m = s.global_batch // (s.micro_batch * s.layout.dp)
+    fb = fwd_bwd_ms(count_params(cfg), s.global_batch * s.seq_len, s.layout.world, s.layout.pp, m, profile)
+    return Projection(s, profile, tuple(stages), fb)
+
+
+def at_tokens(p: Projection, tokens: float) -> Projection:
+    """``p`` with fwd/bwd recomputed for ``tokens`` per iteration, the optimizer step unchanged.
+
+    Why this is exact for PP = 1: the step does not depend on the batch, and fwd/bwd is
+    6·N·T / (world·peak·MFU), so the tokens decide it whatever their split into sequences.
+    With PP > 1 the pipeline bubble depends on the micro-batch count, so this refuses.
+    """
+    from dataclasses import replace
+
+    from canzona.models import count_params, get_model
+
+    s = p.scenario
+    if s.layout.pp != 1:
+        raise ConfigError(f"at_tokens needs PP = 1 (the 1F1B bubble depends on micro-batches); got PP = {s.layout.pp}")
+    fb = fwd_bwd_ms(count_params(get_model(s.model)), tokens, s.layout.world, 1, 1, p.profile)
+    return replace(p, fwd_bwd_ms=fb)

@@ -1,0 +1,128 @@
+"""Studies over many scenarios: a grid of projections, the sensitivity table, and iteration
+speedup against tokens per iteration (``batch_study``).
+
+Why here and not in the CLI: they are reusable (the notebook, tests and the batch study call
+them) and they only combine scenarios, projections and speedups.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from canzona.analysis.projection.hardware import Profile, load_profile, with_profile_overrides
+from canzona.analysis.projection.overlap import Projection
+from canzona.analysis.projection.presets import PAPER_GLOBAL_BATCH, PAPER_LAYOUTS, VIEWS
+from canzona.analysis.projection.records import speedup
+from canzona.analysis.projection.scenario import Scenario, at_tokens, make_plans, project
+from canzona.plan.types import Layout
+
+
+def project_grid(scenarios: Sequence[Scenario], profiles: Sequence[Profile]) -> list[Projection]:
+    """Project every scenario on every profile, planning each scenario once."""
+    plans: dict[Any, Any] = {}
+    out = []
+    for s in scenarios:
+        key = replace(s, overlap="none")
+        if key not in plans:
+            plans[key] = make_plans(s)
+        for prof in profiles:
+            out.append(project(s, prof, plans[key]))
+    return out
+
+
+def sensitivity(profile_name: str = "H800") -> list[dict[str, Any]]:
+    """Qwen3-32B at 256 GPUs: Canzona vs layer-wise as one assumption changes at a time."""
+    base_prof = load_profile(profile_name)
+    lay = PAPER_LAYOUTS["qwen3-32b"]
+    variants: list[tuple[str, dict[str, Any], Any]] = [("baseline assumptions", {}, base_prof)]
+    variants += [
+        (f"global batch {g} seq", {"global_batch": g}, base_prof)
+        for g in (64, 128, 512, 1024)
+        if g != PAPER_GLOBAL_BATCH
+    ]
+    variants += [
+        (f"layout dp{lay.dp}·tp{lay.tp}·pp{lay.pp}", {"layout": lay}, base_prof)
+        for lay in (Layout(16, 8, 2), Layout(8, 8, 4), Layout(64, 4, 1))
+    ]
+    variants += [("views qkv,gate_up (split matrices)", {"views": ("qkv", "gate_up")}, base_prof)]
+    variants += [
+        (f"matmul efficiency {e}", {}, with_profile_overrides(base_prof, matmul_efficiency=e)) for e in (0.5, 0.65)
+    ]
+    variants += [(f"MFU {m}", {}, with_profile_overrides(base_prof, mfu=m)) for m in (0.35, 0.55)]
+    rows = []
+    for label, kw, prof in variants:
+        for ov in ("none", "megatron"):
+            res = {}
+            for m in ("layerwise", "canzona"):
+                s = replace(Scenario("qwen3-32b", lay, m, overlap=ov), **kw)
+                res[m] = project(s, prof)
+            c, b = res["canzona"], res["layerwise"]
+            rows.append(
+                {
+                    "profile": profile_name,
+                    "variant": label,
+                    "overlap": ov,
+                    "canzona step ms": round(c.step_ms, 1),
+                    "layerwise step ms": round(b.step_ms, 1),
+                    "canzona iter ms": round(c.iteration_ms, 1),
+                    "layerwise iter ms": round(b.iteration_ms, 1),
+                    "speedup step": speedup(b.step_ms, c.step_ms),
+                    "speedup iteration": speedup(b.iteration_ms, c.iteration_ms),
+                }
+            )
+    return rows
+
+
+CLAIMED_ITERATION = 1.57  # the paper's end-to-end iteration speedup (abstract)
+BATCH_GRID = tuple(2**k for k in range(14, 25))  # 16K .. 16.8M tokens per iteration
+
+
+def batch_study(
+    profiles: Sequence[Profile],
+    model: str = "qwen3-32b",
+    base: str = "layerwise",
+    target: float = CLAIMED_ITERATION,
+    grid: Sequence[int] = BATCH_GRID,
+) -> list[dict[str, Any]]:
+    """Canzona's iteration speedup over ``base`` against tokens per iteration, per profile and
+    overlap view, at the paper layout of ``model`` (our setting otherwise).
+
+    Why: an iteration speedup is only meaningful with its batch. The optimizer step is fixed
+    while fwd/bwd grows with the tokens, so the speedup falls as the batch grows; each curve
+    gets one extra row (``point`` = "reach") with the largest batch at which it still reaches
+    ``target`` (bisection in log tokens; NaN when no batch of the grid reaches it, inf when all do).
+    """
+    rows: list[dict[str, Any]] = []
+    lay = PAPER_LAYOUTS[model]
+    for prof in profiles:
+        for ov in VIEWS:
+            b, c = (project(Scenario(model, lay, m, overlap=ov), prof) for m in (base, "canzona"))
+            curve = lambda t, b=b, c=c: speedup(at_tokens(b, t).iteration_ms, at_tokens(c, t).iteration_ms)
+            head = {"profile": prof.name, "overlap": ov, "model": model, "layout": f"{lay.dp}·{lay.tp}·{lay.pp}"}
+            head["baseline"] = base
+            step = speedup(b.step_ms, c.step_ms)
+            values = [curve(t) for t in grid]
+            for t, v in zip(grid, values, strict=True):
+                rows.append(dict(head, point="grid", tokens=float(t), speedup_iteration=v, speedup_step=step))
+            reach = _reach(curve, target, grid, values)
+            rows.append(dict(head, point="reach", tokens=reach, speedup_iteration=target, speedup_step=step))
+    return rows
+
+
+def _reach(curve: Any, target: float, grid: Sequence[float], values: Sequence[float]) -> float:
+    """The largest tokens with curve(tokens) >= target: the last grid point that reaches it, then
+    bisection (in log tokens) up to the next grid point. NaN if no grid point reaches it, inf if
+    the last one does."""
+    last = max((i for i, v in enumerate(values) if v >= target), default=None)
+    if last is None:
+        return math.nan
+    if last == len(grid) - 1:
+        return math.inf
+    a, b = math.log(grid[last]), math.log(grid[last + 1])
+    for _ in range(60):
+        mid = (a + b) / 2
+        a, b = (mid, b) if curve(math.exp(mid)) >= target else (a, mid)
+    return math.exp(a)

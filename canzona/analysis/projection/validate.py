@@ -1,0 +1,97 @@
+"""Validation: project every measured cell and compare, timing by timing."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from canzona.analysis.projection.hardware import Profile
+from canzona.analysis.projection.overlap import Projection
+from canzona.analysis.projection.scenario import METHODS, Scenario, project
+from canzona.plan.types import DEFAULT_ALPHA, Layout
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def validate_against(
+    results: Sequence[str | Path] | str | Path, profile: Profile, overlap: str = "none"
+) -> pd.DataFrame:
+    """Project every measured cell that ran on ``profile``'s kind of machine and compare.
+
+    A CPU profile is compared with gloo lines, a GPU profile with NCCL lines. One row per
+    (cell, timing): ``timing`` is ``step`` (the runtime's total, what bench-step and the harness
+    record), ``iteration`` and ``fwd_bwd`` (train lines, when the profile has an MFU) or
+    ``phase:<name>``; ``error`` =
+    projected / measured − 1. Cells the projection cannot model are listed with a reason in
+    ``skipped`` instead of an error.
+    """
+    import pandas as pd
+
+    from canzona.analysis.aggregate import aggregate_cells, finite
+    from canzona.analysis.load import load_results
+    from canzona.models import MODELS
+
+    cells = aggregate_cells(load_results(results))
+    rows: list[dict[str, Any]] = []
+    if cells.empty:
+        return pd.DataFrame(rows)
+    want_backend = "gloo" if profile.kind == "cpu" else "nccl"
+    cache: dict[tuple[Any, ...], Projection] = {}
+    for r in cells[cells["provenance"] == "measured"].to_dict("records"):
+        base = {
+            "model": r["model"],
+            "layout": f"{r['dp']}·{r['tp']}·{r['pp']}",
+            "method": r["method"],
+            "kind": r["kind"],
+            "profile": profile.name,
+            "where": r["files"],
+        }
+        reason = None
+        if want_backend not in str(r["source"]):
+            continue
+        if r["method"] not in METHODS:
+            reason = f"method {r['method']!r} is not modelled"
+        elif r["model"] not in MODELS:
+            reason = f"model {r['model']!r} unknown"
+        if reason:
+            rows.append(
+                dict(base, timing="skipped", measured_ms=math.nan, projected_ms=math.nan, error=math.nan, note=reason)
+            )
+            continue
+        alpha = float(r["alpha"]) if finite(r.get("alpha")) else DEFAULT_ALPHA
+        bucket = int(r["bucket_size"]) if finite(r.get("bucket_size")) else 40_000_000
+        dp, tp, pp = int(r["dp"]), int(r["tp"]), int(r["pp"] or 1)
+        seq = int(r["seq_len"]) if finite(r.get("seq_len")) else 1
+        gbatch = int(r["global_batch"]) if finite(r.get("global_batch")) else dp
+        mbatch = int(r["micro_batch"]) if finite(r.get("micro_batch")) else 1
+        cost = r.get("cost") if isinstance(r.get("cost"), str) else "flops"
+        s = Scenario(
+            r["model"],
+            Layout(dp, tp, pp),
+            r["method"],
+            optimizer=r["optimizer"],
+            seq_len=seq,
+            micro_batch=mbatch,
+            global_batch=gbatch,
+            alpha=alpha,
+            cost=cost,
+            bucket_size=bucket,
+            overlap=overlap,
+        )
+        p = cache.get((s,)) or project(s, profile)
+        cache[(s,)] = p
+        pairs = [("step", r["step_ms"], p.step_ms)]
+        for t, proj in (("iteration", p.iteration_ms), ("fwd_bwd", p.fwd_bwd_ms)):
+            if finite(r.get(f"{t}_ms")) and math.isfinite(proj):
+                pairs.append((t, r[f"{t}_ms"], proj))
+        ph = p.phase_ms()
+        pairs += [(f"phase:{k}", r[f"phase_{k}"], v) for k, v in ph.items() if finite(r.get(f"phase_{k}"))]
+        for timing, meas, proj in pairs:
+            err = proj / meas - 1 if meas and meas > 0 else math.nan
+            rows.append(
+                dict(base, timing=timing, measured_ms=float(meas), projected_ms=float(proj), error=err, note="")
+            )
+    return pd.DataFrame(rows)

@@ -1,0 +1,308 @@
+"""Cooperative Newton–Schulz: which matrices a GROUP of k GPUs orthogonalises together, and what it costs.
+
+Why: one owner per matrix puts the whole-matrix bound on the step — at 256 GPUs the largest matrix
+alone is 2–4× the mean per-GPU load, because there are fewer matrices than GPUs per stage. Only the
+few matrices above the mean get a group; everything else keeps one owner.
+
+The arithmetic. X (m×n, m ≤ n) split into k blocks along its long side: X·Xᵀ = Σᵢ Xᵢ·Xᵢᵀ, so one
+m×m fp32 all-reduce per round suffices (standard: one per iteration; Gram: R₀ plus one per restart;
+the Frobenius norm rides in the first Gram). A member computes 4m²n/k + 2m³ per iteration, or
+6m²n/k without the m³ term when n/k < m, or Gram's 4m²n/k + O(m³) per call (canzona.cost
+``ns_member_flops``); the cheapest form is used. The cost of a member is those FLOPs plus the
+all-reduces priced with an α–β link inside a node (groups never leave it), converted to FLOP
+equivalents at the compute rate, so compute and communication add up in one unit.
+
+Groups (fixed communicators, never one per matrix):
+  TP > 1  the owner DP rank's whole TP group (k = tp): TP shards ARE long-side blocks when TP splits
+          the long side (Qwen3: fc1 and QKV by rows, fc2 and the output projection by columns), so
+          the shards are used in place and nothing is gathered to a host. A matrix whose TP split
+          runs along its short side is not eligible.
+  TP = 1  an aligned sub-group of k consecutive DP ranks (k ∈ {2, 4, 8}, k | DP): the DP plan cuts
+          the matrix at its k block boundaries. A flat bucket range is a block of ROWS, so a matrix
+          whose long side is its columns (fc2, the output projection) is re-blocked by one
+          all-to-all inside the group and back (priced below): the alternative, storing it column-
+          major, would hand the model non-contiguous weights.
+Shampoo and SOAP keep one owner per matrix: their long-side factor (n×n) does not shard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from canzona.cost import CostSettings, ns_member_flops
+from canzona.errors import ConfigError
+from canzona.plan.comm import CommModel, Link
+from canzona.plan.types import Bucket, CoopGroup, DPPlan, Layout, Plan, PlanConfig, PlanItem, TPSchedule
+
+DP_GROUP_SIZES = (2, 4, 8)  # aligned DP sub-groups at TP = 1; 8 = one node of 8 GPUs
+# NVLink inside a node: 400 GB/s (the issue's model; H100 SXM NVLink 4 is 450 GB/s per direction),
+# NCCL Ring/Simple latencies from its tuning table (as canzona/analysis/profiles/H800.toml).
+NVLINK = Link(bus_bw=400e9, base_latency_us=8.4, hop_latency_us=5.7)
+
+
+@dataclass(frozen=True)
+class CoopSettings:
+    """The hardware the cooperative choice is priced on (defaults: the issue's modelled numbers,
+    H100/H800-class: 500 TFLOP/s achieved bf16, NVLink 400 GB/s inside a node)."""
+
+    flops_rate: float = 500e12
+    link: Link = NVLINK
+    gram_bytes: int = 4  # the Gram is reduced in fp32
+    min_gain: float = 1.05  # cooperate only when the member's cost is this much below one owner's
+
+
+# Where the choice is priced (PlanConfig.coop_profile). The runtime passes "cpu" on gloo, so CPU runs
+# cooperate where it pays on CPUs (canzona/analysis/profiles/cpu-local.toml: one rank's achieved
+# Muon rate and the calibrated gloo all-reduce of `canzona calibrate-cpu`, 2-core VM, 2026-11-29).
+COOP_PROFILES = {
+    "nvlink": CoopSettings(),
+    "cpu": CoopSettings(flops_rate=9.67e10, link=Link(bus_bw=7.77e8, base_latency_us=383.0)),
+}
+
+
+def long_side_is_rows(shape: Sequence[int]) -> bool:
+    return shape[0] > shape[1]
+
+
+def eligible(item: PlanItem, tp: int) -> bool:
+    """TP > 1: the TP split must run along the long side (shards are long-side blocks)."""
+    if tp == 1:
+        return True
+    if item.partition_dim is None or item.shape[0] == item.shape[1]:
+        return False
+    return item.partition_dim == (0 if long_side_is_rows(item.shape) else 1)
+
+
+def divides(item: PlanItem, k: int, tp: int) -> bool:
+    """Blocks must be whole: TP shards are (TP validated them); at TP = 1 k must divide the rows, and
+    the columns too when the long side is the columns (the all-to-all re-blocks by columns)."""
+    if tp > 1:
+        return True
+    rows, cols = item.shape
+    return rows % k == 0 and (rows > cols or cols % k == 0)
+
+
+def member_cost(item: PlanItem, k: int, tp: int, settings: CostSettings, coop: CoopSettings) -> tuple[float, str]:
+    """(cost of ONE member in FLOP equivalents, NS form) of ``item`` orthogonalised by k members;
+    k = 1 is the item's own single-owner cost. Elementwise work (momentum, scale, apply) is split k ways."""
+    if k == 1:
+        return item.cost, "single"
+    m, n = sorted(item.shape)
+    steps = settings.ns_steps
+    restarts = settings.ns_restarts
+    forms = {"standard": ("standard",), "gram": ("gram",)}.get(settings.ns_method, ("standard", "gram"))
+    flops = {f: ns_member_flops(item.shape, k, steps, f, restarts if f == "gram" else ()) for f in forms}
+    if "standard" in flops and -(-n // k) < m:
+        # standard takes its no-m³ variant by itself when a block is narrower than m (newton_schulz_blocks)
+        flops["standard"] = ns_member_flops(item.shape, k, steps, "standard_no_cube")
+    model = CommModel("coop", coop.link)
+    gram_bytes = m * m * coop.gram_bytes
+    calls = {"standard": steps, "gram": 1 + len(restarts)}
+    regroup = tp == 1 and not long_side_is_rows(item.shape)
+    a2a = 2 * model.call_us("all_to_all", k, item.numel // k * coop.gram_bytes) if regroup else 0.0
+    best = None
+    for form, f in flops.items():
+        comm_us = calls[form] * model.call_us("all_reduce", k, gram_bytes) + a2a
+        total = f + 10.0 * item.numel / k + comm_us * 1e-6 * coop.flops_rate
+        if best is None or total < best[0]:
+            best = (total, form)
+    assert best is not None
+    return best
+
+
+def make_groups(
+    chosen: dict[str, tuple[int, float, str]], owners: dict[str, tuple[int, ...]], items: Sequence[PlanItem], tp: int
+) -> tuple[CoopGroup, ...]:
+    """The CoopGroups of a planned stage: members of the owner's TP group (TP > 1) or the DP ranks
+    holding the blocks (TP = 1), in block order."""
+    shape = {it.name: it.shape for it in items}
+    out = []
+    for it in items:
+        if it.name not in chosen:
+            continue
+        form = chosen[it.name][2]
+        if tp > 1:
+            members = tuple((owners[it.name][0], t) for t in range(tp))
+        else:
+            members = tuple((d, 0) for d in owners[it.name])
+        out.append(CoopGroup(it.name, members, form, regroup=tp == 1 and not long_side_is_rows(shape[it.name])))
+    return tuple(out)
+
+
+def _forced(
+    items: Sequence[PlanItem],
+    dp: int,
+    tp: int,
+    settings: CostSettings,
+    coop: CoopSettings,
+    force: Sequence[tuple[str, int]],
+) -> dict[str, tuple[int, float, str]]:
+    by_name = {it.name: it for it in items}
+    out = {}
+    for name, k in force:
+        it = by_name.get(name)
+        if it is None:
+            continue  # another PP stage's matrix
+        if not (eligible(it, tp) and divides(it, k, tp)) or (tp > 1 and k != tp) or (tp == 1 and dp % k):
+            raise ConfigError(
+                f"cooperation on {name} {it.shape} with k={k} at DP{dp}×TP{tp} is not possible: at TP > 1 the group "
+                "is the whole TP group (k = TP) and TP must split the long side; at TP = 1 k must divide DP and "
+                "the matrix's rows (and its columns when they are the long side)"
+            )
+        out[name] = (k, *member_cost(it, k, tp, settings, coop))
+    return out
+
+
+def choose_groups(
+    items: Sequence[PlanItem],
+    dp: int,
+    tp: int,
+    settings: CostSettings,
+    coop: CoopSettings = CoopSettings(),
+    force: Sequence[tuple[str, int]] = (),
+) -> dict[str, tuple[int, float, str]]:
+    """name -> (k, member cost, form) for every matrix worth a group; the rest keep one owner.
+
+    Fixed point on the target: the mean per-GPU load (which the extra work of groups raises). A
+    matrix above the target takes the smallest k whose member cost falls under it (else the k with
+    the cheapest member), when that beats one owner by ``min_gain``. Deterministic. ``force``
+    (name, k) pairs are taken as they are, priced the same way (experiments and tests).
+    """
+    if force:
+        return _forced(items, dp, tp, settings, coop, force)
+    sizes = (tp,) if tp > 1 else tuple(k for k in DP_GROUP_SIZES if dp % k == 0)
+    chosen: dict[str, tuple[int, float, str]] = {}
+    gpus = dp * tp
+    for _ in range(8):
+        work = sum(chosen[it.name][0] * chosen[it.name][1] if it.name in chosen else it.cost for it in items)
+        target = work / gpus
+        new: dict[str, tuple[int, float, str]] = {}
+        for it in sorted(items, key=lambda x: (-x.cost, x.name)):
+            if it.cost <= target or not eligible(it, tp):
+                continue
+            options = [(k, *member_cost(it, k, tp, settings, coop)) for k in sizes if divides(it, k, tp)]
+            if not options:
+                continue
+            fits = [o for o in options if o[1] <= target]
+            k, cost, form = fits[0] if fits else min(options, key=lambda o: (o[1], o[0]))
+            if cost * coop.min_gain < it.cost:
+                new[it.name] = (k, cost, form)
+        if new == chosen:
+            break
+        chosen = new
+    return chosen
+
+
+def applies(strategy: str, optimizer: str, cost_kind: str, enabled: bool) -> bool:
+    """Cooperation is Canzona's, for Muon (Shampoo/SOAP factors do not shard), priced in FLOPs."""
+    return enabled and strategy == "canzona" and optimizer == "muon" and cost_kind == "flops"
+
+
+def fit_buckets(
+    chosen: dict[str, tuple[int, float, str]],
+    buckets: Sequence[Bucket],
+    dp: int,
+    *,
+    forced: bool,
+    items: Sequence[PlanItem],
+) -> dict[str, tuple[int, float, str]]:
+    """Keep, at TP = 1, only groups that contiguous slices can hold. Owners rise along a bucket and a
+    group of k takes k consecutive ranks starting at a multiple of k, so a bucket's groups need
+    disjoint aligned rank ranges in bucket order; the costliest are kept first. A forced group that
+    does not fit is an error naming the fix."""
+    cost = {it.name: it.cost for it in items}
+    keep = dict(chosen)
+    for b in buckets:
+        mine = [e.name for e in b.entries if e.name in keep]
+        for victim in sorted(mine, key=lambda n: (cost[n], n)):
+            r, ok = 0, True
+            for n in (x for x in mine if x in keep):
+                k = keep[n][0]
+                r = -(-r // k) * k
+                ok = ok and r + k <= dp
+                r += k
+            if ok:
+                break
+            if forced:
+                raise ConfigError(
+                    f"bucket {b.index} holds cooperative matrices {mine}: with one contiguous slice per rank, "
+                    f"their groups need disjoint aligned ranges of DP = {dp} ranks in bucket order; force fewer "
+                    "of them per bucket, smaller k, or a smaller bucket_size"
+                )
+            del keep[victim]
+    return keep
+
+
+def plan_cooperative(
+    items: Sequence[PlanItem], buckets: tuple[Bucket, ...], layout: Layout, cfg: PlanConfig, settings: CostSettings
+) -> tuple[DPPlan, TPSchedule, tuple[PlanItem, ...], tuple[CoopGroup, ...]] | None:
+    """The DP plan, TP schedule, items (cooperative ones carrying their total work k·member) and
+    groups of a stage where some matrix pays for a group; None when none does.
+
+    TP > 1: a cooperative matrix loads every TP rank of its owner with its member cost, which is how
+    the planners already treat a replicated matrix: they plan it as one, so Canzona's own DP
+    partitioners balance the result. TP = 1: block-aware partitioning (canzona.plan.dp_coop)."""
+    from canzona.plan.dp_coop import plan_dp_coop
+    from canzona.plan.strategies import plan_dp
+    from canzona.plan.tp import schedule_tp
+
+    chosen = choose_groups(items, layout.dp, layout.tp, settings, COOP_PROFILES[cfg.coop_profile], cfg.coop_force)
+    if not chosen:
+        return None
+    dp, tp = layout.dp, layout.tp
+    if tp > 1:
+        planning = tuple(
+            dataclasses.replace(it, partition_dim=None, cost=chosen[it.name][1]) if it.name in chosen else it
+            for it in items
+        )
+        dpp = plan_dp(
+            planning,
+            buckets,
+            dp,
+            tp,
+            cfg.strategy,
+            cfg.dp_algo,
+            cfg.alpha,
+            cfg.tp_mode,
+            layout=cfg.dp_layout,
+            ep=layout.ep,
+        )
+        tps = schedule_tp(planning, dpp.owner_map(), dp, tp, cfg.tp_mode, cfg.capacity_bytes, cfg.grad_dtype_bytes)
+    else:
+        chosen = fit_buckets(chosen, buckets, dp, forced=bool(cfg.coop_force), items=items)
+        if not chosen:
+            return None
+        dpp = plan_dp_coop(items, buckets, dp, {n: (k, c) for n, (k, c, _) in chosen.items()}, cfg.alpha)
+        tps = schedule_tp(items, dpp.owner_map(), dp, tp, cfg.tp_mode, cfg.capacity_bytes, cfg.grad_dtype_bytes)
+    total = tuple(
+        dataclasses.replace(it, cost=chosen[it.name][0] * chosen[it.name][1]) if it.name in chosen else it
+        for it in items
+    )
+    return dpp, tps, total, make_groups(chosen, dpp.owner_map(), items, tp)
+
+
+def check_ownership(plan: Plan) -> None:
+    """Reject a plan in which a matrix would reach an owner partly unreduced: several DP owners are
+    only valid for a cooperative matrix cut at its block boundaries (the old meaning, replicated
+    compute, is sc's alone)."""
+    if plan.dp.strategy in ("sc", "zero"):
+        return
+    groups = {g.name: g for g in plan.coop}
+    where = {e.name: (b.index, e.start, e.numel) for b in plan.dp.buckets for e in b.entries}
+    for name, owners in plan.dp.owners:
+        if len(owners) == 1:
+            continue
+        g = groups.get(name)
+        if g is None or tuple(d for d, _ in g.members) != tuple(owners):
+            raise ConfigError(
+                f"plan {plan.input_hash}: {name} has DP owners {owners} but no cooperative group over them; its "
+                "gradient would reach them partly unreduced. Re-plan, or give it one owner"
+            )
+        b, start, numel = where[name]
+        cuts = plan.dp.cuts[b]
+        bounds = {start + j * numel // g.k for j in range(1, g.k)}
+        inside = {c for c in cuts if start < c < start + numel}
+        if inside != bounds:
+            raise ConfigError(f"plan {plan.input_hash}: {name} is cut at {sorted(inside)}, not at its block boundaries")
