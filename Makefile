@@ -9,7 +9,7 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.canzona-installed
 PYTEST_ARGS ?= -n 2 -q
 
-.PHONY: help install lint test reproduce-table2 table2 notebook planner-bench bench-step clean-venv megatron-peer-env
+.PHONY: help install lint test reproduce-table2 table2 notebook planner-bench bench-step clean-venv megatron-peer-env gpu-check gpu-wheels
 
 help:
 	@echo "make reproduce-table2   run the Table-2 reproduction (Slurm if present, else the embedded local default)"
@@ -19,6 +19,8 @@ help:
 	@echo "make planner-bench      planner quality at 256 GPUs -> results/planner/"
 	@echo "make bench-step         optimizer-step benchmark, 4 gloo ranks (qwen3-tiny, qwen3-32b-w16) -> results/bench_step/"
 	@echo "make megatron-peer-env  optional .venv-peer with megatron-core 0.19.x for the megatron-muon peer"
+	@echo "make gpu-wheels         wheels for the GPU machine (no package index there) -> .whl/"
+	@echo "make gpu-check          one GPU, <= 8 min: NS vs peers, a bf16 run's syncs and memory -> results/gpu/"
 
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
@@ -88,3 +90,25 @@ $(PEER_STAMP): pyproject.toml
 	$(PEER_PY) -c "from canzona.harness.peer_megatron import available; ok, why = available(); print(why); raise SystemExit(0 if ok else 1)"
 	@touch $(PEER_STAMP)
 
+
+# One GPU in <= 8 minutes (issue 10): results/gpu/{ns,train,check}.json + SUMMARY.md. The GPU machine
+# has Python 3.12 and a CUDA torch but no package index and no .venv: build the wheels here with
+# `make gpu-wheels` (megatron-core 0.19 is a cp312 x86-64 wheel, emerging-optimizers pure Python;
+# their other needs — torch, numpy, packaging, absl-py, triton — are on that machine), carry .whl,
+# and run `make gpu-check WHEELS=.whl` there (README "GPU check" has the exact call). Without CUDA it
+# runs the CPU flavour, which refuses results/gpu: pass GPU_OUT=<folder>. QUICK=1: smoke subset.
+GPU_PYTHON ?= $(if $(wildcard $(VPY)),$(VPY),python3)
+GPU_OUT ?= results/gpu
+GPU_WHEELS ?= .whl
+GPU_WHEEL_SPECS ?= megatron-core==0.19.2 emerging-optimizers==0.3.0
+GPU_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64
+
+gpu-check:
+	$(GPU_PYTHON) -m canzona gpu-check --out $(GPU_OUT) $(if $(WHEELS),--wheels $(WHEELS)) $(if $(QUICK),--quick)
+
+gpu-wheels: $(STAMP)
+	rm -f $(GPU_WHEELS)/*.whl
+	$(VPY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		$(foreach p,$(GPU_PLATFORMS),--platform $(p)) -d $(GPU_WHEELS) $(GPU_WHEEL_SPECS)
+	echo "$$(git rev-parse HEAD)$$(git diff --quiet HEAD || echo -dirty)" > $(GPU_WHEELS)/COMMIT
+	@ls -l $(GPU_WHEELS)

@@ -51,6 +51,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "canzona.optim.bench_ns",
         "Newton–Schulz methods (standard, gram, peers) timed side by side: ms, TFLOP/s, error vs fp64",
     ),
+    "gpu-check": (
+        "canzona.harness.gpu_check",
+        "one GPU in <= 8 min: Newton–Schulz vs peers at Qwen3-32B shapes, a bf16 training run's syncs and memory",
+    ),
     "sweep": ("canzona.sweep.cli", "run, render (Slurm dry run), resume, inspect and collect benchmark sweeps"),
     "table2": (
         "canzona.analysis.cli",

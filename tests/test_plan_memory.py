@@ -23,8 +23,8 @@ ADAMW_LOCAL = L * NORMS + 2 * EMB + 5120  # what ZeRO-1 AdamW handles
 FULL_FC1 = 2 * 25600 * 5120  # the largest matrix, hosted whole by one GPU
 
 
-def _peak(strategy: str):
-    plans = plan_model("qwen3-32b", Layout(DP, TP, 1), PlanConfig(strategy=strategy))
+def _peak(strategy: str, cooperative: bool = False):
+    plans = plan_model("qwen3-32b", Layout(DP, TP, 1), PlanConfig(strategy=strategy, cooperative=cooperative))
     specs = list_params(get_model("qwen3-32b"))
     return peak(stage_memory(plans[0], specs, LowerSettings(param_bytes=2), MemoryPrecision()))
 
@@ -52,3 +52,11 @@ def test_sc_cannot_hold_every_matrix_on_every_gpu() -> None:
     matrices = L * (QKV + PROJ + FC1 + FC2) * TP  # full matrices, every one on every GPU
     assert b.optimizer >= 4 * matrices  # Muon momentum of all of them
     assert not b.fits(80e9)
+
+
+def test_cooperative_members_hold_blocks_not_matrices() -> None:
+    """With cooperation fc1 is orthogonalised by its owner's 8 TP ranks on their shards: no GPU holds
+    a whole fc1's momentum or working set any more."""
+    alone, together = _peak("canzona"), _peak("canzona", cooperative=True)
+    assert together.workspace < alone.workspace
+    assert together.total_bytes < alone.total_bytes < 80e9

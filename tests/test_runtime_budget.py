@@ -4,13 +4,12 @@ schedule lists (kind, group, bytes, root, order), and the step reads the host at
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Iterator
 
 import pytest
-import torch
 import torch.distributed as dist
 
+from canzona.harness.step_probe import HostReadCounter
 from canzona.plan.schedule import DP_MODES
 from canzona.runtime.launch import dp_tp_groups, launch
 from tests.runtime_helpers import SPECS, build, dist_config, full_grad, shard
@@ -43,7 +42,7 @@ def recorded(groups: dict[str, object]) -> Iterator[list[tuple]]:
         def call(*args, **kw):
             t = args[which] if len(args) > which else kw.get("tensor" if which == 0 else "input")
             group = kw.get("group")
-            gname = next((k for k, g in groups.items() if g is group), "?")
+            gname = next((k for k, g in groups.items() if g is group), "coop")  # cooperative DP sub-groups
             root = args[1] if kind in ("reduce", "broadcast") and len(args) > 1 else kw.get("dst", kw.get("src"))
             if kind in ("reduce", "broadcast") and group is not None:
                 root = dist.get_group_rank(group, root)
@@ -70,16 +69,20 @@ def _grads(params: dict, rank: int, tp: int, step: int) -> None:
 def _issued(info, dp: int, tp: int) -> dict:
     groups = dp_tp_groups(info.rank, dp, tp)
     out = {}
-    runs = [(s, "per-root") for s in STRATEGIES] + [(s, m) for s in ("layerwise", "canzona") for m in DP_MODES]
-    for strategy, mode in runs:
-        opt, params = build(info.rank, dp, tp, dist_config(strategy, "muon", collective_mode=mode), SEED, groups)
+    runs = [(s, "per-root", ()) for s in STRATEGIES] + [(s, m, ()) for s in ("layerwise", "canzona") for m in DP_MODES]
+    fc1, fc2 = "decoder.layers.0.mlp.linear_fc1.weight", "decoder.layers.1.mlp.linear_fc2.weight"
+    if tp > 1 or dp in (2, 4):  # cooperative groups: the TP group, or aligned DP sub-groups (+ re-blocking)
+        runs.append(("canzona", "native", ((fc1, tp if tp > 1 else dp), (fc2, tp if tp > 1 else 2))))
+    for strategy, mode, force in runs:
+        cfg = dist_config(strategy, "muon", collective_mode=mode, coop_force=force)
+        opt, params = build(info.rank, dp, tp, cfg, SEED, groups)
         names = {"dp": opt.dp_group, "tp": opt.tp_group, "global": None}
         _grads(params, info.rank, tp, 0)
         with recorded(names) as calls:
             opt.finish_grad_sync()
             opt.step()
         want = [(o.kind, o.group, o.nbytes, o.root) for o in opt.schedule.ops]
-        out[(strategy, mode)] = (calls, want)
+        out[(strategy, mode, bool(force))] = (calls, want)
     return out
 
 
@@ -88,33 +91,6 @@ def test_runtime_issues_exactly_the_lowered_schedule(dp: int, tp: int) -> None:
     for rank, res in enumerate(launch(_issued, dp * tp, dp, tp)):
         for key, (calls, want) in res.items():
             assert calls == want, f"rank {rank} {key}:\n issued {calls}\n lowered {want}"
-
-
-class _SyncCounter:
-    """Counts host reads made by canzona's own code (torch internals that read CPU scalars, like
-    torch.optim's step counters, are not device syncs and are not counted)."""
-
-    METHODS = ("item", "tolist", "cpu", "__bool__", "__float__", "__int__", "__index__", "numpy")
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-        self.saved = {m: getattr(torch.Tensor, m) for m in self.METHODS}
-
-    def __enter__(self) -> _SyncCounter:
-        for m, fn in self.saved.items():
-
-            def counted(t, *a, _m=m, _fn=fn, **k):
-                caller = sys._getframe(1).f_globals.get("__name__", "")
-                if caller.startswith("canzona"):
-                    self.calls.append(f"{_m} in {caller}")
-                return _fn(t, *a, **k)
-
-            setattr(torch.Tensor, m, counted)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for m, fn in self.saved.items():
-            setattr(torch.Tensor, m, fn)
 
 
 def _syncs(info, dp: int, tp: int) -> dict:
@@ -127,7 +103,7 @@ def _syncs(info, dp: int, tp: int) -> dict:
             for step in range(3):
                 _grads(params, info.rank, tp, step)
                 opt.finish_grad_sync()
-                with _SyncCounter() as c:
+                with HostReadCounter() as c:
                     opt.step()
                 out[(optimizer, strategy, step)] = c.calls
     return out

@@ -46,7 +46,7 @@ def _rank(info, dp: int, tp: int, force: tuple, method: str) -> dict:
     with recorded(names) as first:
         run_steps(opt, params, info.rank, tp, range(1), SEED)
     run_steps(opt, params, info.rank, tp, range(1, STEPS), SEED)
-    coop_calls = [c for c in first if c[1] in ("tp", "?") and c[0] == "all_reduce"]
+    coop_calls = [c for c in first if c[1] in ("tp", "coop") and c[0] == "all_reduce"]
     return {
         "params": {n: p.detach().clone() for n, p in params.items()},
         "gram_reduces": len(coop_calls),

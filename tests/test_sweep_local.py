@@ -17,7 +17,7 @@ import pytest
 
 from canzona.results.schema import ResultsError, iter_records
 from canzona.sweep.definition import Cell, parse_sweep
-from canzona.sweep.local import run_local
+from canzona.sweep.local import _live_members, run_local
 from canzona.sweep.state import JobBook, SweepPaths, collect, format_status, sweep_status
 from canzona.sweep.task import train_command
 
@@ -306,8 +306,8 @@ def test_sigkilled_sweep_resumes_without_overlapping_or_duplicating_runs(tmp_pat
     rep = run_local(defn, paths=paths, backend="local", builder=make_builder(tmp_path)[0], progress=False)
     assert rep.success and sorted(rep.ok) == sorted([sc.key, cz.key])
     assert [o.split(":")[0] for o in rep.ended_orphans] == [sc.key.split(":")[0]]
-    with pytest.raises(ProcessLookupError):
-        os.killpg(entry["pgid"], 0)  # ended, not left running
+    assert not _live_members(entry["pgid"])  # ended, not left running (zombies run nothing: an init
+    # that does not reap, as in some containers, may leave them behind)
     assert not invocations(counter, "overlap")  # no run of a cell ever ran beside another
     ends = {e["pid"]: e for e in invocations(counter, "end")}
     for c in (sc, cz):

@@ -10,5 +10,9 @@ distributed optimizer (or Megatron's own Muon as a peer), timed, and recorded as
   record.py        the results record
   peer_megatron.py the megatron-muon peer
   cli.py           `canzona train` (torchrun/srun rank, or forked local gloo ranks)
+  gpu_check.py     `canzona gpu-check`: one GPU in <= 8 min (wheels install, parts, budget)
+  gpu_train.py     its training part: one in-process rank, step probe, memory-model prediction
+  gpu_summary.py   its SUMMARY.md and goal verdicts, computed from the JSON files
+  step_probe.py    host syncs (CUDA sync-debug warnings / host reads) and allocator around opt.step()
 Heavy imports (megatron) happen inside functions, so importing this package is cheap.
 """

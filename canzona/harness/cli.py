@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     from canzona.runtime.launch import RankError, init_from_env, launch
 
     if under_launcher():
-        ri = init_from_env(backend)
+        ri = init_from_env(backend, timeout_s=run_cfg.collective_timeout_s)
         try:
             out = train(ri, run_cfg)
         finally:
@@ -177,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         # one GPU per forked rank with NCCL when there are GPUs (the parent never initialises CUDA)
         try:
-            outs = launch(train, world, run_cfg, backend=backend, timeout_s=600.0)
+            outs = launch(train, world, run_cfg, backend=backend, timeout_s=run_cfg.collective_timeout_s)
         except RankError as exc:
             print(f"canzona train: {exc}", file=sys.stderr)
             return 1

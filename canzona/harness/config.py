@@ -22,6 +22,7 @@ import tomllib
 from canzona.cost import optimizer_names
 from canzona.errors import ConfigError
 from canzona.models.qwen3 import Qwen3Config, get_model
+from canzona.plan.types import DEFAULT_ALPHA
 from canzona.results.schema import NS_OPTIMIZERS, ns_dtype_for
 
 METHODS = ("sc", "layerwise", "asc", "canzona", "megatron-muon")
@@ -61,8 +62,14 @@ class RunConfig:
     global_batch: int = 1
     warmup: int = 2
     iters: int = 10
-    alpha: float = 1.0
+    # The planner's default (canzona.plan.types.DEFAULT_ALPHA): one value everywhere, so a train run
+    # executes the plan `canzona plan` shows. The authors' 1.0 is their preset / sweep variant.
+    alpha: float = DEFAULT_ALPHA
     bucket_size: int = 40_000_000
+    # Seconds a collective may wait before the process group fails it: on gloo the step then names
+    # its phase; on NCCL the watchdog aborts the process with "Watchdog caught collective operation
+    # timeout" after this many seconds (set TORCH_NCCL_ASYNC_ERROR_HANDLING as your site requires).
+    collective_timeout_s: int = 600
     lr: float = 0.02
     weight_decay: float = 0.0
     adamw_lr: float = 3e-4
@@ -119,7 +126,17 @@ class RunConfig:
         if self.muon_tp_mode not in MUON_TP_MODES:
             raise ConfigError(f"unknown muon_tp_mode {self.muon_tp_mode!r}; choose one of {', '.join(MUON_TP_MODES)}")
         self._validate_formats(gpu)
-        for k in ("tp", "pp", "dp", "seq_len", "micro_batch", "global_batch", "iters", "bucket_size"):
+        for k in (
+            "tp",
+            "pp",
+            "dp",
+            "seq_len",
+            "micro_batch",
+            "global_batch",
+            "iters",
+            "bucket_size",
+            "collective_timeout_s",
+        ):
             v = getattr(self, k)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"{k.replace('_', '-')} must be a positive integer, got {v!r}")

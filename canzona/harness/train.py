@@ -25,7 +25,7 @@ How the pieces fit megatron:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -163,8 +163,13 @@ def make_forward_step(seq_len: int, device: torch.device) -> Callable[..., Any]:
     return forward_step
 
 
-def train(ri: RankInfo, run: RunConfig) -> dict[str, Any]:
-    """One rank of ``run``; returns this rank's loss curve (and the record on rank 0)."""
+def train(
+    ri: RankInfo, run: RunConfig, *, step_probe: Callable[[], AbstractContextManager[Any]] | None = None
+) -> dict[str, Any]:
+    """One rank of ``run``; returns this rank's loss curve (and the record on rank 0).
+
+    ``step_probe``: a context entered around every ``opt.step()`` (``canzona gpu-check`` counts the
+    step's host syncs and reads the allocator there); None: nothing extra."""
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
@@ -233,7 +238,8 @@ def train(ri: RankInfo, run: RunConfig) -> dict[str, Any]:
             if on_cpu:  # so that step_ms times the step, not the ranks' forward-backward skew
                 dist.barrier()
             t1 = clock.now_ms()
-            opt.step()
+            with step_probe() if step_probe else nullcontext():
+                opt.step()
             t2 = clock.now_ms()
             opt.zero_grad()
             t3 = clock.now_ms()

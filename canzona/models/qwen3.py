@@ -33,6 +33,8 @@ MODELS: dict[str, TransformerConfig] = {
         Qwen3Config("qwen3-8b", 36, 4096, 12288, 32, 8, **_M),
         Qwen3Config("qwen3-14b", 40, 5120, 17408, 40, 8, **_M),
         Qwen3Config("qwen3-32b", 64, 5120, 25600, 64, 8, **_M),
+        # Qwen3-1.7B's shapes with 4 of its 28 layers: the one-GPU training run of `canzona gpu-check`.
+        Qwen3Config("qwen3-1.7b-4l", 4, 2048, 6144, 16, 8, tied_embeddings=True, **_M),
         # CPU variants, same structure (GQA, SwiGLU, QK-norm; q_dim != hidden like 32B).
         # qwen3-tiny: big enough that optimizer compute dominates a 4-rank gloo step.
         Qwen3Config("qwen3-tiny", 4, 384, 1024, 8, 4, head_dim=64, vocab=4096),

@@ -1,7 +1,8 @@
 """Other projects' Newton–Schulz, called the way their optimizers call it, for `canzona bench-ns`.
 
-Each peer is looked up when the benchmark runs; one that is not installed (or cannot run the
-requested coefficients) is reported as unavailable with the reason, never silently skipped.
+Each peer is looked up when the benchmark runs; one that is not installed, does not import, or
+cannot run the requested coefficients is reported as unavailable with the reason, never silently
+skipped.
 
 Coefficient names differ between projects: our ``quintic`` (Keller Jordan's (3.4445, −4.7750,
 2.0315) every iteration) is emerging-optimizers' ``simple`` and torch.optim.Muon's default;
@@ -50,7 +51,7 @@ def emerging_peer(steps: int, coefficients: str, dtype: str) -> Peer:
     label = "emerging-optimizers"
     try:
         from emerging_optimizers.orthogonalized_optimizers.muon_utils import newton_schulz as eo_ns
-    except ImportError as exc:
+    except Exception as exc:  # noqa: BLE001 - a missing or broken install (its triton kernels, say) may raise anything
         return Peer(label, None, dtype, f"unavailable: {exc}")
     name = EMERGING_NAMES[coefficients]
     if steps < EMERGING_MIN_STEPS.get(name, 1):

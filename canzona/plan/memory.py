@@ -73,11 +73,12 @@ def _region(b: BucketLayout, dp_rank: int) -> int:
     return hi - lo
 
 
-def _ns_workspace(shape: tuple[int, int], prec: MemoryPrecision) -> int:
-    """Assembled fp32 gradient + fp32 update + NS working set (X, next X, A = X·Xᵀ, B) of one matrix."""
+def _ns_workspace(shape: tuple[int, int], prec: MemoryPrecision, k: int = 1) -> int:
+    """Assembled fp32 gradient + fp32 update + NS working set (X, next X, A = X·Xᵀ, B) of one matrix;
+    a cooperative member holds 1/k of the matrix but the whole m×m Gram."""
     m, n = shape
     s = min(m, n)
-    return m * n * (2 * FP32 + 2 * prec.ns_bytes) + 2 * s * s * prec.ns_bytes
+    return m * n // k * (2 * FP32 + 2 * prec.ns_bytes) + 2 * s * s * prec.ns_bytes
 
 
 def _tp_staging(s: RankSchedule, plan: Plan) -> int:
@@ -122,8 +123,9 @@ def rank_memory(s: RankSchedule, plan: Plan | None, cost: CostModel | None, prec
     whole_owned = sum(local[n] for b in whole for n, _, _ in b.entries if n in applied)
     master = (owned + whole_owned) * FP32 if prec.param_bytes != FP32 else 0
     adam = sum(_region(b, s.dp_rank) for b in s.buckets if b.kind == "adamw")
-    state = sum(cost.state_bytes(items[n].shape) for n in s.computes) if cost is not None else 0
-    work = max((_ns_workspace(items[n].shape, prec) for n in s.computes), default=0)
+    k = {g.name: g.k for g in plan.coop} if plan is not None else {}  # cooperative: blocks of 1/k
+    state = sum(cost.state_bytes(items[n].shape) // k.get(n, 1) for n in s.computes) if cost is not None else 0
+    work = max((_ns_workspace(items[n].shape, prec, k.get(n, 1)) for n in s.computes), default=0)
     return MemoryBreakdown(
         dp_rank=s.dp_rank,
         tp_rank=s.tp_rank,

@@ -26,6 +26,9 @@ from canzona.plan.types import DEFAULT_ALPHA, PlanConfig
 from canzona.runtime.config import CommConfig, DistConfig, optimizer_config, strategies
 
 STRATEGIES = strategies()
+# Variants of a strategy bench-step can time beside the strategies themselves (JSON only: they are
+# not separate results-schema methods). canzona-nocoop: Canzona with one owner per matrix.
+VARIANTS = {"canzona-nocoop": ("canzona", {"cooperative": False})}
 PARAM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -38,7 +41,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=positive_int, default=20, help="measured steps per strategy")
     p.add_argument("--warmup", type=nonneg_int, default=3, help="unmeasured steps per strategy")
     p.add_argument(
-        "--strategies", default=",".join(STRATEGIES), help="comma-separated subset of " + ",".join(STRATEGIES)
+        "--strategies",
+        default=",".join(STRATEGIES),
+        help="comma-separated subset of " + ",".join([*STRATEGIES, *VARIANTS]) + " (variants: JSON only, no records)",
     )
     p.add_argument("--alpha", type=unit_float, default=DEFAULT_ALPHA)
     p.add_argument("--bucket-size", type=positive_int, default=40_000_000)
@@ -64,11 +69,12 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def make_config(strategy: str, args: argparse.Namespace) -> DistConfig:
-    """bench-step's DistConfig for one strategy (timers on: the step is what is measured)."""
+    """bench-step's DistConfig for one strategy or variant (timers on: the step is what is measured)."""
     opts = {"compute_dtype": args.ns_dtype} if args.optimizer == "muon" else {}
+    base, extra = VARIANTS.get(strategy, (strategy, {}))
     return DistConfig(
         optimizer=optimizer_config(args.optimizer, **opts),
-        plan=PlanConfig(strategy=strategy, alpha=args.alpha, bucket_size=args.bucket_size),
+        plan=PlanConfig(strategy=base, alpha=args.alpha, bucket_size=args.bucket_size, **extra),
         comm=CommConfig(collective_mode=args.collective_mode),
         timers=True,
     )
@@ -122,6 +128,7 @@ def _rank(
         s: {
             "timings": times[s],
             "collective_modes": runs[s][0].collective_modes,
+            "cooperative": [(g.name, g.k, g.form) for g in runs[s][0].plan.coop] if runs[s][0].plan else [],
             "plan_hash": runs[s][0].plan.input_hash if runs[s][0].plan else None,
         }
         for s in strategies
@@ -138,9 +145,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"dp·tp = {args.dp}·{args.tp} = {args.dp * args.tp} must equal --nproc {args.nproc}")
     get_model(args.model).validate_layout(tp=args.tp)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    unknown = [s for s in strategies if s not in STRATEGIES]
+    unknown = [s for s in strategies if s not in STRATEGIES and s not in VARIANTS]
     if unknown:
-        raise ConfigError(f"unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}")
+        raise ConfigError(f"unknown strategies {unknown}; choose from {', '.join([*STRATEGIES, *VARIANTS])}")
     for strategy in strategies:
         make_config(strategy, args)  # validate before forking
     per_rank = launch(
@@ -181,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
         else {},
         "phases_ms": {s: {k: v for k, v in med[s].items() if k not in ("total", "skipped")} for s in strategies},
         "collective_modes": {s: res[s]["collective_modes"] for s in strategies},
+        "cooperative": {s: res[s]["cooperative"] for s in strategies},
         "provenance": "measured",
         "provenance_detail": f"{env['device']}, {args.nproc} forked {args.backend} ranks on one host",
         "env": env,
@@ -209,6 +217,8 @@ def _append_records(args: argparse.Namespace, out: dict, med: dict) -> None:
     from canzona.results.schema import SCHEMA_VERSION, append_record, cell_key
 
     for s, ms in out["step_ms"].items():
+        if s in VARIANTS:
+            continue
         config = {
             "model": args.model,
             "tp": args.tp,

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from canzona.models.spec import ParamSpec
 from canzona.optim.newton_schulz import newton_schulz_blocks
+from canzona.plan.coop import DP_GROUP_SIZES
 from canzona.plan.schedule import ExecSpec, coop_comm_key
 from canzona.plan.types import CoopGroup
 from canzona.runtime.exec_base import StepContext
@@ -191,11 +192,17 @@ def held_pieces(
     return out
 
 
-def coop_comms(coop: Sequence[CoopGroup], dp_group: dist.ProcessGroup | None) -> dict[str, dist.ProcessGroup]:
-    """The aligned DP sub-groups this rank's cooperative matrices use, created once. Only members
-    create a sub-group (local synchronisation), so PP stages with different plans never need to agree."""
+def coop_comms(dp_group: dist.ProcessGroup | None, dp: int, dp_rank: int) -> dict[str, dist.ProcessGroup]:
+    """The aligned DP sub-groups this rank belongs to, for every group size of canzona.plan.coop,
+    created once whatever this stage's plan chose. Only members create a sub-group (local
+    synchronisation), and torch names such a group after its ranks AND the number of groups the rank
+    already has, so every rank must create the same number in the same order: that is why the set
+    does not depend on the plan (PP stages plan differently) and goes by increasing k."""
     out = {}
-    for key, g in sorted({coop_comm_key(g): g for g in coop if coop_comm_key(g) != "tp"}.items()):
-        ranks = [d if dp_group is None else dist.get_global_rank(dp_group, d) for d, _ in g.members]
-        out[key] = dist.new_group(ranks, use_local_synchronization=True)
+    for k in DP_GROUP_SIZES:
+        if dp % k or k > dp:
+            continue
+        d0 = dp_rank // k * k
+        ranks = [d if dp_group is None else dist.get_global_rank(dp_group, d) for d in range(d0, d0 + k)]
+        out[f"dp{d0}+{k}"] = dist.new_group(ranks, use_local_synchronization=True)
     return out

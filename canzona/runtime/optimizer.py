@@ -174,7 +174,10 @@ class DistributedOptimizer:
         self.sets = {k: FlatBuffers(v, self.params, gdtype, self.dp_rank, self.device) for k, v in layouts.items() if v}
         self.dps = DPSync(s, self.sets, self.dp_group, self.tp_group, self.tp_partial, self.device, self.timer)
         coop = next((e.coop for e in s.executors if e.kind == "cooperative"), ())
-        comms = {"tp": self.tp_group, "dp": self.dp_group, **coop_comms(coop, self.dp_group)}
+        comms = {"tp": self.tp_group, "dp": self.dp_group}
+        if self.plan is not None and self.plan.config.cooperative and self.tp == 1:
+            comms.update(coop_comms(self.dp_group, self.dp, self.dp_rank))
+        self.comms = comms
         self.executors = select_executors(s.executors, self.specs, comms, self.device)
         self.applied = [n for spec in s.executors for n in spec.names]
         self.held = held_pieces(self.specs, coop, (self.dp_rank, self.tp_rank), self.applied, self.tp)

@@ -1,0 +1,214 @@
+"""``SUMMARY.md`` of `canzona gpu-check`, computed from its JSON files alone (pure functions).
+
+Why from the JSON: the goal lines must be recomputable by anyone from the committed files, and a
+summary that read live objects could say something the files do not. Each goal is ``met``,
+``not met`` or ``not evaluated`` (with the reason: a CPU run, a missing package, a failed part).
+
+How the Newton–Schulz goals are computed (issue 10's goals, on every Qwen3-32B matrix shape):
+* fraction of peak: ours = ``auto`` (the method Muon picks per shape from the cost model); its
+  FLOP-weighted throughput over every shape (Σ FLOPs / Σ time: one orthogonalisation of each
+  shape) over the bf16 matmul peak, taken as the larger of the two peak measurements of the run
+  (before and after the Newton–Schulz timings), so a GPU that was still clocking up cannot make
+  the fraction look better. The shapes under 50% are listed.
+* speed against emerging-optimizers: Σ its median ms / Σ ours over the shapes both ran.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+NS_FRACTION_GOAL = 0.5
+NS_SPEED_GOAL = 1.0
+SYNC_GOAL = 1
+OURS = "auto"
+EMERGING = "emerging-optimizers"
+GOAL_MODEL = "qwen3-32b"
+
+
+@dataclass(frozen=True)
+class Goal:
+    text: str
+    verdict: str  # "met" | "not met" | "not evaluated"
+    detail: str
+
+    def line(self) -> str:
+        return f"- **{self.verdict}** — {self.text}: {self.detail}"
+
+
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "not met"
+
+
+def peak_tflops(ns: dict[str, Any]) -> float | None:
+    """The larger of the run's bf16 matmul peak measurements (before and after the NS timings)."""
+    peaks = [p["tflops"] for p in (ns.get("peak"), ns.get("gpu_check", {}).get("peak_after")) if p]
+    return max(peaks) if peaks else None
+
+
+def _ns_not_evaluable(ns: dict[str, Any] | None) -> str | None:
+    if not ns or ns.get("status", "ok") != "ok":
+        return f"the Newton–Schulz part did not run ({(ns or {}).get('reason', 'no ns.json')})"
+    gc = ns.get("gpu_check", {})
+    if gc.get("flavour") != "gpu":
+        return "CPU flavour (tiny shapes, no GPU): not a GPU verdict"
+    if gc.get("shapes") != GOAL_MODEL:
+        return f"ran {gc.get('shapes')} shapes (--quick?), not every {GOAL_MODEL} shape"
+    return None
+
+
+def ns_goals(ns: dict[str, Any] | None) -> list[Goal]:
+    """The two Newton–Schulz goals (module docstring)."""
+    frac_text = f"Newton–Schulz ≥ {NS_FRACTION_GOAL:.0%} of the measured bf16 matmul peak on {GOAL_MODEL} shapes"
+    speed_text = f"Newton–Schulz ≥ {NS_SPEED_GOAL:.1f}× {EMERGING}' speed on the same shapes"
+    why = _ns_not_evaluable(ns)
+    if why:
+        return [Goal(frac_text, "not evaluated", why), Goal(speed_text, "not evaluated", why)]
+    assert ns is not None
+    rows = [r for r in ns["shapes"] if r["methods"][OURS]["available"]]
+    peak = peak_tflops(ns)
+    flops = sum(r["methods"][OURS]["flops"] for r in rows)
+    ms = sum(r["methods"][OURS]["median_ms"] for r in rows)
+    frac = flops / (ms * 1e-3) / 1e12 / peak if peak and ms else 0.0
+    low = [
+        f"{'x'.join(map(str, r['shape']))} {r['methods'][OURS]['tflops'] / peak:.0%}"
+        for r in rows
+        if peak and r["methods"][OURS]["tflops"] / peak < NS_FRACTION_GOAL
+    ]
+    goals = [
+        Goal(
+            frac_text,
+            _verdict(bool(rows) and frac >= NS_FRACTION_GOAL),
+            f"ours ({OURS}) {frac:.0%} FLOP-weighted over {len(rows)} shapes of peak {peak or 0:.0f} TFLOP/s; "
+            f"{len(rows) - len(low)}/{len(rows)} shapes ≥ {NS_FRACTION_GOAL:.0%}"
+            + (f" (below: {', '.join(low)})" if low else ""),
+        )
+    ]
+    both = [r for r in rows if r["methods"].get(EMERGING, {}).get("available")]
+    if not both:
+        note = next((r["methods"].get(EMERGING, {}).get("note") for r in ns["shapes"]), None)
+        note = note or ns["gpu_check"].get("peers_failed") or "not run"
+        return [*goals, Goal(speed_text, "not evaluated", f"{EMERGING}: {note}")]
+    theirs = sum(r["methods"][EMERGING]["median_ms"] for r in both)
+    ours = sum(r["methods"][OURS]["median_ms"] for r in both)
+    per = sorted((r["methods"][EMERGING]["median_ms"] / r["methods"][OURS]["median_ms"], r["shape"]) for r in both)
+    worst, shape = per[0]
+    return [
+        *goals,
+        Goal(
+            speed_text,
+            _verdict(theirs / ours >= NS_SPEED_GOAL),
+            f"{theirs / ours:.2f}× (Σ their ms / Σ ours over {len(both)} shapes); "
+            f"slowest shape {'x'.join(map(str, shape))} {worst:.2f}×",
+        ),
+    ]
+
+
+def sync_goal(train: dict[str, Any] | None) -> Goal:
+    text = f"host syncs per training step ≤ {SYNC_GOAL}"
+    if not train or train.get("status", "ok") != "ok":
+        return Goal(text, "not evaluated", f"the training part did not run ({(train or {}).get('reason', 'none')})")
+    s = train["syncs"]
+    where = f"; sites: {', '.join(s['sites'])}" if s["sites"] else ""
+    return Goal(
+        text,
+        _verdict(s["max_per_measured_step"] <= SYNC_GOAL),
+        f"{s['max_per_measured_step']} (max over {len(s['per_step']) - s['warmup_steps']} measured steps, "
+        f"per step {s['per_step']}; counted by {s['method']}){where}",
+    )
+
+
+def goals(ns: dict[str, Any] | None, train: dict[str, Any] | None) -> list[Goal]:
+    return [*ns_goals(ns), sync_goal(train)]
+
+
+def _ns_table(ns: dict[str, Any]) -> list[str]:
+    peak = peak_tflops(ns)
+    found = list(ns["shapes"][0]["methods"]) if ns["shapes"] else []
+    labels = [m for m in ("standard", "gram", "auto") if m in found] + sorted(set(found) - {"standard", "gram", "auto"})
+    head = [
+        f"Newton–Schulz {ns['coefficients']} × {ns['steps']} in {ns['dtype']}, median of {ns['repeats']}; "
+        f"cells: TFLOP/s (% of the {peak or 0:.1f} TFLOP/s bf16 matmul peak); ms",
+        "",
+        "| shape | matrices | " + " | ".join(labels) + " |",
+        "|---|---|" + "---|" * len(labels),
+    ]
+    rows = []
+    for r in ns["shapes"]:
+        cells = []
+        for label in labels:
+            m = r["methods"][label]
+            if not m["available"]:
+                cells.append("n/a")
+                continue
+            pct = f" ({m['tflops'] / peak:.0%})" if peak else ""
+            cells.append(f"{m['tflops']:.3g}{pct}; {m['median_ms']:.3g} ms")
+        rows.append(f"| {'x'.join(map(str, r['shape']))} | {r['label']} | " + " | ".join(cells) + " |")
+    notes = sorted({f"{k}: {m['note']}" for r in ns["shapes"][:1] for k, m in r["methods"].items()})
+    return [*head, *rows, "", *(f"- {n}" for n in notes)]
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.2f} MiB"
+
+
+def _train_section(train: dict[str, Any]) -> list[str]:
+    rec, mem = train["record"], train["memory"]
+    cfg, t = rec["config"], rec["timings"]
+    phases = ", ".join(f"{k} {v:.2f}" for k, v in t["phases_ms"].items() if v)
+    lines = [
+        f"{cfg['model']} (world {cfg['world']}, {cfg['method']}/{cfg['optimizer']}, params {cfg['dtype']}, "
+        f"Newton–Schulz {cfg['ns_dtype']}, attention {cfg['attention']}, layer spec {rec['env'].get('layer_spec')}, "
+        f"backend {rec['env']['backend']}, seq {cfg['seq_len']} × global batch {cfg['global_batch']})",
+        f"- iteration {t['iteration_ms']['median']:.1f} ms, step {t['step_ms']['median']:.2f} ms (median of "
+        f"{t['iteration_ms']['n']}); phases (ms, {train['phase_clock']}): {phases}",
+        f"- loss {rec['loss']['first']:.4f} → {rec['loss']['last']:.4f}",
+        f"- memory model (excludes {mem['model_excludes']}): {_size(mem['predicted']['total_bytes'])}, "
+        f"of which workspace {_size(mem['predicted']['workspace'])}",
+    ]
+    m = mem.get("measured")
+    if m and m.get("allocated_at_step_start") is not None:
+        lines.append(
+            f"- measured: {_size(m['allocated_at_step_start'])} allocated when the step starts "
+            f"(model without workspace {_size(mem['predicted_persistent_bytes'])}, ratio "
+            f"{mem['persistent_ratio']:.3f}); peak {_size(m['peak_allocated'])} "
+            "(torch.cuda.max_memory_allocated: activations included)"
+        )
+    elif m:
+        lines.append(f"- measured: {m['note']}")
+    return lines
+
+
+def summary_markdown(check: dict[str, Any], ns: dict[str, Any] | None, train: dict[str, Any] | None) -> str:
+    """The whole SUMMARY.md."""
+    env = check["env"]
+    cpu = check["flavour"] != "gpu"
+    lines = [
+        f"# gpu-check on {env['device']}",
+        "",
+        f"torch {env['torch']}, CUDA {env.get('cuda') or 'none'}, megatron-core {env['megatron']}, "
+        f"Python {env['python']}, commit {env['git_commit']}, {env['timestamp']}.",
+        f"Command: `{check['command_line']}` — wall {check['wall_s']:.0f} s "
+        f"(estimate {check['estimate_s']:.0f} s, budget {check['budget_s']:.0f} s).",
+    ]
+    if cpu:
+        lines += [
+            "",
+            "**CPU flavour** (no CUDA): tiny shapes, gloo, one process. These numbers show that the flow runs; "
+            "they say nothing about GPU speed.",
+        ]
+    lines += ["", "## Goals", "", *(g.line() for g in goals(ns, train)), "", "## Newton–Schulz", ""]
+    lines += _ns_table(ns) if ns and ns.get("status", "ok") == "ok" else [f"not run: {(ns or {}).get('reason')}"]
+    lines += ["", "## Training run", ""]
+    lines += (
+        _train_section(train)
+        if train and train.get("status", "ok") == "ok"
+        else [f"not run: {(train or {}).get('reason')}"]
+    )
+    lines += ["", "## Parts", ""]
+    for name, p in check["parts"].items():
+        why = f" — {p['reason']}" if p.get("reason") else ""
+        lines.append(f"- {name}: {p['status']} in {p['wall_s']:.0f} s (estimate {p['estimate_s']:.0f} s){why}")
+    for step in check.get("install", []):
+        lines.append(f"- install `{step['command']}`: exit {step['rc']}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,153 @@
+"""Part (b) of `canzona gpu-check`: one megatron-core Qwen3 training run on ONE device.
+
+The run is the harness's own loop (``canzona.harness.train.train``) on a world of one rank: this
+process with NCCL on a GPU, one forked gloo rank on CPU (``train_check`` says why). Around every ``opt.step()`` a
+``StepProbe`` counts host syncs (``torch.cuda.set_sync_debug_mode``; host reads on CPU) and reads
+the allocator. The optimizer's phase timers are CUDA events on a GPU (the harness builds it with
+``timers=True`` and reads them after each iteration, outside the step).
+
+Memory: the memory model (canzona.plan.memory) predicts the bytes the optimizer side holds for
+this model and layout — parameters, main grads, masters, state, staging and the transient
+update workspace — and excludes activations. The allocator's reading when a step starts
+(backward done, activations freed) is compared with the prediction without its workspace; the
+run's peak (``torch.cuda.max_memory_allocated``) includes activations and is reported beside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from canzona.harness.config import RunConfig
+from canzona.harness.step_probe import StepProbe
+from canzona.plan.memory import MemoryBreakdown
+
+# GPU: a few layers of Qwen3-1.7B shapes, bf16 params, two micro-batches (so no_sync runs).
+GPU_RUN = RunConfig(
+    model="qwen3-1.7b-4l", seq_len=2048, micro_batch=2, global_batch=4, warmup=3, iters=10, dtype="bf16", device="gpu"
+)
+CPU_RUN = RunConfig(
+    model="qwen3-micro", seq_len=32, micro_batch=2, global_batch=4, warmup=1, iters=3, dtype="bf16", device="cpu"
+)
+MODEL_EXCLUDES = "activations, and megatron's own buffers (rotary tables, schedule tensors, allocator slack)"
+
+
+class PartUnavailable(Exception):
+    """A part cannot run here because a package is missing; the message says which and the fix."""
+
+
+def run_config(gpu: bool, quick: bool) -> RunConfig:
+    """The run of this flavour; ``quick``: fewer measured iterations."""
+    run = GPU_RUN if gpu else CPU_RUN
+    return run.replace(iters=3, warmup=2) if quick and gpu else run
+
+
+def predicted_memory(run: RunConfig) -> MemoryBreakdown:
+    """The memory model's GPU with the largest total for ``run``'s model, layout and formats."""
+    from canzona.models import get_model, list_params
+    from canzona.plan.build import plan_model
+    from canzona.plan.comm import MODELS
+    from canzona.plan.memory import MemoryPrecision, peak, stage_memory
+    from canzona.plan.schedule import LowerSettings
+    from canzona.plan.types import Layout, PlanConfig
+
+    layout = Layout(run.dp, run.tp, run.pp)
+    pc = PlanConfig(
+        strategy=run.method, optimizer=run.optimizer, alpha=run.alpha, bucket_size=run.bucket_size, cost=run.cost
+    )
+    param_bytes = 2 if run.dtype == "bf16" else 4
+    prec = MemoryPrecision(param_bytes=param_bytes, grad_bytes=4, ns_bytes=2 if run.ns_dtype == "bf16" else 4)
+    settings = LowerSettings(model=MODELS["nccl" if run.device == "gpu" else "gloo"], param_bytes=param_bytes)
+    worst = []
+    for stage, plan in enumerate(plan_model(run.model, layout, pc)):
+        specs = list_params(get_model(run.model), pp=run.pp, stage=stage)
+        worst.append(peak(stage_memory(plan, specs, settings, prec)))
+    return peak(worst)
+
+
+@contextmanager
+def single_gpu_group() -> Iterator[Any]:
+    """An NCCL world of this process alone on the current GPU (an in-memory store: no port, no env vars)."""
+    from canzona.runtime.launch import RankInfo
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield RankInfo(0, 1, 0, device)
+    finally:
+        dist.destroy_process_group()
+
+
+def memory_report(predicted: MemoryBreakdown, reading: dict[str, Any] | None, record: dict[str, Any]) -> dict[str, Any]:
+    """The model's bytes beside the allocator's (``reading``: ``StepProbe.memory``, None without CUDA)."""
+    persistent = predicted.total_bytes - predicted.workspace
+    out: dict[str, Any] = {
+        "predicted": predicted.to_dict(),
+        "predicted_persistent_bytes": persistent,
+        "model_excludes": MODEL_EXCLUDES,
+    }
+    if reading is None:
+        t = record["timings"]
+        out["measured"] = {
+            "note": f"{t['peak_mem_kind']} {t['peak_mem_mb']:.0f} MiB (the whole process: not comparable)"
+        }
+        return out
+    out["measured"] = {
+        "allocated_at_step_start": reading["allocated_at_step_start"],
+        "allocated_at_step_end": reading["allocated_at_step_end"],
+        "peak_allocated": reading["peak_allocated"],
+    }
+    out["persistent_ratio"] = reading["allocated_at_step_start"] / persistent
+    return out
+
+
+def probed_rank(ri: Any, run: RunConfig) -> dict[str, Any]:
+    """One rank of ``run`` with a StepProbe around every step; plain data (it may cross a fork)."""
+    from canzona.harness.train import train
+
+    probe = StepProbe(ri.device)
+    out = train(ri, run, step_probe=probe.step)
+    reading = probe.memory()
+    if reading is not None:  # the whole run's peak, activations included
+        reading["peak_allocated"] = max(reading["peak_allocated_through_last_step"], torch.cuda.max_memory_allocated())
+    return {"record": out["record"], "syncs": probe.summary(run.warmup), "memory": reading}
+
+
+def train_check(gpu: bool, quick: bool) -> dict[str, Any]:
+    """Run part (b); the dict written as ``train.json`` (megatron-core must be importable).
+
+    On a GPU the rank is this process (CUDA, already initialised by the Newton–Schulz part, does
+    not survive a fork). On CPU it is one forked gloo rank, as `canzona train` runs it: a process
+    that has held a gloo group and megatron's parallel state must not fork ranks later (the tests
+    do, in the same worker), and the CPU shim stays in the child."""
+    try:
+        import megatron.core.models.gpt  # noqa: F401 - the availability check
+    except ImportError as exc:
+        raise PartUnavailable(
+            f"megatron-core does not import ({exc}); on the GPU machine pass --wheels with the folder "
+            "`make gpu-wheels` builds"
+        ) from exc
+    from canzona.runtime.launch import launch
+
+    run = run_config(gpu, quick).resolve(gpu=gpu)
+    if gpu:
+        torch.cuda.set_device(0)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        with single_gpu_group() as ri:
+            got = probed_rank(ri, run)
+    else:
+        (got,) = launch(probed_rank, 1, run, backend="gloo", timeout_s=300.0)
+    return {
+        "status": "ok",
+        "provenance": "measured",
+        "run": run.record_config(),
+        "record": got["record"],
+        "phase_clock": "CUDA events" if gpu else "wall clock (CPU)",
+        "syncs": got["syncs"],
+        "memory": memory_report(predicted_memory(run), got["memory"], got["record"]),
+    }

@@ -1,0 +1,96 @@
+"""The communication budget of a plan, read off its lowered schedule: what one step issues.
+
+Why from the schedule: the runtime issues exactly the schedule's calls (a test records them), so
+counting them here counts what a GPU pays on NCCL — calls by kind and group, bytes per GPU, the
+padding the native layout moves, and an α–β time. The step's own calls are what Megatron's
+layer-sharded Muon cut to 4 per step (PR #6683); the DP calls are overlapped with backward and the
+next forward, so they are reported separately.
+
+Exposed TP time: micro-groups are pipelined (the gather of group i+1 and the scatter of group i−1
+run while group i computes), so what a host waits for is the first gather, the last scatter and
+whatever communication outlasts a group's compute. Compute per group is its slowest host's
+matrices at ``flops_rate``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from canzona.cost import CostModel
+from canzona.plan.comm import CommModel
+from canzona.plan.schedule import RankSchedule, padding_fraction
+from canzona.plan.types import Plan
+
+GROUPS = ("dp", "tp", "coop", "global")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One stage's budget: counts are per rank and step (the busiest rank where ranks differ)."""
+
+    collectives: dict[str, dict[str, int]]  # group -> kind -> calls
+    buckets: int
+    padding_fraction: float
+    padding_bytes: int
+    bytes_per_gpu: int
+    step_calls: int  # calls the step itself issues (norm, TP, cooperative), DP syncs excluded
+    comm_ms: float  # α–β time of the busiest rank's calls, one after another
+    min_micro_groups_per_host: int
+    exposed_tp_ms: float
+    tp_compute_ms: float
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _calls_ms(s: RankSchedule, model: CommModel, sizes: dict[str, int]) -> float:
+    return sum(model.call_us(o.kind, sizes[o.group], o.nbytes) for o in s.ops) / 1e3
+
+
+def _exposed_tp(s: RankSchedule, plan: Plan, model: CommModel, flops_rate: float) -> tuple[float, float, int]:
+    """(exposed TP ms, TP compute ms, micro-groups of the busiest host) of one rank's micro-groups."""
+    tp = plan.layout.tp
+    flops = CostModel(plan.config.optimizer, "flops")
+    cost = {it.name: flops(it.shape) for it in plan.items}
+    spec = next((e for e in s.executors if e.kind == "micro-group"), None)
+    if spec is None or tp == 1:
+        return 0.0, 0.0, 0
+    gathers = [o for o in s.ops if o.phase == "tp_gather"]
+    scatters = [o for o in s.ops if o.phase == "tp_scatter"]
+    g = [model.call_us("all_to_all", tp, o.nbytes) / 1e3 for o in sorted(gathers, key=lambda o: int(o.tag[2:]))]
+    sc = [model.call_us("all_to_all", tp, o.nbytes) / 1e3 for o in sorted(scatters, key=lambda o: int(o.tag[2:]))]
+    c = [max(sum(cost[n] for n, h in grp if h == t) for t in range(tp)) / flops_rate * 1e3 for grp in spec.groups]
+    exposed = g[0] + sc[-1]
+    for i in range(len(c)):
+        comm = (g[i + 1] if i + 1 < len(c) else 0.0) + (sc[i - 1] if i else 0.0)
+        exposed += max(0.0, comm - c[i])
+    hosted = Counter(h for grp in spec.groups for _, h in grp)
+    per_host = [sum(1 for grp in spec.groups if any(h == t for _, h in grp)) for t in hosted]
+    return exposed, sum(c), min(per_host, default=0)
+
+
+def stage_budget(
+    schedules: Sequence[RankSchedule], plan: Plan, model: CommModel, flops_rate: float, grad_bytes: int = 4
+) -> Budget:
+    """The budget of one stage from its ranks' schedules (``stage_schedules``); ``flops_rate`` prices
+    the TP hosts' compute (FLOP/s), ``grad_bytes`` the padding."""
+    lay = plan.layout
+    sizes = {"dp": lay.dp, "tp": lay.tp, "global": lay.world, "coop": max((g.k for g in plan.coop), default=1)}
+    worst = max(schedules, key=lambda s: (len(s.ops), sum(o.nbytes for o in s.ops)))
+    counts = {g: dict(Counter(o.kind for o in worst.ops if o.group == g)) for g in GROUPS}
+    matrix = [b for b in worst.buckets if b.kind == "matrix"]
+    tps = [_exposed_tp(s, plan, model, flops_rate) for s in schedules]
+    return Budget(
+        collectives={g: c for g, c in counts.items() if c},
+        buckets=len(matrix),
+        padding_fraction=padding_fraction(matrix),
+        padding_bytes=sum(b.padding for b in matrix) * grad_bytes,
+        bytes_per_gpu=max(sum(o.nbytes for o in s.ops) for s in schedules),
+        step_calls=sum(1 for o in worst.ops if o.phase not in ("grad_sync", "param_sync")),
+        comm_ms=max(_calls_ms(s, model, sizes) for s in schedules),
+        min_micro_groups_per_host=min((m for _, _, m in tps if m), default=0),
+        exposed_tp_ms=max((e for e, _, _ in tps), default=0.0),
+        tp_compute_ms=max((c for _, c, _ in tps), default=0.0),
+    )

@@ -1,0 +1,201 @@
+"""`canzona gpu-check`: the CPU flavour end to end, the goal lines computed from the JSON, the
+wheels-folder install as a dry run, the step probe's CUDA counting (with torch.cuda's sync-debug
+and allocator calls stood in), and the budget and memory prediction of the GPU configuration."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib.util
+import io
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from canzona.cli import main
+from canzona.harness import gpu_check, gpu_summary
+from canzona.harness.gpu_train import GPU_RUN, predicted_memory
+from canzona.harness.step_probe import StepProbe
+from canzona.models import get_model, list_params
+from canzona.results.env import REPO_ROOT
+
+FIXTURE = Path(__file__).parent / "fixtures" / "gpu_check" / "failing_goals.json"
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(["gpu-check", *argv])
+    return rc, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU flavour runs where there is no CUDA")
+def test_cpu_flavour_runs_the_whole_flow_and_says_so(tmp_path: Path) -> None:
+    rc, out, _ = run_cli("--out", str(tmp_path))
+    assert rc == 0
+    assert {p.name for p in tmp_path.iterdir()} == {"check.json", "ns.json", "train.json", "SUMMARY.md"}
+    check = json.loads((tmp_path / "check.json").read_text())
+    assert check["flavour"] == "cpu" and check["provenance"] == "measured" and check["env"]["git_commit"]
+    ns = json.loads((tmp_path / "ns.json").read_text())
+    assert ns["status"] == "ok" and ns["dtype"] == "bf16" and ns["gpu_check"]["flavour"] == "cpu"
+    assert ns["peak"]["tflops"] > 0 and ns["gpu_check"]["peak_after"]["tflops"] > 0
+    for row in ns["shapes"]:  # ours side by side with the peers, each available or saying why not
+        assert {"standard", "gram", "auto", "emerging-optimizers", "torch.optim.Muon"} <= set(row["methods"])
+        assert all(row["methods"][m]["available"] for m in ("standard", "gram", "auto"))
+    summary = (tmp_path / "SUMMARY.md").read_text()
+    assert "**CPU flavour** (no CUDA)" in summary and "cpu" in summary.splitlines()[0]
+    assert summary.count("**not evaluated** — Newton–Schulz") == 2  # no GPU verdict from CPU numbers
+    train = json.loads((tmp_path / "train.json").read_text())
+    if importlib.util.find_spec("megatron") is None:
+        assert train["status"] == "unavailable" and "megatron-core" in train["reason"]
+        return
+    assert train["status"] == "ok" and train["record"]["config"]["dtype"] == "bf16"
+    syncs = train["syncs"]
+    assert len(syncs["per_step"]) == train["run"]["warmup"] + train["run"]["iters"]
+    assert syncs["max_per_measured_step"] == 1 and syncs["sites"] == ["item in canzona.runtime.grad_norm"]
+    assert "**met** — host syncs per training step ≤ 1" in summary
+    assert train["memory"]["predicted"]["total_bytes"] > 0 and "activations" in train["memory"]["model_excludes"]
+    assert out.rstrip().endswith(summary.rstrip().splitlines()[-1])  # the summary is printed last
+
+
+def test_cpu_flavour_never_writes_into_results_gpu_unless_asked() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU results/gpu is the right place")
+    rc, _, err = run_cli("--out", str(REPO_ROOT / "results" / "gpu"), "--dry-run")
+    assert rc == 2 and "--allow-cpu-results" in err
+    assert run_cli("--out", str(REPO_ROOT / "results" / "gpu"), "--dry-run", "--allow-cpu-results")[0] == 0
+
+
+def test_wheels_install_dry_run_prints_the_pip_commands(tmp_path: Path) -> None:
+    wheels = tmp_path / "whl"
+    wheels.mkdir()
+    for name in ("megatron_core-0.19.2-cp312-cp312-manylinux_2_28_x86_64.whl", "emerging-0.3.0-py3-none-any.whl"):
+        (wheels / name).write_bytes(b"")
+    out_dir = tmp_path / "out"
+    rc, out, _ = run_cli("--out", str(out_dir), "--wheels", str(wheels), "--dry-run")
+    assert rc == 0 and not out_dir.exists()  # nothing installed, nothing run, nothing written
+    lines = [line.strip() for line in out.splitlines() if line.strip().startswith("install:")]
+    assert len(lines) == 2
+    assert "-m pip install --no-index --no-deps" in lines[0] and f"--find-links {wheels}" in lines[0]
+    assert str(wheels / "emerging-0.3.0-py3-none-any.whl") in lines[0]
+    assert lines[1].endswith(f"--no-build-isolation -e {REPO_ROOT}") and "--no-deps" in lines[1]
+    assert all("torch" not in line for line in lines)
+    assert "part ns" in out and "part train" in out
+
+
+def test_bad_input_is_exit_2(tmp_path: Path) -> None:
+    assert run_cli("--out", str(tmp_path), "--wheels", str(tmp_path / "none"), "--dry-run")[0] == 2
+    assert run_cli("--out", str(tmp_path), "--parts", "ns,fast", "--dry-run")[0] == 2
+
+
+def test_commit_falls_back_to_the_wheels_stamp(tmp_path: Path) -> None:
+    (tmp_path / "COMMIT").write_text("abc123-dirty\n")
+    args = lambda **k: type("A", (), {"commit": None, "wheels": None} | k)
+    assert gpu_check.fallback_commit(args()) is None
+    assert gpu_check.fallback_commit(args(commit="feed")).startswith("feed (given with --commit")
+    assert gpu_check.fallback_commit(args(wheels=str(tmp_path))).startswith("abc123-dirty (from ")
+
+
+def _fixture() -> dict:
+    return json.loads(FIXTURE.read_text())
+
+
+def test_failing_goals_from_the_json_say_not_met() -> None:
+    d = _fixture()
+    got = {g.text.split(" on ")[0].split(" ≥ ")[-1]: g for g in gpu_summary.goals(d["ns"], d["train"])}
+    assert [g.verdict for g in got.values()] == ["not met"] * 3
+    frac = next(g for g in got.values() if "matmul peak" in g.text)
+    assert "39% FLOP-weighted over 2 shapes of peak 800 TFLOP/s" in frac.detail  # 1.1e12 FLOPs / 3.5 ms / 800
+    assert "1280x5120 25%" in frac.detail  # 1e11 / 0.5 ms = 200 TFLOP/s
+    speed = next(g for g in got.values() if "speed" in g.text)
+    assert speed.detail.startswith("0.83×")  # (2.5 + 0.4) / (3.0 + 0.5)
+    md = gpu_summary.summary_markdown(d["check"], d["ns"], d["train"])
+    assert md.count("**not met**") == 3 and "# gpu-check on NVIDIA H200" in md
+    assert "canzona/runtime/optimizer.py:99" in md  # the sync sites are named
+
+
+def test_goals_are_met_when_the_numbers_are() -> None:
+    d = _fixture()
+    ns, train = copy.deepcopy(d["ns"]), copy.deepcopy(d["train"])
+    for row, ms in zip(ns["shapes"], (2.0, 0.25), strict=True):
+        auto = row["methods"]["auto"]
+        auto["median_ms"], auto["tflops"] = ms, auto["flops"] / (ms * 1e-3) / 1e12
+    train["syncs"]["max_per_measured_step"] = 1
+    verdicts = [g.verdict for g in gpu_summary.goals(ns, train)]
+    assert verdicts == ["met"] * 3
+    ns["peak"]["tflops"] = 1000.0  # the larger peak measurement is the yardstick
+    assert gpu_summary.goals(ns, train)[0].verdict == "not met"
+
+
+def test_goals_are_not_evaluated_without_gpu_numbers() -> None:
+    d = _fixture()
+    quick = copy.deepcopy(d["ns"])
+    quick["gpu_check"]["shapes"] = "5120x25600,1280x5120"
+    for ns in (quick, {"status": "failed", "reason": "boom"}, None):
+        assert [g.verdict for g in gpu_summary.ns_goals(ns)] == ["not evaluated"] * 2
+    no_peer = copy.deepcopy(d["ns"])
+    for row in no_peer["shapes"]:
+        row["methods"]["emerging-optimizers"] = {"available": False, "note": "unavailable: No module named x"}
+    assert gpu_summary.ns_goals(no_peer)[1].verdict == "not evaluated"
+    assert gpu_summary.sync_goal({"status": "unavailable", "reason": "no megatron"}).verdict == "not evaluated"
+
+
+def test_step_probe_counts_cuda_sync_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA branch without a GPU: torch.cuda's sync-debug switch and allocator readings stood in."""
+    modes: list[object] = []
+    allocated = iter([100, 150, 120, 170])
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: next(allocated))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 999)
+    probe = StepProbe(torch.device("cuda", 0))
+    for syncs in (2, 1):
+        with probe.step():
+            for _ in range(syncs):
+                warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
+            warnings.warn("something else", UserWarning, stacklevel=1)
+            torch.ones(1).item()  # a host read by a test, not by canzona: not counted
+    assert modes == ["warn", 0, "warn", 0]  # switched on for the step only, then restored
+    s = probe.summary(warmup=1)
+    assert s["per_step"] == [2, 1] and s["max_per_measured_step"] == 1 and s["host_reads_per_step"] == [0, 0]
+    assert len(s["sites"]) == 1 and s["sites"][0].startswith(__file__)
+    assert probe.memory() == {
+        "allocated_at_step_start": 120,
+        "allocated_at_step_end": 170,
+        "peak_allocated_through_last_step": 999,
+    }
+
+
+def test_gpu_run_fits_the_budget_and_its_memory_is_the_hand_count() -> None:
+    est = gpu_check.estimate_s(gpu=True, quick=False, parts=gpu_check.PARTS, wheels=True)
+    assert sum(est.values()) <= gpu_check.BUDGET_S
+    quick = gpu_check.estimate_s(gpu=True, quick=True, parts=gpu_check.PARTS, wheels=True)
+    assert sum(quick.values()) < sum(est.values())
+    run = GPU_RUN.resolve(gpu=True) if torch.cuda.is_available() else GPU_RUN.replace(ns_dtype="bf16")
+    b = predicted_memory(run)
+    specs = list_params(get_model(GPU_RUN.model))
+    matrix = sum(s.numel for s in specs if s.route == "matrix")
+    other = sum(s.numel for s in specs if s.route != "matrix")
+    # world 1: bf16 params + fp32 main grads + fp32 masters of everything, Muon momentum, AdamW's two moments
+    assert b.total_bytes - b.workspace == (matrix + other) * (2 + 4 + 4) + 4 * matrix + 8 * other
+    m, n = 2 * 6144, 2048  # fc1, the largest matrix: fp32 grad + update, bf16 X, X', and two n×n Gram terms
+    assert b.workspace == m * n * (4 + 4 + 2 + 2) + 2 * n * n * 2
+
+
+def test_a_peer_that_breaks_costs_only_the_peers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from canzona.optim.ns_peers import PEERS, Peer
+
+    def broken(steps: int, coefficients: str, dtype: str) -> Peer:
+        def fn(G: torch.Tensor) -> torch.Tensor:
+            raise RuntimeError("kernel exploded")
+
+        return Peer("torch.optim.Muon", fn, "bf16", "stand-in that raises")
+
+    monkeypatch.setitem(PEERS, "torch", broken)
+    data = gpu_check.ns_check(gpu=False, quick=True, path=tmp_path / "ns.json")
+    assert data["gpu_check"]["peers_failed"] == "RuntimeError: kernel exploded"
+    assert all(set(row["methods"]) == {"standard", "gram", "auto"} for row in data["shapes"])
