@@ -34,9 +34,10 @@ Metrics (``plan_metrics``), over all GPUs of all PP stages (stages step concurre
   padding_fraction, padding_floor, bucket_comm_balance(_worst), comm_excess, buckets(_total)
                     see ``bucket_metrics`` (worst stage)
   micro_groups      most micro-groups any DP rank runs (micro_groups_total: all ranks, all stages)
-  min_micro_groups_per_host  fewest micro-groups among DP ranks that host >= 2 TP-sharded matrices
-                    (their TP group pipelines gather / compute / scatter across groups); None when
-                    no rank hosts two (TP = 1, or a TP mode without hosts)
+  min_micro_groups_per_host  fewest micro-groups a host (one TP rank of a DP rank) computes in,
+                    among hosts of >= 2 matrices (its gathers and scatters pipeline under its compute
+                    across groups); None when no host has two (TP = 1, a TP mode without hosts, or
+                    one matrix per host)
   unconstrained_efficiency  B / max per-GPU cost of largest-first over whole matrices that ignores
                     the buckets (``dp_padded.lpt`` on one bucket per reduce group): what the bucket
                     rule (contiguity in the exact layout, membership in the padded one) costs
@@ -246,8 +247,16 @@ def unconstrained_gpu_max(plan: Plan) -> float:
 
 
 def min_groups_per_host(plan: Plan) -> int | None:
-    """Fewest micro-groups among DP ranks hosting >= 2 TP-sharded matrices (None: no such rank)."""
-    counts = [len(per) for per in plan.tp.groups if sum(len(g.hosts) for g in per) >= 2]
+    """Fewest micro-groups a host (a TP rank of a DP rank) computes in, among hosts of >= 2 matrices
+    (None: no host has two)."""
+    counts = []
+    for per in plan.tp.groups:
+        hosts: dict[int, set[int]] = {}
+        for k, g in enumerate(per):
+            for _, h in g.hosts:
+                hosts.setdefault(h, set()).add(k)
+        mats = {h: sum(1 for g in per for _, x in g.hosts if x == h) for h in hosts}
+        counts += [len(ks) for h, ks in hosts.items() if mats[h] >= 2]
     return min(counts, default=None)
 
 
