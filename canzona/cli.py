@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -106,6 +107,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if need is None:
             raise
         return _user_error(args.command, f"this command needs {need}, which is not installed")
+    except BrokenPipeError:  # the reader went away (`canzona plan | head`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except OSError as exc:
         if exc.filename is None:  # not about a path the user gave: a bug or the system, keep the traceback
             raise

@@ -229,7 +229,8 @@ def unconstrained_gpu_max(plan: Plan) -> float:
     """Largest per-GPU cost of largest-first over WHOLE matrices that ignores the buckets: one
     bucket per reduce group (all DP, or an EP rank's expert-DP group), any rank of it allowed, the
     plan's TP mode. The reference that shows what the bucket rule costs."""
-    if plan.dp.strategy in ("sc", "zero") or not plan.items:
+    if plan.dp.strategy in ("sc", "zero") or not plan.items or plan.coop:
+        # no whole-matrix reference for sc / zero, nor for cooperative plans (items carry group totals)
         return max(gpu_loads(plan).flat_cost(), default=0.0)
     local = {e.name: e.numel for b in plan.dp.buckets for e in b.entries}
     groups = sorted({it.ep_rank for it in plan.items}, key=lambda e: -1 if e is None else e)

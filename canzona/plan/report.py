@@ -155,7 +155,7 @@ def format_report(
         f"{m['bucket_comm_balance_worst']:.2f}x; slice balance max/mean {m['comm_balance']:.3f}",
         f"         max bytes per GPU sent {_fmt_bytes(m['max_bytes_sent'])}  "
         f"received {_fmt_bytes(m['max_bytes_recv'])}",
-        f"TP       micro-groups per DP rank max {m['micro_groups']}, fewest where a rank hosts >= 2: "
+        f"TP       micro-groups per DP rank max {m['micro_groups']}, fewest for a host of >= 2 matrices: "
         f"{m['min_micro_groups_per_host'] if m['min_micro_groups_per_host'] is not None else '-'} "
         f"(total {m['micro_groups_total']})  "
         f"capacity {_fmt_bytes(p0.tp.capacity_bytes) if p0.tp.capacity_bytes else '-'}",
