@@ -160,10 +160,14 @@ def lower_stage(
             raise ConfigError(f"projection does not know param_sync {plan.dp.param_sync!r}")
 
     ranks = []
+    # cooperative matrices run on their own executor, which the projection does not charge yet (as
+    # before: they were left out of the TP micro-groups); keeping them out of ``split`` as well stops
+    # a rank that owns only cooperative matrices from being charged TP sc's all-gather and full compute
+    together = {g.name for g in plan.coop}
     for d in range(dp):
         mine = tuple(n for n in items if d in owners[n]) if plan.config.strategy != "sc" else tuple(items)
-        split = tuple(n for n in mine if tp > 1 and items[n].partition_dim is not None)
-        local = tuple(n for n in mine if n not in set(split))
+        split = tuple(n for n in mine if tp > 1 and items[n].partition_dim is not None and n not in together)
+        local = tuple(n for n in mine if n not in set(split) and n not in together)
         hosted = plan.tp.groups[d] if (plan.tp.mode != "sc" and split and plan.tp.groups) else ()
         gather = None
         if split and not hosted:  # TP mode sc: one fused all-gather, everyone computes
