@@ -15,12 +15,18 @@ matrices at ``flops_rate``.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from canzona.cost import CostModel
-from canzona.plan.comm import CommModel
-from canzona.plan.schedule import RankSchedule, padding_fraction
+from canzona.models import list_params
+from canzona.models.transformer import Model
+from canzona.plan.build import adamw_buckets
+from canzona.plan.comm import NCCL, CommModel
+from canzona.plan.coop import NVLINK
+from canzona.plan.metrics import gpu_loads
+from canzona.plan.schedule import LowerSettings, RankSchedule, padding_fraction, stage_schedules
 from canzona.plan.types import Plan
 
 GROUPS = ("dp", "tp", "coop", "global")
@@ -45,8 +51,8 @@ class Budget:
         return dict(self.__dict__)
 
 
-def _calls_ms(s: RankSchedule, model: CommModel, sizes: dict[str, int]) -> float:
-    return sum(model.call_us(o.kind, sizes[o.group], o.nbytes) for o in s.ops) / 1e3
+def _calls_ms(s: RankSchedule, models: Mapping[str, CommModel], sizes: dict[str, int]) -> float:
+    return sum(models[o.group].call_us(o.kind, sizes[o.group], o.nbytes) for o in s.ops) / 1e3
 
 
 def _exposed_tp(s: RankSchedule, plan: Plan, model: CommModel, flops_rate: float) -> tuple[float, float, int]:
@@ -72,16 +78,21 @@ def _exposed_tp(s: RankSchedule, plan: Plan, model: CommModel, flops_rate: float
 
 
 def stage_budget(
-    schedules: Sequence[RankSchedule], plan: Plan, model: CommModel, flops_rate: float, grad_bytes: int = 4
+    schedules: Sequence[RankSchedule],
+    plan: Plan,
+    models: Mapping[str, CommModel],
+    flops_rate: float,
+    grad_bytes: int = 4,
 ) -> Budget:
-    """The budget of one stage from its ranks' schedules (``stage_schedules``); ``flops_rate`` prices
-    the TP hosts' compute (FLOP/s), ``grad_bytes`` the padding."""
+    """The budget of one stage from its ranks' schedules (``stage_schedules``): ``models`` prices
+    each group's calls (dp / tp / coop / global), ``flops_rate`` the TP hosts' compute (FLOP/s),
+    ``grad_bytes`` the padding."""
     lay = plan.layout
     sizes = {"dp": lay.dp, "tp": lay.tp, "global": lay.world, "coop": max((g.k for g in plan.coop), default=1)}
     worst = max(schedules, key=lambda s: (len(s.ops), sum(o.nbytes for o in s.ops)))
     counts = {g: dict(Counter(o.kind for o in worst.ops if o.group == g)) for g in GROUPS}
     matrix = [b for b in worst.buckets if b.kind == "matrix"]
-    tps = [_exposed_tp(s, plan, model, flops_rate) for s in schedules]
+    tps = [_exposed_tp(s, plan, models["tp"], flops_rate) for s in schedules]
     return Budget(
         collectives={g: c for g, c in counts.items() if c},
         buckets=len(matrix),
@@ -89,8 +100,67 @@ def stage_budget(
         padding_bytes=sum(b.padding for b in matrix) * grad_bytes,
         bytes_per_gpu=max(sum(o.nbytes for o in s.ops) for s in schedules),
         step_calls=sum(1 for o in worst.ops if o.phase not in ("grad_sync", "param_sync")),
-        comm_ms=max(_calls_ms(s, model, sizes) for s in schedules),
+        comm_ms=max(_calls_ms(s, models, sizes) for s in schedules),
         min_micro_groups_per_host=min((m for _, _, m in tps if m), default=0),
         exposed_tp_ms=max((e for e, _, _ in tps), default=0.0),
         tp_compute_ms=max((c for _, c, _ in tps), default=0.0),
     )
+
+
+# The links a budget prices on (canzona.plan.comm): DP groups of a 256-GPU job span nodes (IB),
+# TP groups and cooperative sub-groups stay inside a node (NVLink).
+DEFAULT_LINKS = {"dp": NCCL, "global": NCCL, "tp": CommModel("nvlink", NVLINK), "coop": CommModel("nvlink", NVLINK)}
+H100_BF16_FLOPS = 500e12  # achieved bf16 rate the cooperative choice also assumes (canzona.plan.coop)
+
+
+def summary(
+    model: Model, plans: Sequence[Plan], settings: LowerSettings, flops_rate: float = H100_BF16_FLOPS
+) -> dict[str, Any]:
+    """The plan's communication budget and cooperation over every PP stage (the worst stage per
+    number), as ``canzona plan --json`` reports it: ``collectives`` (calls per step by group and
+    kind), ``buckets``, ``step_calls``, ``bytes_per_gpu``, ``comm_ms``, ``exposed_tp_ms`` against
+    ``tp_compute_ms``, ``max_over_mean`` and ``cooperative_groups``."""
+    lay = plans[0].layout
+    budgets = []
+    for s, plan in enumerate(plans):
+        specs = list_params(model, pp=lay.pp, stage=s)
+        if plan.dp.strategy == "zero":  # Megatron's distributed optimizer: the reference geometry
+            budgets.append(_zero_budget(plan, adamw_buckets(specs, lay, plan.config.bucket_size), settings))
+            continue
+        scheds = stage_schedules(plan, adamw_buckets(specs, lay, plan.config.bucket_size), settings)
+        budgets.append(stage_budget(scheds, plan, DEFAULT_LINKS, flops_rate, settings.grad_bytes))
+    worst = max(budgets, key=lambda b: (b.step_calls, b.comm_ms))
+    loads = [c for p in plans for c in gpu_loads(p).flat_cost()]
+    return {
+        "collectives": worst.collectives,
+        "buckets": max(b.buckets for b in budgets),
+        "step_calls": worst.step_calls,
+        "bytes_per_gpu": max(b.bytes_per_gpu for b in budgets),
+        "comm_ms": max(b.comm_ms for b in budgets),
+        "exposed_tp_ms": max(b.exposed_tp_ms for b in budgets),
+        "tp_compute_ms": max(b.tp_compute_ms for b in budgets),
+        "max_over_mean": max(loads) / (sum(loads) / len(loads)) if loads and sum(loads) else 1.0,
+        "cooperative_groups": [
+            {"matrix": g.name, "k": g.k, "ranks": [list(m) for m in g.members], "form": g.form}
+            for p in plans
+            for g in p.coop
+        ],
+    }
+
+
+def _zero_budget(plan: Plan, adamw: Sequence, settings: LowerSettings) -> Budget:
+    """Equal slices, every bucket one reduce-scatter and one all-gather (it cuts matrices, so a
+    matrix optimizer cannot run it: a reference row only)."""
+    n = len(plan.dp.buckets) + len(adamw)
+    dp = plan.layout.dp
+    calls = {"dp": {"reduce_scatter": n, "all_gather": n}} if dp > 1 else {}
+    size = sum(b.size for b in plan.dp.buckets) + sum(b.size for b in adamw)
+    nbytes = size * (settings.grad_bytes + settings.param_bytes) if dp > 1 else 0
+    ms = (
+        sum(
+            NCCL.call_us(k, dp, size * e)
+            for k, e in (("reduce_scatter", settings.grad_bytes), ("all_gather", settings.param_bytes))
+        )
+        / 1e3
+    )
+    return Budget(calls, len(plan.dp.buckets), 0.0, 0, nbytes, 0, ms, 0, 0.0, 0.0)

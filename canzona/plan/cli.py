@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-from canzona.argtypes import int_in, output_file, positive_int, readable_file, unit_float
+from canzona.argtypes import int_in, output_file, positive_float, positive_int, readable_file, unit_float
 from canzona.errors import ConfigError
 from canzona.plan.types import MAX_DP
 
@@ -66,6 +66,18 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", type=output_file, default=None, metavar="FILE.png", help="per-GPU load and slice sizes")
     p.add_argument("--compare", action="store_true", help="every strategy side by side")
     p.add_argument("--save", type=output_file, default=None, metavar="FILE.json", help="write the plans as JSON")
+    p.add_argument(
+        "--cooperative",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="canzona + Muon: a group of GPUs for the matrices above the mean (default on)",
+    )
+    p.add_argument("--ns-method", default=None, choices=("standard", "gram", "auto"), help="Muon Newton–Schulz method")
+    p.add_argument("--memory", action="store_true", help="per-GPU bytes by component (activations excluded)")
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"), help="--memory: parameter dtype")
+    p.add_argument(
+        "--hbm-gb", type=positive_float, default=None, help="say whether it fits this HBM (GB); implies --memory"
+    )
 
 
 def _layout(args: argparse.Namespace):
@@ -85,12 +97,15 @@ def _layout(args: argparse.Namespace):
 
 def _cost_model(args: argparse.Namespace, specs):
     """The cost model; with a measured table, a note on stderr for shapes it scales by FLOPs."""
-    from canzona.cost import CostModel, MeasuredTable
+    from canzona.cost import CostModel, CostSettings, MeasuredTable
 
     if args.cost_table and args.cost != "measured":
         raise ConfigError("--cost-table is only used with --cost measured")
     table = MeasuredTable.load(args.cost_table, strict=args.strict) if args.cost_table else None
-    cm = CostModel(args.optimizer, args.cost, table=table)
+    settings = CostSettings(ns_method=args.ns_method) if args.ns_method else CostSettings()
+    if args.ns_method and args.optimizer != "muon":
+        raise ConfigError(f"--ns-method is Muon's; --optimizer is {args.optimizer}")
+    cm = CostModel(args.optimizer, args.cost, settings, table=table)
     if table is not None:
         missing = sorted(
             {s.shape for s in specs if s.route == "matrix" and len(s.shape) == 2 and not table.covers(s.shape)}
@@ -111,10 +126,14 @@ def run(args: argparse.Namespace) -> int:
     from canzona.models import get_model, list_params
     from canzona.plan.build import adamw_buckets, plan_model, plans_to_json
     from canzona.plan.metrics import plan_metrics
-    from canzona.plan.report import compare, format_compare, format_report
+    from canzona.plan.report import compare, format_budget, format_compare, format_memory, format_report
     from canzona.plan.types import PlanConfig
     from canzona.results.schema import write_atomic
 
+    if args.hbm_gb is not None:
+        args.memory = True
+    if args.memory and args.strategy == "zero":
+        raise ConfigError("--memory prices a matrix-optimizer plan; --strategy zero is a reference geometry only")
     cfg = get_model(args.model)
     layout = _layout(args)
     cfg.validate_layout(tp=layout.tp, pp=layout.pp, ep=layout.ep)
@@ -129,12 +148,17 @@ def run(args: argparse.Namespace) -> int:
         bucket_size=args.bucket_size,
         capacity_bytes=args.capacity_bytes,
         dp_layout=args.dp_layout,
+        cooperative=args.cooperative,
     )
     plans = plan_model(cfg, layout, config, args.view, cost_model=cost_model)
     metrics = plan_metrics(plans, model=cfg.name)
     metrics["views"] = list(args.view)
     metrics["plan_hashes"] = [p.plan_hash for p in plans]
+    metrics.update(_extras(cfg, plans, args))
     rows = compare(cfg, layout, config, args.view, cost_model=cost_model) if args.compare else None
+    for row, row_plans in rows or []:
+        row.update(_extras(cfg, row_plans, args))
+    rows = [r for r, _ in rows] if rows is not None else None
     if args.save:
         write_atomic(args.save, plans_to_json(plans))
     if args.plot:
@@ -164,6 +188,9 @@ def run(args: argparse.Namespace) -> int:
         for s in range(layout.pp)
     )
     print(format_report(plans, model=cfg.name, unit=cost_model.unit, adamw_elems=adamw // layout.dp))
+    print(format_budget(metrics))
+    if "memory" in metrics:
+        print(format_memory(metrics["memory"], args.hbm_gb))
     if rows is not None:
         print()
         print(format_compare(rows))
@@ -173,3 +200,23 @@ def run(args: argparse.Namespace) -> int:
         print(f"plot written to {args.plot}")
     sys.stdout.flush()
     return 0
+
+
+def _extras(model, plans, args: argparse.Namespace) -> dict:
+    """The communication budget and cooperation of ``plans`` (canzona.plan.budget.summary) and, with
+    --memory, the per-GPU bytes of the GPU that holds the most (canzona.plan.memory)."""
+    from canzona.plan.budget import summary
+    from canzona.plan.memory import MemoryPrecision, plans_memory
+    from canzona.plan.schedule import LowerSettings
+
+    param_bytes = 2 if args.dtype == "bf16" else 4
+    settings = LowerSettings(param_bytes=param_bytes)
+    out = summary(model, plans, settings)
+    if args.memory and plans[0].dp.strategy != "zero":
+        b = plans_memory(model, plans, settings, MemoryPrecision(param_bytes=param_bytes, ns_bytes=param_bytes))
+        mem = b.to_dict()
+        if args.hbm_gb is not None:
+            mem["hbm_gb"] = args.hbm_gb
+            mem["fits"] = b.fits(args.hbm_gb * 1e9)
+        out["memory"] = mem
+    return out

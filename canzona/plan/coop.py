@@ -127,7 +127,8 @@ def make_groups(
             members = tuple((owners[it.name][0], t) for t in range(tp))
         else:
             members = tuple((d, 0) for d in owners[it.name])
-        out.append(CoopGroup(it.name, members, form, regroup=tp == 1 and not long_side_is_rows(shape[it.name])))
+        regroup = tp == 1 and not long_side_is_rows(shape[it.name])
+        out.append(CoopGroup(it.name, members, form, regroup, solo=it.cost))
     return tuple(out)
 
 

@@ -27,7 +27,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from canzona.cost import CostModel
+from canzona.models import list_params
 from canzona.models.spec import ParamSpec
+from canzona.models.transformer import Model
 from canzona.plan.build import adamw_buckets
 from canzona.plan.schedule import BucketLayout, LowerSettings, RankSchedule, stage_schedules
 from canzona.plan.types import Plan
@@ -173,6 +175,21 @@ __all__ = [
     "format_breakdown",
     "gib",
     "peak",
+    "plans_memory",
     "rank_memory",
     "stage_memory",
 ]
+
+
+def plans_memory(
+    model: Model, plans: Sequence[Plan], settings: LowerSettings, prec: MemoryPrecision
+) -> MemoryBreakdown:
+    """The GPU that holds the most over every PP stage of a model's plans."""
+    lay = plans[0].layout
+    return peak(
+        [
+            b
+            for s, p in enumerate(plans)
+            for b in stage_memory(p, list_params(model, pp=lay.pp, stage=s), settings, prec)
+        ]
+    )

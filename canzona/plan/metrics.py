@@ -25,7 +25,8 @@ Metrics (``plan_metrics``), over all GPUs of all PP stages (stages step concurre
   lower_bound       B / m̄, with B = max over stages of max(forced mean, largest item) and m̄ the
                     forced mean: sharded matrices once, replicated ones on each TP rank (for the
                     non-atomic ``zero`` reference, B is the forced mean)
-  efficiency        B / max per-GPU cost (1 = optimal for any atomic plan; redundancy lowers it)
+  efficiency        B / max per-GPU cost (1 = optimal for any atomic plan; redundancy lowers it; a
+                    cooperative plan above 1 beats the whole-matrix bound by that factor)
   tight_lower_bound pigeonhole bound also ≥ the sum of the k+1 smallest of the kN+1 largest items
   comm_balance      max / mean per-GPU slice bytes (summed over buckets)
   comm_lower_bound  max(mean slice, widest item, pigeonhole over slices) / mean slice (plans with cuts)
@@ -213,10 +214,13 @@ def gpu_loads(plan: Plan) -> GpuLoads:
 def stage_bounds(plan: Plan) -> tuple[float, float, float]:
     """(forced mean per GPU, atomic bound, tight bound) of one stage, in cost units.
 
-    ``zero`` is not atomic (it cuts matrices), so its bound is the mean alone.
+    ``zero`` is not atomic (it cuts matrices), so its bound is the mean alone. A cooperative plan is
+    measured against the WHOLE-MATRIX bound of its matrices (single-owner costs), so its efficiency
+    exceeds 1 where the groups beat that bound.
     """
     tp = plan.layout.tp
-    costs = [it.cost for it in plan.items]
+    solo = {g.name: g.solo for g in plan.coop}
+    costs = [solo.get(it.name, it.cost) for it in plan.items]
     sharded = [it.partition_dim is not None and tp > 1 for it in plan.items]
     fm = forced_mean(costs, sharded, plan.layout.dp, tp)
     if plan.dp.strategy == "zero":

@@ -21,7 +21,7 @@ COMPARE_ROWS: tuple[tuple[str, str, str | None], ...] = (
     ("sc", "sc", None),
     ("layerwise", "layerwise", None),
     ("asc (zero-atomic)", "asc", None),
-    ("zero (not atomic)", "zero", None),
+    ("zero = megatron distopt (ref.)", "zero", None),
     ("canzona blend", "canzona", "blend"),
     ("canzona greedy", "canzona", "greedy"),
     ("canzona exact", "canzona", "exact"),
@@ -43,12 +43,17 @@ def compare(
     views: Sequence[str] = (),
     *,
     cost_model: CostModel | None = None,
-) -> list[dict[str, Any]]:
-    """plan_metrics of every strategy on the same model/layout/cost/buffer layout (canzona rows keep
-    config's α and TP mode). Under EP > 1 only the strategies that plan experts (canzona, asc) appear."""
+) -> list[tuple[dict[str, Any], list[Plan]]]:
+    """(plan_metrics, plans) of every strategy on the same model/layout/cost/buffer layout (canzona
+    rows keep config's α and TP mode; Canzona with and without cooperation where it applies; zero is
+    Megatron's distributed optimizer, the reference). Under EP > 1 only the strategies that plan
+    experts (canzona, asc) appear."""
     name = model if isinstance(model, str) else model.name
     rows = []
-    for lab, strategy, algo in COMPARE_ROWS:
+    table = list(COMPARE_ROWS)
+    if config.cooperative and config.optimizer == "muon":
+        table.append(("canzona refine, cooperative", "canzona", "refine"))
+    for lab, strategy, algo in table:
         if layout.ep > 1 and strategy not in ("canzona", "asc"):
             continue
         cfg = replace(
@@ -56,10 +61,12 @@ def compare(
             strategy=strategy,
             dp_algo=algo or PlanConfig.dp_algo,
             tp_mode=config.tp_mode if strategy == "canzona" else PlanConfig.tp_mode,
+            cooperative=lab.endswith("cooperative"),
         )
-        m = plan_metrics(plan_model(model, layout, cfg, views, cost_model=cost_model), model=name)
+        plans = plan_model(model, layout, cfg, views, cost_model=cost_model)
+        m = plan_metrics(plans, model=name)
         m["label"] = lab
-        rows.append(m)
+        rows.append((m, plans))
     return rows
 
 
@@ -81,7 +88,7 @@ def _fmt_cost(x: float, unit: str) -> str:
 
 def format_compare(rows: Sequence[dict[str, Any]]) -> str:
     cols = [
-        ("strategy", 20),
+        ("strategy", 30),
         ("efficiency", 10),
         ("free", 6),
         ("bound", 7),
@@ -91,6 +98,8 @@ def format_compare(rows: Sequence[dict[str, Any]]) -> str:
         ("buckets", 7),
         ("split", 5),
         ("groups", 6),
+        ("DP calls", 8),
+        ("step calls", 10),
         ("seconds", 8),
     ]
     head = " ".join(f"{c:>{w}}" if i else f"{c:<{w}}" for i, (c, w) in enumerate(cols))
@@ -99,7 +108,7 @@ def format_compare(rows: Sequence[dict[str, Any]]) -> str:
         out.append(
             " ".join(
                 [
-                    f"{m.get('label', label(m)):<20}",
+                    f"{m.get('label', label(m)):<30}",
                     f"{m['efficiency']:>10.3f}",
                     f"{m['unconstrained_efficiency']:>6.3f}",
                     f"{m['lower_bound']:>7.2f}",
@@ -109,6 +118,8 @@ def format_compare(rows: Sequence[dict[str, Any]]) -> str:
                     f"{m['buckets']:>7d}",
                     f"{m['split_params']:>5d}",
                     f"{m['micro_groups']:>6d}",
+                    f"{sum(m.get('collectives', {}).get('dp', {}).values()):>8d}",
+                    f"{m.get('step_calls', 0):>10d}",
                     f"{m['planner_seconds']:>8.3f}",
                 ]
             )
@@ -117,9 +128,48 @@ def format_compare(rows: Sequence[dict[str, Any]]) -> str:
         "efficiency = atomic bound / max per-GPU cost; free = the same for largest-first ignoring the buckets; "
         "bound = max(mean, largest matrix)/mean; compute = max/mean per GPU; padding = share of the bucket bytes "
         f"in the {rows[0]['dp_layout'] if rows else '?'} layout; worst b = worst bucket's padded collective / its "
-        "gradient bytes; buckets = reduce-scatters per GPU per step"
+        "gradient bytes; buckets = reduce-scatters per GPU per step; DP calls = DP collectives per GPU per step "
+        "(overlapped with backward and the next forward); step calls = the calls the step itself issues"
     )
     return "\n".join(out)
+
+
+def format_budget(m: dict[str, Any]) -> str:
+    """The communication budget and cooperation lines of the report (canzona.plan.budget.summary)."""
+    calls = "; ".join(
+        f"{g}: " + ", ".join(f"{n} {k}" for k, n in sorted(c.items())) for g, c in m["collectives"].items()
+    )
+    lines = [
+        f"collectives per step  {calls or 'none'}",
+        f"  the step itself issues {m['step_calls']} call(s); {_fmt_bytes(m['bytes_per_gpu'])} per GPU; "
+        f"alpha-beta {m['comm_ms']:.2f} ms (DP on IB 50 GB/s, TP and groups on NVLink 400 GB/s)",
+    ]
+    if m["tp_compute_ms"]:
+        lines.append(
+            f"  TP micro-groups: exposed communication {m['exposed_tp_ms']:.2f} ms against "
+            f"{m['tp_compute_ms']:.2f} ms of hosts' compute at 500 TFLOP/s"
+        )
+    groups = m["cooperative_groups"]
+    if groups:
+        ks = sorted({g["k"] for g in groups})
+        lines.append(
+            f"cooperative Newton–Schulz: {len(groups)} matrices in groups of k = {', '.join(map(str, ks))} "
+            f"(forms {', '.join(sorted({g['form'] for g in groups}))}); per-GPU max/mean {m['max_over_mean']:.2f}"
+        )
+    else:
+        lines.append(f"cooperative Newton–Schulz: none (per-GPU max/mean {m['max_over_mean']:.2f})")
+    return "\n".join(lines)
+
+
+def format_memory(mem: dict[str, Any], hbm_gb: float | None) -> str:
+    from canzona.plan.memory import COMPONENTS
+
+    rows = [f"  {c:<11} {mem[c] / 1e9:9.2f} GB" for c in COMPONENTS]
+    verdict = ""
+    if hbm_gb is not None:
+        verdict = f"  -> {'fits' if mem['fits'] else 'does NOT fit'} {hbm_gb:g} GB (activations excluded)"
+    head = f"memory per GPU (dp {mem['dp_rank']}, tp {mem['tp_rank']}: the one that holds the most)"
+    return "\n".join([head, *rows, f"  {'total':<11} {mem['total_bytes'] / 1e9:9.2f} GB{verdict}"])
 
 
 def format_report(

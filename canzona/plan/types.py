@@ -156,6 +156,7 @@ class CoopGroup:
     members: tuple[tuple[int, int], ...]
     form: str
     regroup: bool = False
+    solo: float = 0.0  # the matrix's single-owner cost: the whole-matrix bound the group is measured against
 
     @property
     def k(self) -> int:
@@ -288,7 +289,8 @@ class Plan:
             planner_seconds=d.get("planner_seconds", 0.0),
             work=d.get("work", 0),
             coop=tuple(
-                CoopGroup(c["name"], tup(c["members"]), c["form"], c.get("regroup", False)) for c in d.get("coop", [])
+                CoopGroup(c["name"], tup(c["members"]), c["form"], c.get("regroup", False), c.get("solo", 0.0))
+                for c in d.get("coop", [])
             ),
         )
 

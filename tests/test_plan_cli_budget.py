@@ -1,0 +1,82 @@
+"""`canzona plan` budget, memory and cooperation: what the JSON and report say equals what the
+lowered schedule issues, and bad combinations fail with one line."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from canzona.cli import main
+from canzona.models import get_model, list_params
+from canzona.plan import Layout, PlanConfig, plan_model
+from canzona.plan.build import adamw_buckets
+from canzona.plan.schedule import LowerSettings, stage_schedules
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+    assert main(["plan", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_collectives_equal_the_lowered_schedule(capsys: pytest.CaptureFixture[str]) -> None:
+    got = run_json(capsys, "--model", "qwen3-micro", "--tp", "2", "--dp", "4", "--bucket-size", "20000")
+    model = get_model("qwen3-micro")
+    lay = Layout(dp=4, tp=2, pp=1)
+    (plan,) = plan_model(model, lay, PlanConfig(strategy="canzona", bucket_size=20000))
+    scheds = stage_schedules(plan, adamw_buckets(list_params(model), lay, 20000), LowerSettings(param_bytes=2))
+    worst = max(scheds, key=lambda s: (len(s.ops), sum(o.nbytes for o in s.ops)))
+    want: dict[str, dict[str, int]] = {}
+    for o in worst.ops:
+        want.setdefault(o.group, Counter())[o.kind] += 1
+    assert got["collectives"] == {g: dict(c) for g, c in want.items()}
+    assert got["step_calls"] == sum(1 for o in worst.ops if o.phase not in ("grad_sync", "param_sync"))
+    assert got["bytes_per_gpu"] == max(sum(o.nbytes for o in s.ops) for s in scheds)
+    assert got["comm_ms"] > 0
+
+
+def test_zero_reference_is_one_reduce_scatter_and_all_gather_per_bucket(capsys) -> None:
+    got = run_json(capsys, "--model", "qwen3-micro", "--dp", "4", "--strategy", "zero", "--bucket-size", "20000")
+    calls = got["collectives"]["dp"]
+    assert calls["reduce_scatter"] == calls["all_gather"] >= got["buckets"] >= 1
+    assert got["step_calls"] == 0
+
+
+def test_cooperation_is_reported_and_can_be_switched_off(capsys) -> None:
+    argv = ("--model", "qwen3-32b", "--tp", "8", "--dp", "32")
+    on = run_json(capsys, *argv)
+    off = run_json(capsys, *argv, "--no-cooperative")
+    assert on["cooperative_groups"] and all(g["k"] >= 2 for g in on["cooperative_groups"])
+    assert all(len(g["ranks"]) == g["k"] for g in on["cooperative_groups"])
+    assert off["cooperative_groups"] == []
+    assert on["max_over_mean"] <= off["max_over_mean"]
+
+
+def test_memory_reports_components_and_fit(capsys) -> None:
+    got = run_json(capsys, "--model", "qwen3-micro", "--tp", "2", "--dp", "2", "--hbm-gb", "0.001")
+    mem = got["memory"]
+    assert mem["fits"] is False and mem["hbm_gb"] == 0.001
+    assert mem["params"] > 0 and mem["main_grads"] == 2 * mem["params"]  # fp32 main grads of bf16 params
+    fp32 = run_json(capsys, "--model", "qwen3-micro", "--tp", "2", "--dp", "2", "--memory", "--dtype", "fp32")
+    assert fp32["memory"]["params"] == 2 * mem["params"]
+
+
+def test_report_prints_budget_and_memory(capsys) -> None:
+    assert main(["plan", "--model", "qwen3-micro", "--dp", "2", "--memory"]) == 0
+    out = capsys.readouterr().out
+    assert "collectives per step" in out and "memory per GPU" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--strategy", "zero", "--memory"], "--strategy zero"),
+        (["--optimizer", "shampoo", "--ns-method", "gram"], "--ns-method is Muon's"),
+    ],
+)
+def test_bad_combinations_exit_2_with_one_line(capsys, argv: list[str], needle: str) -> None:
+    assert main(["plan", "--model", "qwen3-micro", "--dp", "2", *argv]) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert out == "" and len(lines) == 1 and needle in lines[0]
