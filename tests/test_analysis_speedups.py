@@ -23,6 +23,7 @@ def _fake_launch(totals: dict[str, list[float]]):
                 s: {
                     "timings": [{"total": t, "compute": t / 2, "grad_sync": t / 4} for t in totals[s]],
                     "collective_modes": {},
+                    "cooperative": [],
                 }
                 for s in strategies
             }
