@@ -270,6 +270,14 @@ def sensitivity_markdown(sens: pd.DataFrame) -> str:
     )
 
 
+def _groups_text(count: Any, ks: Any) -> str:
+    """ "64 (k = 8)": cooperative groups and their sizes (a CSV reads "8" back as 8.0, "2,4" as text)."""
+    if not finite(count) or not int(count):
+        return "0"
+    sizes = ", ".join(str(int(float(k))) for k in str(ks).split(",") if k.strip())
+    return f"{int(count)} (k = {sizes})"
+
+
 def beyond_markdown(beyond: pd.DataFrame) -> str:
     """``projection_beyond.csv`` as a section: per profile, one row per variant (cooperative and Gram
     Newton–Schulz, issues #12 and #18) with its optimizer step and its speedup over layer-wise in
@@ -295,7 +303,7 @@ def beyond_markdown(beyond: pd.DataFrame) -> str:
         for variant in dict.fromkeys(g["variant"]):
             none, meg = by.get((variant, "none"), {}), by.get((variant, "megatron"), {})
             any_row = none or meg
-            groups = f"{int(any_row['coop_groups'])} (k = {any_row['coop_k']})" if any_row["coop_groups"] else "0"
+            groups = _groups_text(any_row["coop_groups"], any_row["coop_k"])
             line = [variant, any_row["ns_method"], groups, f"{float(any_row['max_gpu_tflop']):.1f}"]
             for r in (none, meg):
                 line += [fmt_ms(r.get("step_ms")), fmt_speedup(r.get("speedup_step_vs_layerwise"))]
