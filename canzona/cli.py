@@ -1,16 +1,36 @@
 """`canzona` command line: one subcommand per module, each exposing ``configure(parser)`` and
 ``run(args) -> int``. Modules import heavy dependencies (megatron, matplotlib) inside ``run``
-so `canzona --help` stays fast. User errors (ConfigError) exit with code 2 and one line."""
+so `canzona --help` stays fast.
+
+User errors exit with code 2 and ONE line on stderr, never a traceback: bad flags and values
+(argparse, with the shared types of ``canzona.argtypes``), ConfigError from any command, a user
+file that cannot be read or written (an OSError naming a file) or is not UTF-8 text, and an optional
+dependency that is not installed. Anything else is a bug and keeps its traceback."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
 from canzona import __version__
 from canzona.errors import ConfigError
+
+# optional dependencies a command may need: missing -> one line saying what to install
+OPTIONAL_DEPS = {
+    "megatron": "megatron-core (pip install -e '.[megatron]')",
+    "transformer_engine": "transformer-engine (pip install -e '.[gpu]')",
+}
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (argparse prints the usage too, which is two or more lines)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
 
 # name -> (module, one-line help). Order is the order `canzona --help` lists them.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -55,9 +75,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The top-level parser; only ``command``'s module is imported (each command owns its flags),
     so `canzona --help` is instant and one command's import error cannot break the others."""
-    parser = argparse.ArgumentParser(
-        prog="canzona", description="Canzona: distributed matrix optimizers for Megatron-style training."
-    )
+    parser = Parser(prog="canzona", description="Canzona: distributed matrix optimizers for Megatron-style training.")
     parser.add_argument("--version", action="version", version=f"canzona {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_) in COMMANDS.items():
@@ -73,12 +91,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(command if command in COMMANDS else None)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a bad flag (one line already printed)
+        return exc.code if isinstance(exc.code, int) else 2
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
     try:
         return int(args._run(args) or 0)
     except ConfigError as exc:
-        print(f"canzona {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return _user_error(args.command, str(exc))
+    except ModuleNotFoundError as exc:
+        need = OPTIONAL_DEPS.get((exc.name or "").split(".")[0])
+        if need is None:
+            raise
+        return _user_error(args.command, f"this command needs {need}, which is not installed")
+    except BrokenPipeError:  # the reader went away (`canzona plan | head`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except OSError as exc:
+        if exc.filename is None:  # not about a path the user gave: a bug or the system, keep the traceback
+            raise
+        return _user_error(args.command, f"{exc.filename}: {exc.strerror or exc}")
+    except UnicodeDecodeError as exc:  # a user file that is not UTF-8 text (ours are all written as UTF-8)
+        return _user_error(args.command, f"an input file is not UTF-8 text ({exc.reason} at byte {exc.start})")
+
+
+def _user_error(command: str, message: str) -> int:
+    first = message.strip().splitlines()[0] if message.strip() else "invalid input"
+    print(f"canzona {command}: error: {first}", file=sys.stderr)
+    return 2

@@ -240,15 +240,27 @@ class MeasuredTable:
     def load(cls, path: str | Path, strict: bool = False) -> MeasuredTable:
         p = Path(path)
         try:
-            raw = json.loads(p.read_text())
+            raw = json.loads(p.read_text(encoding="utf-8"))
             entries = tuple((tuple(int(d) for d in e["shape"]), float(e["us"])) for e in raw["entries"])
             cost_for(raw["optimizer"])  # an unknown optimizer is a ConfigError like any other bad field
             table = cls(raw["optimizer"], str(raw.get("device", "unknown")), entries, strict, str(p))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"cannot read measured cost table {p}: {exc}") from exc
         if not entries:
             raise ConfigError(f"measured cost table {p} has no entries")
+        for shape, us in entries:
+            if len(shape) != 2 or min(shape) <= 0:
+                raise ConfigError(f"measured cost table {p}: shape {list(shape)} is not a positive 2-D shape")
+            if not math.isfinite(us) or us <= 0:
+                raise ConfigError(
+                    f"measured cost table {p}: shape {list(shape)} has {us} µs; every time must be finite and > 0"
+                )
         return table
+
+    def covers(self, shape: Sequence[int]) -> bool:
+        """True if the shape (or its transpose) was measured; else ``lookup`` scales by FLOPs."""
+        m, n = _dims(shape)
+        return any(s in ((m, n), (n, m)) for s, _ in self.entries)
 
     def lookup(self, shape: Sequence[int], settings: CostSettings = CostSettings()) -> float:
         m, n = _dims(shape)
@@ -256,7 +268,10 @@ class MeasuredTable:
             if s in ((m, n), (n, m)):
                 return us
         if self.strict:
-            raise ConfigError(f"shape {(m, n)} is not in measured cost table {self.source or self.device}")
+            raise ConfigError(
+                f"shape {(m, n)} is not in measured cost table {self.source or self.device}; measure it, "
+                "or drop --strict to scale it by FLOPs from the nearest measured shape"
+            )
         want = matrix_flops(self.optimizer, (m, n), settings)
         s, us = min(self.entries, key=lambda e: abs(math.log(matrix_flops(self.optimizer, e[0], settings) / want)))
         return us * want / matrix_flops(self.optimizer, s, settings)

@@ -1,11 +1,15 @@
-"""Qwen3 inventories: public sizes, shapes, TP dims, routes, PP stages and split views."""
+"""Model inventories: Qwen3 built-ins, shipped and user model files (HF config.json, TOML), PP stages,
+split views, and validation that names the fix."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from canzona.errors import ConfigError
-from canzona.models import MODELS, ParamSpec, count_params, get_model, list_params
+from canzona.models import MODELS, ParamSpec, count_params, get_model, list_params, split_stages
+from canzona.models.hf import from_hf_config
 from canzona.models.qwen3 import apply_view
 
 # Public parameter counts (model cards / safetensors); 0.6B–4B tie the embedding and output.
@@ -137,3 +141,171 @@ def test_param_spec_shard_shape() -> None:
         ParamSpec("w", (0, 8), 0, "matrix")
     with pytest.raises(ConfigError, match="partition_dim"):
         ParamSpec("w", (4, 8), 2, "matrix")
+
+
+# ----------------------------------------------------------------------------- model files
+def test_shipped_configs_match_their_public_sizes() -> None:
+    llama = get_model("llama-3-8b")  # Meta-Llama-3-8B: 8.03e9 parameters
+    assert count_params(llama) == 8_030_261_248 and llama.family == "llama" and not llama.qk_norm
+    assert "huggingface.co/meta-llama" in llama.source
+    # by hand: 32 × (q 4096² + k,v 2·1024·4096 + o 4096² + MLP 3·14336·4096 + 2 norms) + 2·vocab·4096 + norm
+    block = 4096 * 4096 * 2 + 2 * 1024 * 4096 + 3 * 14336 * 4096 + 2 * 4096
+    assert count_params(llama) == 32 * block + 2 * 128256 * 4096 + 4096
+    moe = get_model("qwen3-30b-a3b")  # Qwen3-30B-A3B: 30.5e9 parameters, 48 layers × 128 experts
+    assert count_params(moe) == 30_532_122_624 and moe.experts == 128 and moe.expert_ffn == 768
+    matrices = [s for s in list_params(moe) if s.route == "matrix"]
+    assert len(matrices) == 48 * (2 + 1 + 2 * 128)  # qkv, proj, router, 128 × (fc1, fc2)
+    assert sum(s.expert is not None for s in matrices) == 48 * 256
+
+
+HF = {
+    "mistral": dict(model_type="mistral", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, vocab_size=100),
+    "qwen2": dict(model_type="qwen2", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, vocab_size=100, tie_word_embeddings=True),
+    "qwen2_moe": dict(model_type="qwen2_moe", hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=4, vocab_size=100, num_experts=4,
+                      moe_intermediate_size=32, shared_expert_intermediate_size=48, decoder_sparse_step=2,
+                      mlp_only_layers=[3]),
+    "mixtral": dict(model_type="mixtral", hidden_size=64, intermediate_size=32, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, vocab_size=100, num_local_experts=4),
+}  # fmt: skip
+
+
+def test_hf_families_by_hand() -> None:
+    h, v = 64, 100
+    attn = (64 + 2 * 32) * h + h * 64  # q + k + v (2 KV heads of 16), o
+    mistral = from_hf_config(HF["mistral"], "m")
+    assert count_params(mistral) == 2 * (attn + 3 * 96 * h + 2 * h) + 2 * v * h + h
+    qwen2 = from_hf_config(HF["qwen2"], "q")  # q/k/v biases, tied embedding, no QK-norm
+    assert count_params(qwen2) == 2 * (attn + 128 + 3 * 96 * h + 2 * h) + v * h + h
+    assert any(p.name.endswith("linear_qkv.bias") and p.route == "adamw" for p in list_params(qwen2))
+    moe = from_hf_config(HF["qwen2_moe"], "qm")  # sparse layers: (i+1) % 2 == 0 and not layer 3 → layer 1
+    assert moe.moe_layers == (1,)
+    dense_mlp = 3 * 96 * h
+    moe_mlp = 4 * h + 4 * 3 * 32 * h + 3 * 48 * h + h  # router, 4 experts, shared expert, its gate
+    attn4 = (64 + 2 * 64) * h + h * 64 + 3 * 64  # 4 KV heads of 16, q/k/v biases
+    assert count_params(moe) == 3 * (attn4 + dense_mlp + 2 * h) + (attn4 + moe_mlp + 2 * h) + 2 * v * h + h
+    gate = next(p for p in list_params(moe) if p.name.endswith("shared_experts.gate_weight"))
+    assert gate.shape == (1, h) and gate.route == "adamw"
+    mix = from_hf_config(HF["mixtral"], "x")
+    experts = [p for p in list_params(mix) if p.expert is not None]
+    assert len(experts) == 2 * 4 * 2 and {p.shape for p in experts} == {(64, 64), (64, 32)}
+
+
+@pytest.mark.parametrize(
+    ("patch", "needle"),
+    [
+        (dict(model_type="gpt2"), "not supported"),
+        (dict(hidden_size=0), "hidden_size"),
+        (dict(num_attention_heads="4"), "num_attention_heads"),
+        (dict(tie_word_embeddings="yes"), "tie_word_embeddings"),
+        (dict(num_attention_heads=4, num_key_value_heads=3), "KV heads"),
+    ],
+)
+def test_hf_config_errors_name_the_field(patch: dict, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        from_hf_config({**HF["mistral"], **patch}, "bad")
+
+
+def test_layout_validation_of_files_names_the_fix(tmp_path) -> None:
+    moe = get_model("qwen3-30b-a3b")
+    moe.validate_layout(tp=4, pp=4, ep=8)
+    with pytest.raises(ConfigError, match="KV heads \\(4\\)"):
+        moe.validate_layout(tp=8)  # Megatron cannot split 4 KV heads over 8 ranks
+    with pytest.raises(ConfigError, match="PP=5"):
+        moe.validate_layout(pp=5)
+    with pytest.raises(ConfigError, match="EP=3"):
+        moe.validate_layout(ep=3)
+    with pytest.raises(ConfigError, match="EP=2"):
+        get_model("llama-3-8b").validate_layout(ep=2)  # no experts to shard
+    path = tmp_path / "config.json"
+    path.write_bytes(b"\xff\xfe not json")
+    with pytest.raises(ConfigError, match="cannot read"):
+        get_model(str(path))
+
+
+def _toml(specs: list[ParamSpec], model: str = "") -> str:
+    out = [model]
+    for s in specs:
+        out.append(f'[[param]]\nname = "{s.name}"\nshape = {list(s.shape)}\nroute = "{s.route}"')
+        if s.partition_dim is not None:
+            out.append(f"partition_dim = {s.partition_dim}")
+        if s.layer is not None:
+            out.append(f"layer = {s.layer}")
+    return "\n".join(out) + "\n"
+
+
+def test_toml_inventory_round_trip_and_stages(tmp_path) -> None:
+    specs = list_params(get_model("qwen3-micro"))
+    path = tmp_path / "micro.toml"
+    path.write_text(_toml(specs, '[model]\nname = "micro-file"\nheads = 4\nkv_heads = 2\nhead_dim = 32'))
+    inv = get_model(str(path))
+    assert (
+        inv.name == "micro-file"
+        and inv.specs() == specs
+        and count_params(inv) == count_params(get_model("qwen3-micro"))
+    )
+    for pp in (1, 2):
+        assert [list_params(inv, pp=pp, stage=s) for s in range(pp)] == [
+            list_params(get_model("qwen3-micro"), pp=pp, stage=s) for s in range(pp)
+        ]
+    assert list_params(inv, views=["qkv"]) == list_params(get_model("qwen3-micro"), views=["qkv"])
+    with pytest.raises(ConfigError, match="KV heads"):
+        inv.validate_layout(tp=4)
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ('[[param]]\nname = "w"\nshape = [4, 4]\nroute = "matirx"\n', "unknown route 'matirx'"),
+        ('[[param]]\nname = "w"\nshape = [4, 4]\nroute = "matrix"\nlayr = 0\n', "unknown key"),
+        ('[[param]]\nname = "w"\nshape = [4, 0]\nroute = "matrix"\n', "shape"),
+        ('[[param]]\nname = "w"\nshape = [4]\nroute = "matrix"\n', "route it to adamw"),
+        ('[[param]]\nname = "w"\nshape = [4, 4]\nroute = "adamw"\n' * 2, "duplicate"),
+        ('[[param]]\nname = "w"\nshape = [4, 4]\nroute = "adamw"\nlayer = 1\n', "0..L-1"),
+        ('[model]\nheds = 4\n[[param]]\nname = "w"\nshape = [4, 4]\nroute = "adamw"\n', "unknown key"),
+        ("[[param]]\nname = 'w'\n", "missing 'shape'"),
+        ("not toml ===", "cannot read"),
+    ],
+)
+def test_toml_errors_name_the_problem(tmp_path, text: str, needle: str) -> None:
+    path = tmp_path / "m.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=needle):
+        get_model(str(path))
+
+
+def test_split_stages_puts_pre_layer_params_first_and_post_layer_params_last() -> None:
+    specs = [
+        ParamSpec("tok.emb", (10, 4), 0, "adamw"),
+        ParamSpec("pos.emb", (8, 4), None, "adamw"),
+        *[ParamSpec(f"blocks.{i}.w", (4, 4), 0, "matrix", i) for i in range(4)],
+        ParamSpec("head.norm", (4,), None, "adamw"),
+        ParamSpec("head.out", (10, 4), 0, "adamw"),
+    ]
+    stages = split_stages(specs, 2)
+    assert [s.name for s in stages[0]] == ["tok.emb", "pos.emb", "blocks.0.w", "blocks.1.w"]
+    assert [s.name for s in stages[1]] == ["blocks.2.w", "blocks.3.w", "head.norm", "head.out"]
+    with pytest.raises(ConfigError, match="PP=3"):
+        split_stages(specs, 3)
+
+
+def test_unknown_route_is_an_error_not_a_silent_drop() -> None:
+    with pytest.raises(ConfigError, match="unknown route"):
+        ParamSpec("decoder.layers.0.w", (4, 4), 0, "matrx", 0)  # type: ignore[arg-type]
+
+
+def test_models_cli_prints_a_file_inventory_and_its_count(tmp_path, capsys) -> None:
+    from canzona.cli import main
+
+    assert main(["models"]) == 0
+    listing = capsys.readouterr().out
+    assert "llama-3-8b" in listing and "8,030,261,248" in listing and "128x768" in listing
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(HF["mixtral"]))
+    assert main(["models", str(path), "--tp", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "expert=3" in out and f"{count_params(from_hf_config(HF['mixtral'], 'x')):,}" in out
+    assert main(["models", "qwen3-30b-a3b", "--tp", "8"]) == 2
+    assert "KV heads" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""Megatron bucket geometry, checked by hand."""
+"""Megatron bucket geometry and Canzona's padded matrix buckets, checked by hand."""
 
 from __future__ import annotations
 
@@ -7,9 +7,17 @@ import math
 import pytest
 
 from canzona.errors import ConfigError
-from canzona.models import get_model, list_params
-from canzona.plan import Layout, PlanConfig, make_plan
-from canzona.plan.buckets import PARAM_ALIGN, bucket_divisor, buffer_padding, build_buckets
+from canzona.models import ParamSpec, get_model, list_params
+from canzona.plan import Bucket, BucketEntry, Layout, PlanConfig, make_plan, plan_metrics, plan_model
+from canzona.plan.buckets import (
+    PARAM_ALIGN,
+    bucket_divisor,
+    buffer_padding,
+    build_buckets,
+    matrix_chunks,
+    megatron_bucket_size,
+    padded_bucket,
+)
 
 
 def test_divisor_is_lcm_of_dp_and_128() -> None:
@@ -62,15 +70,77 @@ def test_bad_bucket_size() -> None:
         build_buckets([("a", 10)], dp=2, bucket_size=0)
 
 
-def test_plan_buckets_hold_tp_local_numel_and_only_matrices() -> None:
+@pytest.mark.parametrize("layout", ["exact", "padded"])
+def test_plan_buckets_hold_tp_local_numel_and_only_matrices(layout: str) -> None:
     cfg = get_model("qwen3-micro")
     params = list_params(cfg)
-    plan = make_plan(params, Layout(dp=2, tp=2), PlanConfig(bucket_size=10_000))
+    plan = make_plan(params, Layout(dp=2, tp=2), PlanConfig(bucket_size=10_000, dp_layout=layout))
     entries = {e.name: e.numel for b in plan.dp.buckets for e in b.entries}
     matrix = [s for s in params if s.route == "matrix"]
     assert set(entries) == {s.name for s in matrix}
     for s in matrix:
         assert entries[s.name] == s.numel // 2  # every Qwen3 matrix is TP-sharded
         assert plan.item(s.name).shape == s.shape  # items keep FULL shapes
-    # the last registered matrix sits first in the buffer
-    assert plan.dp.buckets[0].entries[0].name == matrix[-1].name
+    # the last registered matrix sits in the first bucket (first in the exact layout's buffer)
+    first = [e.name for e in plan.dp.buckets[0].entries]
+    assert first[0] == matrix[-1].name if layout == "exact" else matrix[-1].name in first
+
+
+@pytest.mark.parametrize(("dp", "size"), [(8, 40_000_000), (64, 64_000_000), (256, 256_000_000)])
+def test_megatron_bucket_size_rule(dp: int, size: int) -> None:
+    """max(40M, 1M·DP) (megatron/core/distributed/distributed_data_parallel.py), for every strategy."""
+    assert megatron_bucket_size(dp) == size
+    # 100 matrices of 8M elements: Megatron's buckets close after the one that reaches the size
+    params = [ParamSpec(f"decoder.layers.{k}.w", (2048, 4096), None, "matrix", k) for k in range(100)]
+    per = math.ceil(size / (2048 * 4096))
+    for strategy in ("asc", "zero", "layerwise", "sc"):
+        plan = make_plan(params, Layout(dp=dp), PlanConfig(strategy=strategy, cost="numel"))
+        assert plan.config.bucket_size is None and plan_metrics([plan])["bucket_size"] == size
+        assert [len(b.entries) for b in plan.dp.buckets[:-1]] == [per] * (len(plan.dp.buckets) - 1)
+
+
+def test_matrix_chunks_rule_by_hand() -> None:
+    four = [(n, 100) for n in "abcd"]
+    # T = max(150, ⌈0.9·2·100⌉ = 180); k = ⌊400 / 180⌋ = 2 chunks of 200, in backprop order
+    assert matrix_chunks(four, 2, 150) == [[("d", 100), ("c", 100)], [("b", 100), ("a", 100)]]
+    # five params: k = ⌊500 / 180⌋ = 2, chunk 1 closes once the total reaches 250 (after 3 params);
+    # closing at T instead would leave a one-parameter tail bucket of mostly padding
+    five = [(n, 100) for n in "abcde"]
+    assert [[n for n, _ in c] for c in matrix_chunks(five, 2, 150)] == [["e", "d", "c"], ["b", "a"]]
+    # at DP 8 the floor is 0.9·8·100 = 720 > 500: one bucket
+    assert len(matrix_chunks(five, 8, 150)) == 1
+    # the bucket size rules when it is larger than the floor: ⌊500 / 250⌋ = 2
+    assert len(matrix_chunks(five, 1, 250)) == 2
+
+
+def test_padded_bucket_by_hand() -> None:
+    b = Bucket(0, (BucketEntry("a", 0, 100), BucketEntry("b", 128, 30), BucketEntry("c", 192, 64)), 384)
+    laid, cuts = padded_bucket(b, {"a": 1, "b": 0, "c": 0}, 2)
+    # slot 0: b at 0 (30), c at 64 (64-aligned) → 128; slot 1: a (100) → W = 128 (a multiple of 128)
+    assert [(e.name, e.start) for e in laid.entries] == [("b", 0), ("c", 64), ("a", 128)]
+    assert cuts == (0, 128, 256) and laid.size == 256 and laid.used == 194
+
+
+def test_padded_plans_group_owners_in_equal_slices() -> None:
+    plan = make_plan(list_params(get_model("qwen3-8b")), Layout(dp=16, tp=1), PlanConfig(dp_layout="padded"))
+    assert plan.dp.layout == "padded" and plan.config.dp_layout == "padded"
+    om = plan.dp.owner_map()
+    for b, c in zip(plan.dp.buckets, plan.dp.cuts, strict=True):
+        widths = {c[k + 1] - c[k] for k in range(len(c) - 1)}
+        assert len(widths) == 1 and widths.pop() % 128 == 0  # equal, 256-byte aligned slices
+        for e in b.entries:
+            (r,) = om[e.name]
+            assert c[r] <= e.start and e.end <= c[r + 1] and e.start % PARAM_ALIGN == 0
+
+
+def test_auto_layout_is_padded_only_where_padding_stays_low() -> None:
+    m = plan_metrics(plan_model("qwen3-32b", Layout(dp=32, tp=8), PlanConfig()))
+    assert m["dp_layout"] == "padded" and m["padding_fraction"] <= 0.15 and m["buckets"] == 4
+    # 144 matrices for 128 DP ranks: any bucket holding an fc1 costs 128 fc1 shards (46% padding at best)
+    m = plan_metrics(plan_model("qwen3-8b", Layout(dp=128, tp=2), PlanConfig()))
+    assert m["dp_layout"] == "exact" and m["padding_fraction"] < 0.01
+    forced = plan_metrics(plan_model("qwen3-8b", Layout(dp=128, tp=2), PlanConfig(dp_layout="padded")))
+    assert forced["padding_floor"] == pytest.approx(
+        1 - 36 * (12582912 + 8388608 + 50331648 + 25165824) / (128 * 50331648)
+    )
+    assert forced["padding_fraction"] >= forced["padding_floor"] - 1e-12

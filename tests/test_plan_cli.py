@@ -95,12 +95,13 @@ def test_measured_cost_table(capsys: pytest.CaptureFixture[str], tmp_path: Path)
         (["--dp", "2", "--tp", "2", "--world", "8"], "world"),
         (["--dp", "2", "--tp", "4"], "KV heads"),  # qwen3-micro has 2 KV heads
         (["--dp", "2", "--alpha", "1.5"], "alpha"),
-        (["--dp", "2", "--bucket-size", "0"], "bucket size"),
+        (["--dp", "2", "--bucket-size", "0"], "--bucket-size"),
+        (["--dp", "2", "--bucket-size", "1e400"], "--bucket-size"),
         (["--dp", "2", "--optimizer", "adam"], "optimizer"),
         (["--dp", "2", "--model", "qwen9"], "model"),
         (["--dp", "2", "--strategy", "fast"], "strategy"),
-        (["--dp", "2", "--dp-algo", "magic"], "dp algorithm"),
-        (["--dp", "2", "--tp-mode", "magic"], "TP mode"),
+        (["--dp", "2", "--dp-algo", "magic"], "--dp-algo"),
+        (["--dp", "2", "--tp-mode", "magic"], "--tp-mode"),
         (["--dp", "2", "--strategy", "layerwise", "--dp-algo", "blend"], "does not apply"),
         (["--dp", "2", "--cost", "measured"], "table"),
         (["--tp", "2"], "--dp or --world"),
@@ -114,3 +115,23 @@ def test_bad_input_exits_2_with_one_line(capsys: pytest.CaptureFixture[str], arg
     assert out == ""
     lines = err.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0]
+
+
+@pytest.mark.parametrize("us", [-1.0, 0.0, float("nan"), float("inf")])
+def test_measured_table_times_must_be_finite_and_positive(capsys, tmp_path: Path, us: float) -> None:
+    table = tmp_path / "muon.json"
+    entries = [{"shape": [64, 64], "us": 100.0}, {"shape": [256, 64], "us": us}]
+    table.write_text(json.dumps({"optimizer": "muon", "entries": entries}))
+    rc, out, err = run(capsys, "--model", "qwen3-micro", "--dp", "2", "--cost", "measured", "--cost-table", str(table))
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1 and "finite and > 0" in err
+
+
+def test_missing_shapes_fall_back_with_a_note_or_fail_with_strict(capsys, tmp_path: Path) -> None:
+    table = tmp_path / "muon.json"
+    table.write_text(json.dumps({"optimizer": "muon", "entries": [{"shape": [64, 64], "us": 100.0}]}))
+    argv = ["--model", "qwen3-micro", "--dp", "2", "--cost", "measured", "--cost-table", str(table), "--json"]
+    rc, out, err = run(capsys, *argv)
+    assert rc == 0 and json.loads(out)["efficiency"] > 0  # stdout stays one JSON object
+    assert err.startswith("note: ") and "scaled by FLOPs" in err and "--strict" in err
+    rc, out, err = run(capsys, *argv, "--strict")
+    assert rc == 2 and out == "" and "not in measured cost table" in err and len(err.strip().splitlines()) == 1

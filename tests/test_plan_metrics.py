@@ -19,7 +19,9 @@ NUMEL = PlanConfig(cost="numel", bucket_size=10**6)
 
 
 def test_zero_atomic_by_hand() -> None:
-    plan = make_plan(PARAMS, Layout(dp=3), PlanConfig(strategy="asc", cost="numel", bucket_size=10**6))
+    plan = make_plan(
+        PARAMS, Layout(dp=3), PlanConfig(strategy="asc", cost="numel", bucket_size=10**6, dp_layout="exact")
+    )
     (bucket,) = plan.dp.buckets
     assert bucket.size == 1152  # 1024 padded to lcm(3, 128) = 384
     assert plan.dp.cuts == ((0, 512, 768, 1152),)
@@ -36,8 +38,12 @@ def test_zero_atomic_by_hand() -> None:
     assert m["efficiency"] == pytest.approx(1.0)
     assert m["comm_balance"] == pytest.approx(512 / 384)
     assert m["comm_lower_bound"] == pytest.approx(512 / 384)
-    assert m["bucket_comm_balance"] == pytest.approx(3 * 512 / 1152)
+    assert m["bucket_comm_balance"] == pytest.approx(3 * 512 / 1024)  # padded collective vs the 1024 used
+    assert m["bucket_comm_balance_worst"] == pytest.approx(3 * 512 / 1024)  # one bucket: the same
     assert m["padding_bytes"] == (3 * 512 - 1024) * 4
+    assert m["padding_fraction"] == pytest.approx((1152 - 1024) / 1152)  # exact slices: alignment only
+    assert m["comm_excess"] == pytest.approx(1.0)  # max slice 512 = the widest item: at its bound
+    assert m["buckets"] == 1 and m["dp_layout"] == "exact"
     gl = gpu_loads(plan)
     assert gl.cost == ((512.0,), (256.0,), (256.0,))
     assert gl.slice_bytes == (512 * 4, 256 * 4, 384 * 4)

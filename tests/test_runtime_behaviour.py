@@ -168,7 +168,10 @@ def _train(info, overlap_grad: bool, overlap_param: bool, mode: str, slow_rank: 
     cfg = dist_config(
         "canzona", "muon", collective_mode=mode, overlap_grad_sync=overlap_grad, overlap_param_sync=overlap_param
     )
-    cfg = type(cfg)(**{**cfg.__dict__, "plan": type(cfg.plan)(**{**cfg.plan.__dict__, "bucket_size": 500})})
+    # greedy keeps Megatron's bucket geometry (canzona's refine chunks the buffer so a bucket holds
+    # >= 0.9·DP·its widest matrix, which here is one bucket): bucket_size 500 gives two buckets
+    plan = type(cfg.plan)(**{**cfg.plan.__dict__, "bucket_size": 500, "dp_algo": "greedy"})
+    cfg = type(cfg)(**{**cfg.__dict__, "plan": plan})
     opt = DistributedOptimizer(
         [(SPECS2[0].name, SPECS2[0], model.fc1.weight), (SPECS2[1].name, SPECS2[1], model.fc2.weight)], *groups, cfg
     )

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from canzona.analysis.projection import COLLECTIVES, PROFILE_DIR, ring_terms
+from canzona.argtypes import int_in, output_file, positive_int
 from canzona.cost import matrix_flops
 
 DEFAULT_SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)  # bytes per collective buffer (up to a qwen3-tiny bucket)
@@ -370,12 +371,16 @@ def configure(p: Any) -> None:
     """`canzona calibrate-cpu` options."""
     p.add_argument("--model", default="qwen3-tiny", help="model whose matrix shapes are timed (default qwen3-tiny)")
     p.add_argument("--optimizer", default="muon", choices=("muon", "shampoo", "soap"))
-    p.add_argument("--nproc", type=int, default=4, help="forked ranks, as in the runs to be projected")
-    p.add_argument("--dp", type=int, default=2)
-    p.add_argument("--tp", type=int, default=2)
-    p.add_argument("--reps", type=int, default=7, help="timed repetitions per measurement (median)")
-    p.add_argument("--rounds", type=int, default=3, help="repeat everything in fresh ranks; median over rounds")
-    p.add_argument("--out", help="profile TOML to write (default canzona/analysis/profiles/cpu-local.toml)")
+    p.add_argument("--nproc", type=int_in(1, 1024), default=4, help="forked ranks, as in the runs to be projected")
+    p.add_argument("--dp", type=positive_int, default=2)
+    p.add_argument("--tp", type=positive_int, default=2)
+    p.add_argument("--reps", type=positive_int, default=7, help="timed repetitions per measurement (median)")
+    p.add_argument(
+        "--rounds", type=positive_int, default=3, help="repeat everything in fresh ranks; median over rounds"
+    )
+    p.add_argument(
+        "--out", type=output_file, help="profile TOML to write (default canzona/analysis/profiles/cpu-local.toml)"
+    )
     p.add_argument("--raw", default="results/calibration/cpu-local.json", help="raw measurements JSON ('' to skip)")
     p.add_argument(
         "--no-fwd-bwd", action="store_true", help="skip the one-rank fwd/bwd run (no mfu: no CPU iterations)"

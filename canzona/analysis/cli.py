@@ -16,20 +16,30 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from canzona.argtypes import existing_path, output_dir, readable_file
+
 if TYPE_CHECKING:
     pass
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--results", nargs="+", required=True, help="result JSONL files and/or folders (searched for *.jsonl)"
+        "--results",
+        nargs="+",
+        type=existing_path,
+        required=True,
+        help="result JSONL files and/or folders (searched for *.jsonl)",
     )
-    p.add_argument("--out", default="results", help="output folder (default: results)")
+    p.add_argument("--out", type=output_dir, default="results", help="output folder (default: results)")
     p.add_argument(
-        "--validation", help="projection-vs-measurement CSV (default: OUT/projection_validation.csv if present)"
+        "--validation",
+        type=readable_file(".csv"),
+        help="projection-vs-measurement CSV (default: OUT/projection_validation.csv if present)",
     )
     p.add_argument(
-        "--sensitivity", help="projection sensitivity CSV (default: OUT/projection_sensitivity.csv if present)"
+        "--sensitivity",
+        type=readable_file(".csv"),
+        help="projection sensitivity CSV (default: OUT/projection_sensitivity.csv if present)",
     )
     p.add_argument("--batch", help="iteration speedup vs batch CSV (default: OUT/projection_batch.csv if present)")
     p.add_argument("--planner", help="planner efficiency CSV (default: OUT/planner/efficiency.csv if present)")

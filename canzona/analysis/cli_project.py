@@ -29,13 +29,18 @@ import math
 from pathlib import Path
 from typing import Any
 
+from canzona.argtypes import existing_path, positive_int, unit_float
 from canzona.cost import NS_METHODS
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", choices=("paper", "authors"), help="a fixed projection set (see module doc)")
     p.add_argument(
-        "--validate", nargs="+", metavar="RESULTS", help="compare with measured result lines (files/folders)"
+        "--validate",
+        nargs="+",
+        type=existing_path,
+        metavar="RESULTS",
+        help="compare with measured result lines (files/folders)",
     )
     p.add_argument("--model", default="qwen3-32b")
     p.add_argument("--layout", default="32,8,1", help="dp,tp,pp (default 32,8,1)")
@@ -49,10 +54,12 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--overlap", action="append", choices=("none", "megatron"), help="overlap view; repeatable (default none)"
     )
     p.add_argument("--optimizer", default="muon", choices=("muon", "shampoo", "soap"))
-    p.add_argument("--seq-len", type=int, default=4096)
-    p.add_argument("--global-batch", type=int, default=256, help="sequences per iteration")
-    p.add_argument("--micro-batch", type=int, default=1)
-    p.add_argument("--alpha", type=float, default=None, help="planner alpha (default: the planner's DEFAULT_ALPHA)")
+    p.add_argument("--seq-len", type=positive_int, default=4096)
+    p.add_argument("--global-batch", type=positive_int, default=256, help="sequences per iteration")
+    p.add_argument("--micro-batch", type=positive_int, default=1)
+    p.add_argument(
+        "--alpha", type=unit_float, default=None, help="planner alpha (default: the planner's DEFAULT_ALPHA)"
+    )
     p.add_argument("--cost", default="flops", choices=("flops", "numel"), help="what the planner balances")
     p.add_argument(
         "--cooperative",

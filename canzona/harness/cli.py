@@ -19,6 +19,7 @@ import os
 import sys
 from typing import Any
 
+from canzona.argtypes import nonneg_float, nonneg_int, output_file, positive_float, positive_int, unit_float
 from canzona.errors import ConfigError
 from canzona.harness.config import (
     ATTENTIONS,
@@ -42,19 +43,19 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--model", help="model name (canzona models lists them); required without --config")
     for k in ("tp", "pp", "dp"):
-        p.add_argument(f"--{k}", type=int, help=f"{k.upper()} size (default 1)")
+        p.add_argument(f"--{k}", type=positive_int, help=f"{k.upper()} size (default 1)")
     p.add_argument("--method", choices=METHODS, help="distribution method (default canzona)")
     p.add_argument("--optimizer", choices=OPTIMIZERS, help="matrix optimizer, or adamw for everything (default muon)")
-    p.add_argument("--seq-len", type=int)
-    p.add_argument("--micro-batch", type=int)
-    p.add_argument("--global-batch", type=int, help="= micro_batch · dp · num_microbatches")
-    p.add_argument("--warmup", type=int, help="iterations excluded from the timings")
-    p.add_argument("--iters", type=int, help="measured iterations")
-    p.add_argument("--alpha", type=float, help="Canzona's DP balance knob in [0, 1]")
-    p.add_argument("--bucket-size", type=int, help="gradient bucket size in elements")
-    p.add_argument("--lr", type=float, help="matrix optimizer learning rate")
-    p.add_argument("--adamw-lr", type=float, help="AdamW learning rate (embedding, output, norms)")
-    p.add_argument("--weight-decay", type=float)
+    p.add_argument("--seq-len", type=positive_int)
+    p.add_argument("--micro-batch", type=positive_int)
+    p.add_argument("--global-batch", type=positive_int, help="= micro_batch · dp · num_microbatches")
+    p.add_argument("--warmup", type=nonneg_int, help="iterations excluded from the timings")
+    p.add_argument("--iters", type=positive_int, help="measured iterations")
+    p.add_argument("--alpha", type=unit_float, help="Canzona's DP balance knob in [0, 1]")
+    p.add_argument("--bucket-size", type=positive_int, help="gradient bucket size in elements")
+    p.add_argument("--lr", type=positive_float, help="matrix optimizer learning rate")
+    p.add_argument("--adamw-lr", type=positive_float, help="AdamW learning rate (embedding, output, norms)")
+    p.add_argument("--weight-decay", type=nonneg_float)
     p.add_argument("--dtype", choices=DTYPES, help="parameter number format (default fp32)")
     p.add_argument(
         "--ns-dtype",
@@ -77,7 +78,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--cost", choices=COSTS, help="the planner's balancing cost (default flops)")
     p.add_argument("--variant", help="label recorded with the run (a sweep grid's variant, e.g. authors)")
-    p.add_argument("--seed", type=int)
+    p.add_argument("--seed", type=nonneg_int)
     p.add_argument(
         "--muon-tp-mode",
         choices=("duplicated", "distributed", "blockwise"),
@@ -90,7 +91,7 @@ def configure(p: argparse.ArgumentParser) -> None:
         default=None,
         help="Canzona runtime: let parameter all-gathers overlap the next forward",
     )
-    p.add_argument("--results", help="append the run's JSON line to this .jsonl file")
+    p.add_argument("--results", type=output_file, help="append the run's JSON line to this .jsonl file")
     p.add_argument(
         "--nproc", type=int, help="fork this many local gloo ranks (default tp·pp·dp); ignored under torchrun"
     )

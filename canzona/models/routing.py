@@ -1,7 +1,8 @@
 """Which optimizer a parameter gets.
 
 Matrix optimizers are only meaningful for the 2-D weights inside transformer blocks;
-embeddings, the output layer, norms and biases go to AdamW. The rule is data (regex
+embeddings, the output layer, norms, biases and the (1 × hidden) shared-expert gate of MoE
+layers go to AdamW. The rule is data (regex
 patterns), so users can route e.g. the output layer to Muon without touching code.
 """
 
@@ -18,7 +19,7 @@ class RoutingRule:
     """A name goes to the matrix optimizer iff it is 2-D, matches ``matrix`` and not ``adamw``."""
 
     matrix: tuple[str, ...] = (r"(^|\.)layers\.\d+\.",)
-    adamw: tuple[str, ...] = (r"norm", r"\.bias$", r"embedding", r"output_layer")
+    adamw: tuple[str, ...] = (r"norm", r"\.bias$", r"embedding", r"output_layer", r"gate_weight$")
 
     def route(self, name: str, ndim: int) -> Route:
         if ndim != 2:

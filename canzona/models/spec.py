@@ -13,6 +13,7 @@ from typing import Literal
 from canzona.errors import ConfigError
 
 Route = Literal["matrix", "adamw"]
+ROUTES: tuple[str, ...] = ("matrix", "adamw")
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,8 @@ class ParamSpec:
     partition_dim:  TP split dimension (0 column-parallel, 1 row-parallel) or None (replicated).
     route:          "matrix" (matrix optimizer) or "adamw".
     layer:          transformer layer index, None outside the blocks (embedding, output, final norm).
+    expert:         routed-expert index inside its layer (MoE), None for dense parameters; expert
+                    parallelism shards a layer's experts in contiguous blocks over the EP ranks.
     """
 
     name: str
@@ -31,8 +34,13 @@ class ParamSpec:
     partition_dim: int | None
     route: Route
     layer: int | None = None
+    expert: int | None = None
 
     def __post_init__(self) -> None:
+        if self.route not in ROUTES:
+            raise ConfigError(f"parameter {self.name!r}: unknown route {self.route!r}; use one of {', '.join(ROUTES)}")
+        if self.expert is not None and (self.expert < 0 or self.layer is None):
+            raise ConfigError(f"parameter {self.name!r}: an expert index needs a layer and must be >= 0")
         if any(d <= 0 for d in self.shape):
             raise ConfigError(f"parameter {self.name!r} has a non-positive dimension {self.shape}")
         if self.partition_dim is not None and not 0 <= self.partition_dim < len(self.shape):

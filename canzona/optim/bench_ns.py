@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from canzona.argtypes import int_in, nonneg_int, output_file, positive_int
 from canzona.errors import ConfigError
 
 OURS = ("standard", "gram", "auto")
@@ -30,22 +31,26 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shapes", required=True, help="MxN[,MxN...] or a model name (e.g. qwen3-32b)")
-    p.add_argument("--tp", type=int, default=8, help="with a model name: also each shape TP-sharded this many ways")
+    p.add_argument(
+        "--tp", type=int_in(1, 1024), default=8, help="with a model name: also each shape TP-sharded this many ways"
+    )
     p.add_argument(
         "--methods", default="standard,gram", help="comma-separated: standard, gram, auto, emerging, torch (peers)"
     )
     p.add_argument("--dtype", default="fp32", choices=tuple(DTYPES))
     p.add_argument("--coefficients", default="quintic", help="quintic | polar_express")
-    p.add_argument("--steps", type=int, default=5, help="Newton–Schulz iterations")
+    p.add_argument("--steps", type=positive_int, default=5, help="Newton–Schulz iterations")
     p.add_argument("--restarts", default=None, help="Gram restarts, e.g. '2' or 'none' (default: Muon's for --dtype)")
-    p.add_argument("--repeats", type=int, default=5, help="timed calls per method (after one warm-up)")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    p.add_argument("--repeats", type=positive_int, default=5, help="timed calls per method (after one warm-up)")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch.set_num_threads (CPU)")
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
     p.add_argument("--peak", action="store_true", help="also measure a bf16 matmul peak and report fractions of it")
-    p.add_argument("--peak-size", type=int, default=None, help="square size of the peak matmul (cuda 8192, cpu 2048)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--peak-size", type=positive_int, default=None, help="square size of the peak matmul (cuda 8192, cpu 2048)"
+    )
+    p.add_argument("--seed", type=nonneg_int, default=0)
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
-    p.add_argument("--out", help="also write the JSON object to this file (atomically)")
+    p.add_argument("--out", type=output_file, help="also write the JSON object to this file (atomically)")
 
 
 def parse_shapes(text: str, tp: int) -> list[tuple[str, tuple[int, int]]]:

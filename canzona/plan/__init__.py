@@ -9,7 +9,6 @@ The data model lives in ``canzona.plan.types`` (Plan, DPPlan, TPSchedule, ...).
 """
 
 from canzona.plan.build import (
-    STRATEGIES,
     adamw_buckets,
     make_items,
     make_plan,
@@ -19,6 +18,7 @@ from canzona.plan.build import (
     resolve_config,
 )
 from canzona.plan.metrics import GpuLoads, gpu_loads, plan_metrics
+from canzona.plan.strategies import STRATEGIES, Strategy, get_strategy, register_strategy
 from canzona.plan.types import (
     DEFAULT_ALPHA,
     Bucket,
@@ -45,8 +45,10 @@ __all__ = [
     "Plan",
     "PlanConfig",
     "PlanItem",
+    "Strategy",
     "TPSchedule",
     "adamw_buckets",
+    "get_strategy",
     "gpu_loads",
     "input_hash",
     "make_items",
@@ -55,5 +57,6 @@ __all__ = [
     "plan_model",
     "plans_from_json",
     "plans_to_json",
+    "register_strategy",
     "resolve_config",
 ]

@@ -1,7 +1,10 @@
-"""`canzona plan-bench`: planner quality at 256 GPUs for the Qwen3 family -> results/planner/.
+"""`canzona plan-bench`: planner quality -> results/planner/ (``--suite qwen3 | comm | models``).
 
 Writes (all through ``write_atomic``; every CSV row carries config, git commit, timestamp and
 provenance "computed by planner"; nothing here is measured on hardware):
+  comm_goals.csv/.md   issue #11's DP communication budget per α and layout (``bench_goals``)
+  models_goals.csv/.md issue #13's quality and planner-speed goals on every model (``bench_goals``)
+qwen3 suite:
   efficiency.csv/.md   every model × layout (TP∈{1,2,4,8}, PP∈{1,2,4}, DP=256/(TP·PP)), fused
                        Megatron matrices: asc (zero-atomic), layerwise, canzona blend (authors'),
                        canzona exact, canzona refine (ours, default α); split views: canzona refine
@@ -45,7 +48,10 @@ METRIC_COLS = (
     "comm_balance",
     "comm_lower_bound",
     "bucket_comm_balance",
+    "bucket_comm_balance_worst",
     "padding_bytes",
+    "padding_fraction",
+    "buckets",
     "split_params",
     "micro_groups",
     "matrices",
@@ -53,11 +59,36 @@ METRIC_COLS = (
 )
 
 
+SUITES = ("qwen3", "comm", "models")
+BOUND_COLS = (
+    "model",
+    "tp",
+    "pp",
+    "dp",
+    "matrices_fused",
+    "matrices_split",
+    "gpus_per_stage",
+    "bound_fused",
+    "bound_split",
+)
+
+
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="results/planner", help="output folder")
-    p.add_argument("--models", default=",".join(MODELS), help="comma-separated model names")
-    p.add_argument("--bucket-size", type=int, default=40_000_000)
+    from canzona.argtypes import output_dir, positive_int
+
+    p.add_argument("--out", type=output_dir, default="results/planner", help="output folder")
+    p.add_argument("--models", default=",".join(MODELS), help="comma-separated models of the qwen3 suite")
+    p.add_argument(
+        "--bucket-size", type=positive_int, default=None, help="elements per DP bucket (default: Megatron's rule)"
+    )
     p.add_argument("--optimizer", default="muon", help=" | ".join(matrix_optimizer_names()))
+    p.add_argument(
+        "--suite",
+        action="append",
+        choices=SUITES,
+        help="qwen3: the 256-GPU grid, bounds and alpha sweeps; comm: issue #11's DP budget goals; models: "
+        "issue #13's quality and speed goals on every model (repeatable; default: all three)",
+    )
     p.add_argument("--no-plots", action="store_true")
 
 
@@ -91,76 +122,54 @@ def _md_table(rows: Sequence[dict[str, Any]], cols: Sequence[str]) -> str:
     return "\n".join(out)
 
 
-def run(args: argparse.Namespace) -> int:
-    from canzona.cost import CostModel
-    from canzona.errors import ConfigError
-    from canzona.plan.build import plan_model
-    from canzona.plan.metrics import plan_metrics
-    from canzona.plan.types import DEFAULT_ALPHA, Layout, PlanConfig
-    from canzona.results.env import git_commit
-    from canzona.results.schema import write_atomic
+class _Bench:
+    """What every row of one run shares: the options, the cost model, commit and timestamp."""
 
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    if args.bucket_size <= 0:
-        raise ConfigError(f"bucket size must be positive, got {args.bucket_size}")
-    out = Path(args.out)
-    commit = git_commit()
-    stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    cm = CostModel(args.optimizer, "flops")
-    alpha = DEFAULT_ALPHA
+    def __init__(self, args: argparse.Namespace) -> None:
+        from canzona.cost import CostModel
+        from canzona.results.env import git_commit
 
-    def record(model: str, layout: Layout, method: str, views: Sequence[str], cfg: PlanConfig) -> dict[str, Any]:
-        plans = plan_model(model, layout, cfg, views, cost_model=cm)
-        m = plan_metrics(plans, model=model)
-        row = {
-            "model": model,
-            "tp": layout.tp,
-            "pp": layout.pp,
-            "dp": layout.dp,
-            "world": layout.world,
-            "views": "split" if views else "fused",
-            "method": method,
-            "strategy": m["strategy"],
-            "dp_algo": m["dp_algo"],
-            "tp_mode": m["tp_mode"],
-            "alpha": m["alpha"],
-            "optimizer": m["optimizer"],
-            "cost": m["cost"],
-            "bucket_size": m["bucket_size"],
-        }
+        self.args = args
+        self.cm = CostModel(args.optimizer, "flops")
+        self.commit = git_commit()
+        self.stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        self.tag = {"provenance": PROVENANCE, "git_commit": self.commit, "timestamp": self.stamp}
+
+    def config(self, **kw: Any):
+        from canzona.plan.types import PlanConfig
+
+        return PlanConfig(optimizer=self.args.optimizer, cost="flops", bucket_size=self.args.bucket_size, **kw)
+
+    def record(self, model: str, layout, method: str, views: Sequence[str], cfg) -> dict[str, Any]:
+        from canzona.plan.build import plan_model
+        from canzona.plan.metrics import plan_metrics
+
+        m = plan_metrics(plan_model(model, layout, cfg, views, cost_model=self.cm), model=model)
+        row = {k: m[k] for k in ("model", "tp", "pp", "dp", "world")}
+        row.update(views="split" if views else "fused", method=method)
+        row.update({k: m[k] for k in ("strategy", "dp_algo", "dp_layout", "tp_mode", "alpha", "optimizer", "cost")})
+        row["bucket_size"] = m["bucket_size"]
         row.update({k: m[k] for k in METRIC_COLS})
-        row.update({"provenance": PROVENANCE, "git_commit": commit, "timestamp": stamp})
-        return row
+        return {**row, **self.tag}
+
+
+def _grid(b: _Bench, models: Sequence[str], alpha: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every model × (TP, PP) at WORLD GPUs: the methods on fused matrices, refine on split views."""
+    from canzona.plan.types import Layout
 
     eff_rows: list[dict[str, Any]] = []
     bound_rows: list[dict[str, Any]] = []
-    t0 = time.perf_counter()
     for model in models:
         for tp in TPS:
             for pp in PPS:
                 layout = Layout(dp=WORLD // (tp * pp), tp=tp, pp=pp)
-                for method, kw in _methods(alpha):
-                    cfg = PlanConfig(optimizer=args.optimizer, cost="flops", bucket_size=args.bucket_size, **kw)
-                    eff_rows.append(record(model, layout, method, (), cfg))
-                cfg = PlanConfig(optimizer=args.optimizer, cost="flops", bucket_size=args.bucket_size, alpha=alpha)
-                split = record(model, layout, "canzona-refine", SPLIT, cfg)
-                eff_rows.append(split)
-                fused = next(
-                    r
-                    for r in eff_rows
-                    if r["model"] == model
-                    and r["tp"] == tp
-                    and r["pp"] == pp
-                    and r["method"] == "canzona-refine"
-                    and r["views"] == "fused"
-                )
+                rows = [b.record(model, layout, method, (), b.config(**kw)) for method, kw in _methods(alpha)]
+                split = b.record(model, layout, "canzona-refine", SPLIT, b.config(alpha=alpha))
+                eff_rows += [*rows, split]
+                fused = rows[-1]
                 bound_rows.append(
                     {
-                        "model": model,
-                        "tp": tp,
-                        "pp": pp,
-                        "dp": layout.dp,
-                        "world": layout.world,
+                        **{k: fused[k] for k in ("model", "tp", "pp", "dp", "world")},
                         "matrices_fused": fused["matrices"],
                         "matrices_split": split["matrices"],
                         "gpus_per_stage": layout.dp * tp,
@@ -170,83 +179,100 @@ def run(args: argparse.Namespace) -> int:
                         "tight_bound_split": split["tight_lower_bound"],
                         "canzona_efficiency_fused": fused["efficiency"],
                         "canzona_efficiency_split": split["efficiency"],
-                        "optimizer": args.optimizer,
+                        "optimizer": b.args.optimizer,
                         "cost": "flops",
-                        "bucket_size": args.bucket_size,
-                        "provenance": PROVENANCE,
-                        "git_commit": commit,
-                        "timestamp": stamp,
+                        "bucket_size": fused["bucket_size"],
+                        **b.tag,
                     }
                 )
+    return eff_rows, bound_rows
+
+
+def _qwen3_suite(b: _Bench, out: Path) -> str:
+    """The 256-GPU grid, bounds, α sweeps and headline timing (see the module docstring)."""
+    from canzona.plan.build import plan_model
+    from canzona.plan.metrics import plan_metrics
+    from canzona.plan.types import DEFAULT_ALPHA, Layout
+    from canzona.results.schema import write_atomic
+
+    args, alpha = b.args, DEFAULT_ALPHA
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    t0 = time.perf_counter()
+    eff_rows, bound_rows = _grid(b, models, alpha)
     sweep_rows: list[dict[str, Any]] = []
     for sm, stp, spp, sdp in SWEEPS:
-        if sm not in models:
-            continue
-        sl = Layout(dp=sdp, tp=stp, pp=spp)
-        for views in ((), SPLIT):
-            for algo in ("refine", "exact", "greedy", "blend"):
-                for a in ALPHAS:
-                    cfg = PlanConfig(
-                        optimizer=args.optimizer, cost="flops", bucket_size=args.bucket_size, dp_algo=algo, alpha=a
-                    )
-                    sweep_rows.append(record(sm, sl, f"canzona-{algo}", views, cfg))
+        if sm in models:
+            sl = Layout(dp=sdp, tp=stp, pp=spp)
+            for views in ((), SPLIT):
+                for algo in ("refine", "exact", "greedy", "blend"):
+                    for a in ALPHAS:
+                        sweep_rows.append(b.record(sm, sl, f"canzona-{algo}", views, b.config(dp_algo=algo, alpha=a)))
     hm, htp, hpp = HEADLINE
-    timing: list[float] = []
+    timing = []
     if hm in models:
         hl = Layout(dp=WORLD // (htp * hpp), tp=htp, pp=hpp)
         for _ in range(5):
-            cfg = PlanConfig(optimizer=args.optimizer, cost="flops", bucket_size=args.bucket_size, alpha=alpha)
-            timing.append(plan_metrics(plan_model(hm, hl, cfg, cost_model=cm))["planner_seconds"])
+            plans = plan_model(hm, hl, b.config(alpha=alpha), cost_model=b.cm)
+            timing.append(plan_metrics(plans)["planner_seconds"])
     bench_seconds = time.perf_counter() - t0
-
     write_atomic(out / "efficiency.csv", _csv(eff_rows))
     write_atomic(out / "bounds.csv", _csv(bound_rows))
     if sweep_rows:
         write_atomic(out / "alpha_sweep.csv", _csv(sweep_rows))
-    cols = [
-        "model",
-        "tp",
-        "pp",
-        "dp",
-        "views",
-        "method",
-        "alpha",
-        "efficiency",
-        "lower_bound",
-        "comm_balance",
-        "comm_lower_bound",
-        "bucket_comm_balance",
-        "micro_groups",
-        "planner_seconds",
-    ]
+    cols = ["model", "tp", "pp", "dp", "views", "method", "alpha", "dp_layout", "efficiency", "lower_bound"]
+    cols += ["comm_balance", "comm_lower_bound", "padding_fraction", "buckets", "micro_groups", "planner_seconds"]
     write_atomic(
         out / "efficiency.md",
-        f"# Planner efficiency at {WORLD} GPUs ({PROVENANCE}, commit {commit}, {stamp})\n\n"
+        f"# Planner efficiency at {WORLD} GPUs ({PROVENANCE}, commit {b.commit}, {b.stamp})\n\n"
         + _md_table(eff_rows, cols)
         + "\n",
     )
-    summary = _summary(eff_rows, bound_rows, sweep_rows, timing, alpha, commit, stamp, bench_seconds, args)
+    summary = _summary(eff_rows, bound_rows, sweep_rows, timing, alpha, b.commit, b.stamp, bench_seconds, args)
     write_atomic(out / "summary.md", summary)
     if not args.no_plots:
-        from canzona.plan.plot import plot_alpha_sweep, plot_bounds
+        _plots(out, bound_rows, sweep_rows, args.optimizer)
+    return summary
 
-        plot_bounds(
-            bound_rows, out / "bounds.png", title=f"atomic lower bound at {WORLD} GPUs ({args.optimizer} FLOPs)"
-        )
-        for sm, stp, spp, sdp in SWEEPS:
-            for views in ("fused", "split"):
-                rs = [
-                    r
-                    for r in sweep_rows
-                    if r["views"] == views and r["model"] == sm and r["tp"] == stp and r["pp"] == spp and r["dp"] == sdp
-                ]
-                if rs:
-                    plot_alpha_sweep(
-                        rs,
-                        out / f"alpha_sweep_{sm}_dp{sdp}_tp{stp}_pp{spp}_{views}.png",
-                        title=f"{sm} dp{sdp} tp{stp} pp{spp}, {views} matrices",
-                    )
-    print(summary)
+
+def _plots(out: Path, bound_rows: list[dict[str, Any]], sweep_rows: list[dict[str, Any]], optimizer: str) -> None:
+    from canzona.plan.plot import plot_alpha_sweep, plot_bounds
+
+    plot_bounds(bound_rows, out / "bounds.png", title=f"atomic lower bound at {WORLD} GPUs ({optimizer} FLOPs)")
+    for sm, stp, spp, sdp in SWEEPS:
+        for views in ("fused", "split"):
+            key = (views, sm, stp, spp, sdp)
+            rs = [r for r in sweep_rows if (r["views"], r["model"], r["tp"], r["pp"], r["dp"]) == key]
+            if rs:
+                plot_alpha_sweep(
+                    rs,
+                    out / f"alpha_sweep_{sm}_dp{sdp}_tp{stp}_pp{spp}_{views}.png",
+                    title=f"{sm} dp{sdp} tp{stp} pp{spp}, {views} matrices",
+                )
+
+
+def _goal_suite(b: _Bench, out: Path, name: str) -> str:
+    """Issue #11's (``comm``) or #13's (``models``) goals -> <name>_goals.csv and .md."""
+    from canzona.plan import bench_goals
+    from canzona.results.schema import write_atomic
+
+    rows, md = bench_goals.comm_suite() if name == "comm" else bench_goals.models_suite()
+    rows = [{**r, **b.tag} for r in rows]
+    head = f"# Planner goals: {name} ({PROVENANCE}, commit {b.commit}, {b.stamp}; `canzona plan-bench --suite {name}`)"
+    write_atomic(out / f"{name}_goals.csv", _csv(rows))
+    write_atomic(out / f"{name}_goals.md", head + "\n\n" + md + "\n")
+    return md
+
+
+def run(args: argparse.Namespace) -> int:
+    from canzona.models import get_model
+
+    for m in args.models.split(","):
+        if m.strip():
+            get_model(m.strip())  # an unknown model is a ConfigError before any work
+    b = _Bench(args)
+    out = Path(args.out)
+    for suite in args.suite or SUITES:
+        print(_qwen3_suite(b, out) if suite == "qwen3" else _goal_suite(b, out, suite))
     return 0
 
 
@@ -261,108 +287,21 @@ def _summary(
     seconds: float,
     args: argparse.Namespace,
 ) -> str:
+    ours = [r for r in eff if r["method"] == "canzona-refine"]
     lines = [
         f"# Planner benchmark: Qwen3 at {WORLD} GPUs, {args.optimizer} FLOPs cost",
-        f"provenance: {PROVENANCE}; commit {commit}; {stamp}; bucket size {args.bucket_size:,}; "
+        f"provenance: {PROVENANCE}; commit {commit}; {stamp}; bucket size "
+        f"{args.bucket_size if args.bucket_size else 'Megatron max(40M, 1M·DP)'}; "
         f"default alpha {alpha}; benchmark ran {seconds:.1f} s",
         "",
-    ]
-    lines.append("## Efficiency (atomic bound / max per-GPU cost), worst layout per model and method, fused matrices")
-    rows = []
-    for model in sorted({r["model"] for r in eff}, key=lambda m: MODELS.index(m) if m in MODELS else 99):
-        row: dict[str, Any] = {"model": model}
-        for method in ("asc", "layerwise", "canzona-blend", "canzona-exact", "canzona-refine"):
-            rs = [r for r in eff if r["model"] == model and r["method"] == method and r["views"] == "fused"]
-            row[method] = min(r["efficiency"] for r in rs)
-        rs = [r for r in eff if r["model"] == model and r["method"] == "canzona-refine" and r["views"] == "split"]
-        row["canzona-refine split"] = min(r["efficiency"] for r in rs)
-        rows.append(row)
-    lines.append(_md_table(rows, list(rows[0])) if rows else "(none)")
-    ours = [r for r in eff if r["method"] == "canzona-refine"]
-    below = [r for r in ours if r["efficiency"] < 0.98]
-    lines += [
+        *_efficiency_section(eff, ours),
         "",
-        f"canzona refine: {len(ours) - len(below)}/{len(ours)} model×layout×view cells reach efficiency >= 0.98"
-        + (
-            ""
-            if not below
-            else "; below: "
-            + ", ".join(
-                f"{r['model']} tp{r['tp']} pp{r['pp']} {r['views']} {r['efficiency']:.3f} "
-                f"(tight {r['tight_efficiency']:.3f})"
-                for r in below
-            )
-        ),
-    ]
-    lines += ["", "## Atomic lower bound (bound / mean per-GPU load), fused vs split views (q,k,v and gate,up)"]
-    lines.append(
-        _md_table(
-            bounds,
-            [
-                "model",
-                "tp",
-                "pp",
-                "dp",
-                "matrices_fused",
-                "matrices_split",
-                "gpus_per_stage",
-                "bound_fused",
-                "bound_split",
-            ],
-        )
-    )
-    lines += [
+        "## Atomic lower bound (bound / mean per-GPU load), fused vs split views (q,k,v and gate,up)",
+        _md_table(bounds, [*BOUND_COLS]),
         "",
-        f"## Comm balance at the default alpha = {alpha} (canzona refine): "
-        "max/mean slice bytes per GPU vs its lower bound",
+        *_comm_section(ours, alpha),
+        *_sweep_section(sweep),
     ]
-    ok = [r for r in ours if r["comm_balance"] <= 1.10]
-    at_bound = [r for r in ours if r["comm_balance"] > 1.10 and r["comm_balance"] <= r["comm_lower_bound"] * (1 + 1e-9)]
-    other = [r for r in ours if r["comm_balance"] > 1.10 and r not in at_bound]
-    lines.append(
-        f"- {len(ok)}/{len(ours)} cells have comm balance <= 1.10; {len(at_bound)} more sit exactly at their "
-        "lower bound max(mean, widest matrix, pigeonhole)/mean > 1.10 (too few or too large matrices per DP rank);"
-    )
-    lines.append(
-        f"- above 1.10 without being at the bound: {len(other)}"
-        + (
-            ""
-            if not other
-            else " ("
-            + ", ".join(
-                f"{r['model']} tp{r['tp']} pp{r['pp']} {r['views']}: {r['comm_balance']:.3f} "
-                f"vs bound {r['comm_lower_bound']:.3f}"
-                for r in other
-            )
-            + ")"
-        )
-    )
-    lines.append(
-        f"- worst efficiency among these cells: {min((r['efficiency'] for r in ours), default=float('nan')):.3f}"
-    )
-    pad = [r["bucket_comm_balance"] for r in ours if r["views"] == "fused"]
-    if pad:
-        lines.append(
-            f"- padded collectives (every slice padded to its bucket's longest) would move "
-            f"{statistics.median(pad):.1f}x (median; max {max(pad):.1f}x) the bytes of equal ZeRO slices: "
-            "with 40M-element buckets a bucket holds fewer matrices than DP ranks, so the runtime should use "
-            "per-root reduce/broadcast (or larger buckets), not padding"
-        )
-    if sweep:
-        lines += ["", "## Alpha sweep (efficiency / comm balance per alpha)"]
-        table = []
-        for key in dict.fromkeys((r["model"], r["tp"], r["pp"], r["dp"], r["views"], r["method"]) for r in sweep):
-            rs = {
-                r["alpha"]: r for r in sweep if (r["model"], r["tp"], r["pp"], r["dp"], r["views"], r["method"]) == key
-            }
-            row: dict[str, Any] = {
-                "layout": f"{key[0]} dp{key[3]} tp{key[1]} pp{key[2]}",
-                "views": key[4],
-                "method": key[5],
-            }
-            row.update({f"a={a:g}": f"{rs[a]['efficiency']:.3f} / {rs[a]['comm_balance']:.3f}" for a in sorted(rs)})
-            table.append(row)
-        lines.append(_md_table(table, list(table[0])))
     if timing:
         lines += [
             "",
@@ -377,3 +316,76 @@ def _summary(
                 f"{worst['planner_seconds']:.3f} s (all stages)"
             )
     return "\n".join(lines) + "\n"
+
+
+def _efficiency_section(eff: list[dict[str, Any]], ours: list[dict[str, Any]]) -> list[str]:
+    lines = ["## Efficiency (atomic bound / max per-GPU cost), worst layout per model and method, fused matrices"]
+    rows = []
+    for model in sorted({r["model"] for r in eff}, key=lambda m: MODELS.index(m) if m in MODELS else 99):
+        row: dict[str, Any] = {"model": model}
+        for method in ("asc", "layerwise", "canzona-blend", "canzona-exact", "canzona-refine"):
+            rs = [r for r in eff if r["model"] == model and r["method"] == method and r["views"] == "fused"]
+            row[method] = min(r["efficiency"] for r in rs)
+        rs = [r for r in eff if r["model"] == model and r["method"] == "canzona-refine" and r["views"] == "split"]
+        row["canzona-refine split"] = min(r["efficiency"] for r in rs)
+        rows.append(row)
+    lines.append(_md_table(rows, list(rows[0])) if rows else "(none)")
+    below = [r for r in ours if r["efficiency"] < 0.98]
+    worst = ", ".join(
+        f"{r['model']} tp{r['tp']} pp{r['pp']} {r['views']} {r['efficiency']:.3f} (tight {r['tight_efficiency']:.3f})"
+        for r in below
+    )
+    lines += [
+        "",
+        f"canzona refine: {len(ours) - len(below)}/{len(ours)} model×layout×view cells reach efficiency >= 0.98"
+        + (f"; below: {worst}" if below else ""),
+    ]
+    return lines
+
+
+def _comm_section(ours: list[dict[str, Any]], alpha: float) -> list[str]:
+    lines = [
+        f"## Comm balance at the default alpha = {alpha} (canzona refine): "
+        "max/mean slice bytes per GPU vs its lower bound",
+    ]
+    ok = [r for r in ours if r["comm_balance"] <= 1.10]
+    at_bound = [r for r in ours if r["comm_balance"] > 1.10 and r["comm_balance"] <= r["comm_lower_bound"] * (1 + 1e-9)]
+    other = [r for r in ours if r["comm_balance"] > 1.10 and r not in at_bound]
+    listed = ", ".join(
+        f"{r['model']} tp{r['tp']} pp{r['pp']} {r['views']}: {r['comm_balance']:.3f} "
+        f"vs bound {r['comm_lower_bound']:.3f}"
+        for r in other
+    )
+    lines += [
+        f"- {len(ok)}/{len(ours)} cells have comm balance <= 1.10; {len(at_bound)} more sit exactly at their "
+        "lower bound max(mean, widest matrix, pigeonhole)/mean > 1.10 (too few or too large matrices per DP rank);",
+        f"- above 1.10 without being at the bound: {len(other)}" + (f" ({listed})" if other else ""),
+        f"- worst efficiency among these cells: {min((r['efficiency'] for r in ours), default=float('nan')):.3f}",
+    ]
+    fused = [r for r in ours if r["views"] == "fused"]
+    padded = [r for r in fused if r["dp_layout"] == "padded"]
+    if fused:
+        lines.append(
+            f"- DP buffer layout (auto): {len(padded)}/{len(fused)} fused cells padded (NCCL-native, one "
+            "reduce-scatter + one all-gather per bucket), worst padding "
+            f"{max((r['padding_fraction'] for r in padded), default=0):.1%}; the rest keep exact slices because no "
+            "owner-grouped split could keep padding <= 25% (more DP ranks than matrices), and the runtime picks "
+            "each bucket's collective mode by its α–β model"
+        )
+    return lines
+
+
+def _sweep_section(sweep: list[dict[str, Any]]) -> list[str]:
+    if not sweep:
+        return []
+    table = []
+    for key in dict.fromkeys((r["model"], r["tp"], r["pp"], r["dp"], r["views"], r["method"]) for r in sweep):
+        rs = {r["alpha"]: r for r in sweep if (r["model"], r["tp"], r["pp"], r["dp"], r["views"], r["method"]) == key}
+        row: dict[str, Any] = {
+            "layout": f"{key[0]} dp{key[3]} tp{key[1]} pp{key[2]}",
+            "views": key[4],
+            "method": key[5],
+        }
+        row.update({f"a={a:g}": f"{rs[a]['efficiency']:.3f} / {rs[a]['comm_balance']:.3f}" for a in sorted(rs)})
+        table.append(row)
+    return ["", "## Alpha sweep (efficiency / comm balance per alpha)", _md_table(table, list(table[0]))]

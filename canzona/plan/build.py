@@ -1,61 +1,70 @@
 """make_plan: parameters of one PP stage + layout + config -> a Plan (buckets, DP plan, TP schedule).
 
-Strategies and the DP/TP parts they default to (``PlanConfig.strategy``):
+The strategies, their dp algorithms, default TP modes and DP sync kinds are registered in
+``canzona.plan.strategies`` (the table is in its docstring). ``PlanConfig`` carries canzona's
+choices as dataclass defaults (dp_algo "refine", tp_mode "global"); for another strategy a field
+left at that default means "this strategy's default". Valid overrides: any registered dp_algo of
+the strategy; tp_mode sc|no|sorted|global with every strategy except zero, whose only mode is
+``shard`` (which no other strategy may use). So e.g. zero-atomic + global TP is ``canzona`` with
+dp_algo ``first-element``; canzona DP with the ASC TP schedule is ``canzona`` with tp_mode ``no``.
+The Plan stores the RESOLVED config and hashes it.
 
-  strategy   DP part (dp_algo)                      TP part (tp_mode)   executable
-  sc         every rank owns all (replicate)        sc                  yes
-  layerwise  whole matrices by LPT (lpt|round-robin) sc ("duplicated")  yes
-  asc        first-element ownership                no                  yes
-  canzona    refine | greedy | exact | blend | first-element   global   yes
-  zero       equal slices (equal)                   shard               no (report only)
-
-``PlanConfig`` carries canzona's choices as dataclass defaults (dp_algo "refine", tp_mode
-"global"); for another strategy a field left at that default means "this strategy's default".
-Valid overrides: any listed dp_algo of the strategy; tp_mode sc|no|sorted|global with every
-strategy except zero, whose only mode is ``shard`` (which no other strategy may use). So e.g.
-zero-atomic + global TP is ``canzona`` with dp_algo ``first-element``; canzona DP with the ASC TP
-schedule is ``canzona`` with tp_mode ``no``. The Plan stores the RESOLVED config and hashes it.
+Bucket geometry and buffer layout. Every strategy lays its matrix gradients out as Megatron's DDP
+buffer does, with Megatron's bucket size max(40M, 1M·DP) unless ``bucket_size`` is given
+(``buckets``), and cuts it into exact (uneven) slices; the runtime's lowering then picks each
+bucket's collective mode (``schedule.choose_mode``). The exception is the algorithms a strategy
+marks ``chunked`` (canzona's refine and lpt) under ``dp_layout = "padded"``: they optimise for the
+NCCL-native layout itself, so they cut the buffer with ``buckets.matrix_chunks``, own matrices
+anywhere in a bucket and emit owner-grouped equal slices. Under EP > 1 the expert matrices of each
+EP rank form their own buffer over that rank's expert-DP group, as Megatron's expert buffers do
+(those algorithms only; the runtime executes EP plans in a later step).
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 
 from canzona.cost import CostModel
 from canzona.errors import ConfigError
-from canzona.models import ParamSpec, Qwen3Config, get_model, list_params
-from canzona.plan import dp_baselines, dp_canzona  # noqa: F401 - importing is the availability check
-from canzona.plan.buckets import build_buckets
+from canzona.models import Model, ParamSpec, get_model, list_params
+from canzona.plan.bucket_metrics import padding_floor
+from canzona.plan.buckets import build_buckets, matrix_chunks, packed_bucket, resolve_bucket_size
 from canzona.plan.coop import COOP_PROFILES, applies, check_ownership, plan_cooperative
-from canzona.plan.dp import DP_ALGOS, plan_dp, resolve_dp_algo
+from canzona.plan.dp import make_problem
+from canzona.plan.strategies import STRATEGIES, get_strategy, resolve_algo
 from canzona.plan.tp import TP_MODES, check_tp_mode, schedule_tp
-from canzona.plan.types import Bucket, Layout, Plan, PlanConfig, PlanItem, input_hash
+from canzona.plan.types import AUTO_PADDING_LIMIT, DP_LAYOUTS, Bucket, Layout, Plan, PlanConfig, PlanItem, input_hash
 
-STRATEGIES = tuple(DP_ALGOS)
-DEFAULT_TP_MODE = {"sc": "sc", "layerwise": "sc", "asc": "no", "canzona": "global", "zero": "shard"}
+
+def _positive_int(v: object) -> bool:
+    return not isinstance(v, bool) and isinstance(v, int) and v > 0
 
 
 def resolve_config(config: PlanConfig) -> PlanConfig:
     """Validate ``config`` and fill strategy defaults; raises ConfigError naming the fix."""
-    if config.strategy not in STRATEGIES:
-        raise ConfigError(f"unknown strategy {config.strategy!r}; known: {', '.join(STRATEGIES)}")
+    strategy = get_strategy(config.strategy)
     a = config.alpha
     if isinstance(a, bool) or not isinstance(a, (int, float)) or math.isnan(a) or not 0.0 <= a <= 1.0:
         raise ConfigError(f"alpha must be in [0, 1] (1 = compute balance, 0 = equal slices), got {a!r}")
-    if isinstance(config.bucket_size, bool) or not isinstance(config.bucket_size, int) or config.bucket_size <= 0:
-        raise ConfigError(f"bucket size must be a positive number of elements, got {config.bucket_size!r}")
-    if config.capacity_bytes is not None and (not isinstance(config.capacity_bytes, int) or config.capacity_bytes <= 0):
+    if config.bucket_size is not None and not _positive_int(config.bucket_size):
+        raise ConfigError(
+            f"bucket size must be a positive number of elements (or None for Megatron's), got {config.bucket_size!r}"
+        )
+    if config.capacity_bytes is not None and not _positive_int(config.capacity_bytes):
         raise ConfigError(f"capacity must be a positive number of bytes, got {config.capacity_bytes!r}")
-    if not isinstance(config.grad_dtype_bytes, int) or config.grad_dtype_bytes <= 0:
+    if not _positive_int(config.grad_dtype_bytes):
         raise ConfigError(f"grad_dtype_bytes must be a positive integer, got {config.grad_dtype_bytes!r}")
-    algo = resolve_dp_algo(config.strategy, config.dp_algo)
+    if config.dp_layout not in DP_LAYOUTS:
+        raise ConfigError(f"unknown DP buffer layout {config.dp_layout!r}; known: {', '.join(DP_LAYOUTS)}")
+    algo = resolve_algo(config.strategy, config.dp_algo)
     mode = check_tp_mode(config.tp_mode)
     if config.strategy != "canzona" and mode == PlanConfig.tp_mode:
-        mode = DEFAULT_TP_MODE[config.strategy]
-    if (mode == "shard") != (config.strategy == "zero"):
+        mode = strategy.tp_mode
+    if (mode == "shard") != (strategy.tp_mode == "shard"):
         raise ConfigError(
             f"tp mode {mode!r} does not go with strategy {config.strategy!r}: 'shard' is zero's element-wise "
             f"reference and zero has no other; choose from {', '.join(m for m in TP_MODES if m != 'shard')}"
@@ -69,23 +78,65 @@ def resolve_config(config: PlanConfig) -> PlanConfig:
     return replace(config, alpha=float(a), dp_algo=algo, tp_mode=mode, cooperative=coop, coop_profile=profile)
 
 
-def make_items(params: Sequence[ParamSpec], cost_model: CostModel) -> tuple[PlanItem, ...]:
-    """PlanItems (full shape, full-matrix cost) of the matrix-routed params, in registration order."""
+def make_items(params: Sequence[ParamSpec], cost_model: CostModel, ep: int = 1) -> tuple[PlanItem, ...]:
+    """PlanItems (full shape, full-matrix cost, EP rank of experts) of the matrix-routed params, in
+    registration order. Experts go to EP ranks in contiguous blocks, as Megatron shards them."""
+    experts = 1 + max((s.expert for s in params if s.expert is not None), default=-1)
+    if ep > 1 and experts % ep:
+        raise ConfigError(f"EP={ep} must divide the {experts} routed experts per layer; pick EP dividing {experts}")
     items = []
     for s in params:
         if s.route != "matrix":
             continue
         if len(s.shape) != 2:
             raise ConfigError(f"{s.name}: routed to the matrix optimizer but has shape {s.shape}; route it to adamw")
-        items.append(PlanItem(s.name, (int(s.shape[0]), int(s.shape[1])), s.partition_dim, float(cost_model(s.shape))))
+        ep_rank = s.expert // (experts // ep) if ep > 1 and s.expert is not None else None
+        items.append(
+            PlanItem(s.name, (int(s.shape[0]), int(s.shape[1])), s.partition_dim, float(cost_model(s.shape)), ep_rank)
+        )
     return tuple(items)
 
 
-def adamw_buckets(params: Sequence[ParamSpec], layout: Layout, bucket_size: int) -> tuple[Bucket, ...]:
+def adamw_buckets(params: Sequence[ParamSpec], layout: Layout, bucket_size: int | None) -> tuple[Bucket, ...]:
     """The AdamW parameters' own buffer (plain ZeRO-1, equal slices); for reports, not in Plan.dp."""
     return build_buckets(
-        [(s.name, s.shard_numel(layout.tp)) for s in params if s.route != "matrix"], layout.dp, bucket_size
+        [(s.name, s.shard_numel(layout.tp)) for s in params if s.route != "matrix"],
+        layout.dp,
+        resolve_bucket_size(bucket_size, layout.dp),
     )
+
+
+def matrix_buckets(
+    params: Sequence[ParamSpec], items: Sequence[PlanItem], layout: Layout, cfg: PlanConfig
+) -> tuple[Bucket, ...]:
+    """The stage's matrix buffers (dense, then one per EP rank) under the config's geometry rule."""
+    size = resolve_bucket_size(cfg.bucket_size, layout.dp)
+    chunked = cfg.dp_layout == "padded" and cfg.dp_algo in get_strategy(cfg.strategy).chunked_algos
+    ep_of = {it.name: it.ep_rank for it in items}
+    out: list[Bucket] = []
+    for ep_rank in [None, *range(layout.ep)] if layout.ep > 1 else [None]:
+        group = layout.dp if ep_rank is None else layout.dp // layout.ep
+        local = [(s.name, s.shard_numel(layout.tp)) for s in params if s.name in ep_of and ep_of[s.name] == ep_rank]
+        if chunked:
+            bks = [packed_bucket(0, c, group, ep_rank) for c in matrix_chunks(local, group, size)]
+        else:
+            bks = [replace(b, ep_rank=ep_rank) for b in build_buckets(local, group, size)]
+        out += [replace(b, index=len(out) + k) for k, b in enumerate(bks)]
+    return tuple(out)
+
+
+def _choose_layout(params: Sequence[ParamSpec], items: Sequence[PlanItem], layout: Layout, cfg: PlanConfig) -> str:
+    """The layout the plan uses. Only the algorithms that plan the padded layout themselves
+    (``chunked_algos``) are padded; ``auto`` is padded while the padded buckets' padding floor is
+    <= AUTO_PADDING_LIMIT (always under EP), else exact."""
+    if cfg.dp_algo not in get_strategy(cfg.strategy).chunked_algos:
+        return "exact"  # contiguous algorithms and baselines: exact cuts, the runtime picks each mode
+    if cfg.dp_layout != "auto":
+        return cfg.dp_layout
+    if any(it.ep_rank is not None for it in items):
+        return "padded"  # expert buffers are planned in the padded layout only
+    chunks = matrix_buckets(params, items, layout, replace(cfg, dp_layout="padded"))
+    return "padded" if padding_floor(chunks, layout) <= AUTO_PADDING_LIMIT else "exact"
 
 
 def make_plan(
@@ -94,6 +145,7 @@ def make_plan(
     """Plan ONE PP stage. ``params`` in registration order (any routes); deterministic."""
     t0 = time.perf_counter()
     cfg = resolve_config(config)
+    strategy = STRATEGIES[cfg.strategy]
     if cost_model is None:
         cost_model = CostModel(cfg.optimizer, cfg.cost)  # type: ignore[arg-type]
     elif cost_model.optimizer != cfg.optimizer or cost_model.kind != cfg.cost:
@@ -101,21 +153,25 @@ def make_plan(
             f"cost model is {cost_model.optimizer}/{cost_model.kind} but the config says {cfg.optimizer}/{cfg.cost}; "
             "make them agree"
         )
-    names = [s.name for s in params]
-    if len(set(names)) != len(names):
-        dup = sorted({n for n in names if names.count(n) > 1})
+    dup = sorted(n for n, k in Counter(s.name for s in params).items() if k > 1)
+    if dup:
         raise ConfigError(f"duplicate parameter names: {', '.join(dup[:3])}")
-    items = make_items(params, cost_model)
-    matrix = [s for s in params if s.route == "matrix"]
-    buckets = build_buckets([(s.name, s.shard_numel(layout.tp)) for s in matrix], layout.dp, cfg.bucket_size)
-    ihash = input_hash(layout, cfg, items)
-    together = plan_cooperative(items, buckets, layout, cfg, cost_model.settings) if cfg.cooperative else None
-    if together is not None:
-        dpp, tps, items, groups = together
-        plan = Plan(layout, cfg, items, dpp, tps, ihash, time.perf_counter() - t0, groups)
-        check_ownership(plan)
-        return plan
-    dpp = plan_dp(items, buckets, layout.dp, layout.tp, cfg.strategy, cfg.dp_algo, cfg.alpha, cfg.tp_mode)
+    items = make_items(params, cost_model, layout.ep)
+    cfg = replace(cfg, dp_layout=_choose_layout(params, items, layout, cfg))
+    if any(it.ep_rank is not None for it in items) and (
+        cfg.dp_layout != "padded" or cfg.dp_algo not in strategy.chunked_algos
+    ):
+        raise ConfigError(
+            "EP > 1 is planned only by the padded layout's own algorithms (canzona refine or lpt); "
+            f"got {cfg.strategy} / {cfg.dp_algo} / {cfg.dp_layout}"
+        )
+    buckets = matrix_buckets(params, items, layout, cfg)
+    if cfg.cooperative:
+        plan = _cooperative_plan(params, items, buckets, layout, cfg, cost_model, t0)
+        if plan is not None:
+            return plan
+    problem = make_problem(items, buckets, layout.dp, layout.tp, cfg.tp_mode, layout=cfg.dp_layout, ep=layout.ep)
+    dpp = strategy.planner(problem, items, cfg.dp_algo, cfg.alpha)
     tps = schedule_tp(
         items,
         dpp.owner_map(),
@@ -126,20 +182,47 @@ def make_plan(
         cfg.grad_dtype_bytes,
         all_owned=cfg.strategy == "sc",
     )
-    return Plan(layout, cfg, items, dpp, tps, ihash, time.perf_counter() - t0)
+    return Plan(
+        layout, cfg, items, dpp, tps, input_hash(layout, cfg, items), time.perf_counter() - t0, work=problem.work
+    )
+
+
+def _cooperative_plan(
+    params: Sequence[ParamSpec],
+    items: tuple[PlanItem, ...],
+    buckets: tuple[Bucket, ...],
+    layout: Layout,
+    cfg: PlanConfig,
+    cost_model: CostModel,
+    t0: float,
+) -> Plan | None:
+    """The stage's plan with cooperative groups (``canzona.plan.coop``), or None when no matrix pays
+    for one. At TP = 1 the groups are cut at block boundaries into contiguous slices, which needs the
+    exact layout's buckets; at TP > 1 a cooperative matrix is planned as one item in either layout."""
+    if layout.tp == 1 and cfg.dp_layout != "exact":
+        cfg = replace(cfg, dp_layout="exact")
+        buckets = matrix_buckets(params, items, layout, cfg)
+    together = plan_cooperative(items, buckets, layout, cfg, cost_model.settings)
+    if together is None:
+        return None
+    dpp, tps, total, groups = together
+    plan = Plan(layout, cfg, total, dpp, tps, input_hash(layout, cfg, items), time.perf_counter() - t0, coop=groups)
+    check_ownership(plan)
+    return plan
 
 
 def plan_model(
-    model: str | Qwen3Config,
+    model: str | Model,
     layout: Layout,
     config: PlanConfig,
     views: Sequence[str] = (),
     *,
     cost_model: CostModel | None = None,
 ) -> list[Plan]:
-    """One plan per PP stage of a registered model (``views``: split views such as qkv, gate_up)."""
+    """One plan per PP stage of a model (a name, a model file or a model object; ``views``: split
+    views such as qkv, gate_up)."""
     cfg = get_model(model) if isinstance(model, str) else model
-    cfg.validate_layout(tp=layout.tp, pp=layout.pp)
+    cfg.validate_layout(tp=layout.tp, pp=layout.pp, ep=layout.ep)
     return [
         make_plan(list_params(cfg, pp=layout.pp, stage=s, views=views), layout, config, cost_model=cost_model)
         for s in range(layout.pp)

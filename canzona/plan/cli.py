@@ -1,9 +1,11 @@
-"""`canzona plan`: plan one model on one DP×TP×PP layout, report, compare, plot, save.
+"""`canzona plan`: plan one model on one DP×TP×PP(×EP) layout, report, compare, plot, save.
 
     canzona plan --model qwen3-32b --tp 8 --pp 1 --dp 32 --optimizer muon --strategy canzona \
         --alpha 0.5 --cost flops [--json] [--compare] [--plot FILE.png] [--save FILE.json]
 
-Bad input (layout, names, ranges) raises ConfigError: one line on stderr, exit code 2.
+``--model`` takes a built-in name (`canzona models`), a shipped example (llama-3-8b,
+qwen3-30b-a3b), a HuggingFace config.json or a TOML inventory. Bad input (layout, names,
+ranges, files) is one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -12,79 +14,111 @@ import argparse
 import json
 import sys
 
-from canzona.cost import matrix_optimizer_names
+from canzona.argtypes import int_in, output_file, positive_int, readable_file, unit_float
 from canzona.errors import ConfigError
-
-
-def _int(text: str) -> int:
-    """Integers, also written like 4e8 (bucket sizes are large)."""
-    try:
-        return int(float(text)) if "e" in text.lower() else int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+from canzona.plan.types import MAX_DP
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    from canzona.plan.build import STRATEGIES
-    from canzona.plan.types import DEFAULT_ALPHA
+    from canzona.cost import COST_KINDS, matrix_optimizer_names
+    from canzona.models.transformer import VIEWS
+    from canzona.plan.strategies import STRATEGIES, all_algos
+    from canzona.plan.tp import TP_MODES
+    from canzona.plan.types import DEFAULT_ALPHA, DP_LAYOUTS
 
-    p.add_argument("--model", default="qwen3-32b", help="model name (see `canzona models`)")
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--pp", type=int, default=1)
-    p.add_argument("--dp", type=int, default=None, help="DP size (default: world / (tp·pp))")
-    p.add_argument("--world", type=int, default=None, help="check dp·tp·pp against this GPU count")
+    p.add_argument("--model", default="qwen3-32b", help="built-in name, shipped example, config.json or .toml")
+    p.add_argument("--tp", type=int_in(1, 1024), default=1)
+    p.add_argument("--pp", type=int_in(1, 1024), default=1)
+    p.add_argument("--dp", type=int_in(1, MAX_DP), default=None, help="DP size (default: world / (tp·pp))")
+    p.add_argument("--ep", type=int_in(1, MAX_DP), default=1, help="expert parallelism inside DP (MoE models)")
+    p.add_argument("--world", type=int_in(1, MAX_DP * 1024), default=None, help="check dp·tp·pp against this")
     p.add_argument("--optimizer", default="muon", help=" | ".join(matrix_optimizer_names()))
-    p.add_argument("--strategy", default="canzona", help=" | ".join(STRATEGIES))
+    p.add_argument("--strategy", default="canzona", choices=tuple(STRATEGIES))
     p.add_argument(
         "--alpha",
-        type=float,
+        type=unit_float,
         default=DEFAULT_ALPHA,
-        help=f"canzona: 1 = balance compute only, 0 = equal slices only (default {DEFAULT_ALPHA})",
+        help=f"canzona: 1 = balance compute only, 0 = slices (padding) only (default {DEFAULT_ALPHA})",
     )
-    p.add_argument("--cost", default="flops", help="numel | flops | measured")
-    p.add_argument("--cost-table", default=None, help="measured µs per shape (JSON) for --cost measured")
+    p.add_argument("--cost", default="flops", choices=COST_KINDS)
     p.add_argument(
-        "--dp-algo",
-        default=None,
-        help="canzona: refine (default) | greedy | exact | blend | first-element; layerwise: lpt | round-robin",
+        "--cost-table", type=readable_file(".json"), default=None, help="measured µs per shape for --cost measured"
     )
-    p.add_argument("--tp-mode", default=None, help="sc | no | sorted | global (default: the strategy's)")
-    p.add_argument("--bucket-size", type=_int, default=40_000_000, help="elements per DP bucket")
-    p.add_argument("--capacity-bytes", type=_int, default=None, help="micro-group capacity C in bytes")
-    p.add_argument("--view", action="append", default=[], help="split view: qkv, gate_up (repeatable)")
+    p.add_argument("--strict", action="store_true", help="--cost measured: a shape missing from the table is an error")
+    p.add_argument("--dp-algo", default=None, choices=all_algos(), help="the strategy's DP algorithm")
+    p.add_argument("--tp-mode", default=None, choices=TP_MODES, help="TP schedule (default: the strategy's)")
+    p.add_argument(
+        "--dp-layout",
+        default="auto",
+        choices=DP_LAYOUTS,
+        help="padded: NCCL-native equal slices; exact: uneven slices; auto (default): padded unless padding "
+        "would exceed 25%% of the bucket bytes",
+    )
+    p.add_argument(
+        "--bucket-size",
+        type=positive_int,
+        default=None,
+        help="elements per DP bucket (default: Megatron's max(40M, 1M·DP))",
+    )
+    p.add_argument("--capacity-bytes", type=positive_int, default=None, help="micro-group capacity C in bytes")
+    p.add_argument("--view", action="append", default=[], choices=tuple(VIEWS), help="split view (repeatable)")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
-    p.add_argument("--plot", default=None, metavar="FILE.png", help="per-GPU load and slice sizes")
+    p.add_argument("--plot", type=output_file, default=None, metavar="FILE.png", help="per-GPU load and slice sizes")
     p.add_argument("--compare", action="store_true", help="every strategy side by side")
-    p.add_argument("--save", default=None, metavar="FILE.json", help="write the plans (all stages) as JSON")
+    p.add_argument("--save", type=output_file, default=None, metavar="FILE.json", help="write the plans as JSON")
 
 
-def run(args: argparse.Namespace) -> int:
-    from canzona.cost import CostModel, MeasuredTable
-    from canzona.models import get_model, list_params
-    from canzona.plan.build import adamw_buckets, plan_model, plans_to_json
-    from canzona.plan.metrics import plan_metrics
-    from canzona.plan.report import compare, format_compare, format_report
-    from canzona.plan.types import Layout, PlanConfig
-    from canzona.results.schema import write_atomic
+def _layout(args: argparse.Namespace):
+    from canzona.plan.types import Layout
 
-    cfg = get_model(args.model)
-    for k in ("tp", "pp"):
-        if getattr(args, k) < 1:
-            raise ConfigError(f"--{k} must be >= 1, got {getattr(args, k)}")
     if args.dp is None:
         if args.world is None:
             raise ConfigError("give --dp or --world (dp = world / (tp·pp))")
         if args.world % (args.tp * args.pp):
             raise ConfigError(f"--world {args.world} is not divisible by tp·pp = {args.tp * args.pp}")
         args.dp = args.world // (args.tp * args.pp)
-    layout = Layout(dp=args.dp, tp=args.tp, pp=args.pp)
+    layout = Layout(dp=args.dp, tp=args.tp, pp=args.pp, ep=args.ep)
     if args.world is not None:
         layout.check_world(args.world)
-    cfg.validate_layout(tp=args.tp, pp=args.pp)
+    return layout
+
+
+def _cost_model(args: argparse.Namespace, specs):
+    """The cost model; with a measured table, a note on stderr for shapes it scales by FLOPs."""
+    from canzona.cost import CostModel, MeasuredTable
+
     if args.cost_table and args.cost != "measured":
         raise ConfigError("--cost-table is only used with --cost measured")
-    table = MeasuredTable.load(args.cost_table) if args.cost_table else None
-    cost_model = CostModel(args.optimizer, args.cost, table=table)  # type: ignore[arg-type]
+    table = MeasuredTable.load(args.cost_table, strict=args.strict) if args.cost_table else None
+    cm = CostModel(args.optimizer, args.cost, table=table)
+    if table is not None:
+        missing = sorted(
+            {s.shape for s in specs if s.route == "matrix" and len(s.shape) == 2 and not table.covers(s.shape)}
+        )
+        if missing and not args.strict:
+            shown = ", ".join(f"{m}x{n}" for m, n in missing[:4]) + (" ..." if len(missing) > 4 else "")
+            print(
+                f"note: {len(missing)} matrix shape(s) not in {args.cost_table} are scaled by FLOPs from the nearest "
+                f"measured shape ({shown}); --strict makes this an error",
+                file=sys.stderr,
+            )
+        for s in missing:  # --strict: the first missing shape raises, naming it
+            cm(s)
+    return cm
+
+
+def run(args: argparse.Namespace) -> int:
+    from canzona.models import get_model, list_params
+    from canzona.plan.build import adamw_buckets, plan_model, plans_to_json
+    from canzona.plan.metrics import plan_metrics
+    from canzona.plan.report import compare, format_compare, format_report
+    from canzona.plan.types import PlanConfig
+    from canzona.results.schema import write_atomic
+
+    cfg = get_model(args.model)
+    layout = _layout(args)
+    cfg.validate_layout(tp=layout.tp, pp=layout.pp, ep=layout.ep)
+    cost_model = _cost_model(args, cfg.specs())
     config = PlanConfig(
         strategy=args.strategy,
         optimizer=args.optimizer,
@@ -94,10 +128,12 @@ def run(args: argparse.Namespace) -> int:
         tp_mode=args.tp_mode or PlanConfig.tp_mode,
         bucket_size=args.bucket_size,
         capacity_bytes=args.capacity_bytes,
+        dp_layout=args.dp_layout,
     )
     plans = plan_model(cfg, layout, config, args.view, cost_model=cost_model)
     metrics = plan_metrics(plans, model=cfg.name)
     metrics["views"] = list(args.view)
+    metrics["plan_hashes"] = [p.plan_hash for p in plans]
     rows = compare(cfg, layout, config, args.view, cost_model=cost_model) if args.compare else None
     if args.save:
         write_atomic(args.save, plans_to_json(plans))

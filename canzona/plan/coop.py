@@ -244,8 +244,8 @@ def plan_cooperative(
     TP > 1: a cooperative matrix loads every TP rank of its owner with its member cost, which is how
     the planners already treat a replicated matrix: they plan it as one, so Canzona's own DP
     partitioners balance the result. TP = 1: block-aware partitioning (canzona.plan.dp_coop)."""
-    from canzona.plan.dp import plan_dp
     from canzona.plan.dp_coop import plan_dp_coop
+    from canzona.plan.strategies import plan_dp
     from canzona.plan.tp import schedule_tp
 
     chosen = choose_groups(items, layout.dp, layout.tp, settings, COOP_PROFILES[cfg.coop_profile], cfg.coop_force)
@@ -257,7 +257,18 @@ def plan_cooperative(
             dataclasses.replace(it, partition_dim=None, cost=chosen[it.name][1]) if it.name in chosen else it
             for it in items
         )
-        dpp = plan_dp(planning, buckets, dp, tp, cfg.strategy, cfg.dp_algo, cfg.alpha, cfg.tp_mode)
+        dpp = plan_dp(
+            planning,
+            buckets,
+            dp,
+            tp,
+            cfg.strategy,
+            cfg.dp_algo,
+            cfg.alpha,
+            cfg.tp_mode,
+            layout=cfg.dp_layout,
+            ep=layout.ep,
+        )
         tps = schedule_tp(planning, dpp.owner_map(), dp, tp, cfg.tp_mode, cfg.capacity_bytes, cfg.grad_dtype_bytes)
     else:
         chosen = fit_buckets(chosen, buckets, dp, forced=bool(cfg.coop_force), items=items)

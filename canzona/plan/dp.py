@@ -1,17 +1,22 @@
 """DP plans: which DP rank owns each matrix, and where every bucket is cut.
 
-This module holds the flat problem view the partitioners share (``DPProblem``), the conversion of
-an owner assignment into cuts (``cuts_from_owners``) and the dispatcher ``plan_dp``. The
-partitioners live in ``dp_baselines`` (zero, zero-atomic, layer-wise, sc) and ``dp_canzona``
-(blend, greedy, refine, exact).
+This module holds the flat problem view the partitioners share (``DPProblem``) and the conversion
+of an owner assignment into a DPPlan (``owner_plan``: cuts in the exact layout, owner-grouped equal
+slices in the padded one). The partitioners live in ``dp_baselines`` (zero, zero-atomic,
+layer-wise, sc), ``dp_canzona`` (blend, greedy, refine, exact; contiguous) and ``dp_padded``
+(refine and lpt for the padded layout); ``strategies`` registers them.
 
-Geometry. Items are visited bucket by bucket in buffer order. A bucket-aware plan gives every DP
-rank one contiguous slice per bucket, in rank order; with cuts on parameter boundaries that is an
+Geometry (exact layout). Items are visited bucket by bucket in buffer order. A bucket-aware plan
+gives every DP rank one contiguous slice per bucket, in rank order; with cuts on parameter boundaries that is an
 owner assignment that is NON-DECREASING along each bucket (empty slices allowed). A cut between
 two parameters sits at the start of the later one, so alignment gaps belong to the earlier
 parameter's owner and a bucket's end padding to the owner of its last parameter. ``width[i]`` is
 the slice length parameter i brings to its owner (gap and padding included), so a rank's slice
 bytes are the sum of its widths.
+
+Geometry (padded layout). Each rank's matrices are grouped in its own slice of every bucket and all
+slices are padded to the widest, so ANY assignment of a bucket's items to the ranks of its group is
+realisable; ``width[i]`` is then the parameter rounded up to Megatron's 64-element start alignment.
 
 Per-GPU compute. A DP rank's matrices are spread over its TP ranks by the TP schedule; the DP
 planners that balance compute use ``DPProblem.gpu_max`` (the most loaded TP rank of that DP rank
@@ -23,19 +28,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from canzona.errors import ConfigError
+from canzona.plan.buckets import PARAM_ALIGN, padded_bucket
 from canzona.plan.tp import slot_loads
-from canzona.plan.types import Bucket, DPPlan, PlanItem
-
-# strategy -> (valid dp algorithms, default). "refine" is PlanConfig's dataclass default; for
-# a strategy that has no such algorithm the dataclass default means "this strategy's default".
-DP_ALGOS: dict[str, tuple[tuple[str, ...], str]] = {
-    "canzona": (("refine", "greedy", "exact", "blend", "first-element"), "refine"),
-    "asc": (("first-element",), "first-element"),
-    "zero": (("equal",), "equal"),
-    "layerwise": (("lpt", "round-robin"), "lpt"),
-    "sc": (("replicate",), "replicate"),
-}
+from canzona.plan.types import Bucket, DPPlan, Layout, PlanItem
 
 
 @dataclass
@@ -55,6 +50,9 @@ class DPProblem:
     sharded: list[bool]
     reg_index: list[int]  # registration index (TP slot_loads are order-sensitive for mode "no")
     first: list[int] = field(default_factory=list)  # first flat index of each bucket, plus n
+    layout: str = "exact"  # padded | exact (see the module docstring)
+    groups: list[tuple[int, ...]] = field(default_factory=list)  # per bucket: its DP ranks, slice order
+    work: int = 0  # planner work items so far (candidate evaluations); deterministic, bounded by tests
 
     @property
     def n(self) -> int:
@@ -106,19 +104,30 @@ def forced_mean(cost: Sequence[float], sharded: Sequence[bool], dp: int, tp: int
     return w / (dp * tp)
 
 
-def make_problem(items: Sequence[PlanItem], buckets: tuple[Bucket, ...], dp: int, tp: int, tp_mode: str) -> DPProblem:
+def make_problem(
+    items: Sequence[PlanItem],
+    buckets: tuple[Bucket, ...],
+    dp: int,
+    tp: int,
+    tp_mode: str,
+    *,
+    layout: str = "exact",
+    ep: int = 1,
+) -> DPProblem:
     by_name = {it.name: it for it in items}
     reg = {it.name: k for k, it in enumerate(items)}
-    p = DPProblem(dp, tp, tp_mode, buckets, [], [], [], [], [], [], [], [])
+    p = DPProblem(dp, tp, tp_mode, buckets, [], [], [], [], [], [], [], [], layout=layout)
+    grid = Layout(dp=dp, tp=tp, ep=ep)
     for b in buckets:
         p.first.append(p.n)
+        p.groups.append(grid.group_ranks(b.ep_rank))
         es = b.entries
         for k, e in enumerate(es):
             nxt = es[k + 1].start if k + 1 < len(es) else b.size
             it = by_name[e.name]
             p.names.append(e.name)
             p.cost.append(float(it.cost))
-            p.width.append(nxt - e.start)
+            p.width.append(-(-e.numel // PARAM_ALIGN) * PARAM_ALIGN if layout == "padded" else nxt - e.start)
             p.numel.append(e.numel)
             p.start.append(e.start)
             p.bucket_of.append(b.index)
@@ -169,59 +178,46 @@ def rank_sums(p: DPProblem, owner: Sequence[int]) -> tuple[list[float], list[int
     return load, sl
 
 
-def resolve_dp_algo(strategy: str, algo: str) -> str:
-    if strategy not in DP_ALGOS:
-        raise ConfigError(f"unknown strategy {strategy!r}; known: {', '.join(DP_ALGOS)}")
-    valid, default = DP_ALGOS[strategy]
-    if algo in valid:
-        return algo
-    if algo == "refine":  # PlanConfig's default, meaning "the strategy's own"
-        return default
-    known = sorted({a for v, _ in DP_ALGOS.values() for a in v})
-    if algo not in known:
-        raise ConfigError(f"unknown dp algorithm {algo!r}; known: {', '.join(known)}")
-    raise ConfigError(f"dp algorithm {algo!r} does not apply to strategy {strategy!r}; valid: {', '.join(valid)}")
-
-
-def plan_dp(
+def owner_plan(
+    p: DPProblem,
     items: Sequence[PlanItem],
-    buckets: tuple[Bucket, ...],
-    dp: int,
-    tp: int,
+    owner: Sequence[int],
+    *,
     strategy: str,
     algo: str,
-    alpha: float,
-    tp_mode: str,
+    grad_sync: str,
+    param_sync: str,
 ) -> DPPlan:
-    """Run the partitioner ``algo`` of ``strategy`` (already resolved) and package a DPPlan."""
-    from canzona.plan import dp_baselines as base
-    from canzona.plan import dp_canzona as cz
+    """Package one DP rank per item (flat buffer order) as a DPPlan in the problem's layout.
 
-    p = make_problem(items, buckets, dp, tp, tp_mode)
-    if strategy == "sc":
-        return base.plan_sc(p, items)
-    if strategy == "zero":
-        return base.plan_zero(p, items)
-    if strategy == "layerwise":
-        return base.plan_layerwise(p, items, algo)
-    if algo == "first-element":
-        owner = base.first_element_owners(p)
-    elif algo == "blend":
-        owner = cz.blend(p, alpha)
-    elif algo == "greedy":
-        owner = cz.greedy(p, alpha)
-    elif algo == "refine":
-        owner = cz.refine_best(p, alpha)
-    elif algo == "exact":
-        owner = cz.exact_contiguous(p, alpha)
-    else:  # pragma: no cover - resolve_dp_algo guards this
-        raise ConfigError(f"unknown dp algorithm {algo!r}")
+    Exact: the owners must be non-decreasing along every bucket; cuts fall at parameter starts.
+    Padded: any owners within each bucket's group; every bucket is re-laid owner-grouped with
+    equal slices (``buckets.padded_bucket``).
+    """
+    members = [set(g) for g in p.groups]
+    for i, r in enumerate(owner):
+        if r not in members[p.bucket_of[i]]:
+            raise AssertionError(f"{p.names[i]}: rank {r} is not in its bucket's group")
+    if p.layout == "padded":
+        buckets, cuts = [], []
+        for bi, b in enumerate(p.buckets):
+            pos = {r: k for k, r in enumerate(p.groups[bi])}
+            slot = {p.names[i]: pos[owner[i]] for i in range(p.first[bi], p.first[bi + 1])}
+            nb, c = padded_bucket(b, slot, len(p.groups[bi]))
+            buckets.append(nb)
+            cuts.append(c)
+        bks, cts = tuple(buckets), tuple(cuts)
+        if param_sync == "all-gather-v":  # equal slices: the uneven gather becomes the native one
+            param_sync = "all-gather"
+    else:
+        bks, cts = p.buckets, cuts_from_owners(p, owner)
     return DPPlan(
         strategy=strategy,
         algo=algo,
-        buckets=buckets,
-        cuts=cuts_from_owners(p, owner),
+        buckets=bks,
+        cuts=cts,
         owners=owners_tuple(p, owner, items),
-        grad_sync="reduce-scatter",
-        param_sync="all-gather-v" if strategy in ("canzona", "asc") else "all-gather",
+        grad_sync=grad_sync,
+        param_sync=param_sync,
+        layout=p.layout,
     )

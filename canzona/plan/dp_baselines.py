@@ -24,7 +24,7 @@ def equal_cuts(p: DPProblem) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(b.size * r // p.dp for r in range(p.dp + 1)) for b in p.buckets)
 
 
-def plan_zero(p: DPProblem, items: Sequence[PlanItem]) -> DPPlan:
+def plan_zero(p: DPProblem, items: Sequence[PlanItem], grad_sync: str, param_sync: str) -> DPPlan:
     cuts = equal_cuts(p)
     owners: dict[str, tuple[int, ...]] = {}
     for i, name in enumerate(p.names):
@@ -38,8 +38,8 @@ def plan_zero(p: DPProblem, items: Sequence[PlanItem]) -> DPPlan:
         buckets=p.buckets,
         cuts=cuts,
         owners=tuple((it.name, owners[it.name]) for it in items),
-        grad_sync="reduce-scatter",
-        param_sync="all-gather",
+        grad_sync=grad_sync,
+        param_sync=param_sync,
         split_params=split,
     )
 
@@ -53,7 +53,7 @@ def first_element_owners(p: DPProblem) -> list[int]:
     return out
 
 
-def plan_layerwise(p: DPProblem, items: Sequence[PlanItem], algo: str) -> DPPlan:
+def plan_layerwise(p: DPProblem, items: Sequence[PlanItem], algo: str, grad_sync: str, param_sync: str) -> DPPlan:
     if algo == "round-robin":
         owner = {it.name: k % p.dp for k, it in enumerate(items)}
     else:  # LPT by cost: heaviest first onto the least loaded rank (ties: registration order, lowest rank)
@@ -69,12 +69,12 @@ def plan_layerwise(p: DPProblem, items: Sequence[PlanItem], algo: str) -> DPPlan
         buckets=p.buckets,
         cuts=(),
         owners=tuple((it.name, (owner[it.name],)) for it in items),
-        grad_sync="all-reduce",
-        param_sync="all-gather-v",
+        grad_sync=grad_sync,
+        param_sync=param_sync,
     )
 
 
-def plan_sc(p: DPProblem, items: Sequence[PlanItem]) -> DPPlan:
+def plan_sc(p: DPProblem, items: Sequence[PlanItem], grad_sync: str, param_sync: str) -> DPPlan:
     everyone = tuple(range(p.dp))
     return DPPlan(
         strategy="sc",
@@ -82,8 +82,8 @@ def plan_sc(p: DPProblem, items: Sequence[PlanItem]) -> DPPlan:
         buckets=p.buckets,
         cuts=(),
         owners=tuple((it.name, everyone) for it in items),
-        grad_sync="all-reduce",
-        param_sync="none",
+        grad_sync=grad_sync,
+        param_sync=param_sync,
     )
 
 

@@ -21,8 +21,8 @@ both terms are 1 at their own bound, so α weighs *relative excess over what is 
           with the smallest α·G'/G* + (1−α)·S'/S* after adding it (ties: the rank whose equal slice
           holds the item's middle, so later neighbours keep room).
   fill    bin packing from the bucket heads under a bisected cap (see ``fill``).
-  refine  local search (``dp_refine``) from the seeds fill, exact and greedy (blend and first-element
-          compete unsearched):
+  refine  local search (``dp_refine``) from the seeds fill, exact and greedy, best first, within a
+          work budget (largest-first, blend and first-element compete unsearched):
           single moves and swaps of items of the most loaded groups, over partitions whose
           "comes-before" graph stays acyclic (then labelled topologically), best improving (J, Φ)
           move first; the best result wins, so refine is never worse in J than zero-atomic
@@ -251,35 +251,45 @@ def fill(p: DPProblem, alpha: float) -> list[int]:
 
 
 # --------------------------------------------------------------------------- refine
-def refine_best(p: DPProblem, alpha: float) -> list[int]:
-    """``dp_refine.refine`` from several seeds; the best (J, Φ) wins (ties: the earlier seed).
+WORK_BUDGET = 2_000_000  # candidate evaluations refine may spend searching, plus WORK_PER_ITEM per item
+WORK_PER_ITEM = 200
 
-    Seeds searched from: ``fill`` (bin packing from bucket heads; usually best), ``exact``
-    (global-contiguous optimum; near-perfect when layers repeat), ``greedy`` (cost-descending
-    placement). Also candidates as they are (searching from such poor starts costs seconds and
-    never won): the authors' ``blend`` and first-element ownership. Local search never worsens
-    (J, Φ), so the result is never worse in J than any candidate: in particular never worse than
-    zero-atomic ownership or the authors' rule under the same TP mode. Stops early once J = 1
-    (both terms at their provable lower bounds).
+
+def refine_best(p: DPProblem, alpha: float) -> list[int]:
+    """Local search (``dp_refine.refine``) from the best seeds; the best (J, Φ) wins (ties: the earlier).
+
+    Seeds searched from, best-scoring first, while a shared work budget lasts: ``fill`` (bin packing
+    from bucket heads; usually best), ``exact`` (global-contiguous optimum; near-perfect when layers
+    repeat), ``greedy`` (cost-descending placement). Candidates as they are: largest-first under the
+    contiguity rule (``greedy`` at α = 1), the authors' ``blend`` and first-element ownership.
+    Local search never worsens (J, Φ), so the result is never worse in J than any candidate: in
+    particular never worse than largest-first, zero-atomic ownership or the authors' rule under the
+    same TP mode and contiguity rule. The budget (``WORK_BUDGET`` + ``WORK_PER_ITEM`` per item)
+    bounds the planner on 12k-matrix inventories.
     """
-    best, best_key = None, None
     seeds = (
-        ("fill", fill, True),
-        ("exact", exact_contiguous, True),
-        ("greedy", greedy, True),
-        ("blend", blend, False),
-        ("first-element", lambda q, _a: first_element_owners(q), False),
+        (fill, True),
+        (exact_contiguous, True),
+        (greedy, True),
+        (lambda q, _a: greedy(q, 1.0), False),
+        (blend, False),
+        (lambda q, _a: first_element_owners(q), False),
     )
-    for _, make_seed, search in seeds:
+    cands = []
+    for k, (make_seed, search) in enumerate(seeds):
         o = make_seed(p, alpha)
-        if search:
-            o = dp_refine.refine(p, alpha, o)
+        cands.append((dp_refine.score(p, alpha, o), k, o, search))
+    best_key, _, best, _ = min(cands, key=lambda c: (c[0], c[1]))
+    budget = p.work + WORK_BUDGET + WORK_PER_ITEM * p.n
+    for key, _, o, search in sorted(cands, key=lambda c: (c[0], c[1])):
+        if best_key[0] <= 1.0 + 1e-12 or p.work >= budget:
+            break  # both terms at their lower bounds, or out of budget
+        if not search:
+            continue
+        o = dp_refine.refine(p, alpha, o, budget=budget)
         key = dp_refine.score(p, alpha, o)
-        if best_key is None or dp_refine.better(key, best_key):
+        if dp_refine.better(key, best_key):
             best, best_key = o, key
-        if best_key[0] <= 1.0 + 1e-12:  # both terms at their lower bounds: nothing to gain
-            break
-    assert best is not None
     return best
 
 

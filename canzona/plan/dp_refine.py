@@ -14,7 +14,8 @@ Objective: (J, Φ) lexicographically, J = α·max G/G* + (1−α)·max S/S*, Φ 
 single move of one of their items to another group and every swap with an item of another group
 (vectorised; with TP > 1 a lower bound on the LPT makespan screens candidates and the exact LPT
 decides), and applies the best improving, acyclic one. Strict decrease ⇒ it terminates; it also
-stops once J reaches 1 (both terms at their lower bounds) or after a step cap.
+stops once J reaches 1 (both terms at their lower bounds), after a step cap, or once the problem's
+work count (``DPProblem.work``: candidate moves and swaps scored) passes the caller's budget.
 """
 
 from __future__ import annotations
@@ -227,6 +228,7 @@ class Search:
                     cands.append((float(J[k]), float(F[k]), 0, i, int(q[k]), exact))
                 # swaps i <-> j (j in another group)
                 js = idx_all[owner_arr != a]
+                self.p.work += int(q.size + js.size)
                 if js.size:
                     b = owner_arr[js]
                     dc = self.c[js] - ci
@@ -309,14 +311,17 @@ class Search:
         return ok
 
 
-def refine(p: DPProblem, alpha: float, owner: list[int], max_steps: int | None = None) -> list[int]:
-    """Local search from a valid ``owner`` assignment; returns a valid (relabelled) one."""
+def refine(
+    p: DPProblem, alpha: float, owner: list[int], max_steps: int | None = None, budget: int | None = None
+) -> list[int]:
+    """Local search from a valid ``owner`` assignment; returns a valid (relabelled) one. Stops after
+    ``max_steps`` steps or once the problem's work count passes ``budget`` (deterministic bounds)."""
     if p.n == 0 or p.dp == 1:
         return list(owner)
     s = Search(p, alpha, list(owner))
     steps = max_steps if max_steps is not None else MAX_STEPS_PER_ITEM * p.n + 100
     for _ in range(steps):
-        if s.key()[0] <= 1.0 + 1e-12:
+        if s.key()[0] <= 1.0 + 1e-12 or (budget is not None and p.work >= budget):
             break
         if not s.step():
             break

@@ -7,17 +7,18 @@ rank's element share (``shard``, zero's element-wise reference). DP ``sc`` means
 computes every matrix. A matrix owned by k > 1 DP ranks (zero's split matrices; reserved for
 cooperative updates) is shared by element overlap when the plan has cuts, else equally.
 
-Bytes (per GPU, element size ``grad_dtype_bytes``), modelled as direct (non-padded) transfers:
-  grad   reduce-scatter(-v): sends S_b − w_d, receives (DP−1)·w_d per bucket (w_d = its slice);
+Bytes (per GPU, element size ``grad_dtype_bytes``), as the plan's buckets lay them out (padded
+plans carry their padding in the slices, exact plans send their uneven slices unpadded):
+  grad   reduce-scatter(-v): sends S_b − w_d, receives (G−1)·w_d per bucket (w_d = its slice, G the
+         bucket's group: all DP ranks, or the expert-DP group under EP);
          all-reduce (ring): 2·(DP−1)/DP·S_b each way.
   param  all-gather(-v) with cuts: sends (DP−1)·w_d, receives S_b − w_d; layer-wise all-gather-v:
          the same with w_d = elements of the matrices d owns; ``none``: 0.
   tp_gather / tp_scatter  micro-groups: every non-host TP rank sends its shard (numel/tp) to the
          host, the host receives (tp−1) shards; the scatter mirrors it. TP ``sc``: a ring
          all-gather of every owned sharded matrix ((tp−1) shards each way), no scatter.
-For equal slices these volumes equal ring reduce-scatter / all-gather volumes. The padded
-alternative (every slice padded to the bucket's longest, so plain NCCL collectives work) costs
-``padding_bytes`` more; ``bucket_comm_balance`` is its size ratio to equal slices.
+For equal slices these volumes equal ring reduce-scatter / all-gather volumes. Padding, the worst
+bucket and the comm term against its bound are defined in ``bucket_metrics``.
 
 Metrics (``plan_metrics``), over all GPUs of all PP stages (stages step concurrently):
   compute_balance   max / mean per-GPU cost (as carried, redundancy included)
@@ -30,8 +31,18 @@ Metrics (``plan_metrics``), over all GPUs of all PP stages (stages step concurre
   comm_lower_bound  max(mean slice, widest item, pigeonhole over slices) / mean slice (plans with cuts)
   padding_bytes     worst stage's extra bytes of one GPU's buffer when slices are padded to the
                     longest slice of their bucket (plus Megatron's own alignment padding)
+  padding_fraction, padding_floor, bucket_comm_balance(_worst), comm_excess, buckets(_total)
+                    see ``bucket_metrics`` (worst stage)
   micro_groups      most micro-groups any DP rank runs (micro_groups_total: all ranks, all stages)
+  min_micro_groups_per_host  fewest micro-groups a host (one TP rank of a DP rank) computes in,
+                    among hosts of >= 2 matrices (its gathers and scatters pipeline under its compute
+                    across groups); None when no host has two (TP = 1, a TP mode without hosts, or
+                    one matrix per host)
+  unconstrained_efficiency  B / max per-GPU cost of largest-first over whole matrices that ignores
+                    the buckets (``dp_padded.lpt`` on one bucket per reduce group): what the bucket
+                    rule (contiguity in the exact layout, membership in the padded one) costs
   planner_seconds   sum over stages of make_plan wall time
+  planner_work      sum over stages of the planner's work items (deterministic)
 """
 
 from __future__ import annotations
@@ -40,8 +51,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from canzona.plan.dp import forced_mean, pigeonhole_bound
-from canzona.plan.types import Plan
+from canzona.plan import dp_padded
+from canzona.plan.bucket_metrics import bucket_slices, bucket_stats
+from canzona.plan.buckets import resolve_bucket_size
+from canzona.plan.dp import forced_mean, make_problem, pigeonhole_bound
+from canzona.plan.types import Bucket, BucketEntry, Plan
 
 PHASES = ("grad", "param", "tp_gather", "tp_scatter")
 
@@ -65,37 +79,31 @@ class GpuLoads:
         return [[sum(src[ph][d][t] for ph in PHASES) for t in range(self.tp)] for d in range(self.dp)]
 
 
-def _slices(plan: Plan) -> list[list[int]]:
-    """w[b][d]: slice length of rank d in bucket b (from cuts)."""
-    return [[c[d + 1] - c[d] for d in range(plan.layout.dp)] for c in plan.dp.cuts]
+def _shares(plan: Plan, local: dict[str, int]) -> dict[str, list[tuple[int, float]]]:
+    """Per matrix: (DP rank, fraction of its compute) for every rank that computes it."""
+    dp = plan.layout.dp
+    where = {e.name: (b.index, e.start) for b in plan.dp.buckets for e in b.entries}
+    out = {}
+    for name, owners in plan.dp.owners:
+        if plan.dp.strategy == "sc":
+            out[name] = [(d, 1.0) for d in range(dp)]
+        elif len(owners) == 1:
+            out[name] = [(owners[0], 1.0)]
+        elif plan.dp.cuts:  # split by the cuts (zero's element shares)
+            bi, s = where[name]
+            e, c = s + local[name], plan.dp.cuts[bi]
+            out[name] = [(d, max(0, min(e, c[d + 1]) - max(s, c[d])) / local[name]) for d in owners]
+        else:
+            out[name] = [(d, 1.0 / len(owners)) for d in owners]
+    return out
 
 
-def gpu_loads(plan: Plan) -> GpuLoads:
-    """Per (dp, tp) GPU: optimizer cost and bytes by phase (see module docstring)."""
-    dp, tp = plan.layout.dp, plan.layout.tp
-    gb = plan.config.grad_dtype_bytes
-    mode = plan.tp.mode
-    om = plan.dp.owner_map()
-    strategy = plan.dp.strategy
+def _costs(plan: Plan, shares: dict[str, list[tuple[int, float]]]) -> list[list[float]]:
+    dp, tp, mode = plan.layout.dp, plan.layout.tp, plan.tp.mode
     cost = [[0.0] * tp for _ in range(dp)]
     hosts = [{n: h for g in per for n, h in g.hosts} for per in plan.tp.groups] if plan.tp.groups else [{}] * dp
-    local = {e.name: e.numel for b in plan.dp.buckets for e in b.entries}
-    where = {e.name: (b.index, e.start) for b in plan.dp.buckets for e in b.entries}
-
-    def share(name: str, owners: tuple[int, ...]) -> list[tuple[int, float]]:
-        if strategy == "sc":
-            return [(d, 1.0) for d in range(dp)]
-        if len(owners) == 1:
-            return [(owners[0], 1.0)]
-        if plan.dp.cuts:
-            bi, s = where[name]
-            e = s + local[name]
-            c = plan.dp.cuts[bi]
-            return [(d, max(0, min(e, c[d + 1]) - max(s, c[d])) / local[name]) for d in owners]
-        return [(d, 1.0 / len(owners)) for d in owners]
-
     for it in plan.items:
-        for d, f in share(it.name, om[it.name]):
+        for d, f in shares[it.name]:
             c = it.cost * f
             if tp == 1:
                 cost[d][0] += c
@@ -110,44 +118,49 @@ def gpu_loads(plan: Plan) -> GpuLoads:
             else:  # owned cooperatively, not scheduled: spread evenly
                 for t in range(tp):
                     cost[d][t] += c / tp
+    return cost
 
-    zeros = lambda: [[0] * tp for _ in range(dp)]
-    sent = {ph: zeros() for ph in PHASES}
-    recv = {ph: zeros() for ph in PHASES}
+
+def _dp_elements(plan: Plan, local: dict[str, int]) -> tuple[list[int], list[list[int]]]:
+    """Per DP rank: slice elements, and (grad sent, grad received, param sent, param received) elements."""
+    dp = plan.layout.dp
+    om = plan.dp.owner_map()
     slice_elems = [0] * dp
     sizes = [b.size for b in plan.dp.buckets]
-    slices = _slices(plan)
+    g_s, g_r, p_s, p_r = ([0] * dp for _ in range(4))
+    gather = plan.dp.param_sync != "none"
     if plan.dp.cuts:
-        for w in slices:
-            for d in range(dp):
-                slice_elems[d] += w[d]
-    elif strategy == "sc":
+        for (ranks, w), S in zip(bucket_slices(plan), sizes, strict=True):
+            G = len(ranks)
+            for k, d in enumerate(ranks):
+                slice_elems[d] += w[k]
+                if G > 1:
+                    g_s[d] += S - w[k]
+                    g_r[d] += (G - 1) * w[k]
+                    if gather:
+                        p_s[d] += (G - 1) * w[k]
+                        p_r[d] += S - w[k]
+        return slice_elems, [g_s, g_r, p_s, p_r]
+    if plan.dp.strategy == "sc":
         slice_elems = [sum(sizes)] * dp
     else:
         for it in plan.items:
             for d in om[it.name]:
                 slice_elems[d] += local[it.name] // len(om[it.name])
     total_owned = sum(slice_elems)
-    for d in range(dp):
-        g_s = g_r = p_s = p_r = 0
-        if dp > 1:
-            if plan.dp.grad_sync == "all-reduce":
-                g_s = g_r = sum(round(2 * (dp - 1) * S / dp) for S in sizes)
-            else:
-                for b, w in enumerate(slices):
-                    g_s += sizes[b] - w[d]
-                    g_r += (dp - 1) * w[d]
-            if plan.dp.param_sync != "none":
-                if plan.dp.cuts:
-                    for b, w in enumerate(slices):
-                        p_s += (dp - 1) * w[d]
-                        p_r += sizes[b] - w[d]
-                else:
-                    p_s = (dp - 1) * slice_elems[d]
-                    p_r = total_owned - slice_elems[d]
-        for t in range(tp):
-            sent["grad"][d][t], recv["grad"][d][t] = g_s * gb, g_r * gb
-            sent["param"][d][t], recv["param"][d][t] = p_s * gb, p_r * gb
+    for d in range(dp if dp > 1 else 0):
+        g_s[d] = g_r[d] = sum(round(2 * (dp - 1) * S / dp) for S in sizes)
+        if gather:
+            p_s[d] = (dp - 1) * slice_elems[d]
+            p_r[d] = total_owned - slice_elems[d]
+    return slice_elems, [g_s, g_r, p_s, p_r]
+
+
+def _tp_bytes(
+    plan: Plan, local: dict[str, int], shares: dict[str, list[tuple[int, float]]], sent: dict, recv: dict
+) -> None:
+    """Add the TP gather / scatter bytes of every GPU into ``sent`` / ``recv``."""
+    tp, mode, gb = plan.layout.tp, plan.tp.mode, plan.config.grad_dtype_bytes
     if tp > 1 and mode in ("no", "sorted", "global"):
         for d, per in enumerate(plan.tp.groups):
             for g in per:
@@ -163,11 +176,29 @@ def gpu_loads(plan: Plan) -> GpuLoads:
         for it in plan.items:
             if it.partition_dim is None:
                 continue
-            for d, _ in share(it.name, om[it.name]):
+            for d, _ in shares[it.name]:
                 v = (tp - 1) * local[it.name] * gb
                 for t in range(tp):
                     sent["tp_gather"][d][t] += v
                     recv["tp_gather"][d][t] += v
+
+
+def gpu_loads(plan: Plan) -> GpuLoads:
+    """Per (dp, tp) GPU: optimizer cost and bytes by phase (see module docstring)."""
+    dp, tp = plan.layout.dp, plan.layout.tp
+    gb = plan.config.grad_dtype_bytes
+    local = {e.name: e.numel for b in plan.dp.buckets for e in b.entries}
+    shares = _shares(plan, local)
+    cost = _costs(plan, shares)
+    slice_elems, (g_s, g_r, p_s, p_r) = _dp_elements(plan, local)
+    zeros = lambda: [[0] * tp for _ in range(dp)]
+    sent = {ph: zeros() for ph in PHASES}
+    recv = {ph: zeros() for ph in PHASES}
+    for d in range(dp):
+        for t in range(tp):
+            sent["grad"][d][t], recv["grad"][d][t] = g_s[d] * gb, g_r[d] * gb
+            sent["param"][d][t], recv["param"][d][t] = p_s[d] * gb, p_r[d] * gb
+    _tp_bytes(plan, local, shares, sent, recv)
     freeze = lambda m: tuple(tuple(r) for r in m)
     return GpuLoads(
         dp,
@@ -194,14 +225,40 @@ def stage_bounds(plan: Plan) -> tuple[float, float, float]:
     return fm, b, max(b, pigeonhole_bound(costs, plan.layout.dp * tp))
 
 
-def _padding(plan: Plan) -> tuple[int, int, int]:
-    """(padded elements, bucket elements, used elements) of one GPU's buffer."""
-    used = sum(e.numel for b in plan.dp.buckets for e in b.entries)
-    size = sum(b.size for b in plan.dp.buckets)
-    if not plan.dp.cuts:
-        return size, size, used
-    padded = sum(plan.layout.dp * max(w) for w in _slices(plan))
-    return padded, size, used
+def unconstrained_gpu_max(plan: Plan) -> float:
+    """Largest per-GPU cost of largest-first over WHOLE matrices that ignores the buckets: one
+    bucket per reduce group (all DP, or an EP rank's expert-DP group), any rank of it allowed, the
+    plan's TP mode. The reference that shows what the bucket rule costs."""
+    if plan.dp.strategy in ("sc", "zero") or not plan.items or plan.coop:
+        # no whole-matrix reference for sc / zero, nor for cooperative plans (items carry group totals)
+        return max(gpu_loads(plan).flat_cost(), default=0.0)
+    local = {e.name: e.numel for b in plan.dp.buckets for e in b.entries}
+    groups = sorted({it.ep_rank for it in plan.items}, key=lambda e: -1 if e is None else e)
+    pseudo = tuple(
+        Bucket(k, tuple(BucketEntry(it.name, 0, local[it.name]) for it in plan.items if it.ep_rank == e), 1, e)
+        for k, e in enumerate(groups)
+    )
+    L = plan.layout
+    p = make_problem(plan.items, pseudo, L.dp, L.tp, plan.tp.mode, layout="padded", ep=L.ep)
+    owner = dp_padded.lpt(p)
+    members: list[list[int]] = [[] for _ in range(L.dp)]
+    for i, r in enumerate(owner):
+        members[r].append(i)
+    return max(p.gpu_max(m) for m in members)
+
+
+def min_groups_per_host(plan: Plan) -> int | None:
+    """Fewest micro-groups a host (a TP rank of a DP rank) computes in, among hosts of >= 2 matrices
+    (None: no host has two)."""
+    counts = []
+    for per in plan.tp.groups:
+        hosts: dict[int, set[int]] = {}
+        for k, g in enumerate(per):
+            for _, h in g.hosts:
+                hosts.setdefault(h, set()).add(k)
+        mats = {h: sum(1 for g in per for _, x in g.hosts if x == h) for h in hosts}
+        counts += [len(ks) for h, ks in hosts.items() if mats[h] >= 2]
+    return min(counts, default=None)
 
 
 def plan_metrics(plans: Sequence[Plan], *, model: str | None = None) -> dict[str, Any]:
@@ -220,32 +277,38 @@ def plan_metrics(plans: Sequence[Plan], *, model: str | None = None) -> dict[str
     mean = sum(flat) / len(flat) if flat else 0.0
     smean = sum(slices) / len(slices) if slices else 0.0
     gb = p0.config.grad_dtype_bytes
-    slice_lb = 0.0  # per stage: max(widest item, pigeonhole over the DP ranks), in bytes
+    slice_lb = 0.0  # per stage: max(widest item, pigeonhole over the DP ranks), in bytes (exact layout)
     for p in plans:
+        if p.dp.layout == "padded":
+            continue  # every rank moves the same padded slices: balance 1 is reached by construction
         widths = [
             ((b.entries[k + 1].start if k + 1 < len(b.entries) else b.size) - e.start) * gb
             for b in p.dp.buckets
             for k, e in enumerate(b.entries)
         ]
         slice_lb = max(slice_lb, max(widths, default=0), pigeonhole_bound(widths, p.layout.dp))
-    pads = [_padding(p) for p in plans]
-    worst_pad = max(pads, key=lambda x: x[0] - x[2])
+    stats = [bucket_stats(p) for p in plans]
+    worst = max(stats, key=lambda x: (x.padded - x.used, x.padding_fraction))
     groups = [len(g) for p in plans for g in p.tp.groups]
+    hosts = [g for g in (min_groups_per_host(p) for p in plans) if g is not None]
+    free = max(unconstrained_gpu_max(p) for p in plans)
     div = lambda a, b: (a / b) if b else 1.0
     return {
         "model": model,
         "tp": p0.layout.tp,
         "pp": p0.layout.pp,
         "dp": p0.layout.dp,
+        "ep": p0.layout.ep,
         "world": p0.layout.world,
         "stages": len(plans),
         "optimizer": p0.config.optimizer,
         "strategy": p0.config.strategy,
         "dp_algo": p0.dp.algo,
+        "dp_layout": p0.dp.layout,
         "tp_mode": p0.tp.mode,
         "alpha": p0.config.alpha,
         "cost": p0.config.cost,
-        "bucket_size": p0.config.bucket_size,
+        "bucket_size": resolve_bucket_size(p0.config.bucket_size, p0.layout.dp),
         "capacity_bytes": p0.tp.capacity_bytes,
         "matrices": sum(len(p.items) for p in plans),
         "compute_balance": div(mx, mean),
@@ -253,16 +316,25 @@ def plan_metrics(plans: Sequence[Plan], *, model: str | None = None) -> dict[str
         "efficiency": div(B, mx),
         "tight_lower_bound": div(T, fmean),
         "tight_efficiency": div(T, mx),
+        "unconstrained_efficiency": div(B, free),
         "max_gpu_cost": mx,
         "mean_gpu_cost": mean,
         "comm_balance": div(max(slices, default=0), smean),
         "comm_lower_bound": div(max(smean, slice_lb), smean) if p0.dp.cuts else 1.0,
-        "bucket_comm_balance": max(div(x[0], x[1]) for x in pads),
-        "padding_bytes": (worst_pad[0] - worst_pad[2]) * gb,
+        "comm_excess": max(x.comm_excess for x in stats),
+        "bucket_comm_balance": max(div(x.padded, x.used) for x in stats),
+        "bucket_comm_balance_worst": max(x.worst_ratio for x in stats),
+        "padding_bytes": (worst.padded - worst.used) * gb,
+        "padding_fraction": max(x.padding_fraction for x in stats),
+        "padding_floor": max(x.padding_floor for x in stats),
+        "buckets": max(x.buckets_per_gpu for x in stats),
+        "buckets_total": sum(len(p.dp.buckets) for p in plans),
         "split_params": sum(len(p.dp.split_params) for p in plans),
         "micro_groups": max(groups, default=0),
         "micro_groups_total": sum(groups),
+        "min_micro_groups_per_host": min(hosts, default=None),
         "max_bytes_sent": max((x for gl in loads for row in gl.total("sent") for x in row), default=0),
         "max_bytes_recv": max((x for gl in loads for row in gl.total("recv") for x in row), default=0),
         "planner_seconds": sum(p.planner_seconds for p in plans),
+        "planner_work": sum(p.work for p in plans),
     }

@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from canzona.cost import CostModel
-from canzona.models import Qwen3Config
+from canzona.models import Model
 from canzona.plan.build import plan_model
 from canzona.plan.metrics import gpu_loads, plan_metrics
 from canzona.plan.types import Layout, Plan, PlanConfig
@@ -25,6 +25,7 @@ COMPARE_ROWS: tuple[tuple[str, str, str | None], ...] = (
     ("canzona blend", "canzona", "blend"),
     ("canzona greedy", "canzona", "greedy"),
     ("canzona exact", "canzona", "exact"),
+    ("canzona lpt", "canzona", "lpt"),
     ("canzona refine", "canzona", "refine"),
 )
 
@@ -36,17 +37,20 @@ def label(m: dict[str, Any]) -> str:
 
 
 def compare(
-    model: str | Qwen3Config,
+    model: str | Model,
     layout: Layout,
     config: PlanConfig,
     views: Sequence[str] = (),
     *,
     cost_model: CostModel | None = None,
 ) -> list[dict[str, Any]]:
-    """plan_metrics of every strategy on the same model/layout/cost (canzona rows keep config's α and TP mode)."""
+    """plan_metrics of every strategy on the same model/layout/cost/buffer layout (canzona rows keep
+    config's α and TP mode). Under EP > 1 only the strategies that plan experts (canzona, asc) appear."""
     name = model if isinstance(model, str) else model.name
     rows = []
     for lab, strategy, algo in COMPARE_ROWS:
+        if layout.ep > 1 and strategy not in ("canzona", "asc"):
+            continue
         cfg = replace(
             config,
             strategy=strategy,
@@ -79,11 +83,12 @@ def format_compare(rows: Sequence[dict[str, Any]]) -> str:
     cols = [
         ("strategy", 20),
         ("efficiency", 10),
+        ("free", 6),
         ("bound", 7),
         ("compute", 8),
-        ("comm", 7),
-        ("comm lb", 7),
-        ("padded", 7),
+        ("padding", 8),
+        ("worst b", 8),
+        ("buckets", 7),
         ("split", 5),
         ("groups", 6),
         ("seconds", 8),
@@ -96,11 +101,12 @@ def format_compare(rows: Sequence[dict[str, Any]]) -> str:
                 [
                     f"{m.get('label', label(m)):<20}",
                     f"{m['efficiency']:>10.3f}",
+                    f"{m['unconstrained_efficiency']:>6.3f}",
                     f"{m['lower_bound']:>7.2f}",
                     f"{m['compute_balance']:>8.2f}",
-                    f"{m['comm_balance']:>7.3f}",
-                    f"{m['comm_lower_bound']:>7.3f}",
-                    f"{m['bucket_comm_balance']:>7.1f}",
+                    f"{100 * m['padding_fraction']:>7.1f}%",
+                    f"{m['bucket_comm_balance_worst']:>7.2f}x",
+                    f"{m['buckets']:>7d}",
                     f"{m['split_params']:>5d}",
                     f"{m['micro_groups']:>6d}",
                     f"{m['planner_seconds']:>8.3f}",
@@ -108,8 +114,10 @@ def format_compare(rows: Sequence[dict[str, Any]]) -> str:
             )
         )
     out.append(
-        "efficiency = atomic bound / max per-GPU cost; bound = max(mean, largest matrix)/mean; "
-        "compute, comm = max/mean per GPU; padded = buffer size if uneven slices are padded (x equal)"
+        "efficiency = atomic bound / max per-GPU cost; free = the same for largest-first ignoring the buckets; "
+        "bound = max(mean, largest matrix)/mean; compute = max/mean per GPU; padding = share of the bucket bytes "
+        f"in the {rows[0]['dp_layout'] if rows else '?'} layout; worst b = worst bucket's padded collective / its "
+        "gradient bytes; buckets = reduce-scatters per GPU per step"
     )
     return "\n".join(out)
 
@@ -123,20 +131,33 @@ def format_report(
     L = p0.layout
     cfg = p0.config
     lines = [
-        f"model {model or '?'}  layout dp={L.dp} tp={L.tp} pp={L.pp} (world {L.world})  optimizer {cfg.optimizer}  "
+        f"model {model or '?'}  layout dp={L.dp} tp={L.tp} pp={L.pp} ep={L.ep} (world {L.world})  "
+        f"optimizer {cfg.optimizer}  "
         f"cost {cfg.cost}",
         f"strategy {cfg.strategy}  dp algo {p0.dp.algo}  tp mode {p0.tp.mode}  alpha {cfg.alpha}  "
-        f"bucket size {cfg.bucket_size:,}  grad sync {p0.dp.grad_sync} / param sync {p0.dp.param_sync}",
-        f"plan hash {', '.join(p.input_hash for p in plans)}  planned in {m['planner_seconds']:.3f} s",
+        f"bucket size {m['bucket_size']:,}  grad sync {p0.dp.grad_sync} / param sync {p0.dp.param_sync}",
+        f"plan hash {', '.join(p.plan_hash for p in plans)}  (inputs {', '.join(p.input_hash for p in plans)})  "
+        f"planned in {m['planner_seconds']:.3f} s, {m['planner_work']:,} work items",
         "",
         f"compute  efficiency {m['efficiency']:.3f}  (tight bound: {m['tight_efficiency']:.3f})  "
         f"balance max/mean {m['compute_balance']:.3f}  atomic lower bound {m['lower_bound']:.3f}",
         f"         max per GPU {_fmt_cost(m['max_gpu_cost'], unit)}  mean {_fmt_cost(m['mean_gpu_cost'], unit)}",
-        f"comm     slice balance max/mean {m['comm_balance']:.3f}  (lower bound {m['comm_lower_bound']:.3f})  "
-        f"padded-collective size {m['bucket_comm_balance']:.2f}x equal, padding {_fmt_bytes(m['padding_bytes'])}",
+    ]
+    if m["unconstrained_efficiency"] > m["efficiency"] * (1 + 1e-9):
+        lines.append(
+            f"         the bucket rule costs compute: efficiency {m['efficiency']:.3f} under it, "
+            f"{m['unconstrained_efficiency']:.3f} for largest-first over whole matrices ignoring the buckets"
+        )
+    lines += [
+        f"comm     {p0.dp.layout} layout, {m['buckets']} buckets per GPU; padding {100 * m['padding_fraction']:.1f}% "
+        f"of the bucket bytes (floor {100 * m['padding_floor']:.1f}%), comm term {m['comm_excess']:.3f}x its bound",
+        f"         padded collectives {m['bucket_comm_balance']:.2f}x the gradient bytes, worst bucket "
+        f"{m['bucket_comm_balance_worst']:.2f}x; slice balance max/mean {m['comm_balance']:.3f}",
         f"         max bytes per GPU sent {_fmt_bytes(m['max_bytes_sent'])}  "
         f"received {_fmt_bytes(m['max_bytes_recv'])}",
-        f"TP       micro-groups per DP rank max {m['micro_groups']} (total {m['micro_groups_total']})  "
+        f"TP       micro-groups per DP rank max {m['micro_groups']}, fewest for a host of >= 2 matrices: "
+        f"{m['min_micro_groups_per_host'] if m['min_micro_groups_per_host'] is not None else '-'} "
+        f"(total {m['micro_groups_total']})  "
         f"capacity {_fmt_bytes(p0.tp.capacity_bytes) if p0.tp.capacity_bytes else '-'}",
         f"matrices {m['matrices']}  split by ZeRO cuts {m['split_params']}",
     ]

@@ -9,6 +9,9 @@ Modes (``TPSchedule.mode``):
           matrix at a time to the open group, placing it by LPT; when the slot it lands on would hold
           more than C bytes of gathered full-precision gradient in this group, roll it back, seal the
           group and open the next one with it. A matrix larger than C gets a group of its own (warned).
+          With the DEFAULT capacity a group also seals once a host (TP slot) would hold more than
+          ⌈m/2⌉ of the m matrices it hosts, so every host with >= 2 matrices computes in >= 2
+          micro-groups (``default_capacity``).
   shard   element-wise: each TP rank updates only its own shard, no hosts (only for ``zero``, which
           is a reference that matrix optimizers cannot execute); groups empty.
 
@@ -50,6 +53,15 @@ def default_capacity(items: Sequence[PlanItem], dp: int, tp: int, grad_dtype_byt
     Why: below the largest matrix every step would warn and isolate it; a quarter of a slot's mean
     total keeps >= ~4 groups per slot when matrices are small, so gather/compute/scatter can
     pipeline while the gathered buffer stays a fraction of the slot's gradient bytes.
+
+    Bytes alone may keep all of a host's matrices in one group (a host with fc2 and QKV of Qwen3-32B
+    at DP32×TP8 stays under any C that admits fc1), and then its gather, compute and scatter run
+    back to back. So under the default a group also seals once a host would hold more than ⌈m/2⌉
+    of its m matrices: every host with >= 2 matrices computes in >= 2 groups, the gather of its
+    next group and the scatter of its previous one under its compute, the costliest first (the
+    longest compute covers the next gather, the last scatter is the smallest). The cap is per
+    HOST, not per rank: hosts with one matrix are not split, because groups that only divide the
+    slots among themselves would serialise compute that runs in parallel in one group.
     """
     sharded = [it.numel * grad_dtype_bytes for it in items if it.partition_dim is not None]
     if not sharded:
@@ -107,21 +119,35 @@ def slot_loads(mode: str, costs: Sequence[float], sharded: Sequence[bool], tp: i
     return out
 
 
+def _hosts(order: Sequence[PlanItem], tp: int) -> list[int]:
+    """The host slot of each item: LPT on cumulative slot totals (independent of how groups form)."""
+    total = [0.0] * tp
+    out = []
+    for it in order:
+        s = _argmin(total)
+        out.append(s)
+        total[s] += it.cost
+    return out
+
+
 def _schedule_one(
-    owned: list[PlanItem], mode: str, tp: int, capacity: int, gb: int, index: dict[str, int]
+    owned: list[PlanItem], mode: str, tp: int, capacity: int, gb: int, index: dict[str, int], halve: bool = False
 ) -> tuple[MicroGroup, ...]:
     order = _ordered(owned, mode, index)
     if mode in ("no", "sorted"):
         return tuple(
             MicroGroup(tuple((it.name, k) for k, it in enumerate(order[g : g + tp]))) for g in range(0, len(order), tp)
         )
+    slots = _hosts(order, tp)
+    hosted = [slots.count(t) for t in range(tp)]
+    # the default schedule's per-host cap: a host with m >= 2 matrices puts at most ⌈m/2⌉ in one group
+    cap_per_host = [-(-m // 2) if halve and m >= 2 else m for m in hosted]
     groups: list[MicroGroup] = []
-    total = [0.0] * tp  # cumulative cost per slot (all groups so far)
     open_hosts: list[tuple[str, int]] = []
     open_bytes = [0] * tp
-    for it in order:
+    open_count = [0] * tp
+    for it, s in zip(order, slots, strict=True):
         nbytes = it.numel * gb
-        s = _argmin(total)
         if nbytes > capacity:
             warnings.warn(
                 f"{it.name}: {nbytes} bytes exceed the micro-group capacity {capacity}; it gets a group of its own",
@@ -129,16 +155,15 @@ def _schedule_one(
             )
             if open_hosts:
                 groups.append(MicroGroup(tuple(open_hosts)))
-                open_hosts, open_bytes = [], [0] * tp
+                open_hosts, open_bytes, open_count = [], [0] * tp, [0] * tp
             groups.append(MicroGroup(((it.name, s),)))
-            total[s] += it.cost
             continue
-        if open_hosts and open_bytes[s] + nbytes > capacity:  # roll back: seal, reopen with it
+        if open_hosts and (open_bytes[s] + nbytes > capacity or open_count[s] >= cap_per_host[s]):  # seal, reopen
             groups.append(MicroGroup(tuple(open_hosts)))
-            open_hosts, open_bytes = [], [0] * tp
+            open_hosts, open_bytes, open_count = [], [0] * tp, [0] * tp
         open_hosts.append((it.name, s))
         open_bytes[s] += nbytes
-        total[s] += it.cost
+        open_count[s] += 1
     if open_hosts:
         groups.append(MicroGroup(tuple(open_hosts)))
     return tuple(groups)
@@ -168,6 +193,7 @@ def schedule_tp(
         return TPSchedule(mode, None, tuple(() for _ in range(dp)))
     index = {it.name: k for k, it in enumerate(items)}
     cap = None
+    halve = mode == "global" and capacity_bytes is None  # the default's per-host ⌈m/2⌉ cap
     if mode == "global":
         cap = capacity_bytes if capacity_bytes is not None else default_capacity(items, dp, tp, grad_dtype_bytes)
     per_rank: list[list[PlanItem]] = [[] for _ in range(dp)]
@@ -180,5 +206,5 @@ def schedule_tp(
                 per_rank[d].append(it)
         elif len(owners) == 1:
             per_rank[owners[0]].append(it)
-    groups = tuple(_schedule_one(owned, mode, tp, cap or 0, grad_dtype_bytes, index) for owned in per_rank)
+    groups = tuple(_schedule_one(owned, mode, tp, cap or 0, grad_dtype_bytes, index, halve) for owned in per_rank)
     return TPSchedule(mode, cap, groups)

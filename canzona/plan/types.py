@@ -17,20 +17,38 @@ from typing import Any
 
 from canzona.errors import ConfigError
 
+MAX_DP = 1 << 16  # DP groups beyond 65,536 ranks are typos, not clusters (and would take minutes to plan)
+
 
 @dataclass(frozen=True)
 class Layout:
-    """The parallel layout: world = dp · tp · pp."""
+    """The parallel layout: world = dp · tp · pp.
+
+    ``ep`` (expert parallelism) is carved out of DP as in Megatron (rank order tp-ep-dp-pp, expert
+    TP = TP): DP rank d holds the experts of EP rank ``d % ep`` and shares them with the other
+    ``dp / ep`` DP ranks of that EP rank (its expert-DP group). Dense parameters see all of DP.
+    """
 
     dp: int
     tp: int = 1
     pp: int = 1
+    ep: int = 1
 
     def __post_init__(self) -> None:
-        for k in ("dp", "tp", "pp"):
+        for k in ("dp", "tp", "pp", "ep"):
             v = getattr(self, k)
-            if not isinstance(v, int) or v < 1:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{k} must be a positive integer, got {v!r}")
+        if self.dp > MAX_DP:
+            raise ConfigError(f"dp={self.dp} is more than {MAX_DP:,} ranks; check the DP size (or --world)")
+        if self.dp % self.ep:
+            raise ConfigError(f"EP={self.ep} must divide DP={self.dp} (experts are sharded inside DP); pick EP | DP")
+
+    def group_ranks(self, ep_rank: int | None) -> tuple[int, ...]:
+        """DP ranks of a buffer's reduce group: all of DP (dense) or EP rank ``ep_rank``'s expert-DP group."""
+        if ep_rank is None:
+            return tuple(range(self.dp))
+        return tuple(range(ep_rank, self.dp, self.ep))
 
     @property
     def world(self) -> int:
@@ -46,12 +64,16 @@ class Layout:
 
 @dataclass(frozen=True)
 class PlanItem:
-    """One unit of optimizer work: a full matrix (or a split view of one) and its cost."""
+    """One unit of optimizer work: a full matrix (or a split view of one) and its cost.
+
+    ``ep_rank``: the EP rank holding it (expert matrices under EP > 1), None for dense matrices.
+    """
 
     name: str
     shape: tuple[int, int]
     partition_dim: int | None
     cost: float
+    ep_rank: int | None = None
 
     @property
     def numel(self) -> int:
@@ -73,17 +95,32 @@ class BucketEntry:
 
 @dataclass(frozen=True)
 class Bucket:
+    """One flat gradient buffer reduced by one collective over its group's DP ranks.
+
+    ``size`` is its padded length (a multiple of lcm(group, 128)). ``ep_rank`` None: the group is
+    all DP ranks; e: the expert-DP group of EP rank e (``Layout.group_ranks``).
+    """
+
     index: int
     entries: tuple[BucketEntry, ...]
-    size: int  # padded length (multiple of lcm(dp, 128))
+    size: int
+    ep_rank: int | None = None
+
+    @property
+    def used(self) -> int:
+        """Elements that hold a gradient (the rest is alignment and slice padding)."""
+        return sum(e.numel for e in self.entries)
 
 
 @dataclass(frozen=True)
 class DPPlan:
     """Who owns which matrix across DP, and how gradients/params move.
 
-    ``cuts[b]`` holds DP+1 offsets into bucket b (rank r owns ``[cuts[b][r], cuts[b][r+1])``);
-    it is empty for plans that ignore bucket geometry (layer-wise).
+    ``cuts[b]`` holds G+1 offsets into bucket b, G the size of its group (``Layout.group_ranks``):
+    the k-th rank of the group owns ``[cuts[b][k], cuts[b][k+1])``. Empty for plans that ignore
+    bucket geometry (layer-wise). ``layout`` "padded": every bucket is cut into G equal slices, each
+    rank's matrices grouped in its slice (one native reduce-scatter / all-gather per bucket);
+    "exact": contiguous uneven slices cut on parameter boundaries.
     ``owners`` maps a name to a tuple of DP ranks: one rank today; a group of k ranks is
     reserved for cooperative updates of matrices costlier than the mean load.
     """
@@ -94,8 +131,9 @@ class DPPlan:
     cuts: tuple[tuple[int, ...], ...]
     owners: tuple[tuple[str, tuple[int, ...]], ...]
     grad_sync: str  # reduce-scatter | all-reduce
-    param_sync: str  # all-gather | all-gather-v
+    param_sync: str  # all-gather | all-gather-v | none
     split_params: tuple[str, ...] = ()  # params cut across ranks (only `zero`)
+    layout: str = "exact"  # padded | exact (see above)
 
     def owner_map(self) -> dict[str, tuple[int, ...]]:
         return dict(self.owners)
@@ -139,11 +177,23 @@ class TPSchedule:
 # α = 0.5 weighs compute balance and slice-size (communication) balance equally; on the
 # 256-GPU Qwen3 layouts it reaches efficiency 1.0 with comm balance at its bound (results/planner).
 DEFAULT_ALPHA = 0.5
+DP_LAYOUTS = ("auto", "padded", "exact")
+AUTO_PADDING_LIMIT = 0.25  # auto: the padded layout while its padding floor stays at or below this
 
 
 @dataclass(frozen=True)
 class PlanConfig:
-    """Every input choice that shapes a plan (hashed together with the items and layout)."""
+    """Every input choice that shapes a plan (hashed together with the items and layout).
+
+    bucket_size  elements per DP bucket; None = Megatron's rule max(40M, 1M·DP) (``buckets``).
+    dp_layout    "padded": NCCL-native equal slices (one reduce-scatter + one all-gather per bucket);
+                 "exact": uneven slices cut on parameter boundaries (the runtime then picks each
+                 bucket's collective mode); "auto" (default): padded unless no split of the padded
+                 buckets keeps the padding at or below ``AUTO_PADDING_LIMIT`` of the bucket bytes,
+                 which happens when DP ranks outnumber the matrices (Qwen3-8B at DP128: 46% at best),
+                 where padding would also multiply the gradient and parameter buffers. The Plan
+                 stores the layout chosen.
+    """
 
     strategy: str = "canzona"
     optimizer: str = "muon"
@@ -151,9 +201,10 @@ class PlanConfig:
     alpha: float = DEFAULT_ALPHA
     dp_algo: str = "refine"
     tp_mode: str = "global"
-    bucket_size: int = 40_000_000
+    bucket_size: int | None = None
     capacity_bytes: int | None = None
     grad_dtype_bytes: int = 4
+    dp_layout: str = "auto"
     cooperative: bool = True  # canzona + Muon + FLOPs cost: groups for matrices above the mean
     coop_profile: str | None = (
         None  # where cooperation is priced: nvlink | cpu; None: nvlink offline, the backend's at run time
@@ -170,6 +221,7 @@ class Plan:
     tp: TPSchedule
     input_hash: str
     planner_seconds: float = field(default=0.0, compare=False)
+    work: int = field(default=0, compare=False)  # planner work items (deterministic; tests bound it)
     coop: tuple[CoopGroup, ...] = ()  # cooperative matrices (canzona.plan.coop); empty: one owner each
 
     def item(self, name: str) -> PlanItem:
@@ -184,6 +236,18 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @property
+    def plan_hash(self) -> str:
+        """SHA-256 of the plan ITSELF (everything a rank executes, not timings or work counts).
+
+        ``input_hash`` says two ranks planned from the same inputs; this says they hold the same
+        plan, which is what must agree when library versions could differ between nodes.
+        """
+        d = self.to_dict()
+        d.pop("planner_seconds")
+        d.pop("work")
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
     def to_json(self, indent: int | None = None) -> str:
         return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
 
@@ -197,18 +261,23 @@ class Plan:
         return cls(
             layout=Layout(**d["layout"]),
             config=PlanConfig(**{**d["config"], "coop_force": tup(d["config"].get("coop_force", []))}),
-            items=tuple(PlanItem(i["name"], tup(i["shape"]), i["partition_dim"], i["cost"]) for i in d["items"]),
+            items=tuple(
+                PlanItem(i["name"], tup(i["shape"]), i["partition_dim"], i["cost"], i.get("ep_rank"))
+                for i in d["items"]
+            ),
             dp=DPPlan(
                 strategy=dp["strategy"],
                 algo=dp["algo"],
                 buckets=tuple(
-                    Bucket(b["index"], tuple(BucketEntry(**e) for e in b["entries"]), b["size"]) for b in dp["buckets"]
+                    Bucket(b["index"], tuple(BucketEntry(**e) for e in b["entries"]), b["size"], b.get("ep_rank"))
+                    for b in dp["buckets"]
                 ),
                 cuts=tup(dp["cuts"]),
                 owners=tuple((n, tup(o)) for n, o in dp["owners"]),
                 grad_sync=dp["grad_sync"],
                 param_sync=dp["param_sync"],
                 split_params=tup(dp.get("split_params", [])),
+                layout=dp.get("layout", "exact"),
             ),
             tp=TPSchedule(
                 mode=tp["mode"],
@@ -217,6 +286,7 @@ class Plan:
             ),
             input_hash=d["input_hash"],
             planner_seconds=d.get("planner_seconds", 0.0),
+            work=d.get("work", 0),
             coop=tuple(
                 CoopGroup(c["name"], tup(c["members"]), c["form"], c.get("regroup", False)) for c in d.get("coop", [])
             ),

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from canzona.argtypes import int_in, nonneg_int, output_file, positive_int, unit_float
 from canzona.cost import matrix_optimizer_names
 from canzona.errors import ConfigError
 from canzona.models import get_model, list_params
@@ -32,20 +33,20 @@ PARAM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nproc", type=int, default=4, help="ranks to fork (= dp·tp)")
-    p.add_argument("--dp", type=int, default=2)
-    p.add_argument("--tp", type=int, default=2)
+    p.add_argument("--nproc", type=int_in(1, 1024), default=4, help="ranks to fork (= dp·tp)")
+    p.add_argument("--dp", type=positive_int, default=2)
+    p.add_argument("--tp", type=positive_int, default=2)
     p.add_argument("--model", default="qwen3-tiny")
     p.add_argument("--optimizer", default="muon", choices=matrix_optimizer_names())
-    p.add_argument("--steps", type=int, default=20, help="measured steps per strategy")
-    p.add_argument("--warmup", type=int, default=3, help="unmeasured steps per strategy")
+    p.add_argument("--steps", type=positive_int, default=20, help="measured steps per strategy")
+    p.add_argument("--warmup", type=nonneg_int, default=3, help="unmeasured steps per strategy")
     p.add_argument(
         "--strategies",
         default=",".join(STRATEGIES),
         help="comma-separated subset of " + ",".join([*STRATEGIES, *VARIANTS]) + " (variants: JSON only, no records)",
     )
-    p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA)
-    p.add_argument("--bucket-size", type=int, default=40_000_000)
+    p.add_argument("--alpha", type=unit_float, default=DEFAULT_ALPHA)
+    p.add_argument("--bucket-size", type=positive_int, default=40_000_000)
     p.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
     p.add_argument(
         "--collective-mode",
@@ -61,8 +62,10 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="Muon Newton–Schulz number format (auto: bf16 where the device has native bf16 matmul; recorded resolved)",
     )
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
-    p.add_argument("--out", help="also write the JSON object to this file (atomically)")
-    p.add_argument("--results", help="append one schema record (kind 'step') per strategy to this JSONL file")
+    p.add_argument("--out", type=output_file, help="also write the JSON object to this file (atomically)")
+    p.add_argument(
+        "--results", type=output_file, help="append one schema record (kind 'step') per strategy to this JSONL file"
+    )
 
 
 def make_config(strategy: str, args: argparse.Namespace) -> DistConfig:

@@ -34,9 +34,9 @@ GradDtype = Literal["fp32", "bf16"]
 
 def strategies() -> tuple[str, ...]:
     """Strategies the runtime executes (the planner also knows ``zero``, a report-only reference)."""
-    from canzona.plan.dp import DP_ALGOS
+    from canzona.plan.strategies import STRATEGIES
 
-    return tuple(s for s in DP_ALGOS if s != "zero")
+    return tuple(name for name, s in STRATEGIES.items() if s.executable)
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from canzona.models.spec import ParamSpec
 from canzona.optim.base import apply_update
 from canzona.optim.precision import compute_dtype_for
 from canzona.plan import make_plan
-from canzona.plan.buckets import build_buckets
+from canzona.plan.buckets import build_buckets, resolve_bucket_size
 from canzona.plan.comm import MODELS, model_for_backend
 from canzona.plan.schedule import LowerSettings, RankSchedule, lower
 from canzona.plan.types import Layout, Plan
@@ -51,7 +51,6 @@ from canzona.runtime.timers import PhaseTimer
 from canzona.runtime.zero_adamw import ZeroAdamW
 
 NamedParam = tuple[str, ParamSpec, torch.nn.Parameter]
-MEGATRON_MIN_BUCKET = 40_000_000
 
 
 @dataclass(frozen=True)
@@ -61,11 +60,6 @@ class StepInfo:
     grad_norm: float
     skipped: bool
     clip_coef: float = 1.0
-
-
-def bucket_size_for(requested: int | None, dp: int) -> int:
-    """Megatron's rule when none is given: max(40M, 1M·DP) elements."""
-    return requested if requested is not None else max(MEGATRON_MIN_BUCKET, 1_000_000 * dp)
 
 
 class DistributedOptimizer:
@@ -138,7 +132,7 @@ class DistributedOptimizer:
         pc = self.config.plan
         pc = dataclasses.replace(
             pc,
-            bucket_size=bucket_size_for(pc.bucket_size, self.dp),
+            bucket_size=resolve_bucket_size(pc.bucket_size, self.dp),
             coop_profile=pc.coop_profile or ("cpu" if self.backend == "gloo" else "nvlink"),
         )
         plan = make_plan(
@@ -163,7 +157,7 @@ class DistributedOptimizer:
             global_world=dist.get_world_size(self.global_group),
             **self._ns_rounds(),
         )
-        size = bucket_size_for(self.config.plan.bucket_size, self.dp)
+        size = resolve_bucket_size(self.config.plan.bucket_size, self.dp)
         adamw = build_buckets([(n, self.params[n].numel()) for n in self.adamw_names], self.dp, size)
         return lower(self.plan, adamw, self.dp_rank, self.tp_rank, settings, Layout(self.dp, self.tp, 1))
 

@@ -14,15 +14,26 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from canzona.argtypes import nonneg_int, output_dir, positive_float, positive_int, readable_file
+
 
 def configure(p: argparse.ArgumentParser) -> None:
     """Subcommands show / run / status / collect, all taking the sweep file first."""
     sub = p.add_subparsers(dest="sweep_command", metavar="ACTION", required=True)
 
     def common(q: argparse.ArgumentParser) -> None:
-        q.add_argument("sweep", help="sweep definition (TOML), e.g. slurm/sweeps/table2.toml")
-        q.add_argument("--runs-dir", default="runs", help="parent of the per-sweep run folder (default: runs)")
-        q.add_argument("--results-dir", default="results", help="where <sweep>.jsonl is collected (default: results)")
+        q.add_argument(
+            "sweep", type=readable_file(".toml"), help="sweep definition (TOML), e.g. slurm/sweeps/table2.toml"
+        )
+        q.add_argument(
+            "--runs-dir", type=output_dir, default="runs", help="parent of the per-sweep run folder (default: runs)"
+        )
+        q.add_argument(
+            "--results-dir",
+            type=output_dir,
+            default="results",
+            help="where <sweep>.jsonl is collected (default: results)",
+        )
         q.add_argument(
             "--only",
             action="append",
@@ -33,7 +44,11 @@ def configure(p: argparse.ArgumentParser) -> None:
 
     q = sub.add_parser("show", help="list the cells, layouts and the reason for each layout")
     common(q)
-    q.add_argument("--profile", help="cluster profile: also print nodes, the HBM check and each cell's timeout")
+    q.add_argument(
+        "--profile",
+        type=readable_file(".toml"),
+        help="cluster profile: also print nodes, the HBM check and each cell's timeout",
+    )
 
     q = sub.add_parser("run", help="run (local) or submit (slurm) every cell without a valid result line")
     common(q)
@@ -51,18 +66,20 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="slurm: model = one allocation per model, its cells back to back on the same nodes (default); "
         "cell = one array task per cell",
     )
-    q.add_argument("--profile", help="cluster profile TOML (required for --backend slurm)")
+    q.add_argument("--profile", type=readable_file(".toml"), help="cluster profile TOML (required for --backend slurm)")
     q.add_argument("--dry-run", action="store_true", help="slurm: write the job scripts and submit.sh, submit nothing")
-    q.add_argument("--out", help="dry-run output folder (default: runs/<sweep>/dry-run)")
+    q.add_argument("--out", type=output_dir, help="dry-run output folder (default: runs/<sweep>/dry-run)")
     q.add_argument("--wait", action="store_true", help="slurm: wait for the jobs, then collect")
     q.add_argument("--force", action="store_true", help="slurm: resubmit cells whose earlier job looks in flight")
-    q.add_argument("--max-world", type=int, default=4, help="local: refuse cells with more ranks (default: 4)")
-    q.add_argument("--timeout-s", type=float, default=None, help="local: per-cell limit (default: the cell's time_min)")
+    q.add_argument("--max-world", type=positive_int, default=4, help="local: refuse cells with more ranks (default: 4)")
+    q.add_argument(
+        "--timeout-s", type=positive_float, default=None, help="local: per-cell limit (default: the cell's time_min)"
+    )
     q.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     q = sub.add_parser("status", help="done / failed / pending per cell with the reason and log tail")
     common(q)
-    q.add_argument("--tail", type=int, default=8, help="log lines shown per failed cell (default: 8)")
+    q.add_argument("--tail", type=nonneg_int, default=8, help="log lines shown per failed cell (default: 8)")
 
     q = sub.add_parser("collect", help="merge per-cell result lines into results/<sweep>.jsonl (atomic)")
     common(q)

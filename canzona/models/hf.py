@@ -1,0 +1,106 @@
+"""HuggingFace ``config.json`` -> ``TransformerConfig``, for the families whose structure Canzona knows.
+
+  dense  llama, mistral, qwen2, qwen3
+  MoE    qwen2_moe, qwen3_moe (Qwen-MoE: ``num_experts``, ``moe_intermediate_size``, optional shared
+         expert, ``decoder_sparse_step`` / ``mlp_only_layers``) and mixtral (``num_local_experts``
+         of width ``intermediate_size``)
+
+Only the fields that shape parameters are read; an unknown ``model_type`` or a missing or
+ill-typed field is a ConfigError naming it. Differences between the families, from their
+HuggingFace modeling code: Qwen2 has biases on q/k/v; Qwen3 has per-head RMSNorm on q and k
+(QK-norm) and an explicit ``head_dim``; Llama's ``attention_bias`` adds biases to q/k/v and o.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from canzona.errors import ConfigError
+from canzona.models.transformer import TransformerConfig
+
+DENSE = ("llama", "mistral", "qwen2", "qwen3")
+MOE = ("qwen2_moe", "qwen3_moe", "mixtral")
+KNOWN = DENSE + MOE
+
+
+def _get(d: dict[str, Any], key: str, default: Any = None, *, positive: bool = True) -> Any:
+    v = d.get(key, default)
+    if v is None:
+        raise ConfigError(f"config.json: missing {key!r}")
+    if positive and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+        raise ConfigError(f"config.json: {key} must be a positive integer, got {v!r}")
+    return v
+
+
+def _moe_layers(d: dict[str, Any], layers: int) -> tuple[int, ...] | None:
+    """Qwen-MoE: layer i is sparse iff i not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0."""
+    step = _get(d, "decoder_sparse_step", 1)
+    dense = d.get("mlp_only_layers") or []
+    if not isinstance(dense, list) or any(isinstance(i, bool) or not isinstance(i, int) for i in dense):
+        raise ConfigError(f"config.json: mlp_only_layers must be a list of layer indices, got {dense!r}")
+    moe = tuple(i for i in range(layers) if i not in set(dense) and (i + 1) % step == 0)
+    return None if len(moe) == layers else moe
+
+
+def from_hf_config(d: dict[str, Any], name: str, source: str = "") -> TransformerConfig:
+    """Parse a HuggingFace config dict (see the module docstring for the supported families)."""
+    if not isinstance(d, dict):
+        raise ConfigError("config.json must hold a JSON object")
+    kind = d.get("model_type")
+    if kind not in KNOWN:
+        raise ConfigError(
+            f"config.json: model_type {kind!r} is not supported; known: {', '.join(KNOWN)} "
+            "(or describe the model as a TOML inventory)"
+        )
+    hidden = _get(d, "hidden_size")
+    heads = _get(d, "num_attention_heads")
+    layers = _get(d, "num_hidden_layers")
+    head_dim = d.get("head_dim") or (hidden // heads if hidden % heads == 0 else None)
+    if head_dim is None:
+        raise ConfigError(f"config.json: hidden_size {hidden} is not a multiple of {heads} heads; give head_dim")
+    tied = d.get("tie_word_embeddings", False)
+    if not isinstance(tied, bool):
+        raise ConfigError(f"config.json: tie_word_embeddings must be true or false, got {tied!r}")
+    attn_bias = bool(d.get("attention_bias", False))
+    common = dict(
+        name=name,
+        layers=layers,
+        hidden=hidden,
+        ffn=_get(d, "intermediate_size"),
+        heads=heads,
+        kv_heads=_get(d, "num_key_value_heads", heads),
+        head_dim=_get({"head_dim": head_dim}, "head_dim"),
+        vocab=_get(d, "vocab_size"),
+        tied_embeddings=tied,
+        qk_norm=kind in ("qwen3", "qwen3_moe"),
+        qkv_bias=kind in ("qwen2", "qwen2_moe") or attn_bias,
+        proj_bias=kind in ("llama", "mistral") and attn_bias,
+        family=kind,
+        source=source,
+    )
+    if kind == "mixtral":
+        return TransformerConfig(**common, experts=_get(d, "num_local_experts"), expert_ffn=common["ffn"])
+    if kind in ("qwen2_moe", "qwen3_moe"):
+        shared = d.get("shared_expert_intermediate_size", 0) or 0
+        if kind == "qwen2_moe":
+            shared = _get(d, "shared_expert_intermediate_size")
+        return TransformerConfig(
+            **common,
+            experts=_get(d, "num_experts"),
+            expert_ffn=_get(d, "moe_intermediate_size"),
+            shared_expert_ffn=shared,
+            moe_layers=_moe_layers(d, layers),
+        )
+    return TransformerConfig(**common)
+
+
+def load_hf_config(path: str | Path) -> TransformerConfig:
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"cannot read {p}: {exc}") from exc
+    source = doc.get("_source", str(p)) if isinstance(doc, dict) else str(p)
+    return from_hf_config(doc, p.parent.name if p.stem == "config" else p.stem, str(source))

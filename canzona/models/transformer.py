@@ -1,0 +1,212 @@
+"""Decoder-only transformers (dense or MoE) as parameter inventories: Megatron names, FULL shapes, TP dims.
+
+One config describes the Llama / Mistral / Qwen2 / Qwen3 dense family and the Qwen-MoE / Mixtral
+expert family (SwiGLU MLPs, GQA attention, RMSNorm); ``family`` records which one it came from,
+and the flags say where they differ (QK-norm, attention biases, experts, shared experts).
+Names follow megatron-core's local layer spec (what the harness builds on CPU); routed experts
+use SequentialMLP's names (``mlp.experts.local_experts.<j>``).
+
+``list_params`` works on any model object the package knows: a ``TransformerConfig`` or an
+``Inventory`` read from a TOML file (``canzona.models.inventory``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from canzona.errors import ConfigError
+from canzona.models.routing import DEFAULT_ROUTING, RoutingRule
+from canzona.models.spec import ParamSpec
+from canzona.models.stages import stage_params
+
+Raw = tuple[str, tuple[int, ...], int | None, int | None, int | None]  # name, shape, tp dim, layer, expert
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """A decoder-only transformer. ``experts`` > 0 makes the layers in ``moe_layers`` (default: all)
+    MoE layers with that many routed experts of width ``expert_ffn`` (plus a shared expert of width
+    ``shared_expert_ffn`` when > 0); the other layers keep a dense MLP of width ``ffn``."""
+
+    name: str
+    layers: int
+    hidden: int
+    ffn: int
+    heads: int
+    kv_heads: int
+    head_dim: int = 128
+    vocab: int = 151936
+    tied_embeddings: bool = False
+    qk_norm: bool = True
+    qkv_bias: bool = False
+    proj_bias: bool = False
+    experts: int = 0
+    expert_ffn: int = 0
+    shared_expert_ffn: int = 0
+    moe_layers: tuple[int, ...] | None = None
+    family: str = "qwen3"
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for k in ("layers", "hidden", "ffn", "heads", "kv_heads", "head_dim", "vocab"):
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{self.name}: {k} must be a positive integer, got {v!r}")
+        if self.heads % self.kv_heads:
+            raise ConfigError(f"{self.name}: {self.heads} heads are not a multiple of {self.kv_heads} KV heads")
+        if self.experts and self.expert_ffn < 1:
+            raise ConfigError(f"{self.name}: {self.experts} experts need a positive expert_ffn")
+        if self.moe_layers is not None and any(not 0 <= i < self.layers for i in self.moe_layers):
+            raise ConfigError(f"{self.name}: moe_layers must lie in 0..{self.layers - 1}")
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    def is_moe(self, layer: int) -> bool:
+        return self.experts > 0 and (self.moe_layers is None or layer in self.moe_layers)
+
+    def validate_layout(self, tp: int = 1, pp: int = 1, ep: int = 1) -> None:
+        """Raise ConfigError when TP/PP/EP cannot split this model (Megatron's own constraints)."""
+        for k, v in (("tp", tp), ("pp", pp), ("ep", ep)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{k} must be an integer >= 1 (got tp={tp}, pp={pp}, ep={ep})")
+        checks = [("attention heads", self.heads), ("KV heads", self.kv_heads), ("vocab", self.vocab)]
+        if any(not self.is_moe(i) for i in range(self.layers)):
+            checks.append(("FFN size", self.ffn))
+        if self.experts:
+            checks.append(("expert FFN size", self.expert_ffn))
+        if self.shared_expert_ffn:
+            checks.append(("shared-expert FFN size", self.shared_expert_ffn))
+        for what, n in checks:
+            if n % tp:
+                raise ConfigError(f"{self.name}: TP={tp} does not divide its {what} ({n}); pick TP dividing {n}")
+        if self.layers % pp:
+            raise ConfigError(
+                f"{self.name}: PP={pp} does not divide its {self.layers} layers; pick PP dividing {self.layers}"
+            )
+        if ep > 1 and (not self.experts or self.experts % ep):
+            raise ConfigError(
+                f"{self.name}: EP={ep} needs routed experts divisible by it (has {self.experts}); "
+                f"pick EP dividing {self.experts}" + ("" if self.experts else " or EP=1")
+            )
+
+    def raw_params(self) -> list[Raw]:
+        """Every parameter in Megatron registration order (routes are applied by ``list_params``)."""
+        raw: list[Raw] = [("embedding.word_embeddings.weight", (self.vocab, self.hidden), 0, None, None)]
+        for i in range(self.layers):
+            raw.extend((n, sh, d, i, e) for n, sh, d, e in self._block(i))
+        raw.append(("decoder.final_layernorm.weight", (self.hidden,), None, None, None))
+        if not self.tied_embeddings:
+            raw.append(("output_layer.weight", (self.vocab, self.hidden), 0, None, None))
+        return raw
+
+    def _block(self, i: int) -> Iterable[tuple[str, tuple[int, ...], int | None, int | None]]:
+        p = f"decoder.layers.{i}."
+        h = self.hidden
+        yield p + "input_layernorm.weight", (h,), None, None
+        yield p + "self_attention.linear_qkv.weight", (self.q_dim + 2 * self.kv_dim, h), 0, None
+        if self.qkv_bias:
+            yield p + "self_attention.linear_qkv.bias", (self.q_dim + 2 * self.kv_dim,), 0, None
+        if self.qk_norm:
+            yield p + "self_attention.q_layernorm.weight", (self.head_dim,), None, None
+            yield p + "self_attention.k_layernorm.weight", (self.head_dim,), None, None
+        yield p + "self_attention.linear_proj.weight", (h, self.q_dim), 1, None
+        if self.proj_bias:
+            yield p + "self_attention.linear_proj.bias", (h,), None, None
+        yield p + "pre_mlp_layernorm.weight", (h,), None, None
+        if not self.is_moe(i):
+            yield p + "mlp.linear_fc1.weight", (2 * self.ffn, h), 0, None
+            yield p + "mlp.linear_fc2.weight", (h, self.ffn), 1, None
+            return
+        yield p + "mlp.router.weight", (self.experts, h), None, None
+        for j in range(self.experts):
+            e = f"{p}mlp.experts.local_experts.{j}."
+            yield e + "linear_fc1.weight", (2 * self.expert_ffn, h), 0, j
+            yield e + "linear_fc2.weight", (h, self.expert_ffn), 1, j
+        if self.shared_expert_ffn:
+            yield p + "mlp.shared_experts.linear_fc1.weight", (2 * self.shared_expert_ffn, h), 0, None
+            yield p + "mlp.shared_experts.linear_fc2.weight", (h, self.shared_expert_ffn), 1, None
+            yield p + "mlp.shared_experts.gate_weight", (1, h), None, None
+
+    def specs(self, routing: RoutingRule = DEFAULT_ROUTING) -> list[ParamSpec]:
+        return [ParamSpec(n, sh, d, routing.route(n, len(sh)), layer, e) for n, sh, d, layer, e in self.raw_params()]
+
+
+class Model(Protocol):
+    """What every model object offers: a name, its full inventory and its layout check."""
+
+    name: str
+
+    def specs(self, routing: RoutingRule = ...) -> list[ParamSpec]: ...
+
+    def validate_layout(self, tp: int = 1, pp: int = 1, ep: int = 1) -> None: ...
+
+
+def list_params(
+    cfg: Model,
+    *,
+    pp: int = 1,
+    stage: int | None = None,
+    routing: RoutingRule = DEFAULT_ROUTING,
+    views: Iterable[str] = (),
+) -> list[ParamSpec]:
+    """Every parameter in Megatron registration order, for the whole model or one PP stage
+    (``canzona.models.stages``: embedding first stage, output last).
+
+    ``views`` names split transforms applied to matrix params (see ``VIEWS``), off by default.
+    """
+    cfg.validate_layout(pp=pp)
+    specs = stage_params(cfg.specs(routing), pp, stage)
+    for v in views:
+        specs = apply_view(cfg, specs, v)
+    return specs
+
+
+def count_params(cfg: Model) -> int:
+    return sum(p.numel for p in cfg.specs())
+
+
+def _split_rows(spec: ParamSpec, parts: list[tuple[str, int]]) -> list[ParamSpec]:
+    assert sum(r for _, r in parts) == spec.shape[0]
+    return [
+        ParamSpec(
+            f"{spec.name}:{tag}", (rows, *spec.shape[1:]), spec.partition_dim, spec.route, spec.layer, spec.expert
+        )
+        for tag, rows in parts
+    ]
+
+
+def _split_qkv(cfg: Model, spec: ParamSpec) -> list[ParamSpec]:
+    if not spec.name.endswith("linear_qkv.weight") or spec.route != "matrix":
+        return [spec]
+    q, kv = getattr(cfg, "q_dim", None), getattr(cfg, "kv_dim", None)
+    if q is None or kv is None:
+        raise ConfigError(f"{cfg.name}: the qkv view needs heads, kv_heads and head_dim; give them in [model]")
+    return _split_rows(spec, [("q", q), ("k", kv), ("v", kv)])
+
+
+def _split_gate_up(cfg: Model, spec: ParamSpec) -> list[ParamSpec]:
+    if not spec.name.endswith("linear_fc1.weight") or spec.route != "matrix":
+        return [spec]
+    half = spec.shape[0] // 2  # SwiGLU fc1 = [gate; up], each half the rows
+    return _split_rows(spec, [("gate", half), ("up", spec.shape[0] - half)])
+
+
+VIEWS: dict[str, Callable[[Model, ParamSpec], list[ParamSpec]]] = {
+    "qkv": _split_qkv,
+    "gate_up": _split_gate_up,
+}
+
+
+def apply_view(cfg: Model, specs: list[ParamSpec], view: str) -> list[ParamSpec]:
+    """Split fused matrices into the pieces an optimizer may treat as separate matrices."""
+    if view not in VIEWS:
+        raise ConfigError(f"unknown split view {view!r}; known: {', '.join(VIEWS)}")
+    return [piece for s in specs for piece in VIEWS[view](cfg, s)]
