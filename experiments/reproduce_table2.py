@@ -10,8 +10,8 @@ Everywhere else it runs the embedded default, each step labelled with what its n
                   qwen3-tiny, 4 forked gloo ranks, every method) -> results/table2-local.jsonl
   2. planner      ANALYSIS at the true 256-GPU scale: `canzona plan-bench` -> results/planner/
   3. projection   PROJECTED 256-GPU times from the plans + GPU hardware profiles:
-                  `canzona project --preset paper` -> results/projected.jsonl (+ the sensitivity
-                  and batch studies), `--preset authors` -> results/projected_authors.jsonl
+                  `canzona project --preset paper` -> results/projected.jsonl (+ the sensitivity,
+                  batch and beyond-the-paper studies), `--preset authors` -> results/projected_authors.jsonl
   4. table2       `canzona table2` over every results file -> results/table2.csv, table2.md, PNGs
 
 A step whose command does not exist yet is reported as "not available yet: <reason>" and
@@ -152,7 +152,7 @@ def table2_step(step: Step) -> None:
         step.status, step.detail = "skipped", "no results file to build the table from"
         print(step.detail)
         return
-    # table2 picks up results/projection_{validation,sensitivity}.csv by itself
+    # table2 picks up results/projection_{validation,sensitivity,batch,beyond}.csv by itself
     run_command(step, ["table2", "--results", *[str(f.relative_to(ROOT)) for f in files], "--out", "results/"])
     if step.status == "ok":
         step.outputs += [
@@ -359,6 +359,7 @@ def embedded_default(args: argparse.Namespace) -> int:
                         RESULTS / "projected_authors.jsonl",
                         RESULTS / "projection_sensitivity.csv",
                         RESULTS / "projection_batch.csv",
+                        RESULTS / "projection_beyond.csv",
                     )
                     if p.exists()
                 ]

@@ -137,6 +137,7 @@ def test_committed_table2_md_regenerates_from_the_committed_lines(tmp_path: Path
         ("--sensitivity", "projection_sensitivity.csv"),
         ("--batch", "projection_batch.csv"),
         ("--planner", "planner/efficiency.csv"),
+        ("--beyond", "projection_beyond.csv"),
     ):
         if (REPO / out / name).is_file():
             argv += [opt, str(Path(out) / name)]

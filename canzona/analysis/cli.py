@@ -5,8 +5,9 @@
 
 Folders are searched for *.jsonl; named files are read whatever their suffix. If ``--out``
 already holds ``projection_validation.csv`` / ``projection_sensitivity.csv`` /
-``projection_batch.csv`` (written by ``canzona project``) or ``planner/efficiency.csv`` (``canzona
-plan-bench``) they become sections of table2.md, unless other files are named.
+``projection_batch.csv`` / ``projection_beyond.csv`` (written by ``canzona project``) or
+``planner/efficiency.csv`` (``canzona plan-bench``) they become sections of table2.md, unless
+other files are named.
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--batch", help="iteration speedup vs batch CSV (default: OUT/projection_batch.csv if present)")
     p.add_argument("--planner", help="planner efficiency CSV (default: OUT/planner/efficiency.csv if present)")
+    p.add_argument(
+        "--beyond",
+        help="cooperative / Gram Newton–Schulz variants CSV (default: OUT/projection_beyond.csv if present)",
+    )
     p.add_argument("--no-plots", action="store_true", help="skip the figures")
     p.add_argument("--plot-model", default="qwen3-32b", help="model of the per-GPU load and alpha figures")
     p.add_argument("--plot-layout", default="32,8,1", help="dp,tp,pp of those figures (default 32,8,1 = 256 GPUs)")
@@ -76,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         batch=batch,
         sensitivity=_read_csv(named(args.sensitivity, "projection_sensitivity.csv")),
         planner=_read_csv(named(args.planner, "planner/efficiency.csv")),
+        beyond=_read_csv(named(args.beyond, "projection_beyond.csv")),
         command=cmd,
     )
     for f in files.values():

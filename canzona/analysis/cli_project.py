@@ -12,8 +12,12 @@ the four GPU profiles x overlap views ``none`` and ``megatron``, plus Qwen3-32B 
 balancing on H800 and with Shampoo / SOAP) -> ``projected.jsonl``, and ``authors`` (the authors'
 Qwen3-32B configuration) -> ``projected_authors.jsonl``. ``paper`` also writes
 ``OUT/projection_sensitivity.csv`` (Qwen3-32B on H800 as batch, layout, views and profile
-constants change) and ``OUT/projection_batch.csv`` (iteration speedup against tokens per
-iteration, per GPU profile and view, with the largest batch reaching 1.57x).
+constants change), ``OUT/projection_batch.csv`` (iteration speedup against tokens per
+iteration, per GPU profile and view, with the largest batch reaching 1.57x) and
+``OUT/projection_beyond.csv`` (Qwen3-32B on H800: Canzona with and without cooperative
+Newton–Schulz and with Gram Newton–Schulz, against layer-wise, both views).
+``--cooperative/--no-cooperative`` and ``--ns-method`` set the planner's cooperation and Muon's
+Newton–Schulz method of a custom projection.
 ``--validate`` writes ``OUT/projection_validation.csv``.
 """
 
@@ -26,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from canzona.argtypes import existing_path, positive_int, unit_float
+from canzona.cost import NS_METHODS
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -56,6 +61,18 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--alpha", type=unit_float, default=None, help="planner alpha (default: the planner's DEFAULT_ALPHA)"
     )
     p.add_argument("--cost", default="flops", choices=("flops", "numel"), help="what the planner balances")
+    p.add_argument(
+        "--cooperative",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="cooperative Newton–Schulz where the planner says it pays (canzona + muon + flops; default on)",
+    )
+    p.add_argument(
+        "--ns-method",
+        default="standard",
+        choices=NS_METHODS,
+        help="Muon's Newton–Schulz method (auto: Gram on long-thin shapes; default standard)",
+    )
     p.add_argument(
         "--views", default="", help="split views, e.g. qkv,gate_up (default none: fused as Megatron registers them)"
     )
@@ -175,7 +192,8 @@ def _custom(args: argparse.Namespace, profiles: list[Any]) -> int:
     kw = {"alpha": args.alpha} if args.alpha is not None else {}
     scen = [
         Scenario(args.model, layout, m, optimizer=args.optimizer, seq_len=args.seq_len, micro_batch=args.micro_batch,
-                 global_batch=args.global_batch, cost=args.cost, views=views, overlap=ov, **kw)
+                 global_batch=args.global_batch, cost=args.cost, views=views, overlap=ov,
+                 cooperative=args.cooperative, ns_method=args.ns_method, **kw)
         for ov in overlaps
         for m in methods
     ]  # fmt: skip
@@ -209,7 +227,7 @@ def _write_preset(name: str, out: Path, profiles: list[Any] | None) -> int:
 
     from canzona.analysis.projection import load_profile, project_grid, projected_env, to_record
     from canzona.analysis.projection.presets import get_preset
-    from canzona.analysis.projection.studies import batch_study, sensitivity
+    from canzona.analysis.projection.studies import batch_study, beyond_study, sensitivity
     from canzona.results.schema import write_atomic
 
     preset = get_preset(name)
@@ -223,6 +241,7 @@ def _write_preset(name: str, out: Path, profiles: list[Any] | None) -> int:
         studies = {
             "projection_sensitivity.csv": sensitivity("H800"),
             "projection_batch.csv": batch_study(profs),
+            "projection_beyond.csv": beyond_study([load_profile("H800")]),
         }
         for fname, rows in studies.items():
             write_atomic(out / fname, pd.DataFrame(rows).to_csv(index=False))

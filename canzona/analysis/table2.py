@@ -270,6 +270,53 @@ def sensitivity_markdown(sens: pd.DataFrame) -> str:
     )
 
 
+def _groups_text(count: Any, ks: Any) -> str:
+    """ "64 (k = 8)": cooperative groups and their sizes (a CSV reads "8" back as 8.0, "2,4" as text)."""
+    if not finite(count) or not int(count):
+        return "0"
+    sizes = ", ".join(str(int(float(k))) for k in str(ks).split(",") if k.strip())
+    return f"{int(count)} (k = {sizes})"
+
+
+def beyond_markdown(beyond: pd.DataFrame) -> str:
+    """``projection_beyond.csv`` as a section: per profile, one row per variant (cooperative and Gram
+    Newton–Schulz, issues #12 and #18) with its optimizer step and its speedup over layer-wise in
+    both overlap views. Outside the claims report: the paper has neither technique."""
+    from canzona.analysis.report import human_tokens
+
+    parts = ["## Beyond the paper: cooperative and Gram Newton–Schulz (projected)", ""]
+    for prof, g in beyond.groupby("profile", sort=False):
+        r0 = g.iloc[0]
+        tokens = int(r0["global_batch"]) * int(r0["seq_len"])
+        parts += [
+            f"{r0['model']} at dp·tp·pp {r0['layout']}, projected on {prof}, batch {int(r0['global_batch'])} × "
+            f"{int(r0['seq_len'])} = {human_tokens(tokens)} tokens; written by `{r0['command']}` "
+            "(`projection_beyond.csv`). Step: the runtime's step (`none`) and Megatron's optimizer timer with "
+            "both overlaps on (`megatron`); speedup = layer-wise ms / variant ms. Gram NS is Muon's "
+            "`ns_method=auto` (Gram where the long side is ≥ 2× the short one). The planner decides which "
+            "matrices get a cooperative group (column `groups`: how many, of which size k); a variant that "
+            "allows cooperation may get none. `max TFLOP`: the busiest GPU's optimizer work. Not a measurement.",
+            "",
+        ]
+        by = {(r["variant"], r["overlap"]): r for r in g.to_dict("records")}
+        rows = []
+        for variant in dict.fromkeys(g["variant"]):
+            none, meg = by.get((variant, "none"), {}), by.get((variant, "megatron"), {})
+            any_row = none or meg
+            groups = _groups_text(any_row["coop_groups"], any_row["coop_k"])
+            line = [variant, any_row["ns_method"], groups, f"{float(any_row['max_gpu_tflop']):.1f}"]
+            for r in (none, meg):
+                line += [fmt_ms(r.get("step_ms")), fmt_speedup(r.get("speedup_step_vs_layerwise"))]
+                line += [fmt_speedup(r.get("speedup_iteration_vs_layerwise"))]
+            rows.append(line)
+        header = ["variant", "NS", "groups", "max TFLOP"]
+        header += [
+            f"{v}: {c}" for v in ("none", "megatron") for c in ("step ms", "step vs layer-wise", "iter vs layer-wise")
+        ]
+        parts += [markdown_table(header, rows), ""]
+    return "\n".join(parts)
+
+
 HOW_MADE = [
     "## How these numbers were made",
     "",
@@ -293,6 +340,7 @@ def write_table2(
     batch: pd.DataFrame | None = None,
     sensitivity: pd.DataFrame | None = None,
     planner: pd.DataFrame | None = None,
+    beyond: pd.DataFrame | None = None,
     command: str = "canzona table2",
     extra_sections: Sequence[str] = (),
     headline_profile: str = "H800",
@@ -302,7 +350,8 @@ def write_table2(
     ``table2.md`` opens with the compact headline table, then the reproduction report (claims
     with conditions, ``canzona.analysis.report``) and the projection's error, the iteration
     speedup against the batch (``batch``), the long tables (``table2_sections``), the
-    sensitivity study, any extra sections and the aggregation rules.
+    sensitivity study, the cooperative / Gram Newton–Schulz variants (``beyond``), any extra
+    sections and the aggregation rules.
     """
     from canzona.analysis.load import load_results
     from canzona.analysis.local_structure import structure_markdown
@@ -350,6 +399,8 @@ def write_table2(
     parts += table2_sections(table, headline_profile)
     if sensitivity is not None and not sensitivity.empty:
         parts.append(sensitivity_markdown(sensitivity))
+    if beyond is not None and not beyond.empty:
+        parts.append(beyond_markdown(beyond))
     parts.extend(extra_sections)
     parts += HOW_MADE
     write_atomic(files["table2.md"], "\n".join(parts))

@@ -10,7 +10,8 @@ did measure (``validate_against``). Nothing here is fitted to the paper's number
 One module per concern, each importing only the ones above it:
 
   hardware   profiles (``load_profile``) and the cost of one collective / one matrix update
-  lowering   which operations a plan issues per stage and DP rank (the runtime's decisions, once)
+  lowering   the plan lowered per rank by canzona.plan.schedule (the runtime's own schedule), with
+             the LowerSettings the runtime would use on the profiled hardware
   timeline   rank timelines and the simulation that charges waits and shares CPU cores
   phases     milliseconds per phase and rank for one stage (``project_stage``)
   overlap    the overlap views (``Projection``): step and iteration from the phase times
@@ -24,8 +25,8 @@ step mirrors ``canzona.runtime.optimizer.DistributedOptimizer.step`` and bench-s
 
 Assumptions that are not in a profile: one NCCL communicator per group, so collectives of one
 group serialize; DP groups of different TP ranks run concurrently without contention; no
-NVLink SHARP; uneven collectives use the runtime's default ``collective_mode="auto"`` (``pick_mode``
-asks the lowering which of native / uneven / per-root it would run).
+NVLink SHARP; DP buckets use the runtime's default ``collective_mode="auto"``, whose α–β choice
+among native / uneven / per-root is priced on the profile's DP link (``hardware.comm_model``).
 """
 
 from canzona.analysis.projection.hardware import (
@@ -36,6 +37,8 @@ from canzona.analysis.projection.hardware import (
     Link,
     Profile,
     collective_ms,
+    comm_model,
+    coop_member_ms,
     group_link,
     load_profile,
     matrix_ms,
@@ -43,7 +46,7 @@ from canzona.analysis.projection.hardware import (
     ring_terms,
     with_profile_overrides,
 )
-from canzona.analysis.projection.lowering import Collective, StageOps, Sync, lower_stage, pick_mode, uneven
+from canzona.analysis.projection.lowering import StageOps, lower_settings, lower_stage
 from canzona.analysis.projection.overlap import BACKWARD_SHARE, OVERLAPS, Projection, fwd_bwd_ms
 from canzona.analysis.projection.phases import RankTimes, StageProjection, charge_stage, project_stage
 from canzona.analysis.projection.presets import PAPER_GLOBAL_BATCH, PAPER_LAYOUTS, PAPER_SEQ_LEN, paper_scenarios
@@ -65,7 +68,6 @@ __all__ = [
     "PAPER_SEQ_LEN",
     "PHASES",
     "PROFILE_DIR",
-    "Collective",
     "CollectiveFit",
     "Comm",
     "Layout",
@@ -76,19 +78,20 @@ __all__ = [
     "Scenario",
     "StageOps",
     "StageProjection",
-    "Sync",
     "Task",
     "charge_stage",
     "collective_ms",
+    "comm_model",
+    "coop_member_ms",
     "detail_string",
     "fwd_bwd_ms",
     "group_link",
     "load_profile",
+    "lower_settings",
     "lower_stage",
     "make_plans",
     "matrix_ms",
     "paper_scenarios",
-    "pick_mode",
     "plan_config_for",
     "profile_names",
     "project",
@@ -100,7 +103,6 @@ __all__ = [
     "simulate",
     "speedup",
     "to_record",
-    "uneven",
     "validate_against",
     "with_profile_overrides",
 ]

@@ -23,8 +23,9 @@ from typing import Any
 
 import tomllib
 
-from canzona.cost import CostSettings, matrix_flops
+from canzona.cost import CostSettings, matrix_flops, ns_member_flops, ns_method_for
 from canzona.errors import ConfigError
+from canzona.plan import comm as plan_comm
 from canzona.plan.types import Layout
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
@@ -79,6 +80,12 @@ class Profile:
     def flops_rate(self) -> float:
         """Achieved matrix-optimizer FLOP/s per device."""
         return self.peak_flops * self.matmul_efficiency
+
+    @property
+    def ns_dtype(self) -> str:
+        """The number format Newton–Schulz is modelled in: the parameters' (bf16 on the GPU profiles,
+        whose matmul rate is the bf16 one; fp32 on the CPU profile, whose rate was measured in fp32)."""
+        return "bf16" if self.param_bytes == 2 else "fp32"
 
 
 _COMPUTE_KEYS = (
@@ -247,16 +254,75 @@ class Comm:
             kind, n, nbytes, group_link(self.profile, self.layout, group), self.profile.collectives.get(kind)
         )
 
+    def sized(self, kind: str, n: int, span: int, nbytes: float) -> float:
+        """A call on a group of ``n`` ranks whose GPUs span ``span`` consecutive ranks (a DP sub-group)."""
+        link = self.profile.intra if span <= self.profile.gpus_per_node else self.profile.inter
+        return collective_ms(kind, n, nbytes, link, self.profile.collectives.get(kind))
+
+
+def comm_model(profile: Profile, layout: Layout) -> plan_comm.CommModel:
+    """The α–β model the schedule's DP mode choice uses (``LowerSettings.model``), built from the
+    profile's link of the DP group, so the projected modes are the ones the runtime would pick on
+    this hardware. Per-kind fits (the CPU profile's calibrated collectives) carry over; a local
+    staging copy moves at the profile's memory bandwidth."""
+    link = group_link(profile, layout, "dp")
+    which = "intra" if link is profile.intra else "inter"
+    return plan_comm.CommModel(
+        f"profile:{profile.name}",
+        plan_comm.Link(link.bus_bw, link.base_latency_us, link.hop_latency_us),
+        per_kind=tuple(
+            (kind, plan_comm.Link(f.bus_bw, f.latency_us)) for kind, f in sorted(profile.collectives.items())
+        ),
+        copy_bw=profile.mem_bw,
+        source=f"hardware profile {profile.name} [links.{which}] (the DP group's link)",
+    )
+
+
+def _resolved_method(optimizer: str, shape: tuple[int, int], settings: CostSettings) -> str:
+    """Which Newton–Schulz method runs on ``shape`` (``auto`` resolved); "standard" for other optimizers."""
+    if optimizer != "muon" or settings.ns_method != "auto":
+        return settings.ns_method if optimizer == "muon" else "standard"
+    return ns_method_for(shape, settings.ns_steps, settings.ns_restarts)
+
 
 def matrix_ms(profile: Profile, optimizer: str, shape: tuple[int, int], settings: CostSettings) -> float:
     """One full-matrix update: matmul FLOPs at the achieved rate + elementwise passes + overhead.
 
-    A profile that measured ``direction()`` for this exact shape (``[compute.measured_ms]``) is
-    charged that time plus the runtime's copy passes instead of the FLOPs model.
+    A profile that measured ``direction()`` for this exact shape (``[compute.measured_ms]``, standard
+    Newton–Schulz) is charged that time plus the runtime's copy passes instead of the FLOPs model,
+    unless the scenario runs another Newton–Schulz method on the shape.
     """
     numel = shape[0] * shape[1]
-    if tuple(shape) in profile.measured_ms:
+    measured = tuple(shape) in profile.measured_ms and _resolved_method(optimizer, shape, settings) == "standard"
+    if measured:
         return profile.measured_ms[tuple(shape)] + profile.copy_passes * numel * 4 / profile.mem_bw * 1e3
     flops_s = matrix_flops(optimizer, shape, settings) / profile.flops_rate
     mem_s = (profile.direction_passes + profile.copy_passes) * numel * 4 / profile.mem_bw
     return (flops_s + mem_s) * 1e3 + profile.per_matrix_overhead_us * 1e-3
+
+
+def coop_member_flops(shape: tuple[int, int], k: int, form: str, settings: CostSettings) -> tuple[float, float]:
+    """(Newton–Schulz FLOPs, elementwise FLOPs) of ONE member of a k-group on ``shape`` (Muon).
+
+    ``form`` is the plan's (CoopGroup.form). A "standard" member whose block is narrower than the
+    short side runs the variant without the m³ term, as canzona.optim.newton_schulz_blocks does by
+    itself; Gram members recompute R at the settings' restarts. Elementwise work (momentum, scale,
+    apply: 10 FLOPs per element, as canzona.cost.MuonCost) is split k ways.
+    """
+    m, n = sorted(shape)
+    if form == "standard" and -(-n // k) < m:
+        form = "standard_no_cube"
+    restarts = settings.ns_restarts if form == "gram" else ()
+    return ns_member_flops(shape, k, settings.ns_steps, form, restarts), 10.0 * shape[0] * shape[1] / k
+
+
+def coop_member_ms(
+    profile: Profile, shape: tuple[int, int], k: int, form: str, settings: CostSettings
+) -> tuple[float, float]:
+    """(Newton–Schulz ms, elementwise ms) of one member: the runtime times the first under its
+    ``coop`` phase, the second (momentum before, scale and apply after) under ``compute``."""
+    ns, elementwise = coop_member_flops(shape, k, form, settings)
+    numel = shape[0] * shape[1] / k
+    mem_s = (profile.direction_passes + profile.copy_passes) * numel * 4 / profile.mem_bw
+    rest = (elementwise / profile.flops_rate + mem_s) * 1e3 + profile.per_matrix_overhead_us * 1e-3
+    return ns / profile.flops_rate * 1e3, rest

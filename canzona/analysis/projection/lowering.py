@@ -1,197 +1,138 @@
-"""Which operations a plan issues, per PP stage and DP rank: the projection's one copy of the
-runtime's strategy decisions.
+"""Which operations a plan issues, per PP stage and rank: read off ``canzona.plan``'s lowered schedule.
 
-Why a module of its own: the runtime decides which collectives a plan runs (all-reduce or
-reduce-scatter of a bucket, native / uneven / per-root for an uneven one, one TP all-gather or
-per-micro-group all-to-alls, how parameters come back). If the projection re-derived these in
-the code that charges time, the two could drift apart unnoticed. Here they are decided once,
-as data with no times attached; ``phases`` only charges what this module lists. When the plan
-is lowered to a per-rank schedule by ``canzona.plan`` itself, this module is what reads that
-schedule instead.
+Why a module of its own: the runtime executes ``canzona.plan.schedule.lower`` — per rank its bucket
+layouts (and the collective mode of each bucket), its executors (local, TP all-gather, TP
+micro-groups, cooperative groups) and the ordered collective calls of one step. The projection
+charges exactly that schedule, so it holds no copy of any strategy decision: this module only
+builds the ``LowerSettings`` the runtime would build on the profiled hardware and lowers every
+rank of a stage; ``phases`` charges the result.
 
-Pure: no profile, no process group, no clock.
+The settings mirror ``canzona.runtime.optimizer.DistributedOptimizer._lower``: ``collective_mode``
+auto with the α–β model built from the profile's DP link (``hardware.comm_model``), main-grad and
+parameter element sizes from the profile, the QK-norm weights whose gradients are partial sums
+per TP rank (``tp_partial``, as the harness registers them), the norm over every rank of the model,
+and Newton–Schulz iterations and Gram restarts (cooperative all-reduces) of the optimizer.
+
+Pure: no process group, no clock.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from canzona.errors import ConfigError
+from canzona.analysis.projection.hardware import Profile, comm_model
 from canzona.models.spec import ParamSpec
-from canzona.plan.types import Plan
+from canzona.plan.build import adamw_buckets
+from canzona.plan.schedule import LowerSettings, RankSchedule, coop_comm_key, stage_schedules
+from canzona.plan.types import CoopGroup, Layout, Plan
+
+MICRO_GROUP_TAG = "mg"  # canzona.plan.schedule tags the i-th micro-group's all-to-alls mg<i>
 
 
-@dataclass(frozen=True)
-class Collective:
-    """One collective: its kind (``hardware.COLLECTIVES``), group ("dp" | "tp" | "world") and
-    bytes (the full buffer; for an all-to-all, the busiest rank's off-rank bytes)."""
+def tp_partial_names(specs: Sequence[ParamSpec], tp: int) -> frozenset[str]:
+    """Replicated parameters whose gradient is a partial sum per TP rank (the harness's rule,
+    canzona.harness.params.tp_partial_names, read from specs instead of live parameters)."""
+    from canzona.harness.params import TP_PARTIAL_GRAD
 
-    kind: str
-    group: str
-    nbytes: float
-
-
-@dataclass(frozen=True)
-class Sync:
-    """The collective(s) the runtime runs for one bucket or one gather; ``mode`` is the
-    runtime's name for its choice (native / uneven / per-root / all-reduce)."""
-
-    mode: str
-    ops: tuple[Collective, ...]
+    if tp == 1:
+        return frozenset()
+    return frozenset(s.name for s in specs if s.partition_dim is None and TP_PARTIAL_GRAD.search(s.name))
 
 
-@dataclass(frozen=True)
-class MicroGroupOps:
-    """One TP micro-group: one all-to-all gathers shards to their hosts, the same bytes scatter
-    the updates back; ``hosts`` is the plan's (matrix, TP host) list in its order."""
-
-    a2a: Collective
-    hosts: tuple[tuple[str, int], ...]
-
-
-@dataclass(frozen=True)
-class RankOps:
-    """What the ranks of one DP index do in the optimizer step.
-
-    ``owned_elems``: gradient elements of the owned matrices on one TP rank (the finiteness
-    check reads them). ``local`` matrices need no TP communication; ``split`` ones are TP-sharded. With TP mode
-    ``sc`` (``tp_all_gather`` set) every TP rank gathers every shard and computes every split
-    matrix; with micro-groups (``groups``) each matrix is computed on its host only.
-    """
-
-    owned: tuple[str, ...]
-    owned_elems: int
-    local: tuple[str, ...]
-    split: tuple[str, ...]
-    tp_all_gather: Collective | None
-    groups: tuple[MicroGroupOps, ...]
+def lower_settings(
+    profile: Profile,
+    layout: Layout,
+    *,
+    tp_partial: frozenset[str] = frozenset(),
+    ns_steps: int = 5,
+    ns_restarts: tuple[int, ...] = (),
+) -> LowerSettings:
+    """The LowerSettings the runtime builds on ``profile``'s hardware (see the module docstring);
+    ``layout`` is the whole job's (the norm spans every PP stage)."""
+    return LowerSettings(
+        collective_mode="auto",
+        model=comm_model(profile, layout),
+        grad_bytes=profile.grad_bytes,
+        param_bytes=profile.param_bytes,
+        tp_partial=tp_partial,
+        global_world=layout.world,
+        ns_steps=ns_steps,
+        ns_restarts=ns_restarts,
+    )
 
 
 @dataclass(frozen=True)
 class StageOps:
-    """Every operation of one PP stage's optimizer step.
+    """Every rank's lowered step of one PP stage, with what charging needs beyond each schedule.
 
-    ``grad``: each gradient bucket's reduction, matrix buckets then AdamW buckets (Megatron's
-    order). ``param_aligned``: the matrix parameter gathers that follow the buckets (plans with
-    cuts), ``param_owner``: layer-wise's one uneven gather of each owner's packed parameters,
-    ``adamw_param``: the AdamW buckets' equal all-gathers. ``adamw_owned``: AdamW elements each
-    rank updates. ``ranks``: per DP index.
+    ``schedules``: (dp, tp) -> the rank's ``RankSchedule``, exactly as the runtime lowers it.
     """
 
-    grad: tuple[Sync, ...]
-    param_aligned: tuple[Sync, ...]
-    param_owner: Sync | None
-    adamw_param: tuple[Sync, ...]
-    check: Collective
-    adamw_owned: float
-    ranks: tuple[RankOps, ...]
-    modes: dict[str, str]
+    plan: Plan
+    settings: LowerSettings
+    schedules: dict[tuple[int, int], RankSchedule]
+    _busiest: dict[tuple[int, str], float] = field(default_factory=dict, compare=False, repr=False)
 
+    @property
+    def modes(self) -> dict[str, str]:
+        """The collective mode of each DP bucket (by tag) and of layer-wise's owner gather."""
+        first = self.schedules[(0, 0)]
+        out = {b.tag: b.mode for b in first.buckets}
+        if first.owner_gather is not None:
+            out["owner_gather"] = first.owner_gather[1]
+        return out
 
-def pick_mode(sizes: Sequence[int]) -> str:
-    """The runtime's choice on NCCL for an uneven collective (``collective_mode='auto'``), from the
-    lowering itself (canzona.plan.schedule.choose_mode, α–β priced)."""
-    from canzona.plan.comm import NCCL
-    from canzona.plan.schedule import choose_mode
+    def coop_groups(self, s: RankSchedule) -> dict[str, tuple[CoopGroup, ...]]:
+        """The cooperative groups this rank belongs to, by communicator key (the coop ops' tag)."""
+        out: dict[str, tuple[CoopGroup, ...]] = {}
+        for spec in s.executors:
+            for g in spec.coop:
+                out[coop_comm_key(g)] = (*out.get(coop_comm_key(g), ()), g)
+        return out
 
-    return choose_mode(list(sizes), "auto", NCCL, 4)
+    def owned_elems(self, s: RankSchedule) -> int:
+        """Gradient elements this rank's executors read (TP-local; a cooperative member its block)."""
+        tp = self.plan.layout.tp
+        items = {it.name: it for it in self.plan.items}
+        k = {g.name: g.k for gs in self.coop_groups(s).values() for g in gs}
+        local = lambda n: items[n].numel // tp if items[n].partition_dim is not None and tp > 1 else items[n].numel
+        return sum(items[n].numel // k[n] if n in k else local(n) for spec in s.executors for n in spec.names)
 
+    def adamw_owned(self, s: RankSchedule) -> int:
+        """AdamW elements this rank updates: its slices of the AdamW buckets (padding included)."""
+        return sum(b.regions[s.dp_rank][1] - b.regions[s.dp_rank][0] for b in s.buckets if b.kind == "adamw")
 
-def uneven(op: str, sizes: Sequence[int], nbytes_per_elem: int, group: str = "dp") -> Sync:
-    """Reduce-scatter-v (op='rs') or all-gather-v (op='ag') over slices of ``sizes`` elements."""
-    mode = pick_mode(sizes)
-    if mode == "per-root":
-        kind = "reduce" if op == "rs" else "broadcast"
-        return Sync(mode, tuple(Collective(kind, group, s * nbytes_per_elem) for s in sizes if s))
-    kind = "reduce_scatter" if op == "rs" else "all_gather"
-    return Sync(mode, (Collective(kind, group, max(sizes) * len(sizes) * nbytes_per_elem),))
-
-
-def _one(mode: str, kind: str, group: str, nbytes: float) -> Sync:
-    return Sync(mode, (Collective(kind, group, nbytes),))
+    def micro_group_bytes(self, dp_rank: int, tag: str) -> float:
+        """Off-rank bytes of the busiest TP rank in micro-group ``tag`` of DP rank ``dp_rank``: the
+        all-to-all ends when that rank has sent and received. The schedule lists per rank what it
+        sends (gather: its shard of every matrix of the group, one part per host, its own part
+        included) and, for the scatter, every source's shard of what it hosts (tp · own part); so a
+        rank sends gather − scatter/tp off-rank and receives scatter·(tp−1)/tp."""
+        key = (dp_rank, tag)
+        if key not in self._busiest:
+            tp = self.plan.layout.tp
+            worst = 0.0
+            for t in range(tp):
+                ops = self.schedules[(dp_rank, t)].ops
+                g = next(o.nbytes for o in ops if o.tag == tag and o.phase == "tp_gather")
+                sc = next(o.nbytes for o in ops if o.tag == tag and o.phase == "tp_scatter")
+                worst = max(worst, g - sc / tp, sc * (tp - 1) / tp)
+            self._busiest[key] = worst
+        return self._busiest[key]
 
 
 def lower_stage(
-    plan: Plan, adamw_specs: Sequence[ParamSpec], bucket_size: int, grad_bytes: int, param_bytes: int
+    plan: Plan,
+    adamw_specs: Sequence[ParamSpec],
+    bucket_size: int,
+    settings: LowerSettings,
 ) -> StageOps:
-    """The operations of one stage's step for ``plan`` (see ``StageOps``).
+    """Lower every rank of one stage for ``plan`` (``canzona.plan.schedule.stage_schedules``).
 
-    ``adamw_specs`` are the stage's non-matrix parameters (FULL shapes), which every strategy
-    runs through ZeRO-1 AdamW in buckets of ``bucket_size`` elements.
+    ``adamw_specs`` are the stage's non-matrix parameters (FULL shapes), which every strategy runs
+    through ZeRO-1 AdamW in buckets of ``bucket_size`` elements.
     """
-    from canzona.plan.buckets import build_buckets
-
-    dp, tp = plan.layout.dp, plan.layout.tp
-    items = {it.name: it for it in plan.items}
-    owners = plan.dp.owner_map()
-    modes: dict[str, str] = {}
-    slices = lambda c: [c[r + 1] - c[r] for r in range(dp)]
-
-    def shard_numel(name: str) -> int:
-        it = items[name]
-        return it.numel // tp if (it.partition_dim is not None and tp > 1) else it.numel
-
-    grad: list[Sync] = []
-    for b, bucket in enumerate(plan.dp.buckets):
-        if plan.dp.grad_sync == "reduce-scatter" and plan.dp.cuts:
-            grad.append(uneven("rs", slices(plan.dp.cuts[b]), grad_bytes))
-        else:
-            grad.append(_one("all-reduce", "all_reduce", "dp", bucket.size * grad_bytes))
-        modes[f"matrix{b}"] = grad[-1].mode
-    adamw_local = [(s.name, s.shard_numel(tp)) for s in adamw_specs]
-    abuckets = build_buckets(adamw_local, dp, bucket_size) if adamw_local else ()
-    grad += [_one("native", "reduce_scatter", "dp", b.size * grad_bytes) for b in abuckets]
-    adamw_param = tuple(_one("native", "all_gather", "dp", b.size * param_bytes) for b in abuckets) if dp > 1 else ()
-
-    # as the runtime (DistributedOptimizer._param_sync): slices gathered in place bucket by bucket
-    # when the plan has cuts, else one uneven all-gather of each owner's packed parameters
-    aligned: tuple[Sync, ...] = ()
-    owner: Sync | None = None
-    if dp > 1 and plan.dp.param_sync not in ("none", ""):
-        if plan.dp.cuts:
-            aligned = tuple(uneven("ag", slices(c), param_bytes) for c in plan.dp.cuts)
-            modes.update({f"param{b}": s.mode for b, s in enumerate(aligned)})
-        elif plan.dp.param_sync in ("all-gather", "all-gather-v"):
-            sizes = [sum(shard_numel(n) for n in items if owners[n][0] == r) for r in range(dp)]
-            owner = uneven("ag", sizes, param_bytes)
-            modes["owner_gather"] = owner.mode
-        else:
-            raise ConfigError(f"projection does not know param_sync {plan.dp.param_sync!r}")
-
-    ranks = []
-    # cooperative matrices run on their own executor, which the projection does not charge yet (as
-    # before: they were left out of the TP micro-groups); keeping them out of ``split`` as well stops
-    # a rank that owns only cooperative matrices from being charged TP sc's all-gather and full compute
-    together = {g.name for g in plan.coop}
-    for d in range(dp):
-        mine = tuple(n for n in items if d in owners[n]) if plan.config.strategy != "sc" else tuple(items)
-        split = tuple(n for n in mine if tp > 1 and items[n].partition_dim is not None and n not in together)
-        local = tuple(n for n in mine if n not in set(split) and n not in together)
-        hosted = plan.tp.groups[d] if (plan.tp.mode != "sc" and split and plan.tp.groups) else ()
-        gather = None
-        if split and not hosted:  # TP mode sc: one fused all-gather, everyone computes
-            gather = Collective("all_gather", "tp", sum(shard_numel(n) for n in split) * tp * grad_bytes)
-        groups = tuple(MicroGroupOps(_a2a(g.hosts, items, tp, grad_bytes), tuple(g.hosts)) for g in hosted)
-        ranks.append(RankOps(mine, sum(shard_numel(n) for n in mine), local, split, gather, groups))
-    return StageOps(
-        tuple(grad),
-        aligned,
-        owner,
-        adamw_param,
-        Collective("all_reduce", "world", 4),
-        sum(b.size for b in abuckets) / dp,
-        tuple(ranks),
-        modes,
-    )
-
-
-def _a2a(hosts: Sequence[tuple[str, int]], items: dict, tp: int, nbytes_per_elem: int) -> Collective:
-    """A micro-group's all-to-all: it finishes when its busiest rank has sent and received its
-    off-rank bytes (a host receives every other rank's shards; a non-host sends its own)."""
-    shard_bytes = [0] * tp
-    for name, host in hosts:
-        shard_bytes[host] += items[name].numel // tp * nbytes_per_elem
-    total = sum(shard_bytes)
-    busiest = max(max(total - shard_bytes[h], (tp - 1) * shard_bytes[h]) for h in range(tp))
-    return Collective("all_to_all", "tp", busiest)
+    adamw = adamw_buckets(adamw_specs, plan.layout, bucket_size)
+    scheds = stage_schedules(plan, adamw, settings)
+    return StageOps(plan, settings, {(s.dp_rank, s.tp_rank): s for s in scheds})

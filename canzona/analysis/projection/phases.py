@@ -1,20 +1,28 @@
 """Phase costs: the milliseconds of each phase of one PP stage's optimizer step, per rank.
 
-Why separate from ``lowering``: that module says which operations a plan issues; this one only
-charges them on a hardware profile (``hardware``), mirroring the runtime's phase timers:
+Why separate from ``lowering``: that module lowers the plan to the runtime's per-rank schedule;
+this one only charges it on a hardware profile (``hardware``), call by call, mirroring the
+runtime's phase timers:
 
-  grad_sync   each gradient bucket's reduction (matrix buckets, then ZeRO-1 AdamW buckets).
-  check       one 4-byte all-reduce over the world + one read of the owned gradients.
+  grad_sync   each gradient bucket's reduction (matrix buckets, then ZeRO-1 AdamW buckets), and
+              the TP sum of partial QK-norm gradients.
+  check       one all-reduce over the world (norm + non-finite flag) + one read of the owned gradients.
   tp_gather / compute / tp_scatter
-              TP mode ``sc``: one all-gather, then every TP rank computes every owned matrix.
-              Micro-groups: per group one all-to-all to the hosts, the hosts compute in
-              parallel, one all-to-all back; groups are pipelined (gather i+1 and scatter i-1
+              TP all-gather executor: one all-gather, then every TP rank computes every owned
+              split matrix. Micro-groups: per group one all-to-all to the hosts, the hosts compute
+              in parallel, one all-to-all back; groups are pipelined (gather i+1 and scatter i-1
               in flight during compute i) when the profile says communication overlaps
               compute, else they run back to back.
-  compute     per matrix ``hardware.matrix_ms``; AdamW on the rank's 1/DP slice of the
+  coop        cooperative matrices: each member's Newton–Schulz on its block (the FLOPs of the
+              group's form, ``hardware.coop_member_ms``) and the group's fp32 Gram all-reduces
+              (plus the re-blocking all-to-alls at TP = 1), on the group's link; the member's
+              elementwise work (momentum, scale, apply: 1/k of the matrix) is ``compute``.
+  compute     per whole matrix ``hardware.matrix_ms``; AdamW on the rank's slice of the
               non-matrix parameters (memory bound).
-  param_sync  the parameter gathers ``lowering`` lists.
+  param_sync  the schedule's parameter gathers.
 
+Every collective of a rank's schedule is charged exactly once (``RankTimes.charged``, in the
+schedule's order); a phase, group or executor this module does not know is an error, not a gap.
 For a CPU profile (``shared_cores``) the rank timelines are run by ``timeline.simulate``.
 """
 
@@ -23,22 +31,33 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from canzona.analysis.projection.hardware import Comm, Profile, matrix_ms
-from canzona.analysis.projection.lowering import MicroGroupOps, StageOps, lower_stage
+from canzona.analysis.projection.hardware import Comm, Profile, coop_member_flops, coop_member_ms, matrix_ms
+from canzona.analysis.projection.lowering import (
+    MICRO_GROUP_TAG,
+    StageOps,
+    lower_settings,
+    lower_stage,
+    tp_partial_names,
+)
 from canzona.analysis.projection.timeline import PHASES, Task, simulate
 from canzona.cost import CostSettings, matrix_flops
 from canzona.errors import ConfigError
 from canzona.models.spec import ParamSpec
+from canzona.plan.schedule import CommOp, ExecSpec, RankSchedule
 from canzona.plan.types import Layout, Plan
+
+GROUPS = {"dp": "dp", "tp": "tp", "global": "world"}  # schedule group -> hardware.Comm group
 
 
 @dataclass
 class RankTimes:
-    """Milliseconds per phase for one (dp, tp) rank of one stage, plus its optimizer FLOPs."""
+    """Milliseconds per phase for one (dp, tp) rank of one stage, plus its optimizer FLOPs and
+    every collective of its schedule with the milliseconds charged for it (schedule order)."""
 
     phases: dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in PHASES})
     flops: float = 0.0
     matrices: int = 0
+    charged: tuple[tuple[CommOp, float], ...] = ()
 
     @property
     def total(self) -> float:
@@ -49,7 +68,8 @@ class RankTimes:
 class StageProjection:
     """One PP stage: per-rank phase times plus the bucket-level DP collectives.
 
-    ``grad_bucket_ms``: each gradient bucket's reduction (matrix then AdamW buckets).
+    ``grad_bucket_ms``: each gradient bucket's reduction (matrix then AdamW buckets; the TP sum of
+    partial gradients last, when there is one).
     ``param_bucket_ms``: parameter all-gathers that follow the buckets (AdamW buckets always; matrix
     buckets when the plan's cuts follow them), so they can run bucket by bucket under the next
     forward (Megatron's overlap_param_gather).
@@ -76,7 +96,7 @@ class StageProjection:
 
     @property
     def optimizer_core_ms(self) -> float:
-        """check + TP gather + compute + TP scatter of the slowest rank (no DP collectives)."""
+        """check + TP + compute + cooperation of the slowest rank (no DP collectives)."""
         return max(r.total - r.phases["grad_sync"] - r.phases["param_sync"] for r in self.ranks.values())
 
 
@@ -94,89 +114,32 @@ def project_stage(
 
     ``adamw_specs`` are the stage's non-matrix parameters (FULL shapes), which every strategy
     runs through ZeRO-1 AdamW. ``world`` is dp·tp·pp (defaults to the plan's layout world).
+    ``settings``: the optimizer's cost settings (Newton–Schulz method, iterations and restarts).
     """
     lay = plan.layout
     layout = Layout(lay.dp, lay.tp, (world or lay.world) // (lay.dp * lay.tp))
-    ops = lower_stage(
-        plan, adamw_specs, bucket_size or plan.config.bucket_size, profile.grad_bytes, profile.param_bytes
+    cs = settings or CostSettings()
+    lset = lower_settings(
+        profile,
+        layout,
+        tp_partial=tp_partial_names(adamw_specs, lay.tp),
+        ns_steps=cs.ns_steps,
+        ns_restarts=cs.ns_restarts,
     )
-    return charge_stage(ops, plan, profile, layout, stage, settings or CostSettings())
+    ops = lower_stage(plan, adamw_specs, bucket_size or plan.config.bucket_size, lset)
+    return charge_stage(ops, profile, layout, stage, cs)
 
 
 def charge_stage(
-    ops: StageOps, plan: Plan, profile: Profile, layout: Layout, stage: int, settings: CostSettings
+    ops: StageOps, profile: Profile, layout: Layout, stage: int, settings: CostSettings
 ) -> StageProjection:
-    """Milliseconds per phase and rank for the operations ``ops`` of ``plan``'s stage.
-
-    Longer than 80 lines on purpose: it walks one rank's step in the runtime's order (grad sync,
-    check, local compute, TP all-gather or micro-groups, AdamW, param sync) and builds the
-    closed-form phases and the simulation's timeline side by side; split up, the two orders
-    could drift apart.
-    """
-    dp, tp = layout.dp, layout.tp
-    comm = Comm(profile, layout)
-    cost = lambda s: sum(comm(c.kind, c.group, c.nbytes) for c in s.ops)
-    opt = plan.config.optimizer
-    items = {it.name: it for it in plan.items}
-    mat_ms = {n: matrix_ms(profile, opt, it.shape, settings) for n, it in items.items()}
-    mat_flops = {n: matrix_flops(opt, it.shape, settings) for n, it in items.items()}
-
-    grad_buckets = [cost(s) for s in ops.grad]
-    grad_ms = sum(grad_buckets)
-    adamw_ag = [cost(s) for s in ops.adamw_param]
-    aligned = [cost(s) for s in ops.param_aligned]
-    psync_ms = 0.0
-    for t in aligned + ([cost(ops.param_owner)] if ops.param_owner else []):
-        psync_ms += t
-    psync_ms += sum(adamw_ag)
-    check_ms = comm(ops.check.kind, ops.check.group, ops.check.nbytes)
-    adamw_ms = ops.adamw_owned * profile.adamw_passes * 4 / profile.mem_bw * 1e3
-
+    """Milliseconds per phase and rank for the lowered stage ``ops`` (see the module docstring)."""
+    ch = _Charger(ops, profile, layout, settings)
     ranks: dict[tuple[int, int], RankTimes] = {}
-    tasks: dict[tuple[int, int], list[Task]] = {}
-    for d, ro in enumerate(ops.ranks):
-        for t in range(tp):
-            r = RankTimes()
-            tl: list[Task] = [Task("grad_sync", g, ("dp", t)) for g in grad_buckets]
-            r.phases["grad_sync"] = grad_ms
-            read_ms = ro.owned_elems * profile.grad_bytes / profile.mem_bw * 1e3
-            r.phases["check"] = check_ms + read_ms
-            tl += [Task("check", read_ms), Task("check", check_ms, ("world",))]
-            comp = sum(mat_ms[n] for n in ro.local)
-            tl += [Task("compute", mat_ms[n]) for n in ro.local]
-            r.flops += sum(mat_flops[n] for n in ro.local)
-            r.matrices += len(ro.local)
-            if ro.tp_all_gather is not None:  # TP mode sc: one fused all-gather, everyone computes
-                g = ro.tp_all_gather
-                r.phases["tp_gather"] = comm(g.kind, g.group, g.nbytes)
-                tl.append(Task("tp_gather", r.phases["tp_gather"], ("tp", d)))
-                tl += [Task("compute", mat_ms[n]) for n in ro.split]
-                comp += sum(mat_ms[n] for n in ro.split)
-                r.flops += sum(mat_flops[n] for n in ro.split)
-                r.matrices += len(ro.split)
-            elif ro.groups:
-                g_ms, c_ms, s_ms = _micro_group_ms(ro.groups, tp, comm, mat_ms)
-                mine_hosted = [n for g in ro.groups for n, h in g.hosts if h == t]
-                for i, g in enumerate(ro.groups):
-                    tl.append(Task("tp_gather", g_ms[i], ("tp", d)))
-                    tl += [Task("compute", mat_ms[n]) for n, h in g.hosts if h == t]
-                    tl.append(Task("tp_scatter", s_ms[i], ("tp", d)))
-                r.flops += sum(mat_flops[n] for n in mine_hosted)
-                r.matrices += len(mine_hosted)
-                if profile.comm_compute_overlap:
-                    gather, compute, scatter = _pipelined(g_ms, c_ms, s_ms)
-                else:
-                    gather, compute, scatter = sum(g_ms), sum(c_ms), sum(s_ms)
-                r.phases["tp_gather"] = gather
-                r.phases["tp_scatter"] = scatter
-                comp += compute
-            comp += adamw_ms
-            tl.append(Task("compute", adamw_ms))
-            r.phases["compute"] = comp
-            r.phases["param_sync"] = psync_ms
-            tl.append(Task("param_sync", psync_ms, ("dp", t)))
-            ranks[(d, t)] = r
-            tasks[(d, t)] = [x for x in tl if x.ms > 0 or x.group is not None]
+    tasks: dict[tuple[int, int], tuple[Task, ...]] = {}
+    for key, sched in ops.schedules.items():
+        ranks[key], tl = ch.rank(sched)
+        tasks[key] = tuple(x for x in tl if x.ms > 0 or x.group is not None)
     if profile.shared_cores is not None:
         if profile.comm_compute_overlap:
             raise ConfigError(
@@ -185,40 +148,165 @@ def charge_stage(
             )
         for k, (phases, _) in simulate(tasks, profile.shared_cores).items():
             ranks[k].phases = phases
-    total_flops = sum(mat_flops.values())
-    lb = max(total_flops / (dp * tp), max(mat_flops.values(), default=0.0))
-    fixed = psync_ms - sum(adamw_ag) if not plan.dp.cuts else 0.0
-    return StageProjection(
-        stage,
-        ranks,
-        ops.modes,
-        lb,
-        total_flops,
-        tuple(grad_buckets),
-        tuple(aligned + adamw_ag),
-        fixed,
-        {k: tuple(v) for k, v in tasks.items()},
-    )
+    total_flops = sum(ch.mat_flops.values())
+    lb = max(total_flops / (layout.dp * layout.tp), max(ch.mat_flops.values(), default=0.0))
+    grad, aligned, fixed = _bucket_ms(ranks)
+    return StageProjection(stage, ranks, ops.modes, lb, total_flops, grad, aligned, fixed, tasks)
 
 
-def _micro_group_ms(
-    groups: Sequence[MicroGroupOps], tp: int, comm: Comm, mat_ms: dict[str, float]
-) -> tuple[list[float], list[float], list[float]]:
-    """Per micro-group: (gather ms, compute ms, scatter ms).
+def _by_tag(charged: Sequence[tuple[CommOp, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for op, ms in charged:
+        out[op.tag] = out.get(op.tag, 0.0) + ms
+    return out
 
-    Compute is the slowest host of the group (hosts of a group run in parallel and the next
-    group's buffers wait for all of them).
-    """
-    g_ms, c_ms, s_ms = [], [], []
-    for g in groups:
-        by_host: list[list[str]] = [[] for _ in range(tp)]
-        for name, host in g.hosts:
-            by_host[host].append(name)
-        t = comm(g.a2a.kind, g.a2a.group, g.a2a.nbytes)
-        g_ms.append(t)
-        s_ms.append(t)
-        c_ms.append(max(sum(mat_ms[n] for n in by_host[h]) for h in range(tp)))
-    return g_ms, c_ms, s_ms
+
+def _bucket_ms(ranks: dict[tuple[int, int], RankTimes]) -> tuple[tuple[float, ...], tuple[float, ...], float]:
+    """(gradient reduction per bucket, bucket-aligned parameter gathers, layer-wise's owner gather):
+    the DP calls are the same on every rank; the TP sum of partial gradients is its slowest rank's."""
+    first = ranks[min(ranks)].charged
+    grad = list(_by_tag([(o, ms) for o, ms in first if o.phase == "grad_sync"]).values())
+    partial = max((ms for r in ranks.values() for o, ms in r.charged if o.phase == "tp_partial"), default=0.0)
+    params = _by_tag([(o, ms) for o, ms in first if o.phase == "param_sync"])
+    fixed = params.pop("owner", 0.0)
+    return tuple(grad + ([partial] if partial else [])), tuple(params.values()), fixed
+
+
+class _Charger:
+    """Charges one rank's schedule: collectives from the profile, compute from the cost settings."""
+
+    KNOWN = ("grad_sync", "tp_partial", "norm", "coop", "tp_gather", "tp_scatter", "param_sync")
+
+    def __init__(self, ops: StageOps, profile: Profile, layout: Layout, settings: CostSettings) -> None:
+        self.ops, self.profile, self.layout, self.settings = ops, profile, layout, settings
+        self.comm = Comm(profile, layout)
+        opt = ops.plan.config.optimizer
+        self.items = {it.name: it for it in ops.plan.items}
+        self.mat_ms = {n: matrix_ms(profile, opt, it.shape, settings) for n, it in self.items.items()}
+        self.mat_flops = {n: matrix_flops(opt, it.shape, settings) for n, it in self.items.items()}
+        self._priced: dict[tuple[object, ...], float] = {}
+
+    def op_ms(self, s: RankSchedule, op: CommOp) -> float:
+        """One call, priced once: every rank of a group lists the same call (a micro-group's
+        all-to-all is priced per TP group, from its ranks' bytes)."""
+        key = (
+            op.phase,
+            op.kind,
+            op.group,
+            op.nbytes,
+            op.tag,
+            s.dp_rank if op.phase in ("tp_gather", "tp_scatter") else -1,
+        )
+        if key not in self._priced:
+            self._priced[key] = self._price(s, op)
+        return self._priced[key]
+
+    def _price(self, s: RankSchedule, op: CommOp) -> float:
+        """One call: its group's size and link (a cooperative DP sub-group: k ranks inside a node);
+        an all-to-all is charged the off-rank bytes of its busiest rank."""
+        if op.phase not in self.KNOWN:
+            raise ConfigError(f"the projection does not know schedule phase {op.phase!r} ({op}); teach phases.py")
+        if op.phase == "coop":
+            k = self.ops.coop_groups(s)[op.tag][0].k
+            nbytes = op.nbytes * (k - 1) / k if op.kind == "all_to_all" else op.nbytes
+            if op.group == "tp":
+                return self.comm(op.kind, "tp", nbytes)
+            return self.comm.sized(op.kind, k, k * self.layout.tp, nbytes)
+        if op.kind == "all_to_all":
+            if not op.tag.startswith(MICRO_GROUP_TAG):
+                raise ConfigError(f"the projection does not know the all-to-all {op}; teach phases.py")
+            return self.comm("all_to_all", "tp", self.ops.micro_group_bytes(s.dp_rank, op.tag))
+        if op.group not in GROUPS:
+            raise ConfigError(f"the projection does not know collective group {op.group!r} ({op})")
+        return self.comm(op.kind, GROUPS[op.group], op.nbytes)
+
+    def rank(self, s: RankSchedule) -> tuple[RankTimes, list[Task]]:
+        """One rank's phases and timeline, in the runtime's order: grad sync, check, executors,
+        AdamW, param sync."""
+        d, t = s.dp_rank, s.tp_rank
+        r = RankTimes(charged=tuple((op, self.op_ms(s, op)) for op in s.ops))
+        phase: dict[str, list[tuple[CommOp, float]]] = {}
+        for o, ms in r.charged:
+            phase.setdefault(o.phase, []).append((o, ms))
+        of = lambda *ph: [x for p in ph for x in phase.get(p, ())]
+        grad = of("grad_sync", "tp_partial")
+        tl = [Task("grad_sync", ms, ("dp", t) if o.group == "dp" else ("tp", d)) for o, ms in grad]
+        r.phases["grad_sync"] = sum(ms for _, ms in grad)
+        read_ms = self.ops.owned_elems(s) * self.profile.grad_bytes / self.profile.mem_bw * 1e3
+        norm = of("norm")
+        r.phases["check"] = read_ms + sum(ms for _, ms in norm)
+        tl += [Task("check", read_ms)] + [Task("check", ms, ("world",)) for _, ms in norm]
+        for spec in s.executors:
+            if spec.kind == "local":
+                self._compute(r, tl, spec.names)
+            elif spec.kind == "cooperative":
+                self._coop(r, tl, s, spec, of("coop"))
+            elif spec.kind == "all-gather":
+                (g,) = of("tp_gather")
+                r.phases["tp_gather"] += g[1]
+                tl.append(Task("tp_gather", g[1], ("tp", d)))
+                self._compute(r, tl, spec.names)
+            elif spec.kind == "micro-group":
+                self._micro_groups(r, tl, s, spec)
+            else:
+                raise ConfigError(f"the projection does not charge executor kind {spec.kind!r}; teach phases.py")
+        adamw_ms = self.ops.adamw_owned(s) * self.profile.adamw_passes * 4 / self.profile.mem_bw * 1e3
+        r.phases["compute"] += adamw_ms
+        tl.append(Task("compute", adamw_ms))
+        params = of("param_sync")
+        r.phases["param_sync"] = sum(ms for _, ms in params)
+        tl += [Task("param_sync", ms, ("dp", t)) for _, ms in params]
+        return r, tl
+
+    def _compute(self, r: RankTimes, tl: list[Task], names: Sequence[str]) -> None:
+        """Whole matrices on this rank, one after the other."""
+        r.phases["compute"] += sum(self.mat_ms[n] for n in names)
+        tl += [Task("compute", self.mat_ms[n]) for n in names]
+        r.flops += sum(self.mat_flops[n] for n in names)
+        r.matrices += len(names)
+
+    def _coop(
+        self, r: RankTimes, tl: list[Task], s: RankSchedule, spec: ExecSpec, calls: list[tuple[CommOp, float]]
+    ) -> None:
+        """This rank's blocks of its cooperative matrices and their groups' calls."""
+        ns_ms = elementwise_ms = 0.0
+        for g in spec.coop:
+            shape = self.items[g.name].shape
+            ns, el = coop_member_ms(self.profile, shape, g.k, g.form, self.settings)
+            ns_ms, elementwise_ms = ns_ms + ns, elementwise_ms + el
+            r.flops += sum(coop_member_flops(shape, g.k, g.form, self.settings))
+        r.matrices += len(spec.coop)
+        r.phases["compute"] += elementwise_ms
+        r.phases["coop"] += ns_ms + sum(ms for _, ms in calls)
+        tl += [Task("compute", elementwise_ms), Task("coop", ns_ms)]
+        group = lambda op: ("tp", s.dp_rank) if op.group == "tp" else ("coop", op.tag, s.tp_rank)
+        tl += [Task("coop", ms, group(op)) for op, ms in calls]
+
+    def _micro_groups(self, r: RankTimes, tl: list[Task], s: RankSchedule, spec: ExecSpec) -> None:
+        """Per micro-group: gather to the hosts, the hosts compute, scatter back (pipelined when the
+        profile overlaps communication with compute)."""
+        d, t, tp = s.dp_rank, s.tp_rank, self.layout.tp
+        ms_of = {(o.phase, o.tag): ms for o, ms in r.charged if o.phase in ("tp_gather", "tp_scatter")}
+        g_ms, c_ms, s_ms = [], [], []
+        for i, g in enumerate(spec.groups):
+            tag = f"{MICRO_GROUP_TAG}{i}"
+            g_ms.append(ms_of[("tp_gather", tag)])
+            s_ms.append(ms_of[("tp_scatter", tag)])
+            by_host = [sum(self.mat_ms[n] for n, h in g if h == host) for host in range(tp)]
+            c_ms.append(max(by_host))
+            mine = [n for n, h in g if h == t]
+            tl.append(Task("tp_gather", g_ms[-1], ("tp", d)))
+            tl += [Task("compute", self.mat_ms[n]) for n in mine]
+            tl.append(Task("tp_scatter", s_ms[-1], ("tp", d)))
+            r.flops += sum(self.mat_flops[n] for n in mine)
+            r.matrices += len(mine)
+        if self.profile.comm_compute_overlap:
+            gather, compute, scatter = _pipelined(g_ms, c_ms, s_ms)
+        else:
+            gather, compute, scatter = sum(g_ms), sum(c_ms), sum(s_ms)
+        r.phases["tp_gather"] += gather
+        r.phases["tp_scatter"] += scatter
+        r.phases["compute"] += compute
 
 
 def _pipelined(g: Sequence[float], c: Sequence[float], s: Sequence[float]) -> tuple[float, float, float]:

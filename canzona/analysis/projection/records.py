@@ -14,11 +14,15 @@ MODEL_NAME = "canzona-projection-v1"
 
 
 def detail_string(s: Scenario, profile: Profile) -> str:
+    """The projection's provenance: model version, profile, view and the settings that differ from
+    the defaults (cooperation off, a Newton–Schulz method other than standard)."""
     views = ",".join(s.views) or "none"
     return (
         f"model={MODEL_NAME} profile={profile.name} overlap={s.overlap} cost={s.cost} views={views} "
         f"tp_pipeline={'on' if profile.comm_compute_overlap else 'off'}"
         + (f" variant={s.variant}" if s.variant else "")
+        + ("" if s.cooperative else " coop=off")
+        + (f" ns_method={s.ns_method}" if s.ns_method != "standard" else "")
     )
 
 
@@ -26,7 +30,8 @@ def to_record(p: Projection, env: dict[str, Any]) -> dict[str, Any]:
     """A schema record (kind "train", provenance "projected") for one projection.
 
     Beyond the schema: ``run_id`` (hash of detail + cell: projections share host and timestamp),
-    ``config.cost`` (the planner's balancing cost), ``config.overlap`` and
+    ``config.cost`` (the planner's balancing cost), ``config.overlap``, ``config.cooperative`` and
+    ``config.ns_method`` (the planner's cooperation and Muon's Newton–Schulz method) and
     ``timings.runtime_total_ms`` (the step with nothing overlapped) -- additive keys that
     ``schema.validate`` ignores.
     """
@@ -48,12 +53,14 @@ def to_record(p: Projection, env: dict[str, Any]) -> dict[str, Any]:
         "dtype": "bf16" if p.profile.param_bytes == 2 else "fp32",
         # Newton-Schulz is modelled at the profile's matmul rate: bf16 on the GPU profiles, the
         # measured fp32 rate on the CPU profile -- the same format as the parameters
-        "ns_dtype": ns_dtype_for(s.optimizer, "bf16" if p.profile.param_bytes == 2 else "fp32"),
+        "ns_dtype": ns_dtype_for(s.optimizer, p.profile.ns_dtype),
         "bucket_size": s.bucket_size,
         "warmup": 0,
         "iters": 0,
         "cost": s.cost,
         "overlap": s.overlap,
+        "cooperative": s.cooperative,
+        "ns_method": s.ns_method,
         **({"variant": s.variant} if s.variant else {}),
     }
     one = lambda v: {"median": v, "p90": v, "n": 0}

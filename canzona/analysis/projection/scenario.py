@@ -4,15 +4,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from canzona.analysis.projection.hardware import Profile
 from canzona.analysis.projection.overlap import OVERLAPS, Projection, fwd_bwd_ms
-from canzona.analysis.projection.phases import project_stage
-from canzona.cost import CostSettings
+from canzona.analysis.projection.phases import StageProjection, project_stage
+from canzona.cost import NS_METHODS, CostModel, CostSettings
 from canzona.errors import ConfigError
 from canzona.plan.types import DEFAULT_ALPHA, Layout, Plan, PlanConfig
+
+if TYPE_CHECKING:
+    from canzona.optim.base import MatrixOptimizer
 
 METHODS = ("sc", "layerwise", "asc", "canzona")
 
@@ -35,6 +40,12 @@ class Scenario:
     overlap: str = "none"  # none | megatron (see Projection)
     dp_algo: str | None = None  # planner DP algorithm; None: the strategy's default (canzona: refine)
     variant: str = ""  # a named setting these values come from ("authors"); empty for ours
+    cooperative: bool = True  # PlanConfig.cooperative: groups for the matrices above the mean (canzona + Muon + flops)
+    ns_method: str = "standard"  # Muon's Newton–Schulz method: standard | gram | auto
+
+    def __post_init__(self) -> None:
+        if self.ns_method not in NS_METHODS:
+            raise ConfigError(f"unknown Newton–Schulz method {self.ns_method!r}; choose one of {', '.join(NS_METHODS)}")
 
     @property
     def tokens(self) -> int:
@@ -42,16 +53,46 @@ class Scenario:
         return self.global_batch * self.seq_len
 
 
-def plan_config_for(s: Scenario) -> PlanConfig:
-    """The PlanConfig the runtime builds for this method (canzona.runtime.optimizer._setup_matrix)."""
+def plan_config_for(s: Scenario, profile: Profile | None = None) -> PlanConfig:
+    """The PlanConfig the runtime builds for this method (canzona.runtime.optimizer._make_plan):
+    cooperation priced on the CPU calibration on a CPU profile (the runtime's choice on gloo), on
+    NVLink otherwise."""
     extra = {"dp_algo": s.dp_algo} if s.dp_algo else {}
     return PlanConfig(
-        strategy=s.method, optimizer=s.optimizer, cost=s.cost, alpha=s.alpha, bucket_size=s.bucket_size, **extra
+        strategy=s.method,
+        optimizer=s.optimizer,
+        cost=s.cost,
+        alpha=s.alpha,
+        bucket_size=s.bucket_size,
+        cooperative=s.cooperative,
+        coop_profile="cpu" if profile is not None and profile.kind == "cpu" else "nvlink",
+        **extra,
     )
 
 
-def make_plans(s: Scenario) -> list[Plan]:
-    """One plan per PP stage from the planner (``canzona.plan.plan_model``)."""
+def optimizer_for(s: Scenario, profile: Profile | None = None) -> MatrixOptimizer:
+    """The scenario's matrix optimizer as the runtime would build it: its Newton–Schulz method, and
+    its compute dtype the profile's (``Profile.ns_dtype``; without a profile, Muon's ``auto``,
+    priced as bf16). Its ``cost_settings()`` price the plan and the compute."""
+    from canzona.optim import make_matrix_optimizer
+    from canzona.optim.registry import optimizer_entry
+
+    fields = {f.name for f in dataclasses.fields(optimizer_entry(s.optimizer).cls.config_cls)}
+    if s.ns_method != "standard" and "ns_method" not in fields:
+        raise ConfigError(f"ns_method {s.ns_method!r} applies to Newton–Schulz optimizers (muon), not {s.optimizer}")
+    kw: dict[str, str] = {"ns_method": s.ns_method} if "ns_method" in fields else {}
+    if profile is not None and "compute_dtype" in fields:
+        kw["compute_dtype"] = profile.ns_dtype
+    return make_matrix_optimizer(s.optimizer, **kw)
+
+
+def cost_settings_for(s: Scenario, profile: Profile | None = None) -> CostSettings:
+    return optimizer_for(s, profile).cost_settings()
+
+
+def make_plans(s: Scenario, profile: Profile | None = None) -> list[Plan]:
+    """One plan per PP stage from the planner (``canzona.plan.plan_model``), priced with the
+    scenario's optimizer settings (``cost_settings_for``)."""
     import canzona.plan as cplan
     from canzona.models import get_model
 
@@ -60,28 +101,45 @@ def make_plans(s: Scenario) -> list[Plan]:
             f"the projection models sc, layerwise, asc and canzona, not {s.method!r} "
             "(megatron-muon is the layer-wise lineage: project 'layerwise')"
         )
-    return list(cplan.plan_model(get_model(s.model), s.layout, plan_config_for(s), views=s.views))
+    cost = CostModel(s.optimizer, s.cost, cost_settings_for(s, profile))  # type: ignore[arg-type]
+    return list(
+        cplan.plan_model(get_model(s.model), s.layout, plan_config_for(s, profile), views=s.views, cost_model=cost)
+    )
+
+
+def plan_key(s: Scenario, profile: Profile) -> tuple[Scenario, str, str]:
+    """What a scenario's plans depend on: the scenario (not its overlap view) and, of the profile,
+    where cooperation is priced and the Newton–Schulz format (Gram restarts)."""
+    return dataclasses.replace(s, overlap="none"), plan_config_for(s, profile).coop_profile or "", profile.ns_dtype
 
 
 def project(
-    s: Scenario, profile: Profile, plans: Sequence[Plan] | None = None, settings: CostSettings | None = None
+    s: Scenario,
+    profile: Profile,
+    plans: Sequence[Plan] | None = None,
+    settings: CostSettings | None = None,
+    stages: Sequence[StageProjection] | None = None,
 ) -> Projection:
-    """Project one scenario. ``plans`` defaults to the planner's plans for it (one per PP stage)."""
+    """Project one scenario. ``plans`` defaults to the planner's plans for it (one per PP stage);
+    ``settings`` to the scenario's optimizer settings on ``profile`` (``cost_settings_for``).
+    ``stages``: the charged stages of a projection of the same plans on the same profile (they do
+    not depend on the overlap view or the batch), to skip charging them again."""
     from canzona.models import count_params, get_model, list_params
 
     cfg = get_model(s.model)
     cfg.validate_layout(tp=s.layout.tp, pp=s.layout.pp)
-    plans = list(plans) if plans is not None else make_plans(s)
-    if len(plans) != s.layout.pp:
-        raise ConfigError(f"expected {s.layout.pp} stage plans, got {len(plans)}")
-    stages = []
-    for st, plan in enumerate(plans):
-        adamw = [p for p in list_params(cfg, pp=s.layout.pp, stage=st) if p.route != "matrix"]
-        stages.append(
-            project_stage(
-                plan, adamw, profile, stage=st, world=s.layout.world, settings=settings, bucket_size=s.bucket_size
+    if stages is None:
+        plans = list(plans) if plans is not None else make_plans(s, profile)
+        settings = settings or cost_settings_for(s, profile)
+        if len(plans) != s.layout.pp:
+            raise ConfigError(f"expected {s.layout.pp} stage plans, got {len(plans)}")
+        stages = []
+        for st, plan in enumerate(plans):
+            adamw = [p for p in list_params(cfg, pp=s.layout.pp, stage=st) if p.route != "matrix"]
+            world, bucket = s.layout.world, s.bucket_size
+            stages.append(
+                project_stage(plan, adamw, profile, stage=st, world=world, settings=settings, bucket_size=bucket)
             )
-        )
     if s.overlap not in OVERLAPS:
         raise ConfigError(f"unknown overlap view {s.overlap!r}; choose from {', '.join(OVERLAPS)}")
     if s.overlap == "megatron" and profile.mfu is None:

@@ -16,20 +16,24 @@ from canzona.analysis.projection.hardware import Profile, load_profile, with_pro
 from canzona.analysis.projection.overlap import Projection
 from canzona.analysis.projection.presets import PAPER_GLOBAL_BATCH, PAPER_LAYOUTS, VIEWS
 from canzona.analysis.projection.records import speedup
-from canzona.analysis.projection.scenario import Scenario, at_tokens, make_plans, project
+from canzona.analysis.projection.scenario import Scenario, at_tokens, make_plans, plan_key, project
 from canzona.plan.types import Layout
 
 
 def project_grid(scenarios: Sequence[Scenario], profiles: Sequence[Profile]) -> list[Projection]:
-    """Project every scenario on every profile, planning each scenario once."""
+    """Project every scenario on every profile, planning each scenario once per ``plan_key`` and
+    charging its stages once per profile (the overlap views share them)."""
     plans: dict[Any, Any] = {}
+    stages: dict[Any, Any] = {}
     out = []
     for s in scenarios:
-        key = replace(s, overlap="none")
-        if key not in plans:
-            plans[key] = make_plans(s)
         for prof in profiles:
-            out.append(project(s, prof, plans[key]))
+            key = plan_key(s, prof)
+            if key not in plans:
+                plans[key] = make_plans(s, prof)
+            p = project(s, prof, plans[key], stages=stages.get((key, prof.name)))
+            stages[(key, prof.name)] = p.stages
+            out.append(p)
     return out
 
 
@@ -54,12 +58,12 @@ def sensitivity(profile_name: str = "H800") -> list[dict[str, Any]]:
     variants += [(f"MFU {m}", {}, with_profile_overrides(base_prof, mfu=m)) for m in (0.35, 0.55)]
     rows = []
     for label, kw, prof in variants:
-        for ov in ("none", "megatron"):
-            res = {}
-            for m in ("layerwise", "canzona"):
-                s = replace(Scenario("qwen3-32b", lay, m, overlap=ov), **kw)
-                res[m] = project(s, prof)
-            c, b = res["canzona"], res["layerwise"]
+        scen = [
+            replace(Scenario("qwen3-32b", lay, m, overlap=ov), **kw) for ov in VIEWS for m in ("layerwise", "canzona")
+        ]
+        projs = {(p.scenario.overlap, p.scenario.method): p for p in project_grid(scen, [prof])}
+        for ov in VIEWS:
+            c, b = projs[(ov, "canzona")], projs[(ov, "layerwise")]
             rows.append(
                 {
                     "profile": profile_name,
@@ -97,9 +101,11 @@ def batch_study(
     """
     rows: list[dict[str, Any]] = []
     lay = PAPER_LAYOUTS[model]
+    scen = [Scenario(model, lay, m, overlap=ov) for ov in VIEWS for m in (base, "canzona")]
+    projs = {(p.profile.name, p.scenario.overlap, p.scenario.method): p for p in project_grid(scen, profiles)}
     for prof in profiles:
         for ov in VIEWS:
-            b, c = (project(Scenario(model, lay, m, overlap=ov), prof) for m in (base, "canzona"))
+            b, c = (projs[(prof.name, ov, m)] for m in (base, "canzona"))
             curve = lambda t, b=b, c=c: speedup(at_tokens(b, t).iteration_ms, at_tokens(c, t).iteration_ms)
             head = {"profile": prof.name, "overlap": ov, "model": model, "layout": f"{lay.dp}·{lay.tp}·{lay.pp}"}
             head["baseline"] = base
@@ -126,3 +132,70 @@ def _reach(curve: Any, target: float, grid: Sequence[float], values: Sequence[fl
         mid = (a + b) / 2
         a, b = (mid, b) if curve(math.exp(mid)) >= target else (a, mid)
     return math.exp(a)
+
+
+# (label, method, cooperative, ns_method): Canzona with and without cooperative Newton–Schulz
+# (issue #12) and Gram Newton–Schulz (issue #18), against layer-wise. Gram runs as ``auto`` (Gram
+# where the long side is at least canzona.cost.GRAM_MIN_ASPECT times the short one, standard on
+# near-square shapes), the setting one would deploy; layer-wise with Gram shows what Gram alone buys.
+BEYOND_VARIANTS: tuple[tuple[str, str, bool, str], ...] = (
+    ("layer-wise", "layerwise", True, "standard"),
+    ("layer-wise, Gram NS", "layerwise", True, "auto"),
+    ("Canzona without cooperation", "canzona", False, "standard"),
+    ("Canzona with cooperation", "canzona", True, "standard"),
+    ("Canzona with Gram NS", "canzona", False, "auto"),
+    ("Canzona with Gram NS and cooperation", "canzona", True, "auto"),
+)
+BEYOND_COMMAND = "canzona project --preset paper --out results/"
+
+
+def beyond_study(
+    profiles: Sequence[Profile], model: str = "qwen3-32b", layout: Layout | None = None, **kw: Any
+) -> list[dict[str, Any]]:
+    """The optimizer step (and iteration) of each ``BEYOND_VARIANTS`` entry per profile and overlap
+    view, with its speedup over plain layer-wise; ``kw`` overrides Scenario fields (batch, ...).
+
+    Each row also says what the planner did: how many matrices got a cooperative group and of
+    which sizes (the planner decides; a variant asking for cooperation may get none), and the
+    largest per-GPU optimizer work of the plan as projected (TFLOP, its members' share for
+    cooperative matrices)."""
+    lay = layout or PAPER_LAYOUTS[model]
+    rows: list[dict[str, Any]] = []
+    for prof in profiles:
+        res: dict[tuple[str, str], Any] = {}
+        for label, method, coop, ns in BEYOND_VARIANTS:
+            base = Scenario(model, lay, method, cooperative=coop, ns_method=ns, **kw)
+            plans = make_plans(base, prof)
+            groups = [g for pl in plans for g in pl.coop]
+            stages = None
+            for ov in VIEWS:
+                p = project(replace(base, overlap=ov), prof, plans, stages=stages)
+                stages = p.stages
+                res[(label, ov)] = (p, groups)
+        for (label, ov), (p, groups) in res.items():
+            b = res[(BEYOND_VARIANTS[0][0], ov)][0]
+            s = p.scenario
+            rows.append(
+                {
+                    "profile": prof.name,
+                    "model": model,
+                    "layout": f"{lay.dp}·{lay.tp}·{lay.pp}",
+                    "global_batch": s.global_batch,
+                    "seq_len": s.seq_len,
+                    "overlap": ov,
+                    "variant": label,
+                    "method": s.method,
+                    "cooperative": s.cooperative,
+                    "ns_method": s.ns_method,
+                    "coop_groups": len(groups),
+                    "coop_k": ",".join(str(k) for k in sorted({g.k for g in groups})),
+                    "max_gpu_tflop": max(max(p.per_gpu_flops(i)) for i in range(len(p.stages))) / 1e12,
+                    "step_ms": p.step_ms,
+                    "iteration_ms": p.iteration_ms,
+                    "runtime_total_ms": p.runtime_total_ms,
+                    "speedup_step_vs_layerwise": speedup(b.step_ms, p.step_ms),
+                    "speedup_iteration_vs_layerwise": speedup(b.iteration_ms, p.iteration_ms),
+                    "command": BEYOND_COMMAND,
+                }
+            )
+    return rows

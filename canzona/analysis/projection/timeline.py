@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-PHASES = ("grad_sync", "check", "tp_gather", "compute", "tp_scatter", "param_sync")
+PHASES = ("grad_sync", "check", "tp_gather", "compute", "tp_scatter", "coop", "param_sync")
 
 
 @dataclass(frozen=True)
