@@ -58,11 +58,17 @@ notebook: $(STAMP)
 planner-bench: $(STAMP)
 	$(VPY) -m canzona plan-bench --out results/planner
 
+# 4 gloo ranks on one host, every strategy side by side in one run (plus canzona-nocoop: Canzona with
+# one owner per matrix). qwen3-tiny-widefc1 is where one matrix dominates (cooperative Newton–Schulz),
+# timed with the NS dtype auto picks (bf16 on hosts with native bf16 matmul) and with fp32.
+BENCH := $(VPY) -m canzona bench-step --nproc 4 --optimizer muon --steps 20 --json --results results/bench_step/bench_step.jsonl
 bench-step: $(STAMP)
-	$(VPY) -m canzona bench-step --nproc 4 --dp 2 --tp 2 --model qwen3-tiny --optimizer muon --steps 20 --json --out results/bench_step/muon_dp2_tp2.json --results results/bench_step/bench_step.jsonl
-	$(VPY) -m canzona bench-step --nproc 4 --dp 4 --tp 1 --model qwen3-tiny --optimizer muon --steps 20 --json --out results/bench_step/muon_dp4_tp1.json --results results/bench_step/bench_step.jsonl
-	$(VPY) -m canzona bench-step --nproc 4 --dp 2 --tp 2 --model qwen3-32b-w16 --bucket-size 156250 --optimizer muon --steps 20 --json --out results/bench_step/muon_w16_dp2_tp2.json --results results/bench_step/bench_step.jsonl
-	$(VPY) -m canzona bench-step --nproc 4 --dp 4 --tp 1 --model qwen3-32b-w16 --bucket-size 156250 --optimizer muon --steps 20 --json --out results/bench_step/muon_w16_dp4_tp1.json --results results/bench_step/bench_step.jsonl
+	$(BENCH) --dp 2 --tp 2 --model qwen3-tiny --strategies sc,layerwise,asc,canzona,canzona-nocoop --out results/bench_step/muon_dp2_tp2.json
+	$(BENCH) --dp 4 --tp 1 --model qwen3-tiny --strategies sc,layerwise,asc,canzona,canzona-nocoop --out results/bench_step/muon_dp4_tp1.json
+	$(BENCH) --dp 2 --tp 2 --model qwen3-32b-w16 --bucket-size 156250 --out results/bench_step/muon_w16_dp2_tp2.json
+	$(BENCH) --dp 4 --tp 1 --model qwen3-32b-w16 --bucket-size 156250 --out results/bench_step/muon_w16_dp4_tp1.json
+	$(BENCH) --dp 4 --tp 1 --model qwen3-tiny-widefc1 --strategies layerwise,canzona,canzona-nocoop --out results/bench_step/muon_widefc1_dp4_tp1.json
+	$(BENCH) --dp 4 --tp 1 --model qwen3-tiny-widefc1 --strategies layerwise,canzona,canzona-nocoop --ns-dtype fp32 --out results/bench_step/muon_widefc1_dp4_tp1_nsfp32.json
 
 clean-venv:
 	rm -rf $(VENV)

@@ -80,3 +80,13 @@ def test_bad_combinations_exit_2_with_one_line(capsys, argv: list[str], needle: 
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()
     assert out == "" and len(lines) == 1 and needle in lines[0]
+
+
+def test_coop_profile_prices_the_choice(capsys) -> None:
+    """On the CPU profile (what the runtime uses on gloo) the dominant fc1 of the wide-fc1 inventory
+    gets all 4 ranks; priced on NVLink at H100 rates its 50 GFLOP are not worth a group's latency."""
+    argv = ("--model", "qwen3-tiny-widefc1", "--dp", "4")
+    cpu = run_json(capsys, *argv, "--coop-profile", "cpu")
+    assert [(g["matrix"], g["k"]) for g in cpu["cooperative_groups"]] == [("decoder.layers.0.mlp.linear_fc1.weight", 4)]
+    assert cpu["collectives"]["coop"] == {"all_reduce": 5}  # one Gram all-reduce per NS iteration
+    assert run_json(capsys, *argv)["cooperative_groups"] == []

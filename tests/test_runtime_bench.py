@@ -49,3 +49,20 @@ def test_bench_step_json_and_records(tmp_path, capsys) -> None:
 def test_bench_step_rejects_bad_layout(capsys) -> None:
     assert main(["bench-step", "--nproc", "4", "--dp", "3", "--tp", "1"]) == 2
     assert "must equal --nproc" in capsys.readouterr().err
+
+
+def test_bench_step_times_cooperation_against_one_owner(tmp_path, capsys) -> None:
+    """The wide-fc1 inventory gets a cooperative group on gloo; its time shows in the ``coop`` phase
+    (not dropped by the timers), and the side-by-side ratio is reported; variants write no records."""
+    results = tmp_path / "bench.jsonl"
+    argv = ["bench-step", "--nproc", "2", "--dp", "2", "--tp", "1", "--model", "qwen3-tiny-widefc1"]
+    argv += ["--strategies", "canzona,canzona-nocoop", "--steps", "1", "--warmup", "0", "--ns-dtype", "fp32"]
+    assert main([*argv, "--json", "--results", str(results)]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert [g[:2] for g in got["cooperative"]["canzona"]] == [["decoder.layers.0.mlp.linear_fc1.weight", 2]]
+    assert got["cooperative"]["canzona-nocoop"] == []
+    assert got["phases_ms"]["canzona"]["coop"] > 0 and got["phases_ms"]["canzona-nocoop"]["coop"] == 0
+    assert got["speedup_cooperative"] == got["step_ms"]["canzona-nocoop"] / got["step_ms"]["canzona"]
+    assert [r["config"]["method"] for _, r in iter_records(results)] == ["canzona"]
+    assert main(argv) == 0
+    assert "cooperation: canzona-nocoop / canzona = " in capsys.readouterr().out

@@ -72,6 +72,12 @@ def configure(p: argparse.ArgumentParser) -> None:
         default=True,
         help="canzona + Muon: a group of GPUs for the matrices above the mean (default on)",
     )
+    p.add_argument(
+        "--coop-profile",
+        default=None,
+        choices=("nvlink", "cpu"),
+        help="hardware the cooperation is priced on (default nvlink; the runtime uses cpu on gloo)",
+    )
     p.add_argument("--ns-method", default=None, choices=("standard", "gram", "auto"), help="Muon Newton–Schulz method")
     p.add_argument("--memory", action="store_true", help="per-GPU bytes by component (activations excluded)")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"), help="--memory: parameter dtype")
@@ -149,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
         capacity_bytes=args.capacity_bytes,
         dp_layout=args.dp_layout,
         cooperative=args.cooperative,
+        coop_profile=args.coop_profile,
     )
     plans = plan_model(cfg, layout, config, args.view, cost_model=cost_model)
     metrics = plan_metrics(plans, model=cfg.name)

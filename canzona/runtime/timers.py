@@ -19,7 +19,8 @@ import torch.distributed as dist
 
 # ``param_wait``: time the NEXT forward spent waiting for this rank's parameter all-gathers
 # (overlap_param_sync); it is not part of ``total`` (the step), but it is part of the iteration.
-PHASES = ("grad_sync", "check", "tp_gather", "compute", "tp_scatter", "param_sync", "param_wait", "total")
+# ``coop``: cooperative Newton–Schulz (its compute and its Gram all-reduces, interleaved per iteration).
+PHASES = ("grad_sync", "check", "tp_gather", "compute", "tp_scatter", "coop", "param_sync", "param_wait", "total")
 
 
 class PhaseError(RuntimeError):
