@@ -17,7 +17,7 @@ help:
 	@echo "make lint               ruff check + ruff format --check"
 	@echo "make notebook           execute analysis/table2.ipynb headless (nbconvert) -> results/table2.ipynb"
 	@echo "make planner-bench      planner quality at 256 GPUs -> results/planner/"
-	@echo "make bench-step         optimizer-step benchmark, 4 gloo ranks (qwen3-tiny, qwen3-32b-w16) -> results/bench_step/"
+	@echo "make bench-step         optimizer-step benchmark, 4 gloo ranks (qwen3-tiny, -32b-w16, -tiny-widefc1) -> results/bench_step/"
 	@echo "make megatron-peer-env  optional .venv-peer with megatron-core 0.19.x for the megatron-muon peer"
 	@echo "make gpu-wheels         wheels for the GPU machine (no package index there) -> .whl/"
 	@echo "make gpu-check          one GPU, <= 8 min: NS vs peers, a bf16 run's syncs and memory -> results/gpu/"
@@ -58,17 +58,10 @@ notebook: $(STAMP)
 planner-bench: $(STAMP)
 	$(VPY) -m canzona plan-bench --out results/planner
 
-# 4 gloo ranks on one host, every strategy side by side in one run (plus canzona-nocoop: Canzona with
-# one owner per matrix). qwen3-tiny-widefc1 is where one matrix dominates (cooperative Newton–Schulz),
-# timed with the NS dtype auto picks (bf16 on hosts with native bf16 matmul) and with fp32.
-BENCH := $(VPY) -m canzona bench-step --nproc 4 --optimizer muon --steps 20 --json --results results/bench_step/bench_step.jsonl
+# The measured optimizer-step runs of the embedded reproduction, alone (BENCH_RUNS in
+# experiments/reproduce_table2.py: qwen3-tiny, qwen3-32b-w16, qwen3-tiny-widefc1 on 4 gloo ranks).
 bench-step: $(STAMP)
-	$(BENCH) --dp 2 --tp 2 --model qwen3-tiny --strategies sc,layerwise,asc,canzona,canzona-nocoop --out results/bench_step/muon_dp2_tp2.json
-	$(BENCH) --dp 4 --tp 1 --model qwen3-tiny --strategies sc,layerwise,asc,canzona,canzona-nocoop --out results/bench_step/muon_dp4_tp1.json
-	$(BENCH) --dp 2 --tp 2 --model qwen3-32b-w16 --bucket-size 156250 --out results/bench_step/muon_w16_dp2_tp2.json
-	$(BENCH) --dp 4 --tp 1 --model qwen3-32b-w16 --bucket-size 156250 --out results/bench_step/muon_w16_dp4_tp1.json
-	$(BENCH) --dp 4 --tp 1 --model qwen3-tiny-widefc1 --strategies layerwise,canzona,canzona-nocoop --out results/bench_step/muon_widefc1_dp4_tp1.json
-	$(BENCH) --dp 4 --tp 1 --model qwen3-tiny-widefc1 --strategies layerwise,canzona,canzona-nocoop --ns-dtype fp32 --out results/bench_step/muon_widefc1_dp4_tp1_nsfp32.json
+	$(VPY) experiments/reproduce_table2.py --cluster local --only bench-step
 
 clean-venv:
 	rm -rf $(VENV)

@@ -22,7 +22,6 @@ cannot take the others down, and each prints its wall time.
 from __future__ import annotations
 
 import argparse
-import itertools
 import shutil
 import subprocess
 import sys
@@ -42,8 +41,21 @@ RESULTS = ROOT / "results"
 PY = sys.executable
 PEER_PY = ROOT / ".venv-peer" / "bin" / "python"
 BENCH = RESULTS / "bench_step" / "bench_step.jsonl"
-# bench-step models: (model, bucket size or None for the default, output tag)
-BENCH_MODELS = (("qwen3-tiny", None, ""), ("qwen3-32b-w16", 156_250, "w16_"))
+STEP_NAMES = ("local-sweep", "bench-step", "planner", "projection", "calibration", "validation", "table2")
+# The bench-step runs (`make bench-step` runs exactly these): 4 gloo ranks, Muon, 20 measured steps.
+# (output tag, extra bench-step arguments). qwen3-32b-w16 is Qwen3-32B's structure at 1/16 width with
+# one matrix per bucket; qwen3-tiny-widefc1 is where one matrix dominates (cooperative Newton–Schulz),
+# timed with the NS format auto picks and with fp32. canzona-nocoop: Canzona with one owner per matrix.
+_ALL = "sc,layerwise,asc,canzona,canzona-nocoop"
+_WIDE = ("--model", "qwen3-tiny-widefc1", "--dp", "4", "--tp", "1", "--strategies", "layerwise,canzona,canzona-nocoop")
+BENCH_RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("dp2_tp2", ("--model", "qwen3-tiny", "--dp", "2", "--tp", "2", "--strategies", _ALL)),
+    ("dp4_tp1", ("--model", "qwen3-tiny", "--dp", "4", "--tp", "1", "--strategies", _ALL)),
+    ("w16_dp2_tp2", ("--model", "qwen3-32b-w16", "--bucket-size", "156250", "--dp", "2", "--tp", "2")),
+    ("w16_dp4_tp1", ("--model", "qwen3-32b-w16", "--bucket-size", "156250", "--dp", "4", "--tp", "1")),
+    ("widefc1_dp4_tp1", _WIDE),
+    ("widefc1_dp4_tp1_nsfp32", (*_WIDE, "--ns-dtype", "fp32")),
+)
 
 
 @dataclass
@@ -262,8 +274,15 @@ def main(argv: list[str] | None = None) -> int:
         "--skip",
         action="append",
         default=[],
-        choices=("local-sweep", "bench-step", "planner", "projection", "calibration", "validation", "table2"),
+        choices=STEP_NAMES,
         help="skip a step of the embedded default (repeatable)",
+    )
+    p.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        choices=STEP_NAMES,
+        help="run only this step of the embedded default (repeatable; make bench-step = --only bench-step)",
     )
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
@@ -300,7 +319,7 @@ def embedded_default(args: argparse.Namespace) -> int:
             "bench-step",
             "MEASURED on this CPU: optimizer-step latency of every strategy side by side, "
             "qwen3-tiny and qwen3-32b-w16 (Qwen3-32B's structure at 1/16 width, bucket 156,250), 4 forked gloo "
-            "ranks, DPxTP 2x2 and 4x1 (canzona bench-step)",
+            "ranks, DPxTP 2x2 and 4x1, and cooperative Newton–Schulz on qwen3-tiny-widefc1 (canzona bench-step)",
         ),
         Step("planner", "ANALYSIS at the true 256-GPU scale: planner load balance / traffic (canzona plan-bench)"),
         Step("projection", "PROJECTED 256-GPU iteration/step times from plans + hardware profile (canzona project)"),
@@ -313,20 +332,17 @@ def embedded_default(args: argparse.Namespace) -> int:
     ]
     for step in steps:
         banner(step)
-        if step.name in args.skip:
-            step.status, step.detail = "skipped", "--skip"
-            print("skipped (--skip)")
+        if step.name in args.skip or (args.only and step.name not in args.only):
+            step.status, step.detail = "skipped", "--skip / --only"
+            print("skipped (--skip / --only)")
             continue
         if step.name == "local-sweep":
             local_sweep(step, progress=not args.no_progress)
         elif step.name == "bench-step":
-            # qwen3-tiny, and qwen3-32b-w16 with its bucket (the structure of Qwen3-32B at 256 GPUs)
-            for (model, bucket, tag), (dp, tp) in itertools.product(BENCH_MODELS, ((2, 2), (4, 1))):
-                out = f"results/bench_step/muon_{tag}dp{dp}_tp{tp}.json"
-                argv = ["bench-step", "--nproc", "4", "--dp", str(dp), "--tp", str(tp), "--model", model]
-                argv += ["--optimizer", "muon", "--steps", "20", "--warmup", "3", "--out", out]
-                argv += ["--results", str(BENCH.relative_to(ROOT))]
-                run_command(step, argv + (["--bucket-size", str(bucket)] if bucket else []))
+            for tag, extra in BENCH_RUNS:
+                out = f"results/bench_step/muon_{tag}.json"
+                argv = ["bench-step", "--nproc", "4", "--optimizer", "muon", "--steps", "20", "--warmup", "3"]
+                run_command(step, [*argv, *extra, "--out", out, "--results", str(BENCH.relative_to(ROOT))])
                 if step.status != "ok":
                     break
                 step.outputs.append(out)
