@@ -51,6 +51,11 @@ _WIDE = ("--model", "qwen3-tiny-widefc1", "--dp", "4", "--tp", "1", "--strategie
 BENCH_RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("dp2_tp2", ("--model", "qwen3-tiny", "--dp", "2", "--tp", "2", "--strategies", _ALL)),
     ("dp4_tp1", ("--model", "qwen3-tiny", "--dp", "4", "--tp", "1", "--strategies", _ALL)),
+    # the NCCL-shaped DP layout forced on gloo (auto picks per-root there): the native path's own cost
+    ("dp2_tp2_native", ("--model", "qwen3-tiny", "--dp", "2", "--tp", "2", "--collective-mode", "native")),
+    # Newton–Schulz in fp32 (auto picks bf16 on CPUs with native bf16 matmul), and bf16 parameters
+    ("dp2_tp2_nsfp32", ("--model", "qwen3-tiny", "--dp", "2", "--tp", "2", "--ns-dtype", "fp32")),
+    ("micro_bf16_dp2_tp2", ("--model", "qwen3-micro", "--dp", "2", "--tp", "2", "--dtype", "bf16")),
     ("w16_dp2_tp2", ("--model", "qwen3-32b-w16", "--bucket-size", "156250", "--dp", "2", "--tp", "2")),
     ("w16_dp4_tp1", ("--model", "qwen3-32b-w16", "--bucket-size", "156250", "--dp", "4", "--tp", "1")),
     ("widefc1_dp4_tp1", _WIDE),
