@@ -65,9 +65,13 @@ bench-step: $(STAMP)
 	$(VPY) experiments/reproduce_table2.py --cluster local --only bench-step
 
 # Gram vs standard Newton–Schulz (and the peers' kernels where importable) on long and square shapes.
+# emerging-optimizers lives in the peer environment: `make bench-ns NS_PY=.venv-peer/bin/python
+# NS_OUT=results/bench_ns/cpu_fp32_with_emerging.json` (after make megatron-peer-env) times it too.
 NS_SHAPES ?= 512x5120,1024x5120,512x2560,1024x2048,1024x1024,512x512
+NS_PY ?= $(VPY)
+NS_OUT ?= results/bench_ns/cpu_fp32.json
 bench-ns: $(STAMP)
-	$(VPY) -m canzona bench-ns --shapes $(NS_SHAPES) --methods standard,gram,auto,torch,emerging --dtype fp32 --threads 1 --repeats 7 --out results/bench_ns/cpu_fp32.json
+	$(NS_PY) -m canzona bench-ns --shapes $(NS_SHAPES) --methods standard,gram,auto,torch,emerging --dtype fp32 --threads 1 --repeats 7 --out $(NS_OUT)
 
 clean-venv:
 	rm -rf $(VENV)
