@@ -56,6 +56,10 @@ def validate_against(
             reason = f"method {r['method']!r} is not modelled"
         elif r["model"] not in MODELS:
             reason = f"model {r['model']!r} unknown"
+        elif isinstance(r.get("ns_dtype"), str) and r["ns_dtype"] != profile.ns_dtype:
+            reason = f"Newton–Schulz in {r['ns_dtype']}; {profile.name}'s times are {profile.ns_dtype} times"
+        elif isinstance(r.get("dtype"), str) and (2 if r["dtype"] == "bf16" else 4) != profile.param_bytes:
+            reason = f"{r['dtype']} parameters; {profile.name} models {profile.param_bytes}-byte parameters"
         if reason:
             rows.append(
                 dict(base, timing="skipped", measured_ms=math.nan, projected_ms=math.nan, error=math.nan, note=reason)
