@@ -60,6 +60,17 @@ BENCH_RUNS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
     ("micro_bf16_dp2_tp2", ("--model", "qwen3-micro", "--dp", "2", "--tp", "2", "--dtype", "bf16"), True),
     ("w16_dp2_tp2", ("--model", "qwen3-32b-w16", "--bucket-size", "156250", "--dp", "2", "--tp", "2"), True),
     ("w16_dp4_tp1", ("--model", "qwen3-32b-w16", "--bucket-size", "156250", "--dp", "4", "--tp", "1"), True),
+    # fp32 Newton–Schulz: the format the cpu-local profile is calibrated in, so the projection validates these
+    (
+        "w16_dp2_tp2_nsfp32",
+        ("--model", "qwen3-32b-w16", "--bucket-size", "156250", "--dp", "2", "--tp", "2", "--ns-dtype", "fp32"),
+        True,
+    ),
+    (
+        "w16_dp4_tp1_nsfp32",
+        ("--model", "qwen3-32b-w16", "--bucket-size", "156250", "--dp", "4", "--tp", "1", "--ns-dtype", "fp32"),
+        True,
+    ),
     ("widefc1_dp4_tp1", _WIDE, True),
     ("widefc1_dp4_tp1_nsfp32", (*_WIDE, "--ns-dtype", "fp32"), True),
 )
