@@ -46,6 +46,7 @@ def validate_against(
             "layout": f"{r['dp']}·{r['tp']}·{r['pp']}",
             "method": r["method"],
             "kind": r["kind"],
+            "ns_dtype": r.get("ns_dtype") if isinstance(r.get("ns_dtype"), str) else "",
             "profile": profile.name,
             "where": r["files"],
         }
