@@ -56,7 +56,8 @@ def _projected_here(validation: pd.DataFrame | None, layout: str, kind: str, ns:
     ]
     if "ns_dtype" in v:  # files written before the column existed hold one format
         v = v[v["ns_dtype"].fillna("").astype(str) == ns]
-    why = "; ".join(sorted(set(v[v["timing"] == "skipped"]["note"].astype(str))))
+    notes = v[v["timing"] == "skipped"]["note"] if "note" in v else []
+    why = "; ".join(sorted({str(n) for n in notes})) or "no line of this cell in the validation"
     v = v[v["timing"] == "step"]
     return {r["method"]: float(r["projected_ms"]) for r in v.to_dict("records")}, why
 
