@@ -9,16 +9,17 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.canzona-installed
 PYTEST_ARGS ?= -n 2 -q
 
-.PHONY: help install lint test mutants reproduce-table2 table2 notebook planner-bench bench-step clean-venv megatron-peer-env gpu-check gpu-wheels
+.PHONY: help install lint test mutants reproduce-table2 table2 notebook planner-bench bench-step bench-ns clean-venv megatron-peer-env gpu-check gpu-wheels
 
 help:
 	@echo "make reproduce-table2   run the Table-2 reproduction (Slurm if present, else the embedded local default)"
 	@echo "make test               install test deps if missing, lint (ruff), run the test suite"
 	@echo "make lint               ruff check + ruff format --check"
-	@echo "make mutants            plant realistic bugs one at a time, report which the tests miss -> results/mutants/ (~20 min)"
+	@echo "make mutants            plant realistic bugs one at a time, report which the tests miss -> results/mutants/ (minutes)"
 	@echo "make notebook           execute analysis/table2.ipynb headless (nbconvert) -> results/table2.ipynb"
 	@echo "make planner-bench      planner quality at 256 GPUs -> results/planner/"
 	@echo "make bench-step         optimizer-step benchmark, 4 gloo ranks (qwen3-tiny, -32b-w16, -tiny-widefc1) -> results/bench_step/"
+	@echo "make bench-ns           Newton–Schulz methods side by side, fp32, one thread -> results/bench_ns/"
 	@echo "make megatron-peer-env  optional .venv-peer with megatron-core 0.19.x for the megatron-muon peer"
 	@echo "make gpu-wheels         wheels for the GPU machine (no package index there) -> .whl/"
 	@echo "make gpu-check          one GPU, <= 8 min: NS vs peers, a bf16 run's syncs and memory -> results/gpu/"
@@ -69,6 +70,15 @@ planner-bench: $(STAMP)
 # experiments/reproduce_table2.py: qwen3-tiny, qwen3-32b-w16, qwen3-tiny-widefc1 on 4 gloo ranks).
 bench-step: $(STAMP)
 	$(VPY) experiments/reproduce_table2.py --cluster local --only bench-step
+
+# Gram vs standard Newton–Schulz (and the peers' kernels where importable) on long and square shapes.
+# emerging-optimizers lives in the peer environment: `make bench-ns NS_PY=.venv-peer/bin/python
+# NS_OUT=results/bench_ns/cpu_fp32_with_emerging.json` (after make megatron-peer-env) times it too.
+NS_SHAPES ?= 512x5120,1024x5120,512x2560,1024x2048,1024x1024,512x512
+NS_PY ?= $(VPY)
+NS_OUT ?= results/bench_ns/cpu_fp32.json
+bench-ns: $(STAMP)
+	$(NS_PY) -m canzona bench-ns --shapes $(NS_SHAPES) --methods standard,gram,auto,torch,emerging --dtype fp32 --threads 1 --repeats 7 --out $(NS_OUT)
 
 clean-venv:
 	rm -rf $(VENV)

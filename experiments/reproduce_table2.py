@@ -43,18 +43,36 @@ PEER_PY = ROOT / ".venv-peer" / "bin" / "python"
 BENCH = RESULTS / "bench_step" / "bench_step.jsonl"
 STEP_NAMES = ("local-sweep", "bench-step", "planner", "projection", "calibration", "validation", "table2")
 # The bench-step runs (`make bench-step` runs exactly these): 4 gloo ranks, Muon, 20 measured steps.
-# (output tag, extra bench-step arguments). qwen3-32b-w16 is Qwen3-32B's structure at 1/16 width with
+# (output tag, extra bench-step arguments, whether its lines go to the results file). A run that forces
+# a setting the results schema does not key on (the collective mode) writes its JSON only, so it never
+# mixes into the cell of the default run. qwen3-32b-w16 is Qwen3-32B's structure at 1/16 width with
 # one matrix per bucket; qwen3-tiny-widefc1 is where one matrix dominates (cooperative Newton–Schulz),
 # timed with the NS format auto picks and with fp32. canzona-nocoop: Canzona with one owner per matrix.
 _ALL = "sc,layerwise,asc,canzona,canzona-nocoop"
 _WIDE = ("--model", "qwen3-tiny-widefc1", "--dp", "4", "--tp", "1", "--strategies", "layerwise,canzona,canzona-nocoop")
-BENCH_RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("dp2_tp2", ("--model", "qwen3-tiny", "--dp", "2", "--tp", "2", "--strategies", _ALL)),
-    ("dp4_tp1", ("--model", "qwen3-tiny", "--dp", "4", "--tp", "1", "--strategies", _ALL)),
-    ("w16_dp2_tp2", ("--model", "qwen3-32b-w16", "--bucket-size", "156250", "--dp", "2", "--tp", "2")),
-    ("w16_dp4_tp1", ("--model", "qwen3-32b-w16", "--bucket-size", "156250", "--dp", "4", "--tp", "1")),
-    ("widefc1_dp4_tp1", _WIDE),
-    ("widefc1_dp4_tp1_nsfp32", (*_WIDE, "--ns-dtype", "fp32")),
+BENCH_RUNS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
+    ("dp2_tp2", ("--model", "qwen3-tiny", "--dp", "2", "--tp", "2", "--strategies", _ALL), True),
+    ("dp4_tp1", ("--model", "qwen3-tiny", "--dp", "4", "--tp", "1", "--strategies", _ALL), True),
+    # the NCCL-shaped DP layout forced on gloo (auto picks per-root there): the native path's own cost
+    ("dp2_tp2_native", ("--model", "qwen3-tiny", "--dp", "2", "--tp", "2", "--collective-mode", "native"), False),
+    # Newton–Schulz in fp32 (auto picks bf16 on CPUs with native bf16 matmul), and bf16 parameters
+    ("dp2_tp2_nsfp32", ("--model", "qwen3-tiny", "--dp", "2", "--tp", "2", "--ns-dtype", "fp32"), True),
+    ("micro_bf16_dp2_tp2", ("--model", "qwen3-micro", "--dp", "2", "--tp", "2", "--dtype", "bf16"), True),
+    ("w16_dp2_tp2", ("--model", "qwen3-32b-w16", "--bucket-size", "156250", "--dp", "2", "--tp", "2"), True),
+    ("w16_dp4_tp1", ("--model", "qwen3-32b-w16", "--bucket-size", "156250", "--dp", "4", "--tp", "1"), True),
+    # fp32 Newton–Schulz: the format the cpu-local profile is calibrated in, so the projection validates these
+    (
+        "w16_dp2_tp2_nsfp32",
+        ("--model", "qwen3-32b-w16", "--bucket-size", "156250", "--dp", "2", "--tp", "2", "--ns-dtype", "fp32"),
+        True,
+    ),
+    (
+        "w16_dp4_tp1_nsfp32",
+        ("--model", "qwen3-32b-w16", "--bucket-size", "156250", "--dp", "4", "--tp", "1", "--ns-dtype", "fp32"),
+        True,
+    ),
+    ("widefc1_dp4_tp1", _WIDE, True),
+    ("widefc1_dp4_tp1_nsfp32", (*_WIDE, "--ns-dtype", "fp32"), True),
 )
 
 
@@ -339,10 +357,11 @@ def embedded_default(args: argparse.Namespace) -> int:
         if step.name == "local-sweep":
             local_sweep(step, progress=not args.no_progress)
         elif step.name == "bench-step":
-            for tag, extra in BENCH_RUNS:
+            for tag, extra, recorded in BENCH_RUNS:
                 out = f"results/bench_step/muon_{tag}.json"
                 argv = ["bench-step", "--nproc", "4", "--optimizer", "muon", "--steps", "20", "--warmup", "3"]
-                run_command(step, [*argv, *extra, "--out", out, "--results", str(BENCH.relative_to(ROOT))])
+                argv += [*extra, "--out", out] + (["--results", str(BENCH.relative_to(ROOT))] if recorded else [])
+                run_command(step, argv)
                 if step.status != "ok":
                     break
                 step.outputs.append(out)

@@ -271,7 +271,7 @@ def test_validate_against_projects_the_measured_cell(tmp_path: Path, toy) -> Non
     from canzona.analysis.projection import validate_against
     from tests.test_analysis_fixtures import make_record
 
-    prof = replace(toy(), kind="cpu", name="toy-cpu")
+    prof = replace(toy(), kind="cpu", name="toy-cpu", param_bytes=4)  # fp32, as the fixture lines
     s = Scenario("qwen3-micro", Layout(2, 2, 1), "canzona", alpha=0.5, seq_len=1, global_batch=2)
     want = project(s, prof).step_ms
     recs = [
@@ -415,3 +415,25 @@ def test_batch_study_reaches_the_claim_below_our_batch() -> None:
         above = min(r["tokens"] for r in grid if r["tokens"] > below)
         assert below <= reach["tokens"] <= above
         assert reach["tokens"] < 256 * 4096  # our batch does not reach it in either view
+
+
+def test_validate_skips_lines_in_another_number_format(tmp_path: Path, toy) -> None:
+    """A profile's times are for one Newton–Schulz format and parameter width: a line measured in
+    another is listed as skipped, never compared (bf16 NS against fp32 times read as a 2x error)."""
+    from dataclasses import replace
+
+    from canzona.analysis.projection import validate_against
+    from tests.test_analysis_fixtures import make_record
+
+    prof = replace(toy(), kind="cpu", name="toy-cpu", param_bytes=4)
+    recs = [
+        make_record(model="qwen3-micro", method="canzona", kind="step", extra_config={"ns_dtype": "bf16"}),
+        make_record(model="qwen3-micro", method="sc", kind="step", extra_config={"dtype": "bf16"}, timestamp="t2"),
+        make_record(model="qwen3-micro", method="asc", kind="step", timestamp="t3"),
+    ]
+    f = tmp_path / "m.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    v = validate_against(f, prof)
+    skipped = v[v["timing"] == "skipped"].set_index("method")["note"]
+    assert "Newton–Schulz in bf16" in skipped["canzona"] and "bf16 parameters" in skipped["sc"]
+    assert list(v[v["timing"] == "step"]["method"]) == ["asc"]

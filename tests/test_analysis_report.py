@@ -309,3 +309,9 @@ def test_structure_preserving_benchmark_beside_the_256_gpu_prediction(tmp_path: 
     slow = [rec("canzona", 200, **w16, hostname="other")] + [r for r in measured if r["config"]["method"] != "canzona"]
     (row,) = structure_rows(cells_of(tmp_path, slow + predicted), val)
     assert row[4] == "ordering differs from the 256-GPU prediction; ratios not within 25% of their projection"
+    skipped = pd.DataFrame(
+        [dict(model="qwen3-32b-w16", layout="2·2·1", kind="step", timing="skipped", method="canzona", note="NS bf16")]
+    )
+    (row,) = structure_rows(cells, skipped)
+    assert "not projected here (NS bf16)" in row[3]
+    assert row[4] == "ordering as predicted; no projection of this cell to compare the ratios with"

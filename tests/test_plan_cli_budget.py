@@ -90,3 +90,11 @@ def test_coop_profile_prices_the_choice(capsys) -> None:
     assert [(g["matrix"], g["k"]) for g in cpu["cooperative_groups"]] == [("decoder.layers.0.mlp.linear_fc1.weight", 4)]
     assert cpu["collectives"]["coop"] == {"all_reduce": 5}  # one Gram all-reduce per NS iteration
     assert run_json(capsys, *argv)["cooperative_groups"] == []
+
+
+def test_compare_with_memory_shows_each_strategy_and_what_does_not_fit(capsys) -> None:
+    assert main(["plan", "--model", "qwen3-micro", "--tp", "2", "--dp", "2", "--compare", "--hbm-gb", "0.0005"]) == 0
+    out = capsys.readouterr().out
+    rows = {ln.split()[0]: ln for ln in out.splitlines() if ln.startswith(("sc ", "layerwise ", "zero "))}
+    assert "GB/GPU" in out and rows["sc"].endswith("!")  # sc holds every matrix whole on every GPU
+    assert rows["zero"].rstrip().endswith("-")  # the reference geometry has no matrix-optimizer memory

@@ -10,8 +10,9 @@ import torch
 
 from canzona.models.spec import ParamSpec
 from canzona.runtime import DistributedOptimizer, checkpoint
+from canzona.runtime.checkpoint import Chunks
 from canzona.runtime.launch import RankError, dp_tp_groups, launch
-from tests.runtime_helpers import SPECS, assemble, build, dist_config, reference, run_steps, shard
+from tests.runtime_helpers import SPECS, assemble, build, dist_config, init_param, reference, run_steps, shard
 
 SEED = 11
 
@@ -224,3 +225,38 @@ def test_overlapped_syncs_equal_blocking(mode: str) -> None:
             assert got[r]["losses"] == pytest.approx(blocking[r]["losses"], rel=1e-6), (overlap, r)
             for k in ("w1", "w2"):
                 assert torch.allclose(got[r][k], blocking[0][k], rtol=1e-6, atol=1e-7), (overlap, k)
+
+
+def _storages(opt: DistributedOptimizer) -> set[int]:
+    """Where the optimizer's own state lives: matrix states, fp32 masters, AdamW moments and masters."""
+    ts = [t for st in opt.states.values() for t in st.values()]
+    ts += [m for m, _ in opt.masters.values()]
+    for b, bb in enumerate(opt.adamw.buckets):
+        ts += list(opt.adamw.moments(b).values()) + ([bb.master] if bb.separate_master else [])
+    return {t.untyped_storage().data_ptr() for t in ts}
+
+
+def _state_is_views(info, dtype: str) -> tuple[int, int, int]:
+    groups = dp_tp_groups(info.rank, 2, 2)
+    t = info.rank % 2
+    params = {
+        s.name: torch.nn.Parameter(shard(init_param(s, SEED), s, 2, t).to(getattr(torch, dtype)).clone()) for s in SPECS
+    }
+    opt = DistributedOptimizer([(s.name, s, params[s.name]) for s in SPECS], *groups, dist_config("canzona", "muon"))
+    run_steps(opt, params, info.rank, 2, range(1), SEED)
+    own = _storages(opt)
+    pieces = [
+        p for _, v in checkpoint.flatten(checkpoint.local_state(opt)) if isinstance(v, Chunks) for _, p in v.pieces
+    ]
+    copied = sum(p.numel() * p.element_size() for p in pieces if p.untyped_storage().data_ptr() not in own)
+    return len(pieces), copied, sum(p.numel() for p in pieces)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_checkpoint_state_is_views_of_the_optimizer_state(dtype: str) -> None:
+    """Saving and loading hold no copy of the state: DCP reads from and writes into views of the
+    optimizer's own tensors (the masters too, with bf16 parameters), so no rank holds more than its
+    own state while checkpointing."""
+    for n, copied, elems in launch(_state_is_views, 4, dtype):
+        assert n > 0 and elems > 0
+        assert copied == 0, f"{copied} bytes of the checkpoint state are copies"

@@ -73,7 +73,9 @@ def _rank(info: Any, model: str, optimizer: str, dp: int, tp: int, sizes: Sequen
     from canzona.runtime.launch import dp_tp_groups
 
     out: dict[str, Any] = {"compute": {}, "solo": {}, "mem": 0.0, "mem_solo": 0.0, "coll": {}}
-    opt = make_matrix_optimizer(optimizer)
+    # fp32 Newton–Schulz: the profile declares fp32 (param_bytes 4, Profile.ns_dtype), so its times must
+    # be fp32 times; Muon's "auto" would pick bf16 on CPUs with native bf16 matmul.
+    opt = make_matrix_optimizer(optimizer, **({"compute_dtype": "fp32"} if optimizer == "muon" else {}))
     gen = torch.Generator().manual_seed(info.rank)
     src = torch.randn(8 << 20)
     dst = torch.empty_like(src)

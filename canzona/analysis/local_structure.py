@@ -47,16 +47,19 @@ def predicted_steps(cells: pd.DataFrame, view: str) -> dict[str, float]:
     return {r["method"]: float(r["step_ms"]) for r in sel.to_dict("records")}
 
 
-def _projected_here(validation: pd.DataFrame | None, layout: str, kind: str) -> dict[str, float]:
+def _projected_here(validation: pd.DataFrame | None, layout: str, kind: str, ns: str) -> tuple[dict[str, float], str]:
+    """The same cell's projected steps (cpu-local), and why there are none when a line was skipped."""
     if validation is None or validation.empty:
-        return {}
+        return {}, "no validation file"
     v = validation[
-        (validation["model"] == STRUCTURE_MODEL)
-        & (validation["layout"] == layout)
-        & (validation["kind"] == kind)
-        & (validation["timing"] == "step")
+        (validation["model"] == STRUCTURE_MODEL) & (validation["layout"] == layout) & (validation["kind"] == kind)
     ]
-    return {r["method"]: float(r["projected_ms"]) for r in v.to_dict("records")}
+    if "ns_dtype" in v:  # files written before the column existed hold one format
+        v = v[v["ns_dtype"].fillna("").astype(str) == ns]
+    notes = v[v["timing"] == "skipped"]["note"] if "note" in v else []
+    why = "; ".join(sorted({str(n) for n in notes})) or "no line of this cell in the validation"
+    v = v[v["timing"] == "step"]
+    return {r["method"]: float(r["projected_ms"]) for r in v.to_dict("records")}, why
 
 
 def structure_rows(cells: pd.DataFrame, validation: pd.DataFrame | None = None) -> list[list[str]]:
@@ -68,28 +71,32 @@ def structure_rows(cells: pd.DataFrame, validation: pd.DataFrame | None = None) 
     sp = lambda st, b: st[b] / st[OURS] if finite(st.get(b)) and finite(st.get(OURS)) and st[OURS] > 0 else math.nan
     meas = cells[(cells["model"] == STRUCTURE_MODEL) & (cells["provenance"] == "measured")]
     rows = []
-    for (dp, tp, pp, kind, src), g in meas.groupby(["dp", "tp", "pp", "kind", "source"], sort=False, dropna=False):
+    keys = ["dp", "tp", "pp", "kind", "source", "ns_dtype"]
+    for (dp, tp, pp, kind, src, ns), g in meas.groupby(keys, sort=False, dropna=False):
         layout = f"{dp}·{tp}·{pp}"
         step = {r["method"]: float(r["step_ms"]) for r in g.to_dict("records")}
-        here = _projected_here(validation, layout, str(kind))
+        here, why = _projected_here(validation, layout, str(kind), str(ns))
         ratios, ok_ratio = [], True
         for b in BASES:
             m, p = sp(step, b), sp(here, b)
             err = m / p - 1 if finite(m) and finite(p) else math.nan
             ok_ratio &= finite(err) and abs(err) <= RATIO_TOL
+            here_txt = f"{p:.2f}× projected here ({err:+.0%})" if finite(err) else f"not projected here ({why})"
             ratios.append(
-                f"vs {b}: {m:.2f}× measured, {p:.2f}× projected here ({err:+.0%}), "
-                f"{sp(none_256, b):.2f}× / {sp(meg_256, b):.2f}× at 256 GPUs"
+                f"vs {b}: {m:.2f}× measured, {here_txt}, {sp(none_256, b):.2f}× / {sp(meg_256, b):.2f}× at 256 GPUs"
             )
         same = all(
             finite(sp(step, b)) and finite(sp(none_256, b)) and (sp(step, b) > 1) == (sp(none_256, b) > 1)
             for b in BASES
         )
         verdict = "ordering as predicted" if same else "ordering differs from the 256-GPU prediction"
-        verdict += f"; ratios {'within' if ok_ratio else 'not within'} {RATIO_TOL:.0%} of their projection"
+        if here:
+            verdict += f"; ratios {'within' if ok_ratio else 'not within'} {RATIO_TOL:.0%} of their projection"
+        else:
+            verdict += "; no projection of this cell to compare the ratios with"
         rows.append(
             [
-                f"dp{dp}·tp{tp} ({kind}, {src})",
+                f"dp{dp}·tp{tp} ({kind}, NS {ns}, {src})",
                 ", ".join(f"{m} {step[m]:.0f}" for m in METHODS if finite(step.get(m))),
                 _order(step),
                 "; ".join(ratios),

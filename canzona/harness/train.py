@@ -220,35 +220,7 @@ def train(
         loss_rank = ps.is_pipeline_last_stage() and tp_rank == 0
 
         # --- the loop -------------------------------------------------------------------------
-        clock = Clock(sync=not on_cpu)
-        log = IterationLog()
-        for it in range(run.warmup + run.iters):
-            micro = data.microbatches(it, dp_rank, run.dp, run.micro_batch, device)
-            t0 = clock.now_ms()
-            with cpu_shim.cuda_literals_to_cpu():
-                losses = forward_backward(
-                    forward_step_func=forward_step,
-                    data_iterator=iter(micro),
-                    model=model,
-                    num_microbatches=run.num_microbatches,
-                    seq_length=run.seq_len,
-                    micro_batch_size=run.micro_batch,
-                    forward_only=False,
-                )
-            if on_cpu:  # so that step_ms times the step, not the ranks' forward-backward skew
-                dist.barrier()
-            t1 = clock.now_ms()
-            with step_probe() if step_probe else nullcontext():
-                opt.step()
-            t2 = clock.now_ms()
-            opt.zero_grad()
-            t3 = clock.now_ms()
-            # after the iteration, outside every timed region: it syncs and max-reduces. With
-            # overlap_param_sync, ``param_wait`` is what THIS iteration's forward waited for the
-            # previous step's all-gathers (inside fwd_bwd and the iteration, never hidden).
-            phases = opt.timings()
-            loss = float(sum(float(x["loss"]) for x in losses) / len(losses)) if loss_rank else 0.0
-            log.add(t3 - t0, t1 - t0, t2 - t1, phases, loss)
+        log = _loop(run, model, opt, forward_backward, forward_step, data, dp_rank, loss_rank, device, step_probe)
 
         # --- aggregate, check, record ---------------------------------------------------------
         if run.overlap_param_sync:
@@ -263,24 +235,85 @@ def train(
             "record": None,
         }
         if ri.rank == 0:
-            from canzona.harness.record import build_record, environment
-            from canzona.results.env import cluster_environment
-            from canzona.results.schema import append_record
-
-            _, mem_kind = peak_memory_mb(device)
-            extra: dict[str, Any] = {
-                "layer_spec": "transformer_engine" if run.attention == "te" else "local",
-                "cpu_shim": cpu_shim.installed(),
-                **cluster_environment(device, hosts),
-            }
-            if run.method == "megatron-muon":
-                extra["megatron_muon_layer_wise"] = getattr(opt, "layer_wise", None)
-                extra["megatron_muon_tp_mode"] = run.muon_tp_mode
-            env = environment(device, backend, extra=extra)
-            record = build_record(run, env, timings, mem_kind=mem_kind, checks={"replica_max_abs_diff": drift})
-            if run.results:
-                append_record(run.results, record)
-            out["record"] = record
+            out["record"] = _record(run, device, backend, timings, drift, hosts, getattr(opt, "layer_wise", None))
         return out
     finally:
         ps.destroy_model_parallel()
+
+
+def _loop(
+    run: RunConfig,
+    model: Any,
+    opt: Any,
+    forward_backward: Callable[..., Any],
+    forward_step: Callable[..., Any],
+    data: SyntheticTokens,
+    dp_rank: int,
+    loss_rank: bool,
+    device: torch.device,
+    step_probe: Callable[[], AbstractContextManager[Any]] | None,
+) -> IterationLog:
+    """Warm-up and measured iterations: fwd/bwd through megatron's schedule, the step, zero_grad,
+    each timed on its own; the optimizer's phase timers are read after the iteration."""
+    on_cpu = device.type == "cpu"
+    clock = Clock(sync=not on_cpu)
+    log = IterationLog()
+    for it in range(run.warmup + run.iters):
+        micro = data.microbatches(it, dp_rank, run.dp, run.micro_batch, device)
+        t0 = clock.now_ms()
+        with cpu_shim.cuda_literals_to_cpu():
+            losses = forward_backward(
+                forward_step_func=forward_step,
+                data_iterator=iter(micro),
+                model=model,
+                num_microbatches=run.num_microbatches,
+                seq_length=run.seq_len,
+                micro_batch_size=run.micro_batch,
+                forward_only=False,
+            )
+        if on_cpu:  # so that step_ms times the step, not the ranks' forward-backward skew
+            dist.barrier()
+        t1 = clock.now_ms()
+        with step_probe() if step_probe else nullcontext():
+            opt.step()
+        t2 = clock.now_ms()
+        opt.zero_grad()
+        t3 = clock.now_ms()
+        # after the iteration, outside every timed region: it syncs and max-reduces. With
+        # overlap_param_sync, ``param_wait`` is what THIS iteration's forward waited for the
+        # previous step's all-gathers (inside fwd_bwd and the iteration, never hidden).
+        phases = opt.timings()
+        loss = float(sum(float(x["loss"]) for x in losses) / len(losses)) if loss_rank else 0.0
+        log.add(t3 - t0, t1 - t0, t2 - t1, phases, loss)
+    return log
+
+
+def _record(
+    run: RunConfig,
+    device: torch.device,
+    backend: str,
+    timings: Any,
+    drift: float,
+    hosts: Any,
+    layer_wise: bool | None,
+) -> dict[str, Any]:
+    """Rank 0's results line (appended to ``run.results`` when set): config, environment of every
+    node, timings and the replica check."""
+    from canzona.harness.record import build_record, environment
+    from canzona.results.env import cluster_environment
+    from canzona.results.schema import append_record
+
+    _, mem_kind = peak_memory_mb(device)
+    extra: dict[str, Any] = {
+        "layer_spec": "transformer_engine" if run.attention == "te" else "local",
+        "cpu_shim": cpu_shim.installed(),
+        **cluster_environment(device, hosts),
+    }
+    if run.method == "megatron-muon":
+        extra["megatron_muon_layer_wise"] = layer_wise
+        extra["megatron_muon_tp_mode"] = run.muon_tp_mode
+    env = environment(device, backend, extra=extra)
+    record = build_record(run, env, timings, mem_kind=mem_kind, checks={"replica_max_abs_diff": drift})
+    if run.results:
+        append_record(run.results, record)
+    return record

@@ -1,9 +1,10 @@
-"""`canzona plan-bench`: planner quality -> results/planner/ (``--suite qwen3 | comm | models``).
+"""`canzona plan-bench`: planner quality -> results/planner/ (``--suite qwen3 | comm | models | coop``).
 
 Writes (all through ``write_atomic``; every CSV row carries config, git commit, timestamp and
 provenance "computed by planner"; nothing here is measured on hardware):
   comm_goals.csv/.md   issue #11's DP communication budget per α and layout (``bench_goals``)
   models_goals.csv/.md issue #13's quality and planner-speed goals on every model (``bench_goals``)
+  coop_goals.csv/.md   issue #12's cooperative Newton–Schulz goal on the 256-GPU grid (``bench_coop``)
 qwen3 suite:
   efficiency.csv/.md   every model × layout (TP∈{1,2,4,8}, PP∈{1,2,4}, DP=256/(TP·PP)), fused
                        Megatron matrices: asc (zero-atomic), layerwise, canzona blend (authors'),
@@ -59,7 +60,7 @@ METRIC_COLS = (
 )
 
 
-SUITES = ("qwen3", "comm", "models")
+SUITES = ("qwen3", "comm", "models", "coop")
 BOUND_COLS = (
     "model",
     "tp",
@@ -87,7 +88,8 @@ def configure(p: argparse.ArgumentParser) -> None:
         action="append",
         choices=SUITES,
         help="qwen3: the 256-GPU grid, bounds and alpha sweeps; comm: issue #11's DP budget goals; models: "
-        "issue #13's quality and speed goals on every model (repeatable; default: all three)",
+        "issue #13's quality and speed goals on every model; coop: issue #12's cooperative Newton–Schulz goal "
+        "(repeatable; default: all four)",
     )
     p.add_argument("--no-plots", action="store_true")
 
@@ -251,11 +253,13 @@ def _plots(out: Path, bound_rows: list[dict[str, Any]], sweep_rows: list[dict[st
 
 
 def _goal_suite(b: _Bench, out: Path, name: str) -> str:
-    """Issue #11's (``comm``) or #13's (``models``) goals -> <name>_goals.csv and .md."""
+    """Issue #11's (``comm``), #13's (``models``) or #12's (``coop``) goals -> <name>_goals.csv and .md."""
     from canzona.plan import bench_goals
+    from canzona.plan.bench_coop import coop_suite
     from canzona.results.schema import write_atomic
 
-    rows, md = bench_goals.comm_suite() if name == "comm" else bench_goals.models_suite()
+    suites = {"comm": bench_goals.comm_suite, "models": bench_goals.models_suite, "coop": coop_suite}
+    rows, md = suites[name]()
     rows = [{**r, **b.tag} for r in rows]
     head = f"# Planner goals: {name} ({PROVENANCE}, commit {b.commit}, {b.stamp}; `canzona plan-bench --suite {name}`)"
     write_atomic(out / f"{name}_goals.csv", _csv(rows))

@@ -35,6 +35,7 @@ from canzona.plan.bucket_metrics import padding_floor
 from canzona.plan.buckets import build_buckets, matrix_chunks, packed_bucket, resolve_bucket_size
 from canzona.plan.coop import COOP_PROFILES, applies, check_ownership, plan_cooperative
 from canzona.plan.dp import make_problem
+from canzona.plan.metrics import gpu_loads
 from canzona.plan.strategies import STRATEGIES, get_strategy, resolve_algo
 from canzona.plan.tp import TP_MODES, check_tp_mode, schedule_tp
 from canzona.plan.types import AUTO_PADDING_LIMIT, DP_LAYOUTS, Bucket, Layout, Plan, PlanConfig, PlanItem, input_hash
@@ -166,10 +167,31 @@ def make_plan(
             f"got {cfg.strategy} / {cfg.dp_algo} / {cfg.dp_layout}"
         )
     buckets = matrix_buckets(params, items, layout, cfg)
-    if cfg.cooperative:
-        plan = _cooperative_plan(params, items, buckets, layout, cfg, cost_model, t0)
-        if plan is not None:
-            return plan
+    coop = _cooperative_plan(params, items, buckets, layout, cfg, cost_model, t0) if cfg.cooperative else None
+    if coop is not None and cfg.coop_force:
+        return coop
+    plain = _plain_plan(items, buckets, layout, cfg, t0)
+    # The group choice prices each matrix alone; where the other matrices then land on the members
+    # the stage can end up worse (Qwen3-1.7B at TP 8: every TP group is a member of an fc1 group AND
+    # hosts an fc2). Keep cooperation only where the whole plan's per-GPU max is lower.
+    if coop is not None and _gpu_max(coop) * COOP_MIN_GAIN < _gpu_max(plain):
+        return coop
+    return plain
+
+
+# A cooperative plan must lower the stage's per-GPU max by at least this factor to be kept.
+COOP_MIN_GAIN = 1.02
+
+
+def _gpu_max(plan: Plan) -> float:
+    return max(gpu_loads(plan).flat_cost(), default=0.0)
+
+
+def _plain_plan(
+    items: tuple[PlanItem, ...], buckets: tuple[Bucket, ...], layout: Layout, cfg: PlanConfig, t0: float
+) -> Plan:
+    """The stage's plan with one owner per matrix: the strategy's own DP planner and TP schedule."""
+    strategy = STRATEGIES[cfg.strategy]
     problem = make_problem(items, buckets, layout.dp, layout.tp, cfg.tp_mode, layout=cfg.dp_layout, ep=layout.ep)
     dpp = strategy.planner(problem, items, cfg.dp_algo, cfg.alpha)
     tps = schedule_tp(

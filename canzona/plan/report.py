@@ -102,9 +102,14 @@ def format_compare(rows: Sequence[dict[str, Any]]) -> str:
         ("step calls", 10),
         ("seconds", 8),
     ]
+    with_memory = any("memory" in m for m in rows)
+    if with_memory:
+        cols.append(("GB/GPU", 7))
     head = " ".join(f"{c:>{w}}" if i else f"{c:<{w}}" for i, (c, w) in enumerate(cols))
     out = [head, "-" * len(head)]
     for m in rows:
+        mem = m.get("memory")
+        gb = f"{mem['total_bytes'] / 1e9:>6.1f}{'' if mem.get('fits', True) else '!'}" if mem else f"{'-':>7}"
         out.append(
             " ".join(
                 [
@@ -121,6 +126,7 @@ def format_compare(rows: Sequence[dict[str, Any]]) -> str:
                     f"{sum(m.get('collectives', {}).get('dp', {}).values()):>8d}",
                     f"{m.get('step_calls', 0):>10d}",
                     f"{m['planner_seconds']:>8.3f}",
+                    *([gb] if with_memory else []),
                 ]
             )
         )
@@ -130,6 +136,7 @@ def format_compare(rows: Sequence[dict[str, Any]]) -> str:
         f"in the {rows[0]['dp_layout'] if rows else '?'} layout; worst b = worst bucket's padded collective / its "
         "gradient bytes; buckets = reduce-scatters per GPU per step; DP calls = DP collectives per GPU per step "
         "(overlapped with backward and the next forward); step calls = the calls the step itself issues"
+        + ("; GB/GPU = the memory model's total without activations (! = over --hbm-gb)" if with_memory else "")
     )
     return "\n".join(out)
 

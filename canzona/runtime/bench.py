@@ -204,20 +204,22 @@ def run(args: argparse.Namespace) -> int:
         write_atomic(args.out, json.dumps(out, indent=2, sort_keys=True) + "\n")
     if args.results:
         _append_records(args, out, med)
-    if args.json:
-        print(text)
-    else:
-        print(
-            f"{args.model} {args.optimizer}: world {args.nproc} = dp {args.dp} × tp {args.tp}, "
-            f"median of {args.steps} steps"
-        )
-        for s in strategies:
-            vs_sc = f"   vs sc {out['speedup_vs_sc'][s]:5.2f}x" if s in out["speedup_vs_sc"] else ""
-            print(f"  {s:<14} step {step_ms[s]:9.1f} ms{vs_sc}")
-        if out["speedup_cooperative"] is not None:
-            print(f"  cooperation: canzona-nocoop / canzona = {out['speedup_cooperative']:.2f}x")
+    print(text if args.json else _text(args, out))
     sys.stdout.flush()
     return 0
+
+
+def _text(args: argparse.Namespace, out: dict[str, Any]) -> str:
+    """The human-readable summary: each strategy's median step, vs sc, and the cooperation ratio."""
+    lines = [
+        f"{args.model} {args.optimizer}: world {args.nproc} = dp {args.dp} × tp {args.tp}, median of {args.steps} steps"
+    ]
+    for s, ms in out["step_ms"].items():
+        vs_sc = f"   vs sc {out['speedup_vs_sc'][s]:5.2f}x" if s in out["speedup_vs_sc"] else ""
+        lines.append(f"  {s:<14} step {ms:9.1f} ms{vs_sc}")
+    if out["speedup_cooperative"] is not None:
+        lines.append(f"  cooperation: canzona-nocoop / canzona = {out['speedup_cooperative']:.2f}x")
+    return "\n".join(lines)
 
 
 def _append_records(args: argparse.Namespace, out: dict, med: dict) -> None:

@@ -32,7 +32,6 @@ def validate_against(
 
     from canzona.analysis.aggregate import aggregate_cells, finite
     from canzona.analysis.load import load_results
-    from canzona.models import MODELS
 
     cells = aggregate_cells(load_results(results))
     rows: list[dict[str, Any]] = []
@@ -46,16 +45,13 @@ def validate_against(
             "layout": f"{r['dp']}·{r['tp']}·{r['pp']}",
             "method": r["method"],
             "kind": r["kind"],
+            "ns_dtype": r.get("ns_dtype") if isinstance(r.get("ns_dtype"), str) else "",
             "profile": profile.name,
             "where": r["files"],
         }
-        reason = None
         if want_backend not in str(r["source"]):
             continue
-        if r["method"] not in METHODS:
-            reason = f"method {r['method']!r} is not modelled"
-        elif r["model"] not in MODELS:
-            reason = f"model {r['model']!r} unknown"
+        reason = _skip_reason(r, profile)
         if reason:
             rows.append(
                 dict(base, timing="skipped", measured_ms=math.nan, projected_ms=math.nan, error=math.nan, note=reason)
@@ -95,3 +91,19 @@ def validate_against(
                 dict(base, timing=timing, measured_ms=float(meas), projected_ms=float(proj), error=err, note="")
             )
     return pd.DataFrame(rows)
+
+
+def _skip_reason(r: dict[str, Any], profile: Profile) -> str | None:
+    """Why a measured cell cannot be compared with ``profile`` (None: it can): a method or model the
+    projection does not model, or another number format than the one the profile's times are for."""
+    from canzona.models import MODELS
+
+    if r["method"] not in METHODS:
+        return f"method {r['method']!r} is not modelled"
+    if r["model"] not in MODELS:
+        return f"model {r['model']!r} unknown"
+    if isinstance(r.get("ns_dtype"), str) and r["ns_dtype"] != profile.ns_dtype:
+        return f"Newton–Schulz in {r['ns_dtype']}; {profile.name}'s times are {profile.ns_dtype} times"
+    if isinstance(r.get("dtype"), str) and (2 if r["dtype"] == "bf16" else 4) != profile.param_bytes:
+        return f"{r['dtype']} parameters; {profile.name} models {profile.param_bytes}-byte parameters"
+    return None

@@ -1,0 +1,113 @@
+"""The cooperative Newton–Schulz goals of issue #12 as a `canzona plan-bench` suite (pure planning).
+
+Every cell of the qwen3 grid (Qwen3 1.7B–32B at 256 GPUs, TP ∈ {1,2,4,8}, PP ∈ {1,2,4}, fused
+matrices, Muon FLOPs, canzona refine at the default α) planned with and without cooperation. Per
+cell (worst PP stage):
+
+- ``max_over_mean``: the cooperative plan's per-GPU max / the mean per-GPU load WITHOUT cooperation
+  (the work itself; a group's extra m³ terms count against it, so this is the honest ratio),
+  beside ``nocoop_max_over_mean`` (the whole-matrix bound the paper's plans sit at);
+- ``extra_work``: total optimizer FLOPs added by the groups (redundant m×m products), as a fraction;
+- ``coop_calls`` / ``coop_bytes`` / ``coop_ms``: the group collectives the lowered schedule issues per
+  step on the busiest GPU (Gram all-reduces, norms; all-to-alls for column blocks at TP = 1), and their
+  α–β time on NVLink (groups stay inside a node);
+- ``groups``, ``k``: how many matrices got a group, and the group sizes used.
+
+The goal (≤ 1.15) is checked per cell; the cells that miss it are listed with their bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from canzona.cost import CostModel
+from canzona.models import get_model, list_params
+from canzona.plan.budget import DEFAULT_LINKS
+from canzona.plan.build import adamw_buckets, plan_model
+from canzona.plan.metrics import gpu_loads
+from canzona.plan.schedule import LowerSettings, stage_schedules
+from canzona.plan.types import DEFAULT_ALPHA, Layout, Plan, PlanConfig
+
+GOAL_MAX_OVER_MEAN = 1.15
+MODELS = ("qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b")
+TPS = (1, 2, 4, 8)
+PPS = (1, 2, 4)
+WORLD = 256
+
+
+def _coop_ops(model: str, layout: Layout, plans: Sequence[Plan]) -> tuple[int, int, float]:
+    """(calls, bytes, α–β ms) of the cooperative groups' collectives on the busiest GPU."""
+    link = DEFAULT_LINKS["coop"]
+    worst = (0, 0, 0.0)
+    for s, plan in enumerate(plans):
+        if not plan.coop:
+            continue
+        k = max(g.k for g in plan.coop)
+        adamw = adamw_buckets(list_params(get_model(model), pp=layout.pp, stage=s), layout, plan.config.bucket_size)
+        for sch in stage_schedules(plan, adamw, LowerSettings(param_bytes=2)):
+            ops = [o for o in sch.ops if o.group == "coop"]
+            ms = sum(link.call_us(o.kind, k, o.nbytes) for o in ops) / 1e3
+            worst = max(worst, (len(ops), sum(o.nbytes for o in ops), ms), key=lambda w: w[2])
+    return worst
+
+
+def coop_cell(model: str, layout: Layout, cost_model: CostModel) -> dict[str, Any]:
+    """One layout planned with and without cooperation (see the module docstring)."""
+    cfg = PlanConfig(optimizer="muon", cost="flops", alpha=DEFAULT_ALPHA)
+    on = plan_model(model, layout, cfg, cost_model=cost_model)
+    off = plan_model(model, layout, PlanConfig(**{**cfg.__dict__, "cooperative": False}), cost_model=cost_model)
+    ratio, ratio_off, extra = 0.0, 0.0, 0.0
+    for p_on, p_off in zip(on, off, strict=True):
+        c_on, c_off = gpu_loads(p_on).flat_cost(), gpu_loads(p_off).flat_cost()
+        mean = sum(c_off) / len(c_off)
+        ratio, ratio_off = max(ratio, max(c_on) / mean), max(ratio_off, max(c_off) / mean)
+        extra = max(extra, sum(c_on) / sum(c_off) - 1.0)
+    calls, nbytes, ms = _coop_ops(model, layout, on)
+    groups = [g for p in on for g in p.coop]
+    return {
+        "model": model,
+        "tp": layout.tp,
+        "pp": layout.pp,
+        "dp": layout.dp,
+        "max_over_mean": ratio,
+        "nocoop_max_over_mean": ratio_off,
+        "extra_work": extra,
+        "groups": len(groups),
+        "k": ",".join(str(k) for k in sorted({g.k for g in groups})) or "-",
+        "coop_calls": calls,
+        "coop_bytes": nbytes,
+        "coop_ms": ms,
+        "meets_goal": ratio <= GOAL_MAX_OVER_MEAN,
+    }
+
+
+def coop_suite(models: Sequence[str] = MODELS) -> tuple[list[dict[str, Any]], str]:
+    """Rows for every cell and the Markdown report (goal per cell, the misses named)."""
+    cm = CostModel("muon", "flops")
+    rows = [coop_cell(m, Layout(dp=WORLD // (tp * pp), tp=tp, pp=pp), cm) for m in models for tp in TPS for pp in PPS]
+    cols = ("model", "tp", "pp", "dp", "nocoop_max_over_mean", "max_over_mean", "extra_work", "groups", "k")
+    cols += ("coop_calls", "coop_bytes", "coop_ms", "meets_goal")
+
+    def fmt(v: Any) -> str:
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    met = sum(r["meets_goal"] for r in rows)
+    misses = [r for r in rows if not r["meets_goal"]]
+    lines = [
+        f"Goal: per-GPU max / mean optimizer load <= {GOAL_MAX_OVER_MEAN} with cooperation: {met}/{len(rows)} cells.",
+        f"Without cooperation the same cells sit at {min(r['nocoop_max_over_mean'] for r in rows):.2f}–"
+        f"{max(r['nocoop_max_over_mean'] for r in rows):.2f}; with it "
+        f"{min(r['max_over_mean'] for r in rows):.2f}–{max(r['max_over_mean'] for r in rows):.2f}, for at most "
+        f"{100 * max(r['extra_work'] for r in rows):.1f}% more total work.",
+    ]
+    if misses:
+        worst = max(misses, key=lambda r: r["max_over_mean"])
+        lines.append(
+            f"Missed in {len(misses)} cells, worst {worst['model']} TP{worst['tp']} PP{worst['pp']} DP{worst['dp']} "
+            f"at {worst['max_over_mean']:.2f} (from {worst['nocoop_max_over_mean']:.2f}): the cost model gives a "
+            "group only where its α–β and m³ terms pay, and groups are whole TP groups (k = TP) at TP > 1."
+        )
+    lines += ["", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows]
+    return rows, "\n".join(lines)
