@@ -9,12 +9,13 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.canzona-installed
 PYTEST_ARGS ?= -n 2 -q
 
-.PHONY: help install lint test reproduce-table2 table2 notebook planner-bench bench-step bench-ns clean-venv megatron-peer-env gpu-check gpu-wheels
+.PHONY: help install lint test mutants reproduce-table2 table2 notebook planner-bench bench-step bench-ns clean-venv megatron-peer-env gpu-check gpu-wheels
 
 help:
 	@echo "make reproduce-table2   run the Table-2 reproduction (Slurm if present, else the embedded local default)"
 	@echo "make test               install test deps if missing, lint (ruff), run the test suite"
 	@echo "make lint               ruff check + ruff format --check"
+	@echo "make mutants            plant realistic bugs one at a time, report which the tests miss -> results/mutants/ (minutes)"
 	@echo "make notebook           execute analysis/table2.ipynb headless (nbconvert) -> results/table2.ipynb"
 	@echo "make planner-bench      planner quality at 256 GPUs -> results/planner/"
 	@echo "make bench-step         optimizer-step benchmark, 4 gloo ranks (qwen3-tiny, -32b-w16, -tiny-widefc1) -> results/bench_step/"
@@ -41,6 +42,12 @@ lint: $(STAMP)
 
 test: lint
 	$(VPY) -m pytest $(PYTEST_ARGS)
+
+# The mutation check (tools/mutants.py, the list in tools/mutants.toml): every mutant in its own copy
+# of the tree, its listed tests run there; minutes long, so not part of `make test`.
+# MUTANTS_ARGS passes options, e.g. MUTANTS_ARGS='--only runtime -j 1' (a partial run writes nothing).
+mutants: $(STAMP)
+	$(VPY) tools/mutants.py $(MUTANTS_ARGS)
 
 # Slurm when sbatch is on PATH (or CLUSTER=slurm), with PROFILE=slurm/profiles/<site>.toml and
 # optionally WAIT=1; otherwise the embedded local default (CLUSTER=local forces it).

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import shutil
 
 import pytest
@@ -11,7 +13,7 @@ from canzona.analysis.aggregate import aggregate_cells, speedups
 from canzona.analysis.load import ConflictingCellError, DuplicateRunError, load_results
 from canzona.analysis.table2 import build_table2, write_table2
 from canzona.results.schema import ResultsError
-from tests.test_analysis_fixtures import EXPECTED, FIXTURES
+from tests.test_analysis_fixtures import EXPECTED, FIXTURES, make_record
 
 GOOD = [FIXTURES / "measured_cpu.jsonl", FIXTURES / "projected_h800.jsonl"]
 
@@ -46,6 +48,19 @@ def test_repetitions_pool_to_known_aggregates(cells) -> None:
     assert c["phase_compute"] == pytest.approx(11.0)  # median of 10, 12, 11
     lw = _one(cells, method="layerwise", kind="train", provenance="measured")
     assert lw["runs"] == 2 and lw["iteration_ms"] == 165.0 and lw["step_ms"] == 44.0
+
+
+def test_one_slow_repetition_does_not_drag_the_cell(tmp_path) -> None:
+    """Run medians 100, 110 and one slow 400 ms: the cell is their median, 110 (a mean would say
+    203.3); n is summed over the runs."""
+    f = tmp_path / "r.jsonl"
+    recs = [
+        make_record(method="canzona", iteration=(ms, ms + 5, 4), step=(ms / 10, ms / 10, 4), timestamp=f"T{k}")
+        for k, ms in enumerate((100.0, 400.0, 110.0))
+    ]
+    f.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    c = _one(aggregate_cells(load_results(f)), method="canzona")
+    assert (c["runs"], c["iteration_ms"], c["step_ms"], c["iteration_n"]) == (3, 110.0, 11.0, 12)
 
 
 def test_speedups_known_answers(cells) -> None:
@@ -116,6 +131,21 @@ def test_conflict_message_names_both_lines_and_field() -> None:
         load_results(FIXTURES / "bad_conflicting_config.jsonl")
     msg = str(exc.value)
     assert "alpha=0.5" in msg and "bad_conflicting_config.jsonl:1" in msg
+
+
+@pytest.mark.parametrize(
+    ("field", "a", "b"), [("alpha", 1.0, 0.5), ("bucket_size", 40_000_000, 20_000), ("micro_batch", 1, 2)]
+)
+def test_lines_of_one_cell_that_differ_in_an_experiment_field_conflict(tmp_path, field: str, a, b) -> None:
+    """The cell key leaves these out: pooling two such lines as repetitions would mix experiments."""
+    f = tmp_path / "c.jsonl"
+    recs = [
+        make_record(method="sc", iteration=(1, 1, 1), timestamp=f"T{k}", extra_config={field: v})
+        for k, v in enumerate((a, b))
+    ]
+    f.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    with pytest.raises(ConflictingCellError, match=re.escape(f"{field}={b!r} but")):
+        load_results(f)
 
 
 def test_duplicate_across_files_is_an_error(tmp_path) -> None:

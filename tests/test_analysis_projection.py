@@ -146,6 +146,15 @@ def test_toy_layerwise_step_by_hand(toy) -> None:
     param = ms(15, 2 * 1024 * 2, 0.5)
     assert st.step_ms == pytest.approx(grad + check + tp_gather + compute + param)
     assert [st.ranks[k].flops for k in sorted(st.ranks)] == [FLOPS] * 4  # duplicated on both TP ranks
+    # the owner gather ignores the buckets: it is not a bucket gather that could hide under the next
+    # forward, so the megatron view keeps it in the step (and charges it once)
+    assert st.param_bucket_ms == () and st.param_fixed_ms == pytest.approx(param)
+    from canzona.analysis.projection import Projection
+
+    s = Scenario("qwen3-micro", Layout(2, 2, 1), "layerwise", seq_len=8, global_batch=2, overlap="megatron")
+    p = Projection(s, toy(), (st,), fwd_bwd_ms=1e6)
+    assert p.step_ms == pytest.approx(check + tp_gather + compute + param)
+    assert p.iteration_ms == pytest.approx(1e6 + p.step_ms + grad)  # the one gradient bucket stays exposed
 
 
 def test_pipeline_by_hand() -> None:
@@ -181,6 +190,18 @@ def test_megatron_view_hides_dp_comm_in_a_long_fwd_bwd(toy) -> None:
     assert p.iteration_ms == pytest.approx(1e6 + st.optimizer_core_ms + st.grad_bucket_ms[0] + st.param_bucket_ms[0])
     none = Projection(Scenario("qwen3-micro", Layout(2, 2, 1), "canzona", overlap="none"), prof, (st,), 1e6)
     assert none.step_ms == pytest.approx(st.step_ms) and none.step_ms > p.step_ms
+
+
+def test_a_group_that_fills_one_node_is_priced_on_the_node_link() -> None:
+    """H800 nodes hold 8 GPUs (Megatron order: TP innermost, then DP): a TP group of 8 and a DP group
+    spanning 8 GPUs are intra-node; a DP group spanning 16 GPUs is not."""
+    from canzona.analysis.projection import group_link
+
+    prof = load_profile("H800")
+    assert prof.gpus_per_node == 8
+    assert group_link(prof, Layout(32, 8, 1), "tp") is prof.intra
+    assert group_link(prof, Layout(4, 2, 1), "dp") is prof.intra
+    assert group_link(prof, Layout(2, 8, 1), "dp") is prof.inter
 
 
 def test_shipped_profiles_load_with_sources() -> None:
@@ -225,6 +246,8 @@ def test_projected_record_validates_and_loads(tmp_path: Path) -> None:
     p = project(s, load_profile("H100"))
     rec = to_record(p, {"git_commit": "x", "hostname": "h", "timestamp": "t"})
     assert rec["provenance"] == "projected" and "profile=H100" in rec["provenance_detail"]
+    # 2 sequences of 8 tokens per iteration, per second of iteration
+    assert rec["timings"]["tokens_per_s"] == pytest.approx(2 * 8 / (p.iteration_ms / 1e3), rel=1e-12)
     f = tmp_path / "p.jsonl"
     f.write_text(json.dumps(rec) + "\n")
     df = load_results(f)
@@ -300,6 +323,9 @@ def test_simulation_core_sharing_by_hand() -> None:
     # one device per rank: no sharing, the collective starts when A arrives at t=2
     free = simulate(tasks, cores=None)
     assert free["A"][1] == pytest.approx(3.0) and free["B"][0]["tp_gather"] == pytest.approx(2.0)
+    # more cores than ranks: each rank still computes at its solo speed, never faster
+    spare = simulate(tasks, cores=4.0)
+    assert spare["A"][1] == pytest.approx(3.0) and spare["B"][0]["compute"] == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("method", ["sc", "layerwise", "asc", "canzona"])

@@ -2,8 +2,9 @@
 of each cumulative target to the NEARER parameter boundary (ties to the lower one), which changes
 real plans (rounding down or up gives other owners in both cases below).
 
-Costs are element counts (cost kind ``numel``), every size is a multiple of 64 (no alignment gaps)
-and every bucket a multiple of lcm(dp, 128) (no end padding), so the arithmetic is exact.
+Costs are element counts (cost kind ``numel``) and every size is a multiple of 64 (no alignment
+gaps), so the arithmetic is exact; where a bucket is padded at its end, the comment says so (blend
+splits the padded bucket).
 """
 
 from __future__ import annotations
@@ -91,3 +92,28 @@ def test_the_hand_geometry_is_what_the_planner_builds() -> None:
     assert (b0.size, b1.size, b1.entries[0].numel) == (512, 256, 192)
     (b,) = make_plan(ONE_BUCKET, Layout(dp=3), PlanConfig(cost="numel", dp_algo="blend", dp_layout="exact")).dp.buckets
     assert [e.start for e in b.entries] == [0, 448, 704, 1088] and b.size == 1536
+
+
+# Three ranks, two buckets, and a rank that is ABOVE the mean on the other buckets: its deficit is 0,
+# not negative. Buffer order A 128 (bucket 0, closes at the bucket size 128) then B 64 | C 64 (bucket 1);
+# both buckets are padded to lcm(3, 128) = 384. First-element: every start lies in rank 0's slice
+# [0, 128), so all three go to rank 0: loads 256 / 0 / 0, mean 85⅓.
+# Blend at α = 0.5, buckets of equal size in index order:
+#   bucket 0 (boundaries 0, 384): others' loads 128 / 0 / 0, deficits 0 / 85⅓ / 85⅓ (sum 170⅔), targets
+#            ½·128 + ½·384·(0, ½, ½) = 64 / 160 / 160; cut 1 at 64 → 0, cut 2 at 224 → 384 (160 vs 224):
+#            A on rank 1, loads 128 / 128 / 0, max 128 < 256: kept
+#   bucket 1 (boundaries 0, 64, 384): others' loads 0 / 128 / 0, deficits 85⅓ / 0 / 85⅓, targets
+#            160 / 64 / 160; cut 1 at 160 → 64, cut 2 at 224 → 64 (160 from both: the lower): B on 0,
+#            C on 2, loads 64 / 128 / 64, max 128 not below 128: rejected
+# A NEGATIVE deficit for rank 0 in bucket 0 (−42⅔, sum 128) would give targets 0 / 192 / 192 and put
+# cut 2 at 192, 192 from both boundaries: the lower, 0, so A would go to rank 2.
+THREE_RANKS = _params([("A", 128), ("B", 64), ("C", 64)])
+
+
+def test_a_rank_above_the_mean_has_no_deficit() -> None:
+    cfg = PlanConfig(cost="numel", dp_algo="blend", bucket_size=128, dp_layout="exact")
+    b0, b1 = make_plan(THREE_RANKS, Layout(dp=3), cfg).dp.buckets
+    assert [(e.start, e.numel) for e in b0.entries] == [(0, 128)] and b0.size == 384
+    assert [(e.start, e.numel) for e in b1.entries] == [(0, 64), (64, 64)] and b1.size == 384
+    assert _owners(THREE_RANKS, 3, 0.0, 128, "first-element") == {"A": 0, "B": 0, "C": 0}
+    assert _owners(THREE_RANKS, 3, 0.5, 128) == {"A": 1, "B": 0, "C": 0}

@@ -88,6 +88,21 @@ def test_tp_hosted_traffic() -> None:
         assert gl.sent["tp_scatter"][0][t] == recv and gl.recv["tp_scatter"][0][t] == sent
 
 
+def test_replicated_matrix_counts_on_every_tp_rank_in_the_bound() -> None:
+    """TP 2: d (512 elements, TP-split) is computed once, by its host; e (256, replicated) on both TP
+    ranks. Per GPU: d's host 512 + 256 = 768, the other 256. The forced mean counts e on each TP
+    rank: (512 + 2·256) / 2 = 512 = the largest item, so the bound is 512 (lower_bound 1)."""
+    params = [
+        ParamSpec("decoder.layers.0.d", (16, 32), 0, "matrix", 0),
+        ParamSpec("decoder.layers.0.e", (16, 16), None, "matrix", 0),
+    ]
+    plan = make_plan(params, Layout(dp=1, tp=2), NUMEL)
+    assert sorted(gpu_loads(plan).flat_cost()) == [256.0, 768.0]
+    m = plan_metrics([plan])
+    assert m["mean_gpu_cost"] == 512.0 and m["lower_bound"] == pytest.approx(1.0)
+    assert m["efficiency"] == pytest.approx(512 / 768) and m["compute_balance"] == pytest.approx(768 / 512)
+
+
 def test_pigeonhole_bound() -> None:
     assert pigeonhole_bound([5, 4, 3, 2, 1], 2) == 7  # among the top 3, two share a GPU: 4 + 3
     assert pigeonhole_bound([5, 4], 2) == 0.0

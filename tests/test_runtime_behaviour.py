@@ -51,9 +51,9 @@ def test_reshard_checkpoint_continues_identically(tmp_path, dp: int, tp: int, st
         assert err < 1e-5, f"{name}: rel err {err:.2e}"
 
 
-def _nan_rank(info, policy, dp, tp) -> tuple[bool, int]:
-    """NaN in one rank's gradient shard; at TP=2 in the shard of the TP rank that does NOT host
-    the matrix, so only that rank can see it before the gather."""
+def _nan_rank(info, policy, dp, tp, bad: float = float("nan")) -> tuple[bool, int]:
+    """NaN (or ``bad``) in one rank's gradient shard; at TP=2 in the shard of the TP rank that does
+    NOT host the matrix, so only that rank can see it before the gather."""
     groups = dp_tp_groups(info.rank, dp, tp)
     opt, params = build(info.rank, dp, tp, dist_config("canzona", "muon", nonfinite=policy), SEED, groups)
     before = {n: p.detach().clone() for n, p in params.items()}
@@ -67,7 +67,7 @@ def _nan_rank(info, policy, dp, tp) -> tuple[bool, int]:
     for s in SPECS:
         params[s.name].grad = torch.randn_like(params[s.name])
     if info.rank == victim:
-        params[name].grad.view(-1)[0] = float("nan")
+        params[name].grad.view(-1)[0] = bad
     opt.finish_grad_sync()
     info_ = opt.step()
     unchanged = all(torch.equal(before[n], p) for n, p in params.items())
@@ -78,6 +78,11 @@ def _nan_rank(info, policy, dp, tp) -> tuple[bool, int]:
 def test_nan_gradient_skip_leaves_state_untouched(dp: int, tp: int) -> None:
     res = launch(_nan_rank, dp * tp, "skip", dp, tp)
     assert res == [(True, 0)] * (dp * tp)
+
+
+def test_inf_gradient_is_non_finite_too() -> None:
+    """An overflow (+Inf) must be skipped like a NaN: the norm is Inf, not NaN."""
+    assert launch(_nan_rank, 2, "skip", 2, 1, float("inf")) == [(True, 0)] * 2
 
 
 def test_nan_gradient_raise_names_the_problem() -> None:

@@ -18,6 +18,7 @@ from canzona.optim import make_matrix_optimizer
 from canzona.optim.adamw import AdamWConfig, make_adamw
 from canzona.optim.base import apply_update
 from canzona.runtime import DistributedOptimizer
+from canzona.runtime.grad_norm import clip_coefficient
 from canzona.runtime.launch import RankError, launch, stage_groups
 from tests.runtime_helpers import ADAMW_LR, LR, OPTIONS, WD, dist_config, full_grad, init_param, shard
 
@@ -129,6 +130,14 @@ def test_nan_on_one_stage_is_agreed_by_every_stage(policy: str) -> None:
         assert r["skipped"] == [False, True]
         for n, p in r["params"].items():
             assert torch.equal(p, b["params"][n]), n  # the skipped step changed nothing, on any stage
+
+
+def test_clip_coefficient_by_hand() -> None:
+    """torch's clip_grad_norm_ rule: max_norm / (norm + 1e-6), never above 1, so gradients below
+    max_norm are left as they are (the end-to-end test above clips every step)."""
+    assert clip_coefficient(4.0, 1.0) == pytest.approx(1.0 / (4.0 + 1e-6), rel=1e-15)
+    assert clip_coefficient(0.5, 1.0) == 1.0
+    assert clip_coefficient(0.5, None) == 1.0 and clip_coefficient(1e9, None) == 1.0
 
 
 def test_nan_error_type() -> None:
