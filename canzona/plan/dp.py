@@ -25,7 +25,7 @@ under the configured TP mode, from ``tp.slot_loads``) so what they balance is wh
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from canzona.plan.buckets import PARAM_ALIGN, padded_bucket
@@ -221,3 +221,31 @@ def owner_plan(
         param_sync=param_sync,
         layout=p.layout,
     )
+
+
+def blended_units(p: DPProblem, alpha: float) -> list[float]:
+    """Each item's weight in the α objective: α·cost/Σcost + (1−α)·width/Σwidth (the cap-fill
+    planners bisect a per-rank cap on the sum of these)."""
+    tc = sum(p.cost) or 1.0
+    tw = sum(p.width) or 1.0
+    return [alpha * p.cost[i] / tc + (1 - alpha) * p.width[i] / tw for i in range(p.n)]
+
+
+def smallest_cap(
+    fill: Callable[[float], list[int] | None], lo: float, hi: float, best: list[int], iters: int, rel_tol: float
+) -> list[int]:
+    """The owners ``fill`` gives under the smallest cap it found feasible in [lo, hi], given that
+    ``best = fill(hi)`` is feasible: ``fill(lo)`` when that already works, else bisection until the
+    bracket is within ``rel_tol`` of ``hi`` (at most ``iters`` halvings)."""
+    if (o := fill(lo)) is not None:
+        return o
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        o = fill(mid)
+        if o is None:
+            lo = mid
+        else:
+            hi, best = mid, o
+        if hi - lo <= rel_tol * hi:
+            break
+    return best

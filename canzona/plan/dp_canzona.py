@@ -46,7 +46,7 @@ from __future__ import annotations
 import bisect
 
 from canzona.plan import dp_refine
-from canzona.plan.dp import DPProblem, rank_sums
+from canzona.plan.dp import DPProblem, blended_units, rank_sums, smallest_cap
 from canzona.plan.dp_baselines import first_element_owners
 
 REL_EPS = 1e-12
@@ -223,31 +223,22 @@ def fill(p: DPProblem, alpha: float) -> list[int]:
     n = p.n
     if n == 0:
         return []
-    tc = sum(p.cost) or 1.0
-    tw = sum(p.width) or 1.0
-    u = [alpha * p.cost[i] / tc + (1 - alpha) * p.width[i] / tw for i in range(n)]
+    u = blended_units(p, alpha)
     simple = p.tp == 1 or p.tp_mode == "sc"
     gcap = p.compute_bound() * (1 + 1e-9)
+
+    def fill(cap: float) -> list[int] | None:
+        return _fill_under(p, u, cap, gcap, simple)
+
     lo = max(sum(u) / p.dp, max(u))
     hi = lo * 2
-    best = _fill_under(p, u, hi, gcap, simple)
+    best = fill(hi)
     while best is None and hi < 64 * lo:
         hi *= 2
-        best = _fill_under(p, u, hi, gcap, simple)
+        best = fill(hi)
     if best is None:
         return greedy(p, alpha)
-    if (o := _fill_under(p, u, lo, gcap, simple)) is not None:
-        return o
-    for _ in range(30):
-        mid = (lo + hi) / 2
-        o = _fill_under(p, u, mid, gcap, simple)
-        if o is None:
-            lo = mid
-        else:
-            hi, best = mid, o
-        if hi - lo <= 1e-4 * hi:
-            break
-    return best
+    return smallest_cap(fill, lo, hi, best, iters=30, rel_tol=1e-4)
 
 
 # --------------------------------------------------------------------------- refine

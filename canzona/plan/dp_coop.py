@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from canzona.plan.dp import DPProblem, cuts_from_owners, make_problem
+from canzona.plan.dp import DPProblem, blended_units, cuts_from_owners, make_problem, smallest_cap
 from canzona.plan.types import Bucket, BucketEntry, DPPlan, PlanItem
 
 
@@ -105,28 +105,19 @@ def _fill(p: DPProblem, u: Sequence[float], ks: Sequence[int], blocks: Sequence[
 
 def coop_owners(p: DPProblem, ks: Sequence[int], blocks: Sequence[int], alpha: float) -> list[int]:
     """Unit owners: the smallest cap (bisection) under which ``_fill`` places every unit."""
-    tc = sum(p.cost) or 1.0
-    tw = sum(p.width) or 1.0
-    u = [alpha * p.cost[i] / tc + (1 - alpha) * p.width[i] / tw for i in range(p.n)]
+    u = blended_units(p, alpha)
+
+    def fill(cap: float) -> list[int] | None:
+        return _fill(p, u, ks, blocks, cap)
+
     lo = max(sum(u) / p.dp, max(u, default=0.0))
     hi, best = lo, None
     while best is None:
         hi *= 2
-        best = _fill(p, u, ks, blocks, hi)
+        best = fill(hi)
         if hi > 1e6 * max(lo, 1e-12):
             raise ValueError("cooperative DP plan: no feasible assignment (more groups than aligned ranks)")
-    if (o := _fill(p, u, ks, blocks, lo)) is not None:
-        return o
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        o = _fill(p, u, ks, blocks, mid)
-        if o is None:
-            lo = mid
-        else:
-            hi, best = mid, o
-        if hi - lo <= 1e-6 * hi:
-            break
-    return best
+    return smallest_cap(fill, lo, hi, best, iters=40, rel_tol=1e-6)
 
 
 def plan_dp_coop(
