@@ -19,12 +19,13 @@ The goal (≤ 1.15) is checked per cell; the cells that miss it are listed with 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from canzona.cost import CostModel
-from canzona.models import get_model, list_params
+from canzona.models import get_model
 from canzona.plan.budget import DEFAULT_LINKS
-from canzona.plan.build import adamw_buckets, plan_model
+from canzona.plan.build import plan_model, stage_adamw
 from canzona.plan.metrics import gpu_loads
 from canzona.plan.schedule import LowerSettings, stage_schedules
 from canzona.plan.types import DEFAULT_ALPHA, Layout, Plan, PlanConfig
@@ -44,8 +45,7 @@ def _coop_ops(model: str, layout: Layout, plans: Sequence[Plan]) -> tuple[int, i
         if not plan.coop:
             continue
         k = max(g.k for g in plan.coop)
-        adamw = adamw_buckets(list_params(get_model(model), pp=layout.pp, stage=s), layout, plan.config.bucket_size)
-        for sch in stage_schedules(plan, adamw, LowerSettings(param_bytes=2)):
+        for sch in stage_schedules(plan, stage_adamw(get_model(model), plan, s), LowerSettings(param_bytes=2)):
             ops = [o for o in sch.ops if o.group == "coop"]
             ms = sum(link.call_us(o.kind, k, o.nbytes) for o in ops) / 1e3
             worst = max(worst, (len(ops), sum(o.nbytes for o in ops), ms), key=lambda w: w[2])
@@ -56,7 +56,7 @@ def coop_cell(model: str, layout: Layout, cost_model: CostModel) -> dict[str, An
     """One layout planned with and without cooperation (see the module docstring)."""
     cfg = PlanConfig(optimizer="muon", cost="flops", alpha=DEFAULT_ALPHA)
     on = plan_model(model, layout, cfg, cost_model=cost_model)
-    off = plan_model(model, layout, PlanConfig(**{**cfg.__dict__, "cooperative": False}), cost_model=cost_model)
+    off = plan_model(model, layout, replace(cfg, cooperative=False), cost_model=cost_model)
     ratio, ratio_off, extra = 0.0, 0.0, 0.0
     for p_on, p_off in zip(on, off, strict=True):
         c_on, c_off = gpu_loads(p_on).flat_cost(), gpu_loads(p_off).flat_cost()

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from canzona.models import get_model
-from canzona.plan.build import adamw_buckets, plan_model
+from canzona.plan.build import plan_model, stage_adamw
 from canzona.plan.comm import NCCL
 from canzona.plan.metrics import plan_metrics
 from canzona.plan.schedule import LowerSettings, padding_fraction, stage_schedules
@@ -45,7 +45,6 @@ ODD_LAYOUTS = ((3, 2, 1), (6, 4, 2), (12, 8, 4), (24, 1, 1), (48, 2, 2), (96, 8,
 
 def comm_point(model: str, layout: Layout, alpha: float, dp_layout: str) -> dict[str, Any]:
     """One plan's DP communication budget and compute efficiency (worst stage, worst rank)."""
-    from canzona.models import list_params
 
     plans = plan_model(model, layout, PlanConfig(alpha=alpha, dp_layout=dp_layout))
     m = plan_metrics(plans, model=model)
@@ -54,8 +53,7 @@ def comm_point(model: str, layout: Layout, alpha: float, dp_layout: str) -> dict
     dp_us = 0.0
     pads = []
     for s, plan in enumerate(plans):
-        adamw = adamw_buckets(list_params(get_model(model), pp=layout.pp, stage=s), layout, None)
-        scheds = stage_schedules(plan, adamw, settings)
+        scheds = stage_schedules(plan, stage_adamw(get_model(model), plan, s), settings)
         for sch in scheds:
             dp_ops = [o for o in sch.ops if o.group == "dp"]
             calls = max(calls, len(dp_ops))

@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from canzona.cost import CostModel
-from canzona.models import list_params
 from canzona.models.transformer import Model
-from canzona.plan.build import adamw_buckets
+from canzona.plan.build import stage_adamw
 from canzona.plan.comm import NCCL, CommModel
 from canzona.plan.coop import NVLINK
 from canzona.plan.metrics import gpu_loads
@@ -120,14 +119,13 @@ def summary(
     number), as ``canzona plan --json`` reports it: ``collectives`` (calls per step by group and
     kind), ``buckets``, ``step_calls``, ``bytes_per_gpu``, ``comm_ms``, ``exposed_tp_ms`` against
     ``tp_compute_ms``, ``max_over_mean`` and ``cooperative_groups``."""
-    lay = plans[0].layout
     budgets = []
     for s, plan in enumerate(plans):
-        specs = list_params(model, pp=lay.pp, stage=s)
+        adamw = stage_adamw(model, plan, s)
         if plan.dp.strategy == "zero":  # Megatron's distributed optimizer: the reference geometry
-            budgets.append(_zero_budget(plan, adamw_buckets(specs, lay, plan.config.bucket_size), settings))
+            budgets.append(_zero_budget(plan, adamw, settings))
             continue
-        scheds = stage_schedules(plan, adamw_buckets(specs, lay, plan.config.bucket_size), settings)
+        scheds = stage_schedules(plan, adamw, settings)
         budgets.append(stage_budget(scheds, plan, DEFAULT_LINKS, flops_rate, settings.grad_bytes))
     worst = max(budgets, key=lambda b: (b.step_calls, b.comm_ms))
     loads = [c for p in plans for c in gpu_loads(p).flat_cost()]

@@ -107,6 +107,13 @@ def adamw_buckets(params: Sequence[ParamSpec], layout: Layout, bucket_size: int 
     )
 
 
+def stage_adamw(model: Model, plan: Plan, stage: int) -> tuple[Bucket, ...]:
+    """The AdamW buffer of PP stage ``stage`` of ``model`` under ``plan``'s layout and bucket size:
+    what the lowering (``canzona.plan.schedule.stage_schedules``) needs beside the plan."""
+    lay = plan.layout
+    return adamw_buckets(list_params(model, pp=lay.pp, stage=stage), lay, plan.config.bucket_size)
+
+
 def matrix_buckets(
     params: Sequence[ParamSpec], items: Sequence[PlanItem], layout: Layout, cfg: PlanConfig
 ) -> tuple[Bucket, ...]:
