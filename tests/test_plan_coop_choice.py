@@ -4,15 +4,21 @@ issue #12's planner goal as `canzona plan-bench --suite coop` reports it."""
 from __future__ import annotations
 
 import csv
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from canzona.cli import main
 from canzona.cost import CostModel
-from canzona.plan import Layout, PlanConfig, plan_model
+from canzona.models.spec import ParamSpec
+from canzona.plan import Layout, PlanConfig, make_plan, plan_model
 from canzona.plan.bench_coop import GOAL_MAX_OVER_MEAN, coop_cell
+from canzona.plan.coop import COOP_PROFILES, CoopSettings, load_bound, member_cost
 from canzona.plan.metrics import gpu_loads
+from canzona.plan.types import PlanItem
 
 CM = CostModel("muon", "flops")
 
@@ -52,3 +58,60 @@ def test_plan_bench_coop_suite_writes_its_goal_files(tmp_path: Path, capsys) -> 
     assert all(float(r["max_over_mean"]) <= float(r["nocoop_max_over_mean"]) for r in rows)
     md = (tmp_path / "coop_goals.md").read_text()
     assert "Goal: per-GPU max / mean optimizer load <= 1.15" in md and "plan-bench --suite coop" in md
+
+
+def test_headline_layout_takes_tp_subgroups_of_two() -> None:
+    """Qwen3-32B at DP32×TP8: a group of all 8 TP ranks repeats fc1's m×m work 8 times (+37% stage
+    work, max ≥ 1.37× the mean); strided TP sub-groups of 2 (blocks of 4 TP shards) add ~9%."""
+    lay = Layout(dp=32, tp=8, pp=1)
+    (plan,) = plan_model("qwen3-32b", lay, PlanConfig(cost="flops"), cost_model=CM)
+    (whole,) = plan_model(
+        "qwen3-32b",
+        lay,
+        PlanConfig(cost="flops", coop_force=tuple((g.name, 8) for g in plan.coop)),
+        cost_model=CM,
+    )
+    assert plan.coop and {g.k for g in plan.coop} == {2}
+    for g in plan.coop:
+        (d, f), (d2, f2) = g.members
+        assert d == d2 and f < 4 and f2 == f + 4  # strided: each member's block holds its own shard
+    assert _max([plan]) * 1.3 < _max([whole])
+    # every member carries its member cost where the plan says it runs
+    cost = gpu_loads(plan).cost
+    member = {g.name: next(it.cost for it in plan.items if it.name == g.name) / g.k for g in plan.coop}
+    for g in plan.coop:
+        assert all(cost[d][t] >= member[g.name] * (1 - 1e-9) for d, t in g.members)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from([64, 128, 256]), st.sampled_from([256, 512, 1024])), min_size=2, max_size=10),
+    st.sampled_from([(4, 1), (8, 1), (2, 2), (1, 4), (2, 4)]),
+)
+def test_no_plan_beats_the_load_bound(shapes: list[tuple[int, int]], layout: tuple[int, int]) -> None:
+    """``coop.load_bound`` is a lower bound: the planner's per-GPU max (with or without groups, under
+    either profile) never falls below it, and it never exceeds the plan without groups."""
+    dp, tp = layout
+    specs = [
+        ParamSpec(f"m{i}.weight", (n, m) if i % 2 else (m, n), 0 if i % 2 else 1, "matrix")
+        for i, (m, n) in enumerate(shapes)
+    ]
+    for profile in COOP_PROFILES:
+        cfg = PlanConfig(cost="flops", coop_profile=profile, bucket_size=10**6)
+        plan = make_plan(specs, Layout(dp, tp), cfg, cost_model=CM)
+        plain = make_plan(specs, Layout(dp, tp), replace(cfg, cooperative=False), cost_model=CM)
+        bound = load_bound(plain.items, dp, tp, CM.settings, COOP_PROFILES[profile])[0]
+        assert bound <= _max([plain]) * (1 + 1e-9)
+        assert _max([plan]) >= bound * (1 - 1e-9)
+
+
+def test_load_bound_by_hand() -> None:
+    """Two 512×64 matrices (cost c each) on 4 GPUs, TP 1: one owner each gives max c; any group
+    makes its members cost more than c/k, so the bound is the cheaper of c and what groups allow."""
+    items = [PlanItem(f"m{i}", (512, 64), None, CM((512, 64))) for i in range(2)]
+    c = items[0].cost
+    coop = CoopSettings()
+    pairs = member_cost(items[0], 2, 1, CM.settings, coop)[0]
+    quads = member_cost(items[0], 4, 1, CM.settings, coop)[0]
+    want = min(c, max(pairs, 2 * 2 * pairs / 4), max(quads, 2 * 4 * quads / 4))
+    assert load_bound(items, 4, 1, CM.settings, coop)[0] == pytest.approx(want)

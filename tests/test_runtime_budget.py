@@ -72,7 +72,8 @@ def _issued(info, dp: int, tp: int) -> dict:
     runs = [(s, "per-root", ()) for s in STRATEGIES] + [(s, m, ()) for s in ("layerwise", "canzona") for m in DP_MODES]
     fc1, fc2 = "decoder.layers.0.mlp.linear_fc1.weight", "decoder.layers.1.mlp.linear_fc2.weight"
     if tp > 1 or dp in (2, 4):  # cooperative groups: the TP group, or aligned DP sub-groups (+ re-blocking)
-        runs.append(("canzona", "native", ((fc1, tp if tp > 1 else dp), (fc2, tp if tp > 1 else 2))))
+        k1 = 2 if tp == 4 else tp if tp > 1 else dp  # at TP 4 fc1's group is a TP sub-group of 2
+        runs.append(("canzona", "native", ((fc1, k1), (fc2, tp if tp > 1 else 2))))
     for strategy, mode, force in runs:
         cfg = dist_config(strategy, "muon", collective_mode=mode, coop_force=force)
         opt, params = build(info.rank, dp, tp, cfg, SEED, groups)

@@ -14,6 +14,7 @@ from canzona.errors import ConfigError
 from canzona.models import get_model, list_params
 from canzona.plan import make_plan
 from canzona.plan.coop import check_ownership
+from canzona.plan.schedule import coop_comm_key
 from canzona.plan.types import Layout, PlanConfig
 from canzona.runtime import checkpoint
 from canzona.runtime.launch import dp_tp_groups, launch
@@ -34,6 +35,9 @@ CASES = [
     (1, 2, ((FC1.format(0), 2), (FC2.format(1), 2))),
     (2, 2, ((FC1.format(1), 2), (FC2.format(0), 2), (PROJ.format(0), 2))),
     (1, 4, ((FC1.format(0), 4), (FC2.format(0), 4))),
+    # TP sub-groups of 2 at TP 4: blocks of two TP shards gathered to strided members, by rows and by
+    # columns, beside a whole-TP-group matrix
+    (1, 4, ((FC1.format(0), 2), (FC2.format(0), 2), (PROJ.format(1), 2), (FC1.format(1), 4))),
 ]
 
 
@@ -50,16 +54,12 @@ def _rank(info, dp: int, tp: int, force: tuple, method: str) -> dict:
     return {
         "params": {n: p.detach().clone() for n, p in params.items()},
         "gram_reduces": len(coop_calls),
-        "classes": {
-            (g.members[0][1] != g.members[-1][1], g.form, tuple(sorted({d for d, _ in g.members})))
-            for g in opt.plan.coop
-            if (opt.dp_rank, opt.tp_rank) in g.members
-        },
+        "classes": {(coop_comm_key(g, tp), g.form) for g in opt.plan.coop if (opt.dp_rank, opt.tp_rank) in g.members},
     }
 
 
 @pytest.mark.parametrize("method", ["standard", "gram"])
-@pytest.mark.parametrize("dp,tp,force", CASES, ids=[f"dp{d}xtp{t}" for d, t, _ in CASES])
+@pytest.mark.parametrize("dp,tp,force", CASES, ids=[f"dp{d}xtp{t}-k{min(k for _, k in f)}" for d, t, f in CASES])
 def test_cooperative_update_equals_single_device_muon(dp: int, tp: int, force: tuple, method: str) -> None:
     res = launch(_rank, dp * tp, dp, tp, force, method)
     want = reference("muon", dp, range(STEPS), SEED, ns_method=method)
@@ -74,11 +74,10 @@ def test_cooperative_update_equals_single_device_muon(dp: int, tp: int, force: t
         assert r["gram_reduces"] == rounds * len(r["classes"]), (r["gram_reduces"], r["classes"])
 
 
-def _save(info, path) -> dict:
-    groups = dp_tp_groups(info.rank, 2, 1)
-    cfg = dist_config("canzona", "muon", coop_force=((FC1.format(0), 2), (FC2.format(1), 2)))
-    opt, params = build(info.rank, 2, 1, cfg, SEED, groups)
-    run_steps(opt, params, info.rank, 1, range(3), SEED)
+def _save(info, dp: int, tp: int, force: tuple, path) -> dict:
+    groups = dp_tp_groups(info.rank, dp, tp)
+    opt, params = build(info.rank, dp, tp, dist_config("canzona", "muon", coop_force=force), SEED, groups)
+    run_steps(opt, params, info.rank, tp, range(3), SEED)
     checkpoint.save(opt, path)
     return {n: p.detach().clone() for n, p in params.items()}
 
@@ -97,13 +96,20 @@ def _load(info, dp: int, tp: int, path, full) -> dict:
     return {n: p.detach().clone() for n, p in params.items()}
 
 
-def test_checkpoint_from_a_cooperative_layout_resumes_without_one(tmp_path) -> None:
+SAVED = [
+    (2, 1, ((FC1.format(0), 2), (FC2.format(1), 2))),  # DP sub-groups: blocks of rows
+    (1, 4, ((FC1.format(0), 2), (FC2.format(1), 2))),  # TP sub-groups: blocks of two TP shards
+]
+
+
+@pytest.mark.parametrize("dp,tp,force", SAVED, ids=["dp-subgroups", "tp-subgroups"])
+def test_checkpoint_from_a_cooperative_layout_resumes_without_one(tmp_path, dp: int, tp: int, force: tuple) -> None:
     """Block momenta are saved at their offsets in full-matrix space: a run without cooperation
     (another layout too) continues exactly."""
-    saved = launch(_save, 2, tmp_path / "ck")
-    full = assemble([saved[0]], 2, 1)
+    saved = launch(_save, dp * tp, dp, tp, force, tmp_path / "ck")
+    full = assemble(saved[:tp], 1, tp)
     got = assemble(launch(_load, 2, 1, 2, tmp_path / "ck", full), 1, 2)
-    want = reference("muon", [2, 2, 2, 1, 1, 1], range(6), SEED)
+    want = reference("muon", [dp] * 3 + [1] * 3, range(6), SEED)
     for name, w in want.items():
         assert (got[name] - w).norm() / w.norm() < 1e-5, name
 

@@ -33,7 +33,7 @@ from canzona.errors import ConfigError
 from canzona.models import Model, ParamSpec, get_model, list_params
 from canzona.plan.bucket_metrics import padding_floor
 from canzona.plan.buckets import build_buckets, matrix_chunks, packed_bucket, resolve_bucket_size
-from canzona.plan.coop import COOP_PROFILES, applies, check_ownership, plan_cooperative
+from canzona.plan.coop import COOP_PROFILES, applies, candidates, check_ownership, plan_cooperative
 from canzona.plan.dp import make_problem
 from canzona.plan.metrics import gpu_loads
 from canzona.plan.strategies import STRATEGIES, get_strategy, resolve_algo
@@ -174,16 +174,20 @@ def make_plan(
             f"got {cfg.strategy} / {cfg.dp_algo} / {cfg.dp_layout}"
         )
     buckets = matrix_buckets(params, items, layout, cfg)
-    coop = _cooperative_plan(params, items, buckets, layout, cfg, cost_model, t0) if cfg.cooperative else None
-    if coop is not None and cfg.coop_force:
-        return coop
+    coops = _cooperative_plans(params, items, buckets, layout, cfg, cost_model, t0)
+    if coops and cfg.coop_force:
+        return coops[0]
     plain = _plain_plan(items, buckets, layout, cfg, t0)
-    # The group choice prices each matrix alone; where the other matrices then land on the members
-    # the stage can end up worse (Qwen3-1.7B at TP 8: every TP group is a member of an fc1 group AND
-    # hosts an fc2). Keep cooperation only where the whole plan's per-GPU max is lower.
-    if coop is not None and _gpu_max(coop) * COOP_MIN_GAIN < _gpu_max(plain):
-        return coop
-    return plain
+    # Each group choice prices matrices alone; where the other matrices then land on the members the
+    # stage can end up worse (Qwen3-1.7B at TP 8: every TP group is a member of an fc1 group AND
+    # hosts an fc2). Keep the choice with the lowest per-GPU max, and cooperation only where it
+    # lowers the plain plan's max by COOP_MIN_GAIN.
+    best, best_max = plain, _gpu_max(plain) / COOP_MIN_GAIN
+    for plan in coops:
+        m = _gpu_max(plan)
+        if m < best_max:
+            best, best_max = plan, m
+    return best
 
 
 # A cooperative plan must lower the stage's per-GPU max by at least this factor to be kept.
@@ -216,7 +220,7 @@ def _plain_plan(
     )
 
 
-def _cooperative_plan(
+def _cooperative_plans(
     params: Sequence[ParamSpec],
     items: tuple[PlanItem, ...],
     buckets: tuple[Bucket, ...],
@@ -224,20 +228,28 @@ def _cooperative_plan(
     cfg: PlanConfig,
     cost_model: CostModel,
     t0: float,
-) -> Plan | None:
-    """The stage's plan with cooperative groups (``canzona.plan.coop``), or None when no matrix pays
-    for one. At TP = 1 the groups are cut at block boundaries into contiguous slices, which needs the
-    exact layout's buckets; at TP > 1 a cooperative matrix is planned as one item in either layout."""
+) -> list[Plan]:
+    """The stage's plans with cooperative groups, one per candidate choice (``coop.candidates``;
+    none when cooperation is off or no matrix pays for a group). At TP = 1 the groups are cut at
+    block boundaries into contiguous slices, which needs the exact layout's buckets; at TP > 1 a
+    cooperative matrix is planned as one item in either layout."""
+    if not cfg.cooperative:
+        return []
     if layout.tp == 1 and cfg.dp_layout != "exact":
         cfg = replace(cfg, dp_layout="exact")
         buckets = matrix_buckets(params, items, layout, cfg)
-    together = plan_cooperative(items, buckets, layout, cfg, cost_model.settings)
-    if together is None:
-        return None
-    dpp, tps, total, groups = together
-    plan = Plan(layout, cfg, total, dpp, tps, input_hash(layout, cfg, items), time.perf_counter() - t0, coop=groups)
-    check_ownership(plan)
-    return plan
+    out = []
+    profile = COOP_PROFILES[cfg.coop_profile]
+    for chosen in candidates(items, layout.dp, layout.tp, cost_model.settings, profile, cfg.coop_force):
+        together = plan_cooperative(items, buckets, layout, cfg, chosen)
+        if together is None:
+            continue
+        dpp, tps, total, groups = together
+        h = input_hash(layout, cfg, items)
+        plan = Plan(layout, cfg, total, dpp, tps, h, time.perf_counter() - t0, coop=groups)
+        check_ownership(plan)
+        out.append(plan)
+    return out
 
 
 def plan_model(

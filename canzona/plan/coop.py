@@ -13,10 +13,16 @@ all-reduces priced with an α–β link inside a node (groups never leave it), c
 equivalents at the compute rate, so compute and communication add up in one unit.
 
 Groups (fixed communicators, never one per matrix):
-  TP > 1  the owner DP rank's whole TP group (k = tp): TP shards ARE long-side blocks when TP splits
-          the long side (Qwen3: fc1 and QKV by rows, fc2 and the output projection by columns), so
-          the shards are used in place and nothing is gathered to a host. A matrix whose TP split
-          runs along its short side is not eligible.
+  TP > 1  k of the owner DP rank's TP ranks (k | TP). TP shards ARE long-side blocks when TP splits
+          the long side (Qwen3: fc1 and QKV by rows, fc2 and the output projection by columns). At
+          k = TP the shards are used in place and nothing is gathered to a host. At k < TP the
+          members are a strided TP sub-group (slots f, f + TP/k, …: ``tp.block_slots``) and member j
+          gathers the TP/k shards of block j (its own among them) in ONE all-to-all over the TP
+          group for all such matrices, and scatters the update back the same way (priced below).
+          Why k < TP at all: a group of TP repeats the m×m work on every rank, so at TP 8 a group
+          of 8 on Qwen3-32B's fc1 adds 37% to the stage's work, and the per-GPU max cannot fall
+          below 1.37× the mean; groups of 2 add 4%. A matrix whose TP split runs along its short
+          side is not eligible.
   TP = 1  an aligned sub-group of k consecutive DP ranks (k ∈ {2, 4, 8}, k | DP): the DP plan cuts
           the matrix at its k block boundaries. A flat bucket range is a block of ROWS, so a matrix
           whose long side is its columns (fc2, the output projection) is re-blocked by one
@@ -36,7 +42,7 @@ from canzona.errors import ConfigError
 from canzona.plan.comm import CommModel, Link
 from canzona.plan.types import Bucket, CoopGroup, DPPlan, Layout, Plan, PlanConfig, PlanItem, TPSchedule
 
-DP_GROUP_SIZES = (2, 4, 8)  # aligned DP sub-groups at TP = 1; 8 = one node of 8 GPUs
+GROUP_SIZES = (2, 4, 8)  # aligned DP sub-groups at TP = 1, TP sub-groups at TP > 1; 8 = one node of 8 GPUs
 # NVLink inside a node: 400 GB/s (the issue's model; H100 SXM NVLink 4 is 450 GB/s per direction),
 # NCCL Ring/Simple latencies from its tuning table (as canzona/analysis/profiles/H800.toml).
 NVLINK = Link(bus_bw=400e9, base_latency_us=8.4, hop_latency_us=5.7)
@@ -75,11 +81,17 @@ def eligible(item: PlanItem, tp: int) -> bool:
     return item.partition_dim == (0 if long_side_is_rows(item.shape) else 1)
 
 
+def group_sizes(dp: int, tp: int) -> tuple[int, ...]:
+    """The k a stage may use: TP > 1: k | TP (a TP group or a sub-group of it); TP = 1: k | DP."""
+    return tuple(k for k in GROUP_SIZES if (tp % k == 0 if tp > 1 else dp % k == 0))
+
+
 def divides(item: PlanItem, k: int, tp: int) -> bool:
-    """Blocks must be whole: TP shards are (TP validated them); at TP = 1 k must divide the rows, and
-    the columns too when the long side is the columns (the all-to-all re-blocks by columns)."""
+    """Blocks must be whole: at TP > 1 a block is TP/k whole TP shards (TP validated them); at TP = 1
+    k must divide the rows, and the columns too when the long side is the columns (the all-to-all
+    re-blocks by columns)."""
     if tp > 1:
-        return True
+        return tp % k == 0
     rows, cols = item.shape
     return rows % k == 0 and (rows > cols or cols % k == 0)
 
@@ -102,6 +114,8 @@ def member_cost(item: PlanItem, k: int, tp: int, settings: CostSettings, coop: C
     calls = {"standard": steps, "gram": 1 + len(restarts)}
     regroup = tp == 1 and not long_side_is_rows(item.shape)
     a2a = 2 * model.call_us("all_to_all", k, item.numel // k * coop.gram_bytes) if regroup else 0.0
+    if 1 < k < tp:  # gather block j's TP shards to member j over the TP group, and scatter back
+        a2a = 2 * model.call_us("all_to_all", tp, item.numel // k * coop.gram_bytes)
     best = None
     for form, f in flops.items():
         comm_us = calls[form] * model.call_us("all_reduce", k, gram_bytes) + a2a
@@ -113,10 +127,14 @@ def member_cost(item: PlanItem, k: int, tp: int, settings: CostSettings, coop: C
 
 
 def make_groups(
-    chosen: dict[str, tuple[int, float, str]], owners: dict[str, tuple[int, ...]], items: Sequence[PlanItem], tp: int
+    chosen: dict[str, tuple[int, float, str]],
+    owners: dict[str, tuple[int, ...]],
+    items: Sequence[PlanItem],
+    tp: int,
+    slots: dict[str, tuple[int, ...]],
 ) -> tuple[CoopGroup, ...]:
-    """The CoopGroups of a planned stage: members of the owner's TP group (TP > 1) or the DP ranks
-    holding the blocks (TP = 1), in block order."""
+    """The CoopGroups of a planned stage: members are the TP slots ``slots`` gives (TP > 1) of the
+    owner DP rank, or the DP ranks holding the blocks (TP = 1), in block order."""
     shape = {it.name: it.shape for it in items}
     out = []
     for it in items:
@@ -124,7 +142,7 @@ def make_groups(
             continue
         form = chosen[it.name][2]
         if tp > 1:
-            members = tuple((owners[it.name][0], t) for t in range(tp))
+            members = tuple((owners[it.name][0], t) for t in slots[it.name])
         else:
             members = tuple((d, 0) for d in owners[it.name])
         regroup = tp == 1 and not long_side_is_rows(shape[it.name])
@@ -146,11 +164,11 @@ def _forced(
         it = by_name.get(name)
         if it is None:
             continue  # another PP stage's matrix
-        if not (eligible(it, tp) and divides(it, k, tp)) or (tp > 1 and k != tp) or (tp == 1 and dp % k):
+        if not (eligible(it, tp) and divides(it, k, tp)) or k not in group_sizes(dp, tp):
             raise ConfigError(
-                f"cooperation on {name} {it.shape} with k={k} at DP{dp}×TP{tp} is not possible: at TP > 1 the group "
-                "is the whole TP group (k = TP) and TP must split the long side; at TP = 1 k must divide DP and "
-                "the matrix's rows (and its columns when they are the long side)"
+                f"cooperation on {name} {it.shape} with k={k} at DP{dp}×TP{tp} is not possible: at TP > 1 k must "
+                f"divide TP (k = TP or a TP sub-group) and TP must split the long side; at TP = 1 k must divide "
+                "DP and the matrix's rows (and its columns when they are the long side); k ∈ {2, 4, 8}"
             )
         out[name] = (k, *member_cost(it, k, tp, settings, coop))
     return out
@@ -162,38 +180,104 @@ def choose_groups(
     tp: int,
     settings: CostSettings,
     coop: CoopSettings = CoopSettings(),
-    force: Sequence[tuple[str, int]] = (),
+    target: float | None = None,
 ) -> dict[str, tuple[int, float, str]]:
-    """name -> (k, member cost, form) for every matrix worth a group; the rest keep one owner.
+    """name -> (k, member cost, form) for every matrix above ``target`` worth a group; the rest keep
+    one owner.
 
-    Fixed point on the target: the mean per-GPU load (which the extra work of groups raises). A
-    matrix above the target takes the smallest k whose member cost falls under it (else the k with
-    the cheapest member), when that beats one owner by ``min_gain``. Deterministic. ``force``
-    (name, k) pairs are taken as they are, priced the same way (experiments and tests).
+    A matrix above the target takes the smallest k whose member cost falls under it (fewest
+    redundant m×m products), else the k with the cheapest member, when that beats one owner by
+    ``min_gain``. ``target`` None: the fixed point on the mean per-GPU load including the groups'
+    extra work. Deterministic.
     """
-    if force:
-        return _forced(items, dp, tp, settings, coop, force)
-    sizes = (tp,) if tp > 1 else tuple(k for k in DP_GROUP_SIZES if dp % k == 0)
-    chosen: dict[str, tuple[int, float, str]] = {}
+    sizes = group_sizes(dp, tp)
     gpus = dp * tp
-    for _ in range(8):
-        work = sum(chosen[it.name][0] * chosen[it.name][1] if it.name in chosen else it.cost for it in items)
-        target = work / gpus
-        new: dict[str, tuple[int, float, str]] = {}
+
+    def pick(level: float) -> dict[str, tuple[int, float, str]]:
+        out: dict[str, tuple[int, float, str]] = {}
         for it in sorted(items, key=lambda x: (-x.cost, x.name)):
-            if it.cost <= target or not eligible(it, tp):
+            if it.cost <= level or not eligible(it, tp):
                 continue
             options = [(k, *member_cost(it, k, tp, settings, coop)) for k in sizes if divides(it, k, tp)]
             if not options:
                 continue
-            fits = [o for o in options if o[1] <= target]
+            fits = [o for o in options if o[1] <= level]
             k, cost, form = fits[0] if fits else min(options, key=lambda o: (o[1], o[0]))
             if cost * coop.min_gain < it.cost:
-                new[it.name] = (k, cost, form)
+                out[it.name] = (k, cost, form)
+        return out
+
+    if target is not None:
+        return pick(target)
+    chosen: dict[str, tuple[int, float, str]] = {}
+    for _ in range(8):
+        work = sum(chosen[it.name][0] * chosen[it.name][1] if it.name in chosen else it.cost for it in items)
+        new = pick(work / gpus)
         if new == chosen:
             break
         chosen = new
     return chosen
+
+
+# The target levels (× the mean per-GPU load without groups) the planner tries besides the fixed
+# point: which matrices deserve a group, and how large, depends on how the rest then packs, which
+# only the whole plan shows (canzona.plan.build keeps the choice with the lowest per-GPU max).
+TARGET_LEVELS = (1.0, 1.1, 1.25, 1.5, 2.0, 3.0)
+
+
+def load_bound(
+    items: Sequence[PlanItem], dp: int, tp: int, settings: CostSettings, coop: CoopSettings = CoopSettings()
+) -> tuple[float, float]:
+    """(bound, M): no plan with groups of the allowed sizes has a per-GPU max below ``bound``, in
+    the item costs' unit, whatever its packing; M is the member cost cap that attains it.
+
+    Why it holds: a plan whose per-GPU max is M gives every matrix a k whose member cost is at most
+    M, so its total work is at least W(M) = Σ min{k·member(k) : member(k) ≤ M} and its max at least
+    W(M) / GPUs. So max ≥ min over M of max(M, W(M) / GPUs), and only the finitely many member
+    costs need trying. The goal checks in ``plan-bench --suite coop`` print it beside each cell:
+    where it exceeds a goal, no planner reaches that goal under this cost model.
+    """
+    gpus = dp * tp
+    sizes = group_sizes(dp, tp)
+    options = []
+    for it in items:
+        o = [(1, it.cost)]
+        if eligible(it, tp):
+            o += [(k, member_cost(it, k, tp, settings, coop)[0]) for k in sizes if divides(it, k, tp)]
+        options.append(o)
+    best = (float("inf"), 0.0)
+    for cap in sorted({c for o in options for _, c in o}):
+        work = 0.0
+        for o in options:
+            fit = [k * c for k, c in o if c <= cap]
+            if not fit:
+                break
+            work += min(fit)
+        else:
+            best = min(best, (max(cap, work / gpus), cap))
+    return best
+
+
+def candidates(
+    items: Sequence[PlanItem],
+    dp: int,
+    tp: int,
+    settings: CostSettings,
+    coop: CoopSettings = CoopSettings(),
+    force: Sequence[tuple[str, int]] = (),
+) -> list[dict[str, tuple[int, float, str]]]:
+    """The distinct non-empty group choices worth planning (``force``: exactly that one)."""
+    if force:
+        forced = _forced(items, dp, tp, settings, coop, force)
+        return [forced] if forced else []
+    mean = sum(it.cost for it in items) / (dp * tp)
+    out: list[dict[str, tuple[int, float, str]]] = []
+    cap = load_bound(items, dp, tp, settings, coop)[1]
+    for target in (None, cap, *(f * mean for f in TARGET_LEVELS)):
+        c = choose_groups(items, dp, tp, settings, coop, target)
+        if c and c not in out:
+            out.append(c)
+    return out
 
 
 def applies(strategy: str, optimizer: str, cost_kind: str, enabled: bool) -> bool:
@@ -237,25 +321,30 @@ def fit_buckets(
 
 
 def plan_cooperative(
-    items: Sequence[PlanItem], buckets: tuple[Bucket, ...], layout: Layout, cfg: PlanConfig, settings: CostSettings
+    items: Sequence[PlanItem],
+    buckets: tuple[Bucket, ...],
+    layout: Layout,
+    cfg: PlanConfig,
+    chosen: dict[str, tuple[int, float, str]],
 ) -> tuple[DPPlan, TPSchedule, tuple[PlanItem, ...], tuple[CoopGroup, ...]] | None:
     """The DP plan, TP schedule, items (cooperative ones carrying their total work k·member) and
-    groups of a stage where some matrix pays for a group; None when none does.
+    groups of a stage with the groups ``chosen`` (``choose_groups``); None when none can be held.
 
-    TP > 1: a cooperative matrix loads every TP rank of its owner with its member cost, which is how
-    the planners already treat a replicated matrix: they plan it as one, so Canzona's own DP
-    partitioners balance the result. TP = 1: block-aware partitioning (canzona.plan.dp_coop)."""
+    TP > 1: for the DP planners a cooperative matrix is a replicated one costing its group's work
+    spread over the TP group (k·member / TP on every TP rank of its owner), so Canzona's own DP
+    partitioners balance the result; the TP schedule then places it on the k slots of a block group
+    with its member cost (``tp.coop_slots``). TP = 1: block-aware partitioning (canzona.plan.dp_coop)."""
     from canzona.plan.dp_coop import plan_dp_coop
     from canzona.plan.strategies import plan_dp
-    from canzona.plan.tp import schedule_tp
+    from canzona.plan.tp import coop_slots, schedule_tp
 
-    chosen = choose_groups(items, layout.dp, layout.tp, settings, COOP_PROFILES[cfg.coop_profile], cfg.coop_force)
-    if not chosen:
-        return None
     dp, tp = layout.dp, layout.tp
+    slots: dict[str, tuple[int, ...]] = {}
     if tp > 1:
         planning = tuple(
-            dataclasses.replace(it, partition_dim=None, cost=chosen[it.name][1]) if it.name in chosen else it
+            dataclasses.replace(it, partition_dim=None, cost=chosen[it.name][0] * chosen[it.name][1] / tp)
+            if it.name in chosen
+            else it
             for it in items
         )
         dpp = plan_dp(
@@ -270,7 +359,12 @@ def plan_cooperative(
             layout=cfg.dp_layout,
             ep=layout.ep,
         )
-        tps = schedule_tp(planning, dpp.owner_map(), dp, tp, cfg.tp_mode, cfg.capacity_bytes, cfg.grad_dtype_bytes)
+        placing = tuple(dataclasses.replace(it, cost=chosen[it.name][1]) if it.name in chosen else it for it in items)
+        spans = {n: k for n, (k, _, _) in chosen.items()}
+        tps = schedule_tp(
+            placing, dpp.owner_map(), dp, tp, cfg.tp_mode, cfg.capacity_bytes, cfg.grad_dtype_bytes, spans=spans
+        )
+        slots = coop_slots(placing, dpp.owner_map(), dp, tp, spans)
     else:
         chosen = fit_buckets(chosen, buckets, dp, forced=bool(cfg.coop_force), items=items)
         if not chosen:
@@ -281,7 +375,7 @@ def plan_cooperative(
         dataclasses.replace(it, cost=chosen[it.name][0] * chosen[it.name][1]) if it.name in chosen else it
         for it in items
     )
-    return dpp, tps, total, make_groups(chosen, dpp.owner_map(), items, tp)
+    return dpp, tps, total, make_groups(chosen, dpp.owner_map(), items, tp, slots)
 
 
 def check_ownership(plan: Plan) -> None:

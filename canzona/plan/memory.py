@@ -95,6 +95,11 @@ def _tp_staging(s: RankSchedule, plan: Plan) -> int:
             send = max(sum(shard[n] for n, _ in g) for g in spec.groups)
             recv = max(sum(shard[n] for n, h in g if h == s.tp_rank) * tp for g in spec.groups)
             out += 2 * 2 * (send + recv) * FP32  # gather + scatter, each a ping-pong pair
+        elif spec.kind == "cooperative" and spec.tp_blocks(tp):
+            blocks = spec.tp_blocks(tp)
+            send = sum(shard[g.name] for g in blocks)  # this rank's shard of every block group's matrix
+            recv = sum(shard[g.name] * tp // g.k for g in blocks if any(t == s.tp_rank for _, t in g.members))
+            out += 2 * (send + recv) * FP32  # gather + scatter
     return out
 
 

@@ -103,7 +103,13 @@ def _costs(plan: Plan, shares: dict[str, list[tuple[int, float]]]) -> list[list[
     dp, tp, mode = plan.layout.dp, plan.layout.tp, plan.tp.mode
     cost = [[0.0] * tp for _ in range(dp)]
     hosts = [{n: h for g in per for n, h in g.hosts} for per in plan.tp.groups] if plan.tp.groups else [{}] * dp
+    in_tp = {g.name: g for g in plan.coop if tp > 1}  # cooperative over (part of) a TP group
     for it in plan.items:
+        if it.name in in_tp:  # items carry the group's total: each member its share
+            g = in_tp[it.name]
+            for d, t in g.members:
+                cost[d][t] += it.cost / g.k
+            continue
         for d, f in shares[it.name]:
             c = it.cost * f
             if tp == 1:
@@ -114,11 +120,8 @@ def _costs(plan: Plan, shares: dict[str, list[tuple[int, float]]]) -> list[list[
             elif it.partition_dim is None or mode == "sc":
                 for t in range(tp):
                     cost[d][t] += c
-            elif it.name in hosts[d]:
+            else:
                 cost[d][hosts[d][it.name]] += c
-            else:  # owned cooperatively, not scheduled: spread evenly
-                for t in range(tp):
-                    cost[d][t] += c / tp
     return cost
 
 
@@ -162,17 +165,23 @@ def _tp_bytes(
 ) -> None:
     """Add the TP gather / scatter bytes of every GPU into ``sent`` / ``recv``."""
     tp, mode, gb = plan.layout.tp, plan.tp.mode, plan.config.grad_dtype_bytes
+
+    def move(d: int, t: int, h: int, nbytes: int) -> None:  # TP rank t's shard to h, and its update back
+        if t != h:
+            sent["tp_gather"][d][t] += nbytes
+            recv["tp_gather"][d][h] += nbytes
+            sent["tp_scatter"][d][h] += nbytes
+            recv["tp_scatter"][d][t] += nbytes
+
     if tp > 1 and mode in ("no", "sorted", "global"):
         for d, per in enumerate(plan.tp.groups):
             for g in per:
                 for name, h in g.hosts:
-                    shard = local[name] * gb
                     for t in range(tp):
-                        if t != h:
-                            sent["tp_gather"][d][t] += shard
-                            recv["tp_gather"][d][h] += shard
-                            sent["tp_scatter"][d][h] += shard
-                            recv["tp_scatter"][d][t] += shard
+                        move(d, t, h, local[name] * gb)
+        for c in plan.coop:  # blocks of a TP sub-group: each shard to its block's member and back
+            for t in range(tp if 1 < c.k < tp else 0):
+                move(c.members[0][0], t, c.members[t // (tp // c.k)][1], local[c.name] * gb)
     elif tp > 1 and mode == "sc":
         for it in plan.items:
             if it.partition_dim is None:

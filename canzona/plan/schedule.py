@@ -40,6 +40,7 @@ from canzona.plan.types import Bucket, CoopGroup, Layout, Plan
 DP_MODES = ("native", "uneven", "per-root")
 REQUESTABLE_MODES = ("auto", *DP_MODES)
 FP32_BYTES = 4  # cooperative Grams are reduced in fp32
+TP_BLOCKS_TAG = "tp-blocks"  # the all-to-alls that gather / scatter the blocks of TP sub-groups
 SLICE_ALIGN = 128  # elements: every padded slice starts 256-byte aligned for bf16 (Megatron's lcm(dp, 128))
 
 
@@ -112,9 +113,20 @@ class ExecSpec:
     coop: tuple[CoopGroup, ...] = ()  # kind ``cooperative``: the groups this rank is a member of
 
     def computed_by(self, tp_rank: int) -> tuple[str, ...]:
+        if self.kind == "cooperative":
+            return tuple(g.name for g in self.member_groups(tp_rank))
         if self.kind != "micro-group":
             return self.names
         return tuple(n for g in self.groups for n, h in g if h == tp_rank)
+
+    def member_groups(self, tp_rank: int) -> tuple[CoopGroup, ...]:
+        """The cooperative groups TP rank ``tp_rank`` (of this DP rank) computes in: all of a DP
+        sub-group's or a whole TP group's, only its own block groups of a TP sub-group."""
+        return tuple(g for g in self.coop if any(t == tp_rank for _, t in g.members))
+
+    def tp_blocks(self, tp: int) -> tuple[CoopGroup, ...]:
+        """The groups of a TP sub-group (1 < k < TP): their blocks are gathered over the TP group."""
+        return tuple(g for g in self.coop if 1 < g.k < tp and g.members[0][0] == g.members[-1][0])
 
 
 @dataclass(frozen=True)
@@ -243,10 +255,11 @@ def bucket_layouts(
 
 
 # ----------------------------------------------------------------------------- executors
-def coop_comm_key(g: CoopGroup) -> str:
-    """The communicator of a cooperative group: the owner's TP group, or an aligned DP sub-group."""
-    if g.members[0][1] != g.members[-1][1]:
-        return "tp"
+def coop_comm_key(g: CoopGroup, tp: int) -> str:
+    """The communicator of a cooperative group: the owner's TP group, a strided TP sub-group
+    (``tp{first}/{k}``, canzona.plan.tp.block_slots) or an aligned DP sub-group (``dp{first}+{k}``)."""
+    if g.members[0][0] == g.members[-1][0] and g.k > 1:  # one DP rank: (part of) its TP group
+        return "tp" if g.k == tp else f"tp{g.members[0][1]}/{g.k}"
     return f"dp{g.members[0][0]}+{g.k}"
 
 
@@ -292,15 +305,22 @@ def _dp_calls(b: BucketLayout, phase: str, dp: int, elem: int) -> list[CommOp]:
     return [CommOp(phase, kind, "dp", dp * width * elem, b.tag)]
 
 
-def _coop_calls(spec: ExecSpec, plan: Plan, settings: LowerSettings) -> list[CommOp]:
-    """Per (communicator, form) — as canzona.runtime.coop_exec runs them — the re-blocking
-    all-to-all when needed, the Gram all-reduces (standard: one per iteration; Gram: R₀ plus one per
-    restart) of ALL the group's matrices at once, and the all-to-all back."""
+def _coop_calls(spec: ExecSpec, plan: Plan, settings: LowerSettings, tp_rank: int) -> list[CommOp]:
+    """As canzona.runtime.coop_exec runs them: the blocks of TP sub-groups gathered (ONE all-to-all
+    over the TP group: this rank's shards of all of them), then per (communicator, form) of the
+    groups this rank is a member of, the re-blocking all-to-all when needed, the Gram all-reduces
+    (standard: one per iteration; Gram: R₀ plus one per restart) of ALL the group's matrices at once,
+    and the all-to-all back; last, the updates of the blocks scattered back (what this rank sends:
+    its members' blocks)."""
     items = {it.name: it for it in plan.items}
+    tp = plan.layout.tp
     classes: dict[tuple[str, str], list[CoopGroup]] = {}
-    for g in sorted(spec.coop, key=lambda g: g.name):
-        classes.setdefault((coop_comm_key(g), g.form), []).append(g)
-    ops = []
+    for g in sorted(spec.member_groups(tp_rank), key=lambda g: g.name):
+        classes.setdefault((coop_comm_key(g, tp), g.form), []).append(g)
+    blocks = spec.tp_blocks(tp)
+    mine = [g for g in blocks if any(t == tp_rank for _, t in g.members)]
+    shards = sum(items[g.name].numel // tp for g in blocks) * settings.tp_bytes
+    ops = [CommOp("coop", "all_to_all", "tp", shards, TP_BLOCKS_TAG)] if blocks else []
     for (key, form), gs in sorted(classes.items()):
         group = "tp" if key == "tp" else "coop"
         gram = sum(min(items[g.name].shape) ** 2 for g in gs) * FP32_BYTES
@@ -309,6 +329,9 @@ def _coop_calls(spec: ExecSpec, plan: Plan, settings: LowerSettings) -> list[Com
         ops += [CommOp("coop", "all_to_all", group, regroup, key)] if regroup else []
         ops += [CommOp("coop", "all_reduce", group, gram, key) for _ in range(rounds)]
         ops += [CommOp("coop", "all_to_all", group, regroup, key)] if regroup else []
+    if blocks:
+        back = sum(items[g.name].numel // g.k for g in mine) * settings.tp_bytes
+        ops.append(CommOp("coop", "all_to_all", "tp", back, TP_BLOCKS_TAG))
     return ops
 
 
@@ -387,7 +410,7 @@ def lower(
         ops.append(CommOp("norm", "all_reduce", "global", 8, "norm"))
     for spec in execs:
         if spec.kind == "cooperative":
-            ops += _coop_calls(spec, plan, settings)
+            ops += _coop_calls(spec, plan, settings, tp_rank)
         else:
             ops += _tp_calls(spec, plan, tp_rank, settings.tp_bytes)
     for b in reversed(matrix):

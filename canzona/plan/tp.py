@@ -119,26 +119,50 @@ def slot_loads(mode: str, costs: Sequence[float], sharded: Sequence[bool], tp: i
     return out
 
 
-def _hosts(order: Sequence[PlanItem], tp: int) -> list[int]:
-    """The host slot of each item: LPT on cumulative slot totals (independent of how groups form)."""
+def block_slots(first: int, k: int, tp: int) -> tuple[int, ...]:
+    """The TP slots of a cooperative block group of k < TP members: strided, ``first`` + j·(TP/k), so
+    member j's block (TP shards j·TP/k …) contains its own shard. k = TP: every slot."""
+    return tuple(first + j * (tp // k) for j in range(k))
+
+
+def _hosts(order: Sequence[PlanItem], tp: int, spans: dict[str, int] | None = None) -> list[int]:
+    """The host slot of each item: LPT on cumulative slot totals (independent of how groups form).
+    A cooperative item (``spans``: name -> k) loads the k slots of a block group with its member
+    cost; it takes the group whose busiest slot is least loaded, and its host is the group's first
+    slot (``block_slots``)."""
     total = [0.0] * tp
     out = []
     for it in order:
-        s = _argmin(total)
+        k = (spans or {}).get(it.name, 1)
+        if k == 1:
+            s = _argmin(total)
+            total[s] += it.cost
+        else:
+            s = min(range(tp // k), key=lambda f: (max(total[t] for t in block_slots(f, k, tp)), f))
+            for t in block_slots(s, k, tp):
+                total[t] += it.cost
         out.append(s)
-        total[s] += it.cost
     return out
 
 
 def _schedule_one(
-    owned: list[PlanItem], mode: str, tp: int, capacity: int, gb: int, index: dict[str, int], halve: bool = False
+    owned: list[PlanItem],
+    mode: str,
+    tp: int,
+    capacity: int,
+    gb: int,
+    index: dict[str, int],
+    halve: bool = False,
+    spans: dict[str, int] | None = None,
 ) -> tuple[MicroGroup, ...]:
     order = _ordered(owned, mode, index)
     if mode in ("no", "sorted"):
         return tuple(
             MicroGroup(tuple((it.name, k) for k, it in enumerate(order[g : g + tp]))) for g in range(0, len(order), tp)
         )
-    slots = _hosts(order, tp)
+    placed = _hosts(order, tp, spans)
+    pairs = [(it, s) for it, s in zip(order, placed, strict=True) if it.name not in (spans or {})]
+    order, slots = [it for it, _ in pairs], [s for _, s in pairs]
     hosted = [slots.count(t) for t in range(tp)]
     # the default schedule's per-host cap: a host with m >= 2 matrices puts at most ⌈m/2⌉ in one group
     cap_per_host = [-(-m // 2) if halve and m >= 2 else m for m in hosted]
@@ -169,33 +193,9 @@ def _schedule_one(
     return tuple(groups)
 
 
-def schedule_tp(
-    items: Sequence[PlanItem],
-    owner_map: dict[str, tuple[int, ...]],
-    dp: int,
-    tp: int,
-    mode: str,
-    capacity_bytes: int | None,
-    grad_dtype_bytes: int,
-    *,
-    all_owned: bool = False,
-) -> TPSchedule:
-    """Micro-groups per DP rank for the TP-sharded matrices it owns.
-
-    A matrix enters rank d's groups when d is its single owner, or for every d when ``all_owned``
-    (DP ``sc``: every DP rank updates every matrix). Matrices owned by a group of k > 1 DP ranks
-    (reserved for cooperative updates) are not scheduled here.
-    """
-    check_tp_mode(mode)
-    if capacity_bytes is not None and capacity_bytes <= 0:
-        raise ConfigError(f"capacity must be a positive number of bytes, got {capacity_bytes}")
-    if mode in ("sc", "shard") or tp == 1:
-        return TPSchedule(mode, None, tuple(() for _ in range(dp)))
-    index = {it.name: k for k, it in enumerate(items)}
-    cap = None
-    halve = mode == "global" and capacity_bytes is None  # the default's per-host ⌈m/2⌉ cap
-    if mode == "global":
-        cap = capacity_bytes if capacity_bytes is not None else default_capacity(items, dp, tp, grad_dtype_bytes)
+def _per_rank(
+    items: Sequence[PlanItem], owner_map: dict[str, tuple[int, ...]], dp: int, all_owned: bool
+) -> list[list[PlanItem]]:
     per_rank: list[list[PlanItem]] = [[] for _ in range(dp)]
     for it in items:
         if it.partition_dim is None:
@@ -206,5 +206,59 @@ def schedule_tp(
                 per_rank[d].append(it)
         elif len(owners) == 1:
             per_rank[owners[0]].append(it)
-    groups = tuple(_schedule_one(owned, mode, tp, cap or 0, grad_dtype_bytes, index, halve) for owned in per_rank)
+    return per_rank
+
+
+def schedule_tp(
+    items: Sequence[PlanItem],
+    owner_map: dict[str, tuple[int, ...]],
+    dp: int,
+    tp: int,
+    mode: str,
+    capacity_bytes: int | None,
+    grad_dtype_bytes: int,
+    *,
+    all_owned: bool = False,
+    spans: dict[str, int] | None = None,
+) -> TPSchedule:
+    """Micro-groups per DP rank for the TP-sharded matrices it owns.
+
+    A matrix enters rank d's groups when d is its single owner, or for every d when ``all_owned``
+    (DP ``sc``: every DP rank updates every matrix). Matrices owned by a group of k > 1 DP ranks
+    (reserved for cooperative updates) are not scheduled here, nor are the cooperative matrices of
+    a TP group (``spans``: name -> k, priced at their member cost): those take k slots in the LPT
+    (``coop_slots`` says which) and are updated by their group, not by a host.
+    """
+    check_tp_mode(mode)
+    if capacity_bytes is not None and capacity_bytes <= 0:
+        raise ConfigError(f"capacity must be a positive number of bytes, got {capacity_bytes}")
+    if mode in ("sc", "shard") or tp == 1:
+        return TPSchedule(mode, None, tuple(() for _ in range(dp)))
+    if spans and mode != "global":
+        raise ConfigError(f"cooperative TP groups need TP mode 'global', got {mode!r}")
+    index = {it.name: k for k, it in enumerate(items)}
+    cap = None
+    halve = mode == "global" and capacity_bytes is None  # the default's per-host ⌈m/2⌉ cap
+    if mode == "global":
+        hosted = [it for it in items if it.name not in (spans or {})]
+        cap = capacity_bytes if capacity_bytes is not None else default_capacity(hosted, dp, tp, grad_dtype_bytes)
+    per_rank = _per_rank(items, owner_map, dp, all_owned)
+    groups = tuple(
+        _schedule_one(owned, mode, tp, cap or 0, grad_dtype_bytes, index, halve, spans) for owned in per_rank
+    )
     return TPSchedule(mode, cap, groups)
+
+
+def coop_slots(
+    items: Sequence[PlanItem], owner_map: dict[str, tuple[int, ...]], dp: int, tp: int, spans: dict[str, int]
+) -> dict[str, tuple[int, ...]]:
+    """name -> the TP slots (``block_slots``) of each cooperative matrix of a TP group, as the
+    ``global`` schedule with the same ``spans`` placed it (same order, same LPT)."""
+    index = {it.name: k for k, it in enumerate(items)}
+    out = {}
+    for owned in _per_rank(items, owner_map, dp, False):
+        order = _ordered(owned, "global", index)
+        for it, first in zip(order, _hosts(order, tp, spans), strict=True):
+            if it.name in spans:
+                out[it.name] = block_slots(first, spans[it.name], tp)
+    return out

@@ -2,28 +2,34 @@
 
 The plan (canzona.plan.coop) gives a matrix to a group of k GPUs only when it costs more than the
 mean; here each member holds a block of the matrix along its long side:
-  TP > 1  its TP shard, in place (fc1 and QKV are split by rows, fc2 and the output projection by
-          columns: both along the long side), over the TP group;
-  TP = 1  its block of rows from the DP reduce-scatter, over an aligned sub-group of DP ranks; a
-          matrix whose long side is its columns is re-blocked by ONE all-to-all each way.
+  TP group      (k = TP) its TP shard, in place (fc1 and QKV are split by rows, fc2 and the output
+                projection by columns: both along the long side);
+  TP sub-group  (k < TP, strided TP ranks f, f + TP/k, …) the TP/k shards of its block (its own among
+                them), gathered by ONE all-to-all over the TP group for every such matrix of the DP
+                rank before the step's Newton–Schulz, and the updates scattered back by one more;
+  DP sub-group  (TP = 1) its block of rows from the DP reduce-scatter, over an aligned sub-group of DP
+                ranks; a matrix whose long side is its columns is re-blocked by ONE all-to-all each way.
 Per step and per group: Muon's momentum on each block (elementwise), then every matrix of the group
 in lock-step through ``newton_schulz_blocks`` whose ``reduce`` is ONE fp32 all-reduce of all the
 group's Grams per round (standard: one per iteration; Gram: R₀ plus one per restart), then the
-scale and the update of each block. Momentum and master stay sharded like the matrix.
+scale and the update of each block. Momentum stays sharded like the matrix (a member's block);
+masters are each rank's own shard or slice.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from canzona.models.spec import ParamSpec
 from canzona.optim.newton_schulz import newton_schulz_blocks
-from canzona.plan.coop import DP_GROUP_SIZES
+from canzona.plan.coop import GROUP_SIZES
 from canzona.plan.schedule import ExecSpec, coop_comm_key
+from canzona.plan.tp import block_slots
 from canzona.plan.types import CoopGroup
 from canzona.runtime.exec_base import StepContext
 
@@ -41,15 +47,18 @@ class Member:
     regroup: bool  # TP = 1, long side = columns: row blocks <-> column blocks by all-to-all
 
 
+def in_tp(group: CoopGroup) -> bool:
+    """Whether the group is (part of) one DP rank's TP group, not a DP sub-group."""
+    return group.members[0][0] == group.members[-1][0]
+
+
 def member_of(group: CoopGroup, spec: ParamSpec, me: tuple[int, int]) -> Member:
-    """This rank's block of ``group``'s matrix (TP > 1: the TP shard; TP = 1: a block of rows)."""
+    """This rank's block of ``group``'s matrix (TP group or sub-group: 1/k of the matrix along its TP
+    split, which is its long side; DP sub-group: a block of rows)."""
     full = (int(spec.shape[0]), int(spec.shape[1]))
     k, index = group.k, group.members.index(me)
     rows = full[0] > full[1]
-    if group.members[0][1] != group.members[-1][1]:  # members differ in TP rank: TP shards
-        block = spec.shard_shape(k)
-    else:  # one TP rank, k DP ranks: the reduce-scatter cut the matrix into blocks of rows
-        block = (full[0] // k, full[1])
+    block = spec.shard_shape(k) if in_tp(group) else (full[0] // k, full[1])
     return Member(spec.name, full, (int(block[0]), int(block[1])), index, k, rows, group.regroup)
 
 
@@ -84,8 +93,80 @@ def _pieces_by_column(t: torch.Tensor, k: int) -> list[torch.Tensor]:
     return list(t.chunk(k, dim=1))
 
 
+class _Blocks:
+    """The TP sub-groups' blocks of one DP rank: who sends which shard where, and the two buffers.
+
+    Gather (ONE all_to_all_single over the TP group): every TP rank sends its shard of each such
+    matrix to the member whose block holds it (itself included); a member receives, per source,
+    the shard of each matrix whose block it holds. The scatter is the same call reversed, so the
+    gather's receive buffer is the scatter's send buffer and vice versa."""
+
+    def __init__(self, groups: Sequence[CoopGroup], specs: dict[str, ParamSpec], me: int, tp: int, device) -> None:
+        self.groups, self.specs, self.me, self.tp = list(groups), specs, me, tp
+        self.shard = {g.name: specs[g.name].shard_numel(tp) for g in self.groups}
+        self.by_name = {g.name: g for g in self.groups}
+        self.mine = [g for g in self.groups if any(t == me for _, t in g.members)]
+        self.send_sizes = [sum(self.shard[g.name] for g in self.groups if self.dest(g, me) == r) for r in range(tp)]
+        self.recv_sizes = [sum(self.shard[g.name] for g in self.mine if self.dest(g, r) == me) for r in range(tp)]
+        self.send = torch.zeros(sum(self.send_sizes), dtype=torch.float32, device=device)
+        self.recv = torch.zeros(sum(self.recv_sizes), dtype=torch.float32, device=device)
+
+    def dest(self, g: CoopGroup, t: int) -> int:
+        """The TP rank holding TP shard t in its block: member t // (TP/k)."""
+        return g.members[t // (self.tp // g.k)][1]
+
+    def sources(self, name: str) -> list[int]:
+        """The TP ranks whose shards make up this rank's block of ``name``, in block order."""
+        return [r for r in range(self.tp) if self.dest(self.by_name[name], r) == self.me]
+
+    def _by_peer(
+        self, sizes: Sequence[int], buf: torch.Tensor, groups, peer_has
+    ) -> dict[tuple[str, int], torch.Tensor]:
+        out, off = {}, 0
+        for r in range(self.tp):
+            for g in groups:
+                if peer_has(g, r):
+                    out[(g.name, r)] = buf[off : off + self.shard[g.name]]
+                    off += self.shard[g.name]
+            assert off == sum(sizes[: r + 1])
+        return out
+
+    def gather(self, grad_of, group: dist.ProcessGroup | None) -> dict[str, torch.Tensor]:
+        """name -> the gathered gradient block of every matrix this rank holds a block of."""
+        out_parts = self._by_peer(self.send_sizes, self.send, self.groups, lambda g, r: self.dest(g, self.me) == r)
+        for (name, _), part in out_parts.items():
+            part.copy_(grad_of(name))
+        self._exchange(self.recv, self.send, self.recv_sizes, self.send_sizes, group)
+        got = self._by_peer(self.recv_sizes, self.recv, self.mine, lambda g, r: self.dest(g, r) == self.me)
+        blocks = {}
+        for g in self.mine:
+            spec = self.specs[g.name]
+            shards = [got[(g.name, r)].view(spec.shard_shape(self.tp)) for r in self.sources(g.name)]
+            blocks[g.name] = torch.cat(shards, dim=spec.partition_dim)
+        return blocks
+
+    def scatter(self, updates: dict[str, torch.Tensor], group: dist.ProcessGroup | None) -> dict[str, torch.Tensor]:
+        """Send each block's update back to the TP ranks its shards came from; name -> this rank's
+        shard of the update of every block-group matrix."""
+        back = self._by_peer(self.recv_sizes, self.recv, self.mine, lambda g, r: self.dest(g, r) == self.me)
+        for name, u in updates.items():
+            srcs = self.sources(name)
+            for r, piece in zip(srcs, u.chunk(len(srcs), dim=self.specs[name].partition_dim), strict=True):
+                back[(name, r)].view(piece.shape).copy_(piece)
+        self._exchange(self.send, self.recv, self.send_sizes, self.recv_sizes, group)
+        parts = self._by_peer(self.send_sizes, self.send, self.groups, lambda g, r: self.dest(g, self.me) == r)
+        return {name: part.view(self.specs[name].shard_shape(self.tp)) for (name, _), part in parts.items()}
+
+    @staticmethod
+    def _exchange(out: torch.Tensor, inp: torch.Tensor, out_sizes, in_sizes, group) -> None:
+        dist.all_to_all_single(
+            out, inp, output_split_sizes=list(out_sizes), input_split_sizes=list(in_sizes), group=group
+        )
+
+
 class CooperativeTP:
-    """Executor of kind ``cooperative`` (Muon): one lock-step run per (communicator, form)."""
+    """Executor of kind ``cooperative`` (Muon): the blocks of TP sub-groups gathered, one lock-step
+    run per (communicator, form) of the groups this rank is a member of, the blocks scattered back."""
 
     def __init__(
         self,
@@ -96,11 +177,14 @@ class CooperativeTP:
     ) -> None:
         self.names = list(spec.names)
         self.comms = comms
+        tp = dist.get_world_size(comms["tp"])
         me = (dist.get_rank(comms["dp"]), dist.get_rank(comms["tp"]))
         classes: dict[tuple[str, str], list[Member]] = {}
-        for g in sorted(spec.coop, key=lambda g: g.name):
-            classes.setdefault((coop_comm_key(g), g.form), []).append(member_of(g, specs[g.name], me))
+        for g in sorted(spec.member_groups(me[1]), key=lambda g: g.name):
+            classes.setdefault((coop_comm_key(g, tp), g.form), []).append(member_of(g, specs[g.name], me))
         self.classes = [_Class(key, form, ms, device) for (key, form), ms in sorted(classes.items())]
+        blocks = sorted(spec.tp_blocks(tp), key=lambda g: g.name)
+        self.blocks = _Blocks(blocks, specs, me[1], tp, device) if blocks else None
 
     # ------------------------------------------------------------------ re-blocking (TP = 1)
     def _exchange(
@@ -129,31 +213,51 @@ class CooperativeTP:
 
     # ------------------------------------------------------------------ one step
     def run(self, ctx: StepContext) -> None:
+        gathered: dict[str, torch.Tensor] = {}
+        if self.blocks is not None:
+            with ctx.timer.phase("coop"):
+                gathered = self.blocks.gather(ctx.grad_of, self.comms["tp"])
+        updates: dict[str, torch.Tensor] = {}
         for cls in self.classes:
             group = self.comms[cls.key]
             with ctx.timer.phase("compute"):
-                M = [
-                    ctx.math.before(ctx.grad_of(m.name).view(m.block), ctx.state(m.name), ctx.step) for m in cls.members
-                ]
+                G = [gathered[m.name] if m.name in gathered else ctx.grad_of(m.name).view(m.block) for m in cls.members]
+                M = [ctx.math.before(g, ctx.state(m.name), ctx.step) for g, m in zip(G, cls.members, strict=True)]
             with ctx.timer.phase("coop"):
-                idx = [i for i, m in enumerate(cls.members) if m.regroup]
-                if idx:
-                    for i, cb in zip(idx, self._exchange(cls, [M[i] for i in idx], group, True), strict=True):
-                        M[i] = cb
-                X = [x.mT if m.rows else x for x, m in zip(M, cls.members, strict=True)]
-                opts = ctx.math.ns_options(cls.members[0].full, X[0].device)
-                if cls.form == "gram" and opts["method"] != "gram":
-                    opts["restarts"] = ctx.math.ns_restarts_for(opts["compute_dtype"])
-                opts.update(method=cls.form, restarts=opts["restarts"] if cls.form == "gram" else ())
-                ortho = newton_schulz_blocks(X, reduce=cls.reducer(group), **opts)
-                U = [ctx.math.after(o, m.full) for o, m in zip(ortho, cls.members, strict=True)]
-                U = [u.mT if m.rows else u for u, m in zip(U, cls.members, strict=True)]
-                if idx:
-                    for i, rb in zip(idx, self._exchange(cls, [U[i] for i in idx], group, False), strict=True):
-                        U[i] = rb
+                U = self._orthogonalise(ctx.math, cls, M, group)
             with ctx.timer.phase("compute"):
                 for u, m in zip(U, cls.members, strict=True):
-                    ctx.apply(m.name, u)
+                    if m.name in gathered:
+                        updates[m.name] = u
+                    else:
+                        ctx.apply(m.name, u)
+        if self.blocks is not None:
+            with ctx.timer.phase("coop"):
+                mine = self.blocks.scatter(updates, self.comms["tp"])
+            with ctx.timer.phase("compute"):
+                for name, u in mine.items():
+                    ctx.apply(name, u)
+
+    def _orthogonalise(
+        self, math: Any, cls: _Class, M: list[torch.Tensor], group: dist.ProcessGroup | None
+    ) -> list[torch.Tensor]:
+        """Newton–Schulz of every block of one class in lock-step; the scaled updates, block-shaped."""
+        idx = [i for i, m in enumerate(cls.members) if m.regroup]
+        if idx:
+            for i, cb in zip(idx, self._exchange(cls, [M[i] for i in idx], group, True), strict=True):
+                M[i] = cb
+        X = [x.mT if m.rows else x for x, m in zip(M, cls.members, strict=True)]
+        opts = math.ns_options(cls.members[0].full, X[0].device)
+        if cls.form == "gram" and opts["method"] != "gram":
+            opts["restarts"] = math.ns_restarts_for(opts["compute_dtype"])
+        opts.update(method=cls.form, restarts=opts["restarts"] if cls.form == "gram" else ())
+        ortho = newton_schulz_blocks(X, reduce=cls.reducer(group), **opts)
+        U = [math.after(o, m.full) for o, m in zip(ortho, cls.members, strict=True)]
+        U = [u.mT if m.rows else u for u, m in zip(U, cls.members, strict=True)]
+        if idx:
+            for i, rb in zip(idx, self._exchange(cls, [U[i] for i in idx], group, False), strict=True):
+                U[i] = rb
+        return U
 
 
 @dataclass(frozen=True)
@@ -171,38 +275,52 @@ class Held:
 def held_pieces(
     spec_of: dict[str, ParamSpec], coop: Sequence[CoopGroup], me: tuple[int, int], names: Sequence[str], tp: int
 ) -> dict[str, Held]:
-    """Every computed matrix's held piece: the whole (TP-local) matrix, or this rank's block of a
-    cooperative one (its TP shard at TP > 1; its block of rows at TP = 1)."""
+    """Every applied matrix's held piece: its flat range of this rank's TP-local parameter (the
+    master), and the shape and full-matrix offset of the state it computes with: the whole matrix;
+    a member's block of a TP (sub-)group's matrix; this rank's shard of a TP sub-group's matrix it
+    is no member of (no state); its block of rows of a DP sub-group's one."""
     groups = {g.name: g for g in coop}
     out = {}
     for n in names:
         spec = spec_of[n]
         local = spec.shard_numel(tp)
-        if n not in groups:
+        g = groups.get(n)
+        if g is None:
             out[n] = Held(0, local, tuple(spec.shape), (0,) * len(spec.shape))
-            continue
-        m = member_of(groups[n], spec, me)
-        if m.block == tuple(spec.shard_shape(tp)):  # a TP shard
+        elif in_tp(g):
+            k, j = (g.k, g.members.index(me)) if me in g.members else (tp, me[1])
+            shape = spec.shard_shape(k)
             off = [0, 0]
-            off[spec.partition_dim] = me[1] * m.block[spec.partition_dim]
-            out[n] = Held(0, local, m.block, tuple(off))
+            off[spec.partition_dim] = j * shape[spec.partition_dim]
+            out[n] = Held(0, local, tuple(shape), tuple(off))
         else:  # block m.index of k blocks of rows
+            m = member_of(g, spec, me)
             size = m.block[0] * m.block[1]
             out[n] = Held(m.index * size, (m.index + 1) * size, m.block, (m.index * m.block[0], 0))
     return out
 
 
-def coop_comms(dp_group: dist.ProcessGroup | None, dp: int, dp_rank: int) -> dict[str, dist.ProcessGroup]:
-    """The aligned DP sub-groups this rank belongs to, for every group size of canzona.plan.coop,
-    created once whatever this stage's plan chose. Only members create a sub-group (local
-    synchronisation), and torch names such a group after its ranks AND the number of groups the rank
-    already has, so every rank must create the same number in the same order: that is why the set
-    does not depend on the plan (PP stages plan differently) and goes by increasing k."""
+def coop_comms(
+    dp_group: dist.ProcessGroup | None, tp_group: dist.ProcessGroup | None, dp: int, tp: int
+) -> dict[str, dist.ProcessGroup]:
+    """The cooperative sub-groups this rank belongs to, for every group size of canzona.plan.coop,
+    created once whatever this stage's plan chose: at TP = 1 the aligned DP sub-groups, at TP > 1
+    the strided TP sub-groups (k < TP; the whole TP group is "tp"). Only members create a sub-group
+    (local synchronisation), and torch names such a group after its ranks AND the number of groups
+    the rank already has, so every rank must create the same number in the same order: that is why
+    the set does not depend on the plan (PP stages plan differently) and goes by increasing k."""
     out = {}
-    for k in DP_GROUP_SIZES:
-        if dp % k or k > dp:
+    group, size = (dp_group, dp) if tp == 1 else (tp_group, tp)
+    me = dist.get_rank(group)
+    for k in GROUP_SIZES:
+        if size % k or k >= size + (tp == 1):  # DP: k <= DP; TP: k < TP
             continue
-        d0 = dp_rank // k * k
-        ranks = [d if dp_group is None else dist.get_global_rank(dp_group, d) for d in range(d0, d0 + k)]
-        out[f"dp{d0}+{k}"] = dist.new_group(ranks, use_local_synchronization=True)
+        if tp == 1:
+            first, ranks = me // k * k, [me // k * k + j for j in range(k)]
+            key = f"dp{first}+{k}"
+        else:
+            first = me % (tp // k)
+            ranks, key = list(block_slots(first, k, tp)), f"tp{first}/{k}"
+        glob = [r if group is None else dist.get_global_rank(group, r) for r in ranks]
+        out[key] = dist.new_group(glob, use_local_synchronization=True)
     return out

@@ -175,8 +175,8 @@ class DistributedOptimizer:
         self.dps = DPSync(s, self.sets, self.dp_group, self.tp_group, self.tp_partial, self.device, self.timer)
         coop = next((e.coop for e in s.executors if e.kind == "cooperative"), ())
         comms = {"tp": self.tp_group, "dp": self.dp_group}
-        if self.plan is not None and self.plan.config.cooperative and self.tp == 1:
-            comms.update(coop_comms(self.dp_group, self.dp, self.dp_rank))
+        if self.plan is not None and self.plan.config.cooperative:
+            comms.update(coop_comms(self.dp_group, self.tp_group, self.dp, self.tp))
         self.comms = comms
         self.executors = select_executors(s.executors, self.specs, comms, self.device)
         self.applied = [n for spec in s.executors for n in spec.names]

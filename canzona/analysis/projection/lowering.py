@@ -86,9 +86,10 @@ class StageOps:
     def coop_groups(self, s: RankSchedule) -> dict[str, tuple[CoopGroup, ...]]:
         """The cooperative groups this rank belongs to, by communicator key (the coop ops' tag)."""
         out: dict[str, tuple[CoopGroup, ...]] = {}
+        tp = self.plan.layout.tp
         for spec in s.executors:
-            for g in spec.coop:
-                out[coop_comm_key(g)] = (*out.get(coop_comm_key(g), ()), g)
+            for g in spec.member_groups(s.tp_rank):
+                out[coop_comm_key(g, tp)] = (*out.get(coop_comm_key(g, tp), ()), g)
         return out
 
     def owned_elems(self, s: RankSchedule) -> int:

@@ -43,7 +43,7 @@ from canzona.analysis.projection.timeline import PHASES, Task, simulate
 from canzona.cost import CostSettings, matrix_flops
 from canzona.errors import ConfigError
 from canzona.models.spec import ParamSpec
-from canzona.plan.schedule import CommOp, ExecSpec, RankSchedule
+from canzona.plan.schedule import TP_BLOCKS_TAG, CommOp, ExecSpec, RankSchedule
 from canzona.plan.types import Layout, Plan
 
 GROUPS = {"dp": "dp", "tp": "tp", "global": "world"}  # schedule group -> hardware.Comm group
@@ -206,12 +206,15 @@ class _Charger:
         an all-to-all is charged the off-rank bytes of its busiest rank."""
         if op.phase not in self.KNOWN:
             raise ConfigError(f"the projection does not know schedule phase {op.phase!r} ({op}); teach phases.py")
+        if op.phase == "coop" and op.tag == TP_BLOCKS_TAG:  # blocks of TP sub-groups: this rank's part
+            return self.comm("all_to_all", "tp", op.nbytes * (self.layout.tp - 1) / self.layout.tp)
         if op.phase == "coop":
             k = self.ops.coop_groups(s)[op.tag][0].k
             nbytes = op.nbytes * (k - 1) / k if op.kind == "all_to_all" else op.nbytes
             if op.group == "tp":
                 return self.comm(op.kind, "tp", nbytes)
-            return self.comm.sized(op.kind, k, k * self.layout.tp, nbytes)
+            span = self.layout.tp if op.tag[:2] == "tp" else k * self.layout.tp  # inside a TP group, or DP-strided
+            return self.comm.sized(op.kind, k, span, nbytes)
         if op.kind == "all_to_all":
             if not op.tag.startswith(MICRO_GROUP_TAG):
                 raise ConfigError(f"the projection does not know the all-to-all {op}; teach phases.py")
@@ -270,16 +273,20 @@ class _Charger:
     ) -> None:
         """This rank's blocks of its cooperative matrices and their groups' calls."""
         ns_ms = elementwise_ms = 0.0
-        for g in spec.coop:
+        mine = spec.member_groups(s.tp_rank)
+        for g in mine:
             shape = self.items[g.name].shape
             ns, el = coop_member_ms(self.profile, shape, g.k, g.form, self.settings)
             ns_ms, elementwise_ms = ns_ms + ns, elementwise_ms + el
             r.flops += sum(coop_member_flops(shape, g.k, g.form, self.settings))
-        r.matrices += len(spec.coop)
+        r.matrices += len(mine)
         r.phases["compute"] += elementwise_ms
         r.phases["coop"] += ns_ms + sum(ms for _, ms in calls)
         tl += [Task("compute", elementwise_ms), Task("coop", ns_ms)]
-        group = lambda op: ("tp", s.dp_rank) if op.group == "tp" else ("coop", op.tag, s.tp_rank)
+        # a DP sub-group's calls are one per TP rank; a TP sub-group's one per DP rank
+        group = lambda op: (
+            ("tp", s.dp_rank) if op.group == "tp" else ("coop", op.tag, s.dp_rank if op.tag[:2] == "tp" else s.tp_rank)
+        )
         tl += [Task("coop", ms, group(op)) for op, ms in calls]
 
     def _micro_groups(self, r: RankTimes, tl: list[Task], s: RankSchedule, spec: ExecSpec) -> None:
