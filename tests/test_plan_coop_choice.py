@@ -106,12 +106,12 @@ def test_no_plan_beats_the_load_bound(shapes: list[tuple[int, int]], layout: tup
 
 
 def test_load_bound_by_hand() -> None:
-    """Two 512×64 matrices (cost c each) on 4 GPUs, TP 1: one owner each gives max c; any group
-    makes its members cost more than c/k, so the bound is the cheaper of c and what groups allow."""
-    items = [PlanItem(f"m{i}", (512, 64), None, CM((512, 64))) for i in range(2)]
-    c = items[0].cost
+    """Two 16384×2048 matrices on 4 GPUs at TP 1: brute force over every (k₁, k₂) of the largest
+    member and the total work over 4 GPUs. A pair of groups of 4 has the cheapest members, but their
+    8 members' work exceeds what 4 GPUs hold at that member cost; the bound must see both."""
+    items = [PlanItem(f"m{i}", (16384, 2048), None, CM((16384, 2048))) for i in range(2)]
     coop = CoopSettings()
-    pairs = member_cost(items[0], 2, 1, CM.settings, coop)[0]
-    quads = member_cost(items[0], 4, 1, CM.settings, coop)[0]
-    want = min(c, max(pairs, 2 * 2 * pairs / 4), max(quads, 2 * 4 * quads / 4))
+    cost = {k: member_cost(items[0], k, 1, CM.settings, coop)[0] for k in (2, 4)} | {1: items[0].cost}
+    want = min(max(cost[a], cost[b], (a * cost[a] + b * cost[b]) / 4) for a in cost for b in cost)
+    assert cost[4] < want < cost[1]  # neither the cheapest member nor one owner each
     assert load_bound(items, 4, 1, CM.settings, coop)[0] == pytest.approx(want)
