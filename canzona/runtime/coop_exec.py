@@ -31,7 +31,7 @@ from canzona.plan.coop import GROUP_SIZES
 from canzona.plan.schedule import ExecSpec, coop_comm_key
 from canzona.plan.tp import block_slots
 from canzona.plan.types import CoopGroup
-from canzona.runtime.exec_base import StepContext
+from canzona.runtime.exec_base import ShardOf, StepContext
 
 
 @dataclass(frozen=True)
@@ -99,66 +99,72 @@ class _Blocks:
     Gather (ONE all_to_all_single over the TP group): every TP rank sends its shard of each such
     matrix to the member whose block holds it (itself included); a member receives, per source,
     the shard of each matrix whose block it holds. The scatter is the same call reversed, so the
-    gather's receive buffer is the scatter's send buffer and vice versa."""
+    gather's receive buffer is the scatter's send buffer and vice versa. Buffers and their per-peer
+    views are made once."""
 
-    def __init__(self, groups: Sequence[CoopGroup], specs: dict[str, ParamSpec], me: int, tp: int, device) -> None:
-        self.groups, self.specs, self.me, self.tp = list(groups), specs, me, tp
-        self.shard = {g.name: specs[g.name].shard_numel(tp) for g in self.groups}
-        self.by_name = {g.name: g for g in self.groups}
-        self.mine = [g for g in self.groups if any(t == me for _, t in g.members)]
-        self.send_sizes = [sum(self.shard[g.name] for g in self.groups if self.dest(g, me) == r) for r in range(tp)]
-        self.recv_sizes = [sum(self.shard[g.name] for g in self.mine if self.dest(g, r) == me) for r in range(tp)]
-        self.send = torch.zeros(sum(self.send_sizes), dtype=torch.float32, device=device)
-        self.recv = torch.zeros(sum(self.recv_sizes), dtype=torch.float32, device=device)
+    def __init__(
+        self, groups: Sequence[CoopGroup], specs: dict[str, ParamSpec], me: int, tp: int, device: torch.device
+    ) -> None:
+        self.specs, self.me, self.tp = specs, me, tp
+        self.by_name = {g.name: g for g in groups}
+        mine = [g for g in groups if any(t == me for _, t in g.members)]
+        # (name, peer) -> elements, in peer order: what goes to each peer / comes from each peer
+        out = [(g.name, r) for r in range(tp) for g in groups if self._dest(g, me) == r]
+        inc = [(g.name, r) for r in range(tp) for g in mine if self._dest(g, r) == me]
+        self.send, self.send_sizes, self.outgoing = self._buffer(out, device)
+        self.recv, self.recv_sizes, self.incoming = self._buffer(inc, device)
 
-    def dest(self, g: CoopGroup, t: int) -> int:
+    def _dest(self, g: CoopGroup, t: int) -> int:
         """The TP rank holding TP shard t in its block: member t // (TP/k)."""
         return g.members[t // (self.tp // g.k)][1]
 
+    def _buffer(
+        self, parts: list[tuple[str, int]], device: torch.device
+    ) -> tuple[torch.Tensor, list[int], dict[tuple[str, int], torch.Tensor]]:
+        sizes = [0] * self.tp
+        for name, r in parts:
+            sizes[r] += self.specs[name].shard_numel(self.tp)
+        buf = torch.zeros(sum(sizes), dtype=torch.float32, device=device)
+        views, off = {}, 0
+        for name, r in parts:
+            n = self.specs[name].shard_numel(self.tp)
+            views[(name, r)] = buf[off : off + n].view(self.specs[name].shard_shape(self.tp))
+            off += n
+        return buf, sizes, views
+
     def sources(self, name: str) -> list[int]:
         """The TP ranks whose shards make up this rank's block of ``name``, in block order."""
-        return [r for r in range(self.tp) if self.dest(self.by_name[name], r) == self.me]
+        return [r for r in range(self.tp) if self._dest(self.by_name[name], r) == self.me]
 
-    def _by_peer(
-        self, sizes: Sequence[int], buf: torch.Tensor, groups, peer_has
-    ) -> dict[tuple[str, int], torch.Tensor]:
-        out, off = {}, 0
-        for r in range(self.tp):
-            for g in groups:
-                if peer_has(g, r):
-                    out[(g.name, r)] = buf[off : off + self.shard[g.name]]
-                    off += self.shard[g.name]
-            assert off == sum(sizes[: r + 1])
-        return out
-
-    def gather(self, grad_of, group: dist.ProcessGroup | None) -> dict[str, torch.Tensor]:
+    def gather(self, grad_of: ShardOf, group: dist.ProcessGroup | None) -> dict[str, torch.Tensor]:
         """name -> the gathered gradient block of every matrix this rank holds a block of."""
-        out_parts = self._by_peer(self.send_sizes, self.send, self.groups, lambda g, r: self.dest(g, self.me) == r)
-        for (name, _), part in out_parts.items():
-            part.copy_(grad_of(name))
+        for (name, _), part in self.outgoing.items():
+            part.copy_(grad_of(name).view(part.shape))
         self._exchange(self.recv, self.send, self.recv_sizes, self.send_sizes, group)
-        got = self._by_peer(self.recv_sizes, self.recv, self.mine, lambda g, r: self.dest(g, r) == self.me)
-        blocks = {}
-        for g in self.mine:
-            spec = self.specs[g.name]
-            shards = [got[(g.name, r)].view(spec.shard_shape(self.tp)) for r in self.sources(g.name)]
-            blocks[g.name] = torch.cat(shards, dim=spec.partition_dim)
-        return blocks
+        mine = dict.fromkeys(name for name, _ in self.incoming)
+        return {
+            n: torch.cat([self.incoming[(n, r)] for r in self.sources(n)], dim=self.specs[n].partition_dim)
+            for n in mine
+        }
 
     def scatter(self, updates: dict[str, torch.Tensor], group: dist.ProcessGroup | None) -> dict[str, torch.Tensor]:
         """Send each block's update back to the TP ranks its shards came from; name -> this rank's
         shard of the update of every block-group matrix."""
-        back = self._by_peer(self.recv_sizes, self.recv, self.mine, lambda g, r: self.dest(g, r) == self.me)
         for name, u in updates.items():
             srcs = self.sources(name)
             for r, piece in zip(srcs, u.chunk(len(srcs), dim=self.specs[name].partition_dim), strict=True):
-                back[(name, r)].view(piece.shape).copy_(piece)
+                self.incoming[(name, r)].copy_(piece)
         self._exchange(self.send, self.recv, self.send_sizes, self.recv_sizes, group)
-        parts = self._by_peer(self.send_sizes, self.send, self.groups, lambda g, r: self.dest(g, self.me) == r)
-        return {name: part.view(self.specs[name].shard_shape(self.tp)) for (name, _), part in parts.items()}
+        return {name: part for (name, _), part in self.outgoing.items()}
 
     @staticmethod
-    def _exchange(out: torch.Tensor, inp: torch.Tensor, out_sizes, in_sizes, group) -> None:
+    def _exchange(
+        out: torch.Tensor,
+        inp: torch.Tensor,
+        out_sizes: Sequence[int],
+        in_sizes: Sequence[int],
+        group: dist.ProcessGroup | None,
+    ) -> None:
         dist.all_to_all_single(
             out, inp, output_split_sizes=list(out_sizes), input_split_sizes=list(in_sizes), group=group
         )
