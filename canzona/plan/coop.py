@@ -326,9 +326,11 @@ def plan_cooperative(
     layout: Layout,
     cfg: PlanConfig,
     chosen: dict[str, tuple[int, float, str]],
+    dp_algo: str | None = None,
 ) -> tuple[DPPlan, TPSchedule, tuple[PlanItem, ...], tuple[CoopGroup, ...]] | None:
     """The DP plan, TP schedule, items (cooperative ones carrying their total work k·member) and
     groups of a stage with the groups ``chosen`` (``choose_groups``); None when none can be held.
+    ``dp_algo``: the DP algorithm at TP > 1 (default the config's).
 
     TP > 1: for the DP planners a cooperative matrix is a replicated one costing its group's work
     spread over the TP group (k·member / TP on every TP rank of its owner), so Canzona's own DP
@@ -353,7 +355,7 @@ def plan_cooperative(
             dp,
             tp,
             cfg.strategy,
-            cfg.dp_algo,
+            dp_algo or cfg.dp_algo,
             cfg.alpha,
             cfg.tp_mode,
             layout=cfg.dp_layout,
