@@ -33,9 +33,10 @@ from canzona.errors import ConfigError
 from canzona.models import Model, ParamSpec, get_model, list_params
 from canzona.plan.bucket_metrics import padding_floor
 from canzona.plan.buckets import build_buckets, matrix_chunks, packed_bucket, resolve_bucket_size
-from canzona.plan.coop import COOP_PROFILES, applies, candidates, check_ownership, plan_cooperative
+from canzona.plan.coop import COOP_PROFILES, CoopSettings, applies, candidates, check_ownership, plan_cooperative
 from canzona.plan.dp import make_problem
 from canzona.plan.metrics import gpu_loads
+from canzona.plan.schedule import LowerSettings, matrix_dp_calls
 from canzona.plan.strategies import STRATEGIES, get_strategy, resolve_algo
 from canzona.plan.tp import TP_MODES, check_tp_mode, schedule_tp
 from canzona.plan.types import AUTO_PADDING_LIMIT, DP_LAYOUTS, Bucket, Layout, Plan, PlanConfig, PlanItem, input_hash
@@ -151,6 +152,33 @@ def make_plan(
     params: Sequence[ParamSpec], layout: Layout, config: PlanConfig, *, cost_model: CostModel | None = None
 ) -> Plan:
     """Plan ONE PP stage. ``params`` in registration order (any routes); deterministic."""
+    plain, coops = candidate_plans(params, layout, config, cost_model=cost_model)
+    if coops and plain is None:  # forced groups
+        return coops[0]
+    assert plain is not None
+    if not coops:
+        return plain
+    # Each group choice prices matrices alone; where the other matrices then land on the members the
+    # stage can end up worse (Qwen3-1.7B at TP 8: every TP group is a member of an fc1 group AND
+    # hosts an fc2), and at TP = 1 its block cuts add DP calls (Qwen3-1.7B at DP 256: groups of 4
+    # save 1 ms of Newton–Schulz and add 168 per-slice calls). Keep the choice with the shortest
+    # step, and cooperation only where it saves at least COOP_MIN_SAVING of the plain plan's compute.
+    coop = COOP_PROFILES[plain.config.coop_profile]
+    compute, comm = step_seconds(plain, coop)
+    best, best_s = plain, compute * (1 - COOP_MIN_SAVING) + comm
+    for plan in coops:
+        s = sum(step_seconds(plan, coop))
+        if s < best_s:
+            best, best_s = plan, s
+    return best
+
+
+def candidate_plans(
+    params: Sequence[ParamSpec], layout: Layout, config: PlanConfig, *, cost_model: CostModel | None = None
+) -> tuple[Plan | None, list[Plan]]:
+    """(the plan with one owner per matrix, the cooperative plans) that ``make_plan`` chooses
+    among for one stage; the first is None when ``coop_force`` fixes the groups. For reports
+    that show what a choice by compute alone would give."""
     t0 = time.perf_counter()
     cfg = resolve_config(config)
     strategy = STRATEGIES[cfg.strategy]
@@ -176,26 +204,25 @@ def make_plan(
     buckets = matrix_buckets(params, items, layout, cfg)
     coops = _cooperative_plans(params, items, buckets, layout, cfg, cost_model, t0)
     if coops and cfg.coop_force:
-        return coops[0]
-    plain = _plain_plan(items, buckets, layout, cfg, t0)
-    # Each group choice prices matrices alone; where the other matrices then land on the members the
-    # stage can end up worse (Qwen3-1.7B at TP 8: every TP group is a member of an fc1 group AND
-    # hosts an fc2). Keep the choice with the lowest per-GPU max, and cooperation only where it
-    # lowers the plain plan's max by COOP_MIN_GAIN.
-    best, best_max = plain, _gpu_max(plain) / COOP_MIN_GAIN
-    for plan in coops:
-        m = _gpu_max(plan)
-        if m < best_max:
-            best, best_max = plan, m
-    return best
+        return None, coops[:1]
+    return _plain_plan(items, buckets, layout, cfg, t0), coops
 
 
-# A cooperative plan must lower the stage's per-GPU max by at least this factor to be kept.
-COOP_MIN_GAIN = 1.02
+# A cooperative plan must save at least this share of the plain plan's busiest-GPU compute (net of
+# any DP time it adds) to be kept: a 2% gain is within the cost model's error.
+COOP_MIN_SAVING = 0.02
 
 
-def _gpu_max(plan: Plan) -> float:
-    return max(gpu_loads(plan).flat_cost(), default=0.0)
+def step_seconds(plan: Plan, coop: CoopSettings) -> tuple[float, float]:
+    """(compute, DP communication) in seconds, what the choice among a stage's plans minimises the
+    sum of: the busiest GPU's optimizer work at the profile's compute rate, and the α–β time of the
+    matrix buckets' DP collectives. The second counts because a group's block cuts add DP calls at
+    TP = 1, and at TP > 1 the DP planners' proxy for a group can widen the padded slices; with
+    every collective exposed (the runtime's step) both are paid."""
+    compute = max(gpu_loads(plan).flat_cost(), default=0.0) / coop.flops_rate
+    dp = plan.layout.dp
+    ops = matrix_dp_calls(plan, LowerSettings(model=coop.dp)) if dp > 1 else []
+    return compute, sum(coop.dp.call_us(o.kind, dp, o.nbytes) for o in ops) * 1e-6
 
 
 def _plain_plan(

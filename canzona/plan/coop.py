@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from canzona.cost import CostSettings, ns_member_flops
 from canzona.errors import ConfigError
-from canzona.plan.comm import CommModel, Link
+from canzona.plan.comm import GLOO, NCCL, CommModel, Link
 from canzona.plan.types import Bucket, CoopGroup, DPPlan, Layout, Plan, PlanConfig, PlanItem, TPSchedule
 
 GROUP_SIZES = (2, 4, 8)  # aligned DP sub-groups at TP = 1, TP sub-groups at TP > 1; 8 = one node of 8 GPUs
@@ -57,6 +57,7 @@ class CoopSettings:
     link: Link = NVLINK
     gram_bytes: int = 4  # the Gram is reduced in fp32
     min_gain: float = 1.05  # cooperate only when the member's cost is this much below one owner's
+    dp: CommModel = NCCL  # the DP group's collectives (a group's block cuts add DP calls at TP = 1)
 
 
 # Where the choice is priced (PlanConfig.coop_profile). The runtime passes "cpu" on gloo, so CPU runs
@@ -64,7 +65,7 @@ class CoopSettings:
 # Muon rate and the calibrated gloo all-reduce of `canzona calibrate-cpu`, 2-core VM, 2026-11-29).
 COOP_PROFILES = {
     "nvlink": CoopSettings(),
-    "cpu": CoopSettings(flops_rate=9.67e10, link=Link(bus_bw=7.77e8, base_latency_us=383.0)),
+    "cpu": CoopSettings(flops_rate=9.67e10, link=Link(bus_bw=7.77e8, base_latency_us=383.0), dp=GLOO),
 }
 
 

@@ -423,6 +423,16 @@ def lower(
     return RankSchedule(dp_rank, tp_rank, dp, tp, (*matrix, *adam), execs, tuple(ops), gather, computes)
 
 
+def matrix_dp_calls(plan: Plan, settings: LowerSettings) -> list[CommOp]:
+    """The DP collectives of the plan's matrix buckets (gradient reduction and parameter gather) as
+    every rank of the stage issues them: what choosing between plans of one stage needs to compare
+    (the AdamW buffer, the norm and the TP calls do not depend on the DP cuts)."""
+    dp = plan.layout.dp
+    matrix, _ = bucket_layouts(plan, (), dp, settings)
+    ops = [op for b in matrix for op in _dp_calls(b, "grad_sync", dp, settings.grad_bytes)]
+    return ops + [op for b in reversed(matrix) for op in _dp_calls(b, "param_sync", dp, settings.param_bytes)]
+
+
 def _owner_gather_calls(plan: Plan, gather: tuple[tuple[tuple[str, ...], ...], str], elem: int) -> list[CommOp]:
     by_rank, mode = gather
     tp = plan.layout.tp
