@@ -272,13 +272,13 @@ def _cooperative_plans(
     # expense (Qwen3-8B DP32×TP8: 1.98× the mean against largest-first's 1.84×), so largest-first's
     # packing is planned too and the lower real max is kept (``DPPlan.algo`` says which).
     algos = (cfg.dp_algo, "lpt") if layout.tp > 1 and cfg.dp_algo == "refine" else (cfg.dp_algo,)
+    h = input_hash(layout, cfg, items)
     for chosen in candidates(items, layout.dp, layout.tp, cost_model.settings, profile, cfg.coop_force):
         for algo in algos:
             together = plan_cooperative(items, buckets, layout, cfg, chosen, algo)
             if together is None:
                 continue
             dpp, tps, total, groups = together
-            h = input_hash(layout, cfg, items)
             plan = Plan(layout, cfg, total, dpp, tps, h, time.perf_counter() - t0, coop=groups)
             check_ownership(plan)
             out.append(plan)

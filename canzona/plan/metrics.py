@@ -181,7 +181,7 @@ def _tp_bytes(
                         move(d, t, h, local[name] * gb)
         for c in plan.coop:  # blocks of a TP sub-group: each shard to its block's member and back
             for t in range(tp if 1 < c.k < tp else 0):
-                move(c.members[0][0], t, c.members[t // (tp // c.k)][1], local[c.name] * gb)
+                move(c.members[0][0], t, c.holder(t, tp), local[c.name] * gb)
     elif tp > 1 and mode == "sc":
         for it in plan.items:
             if it.partition_dim is None:

@@ -318,7 +318,7 @@ def _coop_calls(spec: ExecSpec, plan: Plan, settings: LowerSettings, tp_rank: in
     for g in sorted(spec.member_groups(tp_rank), key=lambda g: g.name):
         classes.setdefault((coop_comm_key(g, tp), g.form), []).append(g)
     blocks = spec.tp_blocks(tp)
-    mine = [g for g in blocks if any(t == tp_rank for _, t in g.members)]
+    mine = [g for g in blocks if g in spec.member_groups(tp_rank)]
     shards = sum(items[g.name].numel // tp for g in blocks) * settings.tp_bytes
     ops = [CommOp("coop", "all_to_all", "tp", shards, TP_BLOCKS_TAG)] if blocks else []
     for (key, form), gs in sorted(classes.items()):

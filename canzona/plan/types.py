@@ -162,6 +162,10 @@ class CoopGroup:
     def k(self) -> int:
         return len(self.members)
 
+    def holder(self, shard: int, tp: int) -> int:
+        """The TP rank whose block holds TP shard ``shard`` (a TP sub-group: member shard // (TP/k))."""
+        return self.members[shard // (tp // self.k)][1]
+
 
 @dataclass(frozen=True)
 class TPSchedule:

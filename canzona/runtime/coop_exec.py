@@ -109,14 +109,10 @@ class _Blocks:
         self.by_name = {g.name: g for g in groups}
         mine = [g for g in groups if any(t == me for _, t in g.members)]
         # (name, peer) -> elements, in peer order: what goes to each peer / comes from each peer
-        out = [(g.name, r) for r in range(tp) for g in groups if self._dest(g, me) == r]
-        inc = [(g.name, r) for r in range(tp) for g in mine if self._dest(g, r) == me]
+        out = [(g.name, r) for r in range(tp) for g in groups if g.holder(me, tp) == r]
+        inc = [(g.name, r) for r in range(tp) for g in mine if g.holder(r, tp) == me]
         self.send, self.send_sizes, self.outgoing = self._buffer(out, device)
         self.recv, self.recv_sizes, self.incoming = self._buffer(inc, device)
-
-    def _dest(self, g: CoopGroup, t: int) -> int:
-        """The TP rank holding TP shard t in its block: member t // (TP/k)."""
-        return g.members[t // (self.tp // g.k)][1]
 
     def _buffer(
         self, parts: list[tuple[str, int]], device: torch.device
@@ -134,7 +130,7 @@ class _Blocks:
 
     def sources(self, name: str) -> list[int]:
         """The TP ranks whose shards make up this rank's block of ``name``, in block order."""
-        return [r for r in range(self.tp) if self._dest(self.by_name[name], r) == self.me]
+        return [r for r in range(self.tp) if self.by_name[name].holder(r, self.tp) == self.me]
 
     def gather(self, grad_of: ShardOf, group: dist.ProcessGroup | None) -> dict[str, torch.Tensor]:
         """name -> the gathered gradient block of every matrix this rank holds a block of."""
