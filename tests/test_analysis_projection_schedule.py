@@ -199,3 +199,54 @@ def test_beyond_study_and_section() -> None:
     md = beyond_markdown(pd.DataFrame(rows))
     assert "Beyond the paper" in md and "Canzona with Gram NS and cooperation" in md
     assert "canzona project --preset paper" in md and "H800" in md
+
+
+def test_overlap_by_hand() -> None:
+    """A member's Newton–Schulz (8 ms) beside a 13 ms pipeline in which it hosts 3 ms: the rank's
+    executors take max(8 + 3, 13) = 13 ms, so 8 ms of the pipeline's phases are hidden, compute
+    first; with 12 ms of Newton–Schulz the member is the longer chain (15 ms) and 10 ms are hidden."""
+    from canzona.analysis.projection.phases import RankTimes, _Charger
+
+    for core, compute, gather in ((8.0, 2.0, 2.0), (12.0, 0.0, 2.0)):
+        r = RankTimes()
+        r.phases.update(compute=10.0, tp_gather=2.0, tp_scatter=1.0)
+        _Charger._overlap(r, core, 13.0, 3.0)
+        assert (r.phases["compute"], r.phases["tp_gather"], r.phases["tp_scatter"]) == (compute, gather, 1.0)
+
+
+def test_members_work_beside_the_micro_group_pipeline(monkeypatch) -> None:
+    """TP 4 with fc1 in TP sub-groups of 2 and the other split matrices in micro-groups: the blocks'
+    gather and scatter bracket the pipeline on the TP stream, so on an overlapping profile each
+    member's Newton–Schulz and Grams hide under the pipeline (and vice versa): every member rank's
+    total drops by core + pipeline − max(core + hosted, pipeline), and by nothing where the runtime
+    has nothing to overlap (no overlap profile)."""
+    from canzona.analysis.projection import phases
+
+    fc1 = "decoder.layers.0.mlp.linear_fc1.weight"
+    s = Scenario("qwen3-tiny", Layout(1, 4, 1), "canzona", seq_len=8, global_batch=1)
+    prof = load_profile("H800")
+    settings = cost_settings_for(s, prof)
+    plans = plan_model(
+        "qwen3-tiny", s.layout, PlanConfig(coop_force=((fc1, 2),)), cost_model=CostModel("muon", "flops", settings)
+    )
+    (g,) = plans[0].coop
+    assert g.k == 2 and any(e.kind == "micro-group" for e in runtime_schedules(s, plans[0], prof)[(0, 0)].executors)
+    seen: dict[int, tuple[float, float, float]] = {}
+    real = phases._Charger._overlap
+
+    def spy(r, core, pipe, hosted):
+        seen[id(r)] = (core, pipe, hosted)
+        real(r, core, pipe, hosted)
+
+    monkeypatch.setattr(phases._Charger, "_overlap", staticmethod(spy))
+    hidden = project(s, prof, plans).stages[0]
+    monkeypatch.setattr(phases._Charger, "_overlap", staticmethod(lambda *a: None))
+    shown = project(s, prof, plans).stages[0]
+    for key, r in hidden.ranks.items():
+        if key in {(0, t) for _, t in g.members}:
+            core, pipe, hosted = seen[id(r)]
+            assert core > 0 and pipe > 0
+            want = core + pipe - max(core + hosted, pipe)
+            assert want > 0 and shown.ranks[key].total - r.total == pytest.approx(want)
+        else:
+            assert shown.ranks[key].total == pytest.approx(r.total)

@@ -44,8 +44,11 @@ def test_cooperation_never_raises_the_per_gpu_max(model: str, dp: int, tp: int) 
         assert _max(on) * 1.02 < _max(off)  # a kept group pays by the margin the planner asks
 
 
-def test_coop_cell_at_32b_tp2_meets_the_goal_and_counts_its_collectives() -> None:
-    row = coop_cell("qwen3-32b", Layout(dp=128, tp=2, pp=1), CM)
+@pytest.mark.parametrize(("dp", "tp"), [(128, 2), (32, 8)])
+def test_coop_cell_at_32b_meets_the_goal_and_counts_its_collectives(dp: int, tp: int) -> None:
+    """Fc1 in groups of 2 at TP 2 (the TP group) and at the headline TP 8 (TP sub-groups, whose
+    blocks' gather and scatter ride the TP stream like a host's and are not a member's load)."""
+    row = coop_cell("qwen3-32b", Layout(dp=dp, tp=tp, pp=1), CM)
     assert row["nocoop_max_over_mean"] == pytest.approx(2.04, abs=0.01)  # fc1 alone, the whole-matrix bound
     assert row["max_over_mean"] <= GOAL_MAX_OVER_MEAN and row["meets_goal"] and row["goal_reachable"]
     assert row["groups"] == 64 and row["k"] == "2"

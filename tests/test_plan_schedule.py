@@ -111,3 +111,19 @@ def test_native_layout_properties(shapes: list[tuple[int, int]], dp: int, bucket
         slices = [exact[r + 1] - exact[r] for r in range(dp)]
         assert w == padded_width(slices) and (len(set(slices)) == 1 or w - max(slices) < SLICE_ALIGN)
     assert sorted(seen) == sorted(sp.name for sp in specs)
+
+
+def test_tp_subgroup_blocks_bracket_the_micro_group_pipeline() -> None:
+    """On the TP communicator the blocks of TP sub-groups go first (then micro-group 0's gather, both
+    issued at the executors' start) and come back last, so a member's Newton–Schulz never holds up
+    the pipeline's all-to-alls (NCCL runs one communicator's calls in issue order)."""
+    from canzona.plan import Layout, PlanConfig, plan_model
+    from canzona.plan.schedule import TP_BLOCKS_TAG, LowerSettings, stage_schedules
+
+    fc1 = "decoder.layers.0.mlp.linear_fc1.weight"
+    (plan,) = plan_model("qwen3-tiny", Layout(1, 4, 1), PlanConfig(coop_force=((fc1, 2),)))
+    for sched in stage_schedules(plan, (), LowerSettings()):
+        tp_calls = [(o.phase, o.tag) for o in sched.ops if o.group == "tp"]
+        assert tp_calls[0] == ("coop", TP_BLOCKS_TAG) and tp_calls[-1] == ("coop", TP_BLOCKS_TAG)
+        assert tp_calls[1] == ("tp_gather", "mg0")
+        assert [t for t in tp_calls[2:-1] if t[1] == TP_BLOCKS_TAG] == []

@@ -178,12 +178,20 @@ def _layouts(model: str) -> list[tuple[int, int, int]]:
 
 
 def model_row(model: str, layout: Layout) -> dict[str, Any]:
-    """canzona refine (default α, α = 1) against largest-first under the rule and without it."""
+    """canzona refine (default α, α = 1) against largest-first under the rule and without it.
+
+    The packing comparisons plan with cooperation off: they ask how well each DP packer places
+    whole matrices (issue #13). With cooperation on, the kept plan minimises modelled step time
+    (compute + DP calls, ``build.step_seconds``), so its compute max is no longer what either
+    packer optimises; ``plan-bench --suite coop`` reports cooperation against its own bound.
+    The planner time is the default plan's, cooperation included (what a user waits for).
+    """
     t0 = time.perf_counter()
-    ours = plan_metrics(plan_model(model, layout, PlanConfig()), model=model)
+    default = plan_model(model, layout, PlanConfig())
     seconds = time.perf_counter() - t0
-    compute = plan_metrics(plan_model(model, layout, PlanConfig(alpha=1.0)), model=model)
-    lpt: list[Plan] = plan_model(model, layout, PlanConfig(alpha=1.0, dp_algo="lpt"))
+    ours = plan_metrics(plan_model(model, layout, PlanConfig(cooperative=False)), model=model)
+    compute = plan_metrics(plan_model(model, layout, PlanConfig(alpha=1.0, cooperative=False)), model=model)
+    lpt: list[Plan] = plan_model(model, layout, PlanConfig(alpha=1.0, dp_algo="lpt", cooperative=False))
     first = plan_metrics(lpt, model=model)
     return {
         "model": model,
@@ -201,7 +209,7 @@ def model_row(model: str, layout: Layout) -> dict[str, Any]:
         "reaches_098": ours["efficiency"] >= GOAL_EFFICIENCY or first["efficiency"] < GOAL_EFFICIENCY,
         "never_below": compute["efficiency"] >= first["efficiency"] * (1 - 1e-9),
         "planner_seconds": seconds,
-        "planner_work": ours["planner_work"],
+        "planner_work": sum(p.work for p in default),
     }
 
 
@@ -213,11 +221,13 @@ def models_suite(models: Sequence[str] = MODEL_SUITE) -> tuple[list[dict[str, An
     lines = [
         "## Plan quality on every model (issue #13): canzona refine vs largest-first of whole matrices",
         "",
+        "- packing compared with cooperation off (whole matrices); planner_seconds is the default plan's, "
+        "cooperation included",
         f"- {len(rows) - len(miss)}/{len(rows)} model × layout cells reach efficiency >= {GOAL_EFFICIENCY} at the "
         "default α wherever largest-first under the same rule reaches it"
         + ("" if not miss else ": misses " + ", ".join(_cell(r) for r in miss)),
         f"- at α = 1 (compute only) refine is below largest-first in {len(below)} cell(s)"
-        + ("" if not below else ": " + ", ".join(_cell(r) for r in below)),
+        + ("" if not below else ": " + ", ".join(_cell(r, "efficiency_alpha1") for r in below)),
     ]
     if moe:
         worst = max(moe, key=lambda r: r["planner_seconds"])
@@ -234,5 +244,5 @@ def models_suite(models: Sequence[str] = MODEL_SUITE) -> tuple[list[dict[str, An
     return rows, "\n".join(lines) + "\n"
 
 
-def _cell(r: dict[str, Any]) -> str:
-    return f"{r['model']} DP{r['dp']}×TP{r['tp']}×PP{r['pp']} ({r['efficiency']:.3f} vs {r['largest_first']:.3f})"
+def _cell(r: dict[str, Any], key: str = "efficiency") -> str:
+    return f"{r['model']} DP{r['dp']}×TP{r['tp']}×PP{r['pp']} ({r[key]:.3f} vs {r['largest_first']:.3f})"

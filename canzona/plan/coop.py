@@ -18,7 +18,9 @@ Groups (fixed communicators, never one per matrix):
           k = TP the shards are used in place and nothing is gathered to a host. At k < TP the
           members are a strided TP sub-group (slots f, f + TP/k, …: ``tp.block_slots``) and member j
           gathers the TP/k shards of block j (its own among them) in ONE all-to-all over the TP
-          group for all such matrices, and scatters the update back the same way (priced below).
+          group for all such matrices, and scatters the update back the same way: first and last
+          on the TP stream, around the micro-group pipeline, so like a host's gather they are
+          left out of the load (the projection charges them).
           Why k < TP at all: a group of TP repeats the m×m work on every rank, so at TP 8 a group
           of 8 on Qwen3-32B's fc1 adds 37% to the stage's work, and the per-GPU max cannot fall
           below 1.37× the mean; groups of 2 add 4%. A matrix whose TP split runs along its short
@@ -115,8 +117,10 @@ def member_cost(item: PlanItem, k: int, tp: int, settings: CostSettings, coop: C
     calls = {"standard": steps, "gram": 1 + len(restarts)}
     regroup = tp == 1 and not long_side_is_rows(item.shape)
     a2a = 2 * model.call_us("all_to_all", k, item.numel // k * coop.gram_bytes) if regroup else 0.0
-    if 1 < k < tp:  # gather block j's TP shards to member j over the TP group, and scatter back
-        a2a = 2 * model.call_us("all_to_all", tp, item.numel // k * coop.gram_bytes)
+    # 1 < k < TP: the blocks' gather and scatter over the TP group are not a member's load, as a
+    # micro-group host's gather is not: they travel on the TP stream first and last, around the
+    # micro-group pipeline (runtime CooperativeTP.start / finish), move (TP/k − 1)/TP of the matrix
+    # per member where a host receives (TP − 1)/TP of it, and the projection charges them.
     best = None
     for form, f in flops.items():
         comm_us = calls[form] * model.call_us("all_reduce", k, gram_bytes) + a2a

@@ -305,13 +305,16 @@ def _dp_calls(b: BucketLayout, phase: str, dp: int, elem: int) -> list[CommOp]:
     return [CommOp(phase, kind, "dp", dp * width * elem, b.tag)]
 
 
-def _coop_calls(spec: ExecSpec, plan: Plan, settings: LowerSettings, tp_rank: int) -> list[CommOp]:
-    """As canzona.runtime.coop_exec runs them: the blocks of TP sub-groups gathered (ONE all-to-all
-    over the TP group: this rank's shards of all of them), then per (communicator, form) of the
-    groups this rank is a member of, the re-blocking all-to-all when needed, the Gram all-reduces
-    (standard: one per iteration; Gram: R₀ plus one per restart) of ALL the group's matrices at once,
-    and the all-to-all back; last, the updates of the blocks scattered back (what this rank sends:
-    its members' blocks)."""
+Calls = tuple[list[CommOp], list[CommOp], list[CommOp]]  # an executor's (start, run, finish) calls
+
+
+def _coop_calls(spec: ExecSpec, plan: Plan, settings: LowerSettings, tp_rank: int) -> Calls:
+    """As canzona.runtime.coop_exec runs them: at start, the blocks of TP sub-groups gathered (ONE
+    all-to-all over the TP group: this rank's shards of all of them); in run, per (communicator,
+    form) of the groups this rank is a member of, the re-blocking all-to-all when needed, the Gram
+    all-reduces (standard: one per iteration; Gram: R₀ plus one per restart) of ALL the group's
+    matrices at once, and the all-to-all back; at finish, the updates of the blocks scattered back
+    (what this rank sends: its members' blocks)."""
     items = {it.name: it for it in plan.items}
     tp = plan.layout.tp
     classes: dict[tuple[str, str], list[CoopGroup]] = {}
@@ -320,7 +323,8 @@ def _coop_calls(spec: ExecSpec, plan: Plan, settings: LowerSettings, tp_rank: in
     blocks = spec.tp_blocks(tp)
     mine = [g for g in blocks if g in spec.member_groups(tp_rank)]
     shards = sum(items[g.name].numel // tp for g in blocks) * settings.tp_bytes
-    ops = [CommOp("coop", "all_to_all", "tp", shards, TP_BLOCKS_TAG)] if blocks else []
+    first = [CommOp("coop", "all_to_all", "tp", shards, TP_BLOCKS_TAG)] if blocks else []
+    ops: list[CommOp] = []
     for (key, form), gs in sorted(classes.items()):
         group = "tp" if key == "tp" else "coop"
         gram = sum(min(items[g.name].shape) ** 2 for g in gs) * FP32_BYTES
@@ -329,29 +333,33 @@ def _coop_calls(spec: ExecSpec, plan: Plan, settings: LowerSettings, tp_rank: in
         ops += [CommOp("coop", "all_to_all", group, regroup, key)] if regroup else []
         ops += [CommOp("coop", "all_reduce", group, gram, key) for _ in range(rounds)]
         ops += [CommOp("coop", "all_to_all", group, regroup, key)] if regroup else []
-    if blocks:
-        back = sum(items[g.name].numel // g.k for g in mine) * settings.tp_bytes
-        ops.append(CommOp("coop", "all_to_all", "tp", back, TP_BLOCKS_TAG))
-    return ops
+    back = sum(items[g.name].numel // g.k for g in mine) * settings.tp_bytes
+    last = [CommOp("coop", "all_to_all", "tp", back, TP_BLOCKS_TAG)] if blocks else []
+    return first, ops, last
 
 
-def _tp_calls(spec: ExecSpec, plan: Plan, tp_rank: int, elem: int) -> list[CommOp]:
-    tp = plan.layout.tp
+def _tp_calls(spec: ExecSpec, plan: Plan, settings: LowerSettings, tp_rank: int) -> Calls:
+    """As canzona.runtime.executors runs them: the micro-groups' first gather at start, the rest of
+    the pipeline in run."""
+    tp, elem = plan.layout.tp, settings.tp_bytes
     shard = {it.name: it.numel // tp for it in plan.items}
     if spec.kind == "all-gather":
-        return [CommOp("tp_gather", "all_gather", "tp", tp * sum(shard[n] for n in spec.names) * elem, "all-gather")]
+        total = tp * sum(shard[n] for n in spec.names) * elem
+        return [], [CommOp("tp_gather", "all_gather", "tp", total, "all-gather")], []
     if spec.kind != "micro-group":
-        return []
+        return [], [], []
     gathers, scatters = [], []
     for i, g in enumerate(spec.groups):
         send = sum(shard[n] for n, _ in g)  # my shard of every matrix of the group, one part per host
         mine = sum(shard[n] for n, h in g if h == tp_rank) * tp  # every source's shard of what I host
         gathers.append(CommOp("tp_gather", "all_to_all", "tp", send * elem, f"mg{i}"))
         scatters.append(CommOp("tp_scatter", "all_to_all", "tp", mine * elem, f"mg{i}"))
-    ops = [gathers[0]]
+    if not gathers:
+        return [], [], []
+    ops = []
     for i in range(1, len(gathers)):
         ops += [gathers[i], scatters[i - 1]]
-    return [*ops, scatters[-1]] if scatters else ops
+    return [gathers[0]], [*ops, scatters[-1]], []
 
 
 def _tp_partial_elems(adam: Sequence[BucketLayout], dp_rank: int, names: frozenset[str]) -> int:
@@ -408,11 +416,10 @@ def lower(
         ops.append(CommOp("tp_partial", "all_reduce", "tp", partial * g, "tp-partial"))
     if settings.norm_check and (settings.global_world or dp * tp) > 1:
         ops.append(CommOp("norm", "all_reduce", "global", 8, "norm"))
-    for spec in execs:
-        if spec.kind == "cooperative":
-            ops += _coop_calls(spec, plan, settings, tp_rank)
-        else:
-            ops += _tp_calls(spec, plan, tp_rank, settings.tp_bytes)
+    calls = [(_coop_calls if e.kind == "cooperative" else _tp_calls)(e, plan, settings, tp_rank) for e in execs]
+    for part in range(3):  # every executor's start, then run, then finish (canzona.runtime.exec_base)
+        for c in calls:
+            ops += c[part]
     for b in reversed(matrix):
         ops += _dp_calls(b, "param_sync", dp, p)
     if gather is not None and plan is not None:

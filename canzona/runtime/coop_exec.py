@@ -132,24 +132,31 @@ class _Blocks:
         """The TP ranks whose shards make up this rank's block of ``name``, in block order."""
         return [r for r in range(self.tp) if self.by_name[name].holder(r, self.tp) == self.me]
 
-    def gather(self, grad_of: ShardOf, group: dist.ProcessGroup | None) -> dict[str, torch.Tensor]:
-        """name -> the gathered gradient block of every matrix this rank holds a block of."""
+    def launch_gather(self, grad_of: ShardOf, group: dist.ProcessGroup | None) -> Any:
+        """Send this rank's shard of every block-group matrix to its block's member (async)."""
         for (name, _), part in self.outgoing.items():
             part.copy_(grad_of(name).view(part.shape))
-        self._exchange(self.recv, self.send, self.recv_sizes, self.send_sizes, group)
+        return self._exchange(self.recv, self.send, self.recv_sizes, self.send_sizes, group, async_op=True)
+
+    def gathered(self) -> dict[str, torch.Tensor]:
+        """name -> the gathered gradient block of every matrix this rank holds a block of (after
+        the gather completed)."""
         mine = dict.fromkeys(name for name, _ in self.incoming)
         return {
             n: torch.cat([self.incoming[(n, r)] for r in self.sources(n)], dim=self.specs[n].partition_dim)
             for n in mine
         }
 
-    def scatter(self, updates: dict[str, torch.Tensor], group: dist.ProcessGroup | None) -> dict[str, torch.Tensor]:
-        """Send each block's update back to the TP ranks its shards came from; name -> this rank's
-        shard of the update of every block-group matrix."""
-        for name, u in updates.items():
-            srcs = self.sources(name)
-            for r, piece in zip(srcs, u.chunk(len(srcs), dim=self.specs[name].partition_dim), strict=True):
-                self.incoming[(name, r)].copy_(piece)
+    def stage(self, name: str, u: torch.Tensor) -> None:
+        """Put the update of this rank's block of ``name`` in the scatter's send buffer (the
+        gather's receive buffer, consumed by then), so no block-sized update outlives ``run``."""
+        srcs = self.sources(name)
+        for r, piece in zip(srcs, u.chunk(len(srcs), dim=self.specs[name].partition_dim), strict=True):
+            self.incoming[(name, r)].copy_(piece)
+
+    def scatter(self, group: dist.ProcessGroup | None) -> dict[str, torch.Tensor]:
+        """Send every staged block update back to the TP ranks its shards came from; name -> this
+        rank's shard of the update of every block-group matrix."""
         self._exchange(self.send, self.recv, self.send_sizes, self.recv_sizes, group)
         return {name: part for (name, _), part in self.outgoing.items()}
 
@@ -160,15 +167,23 @@ class _Blocks:
         out_sizes: Sequence[int],
         in_sizes: Sequence[int],
         group: dist.ProcessGroup | None,
-    ) -> None:
-        dist.all_to_all_single(
-            out, inp, output_split_sizes=list(out_sizes), input_split_sizes=list(in_sizes), group=group
+        async_op: bool = False,
+    ) -> Any:
+        return dist.all_to_all_single(
+            out,
+            inp,
+            output_split_sizes=list(out_sizes),
+            input_split_sizes=list(in_sizes),
+            group=group,
+            async_op=async_op,
         )
 
 
 class CooperativeTP:
-    """Executor of kind ``cooperative`` (Muon): the blocks of TP sub-groups gathered, one lock-step
-    run per (communicator, form) of the groups this rank is a member of, the blocks scattered back."""
+    """Executor of kind ``cooperative`` (Muon): the blocks of TP sub-groups gathered (``start``,
+    asynchronously, first on the TP stream), one lock-step run per (communicator, form) of the
+    groups this rank is a member of (``run``), the blocks' updates scattered back (``finish``, after
+    the micro-group pipeline's transfers, so members' Newton–Schulz overlaps the hosts')."""
 
     def __init__(
         self,
@@ -187,6 +202,7 @@ class CooperativeTP:
         self.classes = [_Class(key, form, ms, device) for (key, form), ms in sorted(classes.items())]
         blocks = sorted(spec.tp_blocks(tp), key=lambda g: g.name)
         self.blocks = _Blocks(blocks, specs, me[1], tp, device) if blocks else None
+        self._gather: Any = None  # the blocks' gather in flight (start -> run)
 
     # ------------------------------------------------------------------ re-blocking (TP = 1)
     def _exchange(
@@ -214,12 +230,18 @@ class CooperativeTP:
         return out
 
     # ------------------------------------------------------------------ one step
+    def start(self, ctx: StepContext) -> None:
+        if self.blocks is not None:
+            with ctx.timer.phase("coop"):
+                self._gather = self.blocks.launch_gather(ctx.grad_of, self.comms["tp"])
+
     def run(self, ctx: StepContext) -> None:
         gathered: dict[str, torch.Tensor] = {}
         if self.blocks is not None:
             with ctx.timer.phase("coop"):
-                gathered = self.blocks.gather(ctx.grad_of, self.comms["tp"])
-        updates: dict[str, torch.Tensor] = {}
+                self._gather.wait()
+                self._gather = None
+                gathered = self.blocks.gathered()
         for cls in self.classes:
             group = self.comms[cls.key]
             with ctx.timer.phase("compute"):
@@ -230,12 +252,14 @@ class CooperativeTP:
             with ctx.timer.phase("compute"):
                 for u, m in zip(U, cls.members, strict=True):
                     if m.name in gathered:
-                        updates[m.name] = u
+                        self.blocks.stage(m.name, u)
                     else:
                         ctx.apply(m.name, u)
+
+    def finish(self, ctx: StepContext) -> None:
         if self.blocks is not None:
             with ctx.timer.phase("coop"):
-                mine = self.blocks.scatter(updates, self.comms["tp"])
+                mine = self.blocks.scatter(self.comms["tp"])
             with ctx.timer.phase("compute"):
                 for name, u in mine.items():
                     ctx.apply(name, u)

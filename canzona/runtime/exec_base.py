@@ -37,8 +37,31 @@ class StepContext:
 
 
 class MatrixExecutor(Protocol):
-    """Computes and applies the updates of its matrices for one step."""
+    """Computes and applies the updates of its matrices for one step, in three calls the facade
+    makes for ALL executors in turn: every ``start``, then every ``run``, then every ``finish``.
+
+    Why three: on NCCL the calls of one communicator run in the order they are issued, and the
+    cooperative executor and the micro-group pipeline share the TP group. ``start`` issues an
+    executor's first transfer (asynchronously), so the blocks of TP sub-groups and the first
+    micro-group are both in flight before any compute; ``finish`` issues what must come after
+    every other executor's transfers (the blocks' scatter), so the members' Newton–Schulz never
+    holds up the micro-group pipeline on the TP stream. The lowering (canzona.plan.schedule)
+    lists the calls in the same order."""
 
     names: list[str]
 
+    def start(self, ctx: StepContext) -> None: ...
+
     def run(self, ctx: StepContext) -> None: ...
+
+    def finish(self, ctx: StepContext) -> None: ...
+
+
+class NoTransfers:
+    """``start`` / ``finish`` of an executor whose transfers all happen inside ``run``."""
+
+    def start(self, ctx: StepContext) -> None:
+        return None
+
+    def finish(self, ctx: StepContext) -> None:
+        return None

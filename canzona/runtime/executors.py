@@ -1,6 +1,6 @@
 """Matrix executors: turn the owned gradient shards of a step into full-matrix updates, applied.
 
-One interface, ``MatrixExecutor.run(ctx)`` (canzona.runtime.exec_base), and one place that maps a
+One interface, ``MatrixExecutor`` start / run / finish (canzona.runtime.exec_base), and one place that maps a
 lowered schedule to executors, ``select_executors``. The optimizer facade never branches on a
 strategy: the lowering (canzona.plan.schedule.executor_specs) decides which matrices go where, and
 each spec kind has one executor class here.
@@ -13,7 +13,8 @@ each spec kind has one executor class here.
   ``micro-group``  one host per matrix (asc, canzona): per micro-group ONE fused all_to_all_single
                    gathers shards to their host, hosts compute in parallel, ONE all_to_all_single
                    scatters update chunks back. Pipelined: the gather of group i+1 and the scatter
-                   of group i−1 are in flight while group i computes. Ping-pong buffers sized once.
+                   of group i−1 are in flight while group i computes; group 0's gather is issued at
+                   ``start``, behind the cooperative blocks' gather. Ping-pong buffers sized once.
 Gradients and updates travel in fp32 whatever the parameters' dtype (they feed fp32 masters).
 """
 
@@ -29,7 +30,7 @@ from canzona.models.spec import ParamSpec
 from canzona.plan.schedule import ExecSpec
 from canzona.runtime.collectives import all_gather_flat
 from canzona.runtime.coop_exec import CooperativeTP
-from canzona.runtime.exec_base import Apply, Compute, MatrixExecutor, ShardOf, StepContext
+from canzona.runtime.exec_base import Apply, Compute, MatrixExecutor, NoTransfers, ShardOf, StepContext
 
 
 def _chunk(t: torch.Tensor, spec: ParamSpec, tp: int, r: int) -> torch.Tensor:
@@ -41,7 +42,7 @@ def _assemble(pieces: Sequence[torch.Tensor], spec: ParamSpec, tp: int) -> torch
     return torch.cat([p.view(shard) for p in pieces], dim=spec.partition_dim)
 
 
-class LocalTP:
+class LocalTP(NoTransfers):
     """Owned matrices that need no TP communication (TP = 1 or not TP-split)."""
 
     def __init__(
@@ -61,7 +62,7 @@ class LocalTP:
                 ctx.apply(name, u)
 
 
-class AllGatherTP:
+class AllGatherTP(NoTransfers):
     """TP mode sc: all TP ranks gather all owned shards and compute everything."""
 
     def __init__(
@@ -112,7 +113,7 @@ class _GroupLayout:
         return sum(self.recv_gather)
 
 
-class MicroGroupTP:
+class MicroGroupTP(NoTransfers):
     """Canzona / ASC: host-per-matrix micro-groups with fused, pipelined all-to-alls."""
 
     def __init__(
@@ -143,6 +144,7 @@ class MicroGroupTP:
         # scatter reuses the same sizes reversed (send my updates' chunks, receive my chunks).
         self.g_send, self.g_recv = pair(width_send), pair(width_recv)
         self.s_send, self.s_recv = pair(width_recv), pair(width_send)
+        self._first: object = None  # group 0's gather, issued by start()
 
     def _gather(self, i: int, grad_of: ShardOf) -> object:
         lay, buf = self.layouts[i], self.g_send[i % 2]
@@ -198,13 +200,19 @@ class MicroGroupTP:
                 apply(n, recv[off : off + k].view(spec.shard_shape(self.tp)))
                 off += k
 
+    def start(self, ctx: StepContext) -> None:
+        """Group 0's gather, in flight while the other executors start and compute."""
+        if self.layouts:
+            with ctx.timer.phase("tp_gather"):
+                self._first = self._gather(0, ctx.grad_of)
+
     def run(self, ctx: StepContext) -> None:
-        grad_of, compute, apply, timer = ctx.grad_of, ctx.compute, ctx.apply, ctx.timer
+        compute, apply, timer = ctx.compute, ctx.apply, ctx.timer
         n = len(self.layouts)
         if n == 0:
             return
-        with timer.phase("tp_gather"):
-            gathers = {0: self._gather(0, grad_of)}
+        grad_of = ctx.grad_of
+        gathers, self._first = {0: self._first}, None
         scatters: dict[int, object] = {}
         for i in range(n):
             with timer.phase("tp_gather"):

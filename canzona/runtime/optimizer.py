@@ -319,7 +319,11 @@ class DistributedOptimizer:
                     self.step_count,
                 )
                 for ex in self.executors:
+                    ex.start(ctx)
+                for ex in self.executors:
                     ex.run(ctx)
+                for ex in self.executors:
+                    ex.finish(ctx)
                 with self.timer.phase("compute"):
                     self.adamw.step()
                 with self.timer.phase("param_sync"):

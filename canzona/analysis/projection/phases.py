@@ -16,7 +16,10 @@ runtime's phase timers:
   coop        cooperative matrices: each member's Newton–Schulz on its block (the FLOPs of the
               group's form, ``hardware.coop_member_ms``) and the group's fp32 Gram all-reduces
               (plus the re-blocking all-to-alls at TP = 1), on the group's link; the member's
-              elementwise work (momentum, scale, apply: 1/k of the matrix) is ``compute``.
+              elementwise work (momentum, scale, apply: 1/k of the matrix) is ``compute``. The
+              blocks of TP sub-groups are gathered before and scattered after everything else on
+              the TP stream; in between, when the profile overlaps communication with compute, a
+              member's Newton–Schulz runs beside the micro-group pipeline (``_overlap``).
   compute     per whole matrix ``hardware.matrix_ms``; AdamW on the rank's slice of the
               non-matrix parameters (memory bound).
   param_sync  the schedule's parameter gathers.
@@ -239,20 +242,28 @@ class _Charger:
         norm = of("norm")
         r.phases["check"] = read_ms + sum(ms for _, ms in norm)
         tl += [Task("check", read_ms)] + [Task("check", ms, ("world",)) for _, ms in norm]
+        # every executor's start, then run, then finish, as the runtime issues them (exec_base)
+        start: list[Task] = []
+        run: list[Task] = []
+        finish: list[Task] = []
+        coop_core = pipe = hosted = 0.0
         for spec in s.executors:
             if spec.kind == "local":
-                self._compute(r, tl, spec.names)
+                self._compute(r, run, spec.names)
             elif spec.kind == "cooperative":
-                self._coop(r, tl, s, spec, of("coop"))
+                coop_core = self._coop(r, (start, run, finish), s, spec, of("coop"))
             elif spec.kind == "all-gather":
                 (g,) = of("tp_gather")
                 r.phases["tp_gather"] += g[1]
-                tl.append(Task("tp_gather", g[1], ("tp", d)))
-                self._compute(r, tl, spec.names)
+                run.append(Task("tp_gather", g[1], ("tp", d)))
+                self._compute(r, run, spec.names)
             elif spec.kind == "micro-group":
-                self._micro_groups(r, tl, s, spec)
+                pipe, hosted = self._micro_groups(r, start, run, s, spec)
             else:
                 raise ConfigError(f"the projection does not charge executor kind {spec.kind!r}; teach phases.py")
+        tl += start + run + finish
+        if self.profile.comm_compute_overlap and coop_core and pipe:
+            self._overlap(r, coop_core, pipe, hosted)
         adamw_ms = self.ops.adamw_owned(s) * self.profile.adamw_passes * 4 / self.profile.mem_bw * 1e3
         r.phases["compute"] += adamw_ms
         tl.append(Task("compute", adamw_ms))
@@ -268,10 +279,29 @@ class _Charger:
         r.flops += sum(self.mat_flops[n] for n in names)
         r.matrices += len(names)
 
+    @staticmethod
+    def _overlap(r: RankTimes, coop_core: float, pipe: float, hosted: float) -> None:
+        """A member's Newton–Schulz (and its Gram all-reduces) runs while the micro-group pipeline
+        moves and computes other matrices: the blocks' gather and scatter bracket both on the TP
+        stream, so the rank's executors take max(member work + its hosted matrices, pipeline)
+        between them. What overlaps is taken off the pipeline's phases, compute first."""
+        hidden = coop_core + pipe - max(coop_core + hosted, pipe)
+        for phase in ("compute", "tp_gather", "tp_scatter"):
+            take = min(hidden, r.phases[phase])
+            r.phases[phase] -= take
+            hidden -= take
+
     def _coop(
-        self, r: RankTimes, tl: list[Task], s: RankSchedule, spec: ExecSpec, calls: list[tuple[CommOp, float]]
-    ) -> None:
-        """This rank's blocks of its cooperative matrices and their groups' calls."""
+        self,
+        r: RankTimes,
+        tl: tuple[list[Task], list[Task], list[Task]],
+        s: RankSchedule,
+        spec: ExecSpec,
+        calls: list[tuple[CommOp, float]],
+    ) -> float:
+        """This rank's blocks of its cooperative matrices and their groups' calls, as (start, run,
+        finish) tasks: the blocks' gather, the members' work, the blocks' scatter. Returns the
+        member's Newton–Schulz and Gram all-reduce milliseconds."""
         ns_ms = elementwise_ms = 0.0
         mine = spec.member_groups(s.tp_rank)
         for g in mine:
@@ -282,19 +312,29 @@ class _Charger:
         r.matrices += len(mine)
         r.phases["compute"] += elementwise_ms
         r.phases["coop"] += ns_ms + sum(ms for _, ms in calls)
-        tl += [Task("compute", elementwise_ms), Task("coop", ns_ms)]
         # a DP sub-group's calls are one per TP rank; a TP sub-group's one per DP rank
         group = lambda op: (
             ("tp", s.dp_rank) if op.group == "tp" else ("coop", op.tag, s.dp_rank if op.tag[:2] == "tp" else s.tp_rank)
         )
-        tl += [Task("coop", ms, group(op)) for op, ms in calls]
+        blocks = [Task("coop", ms, group(op)) for op, ms in calls if op.tag == TP_BLOCKS_TAG]
+        grams = [Task("coop", ms, group(op)) for op, ms in calls if op.tag != TP_BLOCKS_TAG]
+        start, run, finish = tl
+        start += blocks[:1]
+        run += [Task("compute", elementwise_ms), Task("coop", ns_ms), *grams]
+        finish += blocks[1:]
+        return ns_ms + sum(t.ms for t in grams)
 
-    def _micro_groups(self, r: RankTimes, tl: list[Task], s: RankSchedule, spec: ExecSpec) -> None:
+    def _micro_groups(
+        self, r: RankTimes, start: list[Task], tl: list[Task], s: RankSchedule, spec: ExecSpec
+    ) -> tuple[float, float]:
         """Per micro-group: gather to the hosts, the hosts compute, scatter back (pipelined when the
-        profile overlaps communication with compute)."""
+        profile overlaps communication with compute); group 0's gather is a start task. Returns
+        (the pipeline's milliseconds, this rank's hosted compute in it)."""
         d, t, tp = s.dp_rank, s.tp_rank, self.layout.tp
         ms_of = {(o.phase, o.tag): ms for o, ms in r.charged if o.phase in ("tp_gather", "tp_scatter")}
         g_ms, c_ms, s_ms = [], [], []
+        tasks: list[Task] = []
+        hosted = 0.0
         for i, g in enumerate(spec.groups):
             tag = f"{MICRO_GROUP_TAG}{i}"
             g_ms.append(ms_of[("tp_gather", tag)])
@@ -302,9 +342,10 @@ class _Charger:
             by_host = [sum(self.mat_ms[n] for n, h in g if h == host) for host in range(tp)]
             c_ms.append(max(by_host))
             mine = [n for n, h in g if h == t]
-            tl.append(Task("tp_gather", g_ms[-1], ("tp", d)))
-            tl += [Task("compute", self.mat_ms[n]) for n in mine]
-            tl.append(Task("tp_scatter", s_ms[-1], ("tp", d)))
+            hosted += sum(self.mat_ms[n] for n in mine)
+            tasks.append(Task("tp_gather", g_ms[-1], ("tp", d)))
+            tasks += [Task("compute", self.mat_ms[n]) for n in mine]
+            tasks.append(Task("tp_scatter", s_ms[-1], ("tp", d)))
             r.flops += sum(self.mat_flops[n] for n in mine)
             r.matrices += len(mine)
         if self.profile.comm_compute_overlap:
@@ -314,6 +355,9 @@ class _Charger:
         r.phases["tp_gather"] += gather
         r.phases["tp_scatter"] += scatter
         r.phases["compute"] += compute
+        start += tasks[:1]
+        tl += tasks[1:]
+        return gather + compute + scatter, hosted
 
 
 def _pipelined(g: Sequence[float], c: Sequence[float], s: Sequence[float]) -> tuple[float, float, float]:
