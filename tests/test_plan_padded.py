@@ -208,3 +208,20 @@ def test_expert_parallelism_plans_experts_inside_their_expert_dp_groups() -> Non
         plan_model(moe, layout, PlanConfig(strategy="asc"))
     with pytest.raises(ConfigError, match="EP=3"):
         plan_model(moe, Layout(dp=3, ep=3), PlanConfig())
+
+
+@SETTINGS
+@given(inventories(), st.sampled_from([0.5, 1.0]))
+def test_donor_loads_reused_within_a_step_give_the_same_plan(prob: tuple, alpha: float) -> None:
+    """``Search._donor_g`` computes a rank's load without one item once per (rank, cost, sharded)
+    per step; recomputing it for every item (what it replaced) must give the very same plan."""
+    from canzona.plan import dp_padded
+
+    params, layout = prob
+    cached = _plan(params, layout, alpha=alpha, dp_layout="padded", bucket_size=2000)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(
+            dp_padded.Search, "_donor_g", lambda self, a, i: self.exact_g([k for k in self.members[a] if k != i])
+        )
+        fresh = _plan(params, layout, alpha=alpha, dp_layout="padded", bucket_size=2000)
+    assert cached.dp.owner_map() == fresh.dp.owner_map() and cached.work == fresh.work
