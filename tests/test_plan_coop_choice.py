@@ -127,7 +127,7 @@ def test_no_plan_beats_the_load_bound(shapes: list[tuple[int, int]], layout: tup
         cfg = PlanConfig(cost="flops", coop_profile=profile, bucket_size=10**6)
         plan = make_plan(specs, Layout(dp, tp), cfg, cost_model=CM)
         plain = make_plan(specs, Layout(dp, tp), replace(cfg, cooperative=False), cost_model=CM)
-        bound = load_bound(plain.items, dp, tp, CM.settings, COOP_PROFILES[profile])[0]
+        bound = load_bound(plain.items, dp, tp, CM.settings, COOP_PROFILES[profile])
         assert bound <= _max([plain]) * (1 + 1e-9)
         assert _max([plan]) >= bound * (1 - 1e-9)
 
@@ -141,4 +141,29 @@ def test_load_bound_by_hand() -> None:
     cost = {k: member_cost(items[0], k, 1, CM.settings, coop)[0] for k in (2, 4)} | {1: items[0].cost}
     want = min(max(cost[a], cost[b], (a * cost[a] + b * cost[b]) / 4) for a in cost for b in cost)
     assert cost[4] < want < cost[1]  # neither the cheapest member nor one owner each
-    assert load_bound(items, 4, 1, CM.settings, coop)[0] == pytest.approx(want)
+    assert load_bound(items, 4, 1, CM.settings, coop) == pytest.approx(want)
+
+
+@pytest.mark.parametrize("shape", [(4096, 1024), (8192, 1024), (16384, 2048)])
+def test_load_bound_sees_that_items_do_not_split(shape: tuple[int, int]) -> None:
+    """Three equal matrices on DP 2 (TP 1): brute force over every k ∈ {1, 2} per matrix and every
+    placement of the whole ones gives the best max; the bound never exceeds it, and with its
+    big-item term it sees what the work alone cannot (1.5× one matrix: three halves of the work per
+    GPU), because two whole matrices share a GPU or every group repeats its m³ work."""
+    import itertools
+
+    from canzona.plan.coop import _options, _work_cap
+
+    items = [PlanItem(f"m{i}", shape, None, CM(shape)) for i in range(3)]
+    coop = CoopSettings()
+    whole, member = items[0].cost, member_cost(items[0], 2, 1, CM.settings, coop)[0]
+    best = float("inf")
+    for ks in itertools.product((1, 2), repeat=3):
+        shared = member * ks.count(2)
+        for sides in itertools.product((0, 1), repeat=ks.count(1)):
+            best = min(best, max(shared + whole * sides.count(s) for s in (0, 1)))
+    options = _options(items, 2, 1, CM.settings, coop)
+    cap = _work_cap(options, 2)
+    work_only = max(cap, sum(min(k * c for k, c in o if c <= cap) for o in options) / 2)
+    bound = load_bound(items, 2, 1, CM.settings, coop)
+    assert work_only == pytest.approx(1.5 * whole) and work_only * 1.01 < bound <= best * (1 + 1e-9)

@@ -14,7 +14,8 @@ cell (worst PP stage):
   (``build.step_seconds``), so the two ratios differ where a balance gain would cost more DP time;
 - ``bound``: ``coop.load_bound`` / the same mean: no plan with groups of the sizes the layout allows
   gets below it under the cost model, however it packs (each group's m³ terms and α–β calls make
-  its members cost more than 1/k of the matrix, and that extra work raises every GPU's share);
+  its members cost more than 1/k of the matrix, that extra work raises every GPU's share, and no
+  GPU holds two items above half the max);
 - ``coop_calls`` / ``coop_bytes`` / ``coop_ms``: the group collectives the lowered schedule issues per
   step on the busiest GPU (Gram all-reduces; all-to-alls for column blocks at TP = 1 and for the
   blocks of TP sub-groups), and their α–β time on NVLink (groups stay inside a node);
@@ -73,7 +74,7 @@ def coop_cell(model: str, layout: Layout, cost_model: CostModel) -> dict[str, An
         mean = sum(c_off) / len(c_off)
         ratio, ratio_off = max(ratio, max(c_on) / mean), max(ratio_off, max(c_off) / mean)
         extra = max(extra, sum(c_on) / sum(c_off) - 1.0)
-        bound = max(bound, load_bound(p_off.items, layout.dp, layout.tp, cost_model.settings, nvlink)[0] / mean)
+        bound = max(bound, load_bound(p_off.items, layout.dp, layout.tp, cost_model.settings, nvlink) / mean)
         params = list_params(get_model(model), pp=layout.pp, stage=s)
         _, coops = candidate_plans(params, layout, cfg, cost_model=cost_model)
         best = min((max(gpu_loads(p).flat_cost()) for p in coops), default=max(c_off))
