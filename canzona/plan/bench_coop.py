@@ -131,7 +131,8 @@ def coop_suite(models: Sequence[str] = MODELS) -> tuple[list[dict[str, Any]], st
             f"Missed in {len(misses)} cells, worst {worst['model']} TP{worst['tp']} PP{worst['pp']} DP{worst['dp']} "
             f"at {worst['max_over_mean']:.2f} (from {worst['nocoop_max_over_mean']:.2f}). In "
             f"{len(misses) - len(reachable)} of them no plan can reach the goal under this cost model (`bound` > "
-            f"{GOAL_MAX_OVER_MEAN}: the groups' m³ terms and α–β calls cost more than the balance gains). "
+            f"{GOAL_MAX_OVER_MEAN}: the groups' m³ terms and α–β calls cost more than the balance gains, or "
+            "there are fewer GPUs than the members needed, and items above half the max cannot share one). "
             + (
                 f"{len(reachable)} miss(es) the bound allows; the widest gap: {gap['model']} TP{gap['tp']} "
                 f"PP{gap['pp']} at {gap['max_over_mean']:.2f} against a bound of {gap['bound']:.2f}."
