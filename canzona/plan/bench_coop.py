@@ -33,7 +33,7 @@ from typing import Any
 from canzona.cost import CostModel
 from canzona.models import get_model, list_params
 from canzona.plan.budget import DEFAULT_LINKS
-from canzona.plan.build import candidate_plans, plan_model, stage_adamw, step_seconds
+from canzona.plan.build import candidate_plans, keep_fastest, plan_model, stage_adamw, step_seconds
 from canzona.plan.coop import COOP_PROFILES, load_bound
 from canzona.plan.metrics import gpu_loads
 from canzona.plan.schedule import LowerSettings, stage_schedules
@@ -65,18 +65,20 @@ def _coop_ops(model: str, layout: Layout, plans: Sequence[Plan]) -> tuple[int, i
 def coop_cell(model: str, layout: Layout, cost_model: CostModel) -> dict[str, Any]:
     """One layout planned with and without cooperation (see the module docstring)."""
     cfg = PlanConfig(optimizer="muon", cost="flops", alpha=DEFAULT_ALPHA)
-    on = plan_model(model, layout, cfg, cost_model=cost_model)
     off = plan_model(model, layout, replace(cfg, cooperative=False), cost_model=cost_model)
     nvlink = COOP_PROFILES["nvlink"]
     ratio, ratio_off, extra, bound, compute_only, dp_ms = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
-    for s, (p_on, p_off) in enumerate(zip(on, off, strict=True)):
+    on = []
+    for s, p_off in enumerate(off):
+        params = list_params(get_model(model), pp=layout.pp, stage=s)
+        plain, coops = candidate_plans(params, layout, cfg, cost_model=cost_model)
+        p_on = keep_fastest(plain, coops)  # what plan_model gives, from the candidates weighed here
+        on.append(p_on)
         c_on, c_off = gpu_loads(p_on).flat_cost(), gpu_loads(p_off).flat_cost()
         mean = sum(c_off) / len(c_off)
         ratio, ratio_off = max(ratio, max(c_on) / mean), max(ratio_off, max(c_off) / mean)
         extra = max(extra, sum(c_on) / sum(c_off) - 1.0)
         bound = max(bound, load_bound(p_off.items, layout.dp, layout.tp, cost_model.settings, nvlink) / mean)
-        params = list_params(get_model(model), pp=layout.pp, stage=s)
-        _, coops = candidate_plans(params, layout, cfg, cost_model=cost_model)
         best = min((max(gpu_loads(p).flat_cost()) for p in coops), default=max(c_off))
         compute_only = max(compute_only, min(best, max(c_off)) / mean)
         dp_ms = max(dp_ms, (step_seconds(p_on, nvlink)[1] - step_seconds(p_off, nvlink)[1]) * 1e3)

@@ -152,7 +152,11 @@ def make_plan(
     params: Sequence[ParamSpec], layout: Layout, config: PlanConfig, *, cost_model: CostModel | None = None
 ) -> Plan:
     """Plan ONE PP stage. ``params`` in registration order (any routes); deterministic."""
-    plain, coops = candidate_plans(params, layout, config, cost_model=cost_model)
+    return keep_fastest(*candidate_plans(params, layout, config, cost_model=cost_model))
+
+
+def keep_fastest(plain: Plan | None, coops: Sequence[Plan]) -> Plan:
+    """The plan ``make_plan`` keeps among a stage's ``candidate_plans``."""
     if coops and plain is None:  # forced groups
         return coops[0]
     assert plain is not None

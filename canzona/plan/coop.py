@@ -233,7 +233,9 @@ TARGET_LEVELS = (1.0, 1.1, 1.25, 1.5, 2.0, 3.0)
 BOUND_MU = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)  # multipliers (× T) of the big-item count in load_bound
 
 
-def _options(items: Sequence[PlanItem], dp: int, tp: int, settings: CostSettings, coop: CoopSettings):
+def _options(
+    items: Sequence[PlanItem], dp: int, tp: int, settings: CostSettings, coop: CoopSettings
+) -> list[list[tuple[int, float]]]:
     """Per matrix, every (k, member cost) the layout allows, k = 1 (the whole matrix) first."""
     sizes = group_sizes(dp, tp)
     out = []

@@ -267,7 +267,7 @@ class Search:
     def _donor_g(self, a: int, i: int) -> float:
         """Exact per-GPU max of rank a without item i. Outside TP mode ``no`` (round-robin in
         registration order) it depends only on the costs left, so it is computed once per (rank,
-        cost, sharded) while rank a's members stand still (one ``step``): a DP rank of a 12k-matrix
+        cost, sharded) while rank a's members stay the same set (one ``step``): a DP rank of a 12k-matrix
         MoE holds thousands of experts of a few shapes, and recomputing the LPT for each of them
         made one plan at DP3×TP2 take 13 minutes."""
         key = (a, i) if self.p.tp_mode == "no" and not self.simple else (a, self.c[i], self.sh[i])
@@ -328,7 +328,7 @@ class Search:
         """Apply the best improving move or swap off the critical ranks; False when none improves."""
         cur = self.key()
         self.phi = cur[2]
-        self._donor.clear()  # members move only after every candidate is scored
+        self._donor.clear()  # moves tried below are undone unless kept, and a kept one ends the step
         for a, bucket in self._critical():
             cols: list[list[np.ndarray]] = [[], [], [], [], [], []]
             for i in self.members[a]:

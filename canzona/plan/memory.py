@@ -98,7 +98,8 @@ def _tp_staging(s: RankSchedule, plan: Plan) -> int:
         elif spec.kind == "cooperative" and spec.tp_blocks(tp):
             blocks = spec.tp_blocks(tp)
             send = sum(shard[g.name] for g in blocks)  # this rank's shard of every block group's matrix
-            recv = sum(shard[g.name] * tp // g.k for g in blocks if g in spec.member_groups(s.tp_rank))
+            member = spec.member_groups(s.tp_rank)
+            recv = sum(shard[g.name] * tp // g.k for g in blocks if g in member)
             out += 2 * (send + recv) * FP32  # gather + scatter
     return out
 

@@ -317,11 +317,12 @@ def _coop_calls(spec: ExecSpec, plan: Plan, settings: LowerSettings, tp_rank: in
     (what this rank sends: its members' blocks)."""
     items = {it.name: it for it in plan.items}
     tp = plan.layout.tp
+    member = spec.member_groups(tp_rank)
     classes: dict[tuple[str, str], list[CoopGroup]] = {}
-    for g in sorted(spec.member_groups(tp_rank), key=lambda g: g.name):
+    for g in sorted(member, key=lambda g: g.name):
         classes.setdefault((coop_comm_key(g, tp), g.form), []).append(g)
     blocks = spec.tp_blocks(tp)
-    mine = [g for g in blocks if g in spec.member_groups(tp_rank)]
+    mine = [g for g in blocks if g in member]
     shards = sum(items[g.name].numel // tp for g in blocks) * settings.tp_bytes
     first = [CommOp("coop", "all_to_all", "tp", shards, TP_BLOCKS_TAG)] if blocks else []
     ops: list[CommOp] = []
