@@ -9,11 +9,12 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.canzona-installed
 PYTEST_ARGS ?= -n 2 -q
 
-.PHONY: help install lint test mutants reproduce-table2 table2 notebook planner-bench bench-step bench-ns clean-venv megatron-peer-env gpu-check gpu-wheels
+.PHONY: help install lint test test-hypothesis mutants reproduce-table2 table2 notebook planner-bench bench-step bench-ns clean-venv megatron-peer-env gpu-check gpu-wheels
 
 help:
 	@echo "make reproduce-table2   run the Table-2 reproduction (Slurm if present, else the embedded local default)"
 	@echo "make test               install test deps if missing, lint (ruff), run the test suite"
+	@echo "make test-hypothesis    the long randomised property run (fresh seed, 20x examples; minutes)"
 	@echo "make lint               ruff check + ruff format --check"
 	@echo "make mutants            plant realistic bugs one at a time, report which the tests miss -> results/mutants/ (minutes)"
 	@echo "make notebook           execute analysis/table2.ipynb headless (nbconvert) -> results/table2.ipynb"
@@ -42,6 +43,14 @@ lint: $(STAMP)
 
 test: lint
 	$(VPY) -m pytest $(PYTEST_ARGS)
+
+# The long randomised property run (not part of `make test`, whose hypothesis draws are fixed): the
+# `search` profile of tests/hypothesis_profiles.py, 20x the examples, a fresh seed (printed; rerun a
+# failure with SEED=<it>); what it falsifies lands in tests/hypothesis-examples/ to be committed.
+SEED ?= $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+test-hypothesis: $(STAMP)
+	@echo "hypothesis seed $(SEED)"
+	$(VPY) -m pytest $(PYTEST_ARGS) --hypothesis-profile=search --hypothesis-seed=$(SEED) $$(grep -l '@given' tests/test_*.py)
 
 # The mutation check (tools/mutants.py, the list in tools/mutants.toml): every mutant in its own copy
 # of the tree, its listed tests run there; minutes long, so not part of `make test`.

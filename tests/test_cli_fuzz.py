@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from canzona.cli import main
+from tests.hypothesis_profiles import examples
 
 BAD_NUMBERS = ("0", "-1", "1e400", "nan", "inf", "abc", "1.5e", "")
 BAD_FRACTIONS = ("-0.1", "1.5", "nan", "1e400", "x")
@@ -138,7 +139,7 @@ def test_every_bad_input_exits_2_with_one_line(tmp_path: Path, capsys: pytest.Ca
     assert not failures, "\n".join(f"{' '.join(a)} -> {why}" for a, why in failures)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     st.sampled_from(["--alpha", "--bucket-size", "--tp", "--dp", "--capacity-bytes"]),
     st.text(alphabet="0123456789.-+eEinfatx ", max_size=8),

@@ -21,6 +21,7 @@ from canzona.plan.build import COOP_MIN_SAVING, candidate_plans, step_seconds
 from canzona.plan.coop import COOP_PROFILES, CoopSettings, load_bound, member_cost
 from canzona.plan.metrics import gpu_loads
 from canzona.plan.types import PlanItem
+from tests.hypothesis_profiles import examples
 
 CM = CostModel("muon", "flops")
 
@@ -110,7 +111,7 @@ def test_headline_layout_takes_tp_subgroups_of_two() -> None:
         assert all(cost[d][t] >= member[g.name] * (1 - 1e-9) for d, t in g.members)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(
     st.lists(st.tuples(st.sampled_from([64, 128, 256]), st.sampled_from([256, 512, 1024])), min_size=2, max_size=10),
     st.sampled_from([(4, 1), (8, 1), (2, 2), (1, 4), (2, 4)]),

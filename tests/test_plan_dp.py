@@ -7,7 +7,7 @@ import warnings
 from dataclasses import replace
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from canzona.cost import CostModel
@@ -19,8 +19,9 @@ from canzona.plan.build import make_items
 from canzona.plan.dp import make_problem
 from canzona.plan.dp_canzona import exact_contiguous
 from canzona.plan.tp import slot_loads
+from tests.hypothesis_profiles import examples
 
-SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 ALL = [
     ("sc", "refine"),
@@ -127,8 +128,29 @@ def test_invariants_every_strategy(prob: tuple, alpha: float, cost: str) -> None
         check_plan(make_plan(params, layout, cfg), params)
 
 
+# Found by hypothesis: with DP2 x TP2 and 64-element buckets, ``auto`` plans these in the padded layout
+# (its padding floor is under the limit), where refine is seeded from lpt/pack and reaches efficiency
+# 0.973, while blend (exact layout only) reaches 1.000. Both are right about what they claim: blend
+# seeds refine in the EXACT layout, so the comparison with blend holds there, not across layouts.
+_PADDED_BELOW_BLEND = (
+    [
+        ParamSpec(f"decoder.layers.{k}.w", shape, pdim, "matrix", k)
+        for k, (shape, pdim) in enumerate(
+            zip(
+                [(2, 2)] * 4 + [(12, 16), (16, 16), (30, 32), (32, 34), (34, 34)] + [(2, 2)] * 3 + [(4, 8), (16, 28)],
+                [1, 1, 0, 1, 1, 1, 1, 1, 1, 0, 0, 1, 0, None],
+                strict=True,
+            )
+        )
+    ],
+    Layout(dp=2, tp=2),
+    64,
+)
+
+
 @SETTINGS
 @given(problems())
+@example(_PADDED_BELOW_BLEND)
 def test_alpha1_compute_never_worse_than_zero_atomic(prob: tuple) -> None:
     params, layout, bucket = prob
     # one owner per matrix: these are properties of the DP partitioners (cooperation: test_plan_coop_choice)
@@ -136,8 +158,11 @@ def test_alpha1_compute_never_worse_than_zero_atomic(prob: tuple) -> None:
     ours = plan_metrics([make_plan(params, layout, base)])
     fe = plan_metrics([make_plan(params, layout, replace(base, dp_algo="first-element"))])
     assert ours["compute_balance"] <= fe["compute_balance"] * (1 + 1e-9)
+    # blend is one of refine's seeds in the exact layout (the only one blend plans); ``auto`` may
+    # choose the padded layout, whose refine starts from its own seeds (lpt, pack)
+    exact = plan_metrics([make_plan(params, layout, replace(base, dp_layout="exact"))])
     blend = plan_metrics([make_plan(params, layout, replace(base, dp_algo="blend"))])
-    assert ours["efficiency"] >= blend["efficiency"] * (1 - 1e-9)  # blend is one of refine's seeds
+    assert exact["efficiency"] >= blend["efficiency"] * (1 - 1e-9)
     if layout.tp == 1:  # same TP handling, so it holds against the asc baseline itself
         asc = plan_metrics([make_plan(params, layout, PlanConfig(strategy="asc", bucket_size=bucket))])
         assert ours["compute_balance"] <= asc["compute_balance"] * (1 + 1e-9)
@@ -188,7 +213,7 @@ def test_blend_accepts_only_improvements() -> None:
         assert loads["blend"] <= loads["first-element"] * (1 + 1e-12)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(st.lists(st.integers(1, 50), min_size=1, max_size=7), st.integers(1, 3), st.sampled_from([0.0, 0.5, 1.0]))
 def test_exact_is_the_contiguous_optimum(sizes: list[int], dp: int, alpha: float) -> None:
     params = [ParamSpec(f"decoder.layers.{k}.w", (s, 1), 0, "matrix", k) for k, s in enumerate(sizes)]
@@ -224,7 +249,7 @@ def test_deterministic_and_hashed(prob: tuple, alpha: float) -> None:
     assert c.input_hash != a.input_hash
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems(), st.sampled_from(ALL))
 def test_json_round_trip(prob: tuple, strat: tuple[str, str]) -> None:
     params, layout, bucket = prob

@@ -28,8 +28,9 @@ from canzona.plan.dp_canzona import WORK_PER_ITEM as EXACT_PER_ITEM
 from canzona.plan.dp_padded import WORK_BUDGET, WORK_PER_ITEM, seed_settings
 from canzona.plan.metrics import stage_bounds
 from canzona.plan.schedule import LowerSettings, bucket_layouts
+from tests.hypothesis_profiles import examples
 
-SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @st.composite
@@ -101,7 +102,7 @@ def test_exact_refine_never_worse_than_largest_first_under_contiguity(prob: tupl
         assert max(gpu_loads(ours).flat_cost()) <= max(gpu_loads(lpt).flat_cost()) * (1 + 1e-9)
 
 
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(4), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(inventories(max_params=2500), st.sampled_from(["padded", "exact"]))
 def test_thousands_of_matrices_keep_the_guarantees(prob: tuple, layout_kind: str) -> None:
     params, layout = prob

@@ -21,6 +21,7 @@ from canzona.plan.schedule import (
     stage_schedules,
 )
 from canzona.plan.types import Bucket, BucketEntry, Layout, PlanConfig
+from tests.hypothesis_profiles import examples
 
 
 def test_gloo_prefers_per_root_and_nccl_native() -> None:
@@ -86,7 +87,7 @@ def test_every_matrix_is_computed_once_per_stage() -> None:
     assert sorted(computed) == sorted(items)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     shapes=st.lists(st.tuples(st.integers(1, 40), st.integers(1, 40)), min_size=1, max_size=24),
     dp=st.integers(1, 6),
