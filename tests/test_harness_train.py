@@ -9,6 +9,7 @@ beyond fp32 rounding is a bug in the harness or the runtime.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -20,6 +21,7 @@ pytest.importorskip("megatron.core")
 import megatron.core.models.gpt  # noqa: F401 - import before the CLI forks ranks
 
 from canzona.cli import main as canzona_main
+from canzona.harness.record import checks_path
 from canzona.results import schema
 
 pytestmark = pytest.mark.slow
@@ -106,8 +108,12 @@ def _train(
     assert t["iteration_ms"]["median"] >= t["fwd_bwd_ms"]["median"] > 0
     assert t["tokens_per_s"] > 0 and len(t["peak_mem_mb_per_rank"]) == tp * pp * dp
     assert len(rec["loss"]["curve"]) == 4
-    # copies of a parameter (across DP; norms also across TP) must stay identical
-    assert rec["checks"]["replica_max_abs_diff"] < 1e-6, rec["checks"]
+    assert "checks" not in rec, "the results line is written before the checks run"
+    # copies of a parameter (across DP; norms also across TP) must stay identical; the check is the
+    # last line of <results>.checks, keyed by the record's cell and timestamp
+    check = json.loads(checks_path(results).read_text().splitlines()[-1])
+    assert (check["cell"], check["timestamp"]) == (rec["cell"], rec["env"]["timestamp"])
+    assert check["checks"]["replica_max_abs_diff"] < 1e-6, check
     return rec
 
 

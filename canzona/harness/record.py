@@ -10,6 +10,8 @@ H100 NCCL line must never be confused by the analysis.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from canzona.harness.config import RunConfig
@@ -17,16 +19,14 @@ from canzona.harness.timing import RunTimings, iter_phases, measured, summarize,
 from canzona.results import schema
 from canzona.results.env import environment
 
-__all__ = ["build_record", "environment"]
+__all__ = ["append_checks", "build_record", "checks_path", "environment"]
 
 
-def build_record(
-    run: RunConfig, env: dict[str, Any], timings: RunTimings, *, mem_kind: str, checks: dict[str, float] | None = None
-) -> dict[str, Any]:
+def build_record(run: RunConfig, env: dict[str, Any], timings: RunTimings, *, mem_kind: str) -> dict[str, Any]:
     """The schema-valid record of a finished run (validated here, so a bad record fails loudly).
 
-    ``checks`` holds end-of-run consistency numbers (e.g. replica_max_abs_diff) kept next to the
-    timings so a fast but wrong run can be spotted from the results file alone.
+    End-of-run consistency checks are not part of it: they run after the line is written
+    (``append_checks``), so a failing check can never cost the measurement.
     """
     it = summarize(measured(timings.iteration_ms, run.warmup))
     tput = throughput(
@@ -53,7 +53,28 @@ def build_record(
             "warmup_excluded": run.warmup,
         },
         "loss": {"first": timings.loss_curve[0], "last": timings.loss_curve[-1], "curve": timings.loss_curve},
-        "checks": dict(checks or {}),
         "cell": schema.cell_key(config),
     }
     return schema.validate(record)
+
+
+def checks_path(results: str | Path) -> Path:
+    """Where the end-of-run checks of the lines in ``results`` go: ``<results>.checks`` beside it
+    (not ``*.jsonl``: the results readers take every ``*.jsonl`` for results lines)."""
+    p = Path(results)
+    return p.with_name(p.name + ".checks")
+
+
+def append_checks(results: str | Path, record: dict[str, Any], checks: dict[str, Any]) -> None:
+    """Append one JSON line of ``checks`` for ``record`` (already in ``results``), keyed by its cell,
+    commit and timestamp, so a fast but wrong run can be spotted from the files alone."""
+    entry = {
+        "cell": record["cell"],
+        "git_commit": record["env"].get("git_commit"),
+        "timestamp": record["env"].get("timestamp"),
+        "checks": checks,
+    }
+    path = checks_path(results)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(entry, sort_keys=True) + "\n")

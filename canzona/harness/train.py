@@ -36,6 +36,7 @@ from canzona.harness import cpu_shim
 from canzona.harness.config import RunConfig
 from canzona.harness.model import build_model, causal_mask, init_weights
 from canzona.harness.params import NamedParam, named_params, replica_divergence, tp_partial_names
+from canzona.harness.record import append_checks
 from canzona.harness.timing import Clock, IterationLog, aggregate, peak_memory_mb
 from canzona.results.schema import NS_OPTIMIZERS
 
@@ -222,21 +223,10 @@ def train(
         # --- the loop -------------------------------------------------------------------------
         log = _loop(run, model, opt, forward_backward, forward_step, data, dp_rank, loss_rank, device, step_probe)
 
-        # --- aggregate, check, record ---------------------------------------------------------
-        if run.overlap_param_sync:
-            opt.wait_param_sync()  # the last step's all-gathers are still in flight
-        timings = aggregate(log, loss_divisor=run.dp, device=device)
-        drift = replica_divergence(named, ps.get_data_parallel_group(), ps.get_tensor_model_parallel_group())
-        hosts = rank_hostnames()  # every rank takes part: the record names all nodes, not rank 0's
-        out: dict[str, Any] = {
-            "rank": ri.rank,
-            "loss_curve": timings.loss_curve,
-            "replica_max_abs_diff": drift,
-            "record": None,
-        }
-        if ri.rank == 0:
-            out["record"] = _record(run, device, backend, timings, drift, hosts, getattr(opt, "layer_wise", None))
-        return out
+        # --- aggregate, record, then check ------------------------------------------------------
+        return finish(
+            ri, run, opt, named, log, backend, ps.get_data_parallel_group(), ps.get_tensor_model_parallel_group()
+        )
     finally:
         ps.destroy_model_parallel()
 
@@ -288,17 +278,68 @@ def _loop(
     return log
 
 
+def finish(
+    ri: RankInfo,
+    run: RunConfig,
+    opt: StepOptimizer,
+    named: list[NamedParam],
+    log: IterationLog,
+    backend: str,
+    dp_group: torch.distributed.ProcessGroup,
+    tp_group: torch.distributed.ProcessGroup,
+) -> dict[str, Any]:
+    """Everything after the loop, in the order that keeps the measurement: aggregate the timings,
+    rank 0 appends the results line, THEN the replica check runs and is attached.
+
+    Why this order: a diagnostic must never stand between a measurement and its record (a check
+    that ran out of memory before the line was written once cost every cell of a run). The check
+    runs in bounded memory (``replica_divergence``); if it fails anyway, the failure is reported
+    in ``checks`` and on stderr, and the line already written stays. The check goes to
+    ``<results>.checks`` (one JSON line naming the record's cell and timestamp), never into the
+    results line after the fact. Extra memory here is O(largest tensor), not O(model)
+    (tests/test_harness_finish.py measures it).
+    """
+    device = ri.device
+    if run.overlap_param_sync:
+        opt.wait_param_sync()  # the last step's all-gathers are still in flight
+    timings = aggregate(log, loss_divisor=run.dp, device=device)
+    hosts = rank_hostnames()  # every rank takes part: the record names all nodes, not rank 0's
+    record = None
+    if ri.rank == 0:
+        record = _record(run, device, backend, timings, hosts, getattr(opt, "layer_wise", None))
+    checks = replica_check(named, dp_group, tp_group)
+    if record is not None:
+        record["checks"] = checks
+        if run.results:
+            append_checks(run.results, record, checks)
+    return {"rank": ri.rank, "loss_curve": timings.loss_curve, "checks": checks, "record": record}
+
+
+def replica_check(
+    named: list[NamedParam], dp_group: torch.distributed.ProcessGroup, tp_group: torch.distributed.ProcessGroup
+) -> dict[str, Any]:
+    """``{"replica_max_abs_diff": x}``, or ``{"replica_check_error": why}`` if the check itself failed
+    (reported on stderr; never raised: the results line is already written)."""
+    import sys
+
+    try:
+        return {"replica_max_abs_diff": replica_divergence(named, dp_group, tp_group)}
+    except Exception as exc:  # noqa: BLE001 - a failing diagnostic is reported, not fatal to the record
+        why = f"{type(exc).__name__}: {exc}"
+        print(f"canzona train: replica check failed (the results line is kept): {why}", file=sys.stderr, flush=True)
+        return {"replica_check_error": why}
+
+
 def _record(
     run: RunConfig,
     device: torch.device,
     backend: str,
     timings: Any,
-    drift: float,
     hosts: Any,
     layer_wise: bool | None,
 ) -> dict[str, Any]:
     """Rank 0's results line (appended to ``run.results`` when set): config, environment of every
-    node, timings and the replica check."""
+    node and timings."""
     from canzona.harness.record import build_record, environment
     from canzona.results.env import cluster_environment
     from canzona.results.schema import append_record
@@ -313,7 +354,7 @@ def _record(
         extra["megatron_muon_layer_wise"] = layer_wise
         extra["megatron_muon_tp_mode"] = run.muon_tp_mode
     env = environment(device, backend, extra=extra)
-    record = build_record(run, env, timings, mem_kind=mem_kind, checks={"replica_max_abs_diff": drift})
+    record = build_record(run, env, timings, mem_kind=mem_kind)
     if run.results:
         append_record(run.results, record)
     return record
