@@ -17,6 +17,7 @@ import math
 from typing import TYPE_CHECKING
 
 from canzona.analysis.aggregate import OURS, finite
+from canzona.analysis.markdown import markdown_table
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -108,7 +109,6 @@ def structure_rows(cells: pd.DataFrame, validation: pd.DataFrame | None = None) 
 
 def structure_markdown(cells: pd.DataFrame, validation: pd.DataFrame | None = None) -> str:
     """The section of results/table2.md (empty when no line of ``STRUCTURE_MODEL`` was measured)."""
-    from canzona.analysis.table2 import markdown_table
 
     rows = structure_rows(cells, validation)
     if not rows:

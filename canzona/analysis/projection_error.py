@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from canzona.analysis.aggregate import finite
+from canzona.analysis.markdown import fmt_ms, markdown_table
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -31,7 +32,6 @@ TIMINGS = ("step", "iteration", "fwd_bwd")
 
 def validation_markdown(validation: pd.DataFrame | None) -> str:
     """The projection-vs-measurement table (``projection.validate_against``'s frame), whole timings only."""
-    from canzona.analysis.table2 import fmt_ms, markdown_table
 
     if validation is None or validation.empty:
         return "_No measured lines the projection could be compared with._"
@@ -61,7 +61,6 @@ def validation_markdown(validation: pd.DataFrame | None) -> str:
 def error_table(validation: pd.DataFrame) -> str:
     """Max / median |error| and count per timing and per phase, with the signed range: which part
     of the model is within the 25 % goal and which is not."""
-    from canzona.analysis.table2 import markdown_table
 
     rows = []
     for t, g in validation.groupby("timing", sort=False):

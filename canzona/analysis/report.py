@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from canzona.analysis.aggregate import OURS, ROW_KEY, finite
+from canzona.analysis.markdown import human_tokens, markdown_table
 from canzona.analysis.projection_error import error_note, error_table, validation_markdown
 
 if TYPE_CHECKING:
@@ -102,12 +103,6 @@ def tokens_text(row: dict[str, Any]) -> str:
     if not (finite(gb) and finite(seq)):
         return "no batch (step benchmark)"
     return f"{int(gb)}×{int(seq)} = {human_tokens(int(gb) * int(seq))} tokens"
-
-
-def human_tokens(t: float) -> str:
-    if not math.isfinite(t):
-        return "any" if t > 0 else "none"
-    return f"{t / 1e6:.2f}M" if t >= 1e6 else f"{t / 1e3:.0f}K"
 
 
 def condition(row: dict[str, Any]) -> tuple[str, str]:
@@ -415,7 +410,6 @@ def claims_report(
     planner: pd.DataFrame | None = None,
 ) -> str:
     """Markdown: the claims table with conditions, and the projection's error on our runs."""
-    from canzona.analysis.table2 import markdown_table
 
     parts = ["## Reproduction report", "", *intro(cells)]
     header = ["claim", "source", "paper", "condition", "ours", "verdict"]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from canzona.analysis.aggregate import BASELINES, METHOD_ORDER, OURS, ROW_KEY, aggregate_cells, finite, speedups
+from canzona.analysis.markdown import fmt_ms, fmt_speedup, human_tokens, markdown_table
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -83,30 +84,6 @@ def build_table2(cells: pd.DataFrame) -> pd.DataFrame:
         rows.append(row)
     df = pd.DataFrame(rows).sort_values("_sort", kind="stable").drop(columns="_sort").reset_index(drop=True)
     return df
-
-
-def fmt_ms(x: Any) -> str:
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "–"
-    x = float(x)
-    return f"{x:,.1f}" if abs(x) >= 100 else f"{x:.3g}"
-
-
-def fmt_speedup(x: Any) -> str:
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "–"
-    return f"{float(x):.2f}×"
-
-
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A GitHub-flavoured Markdown table (no tabulate dependency)."""
-
-    def cell(v: Any) -> str:
-        return str(v).replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def table2_markdown(table: pd.DataFrame) -> str:
@@ -228,7 +205,6 @@ def headline_markdown(table: pd.DataFrame, profile: str = "H800") -> str:
 def batch_markdown(batch: pd.DataFrame, target: float = 1.57) -> str:
     """Iteration speedup against tokens per iteration (``projection_batch.csv``): one column per
     profile and overlap view, bold where the claim is reached, and the largest batch reaching it."""
-    from canzona.analysis.report import human_tokens
 
     grid = batch[batch["point"] == "grid"]
     reach = batch[batch["point"] == "reach"]
@@ -282,7 +258,6 @@ def beyond_markdown(beyond: pd.DataFrame) -> str:
     """``projection_beyond.csv`` as a section: per profile, one row per variant (cooperative and Gram
     Newton–Schulz, issues #12 and #18) with its optimizer step and its speedup over layer-wise in
     both overlap views. Outside the claims report: the paper has neither technique."""
-    from canzona.analysis.report import human_tokens
 
     parts = ["## Beyond the paper: cooperative and Gram Newton–Schulz (projected)", ""]
     for prof, g in beyond.groupby("profile", sort=False):
