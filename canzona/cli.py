@@ -34,22 +34,25 @@ class Parser(argparse.ArgumentParser):
 
 # name -> (module, one-line help). Order is the order `canzona --help` lists them.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "models": ("canzona.models.cli", "list model inventories and parameter counts"),
+    "models": ("canzona.models.front.cli", "list model inventories and parameter counts"),
     "plan": (
-        "canzona.plan.cli",
+        "canzona.plan.front.cli",
         "plan DP buckets and TP micro-groups for a model and layout; report, compare, plot, save",
     ),
-    "plan-bench": ("canzona.plan.bench", "planner quality at 256 GPUs for every model/layout -> results/planner/"),
+    "plan-bench": (
+        "canzona.plan.front.bench",
+        "planner quality at 256 GPUs for every model/layout -> results/planner/",
+    ),
     "train": (
         "canzona.harness.cli",
         "train a Qwen3 model on megatron-core with a Canzona (or peer) optimizer; one results line",
     ),
     "bench-step": (
-        "canzona.runtime.bench",
+        "canzona.runtime.front.bench",
         "optimizer-step latency of sc/layerwise/asc/canzona side by side (forked ranks)",
     ),
     "bench-ns": (
-        "canzona.optim.bench_ns",
+        "canzona.optim.front.bench_ns",
         "Newton–Schulz methods (standard, gram, peers) timed side by side: ms, TFLOP/s, error vs fp64",
     ),
     "gpu-check": (

@@ -11,7 +11,7 @@ import pytest
 
 from canzona.cli import main
 from canzona.cost import muon_ns_flops
-from canzona.optim.bench_ns import parse_shapes
+from canzona.optim.front.bench_ns import parse_shapes
 
 
 def run_cli(*argv: str) -> tuple[int, str, str]:

@@ -16,10 +16,10 @@ from canzona.cost import CostModel
 from canzona.models import get_model, list_params
 from canzona.models.spec import ParamSpec
 from canzona.plan import Layout, PlanConfig, make_plan, plan_model
-from canzona.plan.bench_coop import GOAL_MAX_OVER_MEAN, coop_cell
 from canzona.plan.build import COOP_MIN_SAVING, candidate_plans, step_seconds
 from canzona.plan.coop import COOP_PROFILES, CoopSettings, load_bound, member_cost
-from canzona.plan.metrics import gpu_loads
+from canzona.plan.front.bench_coop import GOAL_MAX_OVER_MEAN, coop_cell
+from canzona.plan.readers.metrics import gpu_loads
 from canzona.plan.types import PlanItem
 from tests.hypothesis_profiles import examples
 

@@ -16,8 +16,8 @@ from canzona.models import ParamSpec
 from canzona.plan import Layout, Plan, PlanConfig, gpu_loads, make_plan, plan_metrics, resolve_config
 from canzona.plan.buckets import build_buckets
 from canzona.plan.build import make_items
-from canzona.plan.dp import make_problem
-from canzona.plan.dp_canzona import exact_contiguous
+from canzona.plan.dp.canzona import exact_contiguous
+from canzona.plan.dp.problem import make_problem
 from canzona.plan.tp import slot_loads
 from tests.hypothesis_profiles import examples
 

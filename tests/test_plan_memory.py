@@ -6,7 +6,7 @@ import pytest
 
 from canzona.models import get_model, list_params
 from canzona.plan.build import plan_model
-from canzona.plan.memory import MemoryPrecision, peak, stage_memory
+from canzona.plan.readers.memory import MemoryPrecision, peak, stage_memory
 from canzona.plan.schedule import LowerSettings
 from canzona.plan.types import Layout, PlanConfig
 

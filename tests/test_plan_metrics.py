@@ -6,7 +6,7 @@ import pytest
 
 from canzona.models import ParamSpec
 from canzona.plan import Layout, PlanConfig, gpu_loads, make_plan, plan_metrics, plan_model
-from canzona.plan.metrics import pigeonhole_bound
+from canzona.plan.readers.metrics import pigeonhole_bound
 
 # registration order a, b, c, d; buffer order d, c, b, a at 0, 512, 768, 896 (numel 512, 256, 128, 128)
 PARAMS = [

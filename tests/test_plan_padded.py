@@ -22,11 +22,11 @@ from canzona.errors import ConfigError
 from canzona.models import ParamSpec, TransformerConfig, get_model, list_params
 from canzona.plan import Layout, Plan, PlanConfig, gpu_loads, make_plan, plan_metrics, plan_model
 from canzona.plan.buckets import PARAM_ALIGN
-from canzona.plan.dp import pigeonhole_bound
-from canzona.plan.dp_canzona import WORK_BUDGET as EXACT_BUDGET
-from canzona.plan.dp_canzona import WORK_PER_ITEM as EXACT_PER_ITEM
-from canzona.plan.dp_padded import WORK_BUDGET, WORK_PER_ITEM, seed_settings
-from canzona.plan.metrics import stage_bounds
+from canzona.plan.dp.canzona import WORK_BUDGET as EXACT_BUDGET
+from canzona.plan.dp.canzona import WORK_PER_ITEM as EXACT_PER_ITEM
+from canzona.plan.dp.padded import WORK_BUDGET, WORK_PER_ITEM, seed_settings
+from canzona.plan.dp.problem import pigeonhole_bound
+from canzona.plan.readers.metrics import stage_bounds
 from canzona.plan.schedule import LowerSettings, bucket_layouts
 from tests.hypothesis_profiles import examples
 
@@ -47,7 +47,7 @@ def inventories(draw: st.DrawFn, max_params: int = 60) -> tuple[list[ParamSpec],
 
 
 def objective(plan: Plan, alpha: float) -> float:
-    """J(α) of a plan in its own layout, recomputed here from the plan (see dp_padded / dp_canzona)."""
+    """J(α) of a plan in its own layout, recomputed here from the plan (see plan.dp.padded / plan.dp.canzona)."""
     _, _, tight = stage_bounds(plan)
     g = max(gpu_loads(plan).flat_cost()) / tight if tight else 1.0
     dp = plan.layout.dp
@@ -216,7 +216,7 @@ def test_expert_parallelism_plans_experts_inside_their_expert_dp_groups() -> Non
 def test_donor_loads_reused_within_a_step_give_the_same_plan(prob: tuple, alpha: float) -> None:
     """``Search._donor_g`` computes a rank's load without one item once per (rank, cost, sharded)
     per step; recomputing it for every item (what it replaced) must give the very same plan."""
-    from canzona.plan import dp_padded
+    from canzona.plan.dp import padded as dp_padded
 
     params, layout = prob
     cached = _plan(params, layout, alpha=alpha, dp_layout="padded", bucket_size=2000)

@@ -130,7 +130,7 @@ def test_groups_that_contiguous_slices_cannot_hold_are_an_error() -> None:
         make_plan(specs, Layout(2), PlanConfig(coop_force=force, bucket_size=20_000))
     # one bucket, groups of k = 2, 4, 2 in bucket order on DP 8: aligned ranges 0–1 and 4–7 leave no
     # room for the last pair (consecutive ranges 0–1, 2–5, 6–7 would fit, but a group of 4 must start
-    # at a multiple of 4: DP sub-groups are aligned, canzona.runtime.coop_exec.coop_comms)
+    # at a multiple of 4: DP sub-groups are aligned, canzona.runtime.executors.coop.coop_comms)
     force = ((FC2.format(1), 2), (FC1.format(1), 4), (PROJ.format(1), 2))
     with pytest.raises(ConfigError, match="disjoint aligned ranges"):
         make_plan(specs, Layout(8), PlanConfig(coop_force=force, bucket_size=10**6))

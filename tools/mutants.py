@@ -7,7 +7,7 @@
 
 What it checks. ``tools/mutants.toml`` lists hand-written mutants of three areas: the planner
 (``canzona/plan``), the runtime's sync and step (``canzona/runtime``: dp_sync, optimizer, executors,
-coop_exec, grad_norm, buffers) and the analysis (``canzona/analysis``). Each names the file, the
+executors.coop, grad_norm, buffers) and the analysis (``canzona/analysis``). Each names the file, the
 exact original snippet (it must occur exactly once, else the tool stops naming the mutant), the
 replacement, the bug it models in one line, and the tests that should catch it. A mutant is
 KILLED when those tests fail (or hang past its timeout: a hang is a failure a user would see), and

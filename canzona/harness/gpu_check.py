@@ -133,7 +133,7 @@ def estimate_s(gpu: bool, quick: bool, parts: tuple[str, ...], wheels: bool) -> 
     """Seconds per part on one H200 (or on this CPU), from the FLOPs each part does."""
     from canzona.cost import muon_ns_flops
     from canzona.harness.gpu_train import run_config
-    from canzona.optim.bench_ns import parse_shapes
+    from canzona.optim.front.bench_ns import parse_shapes
 
     out: dict[str, float] = {"install": EST_INSTALL_S if wheels else 0.0}
     if not gpu:
@@ -164,8 +164,8 @@ def _warm_up(device: torch.device, size: int, seconds: float = 2.0) -> None:
 def ns_check(gpu: bool, quick: bool, path: Path) -> dict[str, Any]:
     """Part (a): `canzona bench-ns` in this process, then the peak measured once more."""
     from canzona.cli import build_parser
-    from canzona.optim import bench_ns
-    from canzona.optim.bench_ns import OURS
+    from canzona.optim.front import bench_ns
+    from canzona.optim.front.bench_ns import OURS
 
     s = ns_settings(gpu, quick)
     device = torch.device("cuda" if gpu else "cpu")

@@ -6,7 +6,7 @@ process with NCCL on a GPU, one forked gloo rank on CPU (``train_check`` says wh
 the allocator. The optimizer's phase timers are CUDA events on a GPU (the harness builds it with
 ``timers=True`` and reads them after each iteration, outside the step).
 
-Memory: the memory model (canzona.plan.memory) predicts the bytes the optimizer side holds for
+Memory: the memory model (canzona.plan.readers.memory) predicts the bytes the optimizer side holds for
 this model and layout — parameters, main grads, masters, state, staging and the transient
 update workspace — and excludes activations. The allocator's reading when a step starts
 (backward done, activations freed) is compared with the prediction without its workspace; the
@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from canzona.harness.config import RunConfig
 from canzona.harness.step_probe import StepProbe
-from canzona.plan.memory import MemoryBreakdown
+from canzona.plan.readers.memory import MemoryBreakdown
 
 # GPU: a few layers of Qwen3-1.7B shapes, bf16 params, two micro-batches (so no_sync runs).
 GPU_RUN = RunConfig(
@@ -51,7 +51,7 @@ def predicted_memory(run: RunConfig) -> MemoryBreakdown:
     from canzona.models import get_model, list_params
     from canzona.plan.build import plan_model
     from canzona.plan.comm import MODELS
-    from canzona.plan.memory import MemoryPrecision, peak, stage_memory
+    from canzona.plan.readers.memory import MemoryPrecision, peak, stage_memory
     from canzona.plan.schedule import LowerSettings
     from canzona.plan.types import Layout, PlanConfig
 

@@ -17,7 +17,7 @@ from canzona.plan.build import (
     plans_to_json,
     resolve_config,
 )
-from canzona.plan.metrics import GpuLoads, gpu_loads, plan_metrics
+from canzona.plan.readers.metrics import GpuLoads, gpu_loads, plan_metrics
 from canzona.plan.strategies import STRATEGIES, Strategy, get_strategy, register_strategy
 from canzona.plan.types import (
     DEFAULT_ALPHA,

@@ -31,11 +31,11 @@ from dataclasses import replace
 from canzona.cost import CostModel
 from canzona.errors import ConfigError
 from canzona.models import Model, ParamSpec, get_model, list_params
-from canzona.plan.bucket_metrics import padding_floor
 from canzona.plan.buckets import build_buckets, matrix_chunks, packed_bucket, resolve_bucket_size
 from canzona.plan.coop import COOP_PROFILES, CoopSettings, applies, candidates, check_ownership, plan_cooperative
-from canzona.plan.dp import make_problem
-from canzona.plan.metrics import gpu_loads
+from canzona.plan.dp.problem import make_problem
+from canzona.plan.readers.bucket_metrics import padding_floor
+from canzona.plan.readers.metrics import gpu_loads
 from canzona.plan.schedule import LowerSettings, matrix_dp_calls
 from canzona.plan.strategies import STRATEGIES, get_strategy, resolve_algo
 from canzona.plan.tp import TP_MODES, check_tp_mode, schedule_tp

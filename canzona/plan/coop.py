@@ -377,8 +377,8 @@ def plan_cooperative(
     TP > 1: for the DP planners a cooperative matrix is a replicated one costing its group's work
     spread over the TP group (k·member / TP on every TP rank of its owner), so Canzona's own DP
     partitioners balance the result; the TP schedule then places it on the k slots of a block group
-    with its member cost (``tp.coop_slots``). TP = 1: block-aware partitioning (canzona.plan.dp_coop)."""
-    from canzona.plan.dp_coop import plan_dp_coop
+    with its member cost (``tp.coop_slots``). TP = 1: block-aware partitioning (canzona.plan.dp.coop)."""
+    from canzona.plan.dp.coop import plan_dp_coop
     from canzona.plan.strategies import plan_dp
     from canzona.plan.tp import coop_slots, schedule_tp
 

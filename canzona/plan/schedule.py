@@ -309,7 +309,7 @@ Calls = tuple[list[CommOp], list[CommOp], list[CommOp]]  # an executor's (start,
 
 
 def _coop_calls(spec: ExecSpec, plan: Plan, settings: LowerSettings, tp_rank: int) -> Calls:
-    """As canzona.runtime.coop_exec runs them: at start, the blocks of TP sub-groups gathered (ONE
+    """As canzona.runtime.executors.coop runs them: at start, the blocks of TP sub-groups gathered (ONE
     all-to-all over the TP group: this rank's shards of all of them); in run, per (communicator,
     form) of the groups this rank is a member of, the re-blocking all-to-all when needed, the Gram
     all-reduces (standard: one per iteration; Gram: R₀ plus one per restart) of ALL the group's
@@ -340,7 +340,7 @@ def _coop_calls(spec: ExecSpec, plan: Plan, settings: LowerSettings, tp_rank: in
 
 
 def _tp_calls(spec: ExecSpec, plan: Plan, settings: LowerSettings, tp_rank: int) -> Calls:
-    """As canzona.runtime.executors runs them: the micro-groups' first gather at start, the rest of
+    """As canzona.runtime.executors.tp runs them: the micro-groups' first gather at start, the rest of
     the pipeline in run."""
     tp, elem = plan.layout.tp, settings.tp_bytes
     shard = {it.name: it.numel // tp for it in plan.items}
@@ -418,7 +418,7 @@ def lower(
     if settings.norm_check and (settings.global_world or dp * tp) > 1:
         ops.append(CommOp("norm", "all_reduce", "global", 8, "norm"))
     calls = [(_coop_calls if e.kind == "cooperative" else _tp_calls)(e, plan, settings, tp_rank) for e in execs]
-    for part in range(3):  # every executor's start, then run, then finish (canzona.runtime.exec_base)
+    for part in range(3):  # every executor's start, then run, then finish (canzona.runtime.executors.base)
         for c in calls:
             ops += c[part]
     for b in reversed(matrix):

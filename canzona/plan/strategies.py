@@ -27,10 +27,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from canzona.errors import ConfigError
-from canzona.plan import dp_baselines as base
-from canzona.plan import dp_canzona as cz
-from canzona.plan import dp_padded as pad
-from canzona.plan.dp import DPProblem, make_problem, owner_plan
+from canzona.plan.dp import baselines as base
+from canzona.plan.dp import canzona as cz
+from canzona.plan.dp import padded as pad
+from canzona.plan.dp.problem import DPProblem, make_problem, owner_plan
 from canzona.plan.types import Bucket, DPPlan, PlanItem
 
 Planner = Callable[[DPProblem, Sequence[PlanItem], str, float], DPPlan]

@@ -10,7 +10,7 @@ Every strategy runs the same code: the plan (canzona.plan) says who owns what, t
 (canzona.plan.schedule) turns it into this rank's buffers, collective modes and executors, and this
 class only wires them together:
   DPSync       gradient reductions and parameter all-gathers (canzona.runtime.dp_sync)
-  executors    matrix updates, local / TP all-gather / micro-groups (canzona.runtime.executors)
+  executors    matrix updates, local / TP all-gather / micro-groups (canzona.runtime.executors.tp)
   ZeroAdamW    the non-matrix parameters, ZeRO-1 (canzona.runtime.zero_adamw)
   grad_norm    the step's single reduction: global norm + non-finite flag (canzona.runtime.grad_norm)
   checkpoint   DCP state in full-matrix space (canzona.runtime.checkpoint)
@@ -43,10 +43,10 @@ from canzona.plan.types import Layout, Plan
 from canzona.runtime import checkpoint, grad_norm
 from canzona.runtime.buffers import DTYPES, FlatBuffers
 from canzona.runtime.config import DistConfig
-from canzona.runtime.coop_exec import coop_comms, held_pieces
 from canzona.runtime.dp_sync import DPSync
-from canzona.runtime.exec_base import StepContext
-from canzona.runtime.executors import select_executors
+from canzona.runtime.executors.base import StepContext
+from canzona.runtime.executors.coop import coop_comms, held_pieces
+from canzona.runtime.executors.tp import select_executors
 from canzona.runtime.timers import PhaseTimer
 from canzona.runtime.zero_adamw import ZeroAdamW
 

@@ -77,7 +77,7 @@ def activation_bytes(model: str, tp: int, pp: int, stage: int, seq_len: int, mic
 
 def cell_memory_gb(cell: Cell) -> float:
     """Per-GPU memory estimate of ``cell`` (GB): the memory model of what its method allocates
-    (canzona.plan.memory: buffers, masters, optimizer state, staging, update workspace of the
+    (canzona.plan.readers.memory: buffers, masters, optimizer state, staging, update workspace of the
     GPU that holds the most) plus the stage's activations, maximised over PP stages. The
     megatron-muon peer and AdamW-only cells keep the Megatron-style estimate of
     ``estimate_memory_gb`` (the memory model describes Canzona's runtime)."""
@@ -117,7 +117,7 @@ def _canzona_memory_gb(
     micro_batch: int,
 ) -> float:
     from canzona.plan.build import plan_model
-    from canzona.plan.memory import MemoryPrecision, peak, stage_memory
+    from canzona.plan.readers.memory import MemoryPrecision, peak, stage_memory
     from canzona.plan.schedule import LowerSettings
     from canzona.plan.types import Layout, PlanConfig
 

@@ -242,7 +242,7 @@ class _Charger:
         norm = of("norm")
         r.phases["check"] = read_ms + sum(ms for _, ms in norm)
         tl += [Task("check", read_ms)] + [Task("check", ms, ("world",)) for _, ms in norm]
-        # every executor's start, then run, then finish, as the runtime issues them (exec_base)
+        # every executor's start, then run, then finish, as the runtime issues them (runtime.executors.base)
         start: list[Task] = []
         run: list[Task] = []
         finish: list[Task] = []

@@ -31,7 +31,7 @@ from canzona.plan.coop import GROUP_SIZES
 from canzona.plan.schedule import ExecSpec, coop_comm_key
 from canzona.plan.tp import block_slots
 from canzona.plan.types import CoopGroup
-from canzona.runtime.exec_base import ShardOf, StepContext
+from canzona.runtime.executors.base import ShardOf, StepContext
 
 
 @dataclass(frozen=True)

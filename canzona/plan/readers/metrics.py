@@ -52,10 +52,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from canzona.plan import dp_padded
-from canzona.plan.bucket_metrics import bucket_slices, bucket_stats
 from canzona.plan.buckets import resolve_bucket_size
-from canzona.plan.dp import forced_mean, make_problem, pigeonhole_bound
+from canzona.plan.dp import padded as dp_padded
+from canzona.plan.dp.problem import forced_mean, make_problem, pigeonhole_bound
+from canzona.plan.readers.bucket_metrics import bucket_slices, bucket_stats
 from canzona.plan.types import Bucket, BucketEntry, Plan
 
 PHASES = ("grad", "param", "tp_gather", "tp_scatter")

@@ -22,7 +22,7 @@ from typing import Any
 from canzona.models import get_model
 from canzona.plan.build import plan_model, stage_adamw
 from canzona.plan.comm import NCCL
-from canzona.plan.metrics import plan_metrics
+from canzona.plan.readers.metrics import plan_metrics
 from canzona.plan.schedule import LowerSettings, padding_fraction, stage_schedules
 from canzona.plan.types import DEFAULT_ALPHA, Layout, Plan, PlanConfig
 

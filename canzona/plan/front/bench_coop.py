@@ -32,10 +32,10 @@ from typing import Any
 
 from canzona.cost import CostModel
 from canzona.models import get_model, list_params
-from canzona.plan.budget import DEFAULT_LINKS
 from canzona.plan.build import candidate_plans, keep_fastest, plan_model, stage_adamw, step_seconds
 from canzona.plan.coop import COOP_PROFILES, load_bound
-from canzona.plan.metrics import gpu_loads
+from canzona.plan.readers.budget import DEFAULT_LINKS
+from canzona.plan.readers.metrics import gpu_loads
 from canzona.plan.schedule import LowerSettings, stage_schedules
 from canzona.plan.types import DEFAULT_ALPHA, Layout, Plan, PlanConfig
 

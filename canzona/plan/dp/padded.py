@@ -39,7 +39,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from canzona.plan.dp import DPProblem, pigeonhole_bound
+from canzona.plan.dp.problem import DPProblem, pigeonhole_bound
 
 SLACKS = (1.0, 1.15)
 PACK_ALPHAS = (0.5, 0.75, 0.9, 1.0)  # placement keys tried under the tight slice cap (``seed_settings``)

@@ -24,7 +24,7 @@ from canzona.models.transformer import Model
 from canzona.plan.build import stage_adamw
 from canzona.plan.comm import NCCL, CommModel
 from canzona.plan.coop import NVLINK
-from canzona.plan.metrics import gpu_loads
+from canzona.plan.readers.metrics import gpu_loads
 from canzona.plan.schedule import LowerSettings, RankSchedule, padding_fraction, stage_schedules
 from canzona.plan.types import Plan
 

@@ -34,7 +34,7 @@ from canzona.plan.buckets import (
     packed_bucket,
     resolve_bucket_size,
 )
-from canzona.plan.dp import pigeonhole_bound
+from canzona.plan.dp.problem import pigeonhole_bound
 from canzona.plan.schedule import padded_width
 from canzona.plan.types import Bucket, Layout, Plan
 

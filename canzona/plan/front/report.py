@@ -13,7 +13,7 @@ from typing import Any
 from canzona.cost import CostModel
 from canzona.models import Model
 from canzona.plan.build import plan_model
-from canzona.plan.metrics import gpu_loads, plan_metrics
+from canzona.plan.readers.metrics import gpu_loads, plan_metrics
 from canzona.plan.types import Layout, Plan, PlanConfig
 
 # (label, strategy, dp_algo or None for the strategy default)
@@ -142,7 +142,7 @@ def format_compare(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def format_budget(m: dict[str, Any]) -> str:
-    """The communication budget and cooperation lines of the report (canzona.plan.budget.summary)."""
+    """The communication budget and cooperation lines of the report (canzona.plan.readers.budget.summary)."""
     calls = "; ".join(
         f"{g}: " + ", ".join(f"{n} {k}" for k, n in sorted(c.items())) for g, c in m["collectives"].items()
     )
@@ -169,7 +169,7 @@ def format_budget(m: dict[str, Any]) -> str:
 
 
 def format_memory(mem: dict[str, Any], hbm_gb: float | None) -> str:
-    from canzona.plan.memory import COMPONENTS
+    from canzona.plan.readers.memory import COMPONENTS
 
     rows = [f"  {c:<11} {mem[c] / 1e9:9.2f} GB" for c in COMPONENTS]
     verdict = ""

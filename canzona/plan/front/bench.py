@@ -144,7 +144,7 @@ class _Bench:
 
     def record(self, model: str, layout, method: str, views: Sequence[str], cfg) -> dict[str, Any]:
         from canzona.plan.build import plan_model
-        from canzona.plan.metrics import plan_metrics
+        from canzona.plan.readers.metrics import plan_metrics
 
         m = plan_metrics(plan_model(model, layout, cfg, views, cost_model=self.cm), model=model)
         row = {k: m[k] for k in ("model", "tp", "pp", "dp", "world")}
@@ -193,7 +193,7 @@ def _grid(b: _Bench, models: Sequence[str], alpha: float) -> tuple[list[dict[str
 def _qwen3_suite(b: _Bench, out: Path) -> str:
     """The 256-GPU grid, bounds, α sweeps and headline timing (see the module docstring)."""
     from canzona.plan.build import plan_model
-    from canzona.plan.metrics import plan_metrics
+    from canzona.plan.readers.metrics import plan_metrics
     from canzona.plan.types import DEFAULT_ALPHA, Layout
     from canzona.results.schema import write_atomic
 
@@ -237,7 +237,7 @@ def _qwen3_suite(b: _Bench, out: Path) -> str:
 
 
 def _plots(out: Path, bound_rows: list[dict[str, Any]], sweep_rows: list[dict[str, Any]], optimizer: str) -> None:
-    from canzona.plan.plot import plot_alpha_sweep, plot_bounds
+    from canzona.plan.front.plot import plot_alpha_sweep, plot_bounds
 
     plot_bounds(bound_rows, out / "bounds.png", title=f"atomic lower bound at {WORLD} GPUs ({optimizer} FLOPs)")
     for sm, stp, spp, sdp in SWEEPS:
@@ -254,8 +254,8 @@ def _plots(out: Path, bound_rows: list[dict[str, Any]], sweep_rows: list[dict[st
 
 def _goal_suite(b: _Bench, out: Path, name: str) -> str:
     """Issue #11's (``comm``), #13's (``models``) or #12's (``coop``) goals -> <name>_goals.csv and .md."""
-    from canzona.plan import bench_goals
-    from canzona.plan.bench_coop import coop_suite
+    from canzona.plan.front import bench_goals
+    from canzona.plan.front.bench_coop import coop_suite
     from canzona.results.schema import write_atomic
 
     suites = {"comm": bench_goals.comm_suite, "models": bench_goals.models_suite, "coop": coop_suite}

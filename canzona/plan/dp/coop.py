@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from canzona.plan.dp import DPProblem, blended_units, cuts_from_owners, make_problem, smallest_cap
+from canzona.plan.dp.problem import DPProblem, blended_units, cuts_from_owners, make_problem, smallest_cap
 from canzona.plan.types import Bucket, BucketEntry, DPPlan, PlanItem
 
 

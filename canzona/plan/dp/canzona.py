@@ -21,7 +21,7 @@ both terms are 1 at their own bound, so α weighs *relative excess over what is 
           with the smallest α·G'/G* + (1−α)·S'/S* after adding it (ties: the rank whose equal slice
           holds the item's middle, so later neighbours keep room).
   fill    bin packing from the bucket heads under a bisected cap (see ``fill``).
-  refine  local search (``dp_refine``) from the seeds fill, exact and greedy, best first, within a
+  refine  local search (``dp.refine``) from the seeds fill, exact and greedy, best first, within a
           work budget (largest-first, blend and first-element compete unsearched):
           single moves and swaps of items of the most loaded groups, over partitions whose
           "comes-before" graph stays acyclic (then labelled topologically), best improving (J, Φ)
@@ -45,9 +45,9 @@ from __future__ import annotations
 
 import bisect
 
-from canzona.plan import dp_refine
-from canzona.plan.dp import DPProblem, blended_units, rank_sums, smallest_cap
-from canzona.plan.dp_baselines import first_element_owners
+from canzona.plan.dp import refine as dp_refine
+from canzona.plan.dp.baselines import first_element_owners
+from canzona.plan.dp.problem import DPProblem, blended_units, rank_sums, smallest_cap
 
 REL_EPS = 1e-12
 

@@ -2,8 +2,8 @@
 
 This module holds the flat problem view the partitioners share (``DPProblem``) and the conversion
 of an owner assignment into a DPPlan (``owner_plan``: cuts in the exact layout, owner-grouped equal
-slices in the padded one). The partitioners live in ``dp_baselines`` (zero, zero-atomic,
-layer-wise, sc), ``dp_canzona`` (blend, greedy, refine, exact; contiguous) and ``dp_padded``
+slices in the padded one). The partitioners live in ``dp.baselines`` (zero, zero-atomic,
+layer-wise, sc), ``dp.canzona`` (blend, greedy, refine, exact; contiguous) and ``dp.padded``
 (refine and lpt for the padded layout); ``strategies`` registers them.
 
 Geometry (exact layout). Items are visited bucket by bucket in buffer order. A bucket-aware plan

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from canzona.plan.metrics import gpu_loads, stage_bounds
+from canzona.plan.readers.metrics import gpu_loads, stage_bounds
 from canzona.plan.types import Plan
 from canzona.results.figures import pyplot, save_figure
 

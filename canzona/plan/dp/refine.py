@@ -10,7 +10,7 @@ labels the groups at the end (topological order, ties by the incoming label, so 
 already valid keeps its labels).
 
 Objective: (J, Φ) lexicographically, J = α·max G/G* + (1−α)·max S/S*, Φ = Σ α(G/G*)^P + (1−α)(S/S*)^P
-(see ``dp_canzona``). Each step takes the most loaded groups (by their Φ term), scores every
+(see ``dp.canzona``). Each step takes the most loaded groups (by their Φ term), scores every
 single move of one of their items to another group and every swap with an item of another group
 (vectorised; with TP > 1 a lower bound on the LPT makespan screens candidates and the exact LPT
 decides), and applies the best improving, acyclic one. Strict decrease ⇒ it terminates; it also
@@ -25,7 +25,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from canzona.plan.dp import DPProblem
+from canzona.plan.dp.problem import DPProblem
 
 P_EXP = 8
 REL_EPS = 1e-12

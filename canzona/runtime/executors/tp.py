@@ -1,6 +1,6 @@
 """Matrix executors: turn the owned gradient shards of a step into full-matrix updates, applied.
 
-One interface, ``MatrixExecutor`` start / run / finish (canzona.runtime.exec_base), and one place that maps a
+One interface, ``MatrixExecutor`` start / run / finish (canzona.runtime.executors.base), and one place that maps a
 lowered schedule to executors, ``select_executors``. The optimizer facade never branches on a
 strategy: the lowering (canzona.plan.schedule.executor_specs) decides which matrices go where, and
 each spec kind has one executor class here.
@@ -8,7 +8,7 @@ each spec kind has one executor class here.
   ``local``        whole matrices on this rank (TP = 1 or not TP-split): no communication.
   ``all-gather``   TP "duplicated" (sc, layer-wise): one fused all-gather of every owned shard,
                    every TP rank reconstructs and computes every matrix, keeps its own chunk.
-  ``cooperative``  a group of GPUs per matrix (canzona.runtime.coop_exec): blocks in place, one
+  ``cooperative``  a group of GPUs per matrix (canzona.runtime.executors.coop): blocks in place, one
                    Gram all-reduce per round for all of the group's matrices.
   ``micro-group``  one host per matrix (asc, canzona): per micro-group ONE fused all_to_all_single
                    gathers shards to their host, hosts compute in parallel, ONE all_to_all_single
@@ -29,8 +29,8 @@ import torch.distributed as dist
 from canzona.models.spec import ParamSpec
 from canzona.plan.schedule import ExecSpec
 from canzona.runtime.collectives import all_gather_flat
-from canzona.runtime.coop_exec import CooperativeTP
-from canzona.runtime.exec_base import Apply, Compute, MatrixExecutor, NoTransfers, ShardOf, StepContext
+from canzona.runtime.executors.base import Apply, Compute, MatrixExecutor, NoTransfers, ShardOf, StepContext
+from canzona.runtime.executors.coop import CooperativeTP
 
 
 def _chunk(t: torch.Tensor, spec: ParamSpec, tp: int, r: int) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """What every matrix executor sees: one step's context, and the one interface they implement.
 
-The facade builds a ``StepContext`` per step; executors (canzona.runtime.executors,
-canzona.runtime.coop_exec) only read it, so an executor never reaches into the optimizer and a new
+The facade builds a ``StepContext`` per step; executors (canzona.runtime.executors.tp,
+canzona.runtime.executors.coop) only read it, so an executor never reaches into the optimizer and a new
 one needs no change to the facade.
 """
 

@@ -131,8 +131,8 @@ def _cost_model(args: argparse.Namespace, specs):
 def run(args: argparse.Namespace) -> int:
     from canzona.models import get_model, list_params
     from canzona.plan.build import adamw_buckets, plan_model, plans_to_json
-    from canzona.plan.metrics import plan_metrics
-    from canzona.plan.report import compare, format_budget, format_compare, format_memory, format_report
+    from canzona.plan.front.report import compare, format_budget, format_compare, format_memory, format_report
+    from canzona.plan.readers.metrics import plan_metrics
     from canzona.plan.types import PlanConfig
     from canzona.results.schema import write_atomic
 
@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
     if args.save:
         write_atomic(args.save, plans_to_json(plans))
     if args.plot:
-        from canzona.plan.plot import plot_plan
+        from canzona.plan.front.plot import plot_plan
 
         plot_plan(
             plans,
@@ -210,10 +210,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _extras(model, plans, args: argparse.Namespace) -> dict:
-    """The communication budget and cooperation of ``plans`` (canzona.plan.budget.summary) and, with
-    --memory, the per-GPU bytes of the GPU that holds the most (canzona.plan.memory)."""
-    from canzona.plan.budget import summary
-    from canzona.plan.memory import MemoryPrecision, plans_memory
+    """The communication budget and cooperation of ``plans`` (canzona.plan.readers.budget.summary) and, with
+    --memory, the per-GPU bytes of the GPU that holds the most (canzona.plan.readers.memory)."""
+    from canzona.plan.readers.budget import summary
+    from canzona.plan.readers.memory import MemoryPrecision, plans_memory
     from canzona.plan.schedule import LowerSettings
 
     param_bytes = 2 if args.dtype == "bf16" else 4

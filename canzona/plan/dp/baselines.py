@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-from canzona.plan.dp import DPProblem, owners_tuple
+from canzona.plan.dp.problem import DPProblem, owners_tuple
 from canzona.plan.types import DPPlan, PlanItem
 
 

@@ -1,0 +1,1 @@
+"""The models' front: ``canzona models`` (``cli``)."""
