@@ -5,7 +5,14 @@ Public API (what the runtime and the analysis call):
   plan_model(model, layout, config, views=(), *, cost_model=None) -> list[Plan]   every stage
   gpu_loads(plan) -> GpuLoads                                       per (dp, tp) cost and bytes
   plan_metrics(plans, *, model=None) -> dict                        THE metrics function
-The data model lives in ``canzona.plan.types`` (Plan, DPPlan, TPSchedule, ...).
+  lower(plan, adamw_buckets, dp_rank, tp_rank, settings) -> RankSchedule   one rank's step, lowered
+  stage_schedules(plan, adamw_buckets, settings) -> list[RankSchedule]      every rank of a stage
+The data model lives in ``canzona.plan.types`` (Plan, DPPlan, TPSchedule, ...); the lowered schedule's
+in ``canzona.plan.schedule`` (RankSchedule, BucketLayout, ExecSpec, CommOp, LowerSettings).
+
+Folders: ``dp/`` the DP partitioners, ``readers/`` what reads plans and schedules (metrics, memory,
+budget), ``front/`` the commands, benches, reports and plots (after ``canzona.results`` in the layer
+order; the library never imports them).
 """
 
 from canzona.plan.build import (
@@ -18,6 +25,15 @@ from canzona.plan.build import (
     resolve_config,
 )
 from canzona.plan.readers.metrics import GpuLoads, gpu_loads, plan_metrics
+from canzona.plan.schedule import (
+    BucketLayout,
+    CommOp,
+    ExecSpec,
+    LowerSettings,
+    RankSchedule,
+    lower,
+    stage_schedules,
+)
 from canzona.plan.strategies import STRATEGIES, Strategy, get_strategy, register_strategy
 from canzona.plan.types import (
     DEFAULT_ALPHA,
@@ -38,19 +54,25 @@ __all__ = [
     "STRATEGIES",
     "Bucket",
     "BucketEntry",
+    "BucketLayout",
+    "CommOp",
     "DPPlan",
+    "ExecSpec",
     "GpuLoads",
     "Layout",
+    "LowerSettings",
     "MicroGroup",
     "Plan",
     "PlanConfig",
     "PlanItem",
+    "RankSchedule",
     "Strategy",
     "TPSchedule",
     "adamw_buckets",
     "get_strategy",
     "gpu_loads",
     "input_hash",
+    "lower",
     "make_items",
     "make_plan",
     "plan_metrics",
@@ -59,4 +81,5 @@ __all__ = [
     "plans_to_json",
     "register_strategy",
     "resolve_config",
+    "stage_schedules",
 ]
