@@ -6,6 +6,10 @@ under a second plus the model work.
 
 from __future__ import annotations
 
+import importlib.util
+import logging
+import math
+
 import pytest
 import torch
 
@@ -19,6 +23,7 @@ from canzona.models import list_params
 from canzona.runtime.launch import launch
 
 pytestmark = pytest.mark.slow
+GPU_FLAGS = ("masked_softmax_fusion", "persist_layer_norm", "batch_p2p_comm", "use_cpu_initialization", "bf16")
 needs_cpu = pytest.mark.skipif(torch.cuda.is_available(), reason="the shim is only used without a GPU")
 
 
@@ -64,8 +69,11 @@ def test_tp_shard_matches_megatron_stride() -> None:
     assert tp_shard(full, 0, 2, 2, 1)[:, 0].tolist() == [4.0, 6.0, 12.0, 14.0]
 
 
-def _fwd_bwd_rank(info, run: RunConfig) -> dict:
-    """One forward-backward of the first global batch through megatron's schedule, no optimizer."""
+def _fwd_bwd_rank(info, run: RunConfig, gpu: bool = False) -> dict:
+    """One forward-backward of the first global batch through megatron's schedule, no optimizer.
+
+    ``gpu``: build the model a GPU run builds (its TransformerConfig flags and layer spec, in
+    ``run.dtype``) on this CPU rank, minus the CUDA kernels themselves."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -82,8 +90,16 @@ def _fwd_bwd_rank(info, run: RunConfig) -> dict:
         cfg = run.model_config
         stage, tp_rank = ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank()
         attention = None if run.attention == "auto" else run.attention
+        dtype = torch.bfloat16 if run.dtype == "bf16" else torch.float32
         model = build_model(
-            cfg, tp=run.tp, pp=run.pp, seq_len=run.seq_len, dtype=torch.float32, device=info.device, attention=attention
+            cfg,
+            tp=run.tp,
+            pp=run.pp,
+            seq_len=run.seq_len,
+            dtype=dtype,
+            device=info.device,
+            attention=attention,
+            gpu=gpu,
         )
         named = named_params(model, cfg, tp=run.tp, pp=run.pp, stage=stage)
         init_weights(named, cfg, seed=run.seed, tp_rank=tp_rank, tp=run.tp)
@@ -104,6 +120,7 @@ def _fwd_bwd_rank(info, run: RunConfig) -> dict:
             if n in partial:
                 dist.all_reduce(p.grad, group=ps.get_tensor_model_parallel_group())
         return {
+            "config": {k: getattr(model.config, k) for k in GPU_FLAGS},
             "stage": stage,
             "tp_rank": tp_rank,
             "loss": sum(float(x["loss"]) for x in out) / len(out) if out else None,
@@ -192,3 +209,92 @@ def test_te_fused_norm_names_map_to_local_spec() -> None:
     assert canonical_name("decoder.layers.0.mlp.linear_fc1.weight") == "decoder.layers.0.mlp.linear_fc1.weight"
     assert global_name("decoder.layers.1.mlp.linear_fc2.weight", 14) == ("decoder.layers.15.mlp.linear_fc2.weight", 15)
     assert global_name("decoder.final_layernorm.weight", 14) == ("decoder.final_layernorm.weight", None)
+
+
+class _LogLines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def _gpu_shaped_rank(info, run: RunConfig) -> dict:
+    """``_fwd_bwd_rank`` with the GPU configuration, and the harness's log lines while building it."""
+    from canzona.harness import model as harness_model
+
+    lines = _LogLines()
+    harness_model.log.addHandler(lines)
+    try:
+        out = _fwd_bwd_rank(info, run, gpu=True)
+    finally:
+        harness_model.log.removeHandler(lines)
+    return {"loss": out["loss"], "config": out["config"], "log": lines.lines}
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "local"])
+def test_gpu_configuration_without_transformer_engine_builds_and_trains(attention: str) -> None:
+    """What a bf16 GPU run without Transformer Engine builds (every flag of the GPU branch, the local
+    layer spec), built and run forward-backward on CPU: no assert at construction (the local spec's
+    WrappedTorchNorm refuses persist_layer_norm), no import error at the first forward (the fused
+    softmax kernel is not installed here: masked_softmax_fusion goes off with ONE logged line)."""
+    run = RunConfig(model="qwen3-micro", seq_len=32, micro_batch=2, global_batch=2, dtype="bf16", attention=attention)
+    (out,) = launch(_gpu_shaped_rank, 1, run, timeout_s=120)
+    assert out["loss"] is not None and math.isfinite(out["loss"])
+    assert out["config"] == {
+        "masked_softmax_fusion": False,
+        "persist_layer_norm": False,
+        "batch_p2p_comm": True,
+        "use_cpu_initialization": False,
+        "bf16": True,
+    }
+    want = 1 if attention == "local" else 0
+    assert len(out["log"]) == want and all("masked_softmax_fusion off" in x for x in out["log"]), out["log"]
+
+
+def test_gpu_configuration_with_transformer_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With Transformer Engine importable (simulated: megatron-core's availability checks and ours
+    patched), a GPU run resolves to the TE layer spec and its TransformerConfig builds with the GPU
+    flags; without it, to megatron's local spec with SDPA (built and run above)."""
+    from packaging.version import Version
+
+    import canzona.harness.config as harness_config
+    from canzona.harness import model as harness_model
+
+    real_find_spec = importlib.util.find_spec
+    run = RunConfig(model="qwen3-micro", dtype="bf16", device="gpu")
+    monkeypatch.setattr(
+        harness_config.importlib.util,
+        "find_spec",
+        lambda n, *a: None if n == "transformer_engine" else real_find_spec(n, *a),
+    )
+    assert run.resolve(gpu=True).attention == "sdpa"
+    monkeypatch.setattr(
+        harness_config.importlib.util,
+        "find_spec",
+        lambda n, *a: object() if n == "transformer_engine" else real_find_spec(n, *a),
+    )
+    resolved = run.resolve(gpu=True)
+    assert resolved.attention == "te"
+
+    import megatron.core.utils as mutils
+    from megatron.core.extensions import transformer_engine as mte
+    from megatron.core.extensions.transformer_engine_spec_provider import TESpecProvider
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    monkeypatch.setattr(mutils, "_te_version", Version("2.8.0"), raising=False)
+    monkeypatch.setattr(gpt_layer_specs, "HAVE_TE", True)
+    monkeypatch.setattr(gpt_layer_specs, "TESpecProvider", TESpecProvider, raising=False)
+    monkeypatch.setattr(gpt_layer_specs, "TENorm", mte.TENorm, raising=False)
+    monkeypatch.setattr(harness_model, "te_available", lambda: True)
+    cfg = resolved.model_config
+    spec = harness_model.layer_spec(cfg, resolved.attention)
+    assert spec.submodules.self_attention.submodules.q_layernorm is mte.TENorm
+    config = harness_model.transformer_config(cfg, tp=1, pp=1, dtype=torch.bfloat16, gpu=True, attention="te")
+    assert (config.persist_layer_norm, config.masked_softmax_fusion, config.use_cpu_initialization) == (
+        False,
+        False,
+        False,
+    )
+    assert config.bf16 and config.batch_p2p_comm

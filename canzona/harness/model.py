@@ -14,6 +14,8 @@ from hidden), tied or untied embeddings per size.
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import math
 import zlib
 from collections.abc import Iterable
@@ -42,15 +44,46 @@ def te_available() -> bool:
     return True
 
 
-def transformer_config(cfg: Qwen3Config, *, tp: int, pp: int, dtype: torch.dtype, cpu: bool) -> Any:
-    """megatron TransformerConfig for ``cfg``.
+# megatron's fused softmax kernels (apex / megatron's fused-kernels build): DotProductAttention, the
+# core attention of ``--attention local``, imports both when masked_softmax_fusion is on.
+SOFTMAX_KERNELS = ("scaled_masked_softmax_cuda", "scaled_upper_triang_masked_softmax_cuda")
+log = logging.getLogger(__name__)
 
-    On CPU every fusion is off (they are CUDA kernels). ``init_weights`` overwrites megatron's
-    initial values afterwards, so the starting point does not depend on the layout.
+
+def kernel_flags(*, gpu: bool, attention: str) -> dict[str, bool]:
+    """The TransformerConfig flags that pick CUDA kernels, for a GPU or CPU run of ``attention``.
+
+    persist_layer_norm  off everywhere: it selects apex's persistent LayerNorm kernel, which no
+                        Qwen3 spec uses (RMSNorm: the local spec's WrappedTorchNorm asserts it
+                        off, a GPU run without Transformer Engine died on it; TE's norms ignore it).
+    masked_softmax_fusion  only ``local`` attention on a GPU reads it, and only where the fused
+                        softmax kernel is installed; a GPU run without it gets one logged line and
+                        torch's softmax, never an import error at the first forward.
+    batch_p2p_*         the batched isend/irecv path of PP (it calls torch.cuda.synchronize).
+    """
+    softmax = gpu and attention == "local"
+    missing = [m for m in SOFTMAX_KERNELS if importlib.util.find_spec(m) is None] if softmax else []
+    if missing:
+        softmax = False
+        if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:  # one line per run
+            log.warning(
+                "masked_softmax_fusion off: megatron's fused softmax kernels (%s) are not installed; "
+                "attention local uses torch's softmax",
+                ", ".join(missing),
+            )
+    return {"masked_softmax_fusion": softmax, "persist_layer_norm": False, "batch_p2p_comm": gpu, "batch_p2p_sync": gpu}
+
+
+def transformer_config(cfg: Qwen3Config, *, tp: int, pp: int, dtype: torch.dtype, gpu: bool, attention: str) -> Any:
+    """megatron TransformerConfig for ``cfg`` on a GPU (``gpu``) or CPU run of ``attention``.
+
+    Kernel flags come from ``kernel_flags``; the other fusions stay off (bias-free Qwen3 has no
+    bias fusions to gain, and RoPE/gradient-accumulation fusion need TE or apex kernels).
+    ``init_weights`` overwrites megatron's initial values afterwards, so the starting point does
+    not depend on the layout.
     """
     from megatron.core.transformer import TransformerConfig
 
-    fused = not cpu
     return TransformerConfig(
         num_layers=cfg.layers,
         hidden_size=cfg.hidden,
@@ -73,21 +106,17 @@ def transformer_config(cfg: Qwen3Config, *, tp: int, pp: int, dtype: torch.dtype
         params_dtype=dtype,
         pipeline_dtype=dtype,
         bf16=dtype == torch.bfloat16,
-        use_cpu_initialization=cpu,
+        use_cpu_initialization=not gpu,
         # megatron sets the TP attributes (tensor_model_parallel, partition_dim) only while
         # initialising, so its init must run; init_weights() then overwrites the values.
         perform_initialization=True,
         init_method_std=0.02,
         bias_activation_fusion=False,
         bias_dropout_fusion=False,
-        masked_softmax_fusion=fused,
-        persist_layer_norm=fused,
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
-        # p2p: the batched isend/irecv path calls torch.cuda.synchronize; plain isend/irecv works on gloo too
-        batch_p2p_comm=not cpu,
-        batch_p2p_sync=not cpu,
         deallocate_pipeline_outputs=False,
+        **kernel_flags(gpu=gpu, attention=attention),
     )
 
 
@@ -126,19 +155,22 @@ def build_model(
     dtype: torch.dtype,
     device: torch.device,
     attention: str | None = None,
+    gpu: bool | None = None,
 ) -> torch.nn.Module:
     """This rank's pipeline stage of ``cfg`` (parallel_state must already be initialised).
 
-    ``attention`` None picks TE where it runs, else megatron's local path. Megatron's initial
-    values depend on the layout; call ``init_weights`` next.
+    ``attention`` None picks TE where it runs, else megatron's local path. ``gpu`` None: the
+    configuration of ``device`` (a GPU run on CUDA); True on a CPU device builds exactly what a
+    GPU run builds, flags and layer spec, minus the CUDA kernels (the GPU-shaped CPU tests).
+    Megatron's initial values depend on the layout; call ``init_weights`` next.
     """
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
 
-    cpu = device.type == "cpu"
+    gpu = device.type == "cuda" if gpu is None else gpu
     if attention is None:
-        attention = "te" if te_available() and not cpu else "local"
-    config = transformer_config(cfg, tp=tp, pp=pp, dtype=dtype, cpu=cpu)
+        attention = "te" if gpu and te_available() else "local"
+    config = transformer_config(cfg, tp=tp, pp=pp, dtype=dtype, gpu=gpu, attention=attention)
     model = GPTModel(
         config=config,
         transformer_layer_spec=layer_spec(cfg, attention),
