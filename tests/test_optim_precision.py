@@ -53,15 +53,17 @@ def test_cpu_auto_follows_the_bf16_instruction_sets(
 def test_cuda_auto_follows_compute_capability(
     monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int], want: torch.dtype
 ) -> None:
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # a rank, which has set its device
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     assert native_bf16_matmul(torch.device("cuda", 0)) == (want == torch.bfloat16)
     assert compute_dtype_for("auto", torch.device("cuda", 0)) == want
 
 
 def test_cuda_auto_without_cuda_assumes_a_bf16_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A GPU cell resolved on a login node without CUDA: the targeted clusters are sm >= 8.0."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    """A GPU cell resolved where CUDA is not initialised (a login node, the parent of forked
+    ranks, which must not initialise it): the targeted clusters are sm >= 8.0."""
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
     assert compute_dtype_for("auto", torch.device("cuda", 0)) == torch.bfloat16
 
 

@@ -144,7 +144,9 @@ def under_launcher() -> bool:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    gpu = torch.cuda.is_available()
+    from canzona.runtime.launch import cuda_visible
+
+    gpu = cuda_visible()  # never initialises CUDA here: the forked ranks could not use it
     run_cfg = config_from_args(args).resolve(gpu=gpu)  # --device gpu without CUDA: ConfigError, exit 2
     if under_launcher():
         world = int(os.environ["WORLD_SIZE"])
@@ -175,7 +177,8 @@ def run(args: argparse.Namespace) -> int:
             torch.distributed.destroy_process_group()
         record = out["record"]
     else:
-        # one GPU per forked rank with NCCL when there are GPUs (the parent never initialises CUDA)
+        # one GPU per forked rank with NCCL when there are GPUs (the parent never initialises CUDA:
+        # tests/test_harness_gpu_shape.py makes every CUDA entry point fail in it)
         try:
             outs = launch(train, world, run_cfg, backend=backend, timeout_s=run_cfg.collective_timeout_s)
         except RankError as exc:

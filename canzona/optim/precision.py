@@ -44,9 +44,10 @@ def native_bf16_matmul(device: torch.device | str) -> bool:
     """True when ``device`` multiplies bf16 matrices natively (see the module docstring)."""
     device = torch.device(device)
     if device.type == "cuda":
-        # Resolving a GPU run on a host without CUDA (a sweep planned on a Slurm login node): the
-        # clusters this targets are A100 or newer (sm >= 8.0), where bf16 matmul is native.
-        return not torch.cuda.is_available() or torch.cuda.get_device_capability(device) >= (8, 0)
+        # Resolving a GPU run in a process that has not initialised CUDA (a sweep planned on a Slurm
+        # login node, or the parent of `canzona train --nproc`, whose forked ranks could not use CUDA
+        # if it did): the clusters this targets are A100 or newer (sm >= 8.0), where bf16 is native.
+        return not torch.cuda.is_initialized() or torch.cuda.get_device_capability(device) >= (8, 0)
     return device.type == "cpu" and cpu_has_native_bf16()
 
 

@@ -44,6 +44,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def cuda_visible() -> bool:
+    """Whether this node has CUDA devices, asked WITHOUT initialising CUDA in this process.
+
+    Why: a parent that forks its ranks must not initialise CUDA, or the ranks cannot use it
+    (``torch.cuda.set_device`` fails with "Cannot re-initialize CUDA in forked subprocess", and a
+    driver initialised by ``cudaGetDeviceCount`` in the parent is unusable in the children).
+    ``torch.cuda.is_available()`` calls ``cudaGetDeviceCount``; ``torch.cuda.device_count()``
+    asks NVML first (it falls back to the CUDA runtime only where NVML itself fails).
+    """
+    return torch.cuda.device_count() > 0
+
+
 def _device_for(local_rank: int, backend: str) -> torch.device:
     """This rank's device. NCCL ranks bind GPU ``local_rank % device_count()``: torchrun with all
     of a node's GPUs visible gives each rank its own GPU (local_rank < count), and under Slurm's
