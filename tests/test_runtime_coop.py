@@ -142,3 +142,56 @@ def test_cooperation_is_canzona_muon_only() -> None:
         make_plan(specs, Layout(2), PlanConfig(strategy="asc", coop_force=((FC1.format(0), 2),)))
     with pytest.raises(ConfigError, match="k = TP"):
         make_plan(specs, Layout(1, 2), PlanConfig(coop_force=((FC1.format(0), 4),)))
+
+
+def _split_groups_rank(info, dp: int, tp: int, split: bool) -> dict:
+    """coop_comms's groups on this rank; ``split``: every ``new_group`` first waits for the WHOLE
+    world, as NCCL's communicator split does when the default group was initialised with
+    ``device_id`` (gloo cannot bind a device, so the split's rendezvous is played by a barrier)."""
+    import torch.distributed as dist
+
+    from canzona.runtime.coop_exec import coop_comms
+
+    real, calls = dist.new_group, []
+
+    def new_group(ranks=None, *a, **k):
+        calls.append((list(ranks), bool(k.get("use_local_synchronization"))))
+        if split:
+            dist.barrier()  # every rank of the default group must take part
+        return real(ranks, *a, **k)
+
+    dist.new_group = new_group
+    try:
+        dp_group, tp_group = dp_tp_groups(info.rank, dp, tp)
+        comms = coop_comms(dp_group, tp_group, dp, tp)
+    finally:
+        dist.new_group = real
+    sums = {}
+    for key, g in comms.items():
+        x = torch.ones(1)
+        dist.all_reduce(x, group=g)
+        sums[key] = (dist.get_process_group_ranks(g), int(x.item()))
+    return {"calls": calls, "groups": sums}
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["plain", "device_id-split"])
+@pytest.mark.parametrize("dp,tp", [(4, 1), (1, 4), (2, 2)])
+def test_sub_groups_are_created_by_every_rank_in_one_order(dp: int, tp: int, split: bool) -> None:
+    """Every rank calls new_group for every sub-group in the same order, never with local
+    synchronisation, so group creation also completes where it splits the default communicator."""
+    outs = launch(_split_groups_rank, dp * tp, dp, tp, split, timeout_s=30)
+    assert all(o["calls"] == outs[0]["calls"] for o in outs)
+    assert not any(local for _, local in outs[0]["calls"])
+    for rank, o in enumerate(outs):
+        d, t = divmod(rank, tp)
+        for key, (ranks, total) in o["groups"].items():
+            assert rank in ranks and total == len(ranks), (rank, key, ranks)
+        if tp == 1:  # aligned DP blocks of 2 and 4
+            assert {k: r for k, (r, _) in o["groups"].items()} == {
+                f"dp{d // 2 * 2}+2": [d // 2 * 2, d // 2 * 2 + 1],
+                "dp0+4": [0, 1, 2, 3],
+            }
+        elif tp == 4:  # strided TP slots of 2 (k < TP)
+            assert {k: r for k, (r, _) in o["groups"].items()} == {f"tp{t % 2}/2": [t % 2, t % 2 + 2]}
+        else:
+            assert o["groups"] == {}

@@ -331,22 +331,37 @@ def coop_comms(
 ) -> dict[str, dist.ProcessGroup]:
     """The cooperative sub-groups this rank belongs to, for every group size of canzona.plan.coop,
     created once whatever this stage's plan chose: at TP = 1 the aligned DP sub-groups, at TP > 1
-    the strided TP sub-groups (k < TP; the whole TP group is "tp"). Only members create a sub-group
-    (local synchronisation), and torch names such a group after its ranks AND the number of groups
-    the rank already has, so every rank must create the same number in the same order: that is why
-    the set does not depend on the plan (PP stages plan differently) and goes by increasing k."""
-    out = {}
+    the strided TP sub-groups (k < TP; the whole TP group is "tp").
+
+    Every rank of the world creates every sub-group of every parent (each DP group at TP = 1, each
+    TP group otherwise) in the same order, as Megatron creates its groups: ``new_group`` is
+    collective over the default group, and where the default group was initialised with
+    ``device_id`` NCCL makes a sub-group by splitting the default communicator, which needs every
+    rank of it, so a group created by its members alone (``use_local_synchronization``) hangs
+    there. The parents' rank lists come from one ``all_gather_object`` over the world; the set of
+    sub-groups does not depend on the plan (PP stages plan differently) and goes by increasing k.
+    At 256 GPUs this is one small all-gather and, at DP 256 × TP 1, 128 + 64 + 32 ``new_group``
+    calls, once, at construction.
+    """
     group, size = (dp_group, dp) if tp == 1 else (tp_group, tp)
-    me = dist.get_rank(group)
+    mine = tuple(dist.get_process_group_ranks(group) if group is not None else range(dist.get_world_size()))
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    out = {}
     for k in GROUP_SIZES:
         if size % k or k >= size + (tp == 1):  # DP: k <= DP; TP: k < TP
             continue
-        if tp == 1:
-            first, ranks = me // k * k, [me // k * k + j for j in range(k)]
-            key = f"dp{first}+{k}"
-        else:
-            first = me % (tp // k)
-            ranks, key = list(block_slots(first, k, tp)), f"tp{first}/{k}"
-        glob = [r if group is None else dist.get_global_rank(group, r) for r in ranks]
-        out[key] = dist.new_group(glob, use_local_synchronization=True)
+        for parent in sorted(set(every)):
+            for key, ranks in _sub_groups(k, size, tp):
+                g = dist.new_group([parent[r] for r in ranks])
+                if parent == mine and dist.get_rank() in (parent[r] for r in ranks):
+                    out[key] = g
     return out
+
+
+def _sub_groups(k: int, size: int, tp: int) -> list[tuple[str, list[int]]]:
+    """(key, ranks within the parent) of every sub-group of ``k`` in a parent of ``size`` ranks:
+    aligned blocks of k DP ranks at TP = 1, strided TP slots (``block_slots``) otherwise."""
+    if tp == 1:
+        return [(f"dp{first}+{k}", list(range(first, first + k))) for first in range(0, size, k)]
+    return [(f"tp{first}/{k}", list(block_slots(first, k, tp))) for first in range(tp // k)]
