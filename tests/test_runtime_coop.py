@@ -150,7 +150,7 @@ def _split_groups_rank(info, dp: int, tp: int, split: bool) -> dict:
     ``device_id`` (gloo cannot bind a device, so the split's rendezvous is played by a barrier)."""
     import torch.distributed as dist
 
-    from canzona.runtime.coop_exec import coop_comms
+    from canzona.runtime.executors.coop import coop_comms
 
     real, calls = dist.new_group, []
 
