@@ -9,13 +9,15 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.canzona-installed
 PYTEST_ARGS ?= -n 2 -q
 
-.PHONY: help install lint test test-hypothesis mutants reproduce-table2 table2 notebook planner-bench bench-step bench-ns clean-venv megatron-peer-env gpu-check gpu-wheels
+.PHONY: help install lint test test-hypothesis test-slurm slurm-up slurm-down mutants reproduce-table2 table2 notebook planner-bench bench-step bench-ns clean-venv megatron-peer-env gpu-check gpu-wheels
 
 help:
 	@echo "make reproduce-table2   run the Table-2 reproduction (Slurm if present, else the embedded local default)"
 	@echo "make test               install test deps if missing, lint (ruff), run the test suite"
 	@echo "make test-hypothesis    the long randomised property run (fresh seed, 20x examples; minutes)"
 	@echo "make lint               ruff check + ruff format --check"
+	@echo "make slurm-up           a real single-host Slurm (2 emulated nodes; root, installs packages) [ACCOUNTING=1]"
+	@echo "make test-slurm         the sweep tests against it (tests/slurm, marker slurm; minutes); make slurm-down stops it"
 	@echo "make mutants            plant realistic bugs one at a time, report which the tests miss -> results/mutants/ (minutes)"
 	@echo "make notebook           execute analysis/table2.ipynb headless (nbconvert) -> results/table2.ipynb"
 	@echo "make planner-bench      planner quality at 256 GPUs -> results/planner/"
@@ -52,16 +54,29 @@ test-hypothesis: $(STAMP)
 	@echo "hypothesis seed $(SEED)"
 	$(VPY) -m pytest $(PYTEST_ARGS) --hypothesis-profile=search --hypothesis-seed=$(SEED) $$(grep -l '@given' tests/test_*.py)
 
+# A real Slurm on this host for the sweep tests (tools/slurm-local/: root; installs Debian's slurm
+# packages when missing; ACCOUNTING=1 adds slurmdbd + MariaDB). test-slurm runs tests/slurm (marker
+# slurm, left out of `make test`); SLURM_TEST_ARGS=--require-slurm fails instead of skipping (CI).
+slurm-up:
+	tools/slurm-local/up.sh $(if $(ACCOUNTING),--accounting)
+
+slurm-down:
+	tools/slurm-local/down.sh
+
+test-slurm: $(STAMP)
+	$(VPY) -m pytest tests/slurm -m slurm -n 0 -q -ra --durations=0 $(SLURM_TEST_ARGS)
+
 # The mutation check (tools/mutants.py, the list in tools/mutants.toml): every mutant in its own copy
 # of the tree, its listed tests run there; minutes long, so not part of `make test`.
 # MUTANTS_ARGS passes options, e.g. MUTANTS_ARGS='--only runtime -j 1' (a partial run writes nothing).
 mutants: $(STAMP)
 	$(VPY) tools/mutants.py $(MUTANTS_ARGS)
 
-# Slurm when sbatch is on PATH (or CLUSTER=slurm), with PROFILE=slurm/profiles/<site>.toml and
-# optionally WAIT=1; otherwise the embedded local default (CLUSTER=local forces it).
+# Slurm when sbatch is on PATH (or CLUSTER=slurm), with PROFILE=slurm/profiles/<site>.toml,
+# optionally SWEEP=slurm/sweeps/<x>.toml (default table2.toml), WAIT=1 and PLANNER=1 (the planner
+# analysis after waiting); otherwise the embedded local default (CLUSTER=local forces it).
 reproduce-table2: $(STAMP)
-	$(VPY) experiments/reproduce_table2.py $(if $(CLUSTER),--cluster $(CLUSTER)) $(if $(PROFILE),--profile $(PROFILE)) $(if $(WAIT),--wait)
+	$(VPY) experiments/reproduce_table2.py $(if $(CLUSTER),--cluster $(CLUSTER)) $(if $(PROFILE),--profile $(PROFILE)) $(if $(SWEEP),--sweep $(SWEEP)) $(if $(WAIT),--wait) $(if $(PLANNER),--planner)
 
 # Collect finished sweeps (runs/<sweep>/ -> results/<sweep>.jsonl) and rebuild results/table2.*.
 table2: $(STAMP)

@@ -1,8 +1,11 @@
 """`make reproduce-table2`: reproduce Table 2 of arXiv 2602.06079 with whatever this machine has.
 
-Where Slurm is present (``sbatch`` on PATH, or ``--cluster slurm``) it submits the full 256-GPU
-sweep (slurm/sweeps/table2.toml) with a cluster profile and either waits for it (``--wait``)
-or returns; ``make table2`` (``--collect-only``) then collects the lines and builds the table.
+Where Slurm is present (``sbatch`` on PATH, or ``--cluster slurm``) it submits a sweep (the
+full 256-GPU slurm/sweeps/table2.toml unless ``--sweep`` names another) with a cluster profile
+and either waits for it (``--wait``: job states as they change, a summary, exit 1 when a cell
+failed) or returns; ``make table2`` (``--collect-only``) then collects every sweep under runs/
+and builds the table. The planner analysis is heavy (minutes of CPU), so in Slurm mode it runs
+only with ``--planner``, never by default on a login node.
 
 Everywhere else it runs the embedded default, each step labelled with what its numbers are:
 
@@ -176,8 +179,9 @@ def result_files() -> list[Path]:
     return files
 
 
-def table2_step(step: Step) -> None:
+def table2_step(step: Step, collected: list[Path] | None = None) -> None:
     files = result_files()
+    files += [f for f in collected or [] if f not in files and f.is_file()]
     if not files:
         step.status, step.detail = "skipped", "no results file to build the table from"
         print(step.detail)
@@ -197,18 +201,20 @@ def table2_step(step: Step) -> None:
         ]
 
 
-def collect_sweeps() -> None:
-    from canzona.sweep.definition import load_sweep
+def collect_sweeps(runs_dir: Path = ROOT / "runs", results_dir: Path = RESULTS) -> list[Path]:
+    """Collect every sweep that has a run folder (runs/<sweep>/cells/), whatever its name;
+    return the collected results files."""
     from canzona.sweep.state import SweepPaths, collect
 
-    for sweep in (TABLE2_SWEEP, LOCAL_SWEEP):
-        defn = load_sweep(sweep)
-        paths = SweepPaths.for_sweep(defn.name, ROOT / "runs", RESULTS)
-        if paths.run_dir.is_dir():
-            rep = collect(paths)
-            print(f"collected {rep.results.relative_to(ROOT)}: {rep.records} line(s), {rep.added} new")
-            for q in rep.quarantined:
-                print(f"  quarantined {q}")
+    out = []
+    for cells in sorted(runs_dir.glob("*/cells")):
+        paths = SweepPaths.for_sweep(cells.parent.name, runs_dir, results_dir)
+        rep = collect(paths)
+        print(f"collected {rep.results}: {rep.records} line(s), {rep.added} new")
+        for q in rep.quarantined:
+            print(f"  quarantined {q}")
+        out.append(paths.results)
+    return out
 
 
 def summary(steps: list[Step], t0: float) -> int:
@@ -227,9 +233,10 @@ def summary(steps: list[Step], t0: float) -> int:
 
 
 def slurm_mode(args: argparse.Namespace) -> int:
+    from canzona.sweep.cli import report_waited
     from canzona.sweep.definition import load_sweep
     from canzona.sweep.profile import load_profile
-    from canzona.sweep.slurm import describe, submit_slurm
+    from canzona.sweep.slurm import describe, submit_slurm, wait_for
     from canzona.sweep.state import SweepPaths
 
     if not args.profile:
@@ -237,19 +244,20 @@ def slurm_mode(args: argparse.Namespace) -> int:
             "Slurm mode needs a cluster profile: copy slurm/profiles/example.toml, fill it in, "
             "and run `make reproduce-table2 PROFILE=slurm/profiles/<site>.toml`"
         )
-    defn = load_sweep(TABLE2_SWEEP)
+    sweep = Path(args.sweep) if args.sweep else TABLE2_SWEEP
+    defn = load_sweep(sweep)
     profile = load_profile(args.profile)
     paths = SweepPaths.for_sweep(defn.name, ROOT / "runs", RESULTS)
     t0 = time.monotonic()
     steps = [
         Step(
             "slurm-sweep",
-            f"MEASURED on the cluster: {len(defn.cells())} cells of {TABLE2_SWEEP.name}, "
+            f"MEASURED on the cluster: {len(defn.cells())} cells of {sweep.name}, "
             f"world {defn.world}, profile {args.profile}",
         )
     ]
     banner(steps[0])
-    rep = submit_slurm(defn, profile, paths=paths, wait=args.wait)
+    rep = submit_slurm(defn, profile, paths=paths)
     if rep.plan is not None:
         print("\n".join(describe(rep.plan, profile)))
     steps[0].status = "ok"
@@ -257,21 +265,22 @@ def slurm_mode(args: argparse.Namespace) -> int:
         f"submitted {len(rep.submitted)} cell(s) (jobs {', '.join(f'{k}={v}' for k, v in rep.jobs.items()) or '-'}), "
         f"{len(rep.skipped_done)} already done, {len(rep.skipped_in_flight)} in flight"
     )
+    print(steps[0].detail, flush=True)
     if not args.wait:
-        print(steps[0].detail)
         print(
-            "returning now; follow with `canzona sweep status slurm/sweeps/table2.toml`, "
+            f"returning now; follow with `canzona sweep status {sweep}`, "
             "then `make table2` collects the lines and builds results/table2.*"
         )
         return summary(steps, t0)
-    steps += [
-        Step("planner", "ANALYSIS at 256 GPUs: planner quality (canzona plan-bench)"),
-        Step("table2", "TABLE: canzona table2 over the collected results"),
-    ]
-    banner(steps[1])
-    run_command(steps[1], ["plan-bench", "--out", "results/planner"])
-    banner(steps[2])
-    table2_step(steps[2])
+    if report_waited(defn, paths, wait_for(rep, defn, paths, echo=lambda line: print(line, flush=True))):
+        steps[0].status, steps[0].detail = "failed", steps[0].detail + "; a cell failed (status above)"
+    if args.planner:
+        steps.append(Step("planner", "ANALYSIS at 256 GPUs: planner quality (canzona plan-bench)"))
+        banner(steps[-1])
+        run_command(steps[-1], ["plan-bench", "--out", "results/planner"])
+    steps.append(Step("table2", "TABLE: canzona table2 over the collected results"))
+    banner(steps[-1])
+    table2_step(steps[-1], [paths.results])
     return summary(steps, t0)
 
 
@@ -284,7 +293,11 @@ def main(argv: list[str] | None = None) -> int:
         help="auto: Slurm when sbatch is on PATH, else the embedded local default",
     )
     p.add_argument("--profile", help="cluster profile TOML (Slurm mode)")
+    p.add_argument("--sweep", help="Slurm mode: the sweep to submit (default slurm/sweeps/table2.toml)")
     p.add_argument("--wait", action="store_true", help="Slurm mode: wait for the sweep, then build the table")
+    p.add_argument(
+        "--planner", action="store_true", help="Slurm mode with --wait: also run the planner analysis (minutes of CPU)"
+    )
     p.add_argument(
         "--collect-only", action="store_true", help="collect finished sweeps and build the table (make table2)"
     )
@@ -307,10 +320,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.collect_only:
             t0 = time.monotonic()
-            collect_sweeps()
+            collected = collect_sweeps()
             step = Step("table2", "TABLE: canzona table2 over the collected results")
             banner(step)
-            table2_step(step)
+            table2_step(step, collected)
             return summary([step], t0)
         slurm = args.cluster == "slurm" or (args.cluster == "auto" and shutil.which("sbatch") is not None)
         if slurm:

@@ -22,6 +22,7 @@ from canzona.results.schema import SCHEMA_VERSION, append_record, cell_key
 from canzona.sweep.definition import load_sweep, parse_sweep
 from canzona.sweep.profile import load_profile, parse_profile
 from canzona.sweep.slurm import plan_submission, render_dry_run, submit_slurm
+from canzona.sweep.slurm_state import sacct_states, step_failure
 from canzona.sweep.state import JobBook, SweepPaths, format_status, sweep_status
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -260,6 +261,9 @@ import json
 for k, v in json.load(open({str(sacct)!r})).items():
     print(f"{{k}}|{{v}}")
 """)
+    # a controller that does not answer, so that only the stand-in sacct decides (whatever Slurm
+    # this host runs); the fallback to squeue is tested against a real slurmctld (tests/slurm/)
+    (bin_dir / "squeue").write_text("#!/bin/sh\necho 'squeue: error: Unable to contact slurm controller' >&2\nexit 1\n")
     for f in bin_dir.iterdir():
         f.chmod(f.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
@@ -363,6 +367,83 @@ def test_cells_not_reached_after_a_failed_preflight_say_so(tmp_path, fake_slurm)
     assert "gpu-b02" in states[0].reason
 
 
+def test_without_accounting_the_controller_decides_what_is_in_flight(tmp_path, fake_slurm):
+    """sacct refuses (no slurmdbd): squeue answers for the jobs it holds, and a job it no longer
+    holds has ended, so its cells are resubmitted without --force (the real-cluster test is
+    tests/slurm/test_real_slurm.py::test_scancel_mid_cell_then_rerun_without_force)."""
+    defn = parse_sweep(SMALL, "s.toml")
+    profile = parse_profile({"cluster": {**PROFILE, "max_nodes": 4}}, "p.toml")
+    paths = SweepPaths.for_sweep(defn.name, tmp_path / "runs", tmp_path / "results")
+    submit_slurm(defn, profile, paths=paths)
+    (fake_slurm.bin / "sacct").write_text("#!/bin/sh\necho 'Slurm accounting storage is disabled' >&2\nexit 1\n")
+    queue = tmp_path / "squeue.txt"
+    (fake_slurm.bin / "squeue").write_text(f"#!/bin/sh\ncat {queue}\n")
+    queue.write_text("4200|COMPLETED\n4201|RUNNING\n")
+    assert sacct_states(["4200", "4201", "4202"]) == {"4200": "COMPLETED", "4201": "RUNNING", "4202": "ENDED"}
+    rep = submit_slurm(defn, profile, paths=paths)
+    assert not rep.submitted and len(rep.skipped_in_flight) == 3
+    first = defn.cells()[0]
+    started = Path(JobBook(paths.run_dir.resolve() / "jobs.json").get(first.key)["logs"])
+    started.mkdir(parents=True)
+    (started / "start").write_text("2026-01-01T00:00:00Z\n")
+    queue.write_text("")  # the allocation was cancelled and has left the controller
+    states = {s.cell.key: s for s in sweep_status(defn, paths)}
+    assert "interrupted: its job ended ENDED while the cell ran" in states[first.key].reason
+    assert all("not reached" in s.reason for k, s in states.items() if k != first.key)
+    rep = submit_slurm(defn, profile, paths=paths)
+    assert len(rep.submitted) == 3 and not rep.skipped_in_flight
+
+
+@pytest.mark.parametrize(
+    ("logs", "node", "words"),
+    [
+        (  # kill -9 of a rank on the second node; srun then ends the first with SIGTERM
+            {
+                "task0-vm.log": [
+                    "torch.distributed.elastic.multiprocessing.api.SignalException: Process 51 got signal: 15",
+                ],
+                "task1-vm.log": [
+                    "W1201 Sending process 77 closing signal SIGTERM",
+                    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+                    "  exitcode  : -9 (pid: 78)",
+                    "canzona-node: FAILED on n2 (node 1): exit code -9",
+                ],
+            },
+            "node n2 (task 1)",
+            "exitcode  : -9",
+        ),
+        (  # the cell's timeout: the launcher's verdict, not the traceback of what it ended
+            {
+                "task0-vm.log": [
+                    "torch.distributed.elastic.multiprocessing.api.SignalException: Process 51 got signal: 15",
+                    "RuntimeError: boom in a rank the timeout killed",
+                    "canzona-node: FAILED on n1 (node 0): timed out after 60 s (process group killed)",
+                ],
+            },
+            "node n1 (task 0)",
+            "timed out after 60 s",
+        ),
+        (  # the harness's own line outranks torchrun's summary
+            {
+                "task0-vm.log": [
+                    "canzona train: method megatron-muon unavailable: megatron-core 0.16.1 needs >= 0.19",
+                    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+                    "canzona FAILED",
+                    "canzona-node: FAILED on n1 (node 0): exit code 3 (method unavailable here)",
+                ],
+            },
+            "node n1 (task 0)",
+            "canzona train: method megatron-muon unavailable",
+        ),
+    ],
+)
+def test_status_names_the_cause_not_its_echo(tmp_path, logs, node, words):
+    for name, lines in logs.items():
+        (tmp_path / name).write_text("\n".join(lines) + "\n")
+    f = step_failure(tmp_path)
+    assert node in f.describe() and words in f.line and not f.echo_only
+
+
 def test_world_not_divisible_by_gpus_per_node_is_refused_before_submitting(tmp_path, fake_slurm):
     defn = parse_sweep(SMALL, "s.toml")
     profile = parse_profile({"cluster": {**PROFILE, "gpus_per_node": 6, "max_nodes": 8}}, "p.toml")
@@ -382,7 +463,7 @@ def _node(tmp_path, monkeypatch, *args: str) -> subprocess.CompletedProcess:
         SLURM_JOB_NODELIST=socket.gethostname(),
     )
     return subprocess.run(
-        [sys.executable, "-m", "canzona.sweep.node", "--gpus-per-node", "1", "--port", "29650", *args],
+        [sys.executable, "-m", "canzona.sweep.node", "--nproc-per-node", "1", "--port", "29650", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -414,10 +495,13 @@ def test_node_launcher_skips_done_cells_and_names_its_node_on_failure(tmp_path, 
         f"open({never!r}, 'w')",
     )
     assert done.returncode == 0 and "already done" in done.stdout and not Path(never).exists()
-    # a failing command under torchrun (1 node, 1 rank): non-zero exit and the node named
+    # a failing command under torchrun (1 node, 1 rank): the harness's exit 3 (method unavailable)
+    # survives torchrun (which exits 1) and the node is named
     failed = _node(tmp_path, monkeypatch, "--timeout-s", "60", "--", sys.executable, "-c", "raise SystemExit(3)")
-    assert failed.returncode == 1
-    assert f"canzona-node: FAILED on {socket.gethostname()} (node 0): exit code" in failed.stderr
+    assert failed.returncode == 3
+    assert f"canzona-node: FAILED on {socket.gethostname()} (node 0): exit code 3 (method unavailable" in failed.stderr
+    other = _node(tmp_path, monkeypatch, "--timeout-s", "60", "--", sys.executable, "-c", "raise SystemExit(7)")
+    assert other.returncode == 1 and "exit code 7" in other.stderr
 
 
 def test_preflight_checks_every_rank_and_reports_bus_bandwidth():

@@ -70,6 +70,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     q.add_argument("--dry-run", action="store_true", help="slurm: write the job scripts and submit.sh, submit nothing")
     q.add_argument("--out", type=output_dir, help="dry-run output folder (default: runs/<sweep>/dry-run)")
     q.add_argument("--wait", action="store_true", help="slurm: wait for the jobs, then collect")
+    q.add_argument(
+        "--poll-s", type=positive_float, default=30.0, help="slurm --wait: seconds between state polls (default: 30)"
+    )
     q.add_argument("--force", action="store_true", help="slurm: resubmit cells whose earlier job looks in flight")
     q.add_argument("--max-world", type=positive_int, default=4, help="local: refuse cells with more ranks (default: 4)")
     q.add_argument(
@@ -162,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
 def _run_slurm(args: argparse.Namespace, defn: Any, paths: Any, cells: list[Any]) -> int:
     from canzona.errors import ConfigError
     from canzona.sweep.profile import load_profile
-    from canzona.sweep.slurm import describe, render_dry_run, submit_slurm
+    from canzona.sweep.slurm import describe, render_dry_run, submit_slurm, wait_for
 
     if not args.profile:
         raise ConfigError("--backend slurm needs --profile PROFILE.toml (copy slurm/profiles/example.toml)")
@@ -175,18 +178,33 @@ def _run_slurm(args: argparse.Namespace, defn: Any, paths: Any, cells: list[Any]
         for f in files:
             print(f"  {f}")
         return 0
-    rep = submit_slurm(
-        defn, profile, paths=paths, cells=cells, allocation=args.allocation, force=args.force, wait=args.wait
-    )
+    rep = submit_slurm(defn, profile, paths=paths, cells=cells, allocation=args.allocation, force=args.force)
     if rep.plan is not None:
         print("\n".join(describe(rep.plan, profile)))
     print(
         f"submitted {len(rep.submitted)} cell(s) in job(s) "
         f"{', '.join(f'{k}={v}' for k, v in rep.jobs.items()) or '-'}; "
-        f"{len(rep.skipped_done)} already done, {len(rep.skipped_in_flight)} still in flight"
+        f"{len(rep.skipped_done)} already done, {len(rep.skipped_in_flight)} still in flight",
+        flush=True,
     )
     for key, why in rep.skipped_in_flight:
         print(f"  in flight: {key}: {why}")
     if not args.wait:
         print(f"follow with: canzona sweep status {args.sweep}   then: canzona sweep collect {args.sweep}")
-    return 0
+        return 0
+    return report_waited(
+        defn, paths, wait_for(rep, defn, paths, poll_s=args.poll_s, echo=lambda line: print(line, flush=True))
+    )
+
+
+def report_waited(defn: Any, paths: Any, statuses: list[Any]) -> int:
+    """The summary after ``--wait``: the submitted cells' status table; 1 when one failed."""
+    from canzona.sweep.state import format_status
+
+    print(format_status(defn, paths, statuses))
+    failed = [s for s in statuses if s.state != "done"]
+    if failed:
+        print(
+            f"sweep {defn.name}: {len(failed)} of {len(statuses)} submitted cell(s) did not finish with a result line"
+        )
+    return 1 if failed else 0

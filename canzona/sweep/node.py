@@ -15,6 +15,7 @@ what ``canzona sweep status`` reads to name the failing node.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import socket
 import sys
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     from submitit.slurm.slurm import SlurmJobEnvironment
 
     p = argparse.ArgumentParser(prog="python -m canzona.sweep.node", description=__doc__.splitlines()[0])
-    p.add_argument("--gpus-per-node", type=int, required=True)
+    p.add_argument("--nproc-per-node", type=int, required=True, help="torchrun processes: GPUs or CPU ranks per node")
     p.add_argument("--port", type=int, required=True, help="torchrun master port base (a per-job offset is added)")
     p.add_argument("--timeout-s", type=float, required=True, help="end the node's processes after this long")
     p.add_argument("--key", help="the cell key (omit for a command without a result line)")
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         command,
         args.results or "",
         "torchrun",
-        gpus_per_node=args.gpus_per_node,
+        gpus_per_node=args.nproc_per_node,
         rdzv_port=args.port,
         python=command[0],
         timeout_s=args.timeout_s,
@@ -57,13 +58,15 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
+    # Slurm's node name: it is the host name on most clusters, and tells emulated nodes apart
+    name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     try:
         out = task.run(env)
     except CellFailed as exc:
         reason = str(exc).splitlines()[0] if str(exc) else "failed"
-        print(f"{FAILED} {socket.gethostname()} (node {env.node}): {reason}", file=sys.stderr, flush=True)
-        return 1
-    print(f"canzona-node: {out.get('status', 'ok')} on {socket.gethostname()} (node {env.node})", flush=True)
+        print(f"{FAILED} {name} (node {env.node}): {reason}", file=sys.stderr, flush=True)
+        return exc.exit_code
+    print(f"canzona-node: {out.get('status', 'ok')} on {name} (node {env.node})", flush=True)
     return 0
 
 

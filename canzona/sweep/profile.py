@@ -10,6 +10,10 @@ time instead of a line of shell in a script that runs on 32 nodes.
 
 The GPU facts (``hbm_gb``, ``peak_tflops``) are what the sweep checks each cell's memory
 estimate against and derives each cell's timeout from, before anything is submitted.
+
+``device = "cpu"`` describes a CPU partition (smoke tests, this project's own CI on
+tools/slurm-local): ``ranks_per_node`` gloo ranks per node instead of ``gpus_per_node``, no GPU
+directive, and ``hbm_gb`` / ``peak_tflops`` then read per rank (memory budget, CPU FLOP/s).
 """
 
 from __future__ import annotations
@@ -75,7 +79,9 @@ METHODS_NEEDING_PEER = ("megatron-muon",)
 _SPEC: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "name": (str, False),
     "partition": (str, True),
-    "gpus_per_node": (int, True),
+    "device": (str, False),
+    "gpus_per_node": (int, False),
+    "ranks_per_node": (int, False),
     "cpus_per_task": (int, True),
     "hbm_gb": ((int, float), True),
     "peak_tflops": ((int, float), True),
@@ -144,7 +150,7 @@ class ClusterProfile:
     """A validated cluster profile; every field is safe to render."""
 
     partition: str
-    gpus_per_node: int
+    ranks_per_node: int  # torchrun's processes per node: the GPUs of a node, or gloo ranks on a CPU node
     cpus_per_task: int
     hbm_gb: float
     peak_tflops: float
@@ -173,17 +179,24 @@ class ClusterProfile:
     exclude_methods: tuple[str, ...] = ()
     container: Container | None = None
     rdzv_port: int = 29500
+    device: str = "gpu"
     source: str = field(default="", compare=False)
 
+    @property
+    def gpus_per_node(self) -> int:
+        """GPUs a job asks per node (``--gpus-per-node``); 0 on a CPU partition."""
+        return self.ranks_per_node if self.device == "gpu" else 0
+
     def nodes_for(self, world: int) -> int:
-        """Nodes for ``world`` ranks; a ConfigError when GPUs per node does not divide it,
+        """Nodes for ``world`` ranks; a ConfigError when ranks per node does not divide it,
         because a partial node would leave ranks without a GPU or GPUs without a rank."""
-        if world % self.gpus_per_node:
+        if world % self.ranks_per_node:
+            key = "gpus_per_node" if self.device == "gpu" else "ranks_per_node"
             raise ConfigError(
-                f"{self.source or 'profile'}: gpus_per_node = {self.gpus_per_node} does not divide the world size "
-                f"{world}; use a world that is a multiple of {self.gpus_per_node} or fix gpus_per_node"
+                f"{self.source or 'profile'}: {key} = {self.ranks_per_node} does not divide the world size "
+                f"{world}; use a world that is a multiple of {self.ranks_per_node} or fix {key}"
             )
-        return world // self.gpus_per_node
+        return world // self.ranks_per_node
 
     def interpreter(self, method: str | None = None) -> str:
         """The Python that runs on the nodes: ``python_for[method]``, else ``python``, else the
@@ -260,7 +273,7 @@ def _check_types(where: str, t: dict[str, Any]) -> None:
 
 
 def _numbers(where: str, t: dict[str, Any], kw: dict[str, Any]) -> None:
-    for key in ("gpus_per_node", "cpus_per_task", "max_nodes", "rdzv_port", "hbm_gb", "peak_tflops"):
+    for key in ("gpus_per_node", "ranks_per_node", "cpus_per_task", "max_nodes", "rdzv_port", "hbm_gb", "peak_tflops"):
         if key in t:
             if not t[key] > 0:
                 raise ConfigError(f"{where}: {key} must be > 0, got {t[key]}")
@@ -357,6 +370,21 @@ def _setup(where: str, t: dict[str, Any], kw: dict[str, Any]) -> None:
         kw["container"] = _container(where, t["container"])
 
 
+def _device(where: str, t: dict[str, Any], kw: dict[str, Any]) -> None:
+    """gpu (default): ``gpus_per_node`` GPUs per node; cpu: ``ranks_per_node`` gloo ranks, no GPU."""
+    device = t.get("device", "gpu")
+    if device not in ("gpu", "cpu"):
+        raise ConfigError(f'{where}: device must be "gpu" or "cpu", got {device!r}')
+    own, other = ("gpus_per_node", "ranks_per_node") if device == "gpu" else ("ranks_per_node", "gpus_per_node")
+    if own not in t:
+        raise ConfigError(f"{where}: missing required key {own!r} for a {device} profile (see slurm/profiles/)")
+    if other in t or (device == "cpu" and "gres" in t):
+        bad = other if other in t else "gres"
+        raise ConfigError(f"{where}: {bad} does not apply to a {device} profile; use {own}")
+    kw["device"] = device
+    kw["ranks_per_node"] = kw.pop(own)
+
+
 def parse_profile(data: dict[str, Any], source: str = "<profile>") -> ClusterProfile:
     """Validate a parsed profile document (the ``[cluster]`` table)."""
     if set(data) != {"cluster"}:
@@ -372,6 +400,7 @@ def parse_profile(data: dict[str, Any], source: str = "<profile>") -> ClusterPro
     _check_types(where, t)
     kw: dict[str, Any] = {"source": source}
     _numbers(where, t, kw)
+    _device(where, t, kw)
     _directives(where, t, kw)
     _lists(where, t, kw)
     for key in ("exclusive", "requeue"):

@@ -26,7 +26,7 @@ import shlex
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,7 +45,7 @@ from canzona.sweep.slurm_script import (
     submit_script,
 )
 from canzona.sweep.slurm_state import IN_FLIGHT, sacct_states
-from canzona.sweep.state import JobBook, SweepPaths, collect, triage
+from canzona.sweep.state import CellStatus, JobBook, SweepPaths, collect, sweep_status, triage
 from canzona.sweep.task import quarantine_invalid
 
 ALLOCATIONS = ("model", "cell")
@@ -70,10 +70,11 @@ def plan_submission(
     """Jobs for ``cells`` (ConfigError before anything is written when a cell cannot fit or run)."""
     if allocation not in ALLOCATIONS:
         raise ConfigError(f"--allocation must be one of {', '.join(ALLOCATIONS)}, got {allocation!r}")
-    if defn.device != "gpu":
+    if defn.device != profile.device:
         raise ConfigError(
-            f"sweep {defn.name} runs on device {defn.device!r}; Slurm sweeps are GPU sweeps: "
-            "run it with --backend local"
+            f"sweep {defn.name} runs on device {defn.device!r} but the profile {profile.source or profile.name} "
+            f"describes a {profile.device} partition: use a {defn.device} profile "
+            f'(e.g. slurm/profiles/local-cpu.toml has device = "cpu") or a {profile.device} sweep'
         )
     excluded = [(c.key, why) for c in cells if (why := profile.excluded(c.method))]
     kept = [c for c in cells if not profile.excluded(c.method)]
@@ -82,6 +83,13 @@ def plan_submission(
     nodes = {profile.nodes_for(c.world) for c in kept}
     if len(nodes) > 1:
         raise ConfigError(f"cells need different node counts {sorted(nodes)}; submit them separately with --only")
+    if max(nodes) > profile.max_nodes:  # such a job would wait in the queue forever
+        raise ConfigError(
+            f"sweep {defn.name}: each job needs {max(nodes)} node(s) (world {kept[0].world} / "
+            f"{profile.ranks_per_node} per node) but the profile {profile.source or profile.name} allows "
+            f"max_nodes = {profile.max_nodes}; nothing submitted: use a profile with max_nodes >= {max(nodes)} "
+            "or a sweep with a smaller world"
+        )
     est = check_fits(kept, profile)
     by_model: dict[str, list[CellStep]] = {}
     for i, c in enumerate(kept):
@@ -224,14 +232,12 @@ def submit_slurm(
     cells: Sequence[Cell] | None = None,
     allocation: str = "model",
     force: bool = False,
-    wait: bool = False,
-    poll_s: float = 60.0,
 ) -> SubmitReport:
     """Submit every cell without a valid result line that is not already queued/running.
 
-    ``force`` also resubmits cells whose earlier job still looks in flight (e.g. when sacct is
-    unreachable and the state is unknown). ``wait`` polls sacct until every submitted job ended
-    and then collects results/<sweep>.jsonl; otherwise run `canzona sweep collect` later.
+    ``force`` also resubmits cells whose earlier job still looks in flight (e.g. when neither
+    sacct nor squeue answers and the state is unknown). Returns at once, job ids in the report
+    (``wait_for`` then follows the jobs; otherwise run `canzona sweep collect` later).
     """
     if shutil.which("sbatch") is None:
         raise ConfigError(
@@ -261,12 +267,44 @@ def submit_slurm(
     write_submission(plan, defn, profile, paths, out)
     report.jobs = _run_submit(out / "submit.sh")
     _book(plan, report, paths, out)
-    if wait:
-        ids = list(report.jobs.values())
-        while any(st in IN_FLIGHT or st == "UNKNOWN" for st in sacct_states(ids).values()):
-            time.sleep(poll_s)
-        collect(paths)
     return report
+
+
+def wait_for(
+    report: SubmitReport,
+    defn: SweepDefinition,
+    paths: SweepPaths,
+    *,
+    poll_s: float = 30.0,
+    echo: Callable[[str], None] = print,
+) -> list[CellStatus]:
+    """Follow a submission until every job of it ended, printing one line per state change;
+    then collect results/<sweep>.jsonl and return the submitted cells' status.
+
+    It follows the cells' own job ids (array tasks one by one) and the collect job, with states
+    from ``sacct_states`` (sacct, else the controller), so it returns on a cluster without
+    accounting too. It stops only while a state stays UNKNOWN (neither answers), as a job may
+    still run then.
+    """
+    paths = _absolute(paths)
+    names = {jid: name for name, jid in report.jobs.items()}
+    ids = sorted(
+        {jid for _, jid in report.submitted} | ({report.jobs["collect"]} if "collect" in report.jobs else set())
+    )
+    last: dict[str, str] = {}
+    while ids:
+        states = sacct_states(ids)
+        for jid in ids:
+            if last.get(jid) != states[jid]:
+                job = names.get(jid) or names.get(jid.split("_")[0], "")
+                echo(f"{now()} job {jid} ({job}): {states[jid]}")
+        last = states
+        if not any(st in IN_FLIGHT or st == "UNKNOWN" for st in states.values()):
+            break
+        time.sleep(poll_s)
+    collect(paths)
+    keys = {k for k, _ in report.submitted}
+    return sweep_status(defn, paths, cells=[c for c in defn.cells() if c.key in keys])
 
 
 def _book(plan: Plan, report: SubmitReport, paths: SweepPaths, out: Path) -> None:

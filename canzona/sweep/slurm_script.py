@@ -115,7 +115,7 @@ def _directives(profile: ClusterProfile, job: Job, sweep: str, output: str) -> l
     if job.kind != "collect":
         d += [
             ("ntasks-per-node", "1"),
-            ("gpus-per-node", None if profile.gres else str(profile.gpus_per_node)),
+            ("gpus-per-node", str(profile.gpus_per_node) if profile.device == "gpu" and not profile.gres else None),
             ("gres", profile.gres),
             ("cpus-per-task", str(profile.cpus_per_task)),
             ("constraint", profile.constraint),
@@ -160,8 +160,8 @@ def node_command(step: CellStep, profile: ClusterProfile, results: Path, port: i
         step.python,
         "-m",
         "canzona.sweep.node",
-        "--gpus-per-node",
-        str(profile.gpus_per_node),
+        "--nproc-per-node",
+        str(profile.ranks_per_node),
         "--port",
         str(port),
         "--timeout-s",
@@ -177,14 +177,17 @@ def node_command(step: CellStep, profile: ClusterProfile, results: Path, port: i
 
 def preflight_command(python: str, profile: ClusterProfile) -> list[str]:
     """The preflight's node command (its ``--report`` path holds $LOGS and is appended by the caller)."""
-    node = [python, "-m", "canzona.sweep.node", "--gpus-per-node", str(profile.gpus_per_node)]
+    node = [python, "-m", "canzona.sweep.node", "--nproc-per-node", str(profile.ranks_per_node)]
     node += ["--port", str(profile.rdzv_port), "--timeout-s", str(PREFLIGHT_MIN * 60 - 60), "--"]
-    return [*node, python, "-m", "canzona.sweep.preflight"]
+    # a CPU partition checks gloo with a small all-reduce (256 MiB suits NVLink/InfiniBand, not gloo)
+    size = ["--mb", "16"] if profile.device == "cpu" else []
+    return [*node, python, "-m", "canzona.sweep.preflight", "--device", profile.device, *size]
 
 
-_STEP_FN = r"""step() {  # NAME CMD...: one srun step; its exit status goes to $LOGS/NAME/exit
+_STEP_FN = r"""step() {  # NAME CMD...: one srun step; $LOGS/NAME/start when it starts, its exit status in exit
   local name=$1; shift
   mkdir -p "$LOGS/$name"
+  date -u +%FT%TZ > "$LOGS/$name/start"
   echo "$(date -u +%FT%TZ) start $name"
   "$@"
   local rc=$?

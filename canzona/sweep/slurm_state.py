@@ -42,22 +42,17 @@ _ERROR = re.compile(r"(Error|Exception|error:|FAILED|Killed|out of memory|OOM|Tr
 _ECHO = re.compile(
     r"(Watchdog caught collective operation timeout|NCCL communicator was aborted|ProcessGroupNCCL"
     r"|Connection reset by peer|Connection closed by peer|Broken pipe|DistNetworkError|DistBackendError"
-    r"|recvValue|TCPStore|socket closed|Terminated|SIGTERM|Signal 15|signal 15|forcefully terminating"
+    r"|recvValue|TCPStore|socket closed|Terminated|SIGTERM|Signal 15|signal 15|got signal: 15|SignalException"
+    r"|forcefully terminating"
     r"|CANCELLED|task \d+: Killed|Sending SIGTERM|exit code -15|exitcode *: *-15"
     r"|^srun: |slurmstepd: )"
 )
 
 
-def sacct_states(job_ids: list[str]) -> dict[str, str]:
-    """Job id -> Slurm state ("UNKNOWN" for ids sacct does not answer, or without sacct).
-
-    Array tasks still pending appear in sacct as ``<id>_[0-12%4]``; such a line answers for
-    every task of that array that has no line of its own.
-    """
-    ids = sorted({str(j) for j in job_ids})
-    out = dict.fromkeys(ids, "UNKNOWN")
-    if not ids or shutil.which("sacct") is None:
-        return out
+def _sacct(ids: list[str]) -> dict[str, str] | None:
+    """States from accounting; None when sacct cannot answer (no slurmdbd, slurmdbd down)."""
+    if shutil.which("sacct") is None:
+        return None
     bases = sorted({j.split("_")[0] for j in ids})
     try:
         text = subprocess.run(
@@ -68,7 +63,8 @@ def sacct_states(job_ids: list[str]) -> dict[str, str]:
             check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError):
-        return out
+        return None
+    out: dict[str, str] = {}
     pending_arrays: dict[str, str] = {}
     for line in text.splitlines():
         parts = line.strip().split("|")
@@ -77,11 +73,54 @@ def sacct_states(job_ids: list[str]) -> dict[str, str]:
         jid, state = parts[0], parts[1].split()[0] if parts[1].strip() else "UNKNOWN"
         if "_[" in jid:
             pending_arrays[jid.split("_[")[0]] = state
-        elif jid in out:
+        else:
             out[jid] = state
     for j in ids:
-        if out[j] == "UNKNOWN" and "_" in j and j.split("_")[0] in pending_arrays:
+        if j not in out and "_" in j and j.split("_")[0] in pending_arrays:
             out[j] = pending_arrays[j.split("_")[0]]
+    return out
+
+
+def _squeue() -> dict[str, str] | None:
+    """Every job the controller still knows (queued, running, or ended less than MinJobAge
+    ago), one line per array task; None when the controller does not answer."""
+    if shutil.which("squeue") is None:
+        return None
+    try:
+        text = subprocess.run(
+            ["squeue", "-h", "-a", "-r", "-t", "all", "-o", "%i|%T"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {p[0]: p[1] for p in (ln.strip().split("|") for ln in text.splitlines()) if len(p) == 2}
+
+
+def sacct_states(job_ids: list[str]) -> dict[str, str]:
+    """Job id -> Slurm state: accounting first, then the controller (squeue) for what
+    accounting does not answer; "ENDED" for a job the controller answers it does not hold
+    (a job that is queued or running is always in the controller); "UNKNOWN" only when
+    neither answers.
+
+    Why the controller too: many sites and every small test cluster run without slurmdbd,
+    and a slurmdbd can be down; sacct alone would leave every job UNKNOWN, i.e. in flight,
+    forever (``--wait`` would never return, a cancelled cell would never be resubmitted).
+    Array tasks still pending appear in sacct as ``<id>_[0-12%4]``; such a line answers for
+    every task of that array that has no line of its own.
+    """
+    ids = sorted({str(j) for j in job_ids})
+    out = dict.fromkeys(ids, "UNKNOWN")
+    if not ids:
+        return out
+    out.update({j: st for j, st in (_sacct(ids) or {}).items() if j in out})
+    unknown = [j for j in ids if out[j] == "UNKNOWN"]
+    if unknown:
+        queue = _squeue()
+        if queue is not None:
+            out.update({j: queue.get(j, "ENDED") for j in unknown})
     return out
 
 
@@ -101,15 +140,46 @@ class StepFailure:
         return f"{where}: {self.line}{hint}"
 
 
+# The harness's and the node launcher's own verdicts: they name the cause in words (a method
+# unavailable here, a rejected configuration, the cell's timeout), and outrank torchrun's summary
+# and the tracebacks of processes the verdict itself ended.
+_HARNESS = re.compile(r"^(canzona train: |train: error: |canzona [a-z-]+: error: )")
+# torchrun's own summary of a failed rank: the launcher's line after it says the same, shorter
+_SUMMARY = re.compile(r"ChildFailedError|^\s*\S+ FAILED\s*$|elastic\.multiprocessing\.errors")
+# a rank killed outright (the kernel's OOM killer, kill -9): a cause, though torchrun reports it
+_KILLED = re.compile(r"Signal 9 \(SIGKILL\)|exitcode\s*:\s*-9\b")
+_NODE_LINE = re.compile(r"^canzona-node: .*? on (\S+) \(node \d+\)")
+_TIMED_OUT = re.compile(r"canzona-node: FAILED on .*: timed out after")
+
+
 def _last_error(lines: list[str]) -> tuple[str | None, bool]:
-    """(the node's most telling error line, whether it is only an echo of another node)."""
-    cause = next((ln for ln in reversed(lines) if _ERROR.search(ln) and not _ECHO.search(ln)), None)
-    if cause is not None:
-        # prefer our launcher's own verdict only when no real error line precedes it
-        real = [ln for ln in lines if _ERROR.search(ln) and not _ECHO.search(ln) and "canzona-node:" not in ln]
-        return (real[-1] if real else cause).strip(), False
-    echo = next((ln for ln in reversed(lines) if _ERROR.search(ln) or _ECHO.search(ln)), None)
-    return (echo.strip() if echo else None), True
+    """(the node's most telling error line, whether it is only an echo of another node).
+
+    In order: the launcher's timeout or the harness's own verdict; else the last real error
+    (a traceback's exception, out of memory, a rank killed by SIGKILL); else the launcher's
+    FAILED line when nothing on the node reads like an echo (its exit code is then the cause);
+    else the node only reports another node's failure (echo).
+    """
+    verdict = next((ln for ln in reversed(lines) if _TIMED_OUT.search(ln)), None)
+    verdict = verdict or next((ln for ln in reversed(lines) if _HARNESS.search(ln)), None)
+    if verdict is not None:
+        return verdict.strip(), False
+    real = [
+        ln
+        for ln in lines
+        if (_ERROR.search(ln) or _KILLED.search(ln))
+        and not _ECHO.search(ln)
+        and not _SUMMARY.search(ln)
+        and "canzona-node:" not in ln
+    ]
+    if real:
+        return real[-1].strip(), False
+    launcher = [ln for ln in lines if "canzona-node: FAILED" in ln]
+    echoes = [ln for ln in lines if _ECHO.search(ln)]
+    if launcher and not echoes:
+        return launcher[-1].strip(), False
+    rest = launcher or echoes or [ln for ln in lines if _ERROR.search(ln)]
+    return (rest[-1].strip() if rest else None), bool(launcher or echoes)
 
 
 def step_failure(step_dir: Path, tail: int = 8) -> StepFailure:
@@ -125,13 +195,27 @@ def step_failure(step_dir: Path, tail: int = 8) -> StepFailure:
         line, echo = _last_error(lines)
         if line is None:
             continue
-        found = StepFailure(host, task, line, lines[-tail:], echo)
+        # emulated nodes share a host name (srun's %N): the launcher's line names Slurm's node
+        named = next((m.group(1) for ln in lines if (m := _NODE_LINE.search(ln))), host)
+        found = StepFailure(named, task, line, lines[-tail:], echo)
         if not echo:
             return found
         echoes.append(found)
     if echoes:
         return echoes[0]
     return StepFailure(None, None, f"no node log with an error under {step_dir}", [])
+
+
+def step_started(step_dir: Path) -> str | None:
+    """When the job started the step (its ``start`` file, written before srun), None if never."""
+    try:
+        return (step_dir / "start").read_text().strip() or "?"
+    except OSError:
+        return None
+
+
+# The harness's exit codes (canzona train) as the step reports them.
+_EXIT_MEANING = {2: " (configuration rejected)", 3: " (method unavailable here)"}
 
 
 def step_exit(step_dir: Path) -> int | None:
@@ -152,7 +236,7 @@ def slurm_cell_state(entry: dict[str, Any], state: str, tail: int) -> tuple[str,
         if rc == 0:
             return "failed", f"step exited 0 but wrote no valid result line ({job})", []
         f = step_failure(cell_dir, tail)
-        return "failed", f"exit {rc} on {f.describe()} ({job})", f.tail
+        return "failed", f"exit {rc}{_EXIT_MEANING.get(rc, '')} on {f.describe()} ({job})", f.tail
     pre = cell_dir.parent / "preflight"
     pre_rc = step_exit(pre)
     if pre_rc not in (None, 0):
@@ -160,6 +244,15 @@ def slurm_cell_state(entry: dict[str, Any], state: str, tail: int) -> tuple[str,
         return "failed", f"the allocation's preflight failed (exit {pre_rc}) on {f.describe()} ({job})", f.tail
     if state in IN_FLIGHT or state == "UNKNOWN":
         return "pending", f"slurm {state} ({job})", []
+    started = step_started(cell_dir)
+    if started is not None:  # the job ended while the step ran: scancel, a node failure, its --time
+        f = step_failure(cell_dir, tail)
+        seen = f"; last error: {f.describe()}" if f.node is not None else ""
+        return (
+            "failed",
+            f"interrupted: its job ended {state} while the cell ran (started {started}){seen} ({job})",
+            f.tail,
+        )
     gate = Path(entry["preflight_dir"]) if entry.get("preflight_dir") else None
     gate_rc = step_exit(gate) if gate else None
     if gate is not None and gate_rc not in (None, 0):

@@ -258,7 +258,7 @@ def in_flight(entry: dict[str, Any] | None, states: dict[str, str] | None = None
     """Whether a launched job may still write its line (then resubmitting would duplicate it).
 
     Slurm: the cell's step has not finished (no exit file) and its job is queued/running, or
-    sacct cannot tell. Local: the sweep process that launched it is still alive; an orphan
+    neither sacct nor the controller can tell. Local: the sweep process that launched it is still alive; an orphan
     whose sweep process died is ended by ``local.end_orphans`` before this is asked.
     """
     if not entry:
@@ -270,7 +270,7 @@ def in_flight(entry: dict[str, Any] | None, states: dict[str, str] | None = None
         if st in IN_FLIGHT:
             return True, f"slurm {st} (job {entry['job_id']})"
         if st == "UNKNOWN":
-            return True, f"slurm state UNKNOWN (sacct unreachable?) for job {entry['job_id']}"
+            return True, f"slurm state UNKNOWN (neither sacct nor squeue answers) for job {entry['job_id']}"
         return False, st
     if "outcome" not in entry and pid_alive(entry.get("pid")):
         return True, f"running under {entry.get('backend')} executor (pid {entry.get('pid')})"

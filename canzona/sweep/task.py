@@ -15,12 +15,14 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -97,7 +99,26 @@ def torchrun_argv(
 
 
 class CellFailed(RuntimeError):
-    """The cell's command failed or wrote no valid result line; the message carries the reason."""
+    """The cell's command failed or wrote no valid result line; the message carries the reason
+    and ``exit_code`` the harness's own status (2 rejected, 3 unavailable; 1 otherwise)."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+# torchrun's summary of a failed rank ("exitcode  : 3"): under torchrun every rank failure
+# arrives as exit 1, and this line keeps the harness's contract (3 = method unavailable) visible.
+_RANK_EXIT = re.compile(r"exitcode\s*:\s*(-?\d+)")
+
+
+def rank_exit_code(rc: int, tail: Sequence[str]) -> int:
+    """The first failed rank's exit code as torchrun reported it, else ``rc``."""
+    for line in tail:
+        m = _RANK_EXIT.search(line)
+        if m:
+            return int(m.group(1))
+    return rc
 
 
 def has_result(path: Path, key: str) -> bool:
@@ -236,10 +257,12 @@ class CellTask:
         if rc != 0:
             # The harness contract: 2 = configuration rejected, 3 = method unavailable here
             # (e.g. megatron-muon without megatron-core >= 0.19); the tail says why.
+            if self.launch == "torchrun" and rc == 1:
+                rc = rank_exit_code(rc, list(tail))
             what = {2: "exit code 2 (configuration rejected)", 3: "exit code 3 (method unavailable here)"}.get(
                 rc, f"exit code {rc}"
             )
-            raise CellFailed(f"{what}\n" + "".join(tail))
+            raise CellFailed(f"{what}\n" + "".join(tail), rc if rc in (2, 3) else 1)
         if first and not has_result(results, self.key):
             raise CellFailed(
                 f"the command exited 0 but {results} holds no valid result line for this cell "
