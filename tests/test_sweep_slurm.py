@@ -536,3 +536,13 @@ def test_preflight_without_cuda_fails_naming_the_host(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     assert out.returncode == 2 and f"FAILED on {socket.gethostname()}" in out.stderr and "CUDA" in out.stderr
+
+
+def test_the_harness_exit_code_survives_torchrun_from_its_root_cause_block():
+    """torchrun lists the ranks it ended itself (-15) before the first failure; the harness's
+    status (3: method unavailable) is the root cause's."""
+    from canzona.sweep.task import rank_exit_code
+
+    summary = ["Failures:", "[1]:", "  exitcode  : -15 (pid: 11)", "Root Cause (first observed failure):"]
+    assert rank_exit_code(1, [*summary, "[0]:", "  exitcode  : 3 (pid: 10)"]) == 3
+    assert rank_exit_code(1, ["no summary"]) == 1

@@ -188,6 +188,7 @@ _STEP_FN = r"""step() {  # NAME CMD...: one srun step; $LOGS/NAME/start when it 
   local name=$1; shift
   mkdir -p "$LOGS/$name"
   date -u +%FT%TZ > "$LOGS/$name/start"
+  scontrol show hostnames "$SLURM_JOB_NODELIST" > "$LOGS/$name/nodes" 2>/dev/null  # task i runs on line i
   echo "$(date -u +%FT%TZ) start $name"
   "$@"
   local rc=$?

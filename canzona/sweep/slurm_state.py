@@ -133,6 +133,7 @@ class StepFailure:
     line: str
     tail: list[str] = field(default_factory=list)
     echo_only: bool = False  # every node's error reads like a symptom of another node's failure
+    exit_code: int | None = None  # the node's own exit status, as its launcher line gives it
 
     def describe(self) -> str:
         where = f"node {self.node} (task {self.task})" if self.node is not None else "no node log"
@@ -148,6 +149,7 @@ _HARNESS = re.compile(r"^(canzona train: |train: error: |canzona [a-z-]+: error:
 _SUMMARY = re.compile(r"ChildFailedError|^\s*\S+ FAILED\s*$|elastic\.multiprocessing\.errors")
 # a rank killed outright (the kernel's OOM killer, kill -9): a cause, though torchrun reports it
 _KILLED = re.compile(r"Signal 9 \(SIGKILL\)|exitcode\s*:\s*-9\b")
+_NODE_EXIT = re.compile(r"^canzona-node: FAILED on .*?: exit code (-?\d+)")
 _NODE_LINE = re.compile(r"^canzona-node: .*? on (\S+) \(node \d+\)")
 _TIMED_OUT = re.compile(r"canzona-node: FAILED on .*: timed out after")
 
@@ -169,6 +171,7 @@ def _last_error(lines: list[str]) -> tuple[str | None, bool]:
         for ln in lines
         if (_ERROR.search(ln) or _KILLED.search(ln))
         and not _ECHO.search(ln)
+        and not ln.lstrip().startswith("Traceback")  # the exception line after it says what it is
         and not _SUMMARY.search(ln)
         and "canzona-node:" not in ln
     ]
@@ -182,6 +185,15 @@ def _last_error(lines: list[str]) -> tuple[str | None, bool]:
     return (rest[-1].strip() if rest else None), bool(launcher or echoes)
 
 
+def _node_name(step_dir: Path, task: int, lines: list[str], host: str) -> str:
+    """Slurm's name of the node of ``task``: the step's node list (one task per node, in order),
+    else the launcher's line, else the log's host name (srun's %N: emulated nodes share it)."""
+    try:
+        return (step_dir / "nodes").read_text().split()[task]
+    except (OSError, IndexError):
+        return next((m.group(1) for ln in lines if (m := _NODE_LINE.search(ln))), host)
+
+
 def step_failure(step_dir: Path, tail: int = 8) -> StepFailure:
     """The failing node of one step from every ``task<i>-<host>.log`` under ``step_dir``."""
     logs = []
@@ -189,20 +201,20 @@ def step_failure(step_dir: Path, tail: int = 8) -> StepFailure:
         m = _TASK_LOG.match(f.name)
         if m:
             logs.append((int(m.group(1)), m.group(2), f))
-    echoes: list[StepFailure] = []
+    found: list[StepFailure] = []
     for task, host, f in sorted(logs):
         lines = [ln for ln in f.read_text(errors="replace").splitlines() if ln.strip()]
         line, echo = _last_error(lines)
         if line is None:
             continue
-        # emulated nodes share a host name (srun's %N): the launcher's line names Slurm's node
-        named = next((m.group(1) for ln in lines if (m := _NODE_LINE.search(ln))), host)
-        found = StepFailure(named, task, line, lines[-tail:], echo)
-        if not echo:
-            return found
-        echoes.append(found)
-    if echoes:
-        return echoes[0]
+        code = next((int(m.group(1)) for ln in reversed(lines) if (m := _NODE_EXIT.search(ln))), None)
+        found.append(StepFailure(_node_name(step_dir, task, lines, host), task, line, lines[-tail:], echo, code))
+    # a cause before an echo; among causes, a node that failed by itself (its launcher gave an
+    # exit status) before one srun ended while it printed the same cause (every node of a step
+    # may report a method unavailable; the first to exit is the one that failed the step)
+    found.sort(key=lambda x: (x.echo_only, x.exit_code is None))
+    if found:
+        return found[0]
     return StepFailure(None, None, f"no node log with an error under {step_dir}", [])
 
 
@@ -236,7 +248,10 @@ def slurm_cell_state(entry: dict[str, Any], state: str, tail: int) -> tuple[str,
         if rc == 0:
             return "failed", f"step exited 0 but wrote no valid result line ({job})", []
         f = step_failure(cell_dir, tail)
-        return "failed", f"exit {rc}{_EXIT_MEANING.get(rc, '')} on {f.describe()} ({job})", f.tail
+        # srun reports the highest task status, often the 143 of a node it ended: the failing
+        # node's own status (3: method unavailable) is the one that says something
+        code = f.exit_code if f.exit_code is not None and not f.echo_only else rc
+        return "failed", f"exit {code}{_EXIT_MEANING.get(code, '')} on {f.describe()} ({job})", f.tail
     pre = cell_dir.parent / "preflight"
     pre_rc = step_exit(pre)
     if pre_rc not in (None, 0):

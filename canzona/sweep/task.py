@@ -113,8 +113,11 @@ _RANK_EXIT = re.compile(r"exitcode\s*:\s*(-?\d+)")
 
 
 def rank_exit_code(rc: int, tail: Sequence[str]) -> int:
-    """The first failed rank's exit code as torchrun reported it, else ``rc``."""
-    for line in tail:
+    """The first failed rank's exit code as torchrun reported it (its "Root Cause" block; the
+    "Failures" block before it lists the ranks torchrun itself then ended, -15), else ``rc``."""
+    lines = list(tail)
+    cause = next((i for i, ln in enumerate(lines) if "Root Cause" in ln), 0)
+    for line in lines[cause:]:
         m = _RANK_EXIT.search(line)
         if m:
             return int(m.group(1))

@@ -83,14 +83,14 @@ if [ "$ACCOUNTING" -eq 1 ]; then
   install -d -o mysql -g mysql "$STATE/mysql" /run/mysqld
   mariadb-install-db --user=mysql --datadir="$STATE/mysql" --auth-root-authentication-method=socket >"$STATE/log/mariadb-install.log" 2>&1
   mariadbd --user=mysql --datadir="$STATE/mysql" --socket=/run/mysqld/mysqld.sock --skip-networking \
-    --pid-file="$STATE/mariadb.pid" --log-error="$STATE/log/mariadb.log" &
+    --pid-file="$STATE/mariadb.pid" --log-error="$STATE/log/mariadb.log" </dev/null >>"$STATE/log/mariadb.log" 2>&1 &
   record mariadbd $!
   for _ in $(seq 100); do mariadb -e 'select 1' >/dev/null 2>&1 && break; sleep 0.2; done
   mariadb -e 'select 1' >/dev/null || die "mariadbd did not answer; see $STATE/log/mariadb.log"
   cat > /etc/slurm/slurmdbd.conf <<DBD
 $MARK
 AuthType=auth/munge
-DbdHost=localhost
+DbdHost=$host
 DbdAddr=127.0.0.1
 DbdPort=$DBD_PORT
 SlurmUser=root
