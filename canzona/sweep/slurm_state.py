@@ -49,20 +49,21 @@ _ECHO = re.compile(
 )
 
 
+def _answer(argv: list[str]) -> str | None:
+    """A Slurm command's output; None when it is missing, fails or hangs (a minute)."""
+    if shutil.which(argv[0]) is None:
+        return None
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def _sacct(ids: list[str]) -> dict[str, str] | None:
     """States from accounting; None when sacct cannot answer (no slurmdbd, slurmdbd down)."""
-    if shutil.which("sacct") is None:
-        return None
     bases = sorted({j.split("_")[0] for j in ids})
-    try:
-        text = subprocess.run(
-            ["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(bases)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
+    text = _answer(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(bases)])
+    if text is None:
         return None
     out: dict[str, str] = {}
     pending_arrays: dict[str, str] = {}
@@ -84,17 +85,8 @@ def _sacct(ids: list[str]) -> dict[str, str] | None:
 def _squeue() -> dict[str, str] | None:
     """Every job the controller still knows (queued, running, or ended less than MinJobAge
     ago), one line per array task; None when the controller does not answer."""
-    if shutil.which("squeue") is None:
-        return None
-    try:
-        text = subprocess.run(
-            ["squeue", "-h", "-a", "-r", "-t", "all", "-o", "%i|%T"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
+    text = _answer(["squeue", "-h", "-a", "-r", "-t", "all", "-o", "%i|%T"])
+    if text is None:
         return None
     return {p[0]: p[1] for p in (ln.strip().split("|") for ln in text.splitlines()) if len(p) == 2}
 

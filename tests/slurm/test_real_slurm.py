@@ -146,6 +146,15 @@ def cancel_after(cluster):
         subprocess.run(["scancel", *ids], capture_output=True)
 
 
+def submit_waiting(sweep: Path, profile: Path, tmp: Path, cancel_after: list[str]) -> tuple[Background, dict[str, str]]:
+    """`sweep run --backend slurm --wait` in the background; its jobs (printed at submission)."""
+    run = Background("sweep", "run", str(sweep), *dirs(tmp), "--backend", "slurm", "--profile", str(profile),
+                     "--wait", "--poll-s", "3")  # fmt: skip
+    jobs = run.jobs()
+    cancel_after += list(jobs.values())
+    return run, jobs
+
+
 def no_orphans(tmp: Path) -> None:
     """Nothing of the sweep still runs once its jobs ended: srun and the node launcher ended every rank."""
     left = wait_until(lambda: not processes(str(tmp)) or None, 60, "the sweep's processes to end")
@@ -164,10 +173,7 @@ def test_sweep_end_to_end_with_a_requeue_then_table2_rows(cluster, tmp_path, can
     Defects 1 (--wait returns without accounting), 5 (ids at submission, summary, exit), 8."""
     defn = load_sweep(SWEEP)
     paths = SweepPaths.for_sweep(defn.name, tmp_path / "runs", tmp_path / "results")
-    run = Background("sweep", "run", str(SWEEP), *dirs(tmp_path), "--backend", "slurm", "--profile", str(PROFILE),
-                     "--wait", "--poll-s", "3")  # fmt: skip
-    jobs = run.jobs()
-    cancel_after += list(jobs.values())
+    run, jobs = submit_waiting(SWEEP, PROFILE, tmp_path, cancel_after)
     alloc = jobs["alloc00-qwen3-micro"]
     first, second, _ = defn.cells()
     wait_until(lambda: (cell_dir(paths, alloc, second) / "start").is_file(), 400, "the second cell to start")
@@ -210,10 +216,7 @@ def test_failures_are_named_and_the_allocation_moves_on(cluster, tmp_path, cance
     profile = write_profile(tmp_path, f'\n[cluster.python_for]\n"megatron-muon" = "{sys.executable}"\n')
     defn = load_sweep(sweep)
     paths = SweepPaths.for_sweep(defn.name, tmp_path / "runs", tmp_path / "results")
-    run = Background("sweep", "run", str(sweep), *dirs(tmp_path), "--backend", "slurm", "--profile", str(profile),
-                     "--wait", "--poll-s", "3")  # fmt: skip
-    jobs = run.jobs()
-    cancel_after += list(jobs.values())
+    run, _ = submit_waiting(sweep, profile, tmp_path, cancel_after)
     peer, killed, slow = defn.cells()
     victims = wait_until(lambda: ranks(str(paths.cell_results(killed)), "n2"), 600, "the sc cell's ranks on n2")
     time.sleep(3)

@@ -83,10 +83,10 @@ if [ "$ACCOUNTING" -eq 1 ]; then
   install -d -o mysql -g mysql "$STATE/mysql" /run/mysqld
   mariadb-install-db --user=mysql --datadir="$STATE/mysql" --auth-root-authentication-method=socket >"$STATE/log/mariadb-install.log" 2>&1
   mariadbd --user=mysql --datadir="$STATE/mysql" --socket=/run/mysqld/mysqld.sock --skip-networking \
-    --pid-file="$STATE/mariadb.pid" --log-error="$STATE/log/mariadb.log" </dev/null >>"$STATE/log/mariadb.log" 2>&1 &
+    --pid-file="$STATE/mysql/mariadbd.pid" --log-error="$STATE/mysql/error.log" </dev/null >>"$STATE/log/mariadb.log" 2>&1 &
   record mariadbd $!
   for _ in $(seq 100); do mariadb -e 'select 1' >/dev/null 2>&1 && break; sleep 0.2; done
-  mariadb -e 'select 1' >/dev/null || die "mariadbd did not answer; see $STATE/log/mariadb.log"
+  mariadb -e 'select 1' >/dev/null || die "mariadbd did not answer; see $STATE/mysql/error.log"
   cat > /etc/slurm/slurmdbd.conf <<DBD
 $MARK
 AuthType=auth/munge
@@ -155,7 +155,7 @@ if [ -d /sys/fs/cgroup/memory ] || [ -d /sys/fs/cgroup/cpu ]; then plugin=cgroup
 printf '%s\nCgroupPlugin=%s\nCgroupAutomount=no\n' "$MARK" "$plugin" > /etc/slurm/cgroup.conf
 
 if [ "$ACCOUNTING" -eq 1 ]; then
-  for _ in $(seq 50); do sacctmgr -i add cluster canzona-local >/dev/null 2>&1 && break; sacctmgr -n list cluster format=cluster | grep -q canzona-local && break; sleep 0.2; done
+  for _ in $(seq 50); do sacctmgr -i add cluster canzona-local >/dev/null 2>&1 && break; sacctmgr -n list cluster format=cluster 2>/dev/null | grep -q canzona-local && break; sleep 0.2; done
 fi
 slurmctld -i
 for _ in $(seq 100); do [ -s "$STATE/slurmctld.pid" ] && break; sleep 0.1; done
