@@ -27,7 +27,11 @@ def sum_of_squares(tensors: Sequence[torch.Tensor], device: torch.device) -> tor
     if not live:
         return torch.zeros((), dtype=torch.float64, device=device)
     norms = torch._foreach_norm(live, 2.0)  # one fused kernel per dtype/device, as clip_grad_norm_ uses
-    return torch.stack([n.to(torch.float64) for n in norms]).pow(2).sum()
+    # stack first, cast once: a per-norm cast is one tiny launch per tensor (~700 a step at 32B)
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for n in norms:
+        by_dtype.setdefault(n.dtype, []).append(n)
+    return sum(torch.stack(ns).to(torch.float64).pow(2).sum() for ns in by_dtype.values())
 
 
 def global_norm(local_sumsq: torch.Tensor, group: dist.ProcessGroup | None) -> float:
