@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from canzona.cli import main
 from canzona.cost import muon_ns_flops
@@ -64,3 +65,30 @@ def test_model_preset_has_every_matrix_shape_full_and_sharded() -> None:
     assert (5120, 8192) in shapes and (5120, 1024) in shapes  # o_proj, row-parallel
     assert (8192, 5120) in shapes and (25600, 5120) in shapes  # split views: q, gate/up
     assert "linear_qkv:k full" in shapes[(1024, 5120)] and "linear_qkv:q tp8" in shapes[(1024, 5120)]
+
+
+def test_peak_on_cuda_is_timed_by_events_around_back_to_back_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA the peak's samples are CUDA-event intervals around PEAK_CALLS back-to-back matmuls,
+    with no host synchronisation between them (played here with a fake event on CPU)."""
+    from canzona.optim.front import bench_ns
+
+    trace: list[str] = []
+
+    class Event:
+        def __init__(self, enable_timing: bool = False) -> None:
+            assert enable_timing
+
+        def record(self) -> None:
+            trace.append("record")
+
+        def synchronize(self) -> None:
+            trace.append("wait")
+
+        def elapsed_time(self, end: Event) -> float:
+            return 40.0
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: trace.append("host sync"))
+    ms = bench_ns.time_calls(lambda: trace.append("call"), torch.device("cuda"), bench_ns.PEAK_CALLS)
+    assert trace == ["record"] + ["call"] * bench_ns.PEAK_CALLS + ["record", "wait"]
+    assert ms == pytest.approx(40.0 / bench_ns.PEAK_CALLS)

@@ -133,14 +133,15 @@ def estimate_s(gpu: bool, quick: bool, parts: tuple[str, ...], wheels: bool) -> 
     """Seconds per part on one H200 (or on this CPU), from the FLOPs each part does."""
     from canzona.cost import muon_ns_flops
     from canzona.harness.gpu_train import run_config
-    from canzona.optim.front.bench_ns import parse_shapes
+    from canzona.optim.front.bench_ns import PEAK_CALLS, parse_shapes
 
     out: dict[str, float] = {"install": EST_INSTALL_S if wheels else 0.0}
     if not gpu:
         return out | {p: CPU_EST_S[p] for p in parts}
     s = ns_settings(gpu, quick)
     methods = len(s.methods.split(","))
-    ns = EST_FIXED_S["ns"] + 2 * (s.repeats + 1) * (2 * s.peak_size**3 / EST_PEAK_TFLOPS / 1e12 + EST_CALL_S)
+    peak_call = PEAK_CALLS * 2 * s.peak_size**3 / EST_PEAK_TFLOPS / 1e12 + EST_CALL_S  # one timed sample
+    ns = EST_FIXED_S["ns"] + 2 * (s.repeats + 1) * peak_call
     for _, shape in parse_shapes(s.shapes, s.tp):
         flops = muon_ns_flops(shape, 5)
         ns += (methods * (s.repeats + 1) + 1) * (flops / EST_NS_TFLOPS / 1e12 + EST_CALL_S)

@@ -40,6 +40,14 @@ def _verdict(ok: bool) -> str:
     return "met" if ok else "not met"
 
 
+def rate(tflops: float | None) -> str:
+    """A matmul rate readable at any size: TFLOP/s, or GFLOP/s below one (the CPU flavour's tiny
+    matmuls, which "0.0 TFLOP/s" would hide)."""
+    if not tflops:
+        return "no measured"
+    return f"{tflops:.1f} TFLOP/s" if tflops >= 1 else f"{tflops * 1e3:.1f} GFLOP/s"
+
+
 def peak_tflops(ns: dict[str, Any]) -> float | None:
     """The larger of the run's bf16 matmul peak measurements (before and after the NS timings)."""
     peaks = [p["tflops"] for p in (ns.get("peak"), ns.get("gpu_check", {}).get("peak_after")) if p]
@@ -79,7 +87,7 @@ def ns_goals(ns: dict[str, Any] | None) -> list[Goal]:
         Goal(
             frac_text,
             _verdict(bool(rows) and frac >= NS_FRACTION_GOAL),
-            f"ours ({OURS}) {frac:.0%} FLOP-weighted over {len(rows)} shapes of peak {peak or 0:.0f} TFLOP/s; "
+            f"ours ({OURS}) {frac:.0%} FLOP-weighted over {len(rows)} shapes of a {rate(peak)} peak; "
             f"{len(rows) - len(low)}/{len(rows)} shapes ≥ {NS_FRACTION_GOAL:.0%}"
             + (f" (below: {', '.join(low)})" if low else ""),
         )
@@ -128,7 +136,7 @@ def _ns_table(ns: dict[str, Any]) -> list[str]:
     labels = [m for m in ("standard", "gram", "auto") if m in found] + sorted(set(found) - {"standard", "gram", "auto"})
     head = [
         f"Newton–Schulz {ns['coefficients']} × {ns['steps']} in {ns['dtype']}, median of {ns['repeats']}; "
-        f"cells: TFLOP/s (% of the {peak or 0:.1f} TFLOP/s bf16 matmul peak); ms",
+        f"cells: TFLOP/s (% of the {rate(peak)} bf16 matmul peak); ms",
         "",
         "| shape | matrices | " + " | ".join(labels) + " |",
         "|---|---|" + "---|" * len(labels),
