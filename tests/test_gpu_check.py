@@ -9,6 +9,7 @@ import copy
 import importlib.util
 import io
 import json
+import sys
 import warnings
 from pathlib import Path
 
@@ -49,6 +50,7 @@ def test_cpu_flavour_runs_the_whole_flow_and_says_so(tmp_path: Path) -> None:
     summary = (tmp_path / "SUMMARY.md").read_text()
     assert "**CPU flavour** (no CUDA)" in summary and "cpu" in summary.splitlines()[0]
     assert summary.count("**not evaluated** — Newton–Schulz") == 2  # no GPU verdict from CPU numbers
+    assert "0.0 TFLOP/s" not in summary and " GFLOP/s bf16 matmul peak" in summary  # a CPU peak, readable
     train = json.loads((tmp_path / "train.json").read_text())
     if importlib.util.find_spec("megatron") is None:
         assert train["status"] == "unavailable" and "megatron-core" in train["reason"]
@@ -59,6 +61,11 @@ def test_cpu_flavour_runs_the_whole_flow_and_says_so(tmp_path: Path) -> None:
     assert syncs["max_per_measured_step"] == 1 and syncs["sites"] == ["item in canzona.runtime.grad_norm"]
     assert "**met** — host syncs per training step ≤ 1" in summary
     assert train["memory"]["predicted"]["total_bytes"] > 0 and "activations" in train["memory"]["model_excludes"]
+    cell = train["cell_path"]  # the path a Slurm cell takes: torchrun around canzona train --results
+    assert cell["rc"] == 0, cell["stderr_tail"]
+    assert "torch.distributed.run" in cell["command"] and cell["record"]["cell"] == train["record"]["cell"]
+    assert cell["record"]["loss"]["curve"] == train["record"]["loss"]["curve"]  # same run, same numbers
+    assert cell["checks"] == {"replica_max_abs_diff": 0.0}
     assert out.rstrip().endswith(summary.rstrip().splitlines()[-1])  # the summary is printed last
 
 
@@ -109,7 +116,7 @@ def test_failing_goals_from_the_json_say_not_met() -> None:
     got = {g.text.split(" on ")[0].split(" ≥ ")[-1]: g for g in gpu_summary.goals(d["ns"], d["train"])}
     assert [g.verdict for g in got.values()] == ["not met"] * 3
     frac = next(g for g in got.values() if "matmul peak" in g.text)
-    assert "39% FLOP-weighted over 2 shapes of peak 800 TFLOP/s" in frac.detail  # 1.1e12 FLOPs / 3.5 ms / 800
+    assert "39% FLOP-weighted over 2 shapes of a 800.0 TFLOP/s peak" in frac.detail  # 1.1e12 FLOPs / 3.5 ms / 800
     assert "1280x5120 25%" in frac.detail  # 1e11 / 0.5 ms = 200 TFLOP/s
     speed = next(g for g in got.values() if "speed" in g.text)
     assert speed.detail.startswith("0.83×")  # (2.5 + 0.4) / (3.0 + 0.5)
@@ -199,3 +206,31 @@ def test_a_peer_that_breaks_costs_only_the_peers(tmp_path: Path, monkeypatch: py
     data = gpu_check.ns_check(gpu=False, quick=True, path=tmp_path / "ns.json")
     assert data["gpu_check"]["peers_failed"] == "RuntimeError: kernel exploded"
     assert all(set(row["methods"]) == {"standard", "gram", "auto"} for row in data["shapes"])
+
+
+def test_cell_path_runs_the_command_a_sweep_cell_runs(tmp_path: Path) -> None:
+    """gpu-check's cell path is the sweep's own command for that cell (torchrun around `canzona
+    train` with the cell's flags), so its train.json proves the path every cell takes."""
+    from canzona.harness.gpu_train import cell_command, run_config
+    from canzona.results.schema import ns_dtype_for
+    from canzona.sweep.definition import Cell
+    from canzona.sweep.task import torchrun_argv, train_command
+
+    for gpu, quick in ((False, False), (True, False), (True, True)):
+        run = run_config(gpu, quick).resolve(gpu=gpu)
+        fields = ("model", "tp", "pp", "dp", "method", "optimizer", "seq_len", "micro_batch", "global_batch")
+        cell = Cell(
+            **{k: getattr(run, k) for k in (*fields, "warmup", "iters", "dtype", "device")},
+            ns_dtype=ns_dtype_for(run.optimizer, run.ns_dtype),
+        )
+        results = tmp_path / "cell.jsonl"
+        want = torchrun_argv(
+            train_command(cell, results, None),
+            python=sys.executable,
+            nnodes=1,
+            node_rank=0,
+            nproc_per_node=1,
+            master_addr="127.0.0.1",
+            master_port=29500,
+        )
+        assert cell_command(run, results, 29500) == want

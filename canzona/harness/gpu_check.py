@@ -7,7 +7,9 @@ Parts, each written as soon as it finishes (``--out``, default results/gpu):
               `canzona bench-ns`, run in-process, plus a second peak measurement afterwards)
   train.json  (b) one megatron-core Qwen3 run (a few layers of Qwen3-1.7B) on one GPU with our
               optimizer in bf16 mixed precision: phases from CUDA events, host syncs per step,
-              memory against the memory model (canzona.harness.gpu_train)
+              memory against the memory model (canzona.harness.gpu_train); then the same run on
+              the path every Slurm cell takes, at world size 1 (torchrun around `canzona train
+              --results`, in its own process): its exit status, results line and replica check
   check.json  provenance (device, torch/CUDA, commit), what was installed, each part's status,
               wall time and estimate
   SUMMARY.md  the hardware and the goals, computed from the JSON (canzona.harness.gpu_summary)
@@ -52,7 +54,8 @@ EST_CALL_S = 0.002  # launches + host sync per timed call
 EST_FIXED_S = {"ns": 20.0, "train": 90.0}  # imports, NCCL/cuBLAS handles, model build, planning
 EST_ITER_S = 2.0  # one Qwen3-1.7B-4l iteration (2 × 2048 tokens) with its step, generously
 EST_INSTALL_S = 60.0
-CPU_EST_S = {"ns": 10.0, "train": 15.0}
+EST_CELL_FIXED_S = 60.0  # the cell path's own process: torchrun, imports, NCCL init, model build, planning
+CPU_EST_S = {"ns": 10.0, "train": 40.0}
 
 
 @dataclass(frozen=True)
@@ -147,7 +150,8 @@ def estimate_s(gpu: bool, quick: bool, parts: tuple[str, ...], wheels: bool) -> 
         ns += (methods * (s.repeats + 1) + 1) * (flops / EST_NS_TFLOPS / 1e12 + EST_CALL_S)
         ns += flops / EST_FP64_TFLOPS / 1e12
     run = run_config(gpu, quick)
-    train = EST_FIXED_S["train"] + (run.warmup + run.iters) * EST_ITER_S
+    # the probed run in this process, then the same run on the cell path (torchrun, its own imports)
+    train = EST_FIXED_S["train"] + EST_CELL_FIXED_S + 2 * (run.warmup + run.iters) * EST_ITER_S
     return out | {p: {"ns": ns, "train": train}[p] for p in parts}
 
 

@@ -15,8 +15,13 @@ run's peak (``torch.cuda.max_memory_allocated``) includes activations and is rep
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,6 +30,7 @@ import torch.distributed as dist
 from canzona.harness.config import RunConfig
 from canzona.harness.step_probe import StepProbe
 from canzona.plan.readers.memory import MemoryBreakdown
+from canzona.results.schema import NS_OPTIMIZERS
 
 # GPU: a few layers of Qwen3-1.7B shapes, bf16 params, two micro-batches (so no_sync runs).
 GPU_RUN = RunConfig(
@@ -33,6 +39,9 @@ GPU_RUN = RunConfig(
 CPU_RUN = RunConfig(
     model="qwen3-micro", seq_len=32, micro_batch=2, global_batch=4, warmup=1, iters=3, dtype="bf16", device="cpu"
 )
+# the cell flags of canzona.sweep.definition.Cell.train_args between --model and --dtype, in its order
+RUN_FLAGS = ("tp", "pp", "dp", "method", "optimizer", "seq_len", "micro_batch", "global_batch", "warmup", "iters")
+CELL_TIMEOUT_S = 240.0  # the cell-path run: torchrun, imports, NCCL, model build, the iterations
 MODEL_EXCLUDES = "activations, and megatron's own buffers (rotary tables, schedule tensors, allocator slack)"
 
 
@@ -117,6 +126,49 @@ def probed_rank(ri: Any, run: RunConfig) -> dict[str, Any]:
     return {"record": out["record"], "syncs": probe.summary(run.warmup), "memory": reading}
 
 
+def cell_command(run: RunConfig, results: Path, port: int) -> list[str]:
+    """The command a Slurm cell of ``run``'s layout runs on its node, at world size 1: torchrun with a
+    static rendezvous around `canzona train` with the cell's flags (every number format explicit)
+    and ``--results``. It is ``canzona.sweep.task.torchrun_argv(train_command(cell))`` for that cell,
+    which tests/test_gpu_check.py checks (the harness layer cannot import the sweep's)."""
+    flags = [
+        ("--model", run.model),
+        *((f"--{k.replace('_', '-')}", str(getattr(run, k))) for k in RUN_FLAGS),
+        ("--dtype", run.dtype),
+        ("--device", run.device),
+    ]
+    if run.optimizer in NS_OPTIMIZERS:
+        flags.append(("--ns-dtype", run.ns_dtype))
+    train = [sys.executable, "-m", "canzona", "train", *(x for f in flags for x in f), "--results", str(results)]
+    torchrun = ["--nnodes", "1", "--node_rank", "0", "--nproc_per_node", "1", "--master_addr", "127.0.0.1"]
+    tail = ["--master_port", str(port), "--max_restarts", "0", "--no-python"]
+    return [sys.executable, "-m", "torch.distributed.run", *torchrun, *tail, *train]
+
+
+def cell_path(run: RunConfig, timeout_s: float) -> dict[str, Any]:
+    """Run ``cell_command`` in a subprocess; its exit status, the results line it appended and the
+    replica check written after it (``<results>.checks``). Proves the path every sweep cell takes
+    (launcher variables, NCCL init from the environment, record, checks), not a special one."""
+    from canzona.harness.record import checks_path
+    from canzona.results.schema import iter_records
+    from canzona.runtime.launch import free_port
+
+    with tempfile.TemporaryDirectory(prefix="canzona-cell-") as tmp:
+        results = Path(tmp) / "cell.jsonl"
+        argv = cell_command(run, results, free_port())
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+        lines = [r for _, r in iter_records(results)] if results.exists() else []
+        checks = checks_path(results)
+        checked = [json.loads(x) for x in checks.read_text().splitlines()] if checks.exists() else []
+    return {
+        "command": " ".join(argv),
+        "rc": proc.returncode,
+        "stderr_tail": proc.stderr[-2000:] if proc.returncode else "",
+        "record": lines[-1] if lines else None,
+        "checks": checked[-1]["checks"] if checked else None,
+    }
+
+
 def train_check(gpu: bool, quick: bool) -> dict[str, Any]:
     """Run part (b); the dict written as ``train.json`` (megatron-core must be importable).
 
@@ -142,6 +194,8 @@ def train_check(gpu: bool, quick: bool) -> dict[str, Any]:
             got = probed_rank(ri, run)
     else:
         (got,) = launch(probed_rank, 1, run, backend="gloo", timeout_s=300.0)
+    if gpu:
+        torch.cuda.empty_cache()  # the cell's own process needs the memory
     return {
         "status": "ok",
         "provenance": "measured",
@@ -150,4 +204,5 @@ def train_check(gpu: bool, quick: bool) -> dict[str, Any]:
         "phase_clock": "CUDA events" if gpu else "wall clock (CPU)",
         "syncs": got["syncs"],
         "memory": memory_report(predicted_memory(run), got["memory"], got["record"]),
+        "cell_path": cell_path(run, timeout_s=CELL_TIMEOUT_S),
     }

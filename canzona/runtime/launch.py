@@ -38,7 +38,8 @@ class RankInfo:
     device: torch.device
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on this host now (for a rendezvous started next)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -168,7 +169,7 @@ def launch(
     """
     ctx = mp.get_context("fork")
     out = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     threads = threads_per_rank or 1
     procs = [
         ctx.Process(target=_child, args=(r, nproc, port, backend, timeout_s, threads, fn, args, out), daemon=True)
