@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -106,33 +107,71 @@ def existing_path(text: str) -> str:
     return text
 
 
-def _writable_parent(p: Path, text: str) -> None:
-    for q in [p, *p.parents]:
-        if q.exists():
-            if not q.is_dir():
-                raise _fail(f"{text}: {q} is a file, so nothing can be created below it")
-            if not os.access(q, os.W_OK | os.X_OK):
-                raise _fail(f"{text}: {q} is not writable")
-            return
+def _name_max(folder: Path) -> int:
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
+
+
+def output_problem(p: Path, *, folder: bool = False) -> str | None:
+    """Why ``p`` cannot be written (as a file, or with ``folder`` as a folder to write into), or None.
+
+    Why more than permission bits: root passes every ``os.access`` check, yet cannot create a file
+    under /proc or on a read-only mount, and no one can use a name longer than the filesystem's limit.
+    So the nearest existing folder is TRIED (a probe file created there and removed at once; the
+    target itself is never created, so a refused command leaves nothing behind), an existing target
+    file is opened for appending (not written), and every missing name is checked against the limit.
+    """
+    text = str(p)
+    if not text:
+        return f"expected a {'folder' if folder else 'file'} path, got an empty string"
+    if folder and os.path.exists(p) and not os.path.isdir(p):
+        return f"{text} is a file; give a folder"
+    if not folder and os.path.isdir(p):
+        return f"{text} is a folder; give a file path"
+    missing = []
+    q = p if folder else (p.parent if str(p.parent) else Path("."))
+    while not os.path.exists(q):  # os.path: False, not an error, for an over-long name
+        missing.append(q.name)
+        if q.parent == q:
+            break
+        q = q.parent
+    if not os.path.isdir(q):
+        return f"{text}: {q} is a file, so nothing can be created below it"
+    limit = _name_max(q)
+    exists = os.path.exists(p)
+    names = missing if folder or exists else [*missing, p.name]
+    long = [n for n in names if len(os.fsencode(n)) > limit]
+    if long:
+        size = len(os.fsencode(long[0]))
+        return (
+            f"{text}: the name {long[0][:40]}... is {size} bytes, over this filesystem's limit of {limit}; shorten it"
+        )
+    try:
+        if not folder and exists:
+            os.close(os.open(p, os.O_WRONLY | os.O_APPEND))
+        else:
+            fd, probe = tempfile.mkstemp(dir=q, prefix=".canzona-probe-")
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as exc:
+        where = p if not folder and exists else q
+        return f"{text}: cannot write in {where} ({exc.strerror}); give a writable path"
+    return None
 
 
 def output_file(text: str) -> str:
-    """A file to (over)write: not a folder, and its folder exists or can be created."""
-    if not text:
-        raise _fail("expected a file path, got an empty string")
-    p = Path(text)
-    if p.is_dir():
-        raise _fail(f"{text} is a folder; give a file path")
-    _writable_parent(p.parent if str(p.parent) else Path("."), text)
+    """A file to (over)write or append to: not a folder, and its folder exists or can be created."""
+    problem = output_problem(Path(text))
+    if problem:
+        raise _fail(problem)
     return text
 
 
 def output_dir(text: str) -> str:
     """A folder to write into: not an existing file, and creatable where it does not exist."""
-    if not text:
-        raise _fail("expected a folder path, got an empty string")
-    p = Path(text)
-    if p.exists() and not p.is_dir():
-        raise _fail(f"{text} is a file; give a folder")
-    _writable_parent(p, text)
+    problem = output_problem(Path(text), folder=True)
+    if problem:
+        raise _fail(problem)
     return text

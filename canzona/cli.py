@@ -90,7 +90,18 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def degrade_unprintable() -> None:
+    """Print what the terminal cannot encode as replacement characters instead of raising: a login
+    node in the C locale has an ASCII stdout, and the CLI prints × and –. Never let a character
+    of a report stand between the user and the numbers."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)  # absent on some replaced streams (pytest's)
+        if reconfigure is not None and getattr(stream, "errors", "replace") == "strict":
+            reconfigure(errors="replace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    degrade_unprintable()
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(command if command in COMMANDS else None)

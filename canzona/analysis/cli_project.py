@@ -43,7 +43,7 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="compare with measured result lines (files/folders)",
     )
     p.add_argument("--model", default="qwen3-32b")
-    p.add_argument("--layout", default="32,8,1", help="dp,tp,pp (default 32,8,1)")
+    p.add_argument("--layout", type=_layout_arg, default=None, help="dp,tp,pp (default 32,8,1; not with --preset)")
     p.add_argument("--methods", default="sc,layerwise,asc,canzona")
     p.add_argument(
         "--profile",
@@ -76,8 +76,27 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--views", default="", help="split views, e.g. qkv,gate_up (default none: fused as Megatron registers them)"
     )
-    p.add_argument("--out", help="folder for projected.jsonl / projection_*.csv (presets, --validate) or a .jsonl file")
+    p.add_argument(
+        "--out",
+        type=_out_arg,
+        help="folder for projected.jsonl / projection_*.csv (presets, --validate) or a .jsonl file",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+
+def _layout_arg(text: str) -> str:
+    """``dp,tp,pp`` checked when the flags are parsed, so a bad layout stops the command before any work."""
+    try:
+        _layout(text)
+    except ValueError as exc:  # ConfigError is a ValueError
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _out_arg(text: str) -> str:
+    from canzona.argtypes import output_dir, output_file
+
+    return output_file(text) if text.endswith(".jsonl") else output_dir(text)
 
 
 def _layout(text: str):
@@ -123,6 +142,10 @@ def run(args: argparse.Namespace) -> int:
     if args.validate:
         return _validate(args.validate, profiles, Path(args.out or "results"))
     if args.preset:
+        if args.layout is not None:
+            from canzona.errors import ConfigError
+
+            raise ConfigError(f"--preset {args.preset} projects its own layouts; drop --layout (or drop --preset)")
         return _write_preset(args.preset, Path(args.out or "results"), profiles if args.profile else None)
     return _custom(args, profiles)
 
@@ -187,7 +210,7 @@ def _custom(args: argparse.Namespace, profiles: list[Any]) -> int:
     bad = [m for m in methods if m not in METHODS]
     if bad:
         raise ConfigError(f"the projection models {', '.join(METHODS)}; not {', '.join(bad)}")
-    layout = _layout(args.layout)
+    layout = _layout(args.layout or "32,8,1")
     views = tuple(v for v in args.views.split(",") if v)
     kw = {"alpha": args.alpha} if args.alpha is not None else {}
     scen = [

@@ -30,6 +30,7 @@ separate rows, each with its provenance.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -174,7 +175,9 @@ def _row(record: dict[str, Any], file: str, line: int) -> dict[str, Any]:
 
 
 def _expand(paths: Iterable[str | Path]) -> list[Path]:
-    """Files named directly are read whatever their suffix; folders are searched for *.jsonl."""
+    """Files named directly are read whatever their suffix; folders are searched for *.jsonl. A file
+    reached twice (the same folder given twice, a file and its folder) is read once: the same line
+    read twice is not a run appended twice."""
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
@@ -183,7 +186,8 @@ def _expand(paths: Iterable[str | Path]) -> list[Path]:
             out.append(p)
         else:
             raise ResultsError(f"{p}: no such results file or folder")
-    return out
+    seen: set[Path] = set()
+    return [q for q in out if not (q.resolve() in seen or seen.add(q.resolve()))]
 
 
 def check_duplicates(rows: Sequence[dict[str, Any]]) -> None:
@@ -215,6 +219,10 @@ def check_duplicates(rows: Sequence[dict[str, Any]]) -> None:
                 )
 
 
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
 def records_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     """DataFrame of loaded rows (private bookkeeping columns dropped)."""
     import pandas as pd
@@ -234,7 +242,7 @@ def load_rows(paths: Iterable[str | Path] | str | Path) -> list[dict[str, Any]]:
         paths = [paths]
     rows: list[dict[str, Any]] = []
     for f in _expand(paths):
-        for no, rec in iter_records(f):
+        for no, rec in iter_records(f, report=_warn):
             rows.append(_row(rec, str(f), no))
     check_duplicates(rows)
     return rows

@@ -142,17 +142,26 @@ def under_launcher() -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    if under_launcher():
+        world = int(os.environ["WORLD_SIZE"])
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    else:
+        world = args.nproc if args.nproc is not None else cfg.world
+        local_ranks = world
+    cfg.validate(world)  # types, sizes, layout, the results path: refused before torch is even imported
+    if cfg.device == "cpu":
+        cfg.check_host_memory(local_ranks)
+
     import torch
 
     from canzona.runtime.launch import cuda_visible
 
     gpu = cuda_visible()  # never initialises CUDA here: the forked ranks could not use it
-    run_cfg = config_from_args(args).resolve(gpu=gpu)  # --device gpu without CUDA: ConfigError, exit 2
-    if under_launcher():
-        world = int(os.environ["WORLD_SIZE"])
-    else:
-        world = args.nproc if args.nproc is not None else run_cfg.world
+    run_cfg = cfg.resolve(gpu=gpu)  # --device gpu without CUDA: ConfigError, exit 2
     run_cfg.validate(world, gpu=gpu)
+    if run_cfg.device == "cpu" and cfg.device != "cpu":
+        run_cfg.check_host_memory(local_ranks)
     gpu = run_cfg.device == "gpu"
     backend = "nccl" if gpu else "gloo"
     if run_cfg.method == "megatron-muon":

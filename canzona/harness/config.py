@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,10 +21,11 @@ from typing import Any
 
 import tomllib
 
+from canzona.argtypes import output_problem
 from canzona.cost import optimizer_names
 from canzona.errors import ConfigError
 from canzona.models.qwen3 import Qwen3Config, get_model
-from canzona.plan.types import DEFAULT_ALPHA
+from canzona.plan.types import DEFAULT_ALPHA, MAX_DP
 from canzona.results.schema import NS_OPTIMIZERS, ns_dtype_for
 
 METHODS = ("sc", "layerwise", "asc", "canzona", "megatron-muon")
@@ -40,6 +43,11 @@ NO_CUDA_FIX = (
     "or run the cell with --device cpu"
 )
 CONFIG_DIR = Path(__file__).parent / "configs"
+# Hard limits of a run (beyond them a value is a typo, and would fork or loop for hours before failing)
+MAX_TP = 1024
+MAX_PP = 1024
+MAX_ITERS = 1_000_000
+MAX_MICROBATCHES = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -140,15 +148,27 @@ class RunConfig:
             v = getattr(self, k)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"{k.replace('_', '-')} must be a positive integer, got {v!r}")
-        if not isinstance(self.warmup, int) or self.warmup < 0:
-            raise ConfigError(f"warmup must be a non-negative integer, got {self.warmup!r}")
+        for k in ("warmup", "seed"):
+            v = getattr(self, k)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ConfigError(f"{k} must be a non-negative integer, got {v!r}")
+        for k, most in (("dp", MAX_DP), ("tp", MAX_TP), ("pp", MAX_PP), ("warmup", MAX_ITERS), ("iters", MAX_ITERS)):
+            if getattr(self, k) > most:
+                raise ConfigError(f"{k} = {getattr(self, k):,} is over the limit of {most:,}; check the value")
         if not 0.0 <= self.alpha <= 1.0:
             raise ConfigError(
                 f"alpha must lie in [0, 1] (0: even communication split, 1: balanced compute), got {self.alpha}"
             )
         for k in ("lr", "adamw_lr"):
-            if not getattr(self, k) > 0:
-                raise ConfigError(f"{k} must be > 0, got {getattr(self, k)}")
+            if not 0 < getattr(self, k) < math.inf:
+                raise ConfigError(f"{k} must be a finite number > 0, got {getattr(self, k)}")
+        for k in ("weight_decay", "adamw_weight_decay"):
+            if not 0 <= getattr(self, k) < math.inf:
+                raise ConfigError(f"{k} must be a finite number >= 0, got {getattr(self, k)}")
+        if self.results is not None:
+            problem = output_problem(Path(self.results))
+            if problem:
+                raise ConfigError(f"results: {problem}")
         cfg.validate_layout(tp=self.tp, pp=self.pp)  # heads, KV heads, FFN, vocab, layers
         if cfg.tied_embeddings and self.pp > 1:
             raise ConfigError(
@@ -161,7 +181,7 @@ class RunConfig:
             )
         if world is not None and world != self.world:
             fix = f"launch {self.world} processes"
-            if world % (self.tp * self.pp) == 0:
+            if world % (self.tp * self.pp) == 0 and world >= self.tp * self.pp:
                 fix += f" or set --dp {world // (self.tp * self.pp)}"
             raise ConfigError(f"world size {world} != tp·pp·dp = {self.tp}·{self.pp}·{self.dp} = {self.world}; {fix}")
         per_step = self.micro_batch * self.dp
@@ -171,7 +191,28 @@ class RunConfig:
                 f"does not divide global batch {self.global_batch}; "
                 f"use a global batch that is a multiple of {per_step}"
             )
+        if self.num_microbatches > MAX_MICROBATCHES:
+            raise ConfigError(
+                f"global batch {self.global_batch:,} makes {self.num_microbatches:,} micro-batches per iteration, "
+                f"over the limit of {MAX_MICROBATCHES:,}; lower --global-batch or raise --micro-batch"
+            )
         return self
+
+    def check_host_memory(self, local_ranks: int) -> None:
+        """ConfigError when ``local_ranks`` CPU ranks of this run cannot fit this machine's memory,
+        by the per-GPU estimate of ``canzona.sweep.budget.estimate_memory_gb`` (weights, gradients,
+        ZeRO-1 state, activations): refused in a second instead of an allocator failure after
+        the model build. GPU runs are not checked here: the parent never initialises CUDA."""
+        from canzona.sweep.budget import estimate_memory_gb
+
+        need = estimate_memory_gb(self.model, self.tp, self.pp, self.dp, self.seq_len, self.micro_batch)
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+        if need * local_ranks > have:
+            raise ConfigError(
+                f"{self.model} at tp={self.tp} pp={self.pp} dp={self.dp} needs about {need:.1f} GB per rank "
+                f"({need * local_ranks:.1f} GB for the {local_ranks} ranks on this machine), this machine has "
+                f"{have:.1f} GB; use a smaller model, seq-len or micro-batch, or run it on GPUs"
+            )
 
     def _validate_formats(self, gpu: bool | None) -> None:
         """dtype, ns_dtype, device, attention and cost; device checks only when ``gpu`` is known."""
@@ -266,7 +307,43 @@ class RunConfig:
             raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         if "model" not in data:
             raise ConfigError(f"{where}: 'model' is required")
+        for f in dataclasses.fields(cls):
+            if f.name in data and not _has_type(data[f.name], str(f.type)):
+                raise ConfigError(
+                    f"{where}: {f.name} must be {_TYPE_WORDS[str(f.type)]}, got {data[f.name]!r}; "
+                    f"write it {_TYPE_HINTS[str(f.type)]}"
+                )
         return cls(**dict(data))
+
+
+# What each annotated field type accepts from a TOML file, and how to say it in an error. A quoted
+# number (alpha = "0.5") is a string to TOML and is refused here, not compared with a float later.
+_TYPE_WORDS = {
+    "int": "an integer",
+    "float": "a number",
+    "str": "a string",
+    "bool": "true or false",
+    "str | None": "a string",
+    "bool | None": "true or false",
+}
+_TYPE_HINTS = {
+    "int": "unquoted, e.g. 4",
+    "float": "unquoted, e.g. 0.5 or 1e-3",
+    "str": 'quoted, e.g. "qwen3-micro"',
+    "bool": "unquoted: true or false",
+    "str | None": 'quoted, e.g. "authors"',
+    "bool | None": "unquoted: true or false",
+}
+
+
+def _has_type(v: Any, annotation: str) -> bool:
+    if annotation == "int":
+        return isinstance(v, int) and not isinstance(v, bool)
+    if annotation == "float":
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if annotation in ("str", "str | None"):
+        return isinstance(v, str)
+    return isinstance(v, bool)
 
 
 def _torch_device(gpu: bool) -> Any:

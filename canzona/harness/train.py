@@ -24,6 +24,7 @@ How the pieces fit megatron:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Protocol
@@ -356,5 +357,12 @@ def _record(
     env = environment(device, backend, extra=extra)
     record = build_record(run, env, timings, mem_kind=mem_kind)
     if run.results:
-        append_record(run.results, record)
+        try:
+            append_record(run.results, record)
+        except OSError as exc:  # checked before the run, yet failed (disk full, mount gone): keep the measurement
+            print(json.dumps(record, sort_keys=True), flush=True)
+            raise ConfigError(
+                f"could not append the record to {run.results} ({exc.strerror}); it is printed above as one "
+                "JSON line: add it to a results file by hand"
+            ) from exc
     return record

@@ -34,12 +34,26 @@ def _get(d: dict[str, Any], key: str, default: Any = None, *, positive: bool = T
     return v
 
 
+def _flag(d: dict[str, Any], key: str) -> bool:
+    """A JSON boolean; the string "false" is not false, and reading it as true would add parameters."""
+    v = d.get(key, False)
+    if not isinstance(v, bool):
+        raise ConfigError(f"config.json: {key} must be true or false (a JSON boolean, unquoted), got {v!r}")
+    return v
+
+
 def _moe_layers(d: dict[str, Any], layers: int) -> tuple[int, ...] | None:
     """Qwen-MoE: layer i is sparse iff i not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0."""
     step = _get(d, "decoder_sparse_step", 1)
     dense = d.get("mlp_only_layers") or []
     if not isinstance(dense, list) or any(isinstance(i, bool) or not isinstance(i, int) for i in dense):
         raise ConfigError(f"config.json: mlp_only_layers must be a list of layer indices, got {dense!r}")
+    outside = sorted(i for i in dense if not 0 <= i < layers)
+    if outside:
+        raise ConfigError(
+            f"config.json: mlp_only_layers names layer(s) {outside[:3]} outside the model's layers 0..{layers - 1}; "
+            "list only existing layers"
+        )
     moe = tuple(i for i in range(layers) if i not in set(dense) and (i + 1) % step == 0)
     return None if len(moe) == layers else moe
 
@@ -57,13 +71,14 @@ def from_hf_config(d: dict[str, Any], name: str, source: str = "") -> Transforme
     hidden = _get(d, "hidden_size")
     heads = _get(d, "num_attention_heads")
     layers = _get(d, "num_hidden_layers")
-    head_dim = d.get("head_dim") or (hidden // heads if hidden % heads == 0 else None)
-    if head_dim is None:
+    if d.get("head_dim") is not None:  # given (0 included): it must be valid, never silently replaced
+        head_dim = _get(d, "head_dim")
+    elif hidden % heads == 0:
+        head_dim = hidden // heads
+    else:
         raise ConfigError(f"config.json: hidden_size {hidden} is not a multiple of {heads} heads; give head_dim")
-    tied = d.get("tie_word_embeddings", False)
-    if not isinstance(tied, bool):
-        raise ConfigError(f"config.json: tie_word_embeddings must be true or false, got {tied!r}")
-    attn_bias = bool(d.get("attention_bias", False))
+    tied = _flag(d, "tie_word_embeddings")
+    attn_bias = _flag(d, "attention_bias")
     common = dict(
         name=name,
         layers=layers,
@@ -71,7 +86,7 @@ def from_hf_config(d: dict[str, Any], name: str, source: str = "") -> Transforme
         ffn=_get(d, "intermediate_size"),
         heads=heads,
         kv_heads=_get(d, "num_key_value_heads", heads),
-        head_dim=_get({"head_dim": head_dim}, "head_dim"),
+        head_dim=head_dim,
         vocab=_get(d, "vocab_size"),
         tied_embeddings=tied,
         qk_norm=kind in ("qwen3", "qwen3_moe"),

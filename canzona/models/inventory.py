@@ -89,7 +89,9 @@ class Inventory:
                 f"{self.name}: PP={pp} does not divide its {self.layers} layers; pick PP dividing {self.layers}"
             )
         e = self.experts
-        if ep > 1 and (not e or e % ep):
+        if ep > 1 and not e:
+            raise ConfigError(f"{self.name}: EP={ep} shards routed experts and this model has none; use EP=1")
+        if ep > 1 and e % ep:
             raise ConfigError(f"{self.name}: EP={ep} needs routed experts divisible by it (has {e}); pick EP | {e}")
 
 

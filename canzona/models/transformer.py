@@ -23,6 +23,14 @@ from canzona.models.stages import stage_params
 
 Raw = tuple[str, tuple[int, ...], int | None, int | None, int | None]  # name, shape, tp dim, layer, expert
 
+# Hard limits: sizes past these are typos (an extra digit), not models, and would keep the planner
+# busy for minutes before any output. The largest public decoders are far inside them (Llama-3.1-405B:
+# 126 layers; DeepSeek-V3: 256 routed experts; hidden 16,384; vocabularies near 256k).
+MAX_LAYERS = 1024
+MAX_EXPERTS = 4096
+MAX_WIDTH = 1 << 20  # hidden, FFN and head sizes, and vocab entries
+MAX_MATRICES = 65_536  # layers x (2 experts + 4): about 2x DeepSeek-V3 (31k expert matrices); what the planner walks
+
 
 @dataclass(frozen=True)
 class TransformerConfig:
@@ -54,6 +62,23 @@ class TransformerConfig:
             v = getattr(self, k)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{self.name}: {k} must be a positive integer, got {v!r}")
+        for k in ("experts", "expert_ffn", "shared_expert_ffn"):
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"{self.name}: {k} must be a non-negative integer, got {v!r}")
+        limits = {"layers": MAX_LAYERS, "experts": MAX_EXPERTS}
+        limits |= {k: MAX_WIDTH for k in ("hidden", "ffn", "heads", "head_dim", "vocab", "expert_ffn")}
+        limits["shared_expert_ffn"] = MAX_WIDTH
+        for k, most in limits.items():
+            if getattr(self, k) > most:
+                raise ConfigError(
+                    f"{self.name}: {k} = {getattr(self, k):,} is over the limit of {most:,}; check the model file"
+                )
+        if self.layers * (2 * self.experts + 4) > MAX_MATRICES:
+            raise ConfigError(
+                f"{self.name}: {self.layers} layers x {self.experts} experts make over {MAX_MATRICES:,} matrices, "
+                "more than the planner takes; check the layer and expert counts"
+            )
         if self.heads % self.kv_heads:
             raise ConfigError(f"{self.name}: {self.heads} heads are not a multiple of {self.kv_heads} KV heads")
         if self.experts and self.expert_ffn < 1:
@@ -91,10 +116,12 @@ class TransformerConfig:
             raise ConfigError(
                 f"{self.name}: PP={pp} does not divide its {self.layers} layers; pick PP dividing {self.layers}"
             )
-        if ep > 1 and (not self.experts or self.experts % ep):
+        if ep > 1 and not self.experts:
+            raise ConfigError(f"{self.name}: EP={ep} shards routed experts and this model has none; use EP=1")
+        if ep > 1 and self.experts % ep:
             raise ConfigError(
                 f"{self.name}: EP={ep} needs routed experts divisible by it (has {self.experts}); "
-                f"pick EP dividing {self.experts}" + ("" if self.experts else " or EP=1")
+                f"pick EP dividing {self.experts}"
             )
 
     def raw_params(self) -> list[Raw]:

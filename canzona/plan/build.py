@@ -84,6 +84,8 @@ def make_items(params: Sequence[ParamSpec], cost_model: CostModel, ep: int = 1) 
     """PlanItems (full shape, full-matrix cost, EP rank of experts) of the matrix-routed params, in
     registration order. Experts go to EP ranks in contiguous blocks, as Megatron shards them."""
     experts = 1 + max((s.expert for s in params if s.expert is not None), default=-1)
+    if ep > 1 and not experts:
+        raise ConfigError(f"EP={ep} shards routed experts and these parameters have none; use EP=1")
     if ep > 1 and experts % ep:
         raise ConfigError(f"EP={ep} must divide the {experts} routed experts per layer; pick EP dividing {experts}")
     items = []
@@ -196,6 +198,11 @@ def candidate_plans(
     dup = sorted(n for n, k in Counter(s.name for s in params).items() if k > 1)
     if dup:
         raise ConfigError(f"duplicate parameter names: {', '.join(dup[:3])}")
+    if not any(s.route == "matrix" for s in params):
+        raise ConfigError(
+            f"nothing to plan: none of the {len(params)} parameters is routed to the matrix optimizer "
+            "(AdamW-routed ones get equal ZeRO-1 slices without a plan); pass the matrix parameters"
+        )
     items = make_items(params, cost_model, layout.ep)
     cfg = replace(cfg, dp_layout=_choose_layout(params, items, layout, cfg))
     if any(it.ep_rank is not None for it in items) and (

@@ -10,9 +10,17 @@ from canzona.results.schema import write_atomic
 
 
 def pyplot() -> Any:
-    """matplotlib.pyplot on the Agg backend (no display on clusters or CI), imported on demand."""
-    import matplotlib
+    """matplotlib.pyplot on the Agg backend (no display on clusters or CI), imported on demand.
+    The figures are always rendered by Agg, so an MPLBACKEND naming something else (or nothing
+    matplotlib knows: it refuses to import then) is set aside while matplotlib loads."""
+    import os
 
+    saved = os.environ.pop("MPLBACKEND", None)
+    try:
+        import matplotlib
+    finally:
+        if saved is not None:
+            os.environ["MPLBACKEND"] = saved
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

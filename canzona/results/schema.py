@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -148,13 +149,23 @@ def validate(record: dict[str, Any], where: str = "record") -> dict[str, Any]:
 
 def append_record(path: str | Path, record: dict[str, Any]) -> None:
     """Append one validated line with a single O_APPEND write + fsync: a crash leaves either
-    the whole line or none of it, and lines already in the file are never touched."""
+    the whole line or none of it, and lines already in the file are never touched. A file that
+    ends in a cut-off line (a run killed mid-write by another writer, a full disk) gets the
+    record on a NEW line, with a warning: glued onto the partial line, both would be unreadable."""
     record = validate(record)
     line = (json.dumps(record, sort_keys=True) + "\n").encode()
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
     try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            print(
+                f"warning: {p} ends in a cut-off line (no newline); this record starts on a new line "
+                "and readers skip the cut-off one",
+                file=sys.stderr,
+            )
+            line = b"\n" + line
         os.write(fd, line)
         os.fsync(fd)
     finally:
@@ -179,9 +190,14 @@ def write_atomic(path: str | Path, text: str | bytes) -> None:
         raise
 
 
-def iter_records(path: str | Path, *, skip_invalid: bool = False) -> Iterator[tuple[int, dict[str, Any]]]:
+def iter_records(
+    path: str | Path, *, skip_invalid: bool = False, report: Callable[[str], None] | None = None
+) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield (line number, record). Invalid lines raise (naming file:line) unless ``skip_invalid``,
-    which the sweep's resume uses to treat a truncated line as a cell to rerun."""
+    which the sweep's resume uses to treat a truncated line as a cell to rerun. With ``report``,
+    a line that is not JSON at all (cut off mid-write, or garbled) is passed to it as one message
+    naming file:line and skipped, and the good lines are kept: the analysis reads on, a line that
+    is JSON but breaks the schema still raises (a broken writer, not a lost write)."""
     p = Path(path)
     with p.open() as f:
         for no, raw in enumerate(f, 1):
@@ -195,7 +211,9 @@ def iter_records(path: str | Path, *, skip_invalid: bool = False) -> Iterator[tu
                 if skip_invalid:
                     continue
                 if isinstance(exc, json.JSONDecodeError):
-                    raise ResultsError(
-                        f"{where}: not valid JSON ({exc.msg}); the line is truncated or corrupt"
-                    ) from exc
+                    msg = f"{where}: not valid JSON ({exc.msg}); the line is truncated or corrupt"
+                    if report is not None:
+                        report(f"{msg}: skipped, the other lines are kept")
+                        continue
+                    raise ResultsError(msg) from exc
                 raise

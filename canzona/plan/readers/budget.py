@@ -54,11 +54,12 @@ def _calls_ms(s: RankSchedule, models: Mapping[str, CommModel], sizes: dict[str,
     return sum(models[o.group].call_us(o.kind, sizes[o.group], o.nbytes) for o in s.ops) / 1e3
 
 
-def _exposed_tp(s: RankSchedule, plan: Plan, model: CommModel, flops_rate: float) -> tuple[float, float, int]:
-    """(exposed TP ms, TP compute ms, micro-groups of the busiest host) of one rank's micro-groups."""
+def _exposed_tp(
+    s: RankSchedule, plan: Plan, model: CommModel, flops_rate: float, cost: Mapping[str, float]
+) -> tuple[float, float, int]:
+    """(exposed TP ms, TP compute ms, micro-groups of the busiest host) of one rank's micro-groups;
+    ``cost``: FLOPs per matrix of the plan (the same for every rank, so priced once per stage)."""
     tp = plan.layout.tp
-    flops = CostModel(plan.config.optimizer, "flops")
-    cost = {it.name: flops(it.shape) for it in plan.items}
     spec = next((e for e in s.executors if e.kind == "micro-group"), None)
     if spec is None or tp == 1:
         return 0.0, 0.0, 0
@@ -91,7 +92,9 @@ def stage_budget(
     worst = max(schedules, key=lambda s: (len(s.ops), sum(o.nbytes for o in s.ops)))
     counts = {g: dict(Counter(o.kind for o in worst.ops if o.group == g)) for g in GROUPS}
     matrix = [b for b in worst.buckets if b.kind == "matrix"]
-    tps = [_exposed_tp(s, plan, models["tp"], flops_rate) for s in schedules]
+    flops = CostModel(plan.config.optimizer, "flops")
+    cost = {it.name: flops(it.shape) for it in plan.items}
+    tps = [_exposed_tp(s, plan, models["tp"], flops_rate, cost) for s in schedules]
     return Budget(
         collectives={g: c for g, c in counts.items() if c},
         buckets=len(matrix),

@@ -145,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"dp·tp = {args.dp}·{args.tp} = {args.dp * args.tp} must equal --nproc {args.nproc}")
     get_model(args.model).validate_layout(tp=args.tp)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    if not strategies:
+        raise ConfigError(f"--strategies names none; give a comma-separated subset of {', '.join(STRATEGIES)}")
     unknown = [s for s in strategies if s not in STRATEGIES and s not in VARIANTS]
     if unknown:
         raise ConfigError(f"unknown strategies {unknown}; choose from {', '.join([*STRATEGIES, *VARIANTS])}")
