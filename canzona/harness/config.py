@@ -134,6 +134,54 @@ class RunConfig:
         if self.muon_tp_mode not in MUON_TP_MODES:
             raise ConfigError(f"unknown muon_tp_mode {self.muon_tp_mode!r}; choose one of {', '.join(MUON_TP_MODES)}")
         self._validate_formats(gpu)
+        self._validate_numbers()
+        cfg.validate_layout(tp=self.tp, pp=self.pp)  # heads, KV heads, FFN, vocab, layers
+        if cfg.tied_embeddings and self.pp > 1:
+            raise ConfigError(
+                f"{cfg.name} ties its embeddings; PP>1 would need the shared embedding's gradient all-reduced "
+                "between the first and last stage, which the harness does not do yet; use --pp 1 for tied models"
+            )
+        if cfg.q_dim % self.tp or cfg.kv_dim % self.tp:
+            raise ConfigError(
+                f"{cfg.name}: TP={self.tp} must divide the q/kv projection widths ({cfg.q_dim}, {cfg.kv_dim})"
+            )
+        if world is not None and world != self.world:
+            fix = f"launch {self.world} processes"
+            if world % (self.tp * self.pp) == 0 and world >= self.tp * self.pp:
+                fix += f" or set --dp {world // (self.tp * self.pp)}"
+            raise ConfigError(f"world size {world} != tp·pp·dp = {self.tp}·{self.pp}·{self.dp} = {self.world}; {fix}")
+        per_step = self.micro_batch * self.dp
+        if self.global_batch % per_step:
+            raise ConfigError(
+                f"micro-batch·dp = {self.micro_batch}·{self.dp} = {per_step} "
+                f"does not divide global batch {self.global_batch}; "
+                f"use a global batch that is a multiple of {per_step}"
+            )
+        if self.num_microbatches > MAX_MICROBATCHES:
+            raise ConfigError(
+                f"global batch {self.global_batch:,} makes {self.num_microbatches:,} micro-batches per iteration, "
+                f"over the limit of {MAX_MICROBATCHES:,}; lower --global-batch or raise --micro-batch"
+            )
+        return self
+
+    def check_host_memory(self, local_ranks: int) -> None:
+        """ConfigError when ``local_ranks`` CPU ranks of this run cannot fit this machine's memory,
+        by the per-GPU estimate of ``canzona.models.memory.estimate_memory_gb`` (weights, gradients,
+        ZeRO-1 state, activations): refused in a second instead of an allocator failure after
+        the model build. GPU runs are not checked here: the parent never initialises CUDA."""
+        from canzona.models.memory import estimate_memory_gb
+
+        need = estimate_memory_gb(self.model, self.tp, self.pp, self.dp, self.seq_len, self.micro_batch)
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+        if need * local_ranks > have:
+            raise ConfigError(
+                f"{self.model} at tp={self.tp} pp={self.pp} dp={self.dp} needs about {need:.1f} GB per rank "
+                f"({need * local_ranks:.1f} GB for the {local_ranks} ranks on this machine), this machine has "
+                f"{have:.1f} GB; use a smaller model, seq-len or micro-batch, or run it on GPUs"
+            )
+
+    def _validate_numbers(self) -> None:
+        """Sizes, counts, rates and the results path: ConfigError naming the field and the fix."""
         for k in (
             "tp",
             "pp",
@@ -169,50 +217,6 @@ class RunConfig:
             problem = output_problem(Path(self.results))
             if problem:
                 raise ConfigError(f"results: {problem}")
-        cfg.validate_layout(tp=self.tp, pp=self.pp)  # heads, KV heads, FFN, vocab, layers
-        if cfg.tied_embeddings and self.pp > 1:
-            raise ConfigError(
-                f"{cfg.name} ties its embeddings; PP>1 would need the shared embedding's gradient all-reduced "
-                "between the first and last stage, which the harness does not do yet; use --pp 1 for tied models"
-            )
-        if cfg.q_dim % self.tp or cfg.kv_dim % self.tp:
-            raise ConfigError(
-                f"{cfg.name}: TP={self.tp} must divide the q/kv projection widths ({cfg.q_dim}, {cfg.kv_dim})"
-            )
-        if world is not None and world != self.world:
-            fix = f"launch {self.world} processes"
-            if world % (self.tp * self.pp) == 0 and world >= self.tp * self.pp:
-                fix += f" or set --dp {world // (self.tp * self.pp)}"
-            raise ConfigError(f"world size {world} != tp·pp·dp = {self.tp}·{self.pp}·{self.dp} = {self.world}; {fix}")
-        per_step = self.micro_batch * self.dp
-        if self.global_batch % per_step:
-            raise ConfigError(
-                f"micro-batch·dp = {self.micro_batch}·{self.dp} = {per_step} "
-                f"does not divide global batch {self.global_batch}; "
-                f"use a global batch that is a multiple of {per_step}"
-            )
-        if self.num_microbatches > MAX_MICROBATCHES:
-            raise ConfigError(
-                f"global batch {self.global_batch:,} makes {self.num_microbatches:,} micro-batches per iteration, "
-                f"over the limit of {MAX_MICROBATCHES:,}; lower --global-batch or raise --micro-batch"
-            )
-        return self
-
-    def check_host_memory(self, local_ranks: int) -> None:
-        """ConfigError when ``local_ranks`` CPU ranks of this run cannot fit this machine's memory,
-        by the per-GPU estimate of ``canzona.sweep.budget.estimate_memory_gb`` (weights, gradients,
-        ZeRO-1 state, activations): refused in a second instead of an allocator failure after
-        the model build. GPU runs are not checked here: the parent never initialises CUDA."""
-        from canzona.sweep.budget import estimate_memory_gb
-
-        need = estimate_memory_gb(self.model, self.tp, self.pp, self.dp, self.seq_len, self.micro_batch)
-        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
-        if need * local_ranks > have:
-            raise ConfigError(
-                f"{self.model} at tp={self.tp} pp={self.pp} dp={self.dp} needs about {need:.1f} GB per rank "
-                f"({need * local_ranks:.1f} GB for the {local_ranks} ranks on this machine), this machine has "
-                f"{have:.1f} GB; use a smaller model, seq-len or micro-batch, or run it on GPUs"
-            )
 
     def _validate_formats(self, gpu: bool | None) -> None:
         """dtype, ns_dtype, device, attention and cost; device checks only when ``gpu`` is known."""

@@ -380,14 +380,13 @@ def _owner_gather(plan: Plan, settings: LowerSettings) -> tuple[tuple[tuple[str,
     owners = plan.dp.owner_map()
     tp = plan.layout.tp
     local = {it.name: (it.numel // tp if it.partition_dim is not None else it.numel) for it in plan.items}
-    owned: list[list[str]] = [[] for _ in range(plan.layout.dp)]
+    by_rank: tuple[list[str], ...] = tuple([] for _ in range(plan.layout.dp))
     for it in plan.items:  # one pass: every rank lowers this, so O(items · DP) would be O(items · DP²) a stage
-        owned[owners[it.name][0]].append(it.name)
-    by_rank = tuple(map(tuple, owned))
+        by_rank[owners[it.name][0]].append(it.name)
     sizes = [sum(local[n] for n in names) for names in by_rank]
     requested = "uneven" if settings.collective_mode == "native" else settings.collective_mode
     mode = choose_mode(sizes, requested, settings.model, settings.param_bytes)
-    return by_rank, ("uneven" if mode == "native" else mode)
+    return tuple(map(tuple, by_rank)), ("uneven" if mode == "native" else mode)
 
 
 def lower(

@@ -1,0 +1,58 @@
+"""Per-GPU training memory of a model under a layout, Megatron-style: a pure estimate from the
+parameter inventory and the batch shape, with no plan. Why in the models layer: both the sweep
+(the Table-2 layout rule and its memory check, ``canzona.sweep.budget``) and ``canzona train``
+(refusing a run this machine cannot hold, before any rank starts) need it, and it needs nothing
+but the model."""
+
+from __future__ import annotations
+
+from canzona.models import get_model, list_params
+
+# Bytes per parameter element held on every model-parallel replica (bf16 weight + fp32 main grad,
+# Megatron's default accumulate-in-fp32) and per element of ZeRO-1-sharded optimizer state
+# (fp32 master + Muon momentum for matrices; fp32 master + Adam m, v for the AdamW-routed rest).
+_REPLICA_BYTES = 2 + 4
+_SHARDED_BYTES = {"matrix": 4 + 4, "adamw": 4 + 8}
+
+
+def estimate_memory_gb(model: str, tp: int, pp: int, dp: int, seq_len: int, micro_batch: int) -> float:
+    """Rough per-GPU peak memory (GB = 1e9 bytes) of Megatron mixed-precision training with ZeRO-1.
+
+    Why it exists: the Table-2 layouts are chosen by one written rule (smallest TP inside a node
+    whose estimate fits the budget), and the rule is only checkable if the estimate is code.
+    It counts the first pipeline stage (it holds the embedding and, under 1F1B, ``pp``
+    micro-batches of activations), activations per layer ``s·b·h·(10 + 24/tp)`` bytes
+    (Korthikanti et al. 2022, selective recompute, no sequence parallelism), and fp32 logits
+    plus their gradient on the last stage. Allocator slack, NCCL buffers and the CUDA context
+    are what the budget's headroom is for; this is an estimate, not a measurement.
+    """
+    cfg = get_model(model)
+    cfg.validate_layout(tp=tp, pp=pp)
+    first = list_params(cfg, pp=pp, stage=0)
+    replica = sum(p.shard_numel(tp) for p in first)
+    sharded = sum(p.shard_numel(tp) * _SHARDED_BYTES[p.route] for p in first) / dp
+    static = replica * _REPLICA_BYTES + sharded
+    sbh = seq_len * micro_batch * cfg.hidden
+    activations = sbh * (10 + 24 / tp) * (cfg.layers // pp) * pp
+    logits = 2 * 4 * seq_len * micro_batch * cfg.vocab / tp if pp == 1 else 0.0
+    if pp > 1:  # the last stage holds the logits but only one micro-batch of activations in flight
+        last = list_params(cfg, pp=pp, stage=pp - 1)
+        last_static = (
+            sum(p.shard_numel(tp) for p in last) * _REPLICA_BYTES
+            + sum(p.shard_numel(tp) * _SHARDED_BYTES[p.route] for p in last) / dp
+        )
+        last_total = (
+            last_static + sbh * (10 + 24 / tp) * (cfg.layers // pp) + 2 * 4 * seq_len * micro_batch * cfg.vocab / tp
+        )
+        return max(static + activations, last_total) / 1e9
+    return (static + activations + logits) / 1e9
+
+
+def activation_bytes(model: str, tp: int, pp: int, stage: int, seq_len: int, micro_batch: int) -> float:
+    """Activations a stage holds at its 1F1B peak (the terms of ``estimate_memory_gb``): ``pp``
+    micro-batches on the first stage, one on the last, which also holds fp32 logits and their grad."""
+    cfg = get_model(model)
+    sbh = seq_len * micro_batch * cfg.hidden
+    in_flight = pp - stage
+    logits = 2 * 4 * seq_len * micro_batch * cfg.vocab / tp if stage == pp - 1 else 0.0
+    return sbh * (10 + 24 / tp) * (cfg.layers // pp) * in_flight + logits
