@@ -1,0 +1,6 @@
+"""Canzona for FSDP2 (``torch.distributed.fsdp.fully_shard``): the planner, lowering, executors and
+optimizer math of the Megatron path, on DTensor Shard(0) parameters."""
+
+from canzona.runtime.fsdp2.optimizer import STRATEGIES, FSDP2Optimizer
+
+__all__ = ["STRATEGIES", "FSDP2Optimizer"]

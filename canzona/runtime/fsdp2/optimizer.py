@@ -1,0 +1,233 @@
+"""Canzona on FSDP2: the matrix optimizer of a ``fully_shard`` model, one owner per matrix.
+
+    model = fully_shard(...)                    # DTensor Shard(0) parameters (1-D mesh, or HSDP 2-D)
+    opt = FSDP2Optimizer(model, DistConfig(plan=PlanConfig(strategy="canzona")))
+    loss.backward()                             # FSDP2 reduce-scatters the gradients
+    info = opt.step()                           # StepInfo(grad_norm, skipped, clip_coef); one host sync
+    opt.zero_grad()
+
+The same pieces as the Megatron path (canzona.runtime.optimizer), nothing copied:
+  plan        canzona.plan.make_plan on ``Layout(dp=1, tp=shards)`` (canzona.runtime.fsdp2.layout): the TP
+              schedule picks each matrix's owner (LPT on the cost model under ``canzona``, registration
+              order = round-robin under ``asc``, everyone under ``sc``) and the micro-groups
+  lowering    canzona.plan.schedule.lower: the executors and the ordered calls of a step
+  executors   canzona.runtime.executors: micro-groups are ONE packed all_to_all_single to gather the
+              row shards to their owners and ONE to scatter the updates back, pipelined (gather i+1 and
+              scatter i-1 in flight while group i computes); sc is one packed all-gather
+  math        canzona.optim: the single-matrix update; AdamW (torch's) on the local shards of the rest
+  norm        canzona.runtime.grad_norm: global norm + non-finite flag in one all-reduce, one host read
+
+Mixed precision: under ``MixedPrecisionPolicy(param_dtype=bf16)`` FSDP2 keeps the sharded parameters
+in fp32 and they are the masters; a model cast to bf16 before ``fully_shard`` gets fp32 masters of
+its local shards here, published into the bf16 shards after each update. State is fp32.
+
+HSDP: the replicate dimension receives identical, already all-reduced gradients, so every replica
+runs the same schedule on its own shard group (the compute is repeated per replica, no extra bytes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from canzona.errors import ConfigError, NonFiniteGradientError
+from canzona.optim.adamw import make_adamw
+from canzona.optim.base import apply_update
+from canzona.plan import make_plan
+from canzona.plan.comm import MODELS, model_for_backend
+from canzona.plan.schedule import LowerSettings, RankSchedule, lower
+from canzona.plan.types import Plan
+from canzona.runtime import grad_norm
+from canzona.runtime.config import DistConfig
+from canzona.runtime.executors.base import StepContext
+from canzona.runtime.executors.tp import select_executors
+from canzona.runtime.fsdp2.layout import default_route, param_specs, plan_layout, shard_mesh
+from canzona.runtime.optimizer import StepInfo
+from canzona.runtime.timers import PhaseTimer
+
+Route = Callable[[str, tuple[int, ...]], str]
+
+# The strategies with an FSDP2 form, planned on the shard group seen as a TP group: sc, every rank
+# gathers and computes every matrix; asc, hosts in registration order (the round-robin owners of
+# DistMuon and muon-fsdp2); canzona, cost-balanced owners and capacity-bounded micro-groups.
+STRATEGIES = ("sc", "asc", "canzona")
+
+
+class FSDP2Optimizer:
+    """See the module docstring. ``model``: a fully_shard-wrapped module (or its named parameters);
+    ``route``: name, full shape -> ``matrix`` | ``adamw`` (default: 2-D block weights to the matrix
+    optimizer, embeddings / output layer / norms to AdamW)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module | Sequence[tuple[str, torch.nn.Parameter]],
+        config: DistConfig,
+        *,
+        route: Route = default_route,
+    ) -> None:
+        if not isinstance(config, DistConfig):
+            raise ConfigError(f"FSDP2Optimizer needs a DistConfig, got {type(config).__name__}")
+        named = list(model.named_parameters()) if isinstance(model, torch.nn.Module) else list(model)
+        if not named:
+            raise ConfigError("FSDP2Optimizer got no parameters")
+        if config.plan.strategy not in STRATEGIES:
+            raise ConfigError(
+                f"strategy {config.plan.strategy!r} has no FSDP2 form; choose one of {', '.join(STRATEGIES)}"
+            )
+        self.config = config
+        self.mesh = shard_mesh(named)
+        self.group = self.mesh.group()
+        self.shards, self.rank = self.mesh.shards, self.mesh.shard_rank
+        self.params = dict(named)
+        specs = param_specs(named, self.shards, route)
+        use_matrix = config.optimizer is not None
+        self.matrix_names = [s.name for s in specs if use_matrix and s.route == "matrix"]
+        self.adamw_names = [s.name for s in specs if s.name not in set(self.matrix_names)]
+        self.specs = {s.name: s for s in specs if s.name in set(self.matrix_names)}
+        with torch.no_grad():
+            self.local = {n: p.to_local() for n, p in named}
+        self.device = next(iter(self.local.values())).device
+        self.backend = str(dist.get_backend(self.group))
+        self.timer = PhaseTimer(self.device, enabled=config.timers)
+        self.step_count = 0
+        self.plan = self._make_plan() if self.matrix_names else None
+        self.schedule = self._lower()
+        self.executors = select_executors(self.schedule.executors, self.specs, {"tp": self.group}, self.device)
+        self.states = {n: self.math.init_state(self.specs[n].shape, device=self.device) for n in self.schedule.computes}
+        self.masters = {n: self._master(t) for n, t in self.local.items()}
+        adam = [self.masters[n] for n in self.adamw_names]
+        self.adamw = make_adamw(adam, config.adamw) if adam else None
+
+    # ---------------------------------------------------------------- set-up
+    def _make_plan(self) -> Plan:
+        """The shared planner on the shard group as a TP group. Cooperative Newton–Schulz is off: the
+        FSDP2 engine has no executor for it yet (one owner per matrix)."""
+        self.math = self.config.make_math()
+        pc = dataclasses.replace(self.config.plan, cooperative=False)
+        plan = make_plan(
+            list(self.specs.values()), plan_layout(self.shards), pc, cost_model=self.math.cost_model(pc.cost)
+        )
+        self._check_agreement(plan.input_hash)
+        return plan
+
+    def _lower(self) -> RankSchedule:
+        comm = self.config.comm
+        model = MODELS[comm.cost_model] if comm.cost_model else model_for_backend(self.backend)
+        pdtype = next(iter(self.local.values())).dtype
+        settings = LowerSettings(model=model, param_bytes=pdtype.itemsize, global_world=self.shards)
+        return lower(self.plan, (), 0, self.rank, settings, plan_layout(self.shards))
+
+    @staticmethod
+    def _master(local: torch.Tensor) -> torch.Tensor:
+        """The fp32 tensor the update lands in: the local shard itself when it is fp32 (a detached
+        alias, so torch's AdamW may hold it), else an fp32 copy published after each update."""
+        return local.detach() if local.dtype == torch.float32 else local.detach().float()
+
+    def _check_agreement(self, h: str) -> None:
+        """Every shard rank must execute the same plan; a mismatch would deadlock or corrupt."""
+        v = torch.tensor([int(h, 16) & ((1 << 62) - 1)], dtype=torch.int64, device=self.device)
+        seen = [torch.zeros_like(v) for _ in range(self.shards)]
+        dist.all_gather(seen, v, group=self.group)
+        if any(int(s.item()) != int(v.item()) for s in seen):
+            raise ConfigError(
+                f"plan hash differs across FSDP2 ranks (this rank: {h}); every rank must build the optimizer "
+                "on the same model and DistConfig"
+            )
+
+    # ---------------------------------------------------------------- step
+    def _grads(self) -> dict[str, torch.Tensor]:
+        """This rank's reduced gradient shard of every parameter, fp32 and flat (a view of ``.grad``
+        when it is fp32 already; zeros where backward left none)."""
+        out = {}
+        for n, p in self.params.items():
+            g = p.grad
+            if g is None:
+                out[n] = torch.zeros(self.masters[n].numel(), dtype=torch.float32, device=self.device)
+                continue
+            g = g.to_local() if hasattr(g, "to_local") else g
+            out[n] = g.view(-1) if g.dtype == torch.float32 and g.is_contiguous() else g.float().reshape(-1)
+        return out
+
+    def _check(self, grads: dict[str, torch.Tensor]) -> StepInfo:
+        """The step's one reduction (over the shard group: HSDP replicas hold the same gradients)."""
+        with self.timer.phase("check"):
+            norm = grad_norm.global_norm(grad_norm.sum_of_squares(list(grads.values()), self.device), self.group)
+        if norm != norm or norm == float("inf"):
+            if self.config.nonfinite == "raise":
+                raise NonFiniteGradientError(
+                    "non-finite gradient; state and parameters left untouched. Lower the LR, clip gradients "
+                    "(max_grad_norm), or set DistConfig(nonfinite='skip')"
+                )
+            return StepInfo(norm, True)
+        return StepInfo(norm, False, grad_norm.clip_coefficient(norm, self.config.max_grad_norm))
+
+    def _compute(self, name: str, full_grad: torch.Tensor) -> torch.Tensor:
+        return self.math.direction(full_grad, self.states[name], self.step_count)
+
+    def _apply(self, name: str, update_shard: torch.Tensor) -> None:
+        master, cfg = self.masters[name], self.math.config
+        apply_update(master, update_shard.reshape(master.shape), cfg.lr, cfg.weight_decay)
+        self._publish(name)
+
+    def _publish(self, name: str) -> None:
+        local, master = self.local[name], self.masters[name]
+        if local.data_ptr() != master.data_ptr():
+            local.copy_(master)
+
+    @torch.no_grad()
+    def step(self) -> StepInfo:
+        """One optimizer step: the schedule's calls and ONE host sync (the global norm)."""
+        t0 = time.perf_counter()
+        with self.timer.phase("total"):
+            grads = self._grads()
+            info = self._check(grads)
+            if not info.skipped:
+                grad_norm.scale_(list(grads.values()), info.clip_coef)
+                self.step_count += 1
+                self._run_matrices(grads)
+                with self.timer.phase("compute"):
+                    self._run_adamw(grads)
+        self._step_ms = (time.perf_counter() - t0) * 1e3
+        return info
+
+    def _run_matrices(self, grads: dict[str, torch.Tensor]) -> None:
+        """Every executor's start, then run, then finish (canzona.runtime.executors.base)."""
+        math = getattr(self, "math", None)
+        ctx = StepContext(
+            grads.__getitem__, self._compute, self._apply, self.timer, math, self.states.__getitem__, self.step_count
+        )
+        for ex in self.executors:
+            ex.start(ctx)
+        for ex in self.executors:
+            ex.run(ctx)
+        for ex in self.executors:
+            ex.finish(ctx)
+
+    def _run_adamw(self, grads: dict[str, torch.Tensor]) -> None:
+        if self.adamw is None:
+            return
+        for n in self.adamw_names:
+            self.masters[n].grad = grads[n].view(self.masters[n].shape)
+        self.adamw.step()
+        for n in self.adamw_names:
+            self.masters[n].grad = None
+            self._publish(n)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop (or zero) every parameter's gradient, as torch optimizers do."""
+        for p in self.params.values():
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
+    def timings(self) -> dict[str, float]:
+        """{phase: ms} of the steps since the last call, max across the shard group. Synchronises:
+        call it outside the step. Needs DistConfig(timers=True)."""
+        if not self.config.timers:
+            raise ConfigError("phase timers are off; build the optimizer with DistConfig(timers=True)")
+        return self.timer.collect(self.group)

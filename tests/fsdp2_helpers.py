@@ -1,0 +1,133 @@
+"""A tiny decoder-shaped model wrapped with fully_shard, its seeded batches, and an independent
+single-process reference of the same training (real backward, the optimizer math applied whole)."""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from canzona.optim import make_matrix_optimizer
+from canzona.optim.adamw import AdamWConfig, make_adamw
+from canzona.optim.base import apply_update
+from canzona.plan.types import PlanConfig
+from canzona.runtime import DistConfig, optimizer_config
+from canzona.runtime.fsdp2.layout import default_route
+from tests.runtime_helpers import OPTIONS as RUNTIME_OPTIONS
+
+VOCAB, DIM, HIDDEN, LAYERS, BATCH, SEQ = 24, 16, 32, 3, 2, 6
+LR, WD, ADAMW_LR = 0.02, 0.01, 1e-3
+# The runtime tests' options, except that SOAP preconditions only sides of DIM: a (32, 16) matrix's
+# 32-side factor has rank <= 16 from real gradients, and eigh's basis of its null space is
+# arbitrary, so it would differ between any two summation orders (tests/runtime_helpers.py).
+OPTIONS = {**RUNTIME_OPTIONS, "soap": {**RUNTIME_OPTIONS["soap"], "max_precond_dim": DIM}}
+
+
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.RMSNorm(DIM)
+        self.proj = torch.nn.Linear(DIM, DIM, bias=False)
+        self.fc1 = torch.nn.Linear(DIM, HIDDEN, bias=False)
+        self.fc2 = torch.nn.Linear(HIDDEN, DIM, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(self.norm(x))
+        return x + self.fc2(F.silu(self.fc1(h)))
+
+
+class Net(torch.nn.Module):
+    """Embedding and output layer (AdamW), three blocks of (16,16), (32,16), (16,32) matrices."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, DIM)
+        self.layers = torch.nn.ModuleList(Block() for _ in range(LAYERS))
+        self.norm = torch.nn.RMSNorm(DIM)
+        self.lm_head = torch.nn.Linear(DIM, VOCAB, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for b in self.layers:
+            x = b(x)
+        logits = self.lm_head(self.norm(x))
+        return F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+
+
+def make_net(seed: int) -> Net:
+    torch.manual_seed(seed)
+    return Net()
+
+
+def batch(step: int, rank: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed * 1000 + step * 16 + rank)
+    return torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
+
+
+def shard_net(net: Net, mesh_shape: tuple[int, ...], precision: str = "fp32") -> Net:
+    """fully_shard every block and the root on a 1-D mesh (shards,) or an HSDP mesh (replicas, shards).
+    ``precision``: fp32; mp, FSDP2's bf16 MixedPrecisionPolicy (fp32 shards); bf16, the model cast
+    to bf16 before sharding (bf16 shards, fp32 masters in the optimizer)."""
+    mixed = precision == "mp"
+    if precision == "bf16":
+        net = net.to(torch.bfloat16)
+    names = ("replicate", "shard") if len(mesh_shape) == 2 else ("shard",)
+    mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed else None
+    kw = {"mesh": mesh, **({"mp_policy": mp} if mp else {})}
+    for b in net.layers:
+        fully_shard(b, **kw)
+    fully_shard(net, **kw)
+    return net
+
+
+def fsdp2_config(strategy: str, optimizer: str, max_grad_norm: float | None = None) -> DistConfig:
+    return DistConfig(
+        optimizer=optimizer_config(optimizer, lr=LR, weight_decay=WD, **OPTIONS.get(optimizer, {})),
+        adamw=AdamWConfig(lr=ADAMW_LR, betas=(0.9, 0.95), weight_decay=WD),
+        plan=PlanConfig(strategy=strategy),
+        max_grad_norm=max_grad_norm,
+    )
+
+
+@functools.cache  # meshes (4,) and (2, 2) share the 4-rank reference
+def reference(
+    optimizer: str, world: int, steps: int, seed: int, precision: str, max_grad_norm: float | None
+) -> dict[str, torch.Tensor]:
+    """Single-process training of the same net: each rank's batch through its own backward (in bf16
+    unless ``precision`` is fp32, as FSDP2's param_dtype or a bf16 model computes), gradients
+    averaged in fp32, clipped by the global norm, then the whole-matrix update on fp32 weights and
+    torch's AdamW on the rest. A bf16 model starts from its bf16-rounded initial weights."""
+    mixed = precision != "fp32"
+    net = make_net(seed)
+    if precision == "bf16":
+        net = net.to(torch.bfloat16).float()
+    params = dict(net.named_parameters())
+    math = make_matrix_optimizer(optimizer, lr=LR, weight_decay=WD, **OPTIONS.get(optimizer, {}))
+    matrices = [n for n, p in params.items() if default_route(n, tuple(p.shape)) == "matrix"]
+    states = {n: math.init_state(tuple(params[n].shape)) for n in matrices}
+    others = [p for n, p in params.items() if n not in matrices]
+    cfg = AdamWConfig(lr=ADAMW_LR, betas=(0.9, 0.95), weight_decay=WD)
+    adamw = make_adamw(others, cfg)
+    for step in range(steps):
+        grads = {n: torch.zeros_like(p) for n, p in params.items()}
+        for r in range(world):
+            fwd = copy.deepcopy(net).to(torch.bfloat16) if mixed else net
+            fwd.zero_grad(set_to_none=True)
+            fwd(batch(step, r, seed)).backward()
+            for n, p in fwd.named_parameters():
+                grads[n] += p.grad.float() / world
+        norm = torch.sqrt(sum(g.double().pow(2).sum() for g in grads.values())).item()
+        coef = 1.0 if max_grad_norm is None else min(1.0, max_grad_norm / (norm + 1e-6))
+        with torch.no_grad():
+            for n in matrices:
+                u = math.direction(grads[n] * coef, states[n], step + 1)
+                apply_update(params[n], u, LR, WD)
+            for n, p in params.items():
+                p.grad = grads[n] * coef if n not in matrices else None
+            adamw.step()
+    return {n: p.detach().clone() for n, p in params.items()}

@@ -1,0 +1,48 @@
+"""What an FSDP2 step costs, counted on gloo: the optimizer issues exactly the lowered schedule's calls
+(kind, bytes, order) on the shard group, which is one all-reduce (norm + non-finite flag) plus ONE
+packed all-to-all each way per micro-group (one packed all-gather for sc), and reads the host once."""
+
+from __future__ import annotations
+
+import pytest
+
+from canzona.fsdp2 import FSDP2Optimizer
+from canzona.harness.step_probe import HostReadCounter
+from canzona.runtime.launch import launch
+from tests.fsdp2_helpers import batch, fsdp2_config, make_net, shard_net
+from tests.test_runtime_budget import recorded
+
+SEED = 3
+RUNS = [("muon", s) for s in ("sc", "asc", "canzona")] + [("shampoo", "canzona")]
+
+
+def _issued(info, mesh: tuple[int, ...]) -> dict:
+    out = {}
+    for optimizer, strategy in RUNS:
+        net = shard_net(make_net(SEED), mesh)
+        opt = FSDP2Optimizer(net, fsdp2_config(strategy, optimizer, max_grad_norm=1.0))
+        for step in range(2):
+            net(batch(step, info.rank, SEED)).backward()
+            with recorded({"shard": opt.group}) as calls, HostReadCounter() as reads:
+                opt.step()
+            opt.zero_grad()
+        want = [(o.kind, "shard", o.nbytes, o.root) for o in opt.schedule.ops]
+        groups = [e.groups for e in opt.schedule.executors]
+        out[(optimizer, strategy)] = (calls, want, reads.calls, groups)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh", [(4,), (2, 2)], ids=["4", "2x2"])
+def test_step_issues_the_lowered_schedule_and_reads_the_host_once(mesh: tuple[int, ...]) -> None:
+    for rank, res in enumerate(launch(_issued, 4, mesh)):
+        for key, (calls, want, reads, groups) in res.items():
+            assert calls == want, f"rank {rank} {key}:\n issued {calls}\n lowered {want}"
+            assert reads == ["item in canzona.runtime.grad_norm"], (key, reads)
+            kinds = [c[0] for c in calls]
+            assert kinds[0] == "all_reduce" and kinds.count("all_reduce") == 1, (key, kinds)
+            if key[1] == "sc":
+                assert kinds[1:] == ["all_gather"], (key, kinds)
+            else:  # two packed all-to-alls per micro-group, nothing else
+                micro = sum(len(g) for g in groups)
+                assert micro >= 2 and kinds[1:] == ["all_to_all"] * (2 * micro), (key, kinds, micro)
