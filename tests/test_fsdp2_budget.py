@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from canzona.fsdp2 import FSDP2Optimizer
+from canzona.runtime.fsdp2 import FSDP2Optimizer
 from canzona.harness.step_probe import HostReadCounter
 from canzona.runtime.launch import launch
 from tests.fsdp2_helpers import batch, fsdp2_config, make_net, shard_net
