@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from canzona.runtime.fsdp2 import FSDP2Optimizer
 from canzona.harness.step_probe import HostReadCounter
+from canzona.runtime.fsdp2 import FSDP2Optimizer
 from canzona.runtime.launch import launch
 from tests.fsdp2_helpers import batch, fsdp2_config, make_net, shard_net
 from tests.test_runtime_budget import recorded

@@ -228,11 +228,17 @@ def save(opt: DistributedOptimizer, path: str | Path) -> None:
 def load(opt: DistributedOptimizer, path: str | Path) -> None:
     """Read a checkpoint saved under any layout or strategy into this optimizer (collective)."""
     opt.wait_param_sync()
+    meta = load_tree(local_state(opt), path)
+    apply_state(opt, {"meta": meta})
+
+
+def load_tree(tree: dict[str, Any], path: str | Path) -> dict[str, Any]:
+    """Fill ``tree`` (this rank's holdings, as ``local_state`` builds them) in place from the DCP
+    checkpoint at ``path``; returns the saved ``meta``. Shared by the FSDP2 engine's checkpoints."""
     p = Path(path)
     if not (p / ".metadata").is_file():
         raise ConfigError(f"{p} is not a DCP checkpoint (no .metadata); pass the folder checkpoint.save wrote")
     have = set(dcp.FileSystemReader(str(p)).read_metadata().state_dict_metadata)
-    tree = local_state(opt)
     if not any(k.startswith("optimizer.master.") for k in have):  # saved with fp32 params: masters = model params
         tree.pop("master", None)
     state = dict(flatten(tree, "optimizer."))
@@ -243,7 +249,7 @@ def load(opt: DistributedOptimizer, path: str | Path) -> None:
             "was it saved from the same model with the same optimizer?"
         )
     dcp.load(state, checkpoint_id=str(p), planner=LoadPlanner())
-    apply_state(opt, {"meta": {k.rsplit(".", 1)[1]: v for k, v in state.items() if k.startswith("optimizer.meta.")}})
+    return {k.rsplit(".", 1)[1]: v for k, v in state.items() if k.startswith("optimizer.meta.")}
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:

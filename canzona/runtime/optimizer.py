@@ -44,7 +44,7 @@ from canzona.runtime import checkpoint, grad_norm
 from canzona.runtime.buffers import DTYPES, FlatBuffers
 from canzona.runtime.config import DistConfig
 from canzona.runtime.dp_sync import DPSync
-from canzona.runtime.executors.base import StepContext
+from canzona.runtime.executors.base import StepContext, run_executors
 from canzona.runtime.executors.coop import coop_comms, held_pieces
 from canzona.runtime.executors.tp import select_executors
 from canzona.runtime.timers import PhaseTimer
@@ -318,12 +318,7 @@ class DistributedOptimizer:
                     self.states.__getitem__,
                     self.step_count,
                 )
-                for ex in self.executors:
-                    ex.start(ctx)
-                for ex in self.executors:
-                    ex.run(ctx)
-                for ex in self.executors:
-                    ex.finish(ctx)
+                run_executors(self.executors, ctx)
                 with self.timer.phase("compute"):
                     self.adamw.step()
                 with self.timer.phase("param_sync"):

@@ -7,7 +7,7 @@ one needs no change to the facade.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -55,6 +55,16 @@ class MatrixExecutor(Protocol):
     def run(self, ctx: StepContext) -> None: ...
 
     def finish(self, ctx: StepContext) -> None: ...
+
+
+def run_executors(executors: Sequence[MatrixExecutor], ctx: StepContext) -> None:
+    """Every executor's ``start``, then every ``run``, then every ``finish`` (see MatrixExecutor)."""
+    for ex in executors:
+        ex.start(ctx)
+    for ex in executors:
+        ex.run(ctx)
+    for ex in executors:
+        ex.finish(ctx)
 
 
 class NoTransfers:

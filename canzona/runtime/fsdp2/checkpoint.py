@@ -23,7 +23,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.tensor import DTensor
 
 from canzona.errors import ConfigError
-from canzona.runtime.checkpoint import FORMAT, Chunks, LoadPlanner, SavePlanner, flatten
+from canzona.runtime.checkpoint import FORMAT, Chunks, SavePlanner, flatten, load_tree
 from canzona.runtime.zero_adamw import MOMENTS
 
 if TYPE_CHECKING:
@@ -83,19 +83,4 @@ def save(opt: FSDP2Optimizer, path: str | Path) -> None:
 
 def load(opt: FSDP2Optimizer, path: str | Path) -> None:
     """Read a checkpoint saved at any shard count or strategy into this optimizer (collective)."""
-    p = Path(path)
-    if not (p / ".metadata").is_file():
-        raise ConfigError(f"{p} is not a DCP checkpoint (no .metadata); pass the folder checkpoint.save wrote")
-    have = set(dcp.FileSystemReader(str(p)).read_metadata().state_dict_metadata)
-    tree = local_state(opt)
-    if not any(k.startswith("optimizer.master.") for k in have):  # saved from fp32 shards: masters = the model's
-        tree.pop("master", None)
-    state = dict(flatten(tree, "optimizer."))
-    missing = sorted(set(state) - have)
-    if missing:
-        raise ConfigError(
-            f"checkpoint {p} lacks {len(missing)} entries this run needs, e.g. {missing[0]}; "
-            "was it saved from the same model with the same optimizer?"
-        )
-    dcp.load(state, checkpoint_id=str(p), planner=LoadPlanner())
-    apply_state(opt, {k.rsplit(".", 1)[1]: v for k, v in state.items() if k.startswith("optimizer.meta.")})
+    apply_state(opt, load_tree(local_state(opt), path))

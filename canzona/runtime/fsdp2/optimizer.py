@@ -43,7 +43,7 @@ from canzona.plan.schedule import LowerSettings, RankSchedule, lower
 from canzona.plan.types import Plan
 from canzona.runtime import grad_norm
 from canzona.runtime.config import DistConfig
-from canzona.runtime.executors.base import StepContext
+from canzona.runtime.executors.base import StepContext, run_executors
 from canzona.runtime.executors.tp import select_executors
 from canzona.runtime.fsdp2.layout import default_route, param_specs, plan_layout, shard_mesh
 from canzona.runtime.optimizer import StepInfo
@@ -200,12 +200,7 @@ class FSDP2Optimizer:
         ctx = StepContext(
             grads.__getitem__, self._compute, self._apply, self.timer, math, self.states.__getitem__, self.step_count
         )
-        for ex in self.executors:
-            ex.start(ctx)
-        for ex in self.executors:
-            ex.run(ctx)
-        for ex in self.executors:
-            ex.finish(ctx)
+        run_executors(self.executors, ctx)
 
     def _run_adamw(self, grads: dict[str, torch.Tensor]) -> None:
         if self.adamw is None:
