@@ -49,8 +49,11 @@ def int_in(lo: int = 1, hi: int | None = None) -> Callable[[str], int]:
     return parse
 
 
-positive_int = int_in(1)
-nonneg_int = int_in(0)
+# No integer flag means more than this (a 2^40-element bucket is 2 TiB of bf16; a step count or a
+# rank count near it is an extra digit or two): beyond it the value is refused, not run for days.
+MAX_INT_FLAG = 1 << 40
+positive_int = int_in(1, MAX_INT_FLAG)
+nonneg_int = int_in(0, MAX_INT_FLAG)
 
 
 def float_in(lo: float, hi: float | None = None, *, open_low: bool = False) -> Callable[[str], float]:
@@ -124,8 +127,6 @@ def output_problem(p: Path, *, folder: bool = False) -> str | None:
     file is opened for appending (not written), and every missing name is checked against the limit.
     """
     text = str(p)
-    if not text:
-        return f"expected a {'folder' if folder else 'file'} path, got an empty string"
     if folder and os.path.exists(p) and not os.path.isdir(p):
         return f"{text} is a file; give a folder"
     if not folder and os.path.isdir(p):
@@ -163,7 +164,7 @@ def output_problem(p: Path, *, folder: bool = False) -> str | None:
 
 def output_file(text: str) -> str:
     """A file to (over)write or append to: not a folder, and its folder exists or can be created."""
-    problem = output_problem(Path(text))
+    problem = output_problem(Path(text)) if text else "expected a file path, got an empty string"
     if problem:
         raise _fail(problem)
     return text
@@ -171,7 +172,7 @@ def output_file(text: str) -> str:
 
 def output_dir(text: str) -> str:
     """A folder to write into: not an existing file, and creatable where it does not exist."""
-    problem = output_problem(Path(text), folder=True)
+    problem = output_problem(Path(text), folder=True) if text else "expected a folder path, got an empty string"
     if problem:
         raise _fail(problem)
     return text

@@ -21,7 +21,7 @@ from typing import Any
 
 import tomllib
 
-from canzona.argtypes import output_problem
+from canzona.argtypes import MAX_INT_FLAG, output_problem
 from canzona.cost import optimizer_names
 from canzona.errors import ConfigError
 from canzona.models.qwen3 import Qwen3Config, get_model
@@ -200,7 +200,8 @@ class RunConfig:
             v = getattr(self, k)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ConfigError(f"{k} must be a non-negative integer, got {v!r}")
-        for k, most in (("dp", MAX_DP), ("tp", MAX_TP), ("pp", MAX_PP), ("warmup", MAX_ITERS), ("iters", MAX_ITERS)):
+        limits = {"dp": MAX_DP, "tp": MAX_TP, "pp": MAX_PP, "warmup": MAX_ITERS, "iters": MAX_ITERS}
+        for k, most in (limits | {"bucket_size": MAX_INT_FLAG, "seed": MAX_INT_FLAG}).items():
             if getattr(self, k) > most:
                 raise ConfigError(f"{k} = {getattr(self, k):,} is over the limit of {most:,}; check the value")
         if not 0.0 <= self.alpha <= 1.0:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from canzona.errors import ConfigError
-from canzona.models.transformer import TransformerConfig
+from canzona.models.transformer import MAX_LAYERS, TransformerConfig
 
 DENSE = ("llama", "mistral", "qwen2", "qwen3")
 MOE = ("qwen2_moe", "qwen3_moe", "mixtral")
@@ -71,6 +71,8 @@ def from_hf_config(d: dict[str, Any], name: str, source: str = "") -> Transforme
     hidden = _get(d, "hidden_size")
     heads = _get(d, "num_attention_heads")
     layers = _get(d, "num_hidden_layers")
+    if layers > MAX_LAYERS:  # before anything walks the layers
+        raise ConfigError(f"config.json: num_hidden_layers = {layers:,} is over the limit of {MAX_LAYERS:,}; check it")
     if d.get("head_dim") is not None:  # given (0 included): it must be valid, never silently replaced
         head_dim = _get(d, "head_dim")
     elif hidden % heads == 0:

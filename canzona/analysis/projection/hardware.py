@@ -106,6 +106,17 @@ def profile_names() -> list[str]:
     return sorted(p.stem for p in PROFILE_DIR.glob("*.toml"))
 
 
+def _number(p: Path, where: str, key: str, v: Any) -> float:
+    """A finite number, > 0 except latencies (``*_us``) and pass counts, which may be 0: a zero rate
+    would divide by zero and a negative one would project negative or endless times."""
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    may_be_zero = key.endswith(("_us", "passes"))
+    if not ok or v < 0 or (v == 0 and not may_be_zero):
+        want = "a finite number >= 0" if may_be_zero else "a finite number > 0"
+        raise ConfigError(f"hardware profile {p}: [{where}] {key} must be {want} (unquoted), got {v!r:.40}")
+    return float(v)
+
+
 def load_profile(name_or_path: str | Path) -> Profile:
     """Profile by name (``H800``, ``cpu-local``, ...) from canzona/analysis/profiles, or by path.
 
@@ -134,11 +145,21 @@ def load_profile(name_or_path: str | Path) -> Profile:
         if not src:
             raise ConfigError(f"hardware profile {p}: [{where}] {key} has no {key}_source; every number needs one")
         sources[f"{where}.{key}"] = str(src)
-        return table[key]
+        v = table[key]
+        if key == "comm_compute_overlap":
+            if not isinstance(v, bool):
+                raise ConfigError(f"hardware profile {p}: [{where}] {key} must be true or false, got {v!r}")
+            return v
+        return _number(p, where, key, v)
+
+    def section(t: Any, where: str) -> dict[str, Any]:
+        if not isinstance(t, dict):
+            raise ConfigError(f"hardware profile {p}: [{where}] must be a table, got {t!r:.40}")
+        return t
 
     top = {k: v for k, v in raw.items() if not isinstance(v, dict)}
-    comp = raw.get("compute", {})
-    links = raw.get("links", {})
+    comp = section(raw.get("compute", {}), "compute")
+    links = section(raw.get("links", {}), "links")
     cvals = {k: float(need(comp, k, "compute")) for k in _COMPUTE_KEYS}
     mfu = float(need(comp, "mfu", "compute")) if "mfu" in comp else None  # absent: iteration not projected
     cores = float(need(comp, "shared_cores", "compute")) if "shared_cores" in comp else None
@@ -147,12 +168,12 @@ def load_profile(name_or_path: str | Path) -> Profile:
         t = links.get(which)
         if t is None:
             raise ConfigError(f"hardware profile {p}: [links.{which}] is missing")
-        return Link(*(float(need(t, k, f"links.{which}")) for k in _LINK_KEYS))
+        return Link(*(float(need(section(t, f"links.{which}"), k, f"links.{which}")) for k in _LINK_KEYS))
 
     measured: dict[tuple[int, int], float] = {}
     table = comp.get("measured_ms")
     if table is not None:
-        if not table.get("source"):
+        if not section(table, "compute.measured_ms").get("source"):
             raise ConfigError(f"hardware profile {p}: [compute.measured_ms] needs a source entry")
         sources["compute.measured_ms"] = str(table["source"])
         for key, ms in table.items():
@@ -162,13 +183,14 @@ def load_profile(name_or_path: str | Path) -> Profile:
                 m, n = (int(x) for x in key.split("x"))
             except ValueError as exc:
                 raise ConfigError(f"hardware profile {p}: measured_ms key {key!r} is not 'MxN'") from exc
-            measured[(m, n)] = float(ms)
+            measured[(m, n)] = _number(p, "compute.measured_ms", key, ms)
     fits: dict[str, CollectiveFit] = {}
-    for kind, t in raw.get("collectives", {}).items():
+    for kind, t in section(raw.get("collectives", {}), "collectives").items():
         if kind not in COLLECTIVES:
             raise ConfigError(f"hardware profile {p}: unknown collective {kind!r}; known: {', '.join(COLLECTIVES)}")
+        t = section(t, f"collectives.{kind}")
         fits[kind] = CollectiveFit(
-            float(need(t, "latency_us", f"collectives.{kind}")), float(need(t, "bus_bw", f"collectives.{kind}"))
+            need(t, "latency_us", f"collectives.{kind}"), need(t, "bus_bw", f"collectives.{kind}")
         )
     prof = Profile(
         name=str(top.get("name", p.stem)),
