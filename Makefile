@@ -15,7 +15,7 @@ help:
 	@echo "make reproduce-table2   run the Table-2 reproduction (Slurm if present, else the embedded local default)"
 	@echo "make test               install test deps if missing, lint (ruff), run the test suite"
 	@echo "make test-hypothesis    the long randomised property run (fresh seed, 20x examples; minutes)"
-	@echo "make lint               ruff check + ruff format --check"
+	@echo "make lint               ruff check + ruff format --check + mypy (type check of canzona/)"
 	@echo "make slurm-up           a real single-host Slurm (2 emulated nodes; root, installs packages) [ACCOUNTING=1]"
 	@echo "make test-slurm         the sweep tests against it (tests/slurm, marker slurm; minutes); make slurm-down stops it"
 	@echo "make mutants            plant realistic bugs one at a time, report which the tests miss -> results/mutants/ (minutes)"
@@ -38,10 +38,13 @@ $(STAMP): pyproject.toml | $(VPY)
 
 install: $(STAMP)
 
-# ruff lints and checks formatting first (seconds); `ruff format .` fixes the formatting.
+# ruff lints and checks formatting first (seconds; `ruff format .` fixes the formatting), then mypy
+# type-checks canzona/ against torch's own types (config in pyproject.toml; ~2 min cold, seconds
+# with its cache).
 lint: $(STAMP)
 	$(VPY) -m ruff check .
 	$(VPY) -m ruff format --check .
+	$(VPY) -m mypy
 
 test: lint
 	$(VPY) -m pytest $(PYTEST_ARGS)

@@ -13,7 +13,7 @@ the planner (``gpu_load_data``, ``alpha_curve``), the first two from aggregated 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,6 +23,9 @@ from canzona.results.figures import pyplot, save_figure
 if TYPE_CHECKING:
     import pandas as pd
 
+    from canzona.plan.types import Plan
+
+ALPHAS = tuple(i / 10 for i in range(11))  # α from 0 to 1 in steps of 0.1
 PHASE_ORDER = ("grad_sync", "check", "tp_gather", "compute", "tp_scatter", "param_sync")
 PHASE_COLORS = {
     "grad_sync": "#1f77b4",
@@ -165,7 +168,7 @@ def plot_phases(cells: pd.DataFrame, path: str | Path, max_panels: int = 6) -> P
     return save_figure(fig, path)
 
 
-def plot_gpu_load(loads: dict[str, Sequence[float]], lower_bound: float, path: str | Path, title: str) -> Path:
+def plot_gpu_load(loads: Mapping[str, Sequence[float]], lower_bound: float, path: str | Path, title: str) -> Path:
     """Each method's per-GPU optimizer FLOPs, sorted descending, with the atomic lower bound."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
@@ -269,13 +272,13 @@ def gpu_load_data(
     """Per-GPU optimizer FLOPs of each method's plan (all stages) and the atomic lower bound."""
     from canzona.analysis.projection import Scenario, make_plans
     from canzona.plan import gpu_loads
-    from canzona.plan.types import Layout
+    from canzona.plan.types import DEFAULT_ALPHA, Layout
 
     loads: dict[str, list[float]] = {}
     bound = 0.0
     for m in methods:
-        kw = {"alpha": alpha} if alpha is not None else {}
-        plans = make_plans(Scenario(model, Layout(dp, tp, pp), m, optimizer=optimizer, **kw))
+        a = DEFAULT_ALPHA if alpha is None else alpha
+        plans = make_plans(Scenario(model, Layout(dp, tp, pp), m, optimizer=optimizer, alpha=a))
         loads[m] = [c for p in plans for c in gpu_loads(p).flat_cost()]
         for p in plans:
             costs = [it.cost for it in p.items]
@@ -283,7 +286,7 @@ def gpu_load_data(
     return loads, bound
 
 
-def worst_bucket_padding(plans: Sequence[object]) -> float:
+def worst_bucket_padding(plans: Sequence[Plan]) -> float:
     """Largest, over stages and buckets, of (DP x the bucket's longest slice) / bucket size: how
     much larger than an equal split one padded collective is (1 = equal slices; plans without
     cuts: 1)."""
@@ -301,7 +304,7 @@ def alpha_curve(
     dp: int,
     tp: int,
     pp: int = 1,
-    alphas: Sequence[float] = tuple(i / 10 for i in range(11)),
+    alphas: Sequence[float] = ALPHAS,
     profile: str | None = "H800",
     optimizer: str = "muon",
     algos: Sequence[str] = ("blend", "greedy", "refine"),

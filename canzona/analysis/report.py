@@ -100,7 +100,7 @@ def source_tokens(row: dict[str, Any]) -> dict[str, str]:
 def tokens_text(row: dict[str, Any]) -> str:
     """Tokens per iteration as ``256×4096 = 1.05M tokens``; "–" for step benchmarks."""
     gb, seq = row.get("global_batch"), row.get("seq_len")
-    if not (finite(gb) and finite(seq)):
+    if gb is None or seq is None or not (finite(gb) and finite(seq)):
         return "no batch (step benchmark)"
     return f"{int(gb)}×{int(seq)} = {human_tokens(int(gb) * int(seq))} tokens"
 
@@ -263,7 +263,7 @@ def _convergence_rows(cells: pd.DataFrame) -> list[list[str]]:
 def peer_conditions(row: dict[str, Any]) -> str:
     """How Megatron's own Muon actually ran: its layer-wise optimizer on/off and its TP mode."""
     lw = row.get("peer_layer_wise")
-    what = {
+    what: dict[Any, str] = {  # looked up by the recorded value as loaded (bool, numpy bool, NaN, None)
         True: "layer-wise optimizer on",
         False: "layer-wise optimizer off (gloo: every DP rank updates every matrix)",
     }

@@ -93,7 +93,7 @@ def table2_markdown(table: pd.DataFrame) -> str:
     header = list(table.columns)
     rows = []
     for rec in table.to_dict("records"):
-        out = []
+        out: list[Any] = []
         for h in header:
             v = rec[h]
             if h.endswith(" ms"):

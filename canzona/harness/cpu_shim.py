@@ -113,14 +113,14 @@ def install() -> bool:
     _ORIGINALS["tracker"] = (mrandom._CUDA_RNG_STATE_TRACKER, mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED)
     _ORIGINALS["manual_seed"] = torch.cuda.manual_seed
     _ORIGINALS["synchronize"] = torch.cuda.synchronize
-    torch.cuda.synchronize = _noop_synchronize  # type: ignore[assignment]
+    torch.cuda.synchronize = _noop_synchronize
     for name, repl in _STREAM_PATCHES.items():
         _ORIGINALS["stream:" + name] = getattr(torch.cuda, name)
         setattr(torch.cuda, name, repl)
-    torch.cuda.current_device = _cpu_current_device  # type: ignore[assignment]
+    torch.cuda.current_device = _cpu_current_device  # type: ignore[assignment]  # a device where torch says int; megatron uses it as a device
     # model_parallel_cuda_manual_seed calls torch.cuda.manual_seed for the default stream; on
     # CPU the default stream IS the CPU generator, which the harness seeds itself.
-    torch.cuda.manual_seed = _noop_seed  # type: ignore[assignment]
+    torch.cuda.manual_seed = _noop_seed
     mrandom._CUDA_RNG_STATE_TRACKER = _make_cpu_tracker_class()()
     mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     return True
@@ -216,9 +216,9 @@ def uninstall() -> None:
         return
     from megatron.core.tensor_parallel import random as mrandom
 
-    torch.cuda.current_device = _ORIGINALS["current_device"]  # type: ignore[assignment]
-    torch.cuda.manual_seed = _ORIGINALS["manual_seed"]  # type: ignore[assignment]
-    torch.cuda.synchronize = _ORIGINALS["synchronize"]  # type: ignore[assignment]
+    torch.cuda.current_device = _ORIGINALS["current_device"]
+    torch.cuda.manual_seed = _ORIGINALS["manual_seed"]
+    torch.cuda.synchronize = _ORIGINALS["synchronize"]
     for name in _STREAM_PATCHES:
         setattr(torch.cuda, name, _ORIGINALS["stream:" + name])
     mrandom._CUDA_RNG_STATE_TRACKER, mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = _ORIGINALS["tracker"]

@@ -72,7 +72,7 @@ def full_shape(param: torch.Tensor, tp: int) -> tuple[tuple[int, ...], int | Non
     shape = tuple(param.shape)
     if not getattr(param, "tensor_model_parallel", False):
         return shape, None
-    d = int(param.partition_dim)
+    d = int(param.partition_dim)  # type: ignore[attr-defined]  # megatron sets it on TP-split parameters
     return (*shape[:d], shape[d] * tp, *shape[d + 1 :]), d
 
 

@@ -5,7 +5,15 @@ Built-ins (``MODELS``), HuggingFace ``config.json`` files and TOML inventories a
 """
 
 from canzona.models.inventory import Inventory
-from canzona.models.qwen3 import MODELS, Qwen3Config, count_params, get_model, list_params, shipped_configs
+from canzona.models.qwen3 import (
+    MODELS,
+    Qwen3Config,
+    count_params,
+    get_model,
+    get_transformer,
+    list_params,
+    shipped_configs,
+)
 from canzona.models.spec import ParamSpec
 from canzona.models.stages import split_stages
 from canzona.models.transformer import Model, TransformerConfig
@@ -19,6 +27,7 @@ __all__ = [
     "TransformerConfig",
     "count_params",
     "get_model",
+    "get_transformer",
     "list_params",
     "shipped_configs",
     "split_stages",

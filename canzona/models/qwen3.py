@@ -13,6 +13,7 @@ to their file stem (``llama-3-8b``, ``qwen3-30b-a3b``).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypedDict
 
 from canzona.errors import ConfigError
 from canzona.models.hf import load_hf_config
@@ -23,7 +24,13 @@ Qwen3Config = TransformerConfig  # the name the harness and older code use; same
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 
-_M = dict(head_dim=128, vocab=151936)
+
+class _Qwen3Dims(TypedDict):
+    head_dim: int
+    vocab: int
+
+
+_M: _Qwen3Dims = {"head_dim": 128, "vocab": 151936}
 MODELS: dict[str, TransformerConfig] = {
     c.name: c
     for c in (
@@ -83,6 +90,18 @@ def get_model(name: str) -> Model:
     )
 
 
+def get_transformer(name: str) -> TransformerConfig:
+    """``get_model`` for what needs a transformer's widths (training, the activation estimate): a
+    model given as a parameter inventory is refused with the fix."""
+    cfg = get_model(name)
+    if not isinstance(cfg, TransformerConfig):
+        raise ConfigError(
+            f"model {name!r} is a parameter inventory, which has no hidden size, vocabulary or layer widths; "
+            "training and the memory estimate need a transformer: a built-in name or a HuggingFace config.json"
+        )
+    return cfg
+
+
 __all__ = [
     "MODELS",
     "VIEWS",
@@ -90,6 +109,7 @@ __all__ = [
     "apply_view",
     "count_params",
     "get_model",
+    "get_transformer",
     "list_params",
     "load_model_file",
     "shipped_configs",

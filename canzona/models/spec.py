@@ -52,6 +52,13 @@ class ParamSpec:
     def numel(self) -> int:
         return prod(self.shape)
 
+    @property
+    def split_dim(self) -> int:
+        """The TP split dimension of a TP-split parameter (what the TP executors cut along)."""
+        if self.partition_dim is None:
+            raise ValueError(f"parameter {self.name!r} is replicated across TP; it has no split dimension")
+        return self.partition_dim
+
     def shard_shape(self, tp: int) -> tuple[int, ...]:
         """Shape of one TP rank's shard; raises if TP does not divide the partitioned dimension."""
         if self.partition_dim is None or tp == 1:

@@ -167,9 +167,12 @@ class TransformerConfig:
 
 
 class Model(Protocol):
-    """What every model object offers: a name, its full inventory and its layout check."""
+    """What every model object offers: a name, its full inventory and its layout check. Training
+    and the activation estimate need more (widths, vocabulary, tied embeddings): they take a
+    ``TransformerConfig`` (``canzona.models.get_transformer``), never an inventory."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def specs(self, routing: RoutingRule = ...) -> list[ParamSpec]: ...
 

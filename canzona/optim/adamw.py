@@ -6,7 +6,7 @@ harness configures both optimizer families the same way.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,10 +31,9 @@ class AdamWConfig:
 
 
 def make_adamw(
-    params: Iterable[torch.Tensor] | Iterable[dict[str, Any]], config: AdamWConfig = AdamWConfig()
+    params: Sequence[torch.Tensor] | Sequence[dict[str, Any]], config: AdamWConfig = AdamWConfig()
 ) -> torch.optim.AdamW:
     """torch.optim.AdamW over ``params`` (tensors or param groups) with ``config``'s hyper-parameters."""
-    params = list(params)
     if not params:
         raise ConfigError("make_adamw got no parameters; route at least one parameter to AdamW or skip it")
     return torch.optim.AdamW(params, lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay)

@@ -10,6 +10,7 @@ No process groups live here.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -75,6 +76,13 @@ class MatrixOptimizer(ABC):
     def cost(self, shape: tuple[int, int], kind: CostKind = "flops") -> float:
         """Cost of one step on ``shape`` from the shared cost model (canzona.cost)."""
         return self.cost_model(kind)(shape)
+
+
+def matrix_shape(shape: Sequence[int]) -> tuple[int, int]:
+    """A 2-D shape as (rows, columns); a matrix optimizer's state is made for matrices only."""
+    if len(shape) != 2:
+        raise ValueError(f"a matrix optimizer needs a 2-D shape, got {tuple(shape)}")
+    return shape[0], shape[1]
 
 
 def check_matrix(grad: torch.Tensor, name: str = "parameter") -> None:

@@ -134,3 +134,13 @@ class Muon(MatrixOptimizer):
         dtype = torch.float32 if c.compute_dtype == "fp32" else torch.bfloat16
         restarts = () if c.ns_method == "standard" else self.ns_restarts_for(dtype)
         return CostSettings(ns_steps=c.ns_steps, ns_method=c.ns_method, ns_restarts=restarts)
+
+
+def require_muon(math: MatrixOptimizer | None) -> Muon:
+    """``math`` as Muon, for what only Muon's update supports: cooperative groups split its update
+    into elementwise ``before`` / ``after`` around a Newton–Schulz on blocks, and their all-reduces
+    are counted by its NS steps and restarts (the planner forms groups for Muon only,
+    ``canzona.plan.coop.applies``)."""
+    if not isinstance(math, Muon):
+        raise TypeError(f"cooperative Newton–Schulz needs Muon, got {type(math).__name__ if math else None}")
+    return math

@@ -46,6 +46,16 @@ def _positive_int(v: object) -> bool:
     return not isinstance(v, bool) and isinstance(v, int) and v > 0
 
 
+# Where cooperation is priced when a config does not say: NVLink (offline planning is for GPU
+# clusters); the runtime sets its backend's profile before planning (cpu on gloo).
+DEFAULT_COOP_PROFILE = "nvlink"
+
+
+def coop_settings(config: PlanConfig) -> CoopSettings:
+    """The cooperation pricing of ``config`` (its profile, or the default when unset)."""
+    return COOP_PROFILES[config.coop_profile or DEFAULT_COOP_PROFILE]
+
+
 def resolve_config(config: PlanConfig) -> PlanConfig:
     """Validate ``config`` and fill strategy defaults; raises ConfigError naming the fix."""
     strategy = get_strategy(config.strategy)
@@ -71,7 +81,7 @@ def resolve_config(config: PlanConfig) -> PlanConfig:
             f"tp mode {mode!r} does not go with strategy {config.strategy!r}: 'shard' is zero's element-wise "
             f"reference and zero has no other; choose from {', '.join(m for m in TP_MODES if m != 'shard')}"
         )
-    profile = config.coop_profile or "nvlink"
+    profile = config.coop_profile or DEFAULT_COOP_PROFILE
     if profile not in COOP_PROFILES:
         raise ConfigError(f"unknown coop_profile {config.coop_profile!r}; choose one of {', '.join(COOP_PROFILES)}")
     coop = applies(config.strategy, config.optimizer, config.cost, config.cooperative) and mode == "global"
@@ -169,7 +179,7 @@ def keep_fastest(plain: Plan | None, coops: Sequence[Plan]) -> Plan:
     # hosts an fc2), and at TP = 1 its block cuts add DP calls (Qwen3-1.7B at DP 256: groups of 4
     # save 1 ms of Newton–Schulz and add 168 per-slice calls). Keep the choice with the shortest
     # step, and cooperation only where it saves at least COOP_MIN_SAVING of the plain plan's compute.
-    coop = COOP_PROFILES[plain.config.coop_profile]
+    coop = coop_settings(plain.config)
     compute, comm = step_seconds(plain, coop)
     best, best_s = plain, compute * (1 - COOP_MIN_SAVING) + comm
     for plan in coops:
@@ -277,7 +287,7 @@ def _cooperative_plans(
         cfg = replace(cfg, dp_layout="exact")
         buckets = matrix_buckets(params, items, layout, cfg)
     out = []
-    profile = COOP_PROFILES[cfg.coop_profile]
+    profile = coop_settings(cfg)
     # At TP > 1 the DP planners see a cooperative matrix through a proxy (a replicated item, its
     # group's work spread over the TP group) and refine can tune the proxy's max at the real one's
     # expense (Qwen3-8B DP32×TP8: 1.98× the mean against largest-first's 1.84×), so largest-first's

@@ -244,7 +244,7 @@ def bucket_layouts(
 ) -> tuple[tuple[BucketLayout, ...], tuple[BucketLayout, ...]]:
     """(matrix, AdamW) buffers of one stage; identical on every rank of the stage. AdamW buckets are
     ZeRO-1's equal slices; matrix buckets follow the plan's cuts (or are reduced whole)."""
-    matrix = ()
+    matrix: tuple[BucketLayout, ...] = ()
     if plan is not None:
         reduce_scatter = plan.dp.grad_sync == "reduce-scatter"
         matrix = tuple(
@@ -419,7 +419,8 @@ def lower(
         ops.append(CommOp("tp_partial", "all_reduce", "tp", partial * g, "tp-partial"))
     if settings.norm_check and (settings.global_world or dp * tp) > 1:
         ops.append(CommOp("norm", "all_reduce", "global", 8, "norm"))
-    calls = [(_coop_calls if e.kind == "cooperative" else _tp_calls)(e, plan, settings, tp_rank) for e in execs]
+    pick = lambda e: _coop_calls if e.kind == "cooperative" else _tp_calls
+    calls = [pick(e)(e, plan, settings, tp_rank) for e in execs] if plan is not None else []
     for part in range(3):  # every executor's start, then run, then finish (canzona.runtime.executors.base)
         for c in calls:
             ops += c[part]

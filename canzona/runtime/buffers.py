@@ -47,7 +47,7 @@ class BucketBuffers:
                 raise ValueError(f"{name}: local numel {p.numel()} but the schedule says {numel}")
             self.param[off : off + numel].copy_(p.detach().reshape(-1))
             p.data = self.param[off : off + numel].view_as(p)
-            p.main_grad = self.grad[off : off + numel].view_as(p)  # Megatron's attribute name
+            p.main_grad = self.grad[off : off + numel].view_as(p)  # type: ignore[attr-defined]  # Megatron's main_grad attribute, not in torch's Parameter type
         self.region = layout.regions[rank] if layout.regions else (0, 0)
         lo, hi = self.region
         separate = dtype != torch.float32 and hi > lo
@@ -102,7 +102,7 @@ class FlatBuffers:
         touched = set()
         for name, p in self.params.items():
             if p.grad is not None:
-                p.main_grad.add_(p.grad.view_as(p.main_grad))
+                p.main_grad.add_(p.grad.view_as(p.main_grad))  # type: ignore[attr-defined]  # Megatron's main_grad attribute, not in torch's Parameter type
                 p.grad = None
                 touched.add(self.index[name])
         return sorted(touched)
@@ -118,7 +118,7 @@ class FlatBuffers:
 
             def hook(param: torch.Tensor, b: int = b) -> None:
                 before_first()
-                param.main_grad.add_(param.grad)
+                param.main_grad.add_(param.grad)  # type: ignore[attr-defined]  # Megatron's main_grad attribute, not in torch's Parameter type
                 param.grad = None
                 if not counting():
                     return

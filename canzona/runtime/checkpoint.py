@@ -113,6 +113,8 @@ class LoadPlanner(dcp.DefaultLoadPlanner):
         self.metadata, self.is_coordinator = metadata, is_coordinator
 
     def create_local_plan(self) -> dcp.LoadPlan:
+        if self.metadata is None:
+            raise RuntimeError("DCP called create_local_plan before set_up_planner gave it the checkpoint's metadata")
         return create_default_local_load_plan(self.state_dict, self.metadata, not self.allow_partial_load)
 
     def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:

@@ -40,8 +40,8 @@ def reduce_scatter_flat(output: torch.Tensor, input: torch.Tensor, **kw: Any) ->
 class Pending:
     """Async collective(s) plus the copy-out that must follow them."""
 
-    works: list = field(default_factory=list)
-    finalize: Callable[[], None] | None = None
+    works: list[dist.Work] = field(default_factory=list)
+    finalize: Callable[[], object] | None = None  # its result is ignored (a copy_ returns its tensor)
 
     def wait(self) -> None:
         for w in self.works:

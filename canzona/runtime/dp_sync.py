@@ -14,7 +14,7 @@ waits just before its forward for the buckets holding its own parameters; nothin
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -118,7 +118,8 @@ class DPSync:
     # ------------------------------------------------------------------ parameters
     def _setup_owner_gather(self) -> None:
         """Layer-wise: per-DP-rank staging of owned params for the uneven all-gather (sized once)."""
-        self.owner = None
+        # (DP rank -> names it owns, collective mode, staging per DP rank, widest staging)
+        self.owner: tuple[Sequence[Sequence[str]], str, list[torch.Tensor], int] | None = None
         if self.schedule.owner_gather is None or "matrix" not in self.sets:
             return
         by_rank, mode = self.schedule.owner_gather
@@ -135,6 +136,8 @@ class DPSync:
         self.owner = (by_rank, mode, staging, max(sizes))
 
     def _owner_gather(self) -> Pending:
+        if self.owner is None:
+            raise RuntimeError("owner gather called on a schedule without one (layer-wise plans only)")
         by_rank, mode, staging, width = self.owner
         mbufs, me = self.sets["matrix"], dist.get_rank(self.dp_group)
         mine = staging[me]

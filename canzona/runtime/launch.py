@@ -111,6 +111,8 @@ def stage_groups(
             tp_group = g if (rank // (dp * tp), rank % (dp * tp) // tp) == (s, d) else tp_group
         g = dist.new_group(list(range(base, base + dp * tp)))
         stage_group = g if rank // (dp * tp) == s else stage_group
+    if dp_group is None or tp_group is None or stage_group is None:
+        raise ValueError(f"rank {rank} is outside the dp {dp} × tp {tp} × pp {pp} world")
     return dp_group, tp_group, stage_group
 
 

@@ -26,14 +26,15 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
 
 from canzona.errors import ConfigError, NonFiniteGradientError
 from canzona.models.spec import ParamSpec
-from canzona.optim.base import apply_update
+from canzona.optim.base import apply_update, matrix_shape
+from canzona.optim.muon import require_muon
 from canzona.optim.precision import compute_dtype_for
 from canzona.plan import make_plan
 from canzona.plan.buckets import build_buckets, resolve_bucket_size
@@ -49,6 +50,9 @@ from canzona.runtime.executors.coop import coop_comms, held_pieces
 from canzona.runtime.executors.tp import select_executors
 from canzona.runtime.timers import PhaseTimer
 from canzona.runtime.zero_adamw import ZeroAdamW
+
+if TYPE_CHECKING:
+    from canzona.cost import CostKind
 
 NamedParam = tuple[str, ParamSpec, torch.nn.Parameter]
 
@@ -139,7 +143,7 @@ class DistributedOptimizer:
             [self.specs[n] for n in self.matrix_names],
             Layout(self.dp, self.tp, 1),
             pc,
-            cost_model=self.math.cost_model(pc.cost),
+            cost_model=self.math.cost_model(cast("CostKind", pc.cost)),  # CostModel rejects unknown kinds
         )
         self._check_agreement(plan.input_hash)
         return plan
@@ -165,8 +169,9 @@ class DistributedOptimizer:
         """Newton–Schulz iterations and Gram restarts of the optimizer (cooperative all-reduces)."""
         if self.plan is None or not self.plan.coop:
             return {}
-        dtype = compute_dtype_for(self.math.config.compute_dtype, self.device)
-        return {"ns_steps": self.math.config.ns_steps, "ns_restarts": self.math.ns_restarts_for(dtype)}
+        muon = require_muon(self.math)
+        dtype = compute_dtype_for(muon.config.compute_dtype, self.device)
+        return {"ns_steps": muon.config.ns_steps, "ns_restarts": muon.ns_restarts_for(dtype)}
 
     def _build(self) -> None:
         s, gdtype = self.schedule, DTYPES[self.config.precision.grad_dtype]
@@ -182,7 +187,9 @@ class DistributedOptimizer:
         self.applied = [n for spec in s.executors for n in spec.names]
         self.held = held_pieces(self.specs, coop, (self.dp_rank, self.tp_rank), self.applied, self.tp)
         self.masters = self._masters()
-        self.states = {n: self.math.init_state(self.held[n].shape, device=self.device) for n in s.computes}
+        self.states = {
+            n: self.math.init_state(matrix_shape(self.held[n].shape), device=self.device) for n in s.computes
+        }
         self.adamw = ZeroAdamW(self.sets["adamw"].buckets if "adamw" in self.sets else [], self.config.adamw)
         self.norm_tensors = self._canonical_grads()
         self.scaled_tensors = [*(self._grad_piece(n) for n in self.applied), *self.adamw.grads()]
@@ -314,7 +321,7 @@ class DistributedOptimizer:
                     self._compute,
                     self._apply,
                     self.timer,
-                    getattr(self, "math", None),
+                    self.math if self.matrix_names else None,  # no matrix optimizer when all is AdamW
                     self.states.__getitem__,
                     self.step_count,
                 )

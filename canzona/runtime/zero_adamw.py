@@ -40,8 +40,11 @@ class ZeroAdamW:
         if self.opt is None:
             return
         for bb, p in zip(self.buckets, self.shards, strict=True):
-            if p.grad.data_ptr() != bb.grad.data_ptr() + bb.region[0] * bb.grad.element_size():
-                p.grad.copy_(bb.grad[bb.region[0] : bb.region[1]])
+            grad = p.grad
+            if grad is None:  # set in __init__; only a caller's zero_grad(set_to_none) on the shards drops it
+                raise RuntimeError("ZeroAdamW shard lost its .grad; do not zero the optimizer's own shards")
+            if grad.data_ptr() != bb.grad.data_ptr() + bb.region[0] * bb.grad.element_size():
+                grad.copy_(bb.grad[bb.region[0] : bb.region[1]])
         self.opt.step()
         for bb in self.buckets:
             bb.publish_master()

@@ -266,7 +266,7 @@ class CellTask:
                 rc, f"exit code {rc}"
             )
             raise CellFailed(f"{what}\n" + "".join(tail), rc if rc in (2, 3) else 1)
-        if first and not has_result(results, self.key):
+        if first and self.key is not None and not has_result(results, self.key):
             raise CellFailed(
                 f"the command exited 0 but {results} holds no valid result line for this cell "
                 f"(missing or truncated)\n" + "".join(tail)

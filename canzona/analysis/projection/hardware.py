@@ -315,9 +315,10 @@ def matrix_ms(profile: Profile, optimizer: str, shape: tuple[int, int], settings
     unless the scenario runs another Newton–Schulz method on the shape.
     """
     numel = shape[0] * shape[1]
-    measured = tuple(shape) in profile.measured_ms and _resolved_method(optimizer, shape, settings) == "standard"
+    key = (shape[0], shape[1])
+    measured = key in profile.measured_ms and _resolved_method(optimizer, shape, settings) == "standard"
     if measured:
-        return profile.measured_ms[tuple(shape)] + profile.copy_passes * numel * 4 / profile.mem_bw * 1e3
+        return profile.measured_ms[key] + profile.copy_passes * numel * 4 / profile.mem_bw * 1e3
     flops_s = matrix_flops(optimizer, shape, settings) / profile.flops_rate
     mem_s = (profile.direction_passes + profile.copy_passes) * numel * 4 / profile.mem_bw
     return (flops_s + mem_s) * 1e3 + profile.per_matrix_overhead_us * 1e-3

@@ -126,7 +126,7 @@ class StageOps:
 def lower_stage(
     plan: Plan,
     adamw_specs: Sequence[ParamSpec],
-    bucket_size: int,
+    bucket_size: int | None,
     settings: LowerSettings,
 ) -> StageOps:
     """Lower every rank of one stage for ``plan`` (``canzona.plan.schedule.stage_schedules``).

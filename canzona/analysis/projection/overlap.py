@@ -93,7 +93,7 @@ class Projection:
         return [st.ranks[k].flops for k in sorted(st.ranks)]
 
 
-def fwd_bwd_ms(params: int, tokens: int, world: int, pp: int, microbatches: int, profile: Profile) -> float:
+def fwd_bwd_ms(params: int, tokens: float, world: int, pp: int, microbatches: int, profile: Profile) -> float:
     """6·N·T / (world · peak · MFU), stretched by the 1F1B pipeline bubble (pp−1)/m; NaN without an MFU.
 
     On a CPU profile (``shared_cores``) the ranks compute fwd/bwd at the same time on the shared

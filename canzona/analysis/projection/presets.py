@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from canzona.analysis.projection.scenario import METHODS, Scenario
 from canzona.errors import ConfigError
@@ -41,9 +41,23 @@ PAPER_GLOBAL_BATCH = 256  # sequences (~1M tokens) per iteration, as the sweep
 GPU_PROFILES = ("H800", "H100", "A100", "H200")
 VIEWS = ("none", "megatron")
 
+
 # The authors' public configuration (see module docstring); slurm/sweeps/table2.toml runs the same
 # cells as its "authors" variant, and a test checks that the two agree.
-AUTHORS = {
+class AuthorsSetting(TypedDict):
+    model: str
+    layout: Layout
+    seq_len: int
+    global_batch: int
+    micro_batch: int
+    alpha: float
+    cost: str
+    bucket_size: int
+    overlap: str
+    variant: str
+
+
+AUTHORS: AuthorsSetting = {
     "model": "qwen3-32b",
     "layout": Layout(dp=32, tp=8, pp=1),
     "seq_len": 2048,

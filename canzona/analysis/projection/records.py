@@ -65,24 +65,26 @@ def to_record(p: Projection, env: dict[str, Any]) -> dict[str, Any]:
     }
     one = lambda v: {"median": v, "p90": v, "n": 0}
     has_iter = math.isfinite(p.fwd_bwd_ms)
-    rec = {
+    detail, cell = detail_string(s, p.profile), cell_key(cfg)
+    timings: dict[str, Any] = {
+        "step_ms": one(p.step_ms),
+        "runtime_total_ms": one(p.runtime_total_ms),
+        "phases_ms": {k: v for k, v in p.phase_ms().items()},
+    }
+    rec: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "kind": "train" if has_iter else "step",
         "provenance": "projected",
-        "provenance_detail": detail_string(s, p.profile),
+        "provenance_detail": detail,
         "config": cfg,
         "env": dict(env, device=p.profile.name, backend="projection"),
-        "timings": {
-            "step_ms": one(p.step_ms),
-            "runtime_total_ms": one(p.runtime_total_ms),
-            "phases_ms": {k: v for k, v in p.phase_ms().items()},
-        },
+        "timings": timings,
         "loss": None,
-        "cell": cell_key(cfg),
+        "cell": cell,
+        "run_id": "projected-" + hashlib.sha256((detail + cell).encode()).hexdigest()[:16],
     }
-    rec["run_id"] = "projected-" + hashlib.sha256((rec["provenance_detail"] + rec["cell"]).encode()).hexdigest()[:16]
     if has_iter:
-        rec["timings"].update(
+        timings.update(
             iteration_ms=one(p.iteration_ms),
             fwd_bwd_ms=one(p.fwd_bwd_ms),
             tokens_per_s=s.global_batch * s.seq_len / (p.iteration_ms / 1e3),

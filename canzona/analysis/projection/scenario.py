@@ -57,7 +57,6 @@ def plan_config_for(s: Scenario, profile: Profile | None = None) -> PlanConfig:
     """The PlanConfig the runtime builds for this method (canzona.runtime.optimizer._make_plan):
     cooperation priced on the CPU calibration on a CPU profile (the runtime's choice on gloo), on
     NVLink otherwise."""
-    extra = {"dp_algo": s.dp_algo} if s.dp_algo else {}
     return PlanConfig(
         strategy=s.method,
         optimizer=s.optimizer,
@@ -66,7 +65,7 @@ def plan_config_for(s: Scenario, profile: Profile | None = None) -> PlanConfig:
         bucket_size=s.bucket_size,
         cooperative=s.cooperative,
         coop_profile="cpu" if profile is not None and profile.kind == "cpu" else "nvlink",
-        **extra,
+        dp_algo=s.dp_algo or PlanConfig.dp_algo,
     )
 
 

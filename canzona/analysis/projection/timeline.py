@@ -8,7 +8,7 @@ simulation equals the closed form in ``phases`` (tested).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +28,9 @@ class Task:
     group: tuple[Any, ...] | None = None
 
 
-def simulate(tasks: dict[Any, Sequence[Task]], cores: float | None = None) -> dict[Any, tuple[dict[str, float], float]]:
+def simulate(
+    tasks: Mapping[Any, Sequence[Task]], cores: float | None = None
+) -> dict[Any, tuple[dict[str, float], float]]:
     """Run every rank's timeline; return per rank (ms per phase, finish time).
 
     Why a simulation: a rank waiting in a collective is charged that wait in the collective's
@@ -44,7 +46,7 @@ def simulate(tasks: dict[Any, Sequence[Task]], cores: float | None = None) -> di
             members.setdefault(g, []).append(r)
     idx = {r: 0 for r in tasks}
     left = {r: (tasks[r][0].ms if tasks[r] else 0.0) for r in tasks}
-    seq = {r: {} for r in tasks}  # group -> collectives of that group this rank has started
+    seq: dict[Any, dict[Any, int]] = {r: {} for r in tasks}  # group -> collectives of that group this rank has started
     arrived: dict[tuple[Any, ...], set[Any]] = {}
     ends: dict[tuple[Any, ...], float] = {}
     phases = {r: {p: 0.0 for p in PHASES} for r in tasks}

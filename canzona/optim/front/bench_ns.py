@@ -13,6 +13,7 @@ split, full and TP-sharded (``--tp``, default 8).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -24,6 +25,7 @@ import torch
 
 from canzona.argtypes import int_in, nonneg_int, output_file, positive_int
 from canzona.errors import ConfigError
+from canzona.optim.base import matrix_shape
 
 OURS = ("standard", "gram", "auto")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -59,12 +61,13 @@ def parse_shapes(text: str, tp: int) -> list[tuple[str, tuple[int, int]]]:
     from canzona.models.qwen3 import VIEWS
 
     if text in MODELS:
-        cfg, out = get_model(text), {}
+        cfg = get_model(text)
+        out: dict[tuple[int, ...], list[str]] = {}
         for spec in list_params(cfg) + list_params(cfg, views=tuple(VIEWS)):
             if spec.route != "matrix":
                 continue
             short = spec.name.split(".")[-2] + spec.name.split(".weight")[-1]
-            views = [(spec.shape, f"{short} full")]
+            views: list[tuple[tuple[int, ...], str]] = [(spec.shape, f"{short} full")]
             if spec.partition_dim is not None and tp > 1:
                 sharded = list(spec.shape)
                 sharded[spec.partition_dim] //= tp
@@ -72,7 +75,7 @@ def parse_shapes(text: str, tp: int) -> list[tuple[str, tuple[int, int]]]:
             for shape, label in views:
                 if label not in out.setdefault(shape, []):
                     out[shape].append(label)
-        return [(" = ".join(labels), shape) for shape, labels in out.items()]  # type: ignore[misc]
+        return [(" = ".join(labels), matrix_shape(shape)) for shape, labels in out.items()]
     shapes = []
     for part in text.split(","):
         try:
@@ -179,7 +182,7 @@ def bench_shape(args: argparse.Namespace, shape: tuple[int, int], restarts: tupl
     outputs: dict[str, torch.Tensor] = {}
     for rep in range(args.repeats + 1):  # the first pass warms up and is not recorded
         for label in times:
-            ms, outputs[label] = _timed(lambda label=label: runners[label]["fn"](G), device)
+            ms, outputs[label] = _timed(functools.partial(runners[label]["fn"], G), device)
             if rep:
                 times[label].append(ms)
     methods = {}

@@ -61,8 +61,8 @@ def units(items: Sequence[PlanItem], buckets: Sequence[Bucket], groups: dict[str
     order = [e.name for b in new_buckets for e in b.entries]
     matrix = tuple(n.split("#")[0] for n in order)
     block = tuple(int(n.split("#")[1]) if "#" in n else 0 for n in order)
-    k = tuple(groups[m][0] if m in groups else 1 for m in matrix)
-    return Units(tuple(new_buckets), tuple(new_items[n] for n in order), matrix, block, k)
+    ks = tuple(groups[m][0] if m in groups else 1 for m in matrix)
+    return Units(tuple(new_buckets), tuple(new_items[n] for n in order), matrix, block, ks)
 
 
 def _fill(p: DPProblem, u: Sequence[float], ks: Sequence[int], blocks: Sequence[int], cap: float) -> list[int] | None:

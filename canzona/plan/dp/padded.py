@@ -222,10 +222,10 @@ class Search:
             return float(sum(self.c[i] for i in members))
         return self.p.gpu_max(members)
 
-    def _phi_g(self, g: np.ndarray | float) -> np.ndarray | float:
+    def _phi_g(self, g: np.ndarray | float) -> np.ndarray:
         return self.alpha * (np.asarray(g) / self.gs) ** P_EXP
 
-    def _phi_s(self, s: np.ndarray | float, b: int) -> np.ndarray | float:
+    def _phi_s(self, s: np.ndarray | float, b: int) -> np.ndarray:
         return (1 - self.alpha) * (np.asarray(s) / self.L[b]) ** P_EXP
 
     def key(self) -> Key:
@@ -282,7 +282,7 @@ class Search:
         b = int(self.bk[i])
         ci, wi, shi = self.c[i], self.w[i], bool(self.sh[i])
         ga = self._donor_g(a, i)
-        out = []
+        out: list[tuple[np.ndarray, ...]] = []
         q = self.groups[b][self.groups[b] != a]
         if q.size:
             sq = self.S[b, q] + wi

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
+from typing import overload
 
 import numpy as np
 
@@ -92,6 +93,10 @@ class Search:
         self.top[r] = max((self.c[i] for i in m if self.sh[i]), default=0.0)
         self.G[r] = self.L[r] if self.simple else self.exact_g(m)
 
+    @overload
+    def phi_terms(self, g: np.ndarray, s: np.ndarray) -> np.ndarray: ...
+    @overload
+    def phi_terms(self, g: float, s: float) -> float: ...
     def phi_terms(self, g: np.ndarray | float, s: np.ndarray | float) -> np.ndarray | float:
         a = self.alpha
         return a * (g / self.gs) ** P_EXP + (1 - a) * (s / self.ss) ** P_EXP

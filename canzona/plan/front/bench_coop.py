@@ -109,8 +109,8 @@ def coop_suite(models: Sequence[str] = MODELS) -> tuple[list[dict[str, Any]], st
     """Rows for every cell and the Markdown report (goal per cell, the misses named)."""
     cm = CostModel("muon", "flops")
     rows = [coop_cell(m, Layout(dp=WORLD // (tp * pp), tp=tp, pp=pp), cm) for m in models for tp in TPS for pp in PPS]
-    cols = ("model", "tp", "pp", "dp", "nocoop_max_over_mean", "max_over_mean", "bound", "compute_only")
-    cols += ("dp_ms_added", "extra_work", "groups")
+    cols: tuple[str, ...] = ("model", "tp", "pp", "dp", "nocoop_max_over_mean", "max_over_mean", "bound")
+    cols += ("compute_only", "dp_ms_added", "extra_work", "groups")
     cols += ("k", "coop_calls", "coop_bytes", "coop_ms", "meets_goal", "goal_reachable")
 
     def fmt(v: Any) -> str:

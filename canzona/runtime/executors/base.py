@@ -31,7 +31,7 @@ class StepContext:
     compute: Compute
     apply: Apply
     timer: PhaseTimer
-    math: MatrixOptimizer
+    math: MatrixOptimizer | None  # None when every parameter goes to AdamW
     state: Callable[[str], State]
     step: int
 

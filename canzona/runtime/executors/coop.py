@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from canzona.models.spec import ParamSpec
+from canzona.optim.muon import Muon, require_muon
 from canzona.optim.newton_schulz import newton_schulz_blocks
 from canzona.plan.coop import GROUP_SIZES
 from canzona.plan.schedule import ExecSpec, coop_comm_key
@@ -143,15 +144,14 @@ class _Blocks:
         the gather completed)."""
         mine = dict.fromkeys(name for name, _ in self.incoming)
         return {
-            n: torch.cat([self.incoming[(n, r)] for r in self.sources(n)], dim=self.specs[n].partition_dim)
-            for n in mine
+            n: torch.cat([self.incoming[(n, r)] for r in self.sources(n)], dim=self.specs[n].split_dim) for n in mine
         }
 
     def stage(self, name: str, u: torch.Tensor) -> None:
         """Put the update of this rank's block of ``name`` in the scatter's send buffer (the
         gather's receive buffer, consumed by then), so no block-sized update outlives ``run``."""
         srcs = self.sources(name)
-        for r, piece in zip(srcs, u.chunk(len(srcs), dim=self.specs[name].partition_dim), strict=True):
+        for r, piece in zip(srcs, u.chunk(len(srcs), dim=self.specs[name].split_dim), strict=True):
             self.incoming[(name, r)].copy_(piece)
 
     def scatter(self, group: dist.ProcessGroup | None) -> dict[str, torch.Tensor]:
@@ -237,22 +237,23 @@ class CooperativeTP:
 
     def run(self, ctx: StepContext) -> None:
         gathered: dict[str, torch.Tensor] = {}
-        if self.blocks is not None:
+        muon, blocks = require_muon(ctx.math), self.blocks
+        if blocks is not None:
             with ctx.timer.phase("coop"):
                 self._gather.wait()
                 self._gather = None
-                gathered = self.blocks.gathered()
+                gathered = blocks.gathered()
         for cls in self.classes:
             group = self.comms[cls.key]
             with ctx.timer.phase("compute"):
                 G = [gathered[m.name] if m.name in gathered else ctx.grad_of(m.name).view(m.block) for m in cls.members]
-                M = [ctx.math.before(g, ctx.state(m.name), ctx.step) for g, m in zip(G, cls.members, strict=True)]
+                M = [muon.before(g, ctx.state(m.name), ctx.step) for g, m in zip(G, cls.members, strict=True)]
             with ctx.timer.phase("coop"):
-                U = self._orthogonalise(ctx.math, cls, M, group)
+                U = self._orthogonalise(muon, cls, M, group)
             with ctx.timer.phase("compute"):
                 for u, m in zip(U, cls.members, strict=True):
-                    if m.name in gathered:
-                        self.blocks.stage(m.name, u)
+                    if blocks is not None and m.name in gathered:
+                        blocks.stage(m.name, u)
                     else:
                         ctx.apply(m.name, u)
 
@@ -265,7 +266,7 @@ class CooperativeTP:
                     ctx.apply(name, u)
 
     def _orthogonalise(
-        self, math: Any, cls: _Class, M: list[torch.Tensor], group: dist.ProcessGroup | None
+        self, math: Muon, cls: _Class, M: list[torch.Tensor], group: dist.ProcessGroup | None
     ) -> list[torch.Tensor]:
         """Newton–Schulz of every block of one class in lock-step; the scaled updates, block-shaped."""
         idx = [i for i, m in enumerate(cls.members) if m.regroup]
@@ -317,7 +318,7 @@ def held_pieces(
             k, j = (g.k, g.members.index(me)) if me in g.members else (tp, me[1])
             shape = spec.shard_shape(k)
             off = [0, 0]
-            off[spec.partition_dim] = j * shape[spec.partition_dim]
+            off[spec.split_dim] = j * shape[spec.split_dim]
             out[n] = Held(0, local, tuple(shape), tuple(off))
         else:  # block m.index of k blocks of rows
             m = member_of(g, spec, me)

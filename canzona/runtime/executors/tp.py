@@ -34,12 +34,12 @@ from canzona.runtime.executors.coop import CooperativeTP
 
 
 def _chunk(t: torch.Tensor, spec: ParamSpec, tp: int, r: int) -> torch.Tensor:
-    return t.chunk(tp, dim=spec.partition_dim)[r]
+    return t.chunk(tp, dim=spec.split_dim)[r]
 
 
 def _assemble(pieces: Sequence[torch.Tensor], spec: ParamSpec, tp: int) -> torch.Tensor:
     shard = spec.shard_shape(tp)
-    return torch.cat([p.view(shard) for p in pieces], dim=spec.partition_dim)
+    return torch.cat([p.view(shard) for p in pieces], dim=spec.split_dim)
 
 
 class LocalTP(NoTransfers):
@@ -144,9 +144,9 @@ class MicroGroupTP(NoTransfers):
         # scatter reuses the same sizes reversed (send my updates' chunks, receive my chunks).
         self.g_send, self.g_recv = pair(width_send), pair(width_recv)
         self.s_send, self.s_recv = pair(width_recv), pair(width_send)
-        self._first: object = None  # group 0's gather, issued by start()
+        self._first: dist.Work | None = None  # group 0's gather, issued by start()
 
-    def _gather(self, i: int, grad_of: ShardOf) -> object:
+    def _gather(self, i: int, grad_of: ShardOf) -> dist.Work:
         lay, buf = self.layouts[i], self.g_send[i % 2]
         off = 0
         for h in range(self.tp):
@@ -175,11 +175,11 @@ class MicroGroupTP(NoTransfers):
             u = compute(
                 n, _assemble([recv[s * per_src + off : s * per_src + off + k] for s in range(self.tp)], spec, self.tp)
             )
-            for s, piece in enumerate(u.chunk(self.tp, dim=spec.partition_dim)):
+            for s, piece in enumerate(u.chunk(self.tp, dim=spec.split_dim)):
                 send[s * per_src + off : s * per_src + off + k].view(piece.shape).copy_(piece)
             off += k
 
-    def _scatter(self, i: int) -> object:
+    def _scatter(self, i: int) -> dist.Work:
         lay = self.layouts[i]
         return dist.all_to_all_single(
             self.s_recv[i % 2][: sum(lay.send_gather)],
@@ -212,8 +212,10 @@ class MicroGroupTP(NoTransfers):
         if n == 0:
             return
         grad_of = ctx.grad_of
+        if self._first is None:
+            raise RuntimeError("MicroGroupTP.run before start: group 0's gather was never issued")
         gathers, self._first = {0: self._first}, None
-        scatters: dict[int, object] = {}
+        scatters: dict[int, dist.Work] = {}
         for i in range(n):
             with timer.phase("tp_gather"):
                 gathers.pop(i).wait()
