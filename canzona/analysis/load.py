@@ -187,7 +187,12 @@ def _expand(paths: Iterable[str | Path]) -> list[Path]:
         else:
             raise ResultsError(f"{p}: no such results file or folder")
     seen: set[Path] = set()
-    return [q for q in out if not (q.resolve() in seen or seen.add(q.resolve()))]
+    unique = []
+    for q in out:
+        if q.resolve() not in seen:
+            seen.add(q.resolve())
+            unique.append(q)
+    return unique
 
 
 def check_duplicates(rows: Sequence[dict[str, Any]]) -> None:

@@ -6,7 +6,7 @@ but the model."""
 
 from __future__ import annotations
 
-from canzona.models import get_model, list_params
+from canzona.models import get_transformer, list_params
 
 # Bytes per parameter element held on every model-parallel replica (bf16 weight + fp32 main grad,
 # Megatron's default accumulate-in-fp32) and per element of ZeRO-1-sharded optimizer state
@@ -26,7 +26,7 @@ def estimate_memory_gb(model: str, tp: int, pp: int, dp: int, seq_len: int, micr
     plus their gradient on the last stage. Allocator slack, NCCL buffers and the CUDA context
     are what the budget's headroom is for; this is an estimate, not a measurement.
     """
-    cfg = get_model(model)
+    cfg = get_transformer(model)
     cfg.validate_layout(tp=tp, pp=pp)
     first = list_params(cfg, pp=pp, stage=0)
     replica = sum(p.shard_numel(tp) for p in first)
@@ -51,7 +51,7 @@ def estimate_memory_gb(model: str, tp: int, pp: int, dp: int, seq_len: int, micr
 def activation_bytes(model: str, tp: int, pp: int, stage: int, seq_len: int, micro_batch: int) -> float:
     """Activations a stage holds at its 1F1B peak (the terms of ``estimate_memory_gb``): ``pp``
     micro-batches on the first stage, one on the last, which also holds fp32 logits and their grad."""
-    cfg = get_model(model)
+    cfg = get_transformer(model)
     sbh = seq_len * micro_batch * cfg.hidden
     in_flight = pp - stage
     logits = 2 * 4 * seq_len * micro_batch * cfg.vocab / tp if stage == pp - 1 else 0.0

@@ -419,8 +419,7 @@ def lower(
         ops.append(CommOp("tp_partial", "all_reduce", "tp", partial * g, "tp-partial"))
     if settings.norm_check and (settings.global_world or dp * tp) > 1:
         ops.append(CommOp("norm", "all_reduce", "global", 8, "norm"))
-    pick = lambda e: _coop_calls if e.kind == "cooperative" else _tp_calls
-    calls = [pick(e)(e, plan, settings, tp_rank) for e in execs] if plan is not None else []
+    calls = [(_coop_calls if e.kind == "cooperative" else _tp_calls)(e, plan, settings, tp_rank) for e in execs if plan]
     for part in range(3):  # every executor's start, then run, then finish (canzona.runtime.executors.base)
         for c in calls:
             ops += c[part]

@@ -31,7 +31,11 @@ def sum_of_squares(tensors: Sequence[torch.Tensor], device: torch.device) -> tor
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for n in norms:
         by_dtype.setdefault(n.dtype, []).append(n)
-    return sum(torch.stack(ns).to(torch.float64).pow(2).sum() for ns in by_dtype.values())
+    parts = [torch.stack(ns).to(torch.float64).pow(2).sum() for ns in by_dtype.values()]
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part
+    return total
 
 
 def global_norm(local_sumsq: torch.Tensor, group: dist.ProcessGroup | None) -> float:
