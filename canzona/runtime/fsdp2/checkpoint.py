@@ -24,17 +24,25 @@ from torch.distributed.tensor import DTensor
 
 from canzona.errors import ConfigError
 from canzona.runtime.checkpoint import FORMAT, Chunks, SavePlanner, flatten, load_tree
+from canzona.runtime.fsdp2.layout import as_dtensor
 from canzona.runtime.zero_adamw import MOMENTS
 
 if TYPE_CHECKING:
     from canzona.runtime.fsdp2.optimizer import FSDP2Optimizer
 
 
+def _adamw(opt: FSDP2Optimizer) -> torch.optim.AdamW:
+    """The optimizer's AdamW, which exists whenever a parameter is routed to it."""
+    if opt.adamw is None:
+        raise RuntimeError("no AdamW in this FSDP2Optimizer: no parameter is routed to adamw")
+    return opt.adamw
+
+
 def adamw_moments(opt: FSDP2Optimizer, name: str) -> dict[str, torch.Tensor]:
     """The AdamW moments of ``name``'s local shard, created (zeros) before the first step so that a
     checkpoint can be loaded into a fresh optimizer."""
     m = opt.masters[name]
-    st = opt.adamw.state[m]
+    st = _adamw(opt).state[m]
     if not st:
         st["step"] = torch.tensor(0.0)
         for k in MOMENTS:
@@ -44,7 +52,7 @@ def adamw_moments(opt: FSDP2Optimizer, name: str) -> dict[str, torch.Tensor]:
 
 def as_param(opt: FSDP2Optimizer, name: str, local: torch.Tensor) -> DTensor:
     """``local`` (a tensor of the parameter's local shape) as a DTensor in the parameter's placements."""
-    p = opt.params[name]
+    p = as_dtensor(opt.params[name])
     return DTensor.from_local(local, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
 
 
@@ -70,7 +78,7 @@ def apply_state(opt: FSDP2Optimizer, meta: dict[str, Any]) -> None:
         )
     opt.step_count = int(meta["step"])
     for name in opt.adamw_names:
-        opt.adamw.state[opt.masters[name]]["step"].fill_(float(opt.step_count))
+        _adamw(opt).state[opt.masters[name]]["step"].fill_(float(opt.step_count))
     with torch.no_grad():
         for name in opt.masters:
             opt._publish(name)

@@ -19,7 +19,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from canzona.errors import ConfigError
-from canzona.models.spec import ParamSpec
+from canzona.models.spec import ParamSpec, Route
 from canzona.plan.types import Layout
 
 # names of the parameters a matrix optimizer should not take, although they are 2-D (torchtitan,
@@ -27,7 +27,7 @@ from canzona.plan.types import Layout
 NOT_MATRICES = ("embed", "tok_embeddings", "lm_head", "output.weight", "output_layer")
 
 
-def default_route(name: str, shape: tuple[int, ...]) -> str:
+def default_route(name: str, shape: tuple[int, ...]) -> Route:
     """``matrix`` for 2-D weights of the blocks, ``adamw`` for everything else (embeddings, the
     output layer, norms, biases), as the Muon recipes route them."""
     if len(shape) == 2 and not any(k in name for k in NOT_MATRICES):
@@ -87,10 +87,17 @@ def shard_mesh(named: Sequence[tuple[str, torch.nn.Parameter]]) -> ShardMesh:
     return ShardMesh(meshes.pop(), dims.pop())
 
 
+def as_dtensor(p: torch.Tensor) -> DTensor:
+    """A parameter as the DTensor fully_shard made it (torch types parameters as plain Parameters)."""
+    if not isinstance(p, DTensor):
+        raise ConfigError("FSDP2Optimizer needs fully_shard-wrapped parameters (DTensors); call fully_shard first")
+    return p
+
+
 def param_specs(
     named: Sequence[tuple[str, torch.nn.Parameter]],
     shards: int,
-    route: Callable[[str, tuple[int, ...]], str] = default_route,
+    route: Callable[[str, tuple[int, ...]], Route] = default_route,
 ) -> list[ParamSpec]:
     """ParamSpecs (full shape, Shard(0) as ``partition_dim`` 0) in the model's order. A matrix whose
     rows the shard group does not divide gets a one-line error naming both fixes."""

@@ -30,13 +30,15 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.distributed as dist
 
 from canzona.errors import ConfigError, NonFiniteGradientError
+from canzona.models.spec import Route as SpecRoute
 from canzona.optim.adamw import make_adamw
-from canzona.optim.base import apply_update
+from canzona.optim.base import apply_update, matrix_shape
 from canzona.plan import make_plan
 from canzona.plan.comm import MODELS, model_for_backend
 from canzona.plan.schedule import LowerSettings, RankSchedule, lower
@@ -45,11 +47,14 @@ from canzona.runtime import grad_norm
 from canzona.runtime.config import DistConfig
 from canzona.runtime.executors.base import StepContext, run_executors
 from canzona.runtime.executors.tp import select_executors
-from canzona.runtime.fsdp2.layout import default_route, param_specs, plan_layout, shard_mesh
+from canzona.runtime.fsdp2.layout import as_dtensor, default_route, param_specs, plan_layout, shard_mesh
 from canzona.runtime.optimizer import StepInfo
 from canzona.runtime.timers import PhaseTimer
 
-Route = Callable[[str, tuple[int, ...]], str]
+if TYPE_CHECKING:
+    from canzona.cost import CostKind
+
+Route = Callable[[str, tuple[int, ...]], SpecRoute]
 
 # The strategies with an FSDP2 form, planned on the shard group seen as a TP group: sc, every rank
 # gathers and computes every matrix; asc, hosts in registration order (the round-robin owners of
@@ -89,7 +94,7 @@ class FSDP2Optimizer:
         self.adamw_names = [s.name for s in specs if s.name not in set(self.matrix_names)]
         self.specs = {s.name: s for s in specs if s.name in set(self.matrix_names)}
         with torch.no_grad():
-            self.local = {n: p.to_local() for n, p in named}
+            self.local = {n: as_dtensor(p).to_local() for n, p in named}
         self.device = next(iter(self.local.values())).device
         self.backend = str(dist.get_backend(self.group))
         self.timer = PhaseTimer(self.device, enabled=config.timers)
@@ -97,7 +102,10 @@ class FSDP2Optimizer:
         self.plan = self._make_plan() if self.matrix_names else None
         self.schedule = self._lower()
         self.executors = select_executors(self.schedule.executors, self.specs, {"tp": self.group}, self.device)
-        self.states = {n: self.math.init_state(self.specs[n].shape, device=self.device) for n in self.schedule.computes}
+        self.states = {
+            n: self.math.init_state(matrix_shape(self.specs[n].shape), device=self.device)
+            for n in self.schedule.computes
+        }
         self.masters = {n: self._master(t) for n, t in self.local.items()}
         adam = [self.masters[n] for n in self.adamw_names]
         self.adamw = make_adamw(adam, config.adamw) if adam else None
@@ -109,7 +117,10 @@ class FSDP2Optimizer:
         self.math = self.config.make_math()
         pc = dataclasses.replace(self.config.plan, cooperative=False)
         plan = make_plan(
-            list(self.specs.values()), plan_layout(self.shards), pc, cost_model=self.math.cost_model(pc.cost)
+            list(self.specs.values()),
+            plan_layout(self.shards),
+            pc,
+            cost_model=self.math.cost_model(cast("CostKind", pc.cost)),  # CostModel rejects unknown kinds
         )
         self._check_agreement(plan.input_hash)
         return plan
