@@ -51,6 +51,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "canzona.runtime.front.bench",
         "optimizer-step latency of sc/layerwise/asc/canzona side by side (forked ranks)",
     ),
+    "bench-fsdp2": (
+        "canzona.runtime.front.bench_fsdp2",
+        "FSDP2 optimizer step of canzona / round-robin / all-gather beside muon-fsdp2 and DistMuon (forked ranks)",
+    ),
     "bench-ns": (
         "canzona.optim.front.bench_ns",
         "Newton–Schulz methods (standard, gram, peers) timed side by side: ms, TFLOP/s, error vs fp64",

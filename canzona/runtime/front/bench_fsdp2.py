@@ -1,0 +1,272 @@
+"""`canzona bench-fsdp2`: bench-step's FSDP2 sibling. One run, the same forked gloo ranks, the same
+Qwen3-shaped model (qwen3-tiny's dimensions, torchtitan's unfused wq/wk/wv/wo/w1/w2/w3 layout) under
+``fully_shard``, the same batches: Canzona (canzona), round-robin owners (asc), all-gather everywhere
+(sc), and the peers that run here, trained side by side, step by step. Per method: the optimizer
+step's median time (max over ranks) and its ratio to Canzona's, the collectives and the bytes this
+rank hands to them per step (counted by wrapping torch.distributed), and the loss curve.
+
+Peers: muon-fsdp2 (``muon_fsdp2.Muon``: one gather to the owner and one scatter back per matrix,
+owners round-robin by index). torchtitan's DistMuon is tried and, where it refuses (torchtitan 0.3.0
+raises "DistMuon requires one CUDA device per process"), the refusal is recorded word for word.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.metadata
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from canzona.argtypes import int_in, output_file, positive_int
+from canzona.models import get_model
+from canzona.plan.types import PlanConfig
+from canzona.results.env import environment, git_commit
+from canzona.results.schema import write_atomic
+from canzona.runtime.config import DistConfig, optimizer_config
+from canzona.runtime.fsdp2 import FSDP2Optimizer
+from canzona.runtime.fsdp2.layout import default_route
+from canzona.runtime.launch import launch
+
+OURS = ("canzona", "asc", "sc")
+PEERS = ("muon-fsdp2", "torchtitan-distmuon")
+LR, ADAMW_LR = 0.02, 1e-3
+
+
+def _nbytes(t: Any) -> int:
+    if isinstance(t, torch.Tensor):
+        return t.numel() * t.element_size()
+    if isinstance(t, (list, tuple)):
+        return sum(_nbytes(x) for x in t)
+    return 0
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nproc", type=int_in(1, 64), default=4, help="gloo ranks = FSDP2 shard group")
+    p.add_argument("--model", default="qwen3-tiny", help="the Qwen3 inventory whose dimensions the model takes")
+    p.add_argument("--layers", type=positive_int, default=None, help="override the inventory's layer count")
+    p.add_argument("--steps", type=positive_int, default=12, help="training steps per method")
+    p.add_argument("--warmup", type=int_in(0, 100), default=2, help="steps left out of the timing median")
+    p.add_argument("--seq", type=positive_int, default=64)
+    p.add_argument("--out", type=output_file, help="also write the JSON object here (atomically)")
+
+
+class Block(torch.nn.Module):
+    """One Qwen3 block as torchtitan lays it out: GQA attention with q/k RMSNorm, SwiGLU MLP."""
+
+    def __init__(self, hidden: int, ffn: int, heads: int, kv_heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        lin = lambda i, o: torch.nn.Linear(i, o, bias=False)
+        self.attention_norm, self.ffn_norm = torch.nn.RMSNorm(hidden), torch.nn.RMSNorm(hidden)
+        self.wq, self.wk, self.wv = (
+            lin(hidden, heads * head_dim),
+            lin(hidden, kv_heads * head_dim),
+            lin(hidden, kv_heads * head_dim),
+        )
+        self.wo = lin(heads * head_dim, hidden)
+        self.q_norm, self.k_norm = torch.nn.RMSNorm(head_dim), torch.nn.RMSNorm(head_dim)
+        self.w1, self.w3, self.w2 = lin(hidden, ffn), lin(hidden, ffn), lin(ffn, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        h = self.attention_norm(x)
+        q = self.q_norm(self.wq(h).view(b, s, self.heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.wk(h).view(b, s, self.kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.wv(h).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        x = x + self.wo(a.transpose(1, 2).reshape(b, s, -1))
+        h = self.ffn_norm(x)
+        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+
+class Qwen3Like(torch.nn.Module):
+    def __init__(self, model: str, layers: int | None) -> None:
+        super().__init__()
+        c = get_model(model)
+        self.vocab = c.vocab
+        self.tok_embeddings = torch.nn.Embedding(c.vocab, c.hidden)
+        n = layers or c.layers
+        self.layers = torch.nn.ModuleList(Block(c.hidden, c.ffn, c.heads, c.kv_heads, c.head_dim) for _ in range(n))
+        self.norm = torch.nn.RMSNorm(c.hidden)
+        self.output = torch.nn.Linear(c.hidden, c.vocab, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.tok_embeddings(tokens[:, :-1])
+        for layer in self.layers:
+            x = layer(x)
+        logits = self.output(self.norm(x))
+        return F.cross_entropy(logits.reshape(-1, self.vocab).float(), tokens[:, 1:].reshape(-1))
+
+
+@contextlib.contextmanager
+def counted(modules: list[Any]) -> Iterator[list[tuple[str, int]]]:
+    """(kind, bytes this rank hands over) of every collective called inside, through torch.distributed
+    or a module that imported the functions by name (muon_fsdp2)."""
+    calls: list[tuple[str, int]] = []
+    flat = ("all_gather_into_tensor", "all_gather_single", "all_to_all_single")
+    kinds = ("all_reduce", "all_gather", *flat, "gather", "scatter")
+    saved = [(m, k, getattr(m, k)) for m in modules for k in kinds if hasattr(m, k)]
+
+    def wrap(kind: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kw: Any) -> Any:
+            if kind == "scatter":
+                sent = _nbytes(kw.get("scatter_list") or (args[1] if len(args) > 1 else None))
+            elif kind == "all_gather":
+                sent = _nbytes(args[1] if len(args) > 1 else kw.get("tensor"))
+            elif kind in flat:
+                sent = _nbytes(args[1] if len(args) > 1 else kw.get("input"))
+            else:
+                sent = _nbytes(args[0] if args else kw.get("tensor"))
+            calls.append((kind, sent))
+            return fn(*args, **kw)
+
+        return call
+
+    for m, k, fn in saved:
+        setattr(m, k, wrap(k, fn))
+    try:
+        yield calls
+    finally:
+        for m, k, fn in saved:
+            setattr(m, k, fn)
+
+
+def _build(method: str, model: str, layers: int | None, world: int) -> tuple[torch.nn.Module, Any]:
+    torch.manual_seed(0)
+    net = Qwen3Like(model, layers)
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
+    for layer in net.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(net, mesh=mesh)
+    named = list(net.named_parameters())
+    mats = [p for n, p in named if default_route(n, tuple(p.shape)) == "matrix"]
+    rest = [p for n, p in named if default_route(n, tuple(p.shape)) != "matrix"]
+    if method in OURS:
+        cfg = DistConfig(optimizer=optimizer_config("muon", lr=LR), plan=PlanConfig(strategy=method))
+        return net, FSDP2Optimizer(net, cfg)
+    if method == "muon-fsdp2":
+        from muon_fsdp2 import Muon
+
+        groups = [{"params": mats, "use_muon": True, "lr": LR, "rms_scale": False}]
+        return net, Muon([*groups, {"params": rest, "use_muon": False, "lr": ADAMW_LR}])
+    from torchtitan.distributed.flex_shard.dist_muon import build_dist_muon
+    from torchtitan.distributed.flex_shard.optimizer_reshard import BucketConfig, ComputeLayout, Owned
+
+    names = [n for n, p in named if default_route(n, tuple(p.shape)) == "matrix"]
+    layout = {n: ComputeLayout(shardings_by_mesh_axis={"fsdp": Owned()}) for n in names}
+    opt = build_dist_muon(
+        [{"params": mats, "param_names": names}],
+        compute_sharding_by_fqn=layout,
+        bucket_configs=[BucketConfig(patterns=tuple(names))],
+        lr=LR,
+    )
+    return net, opt
+
+
+def _rank(info: Any, methods: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    runs, refused = {}, {}
+    for m in methods:
+        try:
+            runs[m] = _build(m, args.model, args.layers, info.world)
+        except ImportError as e:
+            refused[m] = f"not installed ({e.name}); pip install -e '.[fsdp2-peers]' (torchtitan: see pyproject.toml)"
+        except (ValueError, TypeError, RuntimeError) as e:
+            refused[m] = f"{type(e).__name__}: {e}"
+    watched = [dist, *(sys.modules[n] for n in ("muon_fsdp2",) if n in sys.modules)]  # imported the calls by name
+    times: dict[str, list[float]] = {m: [] for m in runs}
+    losses: dict[str, list[float]] = {m: [] for m in runs}
+    calls: dict[str, list[tuple[str, int]]] = {}
+    for step in range(args.steps):
+        g = torch.Generator().manual_seed(1000 * step + info.rank)
+        tokens = torch.randint(0, get_model(args.model).vocab, (2, args.seq + 1), generator=g)
+        for m, (net, opt) in runs.items():
+            loss = net(tokens)
+            loss.backward()
+            dist.barrier()
+            with counted(watched) as c:
+                t0 = time.perf_counter()
+                opt.step()
+                times[m].append((time.perf_counter() - t0) * 1e3)
+            calls[m] = c
+            opt.zero_grad()
+            mean = loss.detach().clone()
+            dist.all_reduce(mean)
+            losses[m].append(mean.item() / info.world)
+    med = torch.tensor([statistics.median(times[m][args.warmup :]) for m in runs], dtype=torch.float64)
+    dist.all_reduce(med, op=dist.ReduceOp.MAX)
+    return {
+        "step_ms": dict(zip(runs, med.tolist(), strict=True)),
+        "calls": {m: len(c) for m, c in calls.items()},
+        "bytes": {m: sum(b for _, b in c) for m, c in calls.items()},
+        "kinds": {m: sorted({k for k, _ in c}) for m, c in calls.items()},
+        "loss": losses,
+        "refused": refused,
+    }
+
+
+def _version(dist_name: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist_name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def run(args: argparse.Namespace) -> int:
+    methods = [*OURS, *PEERS]
+    t0 = time.time()
+    per_rank = launch(_rank, args.nproc, methods, args, timeout_s=600)
+    r0 = per_rank[0]
+    rows = {}
+    for m in r0["step_ms"]:
+        rows[m] = {
+            "step_ms": r0["step_ms"][m],
+            "vs_canzona": r0["step_ms"][m] / r0["step_ms"]["canzona"],
+            "collectives_per_step": {f"rank{r}": p["calls"][m] for r, p in enumerate(per_rank)},
+            "bytes_per_step": {f"rank{r}": p["bytes"][m] for r, p in enumerate(per_rank)},
+            "kinds": r0["kinds"][m],
+            "loss": r0["loss"][m],
+        }
+    out = {
+        "command": "canzona " + " ".join(sys.argv[1:]),
+        "measured": f"{args.nproc} gloo ranks forked on this machine, one thread each",
+        "model": {"inventory": args.model, "layers": args.layers, "seq": args.seq, "batch_per_rank": 2},
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "methods": rows,
+        "not_run": r0["refused"],
+        "versions": {
+            "torch": torch.__version__,
+            "muon-fsdp2": _version("muon-fsdp2"),
+            "torchtitan": _version("torchtitan"),
+        },
+        "commit": git_commit(),
+        "environment": environment(torch.device("cpu"), "gloo"),
+        "wall_s": round(time.time() - t0, 1),
+    }
+    print(_text(out))
+    if args.out:
+        write_atomic(args.out, (json.dumps(out, indent=1) + "\n").encode())
+    return 0
+
+
+def _text(out: dict[str, Any]) -> str:
+    lines = [f"{'method':<22}{'step ms':>9}{'x canzona':>11}{'calls':>7}{'MB/rank':>9}  loss first -> last"]
+    for m, r in out["methods"].items():
+        calls = max(r["collectives_per_step"].values())
+        mb = max(r["bytes_per_step"].values()) / 1e6
+        loss = f"{r['loss'][0]:.3f} -> {r['loss'][-1]:.3f}"
+        lines.append(f"{m:<22}{r['step_ms']:>9.1f}{r['vs_canzona']:>11.2f}{calls:>7}{mb:>9.2f}  {loss}")
+    lines += [f"{m:<22}not run: {why}" for m, why in out["not_run"].items()]
+    lines.append("versions: " + ", ".join(f"{k} {v}" for k, v in out["versions"].items()))
+    return "\n".join(lines)
