@@ -224,6 +224,7 @@ def _version(dist_name: str) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     methods = [*OURS, *PEERS]
+    get_model(args.model)  # a bad name is a one-line error here, before any rank starts
     t0 = time.time()
     per_rank = launch(_rank, args.nproc, methods, args, timeout_s=600)
     r0 = per_rank[0]
