@@ -31,29 +31,43 @@ SYNC_WARNING = "synchronizing CUDA operation"  # torch's text: "called a synchro
 
 class HostReadCounter:
     """Counts host reads of tensors made by canzona's own code while entered (patches
-    ``torch.Tensor`` methods and restores them on exit; not thread-safe, like any such patch)."""
+    ``torch.Tensor`` methods and restores them on exit; not thread-safe, like any such patch).
+
+    Also counts canzona's calls of ``torch.linalg.eigh`` (Shampoo's inverse roots, SOAP's first
+    basis): on CUDA each one synchronises with the host (the solver's error check reads its
+    ``info`` on the host), which no host read on CPU would show; they are listed as
+    ``"eigh in <module>"``, one per call, so a step's budget counts them honestly.
+    """
 
     METHODS = ("item", "tolist", "cpu", "__bool__", "__float__", "__int__", "__index__", "numpy")
+    SYNCING_FUNCTIONS = ((torch.linalg, "eigh"),)
 
     def __init__(self) -> None:
         self.calls: list[str] = []
         self.saved = {m: getattr(torch.Tensor, m) for m in self.METHODS}
+        self.saved_functions = [(mod, name, getattr(mod, name)) for mod, name in self.SYNCING_FUNCTIONS]
+
+    def _counted(self, label: str, fn: Any) -> Any:
+        def counted(*a: Any, **k: Any) -> Any:
+            caller = sys._getframe(1).f_globals.get("__name__", "")
+            if caller.startswith("canzona"):
+                self.calls.append(f"{label} in {caller}")
+            return fn(*a, **k)
+
+        return counted
 
     def __enter__(self) -> HostReadCounter:
         for m, fn in self.saved.items():
-
-            def counted(t: torch.Tensor, *a: Any, _m: str = m, _fn: Any = fn, **k: Any) -> Any:
-                caller = sys._getframe(1).f_globals.get("__name__", "")
-                if caller.startswith("canzona"):
-                    self.calls.append(f"{_m} in {caller}")
-                return _fn(t, *a, **k)
-
-            setattr(torch.Tensor, m, counted)
+            setattr(torch.Tensor, m, self._counted(m, fn))
+        for mod, name, fn in self.saved_functions:
+            setattr(mod, name, self._counted(name, fn))
         return self
 
     def __exit__(self, *exc: object) -> None:
         for m, fn in self.saved.items():
             setattr(torch.Tensor, m, fn)
+        for mod, name, fn in self.saved_functions:
+            setattr(mod, name, fn)
 
 
 @contextmanager

@@ -27,6 +27,12 @@ issue 17 names were not taken: float64 factors double the factor memory and run 
 (slow on GPUs) and leave an absolute ε's null-space scale arbitrary; grafting-only steps until
 the first refresh (Meta's start step) delay preconditioning and still reuse noisy roots later
 whenever the factor stays rank-deficient.
+
+Host syncs on CUDA: every ``torch.linalg.eigh`` synchronises with the host (the solver's error
+check), so a refresh step costs one sync per preconditioned side of each matrix this rank updates,
+on top of the step's one (the grad norm); the eighs are neither batched across matrices nor moved
+off the step's critical path. ``HostReadCounter`` lists them and tests/test_runtime_budget.py
+checks they happen on refresh steps only.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ Order of operations follows the authors' reference implementation (github.com/ni
 m is kept in the rotated basis and re-rotated only when Q changes (the reference rotates it
 back and forth every step, which is the identity in between refreshes). A side longer than
 ``max_precond_dim`` is not rotated. The one eigh runs in float64 (robust, deterministic); the
-steady-state QR refreshes run in fp32 like the reference.
+steady-state QR refreshes run in fp32 like the reference. On CUDA that eigh synchronises with the
+host once per preconditioned side of each matrix, at step 1 only (tests/test_runtime_budget.py).
 """
 
 from __future__ import annotations
