@@ -143,3 +143,34 @@ def test_a_failing_check_keeps_the_line(tmp_path: Path, monkeypatch: pytest.Monk
     check = json.loads(checks_path(results).read_text())
     assert check["cell"] == line["cell"]
     assert check["checks"]["replica_check_error"].startswith("OutOfMemoryError: CUDA out of memory")
+
+
+def _reads(ri: Any, n: int) -> tuple[list[str], list[str]]:
+    """Host reads and collectives of the replica check on ``n`` identical tensors."""
+    from canzona.harness.step_probe import HostReadCounter
+
+    named = _named(n, 8, 8)
+    world = dist.new_group(list(range(ri.world)))
+    solo = dist.new_group([ri.rank], use_local_synchronization=True)
+    real, issued = dist.all_reduce, []
+
+    def all_reduce(t: torch.Tensor, *a: Any, **k: Any) -> Any:
+        issued.append(f"all_reduce {t.numel()}")
+        return real(t, *a, **k)
+
+    dist.all_reduce = all_reduce
+    try:
+        with HostReadCounter() as c:
+            replica_divergence(named, world, solo)
+    finally:
+        dist.all_reduce = real
+    return c.calls, issued
+
+
+def test_replica_check_syncs_do_not_grow_with_the_model() -> None:
+    """At 256 GPUs the check must stay a handful of small collectives: one MAX and one MIN of 2n
+    checksums per group, one final MAX, and host reads that do not depend on the tensor count."""
+    for n in (2, 20):
+        reads, issued = launch(_reads, 2, n, timeout_s=60)[0]
+        assert reads == ["tolist in canzona.harness.params", "__float__ in canzona.harness.params"], reads
+        assert issued == [f"all_reduce {2 * n}", f"all_reduce {2 * n}", "all_reduce 1"], issued

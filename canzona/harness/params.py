@@ -169,7 +169,7 @@ def replica_divergence(
         dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=group)
         differ = ((hi != lo) | hi.isnan() | lo.isnan()).any(dim=1)
         worst = 0.0
-        for i in differ.nonzero().flatten().tolist():  # the same list on every rank of the group
+        for i in [i for i, d in enumerate(differ.tolist()) if d]:  # one host read; the same list on every rank
             t_hi = tensors[i].detach().float().clone()
             t_lo = t_hi.clone()
             dist.all_reduce(t_hi, op=dist.ReduceOp.MAX, group=group)
