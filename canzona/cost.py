@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from canzona.errors import ConfigError
 
@@ -125,7 +125,18 @@ def _precond_sides(m: int, n: int, settings: CostSettings) -> tuple[bool, bool]:
 
 
 class MatrixCost(ABC):
-    """What one optimizer step costs on one FULL m×n matrix: the cost object an optimizer registers."""
+    """What one optimizer step costs on one FULL m×n matrix: the cost object an optimizer registers.
+
+    It also carries the optimizer's capabilities, so callers ask the registry instead of comparing
+    names (and this layer stays free of torch):
+      newton_schulz  its step orthogonalises with Newton–Schulz (it has an ns_dtype and ns_method)
+      cooperative    a group of GPUs can share one matrix's update (canzona.plan.coop splits NS)
+      dtypes         the parameter number formats it supports
+    """
+
+    newton_schulz: ClassVar[bool] = False
+    cooperative: ClassVar[bool] = False
+    dtypes: ClassVar[tuple[str, ...]] = ("fp32", "bf16")
 
     @abstractmethod
     def flops(self, m: int, n: int, settings: CostSettings) -> float:
@@ -137,6 +148,9 @@ class MatrixCost(ABC):
 
 
 class MuonCost(MatrixCost):
+    newton_schulz = True
+    cooperative = True
+
     def flops(self, m: int, n: int, settings: CostSettings) -> float:
         # momentum (2), nesterov blend (2), normalise (3), scale + decay + apply (3)
         ns = muon_ns_flops((m, n), settings.ns_steps, settings.ns_method, settings.ns_restarts)
@@ -202,6 +216,16 @@ def matrix_optimizer_names() -> tuple[str, ...]:
     return tuple(_COSTS)
 
 
+def ns_optimizer_names() -> tuple[str, ...]:
+    """The registered optimizers whose step runs Newton–Schulz (they record an ns_dtype)."""
+    return tuple(name for name, c in _COSTS.items() if c.newton_schulz)
+
+
+def runs_newton_schulz(optimizer: str) -> bool:
+    """True for a registered optimizer whose step runs Newton–Schulz (False for adamw)."""
+    return optimizer in _COSTS and _COSTS[optimizer].newton_schulz
+
+
 def optimizer_names() -> tuple[str, ...]:
     """Every --optimizer choice: the matrix optimizers, then adamw (everything through ZeRO-1 AdamW)."""
     return (*_COSTS, ADAMW)
@@ -241,7 +265,7 @@ class MeasuredTable:
         p = Path(path)
         try:
             raw = json.loads(p.read_text(encoding="utf-8"))
-            entries = tuple((tuple(int(d) for d in e["shape"]), float(e["us"])) for e in raw["entries"])
+            entries = tuple((_dims(e["shape"]), float(e["us"])) for e in raw["entries"])
             cost_for(raw["optimizer"])  # an unknown optimizer is a ConfigError like any other bad field
             table = cls(raw["optimizer"], str(raw.get("device", "unknown")), entries, strict, str(p))
         except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:

@@ -50,9 +50,11 @@ STEP_NAMES = ("local-sweep", "bench-step", "planner", "projection", "calibration
 # a setting the results schema does not key on (the collective mode) writes its JSON only, so it never
 # mixes into the cell of the default run. qwen3-32b-w16 is Qwen3-32B's structure at 1/16 width with
 # one matrix per bucket; qwen3-tiny-widefc1 is where one matrix dominates (cooperative Newton–Schulz),
-# timed with the NS format auto picks and with fp32. canzona-nocoop: Canzona with one owner per matrix.
-_ALL = "sc,layerwise,asc,canzona,canzona-nocoop"
-_WIDE = ("--model", "qwen3-tiny-widefc1", "--dp", "4", "--tp", "1", "--strategies", "layerwise,canzona,canzona-nocoop")
+# timed with the NS format auto picks and with fp32. canzona:cooperative=false: Canzona with one owner
+# per matrix (a spec override of the same strategy, timed beside it).
+_ALL = "sc,layerwise,asc,canzona,canzona:cooperative=false"
+_WIDE = ("--model", "qwen3-tiny-widefc1", "--dp", "4", "--tp", "1")
+_WIDE += ("--strategies", "layerwise,canzona,canzona:cooperative=false")
 BENCH_RUNS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
     ("dp2_tp2", ("--model", "qwen3-tiny", "--dp", "2", "--tp", "2", "--strategies", _ALL), True),
     ("dp4_tp1", ("--model", "qwen3-tiny", "--dp", "4", "--tp", "1", "--strategies", _ALL), True),
@@ -125,7 +127,7 @@ def local_builder(cell: Cell, results: Path, nproc: int | None) -> list[str]:
     (megatron-core >= 0.19 cannot live in the main Python 3.11 environment)."""
     from canzona.sweep.task import train_command
 
-    peer = cell.method == "megatron-muon" and PEER_PY.exists()
+    peer = cell.spec.is_peer and PEER_PY.exists()
     return train_command(cell, results, nproc, python=str(PEER_PY) if peer else None)
 
 

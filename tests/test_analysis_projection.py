@@ -261,7 +261,7 @@ def test_paper_layouts_match_the_cluster_sweep() -> None:
 
     d = load_sweep(Path(__file__).resolve().parents[1] / "slurm" / "sweeps" / "table2.toml")
     assert {lay.model: Layout(lay.dp, lay.tp, lay.pp) for lay in d.layouts} == PAPER_LAYOUTS
-    assert (d.seq_len, d.global_batch) == (PAPER_SEQ_LEN, PAPER_GLOBAL_BATCH)
+    assert (d.setting("seq_len"), d.setting("global_batch")) == (PAPER_SEQ_LEN, PAPER_GLOBAL_BATCH)
 
 
 def test_validate_against_projects_the_measured_cell(tmp_path: Path, toy) -> None:
@@ -394,11 +394,19 @@ def test_authors_preset_matches_the_sweep_variant() -> None:
     want = (AUTHORS["model"], AUTHORS["layout"], AUTHORS["seq_len"], AUTHORS["global_batch"], AUTHORS["micro_batch"])
     want += (AUTHORS["alpha"], AUTHORS["cost"], AUTHORS["bucket_size"])
     for c in cells:
-        got = (c.model, Layout(c.dp, c.tp, c.pp), c.seq_len, c.global_batch, c.micro_batch, c.alpha, c.cost)
-        assert (*got, c.bucket_size) == want
-        assert c.overlap_param_sync  # both Megatron overlaps: the projection's 'megatron' view
+        got = (
+            c.config()["model"],
+            Layout(c.config()["dp"], c.config()["tp"], c.config()["pp"]),
+            c.config()["seq_len"],
+            c.config()["global_batch"],
+            c.config()["micro_batch"],
+            c.config()["alpha"],
+            c.config()["cost"],
+        )
+        assert (*got, c.config()["bucket_size"]) == want
+        assert c.config()["overlap_param_sync"]  # both Megatron overlaps: the projection's 'megatron' view
     assert AUTHORS["overlap"] == "megatron"
-    assert {c.method for c in cells} <= {s.method for s in authors_scenarios()}
+    assert {c.config()["method"] for c in cells} <= {s.method for s in authors_scenarios()}
 
 
 def test_batch_study_reaches_the_claim_below_our_batch() -> None:

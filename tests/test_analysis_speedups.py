@@ -17,7 +17,7 @@ from canzona.cli import main
 def _fake_launch(totals: dict[str, list[float]]):
     """Stands in for the forked ranks: each strategy's per-step timings (ms, max over ranks)."""
 
-    def launch(fn, nproc, model, dp, tp, strategies, *rest, **kw):
+    def launch(fn, nproc, runs, *rest, **kw):
         return [
             {
                 s: {
@@ -25,7 +25,7 @@ def _fake_launch(totals: dict[str, list[float]]):
                     "collective_modes": {},
                     "cooperative": [],
                 }
-                for s in strategies
+                for s in runs
             }
         ]
 

@@ -17,9 +17,11 @@ PKG = ROOT / "canzona"
 # Base utilities first (errors; argtypes; the CLI table, which imports subcommands by name only),
 # then the layers in the order the README lists them. "front" is every `front/` folder of the
 # library layers (their commands, benches, reports and plots): it comes after results, so the
-# library layers never import results, and before the application layers that use it.
+# library layers never import results, and before the application layers that use it. "spec" (the
+# run description) derives the runtime's config and the record's, so it follows runtime and results.
 BASE = ("errors", "argtypes", "cli")
-LAYERS = ("models", "cost", "optim", "plan", "runtime", "results", "front", "harness", "sweep", "analysis")
+LAYERS = ("models", "cost", "optim", "plan", "runtime", "results", "spec", "front", "harness", "sweep")
+LAYERS += ("analysis",)
 ORDER = (*BASE, *LAYERS, "__main__")
 FILES = sorted(p for p in PKG.rglob("*.py"))
 

@@ -212,17 +212,12 @@ def test_cell_path_runs_the_command_a_sweep_cell_runs(tmp_path: Path) -> None:
     """gpu-check's cell path is the sweep's own command for that cell (torchrun around `canzona
     train` with the cell's flags), so its train.json proves the path every cell takes."""
     from canzona.harness.gpu_train import cell_command, run_config
-    from canzona.results.schema import ns_dtype_for
     from canzona.sweep.definition import Cell
     from canzona.sweep.task import torchrun_argv, train_command
 
     for gpu, quick in ((False, False), (True, False), (True, True)):
         run = run_config(gpu, quick).resolve(gpu=gpu)
-        fields = ("model", "tp", "pp", "dp", "method", "optimizer", "seq_len", "micro_batch", "global_batch")
-        cell = Cell(
-            **{k: getattr(run, k) for k in (*fields, "warmup", "iters", "dtype", "device")},
-            ns_dtype=ns_dtype_for(run.optimizer, run.ns_dtype),
-        )
+        cell = Cell(run)
         results = tmp_path / "cell.jsonl"
         want = torchrun_argv(
             train_command(cell, results, None),

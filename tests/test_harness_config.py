@@ -6,9 +6,15 @@ import pytest
 
 from canzona.cli import main as canzona_main
 from canzona.errors import ConfigError
-from canzona.harness.config import RunConfig, load_config, named_configs
+from canzona.harness.config import load_config, named_configs
+from canzona.spec import RunSpec
 
 MICRO = dict(model="qwen3-micro", seq_len=32, micro_batch=1, global_batch=4)  # 4 heads, 2 KV heads
+
+
+def spec(**fields: object) -> RunSpec:
+    """A RunSpec from flat field names (as a TOML file or the flags spell them)."""
+    return RunSpec.from_flat(fields)
 
 
 @pytest.mark.parametrize(
@@ -29,13 +35,12 @@ MICRO = dict(model="qwen3-micro", seq_len=32, micro_batch=1, global_batch=4)  # 
     ],
 )
 def test_bad_configuration_is_rejected(overrides: dict, world: int, needle: str) -> None:
-    cfg = RunConfig(**{**MICRO, **overrides})
-    with pytest.raises(ConfigError, match=needle):
-        cfg.validate(world)
+    with pytest.raises(ConfigError, match=needle):  # bad types and choices: already at construction
+        spec(**{**MICRO, **overrides}).validate(world)
 
 
 def test_tied_embeddings_with_pp_rejected() -> None:
-    cfg = RunConfig(model="qwen3-0.6b", pp=2, tp=1, dp=1, global_batch=4)
+    cfg = spec(model="qwen3-0.6b", pp=2, tp=1, dp=1, global_batch=4)
     with pytest.raises(ConfigError, match="ties its embeddings"):
         cfg.validate(2)
 
@@ -43,34 +48,34 @@ def test_tied_embeddings_with_pp_rejected() -> None:
 def test_bf16_runs_on_cpu_but_a_gpu_run_needs_cuda() -> None:
     # bf16 on CPU is allowed (CPUs with AVX512-BF16 run it faster than fp32); what needs a GPU
     # is --device gpu, which every GPU sweep cell passes
-    cfg = RunConfig(**MICRO, dtype="bf16")
+    cfg = spec(**MICRO, dtype="bf16")
     assert cfg.validate(1, gpu=False) is cfg
-    gpu_cell = RunConfig(**MICRO, dtype="bf16", device="gpu")
+    gpu_cell = spec(**MICRO, dtype="bf16", device="gpu")
     with pytest.raises(ConfigError, match="sees no CUDA; install a CUDA build of torch"):
         gpu_cell.validate(1, gpu=False)
     assert gpu_cell.validate(1, gpu=True) is gpu_cell
 
 
 def test_resolve_makes_every_auto_concrete() -> None:
-    cpu = RunConfig(**MICRO).resolve(gpu=False)
-    assert (cpu.device, cpu.attention) == ("cpu", "local") and cpu.ns_dtype in ("fp32", "bf16")
-    gpu = RunConfig(**MICRO).resolve(gpu=True)
-    assert gpu.device == "gpu" and gpu.attention in ("te", "sdpa")
-    assert RunConfig(**MICRO, device="cpu").resolve(gpu=True).device == "cpu"
+    cpu = spec(**MICRO).resolve(gpu=False)
+    assert (cpu.machine.device, cpu.machine.attention) == ("cpu", "local") and cpu.optim.ns_dtype in ("fp32", "bf16")
+    gpu = spec(**MICRO).resolve(gpu=True)
+    assert gpu.machine.device == "gpu" and gpu.machine.attention in ("te", "sdpa")
+    assert spec(**MICRO, device="cpu").resolve(gpu=True).machine.device == "cpu"
     # the peer's auto is Megatron's default muon_fp32_matmul_prec "medium" = bf16 Newton-Schulz
-    assert RunConfig(**MICRO, method="megatron-muon").resolve(gpu=False).ns_dtype == "bf16"
-    assert RunConfig(**MICRO, ns_dtype="fp32", method="megatron-muon").resolve(gpu=False).ns_dtype == "fp32"
-    soap = RunConfig(**MICRO, optimizer="soap").resolve(gpu=False)
-    assert soap.ns_dtype == "auto" and soap.record_config()["ns_dtype"] is None
+    assert spec(**MICRO, method="megatron-muon").resolve(gpu=False).optim.ns_dtype == "bf16"
+    assert spec(**MICRO, ns_dtype="fp32", method="megatron-muon").resolve(gpu=False).optim.ns_dtype == "fp32"
+    soap = spec(**MICRO, optimizer="soap").resolve(gpu=False)
+    assert soap.optim.ns_dtype == "auto" and soap.record_config()["ns_dtype"] is None
     with pytest.raises(ConfigError, match="runs no Newton-Schulz"):
-        RunConfig(**MICRO, optimizer="shampoo", ns_dtype="bf16").validate(1)
-    rec = RunConfig(**MICRO, ns_dtype="bf16").resolve(gpu=False).record_config()
+        spec(**MICRO, optimizer="shampoo", ns_dtype="bf16").validate(1)
+    rec = spec(**MICRO, ns_dtype="bf16").resolve(gpu=False).record_config()
     assert (rec["dtype"], rec["ns_dtype"], rec["device"], rec["attention"]) == ("fp32", "bf16", "cpu", "local")
 
 
 def test_derived_fields() -> None:
-    cfg = RunConfig(model="qwen3-micro", tp=2, pp=1, dp=2, micro_batch=2, global_batch=12, seq_len=16).validate(4)
-    assert cfg.world == 4 and cfg.num_microbatches == 3 and cfg.tokens_per_iteration == 192
+    cfg = spec(model="qwen3-micro", tp=2, pp=1, dp=2, micro_batch=2, global_batch=12, seq_len=16).validate(4)
+    assert cfg.world == 4 and cfg.num_microbatches == 3
     rec = cfg.record_config()
     for k in (
         "model",

@@ -24,12 +24,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from canzona.harness.config import RunConfig
 from canzona.harness.params import NamedParam, replica_divergence
 from canzona.harness.record import checks_path
 from canzona.harness.timing import IterationLog
 from canzona.models.spec import ParamSpec
 from canzona.runtime.launch import launch
+from canzona.spec import RunSpec
 
 pytestmark = pytest.mark.slow
 
@@ -75,7 +75,7 @@ def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _measured(ri: Any, run: RunConfig, what: str) -> int:
+def _measured(ri: Any, run: RunSpec, results: str, what: str) -> int:
     """Peak RSS growth of ``what`` ("finish": everything after the loop; "check": the replica check
     alone) on this rank, after a warm-up on one tiny tensor (imports, gloo buffers)."""
     from canzona.harness.train import finish
@@ -84,12 +84,12 @@ def _measured(ri: Any, run: RunConfig, what: str) -> int:
     world = dist.new_group(list(range(ri.world)))
     solo = dist.new_group([ri.rank], use_local_synchronization=True)
     tiny = _named(1, 4, 4)
-    finish(ri, run.replace(results=None), _Opt(), tiny, _log(), "gloo", world, solo)
+    finish(ri, run, _Opt(), tiny, _log(), "gloo", world, solo)
     named = _named(TENSORS, ROWS, COLS)
     gc.collect()
     before = _peak_rss_bytes()
     if what == "finish":
-        out = finish(ri, run, _Opt(), named, _log(), "gloo", world, solo)
+        out = finish(ri, run, _Opt(), named, _log(), "gloo", world, solo, results=results)
         assert out["checks"] == {"replica_max_abs_diff": 0.0}
     else:
         assert replica_divergence(named, world, solo) == 0.0
@@ -98,8 +98,8 @@ def _measured(ri: Any, run: RunConfig, what: str) -> int:
 
 @pytest.mark.parametrize("what", ["check", "finish"])
 def test_bookkeeping_after_the_loop_is_o_largest_tensor(tmp_path: Path, what: str) -> None:
-    run = RunConfig(model="qwen3-micro", dp=2, global_batch=2, results=str(tmp_path / "r.jsonl"))
-    grown = launch(_measured, 2, run.resolve(gpu=False), what, timeout_s=120)
+    run = RunSpec(model="qwen3-micro").replace(dp=2, global_batch=2)
+    grown = launch(_measured, 2, run.resolve(gpu=False), str(tmp_path / "r.jsonl"), what, timeout_s=120)
     # O(model) would be >= MODEL_BYTES (one fp32 copy; the old check took ~8x that); allow four
     # float64 copies of the largest tensor plus 8 MiB of allocator and page slack
     limit = 4 * 2 * LARGEST_BYTES + 8 * 2**20

@@ -53,7 +53,7 @@ def test_nproc_parent_never_touches_cuda(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)  # NVML's count: no CUDA initialisation
     forks: list[tuple[int, Any, str]] = []
 
-    def fork(fn: Any, world: int, run: Any, *, backend: str, timeout_s: float) -> list[dict[str, Any]]:
+    def fork(fn: Any, world: int, run: Any, results: Any, *, backend: str, timeout_s: float) -> list[dict[str, Any]]:
         forks.append((world, run, backend))
         return [{"record": None}] * world
 
@@ -61,6 +61,6 @@ def test_nproc_parent_never_touches_cuda(monkeypatch: pytest.MonkeyPatch) -> Non
     argv = ["train", "--model", "qwen3-micro", "--dp", "2", "--global-batch", "2", "--device", "gpu"]
     assert canzona_main([*argv, "--dtype", "bf16", "--nproc", "2"]) == 0
     ((world, run, backend),) = forks
-    assert (world, backend, run.device, run.dtype) == (2, "nccl", "gpu", "bf16")
+    assert (world, backend, run.machine.device, run.machine.dtype) == (2, "nccl", "gpu", "bf16")
     # every "auto" resolved in the parent without asking CUDA: the sm >= 8.0 rule, TE by find_spec
-    assert run.ns_dtype == "bf16" and run.attention in ("te", "sdpa")
+    assert run.optim.ns_dtype == "bf16" and run.machine.attention in ("te", "sdpa")

@@ -17,14 +17,19 @@ pytest.importorskip("megatron.core")
 import megatron.core.models.gpt  # noqa: F401 - import before forking
 
 from canzona.harness import cpu_shim
-from canzona.harness.config import RunConfig
 from canzona.harness.params import tp_shard
-from canzona.models import list_params
+from canzona.models import get_model, list_params
 from canzona.runtime.launch import launch
+from canzona.spec import RunSpec
 
 pytestmark = pytest.mark.slow
 GPU_FLAGS = ("masked_softmax_fusion", "persist_layer_norm", "batch_p2p_comm", "use_cpu_initialization", "bf16")
 needs_cpu = pytest.mark.skipif(torch.cuda.is_available(), reason="the shim is only used without a GPU")
+
+
+def spec(**fields: object) -> RunSpec:
+    """A RunSpec from flat field names (as a TOML file or the flags spell them)."""
+    return RunSpec.from_flat(fields)
 
 
 @needs_cpu
@@ -69,11 +74,11 @@ def test_tp_shard_matches_megatron_stride() -> None:
     assert tp_shard(full, 0, 2, 2, 1)[:, 0].tolist() == [4.0, 6.0, 12.0, 14.0]
 
 
-def _fwd_bwd_rank(info, run: RunConfig, gpu: bool = False) -> dict:
+def _fwd_bwd_rank(info, run: RunSpec, gpu: bool = False) -> dict:
     """One forward-backward of the first global batch through megatron's schedule, no optimizer.
 
     ``gpu``: build the model a GPU run builds (its TransformerConfig flags and layer spec, in
-    ``run.dtype``) on this CPU rank, minus the CUDA kernels themselves."""
+    ``run.machine.dtype``) on this CPU rank, minus the CUDA kernels themselves."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -84,38 +89,38 @@ def _fwd_bwd_rank(info, run: RunConfig, gpu: bool = False) -> dict:
     from canzona.harness.train import SyntheticTokens, make_forward_step
 
     cpu_shim.install()
-    ps.initialize_model_parallel(tensor_model_parallel_size=run.tp, pipeline_model_parallel_size=run.pp)
+    ps.initialize_model_parallel(tensor_model_parallel_size=run.layout.tp, pipeline_model_parallel_size=run.layout.pp)
     try:
-        model_parallel_cuda_manual_seed(run.seed)
-        cfg = run.model_config
+        model_parallel_cuda_manual_seed(run.loop.seed)
+        cfg = get_model(run.model)
         stage, tp_rank = ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank()
-        attention = None if run.attention == "auto" else run.attention
-        dtype = torch.bfloat16 if run.dtype == "bf16" else torch.float32
+        attention = None if run.machine.attention == "auto" else run.machine.attention
+        dtype = torch.bfloat16 if run.machine.dtype == "bf16" else torch.float32
         model = build_model(
             cfg,
-            tp=run.tp,
-            pp=run.pp,
-            seq_len=run.seq_len,
+            tp=run.layout.tp,
+            pp=run.layout.pp,
+            seq_len=run.batch.seq_len,
             dtype=dtype,
             device=info.device,
             attention=attention,
             gpu=gpu,
         )
-        named = named_params(model, cfg, tp=run.tp, pp=run.pp, stage=stage)
-        init_weights(named, cfg, seed=run.seed, tp_rank=tp_rank, tp=run.tp)
-        data = SyntheticTokens(cfg.vocab, run.seq_len, run.global_batch, run.seed)
-        micro = data.microbatches(0, ps.get_data_parallel_rank(), run.dp, run.micro_batch, info.device)
+        named = named_params(model, cfg, tp=run.layout.tp, pp=run.layout.pp, stage=stage)
+        init_weights(named, cfg, seed=run.loop.seed, tp_rank=tp_rank, tp=run.layout.tp)
+        data = SyntheticTokens(cfg.vocab, run.batch.seq_len, run.batch.global_batch, run.loop.seed)
+        micro = data.microbatches(0, ps.get_data_parallel_rank(), run.layout.dp, run.batch.micro_batch, info.device)
         with cpu_shim.cuda_literals_to_cpu():
             out = get_forward_backward_func()(
-                forward_step_func=make_forward_step(run.seq_len, info.device),
+                forward_step_func=make_forward_step(run.batch.seq_len, info.device),
                 data_iterator=iter(micro),
                 model=model,
                 num_microbatches=run.num_microbatches,
-                seq_length=run.seq_len,
-                micro_batch_size=run.micro_batch,
+                seq_length=run.batch.seq_len,
+                micro_batch_size=run.batch.micro_batch,
                 forward_only=False,
             )
-        partial = set(tp_partial_names(named, run.tp))  # QK-norm grads: summed across TP, as the optimizer does
+        partial = set(tp_partial_names(named, run.layout.tp))  # QK-norm grads: summed across TP, as the optimizer does
         for n, _, p in named:
             if n in partial:
                 dist.all_reduce(p.grad, group=ps.get_tensor_model_parallel_group())
@@ -157,8 +162,8 @@ def test_sdpa_attention_matches_megatrons_local_attention(tp: int) -> None:
     """The fused path GPU cells use without TE (torch SDPA in megatron's local spec) computes the
     same loss and gradients as megatron's DotProductAttention (GQA: 4 heads over 2 KV groups)."""
     common = dict(model="qwen3-micro", seq_len=16, micro_batch=1, global_batch=2, dp=1, tp=tp)
-    ref = launch(_fwd_bwd_rank, tp, RunConfig(**common, attention="local").validate(tp), timeout_s=120)
-    got = launch(_fwd_bwd_rank, tp, RunConfig(**common, attention="sdpa").validate(tp), timeout_s=120)
+    ref = launch(_fwd_bwd_rank, tp, spec(**common, attention="local").validate(tp), timeout_s=120)
+    got = launch(_fwd_bwd_rank, tp, spec(**common, attention="sdpa").validate(tp), timeout_s=120)
     assert got[0]["loss"] == pytest.approx(ref[0]["loss"], rel=1e-6)
     want, have = _full_grads(ref, tp), _full_grads(got, tp)
     for n, g in want.items():
@@ -166,9 +171,9 @@ def test_sdpa_attention_matches_megatrons_local_attention(tp: int) -> None:
 
 
 def test_param_specs_match_inventory() -> None:
-    run = RunConfig(model="qwen3-micro", tp=2, pp=2, dp=1, seq_len=16, micro_batch=1, global_batch=2).validate(4)
+    run = spec(model="qwen3-micro", tp=2, pp=2, dp=1, seq_len=16, micro_batch=1, global_batch=2).validate(4)
     outs = launch(_fwd_bwd_rank, 4, run, timeout_s=120)
-    cfg = run.model_config
+    cfg = get_model(run.model)
     for o in outs:
         want = [(s.name, s.shape, s.partition_dim, s.route, s.layer) for s in list_params(cfg, pp=2, stage=o["stage"])]
         assert o["specs"] == want
@@ -180,8 +185,8 @@ def test_param_specs_match_inventory() -> None:
 def test_layouts_give_tp1_loss_and_grads(tp: int, pp: int) -> None:
     """Same seed, same global batch: every TP/PP layout computes TP=1's loss and FULL gradients."""
     common = dict(model="qwen3-micro", seq_len=16, micro_batch=1, global_batch=4, dp=1)
-    ref = launch(_fwd_bwd_rank, 1, RunConfig(**common).validate(1), timeout_s=120)[0]
-    outs = launch(_fwd_bwd_rank, tp * pp, RunConfig(**common, tp=tp, pp=pp).validate(tp * pp), timeout_s=120)
+    ref = launch(_fwd_bwd_rank, 1, spec(**common).validate(1), timeout_s=120)[0]
+    outs = launch(_fwd_bwd_rank, tp * pp, spec(**common, tp=tp, pp=pp).validate(tp * pp), timeout_s=120)
     last = [o for o in outs if o["stage"] == pp - 1]
     assert all(o["loss"] == pytest.approx(ref["loss"], rel=1e-6) for o in last)
     assert 4.0 < ref["loss"] < 7.0  # ~ln(256) at initialisation
@@ -220,7 +225,7 @@ class _LogLines(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def _gpu_shaped_rank(info, run: RunConfig) -> dict:
+def _gpu_shaped_rank(info, run: RunSpec) -> dict:
     """``_fwd_bwd_rank`` with the GPU configuration, and the harness's log lines while building it."""
     from canzona.harness import model as harness_model
 
@@ -239,7 +244,7 @@ def test_gpu_configuration_without_transformer_engine_builds_and_trains(attentio
     layer spec), built and run forward-backward on CPU: no assert at construction (the local spec's
     WrappedTorchNorm refuses persist_layer_norm), no import error at the first forward (the fused
     softmax kernel is not installed here: masked_softmax_fusion goes off with ONE logged line)."""
-    run = RunConfig(model="qwen3-micro", seq_len=32, micro_batch=2, global_batch=2, dtype="bf16", attention=attention)
+    run = spec(model="qwen3-micro", seq_len=32, micro_batch=2, global_batch=2, dtype="bf16", attention=attention)
     (out,) = launch(_gpu_shaped_rank, 1, run, timeout_s=120)
     assert out["loss"] is not None and math.isfinite(out["loss"])
     assert out["config"] == {
@@ -259,24 +264,23 @@ def test_gpu_configuration_with_transformer_engine(monkeypatch: pytest.MonkeyPat
     flags; without it, to megatron's local spec with SDPA (built and run above)."""
     from packaging.version import Version
 
-    import canzona.harness.config as harness_config
     from canzona.harness import model as harness_model
 
     real_find_spec = importlib.util.find_spec
-    run = RunConfig(model="qwen3-micro", dtype="bf16", device="gpu")
+    run = spec(model="qwen3-micro", dtype="bf16", device="gpu")
     monkeypatch.setattr(
-        harness_config.importlib.util,
+        importlib.util,
         "find_spec",
         lambda n, *a: None if n == "transformer_engine" else real_find_spec(n, *a),
     )
-    assert run.resolve(gpu=True).attention == "sdpa"
+    assert run.resolve(gpu=True).machine.attention == "sdpa"
     monkeypatch.setattr(
-        harness_config.importlib.util,
+        importlib.util,
         "find_spec",
         lambda n, *a: object() if n == "transformer_engine" else real_find_spec(n, *a),
     )
     resolved = run.resolve(gpu=True)
-    assert resolved.attention == "te"
+    assert resolved.machine.attention == "te"
 
     import megatron.core.utils as mutils
     from megatron.core.extensions import transformer_engine as mte
@@ -288,9 +292,9 @@ def test_gpu_configuration_with_transformer_engine(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(gpt_layer_specs, "TESpecProvider", TESpecProvider, raising=False)
     monkeypatch.setattr(gpt_layer_specs, "TENorm", mte.TENorm, raising=False)
     monkeypatch.setattr(harness_model, "te_available", lambda: True)
-    cfg = resolved.model_config
-    spec = harness_model.layer_spec(cfg, resolved.attention)
-    assert spec.submodules.self_attention.submodules.q_layernorm is mte.TENorm
+    cfg = get_model(resolved.model)
+    layer = harness_model.layer_spec(cfg, resolved.machine.attention)
+    assert layer.submodules.self_attention.submodules.q_layernorm is mte.TENorm
     config = harness_model.transformer_config(cfg, tp=1, pp=1, dtype=torch.bfloat16, gpu=True, attention="te")
     assert (config.persist_layer_norm, config.masked_softmax_fusion, config.use_cpu_initialization) == (
         False,

@@ -6,12 +6,17 @@ import numpy as np
 import pytest
 import torch
 
-from canzona.harness.config import RunConfig
 from canzona.harness.record import build_record, environment
 from canzona.harness.timing import IterationLog, RunTimings, aggregate, model_flops_per_token, summarize, throughput
 from canzona.models import get_model
 from canzona.results import schema
 from canzona.runtime.launch import launch
+from canzona.spec import RunSpec
+
+
+def spec(**fields: object) -> RunSpec:
+    """A RunSpec from flat field names (as a TOML file or the flags spell them)."""
+    return RunSpec.from_flat(fields)
 
 
 def test_summarize_matches_numpy_percentiles() -> None:
@@ -60,7 +65,7 @@ def test_aggregate_takes_max_across_ranks_and_mean_loss() -> None:
 
 
 def test_record_is_schema_valid_and_excludes_warmup(tmp_path) -> None:
-    run = RunConfig(
+    run = spec(
         model="qwen3-micro", tp=2, dp=2, seq_len=32, micro_batch=1, global_batch=4, warmup=2, iters=4, method="asc"
     ).resolve(gpu=False)
     timings = RunTimings(
@@ -101,7 +106,7 @@ def test_records_carry_the_cluster_provenance(monkeypatch) -> None:
     assert env["hostnames"] == ["gpu-a01", "gpu-a02"]
     assert env["container_image"] == "nvcr.io#nvidia/pytorch:25.01-py3"
     assert env["cuda"] is None and env["nccl"] is None and env["gpu_driver"] is None  # CPU run: no GPU stack
-    run = RunConfig(model="qwen3-micro", seq_len=32, global_batch=2, warmup=0, iters=1).resolve(gpu=False)
+    run = spec(model="qwen3-micro", seq_len=32, global_batch=2, warmup=0, iters=1).resolve(gpu=False)
     timings = RunTimings([1.0], [1.0], [1.0], {}, [5.0], [1.0])
     rec = build_record(run, environment(torch.device("cpu"), "gloo", extra=env), timings, mem_kind="cpu_max_rss")
     assert rec["env"]["slurm_job_id"] == "4242" and rec["config"]["ns_dtype"] in ("fp32", "bf16")

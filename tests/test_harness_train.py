@@ -227,3 +227,26 @@ def test_ns_dtype_reaches_the_optimizer_the_record_and_the_cell_key(tmp_path: Pa
     assert bf16["loss"]["curve"] == pytest.approx(fp32["loss"]["curve"], rel=1e-2)
     assert fp32["config"]["attention"] == "local" and fp32["config"]["device"] == "cpu"
     assert fp32["env"]["hostnames"] and fp32["env"]["cuda"] is None
+
+
+def test_cooperation_and_ns_method_reach_the_runtime_and_the_record(tmp_path: Path) -> None:
+    """`canzona train --no-cooperative --ns-method gram`: the flags are RunSpec fields, so they reach
+    DistConfig (Gram Newton–Schulz changes the curve only by rounding) and land in the record, and
+    the record rebuilds the same spec."""
+    from canzona.spec import RunSpec
+
+    results = tmp_path / "coop.jsonl"
+    std = _train(results, tp=1, pp=1, dp=2, method="canzona", extra=("--ns-dtype", "fp32", "--cooperative"))
+    gram = _train(
+        results,
+        tp=1,
+        pp=1,
+        dp=2,
+        method="canzona",
+        extra=("--ns-dtype", "fp32", "--no-cooperative", "--ns-method", "gram"),
+    )
+    assert (std["config"]["cooperative"], std["config"]["ns_method"]) == (True, "standard")
+    assert (gram["config"]["cooperative"], gram["config"]["ns_method"]) == (False, "gram")
+    assert gram["loss"]["curve"] == pytest.approx(std["loss"]["curve"], rel=1e-3)
+    spec = RunSpec.from_record(gram["config"])
+    assert (spec.plan.cooperative, spec.optim.ns_method) == (False, "gram") and spec.record_config() == gram["config"]

@@ -56,13 +56,25 @@ def test_bench_step_times_cooperation_against_one_owner(tmp_path, capsys) -> Non
     (not dropped by the timers), and the side-by-side ratio is reported; variants write no records."""
     results = tmp_path / "bench.jsonl"
     argv = ["bench-step", "--nproc", "2", "--dp", "2", "--tp", "1", "--model", "qwen3-tiny-widefc1"]
-    argv += ["--strategies", "canzona,canzona-nocoop", "--steps", "1", "--warmup", "0", "--ns-dtype", "fp32"]
+    nocoop = "canzona:cooperative=false"  # the same strategy with a spec override
+    argv += ["--strategies", f"canzona,{nocoop}", "--steps", "1", "--warmup", "0", "--ns-dtype", "fp32"]
     assert main([*argv, "--json", "--results", str(results)]) == 0
     got = json.loads(capsys.readouterr().out)
     assert [g[:2] for g in got["cooperative"]["canzona"]] == [["decoder.layers.0.mlp.linear_fc1.weight", 2]]
-    assert got["cooperative"]["canzona-nocoop"] == []
-    assert got["phases_ms"]["canzona"]["coop"] > 0 and got["phases_ms"]["canzona-nocoop"]["coop"] == 0
-    assert got["speedup_cooperative"] == got["step_ms"]["canzona-nocoop"] / got["step_ms"]["canzona"]
-    assert [r["config"]["method"] for _, r in iter_records(results)] == ["canzona"]
+    assert got["cooperative"][nocoop] == []
+    assert got["phases_ms"]["canzona"]["coop"] > 0 and got["phases_ms"][nocoop]["coop"] == 0
+    assert got["speedup_vs_variant"] == {nocoop: got["step_ms"][nocoop] / got["step_ms"]["canzona"]}
+    records = [r["config"] for _, r in iter_records(results)]
+    assert [(c["method"], c["cooperative"], c["ns_dtype"]) for c in records] == [("canzona", True, "fp32")]
     assert main(argv) == 0
-    assert "cooperation: canzona-nocoop / canzona = " in capsys.readouterr().out
+    assert f"{nocoop} / canzona = " in capsys.readouterr().out
+
+
+def test_bench_step_entries_are_spec_overrides_checked_before_forking(capsys) -> None:
+    base = ["bench-step", "--nproc", "2", "--dp", "2", "--tp", "1", "--model", "qwen3-micro"]
+    assert main([*base, "--strategies", "canzona:cooperative=maybe"]) == 2
+    assert "cooperative takes true or false" in capsys.readouterr().err
+    assert main([*base, "--strategies", "canzona:tpp=2"]) == 2
+    assert "unknown field 'tpp'" in capsys.readouterr().err
+    assert main([*base, "--strategies", "canzona-nocoop"]) == 2  # the old pseudo-strategy is no strategy
+    assert "unknown strategy 'canzona-nocoop'" in capsys.readouterr().err

@@ -132,7 +132,9 @@ def test_reproduce_table2_runs_megatron_muon_from_the_peer_env_only_when_it_exis
     from canzona.sweep.definition import load_sweep
 
     mod = _reproduce_module()
-    cells = {c.method: c for c in load_sweep(ROOT / "slurm/sweeps/local.toml").cells() if c.tp == 2}
+    cells = {
+        c.config()["method"]: c for c in load_sweep(ROOT / "slurm/sweeps/local.toml").cells() if c.config()["tp"] == 2
+    }
     monkeypatch.setattr(mod, "PEER_PY", tmp_path / "absent" / "python")
     assert mod.local_builder(cells["megatron-muon"], tmp_path / "r.jsonl", 4)[0] == mod.PY
     peer = tmp_path / "python"

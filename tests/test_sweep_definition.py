@@ -23,38 +23,52 @@ def test_table2_sweep_shape():
     d = load_sweep(ROOT / "slurm/sweeps/table2.toml")
     assert d.world == 256 and [lay.model for lay in d.layouts] == MODELS
     cells = d.cells()
-    ours = [c for c in cells if c.variant is None]
-    muon = [c for c in ours if c.optimizer == "muon"]
-    extra = [c for c in ours if c.optimizer != "muon"]
-    assert {c.method for c in muon} == {"sc", "layerwise", "asc", "canzona", "megatron-muon"}
+    ours = [c for c in cells if c.config()["variant"] is None]
+    muon = [c for c in ours if c.config()["optimizer"] == "muon"]
+    extra = [c for c in ours if c.config()["optimizer"] != "muon"]
+    assert {c.config()["method"] for c in muon} == {"sc", "layerwise", "asc", "canzona", "megatron-muon"}
     # sc only where every GPU can hold every matrix's state (memory model): 1.7B and 4B
-    assert len(muon) == 5 * 4 + 2 and {c.model for c in muon if c.method == "sc"} == {"qwen3-1.7b", "qwen3-4b"}
-    assert {c.optimizer for c in extra} == {"shampoo", "soap"} and "megatron-muon" not in {c.method for c in extra}
+    assert len(muon) == 5 * 4 + 2 and {c.config()["model"] for c in muon if c.config()["method"] == "sc"} == {
+        "qwen3-1.7b",
+        "qwen3-4b",
+    }
+    assert {c.config()["optimizer"] for c in extra} == {"shampoo", "soap"} and "megatron-muon" not in {
+        c.config()["method"] for c in extra
+    }
     # Shampoo/SOAP: layer-wise and canzona everywhere, asc on 1.7B/4B/14B, sc on 1.7B
     assert len(extra) == (5 * 2 + 3 + 1) * 2
     assert len({c.key for c in cells}) == len(cells) == 22 + 28 + 2
     for c in ours:
-        assert c.world == 256 and c.global_batch % (c.micro_batch * c.dp) == 0
-        assert c.warmup > 0 and c.iters > 0 and c.seq_len == 4096
+        assert c.world == 256 and c.config()["global_batch"] % (c.config()["micro_batch"] * c.config()["dp"]) == 0
+        assert c.config()["warmup"] > 0 and c.config()["iters"] > 0 and c.config()["seq_len"] == 4096
         assert c.key == cell_key(c.config())  # the harness's key for the same config
     for c in cells:  # GPU cells: every format explicit, in the key and on the command line
         args = c.train_args()
-        assert c.dtype == "bf16" and "dtype=bf16" in c.key and args[args.index("--dtype") + 1] == "bf16"
+        assert c.config()["dtype"] == "bf16" and "dtype=bf16" in c.key and args[args.index("--dtype") + 1] == "bf16"
         assert args[args.index("--device") + 1] == "gpu"
-        if c.optimizer == "muon":
-            assert c.ns_dtype == "bf16" and args[args.index("--ns-dtype") + 1] == "bf16"
+        if c.config()["optimizer"] == "muon":
+            assert c.config()["ns_dtype"] == "bf16" and args[args.index("--ns-dtype") + 1] == "bf16"
         else:
-            assert c.ns_dtype is None and "--ns-dtype" not in args
+            assert c.config()["ns_dtype"] is None and "--ns-dtype" not in args
 
 
 def test_table2_authors_variant_is_their_public_configuration():
-    cells = [c for c in load_sweep(ROOT / "slurm/sweeps/table2.toml").cells() if c.variant == "authors"]
-    assert {c.method for c in cells} == {"layerwise", "canzona"}  # their baseline and ours
+    cells = [c for c in load_sweep(ROOT / "slurm/sweeps/table2.toml").cells() if c.config()["variant"] == "authors"]
+    assert {c.config()["method"] for c in cells} == {"layerwise", "canzona"}  # their baseline and ours
     for c in cells:
-        assert (c.model, c.dp, c.tp, c.pp) == ("qwen3-32b", 32, 8, 1)
-        assert (c.seq_len, c.global_batch, c.micro_batch) == (2048, 128, 2)  # 4 does not fit layer-wise
-        assert (c.alpha, c.cost, c.bucket_size, c.overlap_param_sync) == (1.0, "numel", 400_000_000, True)
-        assert (c.dtype, c.ns_dtype) == ("bf16", "bf16")
+        assert (c.config()["model"], c.config()["dp"], c.config()["tp"], c.config()["pp"]) == ("qwen3-32b", 32, 8, 1)
+        assert (c.config()["seq_len"], c.config()["global_batch"], c.config()["micro_batch"]) == (
+            2048,
+            128,
+            2,
+        )  # 4 does not fit layer-wise
+        assert (
+            c.config()["alpha"],
+            c.config()["cost"],
+            c.config()["bucket_size"],
+            c.config()["overlap_param_sync"],
+        ) == (1.0, "numel", 400_000_000, True)
+        assert (c.config()["dtype"], c.config()["ns_dtype"]) == ("bf16", "bf16")
         args = c.train_args()
         assert "--overlap-param-sync" in args and args[args.index("--cost") + 1] == "numel"
         assert args[args.index("--variant") + 1] == "authors"
@@ -66,7 +80,7 @@ def test_table2_fits_the_example_profile_with_printed_timeouts():
     assert max(est.values()) <= p.hbm_gb
     t = {c.key: cell_timeout_min(c, p) for c in d.cells()}
     assert all(10 <= m <= 120 for m in t.values())
-    by = {(c.model, c.optimizer, c.variant): t[c.key] for c in d.cells()}
+    by = {(c.config()["model"], c.config()["optimizer"], c.config()["variant"]): t[c.key] for c in d.cells()}
     assert by["qwen3-32b", "muon", None] > by["qwen3-1.7b", "muon", None]  # bigger model, longer timeout
     assert by["qwen3-32b", "soap", None] > by["qwen3-32b", "muon", None]
 
@@ -78,7 +92,7 @@ def test_iteration_estimate_by_hand():
     from canzona.models.qwen3 import count_params
     from canzona.sweep import budget
 
-    c = next(c for c in load_sweep(ROOT / "slurm/sweeps/table2.toml").cells() if c.model == "qwen3-8b")
+    c = next(c for c in load_sweep(ROOT / "slurm/sweeps/table2.toml").cells() if c.config()["model"] == "qwen3-8b")
     cfg = get_model("qwen3-8b")
     fb = 6 * count_params(cfg) * 256 * 4096 / (256 * 1e15 * budget.ASSUMED_MFU)
     ns = sum(matrix_flops("muon", p.shape) for p in list_params(cfg) if p.route == "matrix")
@@ -102,7 +116,8 @@ def test_table2_layouts_follow_the_stated_rule():
         fits = [
             tp
             for tp in (1, 2, 4, 8)
-            if estimate_memory_gb(lay.model, tp, 1, 256 // tp, d.seq_len, d.micro_batch) <= BUDGET_GB
+            if estimate_memory_gb(lay.model, tp, 1, 256 // tp, d.setting("seq_len"), d.setting("micro_batch"))
+            <= BUDGET_GB
         ]
         assert lay.tp == fits[0], (lay.model, fits)
 
@@ -119,13 +134,22 @@ def test_memory_estimate_moves_the_right_way():
 def test_local_sweep_is_the_scaled_down_table2():
     d = load_sweep(ROOT / "slurm/sweeps/local.toml")
     cells = d.cells()
-    assert {(c.model, c.dp, c.tp) for c in cells} == {("qwen3-tiny", 2, 2), ("qwen3-tiny", 4, 1)}
-    assert all(c.world == 4 and c.optimizer == "muon" for c in cells)
-    assert {c.method for c in cells} == {"sc", "layerwise", "asc", "canzona", "megatron-muon"}
+    assert {(c.config()["model"], c.config()["dp"], c.config()["tp"]) for c in cells} == {
+        ("qwen3-tiny", 2, 2),
+        ("qwen3-tiny", 4, 1),
+    }
+    assert all(c.world == 4 and c.config()["optimizer"] == "muon" for c in cells)
+    assert {c.config()["method"] for c in cells} == {"sc", "layerwise", "asc", "canzona", "megatron-muon"}
     # every method with bf16 Newton-Schulz (the peer's own default), ours and the peer also in fp32
-    assert {c.method for c in cells if c.ns_dtype == "bf16"} == {"sc", "layerwise", "asc", "canzona", "megatron-muon"}
-    assert {c.method for c in cells if c.ns_dtype == "fp32"} == {"canzona", "megatron-muon"}
-    assert all(c.device == "cpu" and c.dtype == "fp32" and c.time_min == 4 for c in cells)
+    assert {c.config()["method"] for c in cells if c.config()["ns_dtype"] == "bf16"} == {
+        "sc",
+        "layerwise",
+        "asc",
+        "canzona",
+        "megatron-muon",
+    }
+    assert {c.config()["method"] for c in cells if c.config()["ns_dtype"] == "fp32"} == {"canzona", "megatron-muon"}
+    assert all(c.config()["device"] == "cpu" and c.config()["dtype"] == "fp32" and c.time_min == 4 for c in cells)
     assert len(cells) == 14 and len({c.key for c in cells}) == 14
 
 
@@ -144,13 +168,15 @@ def test_grid_overrides_and_formats_cross_and_collide_clearly():
     ]
     cells = parse_sweep(d, "x.toml").cells()
     # muon in both formats, soap once (no Newton-Schulz), the variant with its own sequence length
-    assert [(c.optimizer, c.ns_dtype, c.seq_len, c.variant) for c in cells] == [
+    assert [
+        (c.config()["optimizer"], c.config()["ns_dtype"], c.config()["seq_len"], c.config()["variant"]) for c in cells
+    ] == [
         ("muon", "fp32", 64, None),
         ("muon", "bf16", 64, None),
         ("soap", None, 64, None),
         ("muon", "bf16", 128, "long"),
     ]
-    assert {c.dtype for c in cells} == {"bf16"}  # a GPU sweep defaults to bf16
+    assert {c.config()["dtype"] for c in cells} == {"bf16"}  # a GPU sweep defaults to bf16
     d["grid"][1] = {"variant": "other-alpha", "methods": ["sc"], "optimizers": ["muon"], "alpha": 0.5}
     with pytest.raises(ConfigError, match="cell key cannot tell their lines apart"):
         parse_sweep(d, "x.toml")
@@ -185,11 +211,11 @@ def mutate(path: str, value):
         ("sweep.global_batch", 6, "not a multiple of micro_batch\\*dp"),
         ("sweep.warmpu", 3, "unknown key.*warmpu"),
         ("sweep.iters", "20", "iters must be int"),
-        ("sweep.dtype", "fp16", "dtype must be one of fp32, bf16"),
+        ("sweep.dtype", "fp16", "unknown dtype 'fp16'; choose one of fp32, bf16"),
         ("sweep.device", "tpu", "device must be one of gpu, cpu"),
         ("sweep.device", "cpu", "needs time_min"),
         ("grid.ns_dtypes", ["fp8"], "unknown value.*fp8"),
-        ("grid.cost", "time", "cost must be one of flops, numel"),
+        ("grid.cost", "time", "unknown cost 'time'; choose one of flops, numel"),
         ("grid.variant", "a b", "variant"),
     ],
 )

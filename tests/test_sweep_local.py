@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from canzona.results.schema import ResultsError, iter_records
+from canzona.spec.flags import parse_argv
 from canzona.sweep.definition import Cell, parse_sweep
 from canzona.sweep.local import _live_members, run_local
 from canzona.sweep.state import JobBook, SweepPaths, collect, format_status, sweep_status
@@ -87,7 +88,7 @@ def make_builder(tmp_path: Path, modes: dict[str, str] | None = None):
             FAKE_TRAIN,
             json.dumps(cell.config()),
             str(results),
-            modes.get(cell.method, "ok"),
+            modes.get(cell.config()["method"], "ok"),
             str(counter),
             cell.key,
             str(nproc),
@@ -149,7 +150,7 @@ def test_failed_cell_reports_reason_and_is_rerun(tmp_path, setup):
     assert len(rep.ok) == 1 and len(rep.failed) == 1
     key, reason = rep.failed[0]
     assert "method=canzona" in key and "exit code 3" in reason and "simulated rank failure" in reason
-    states = {s.cell.method: s for s in sweep_status(defn, paths)}
+    states = {s.cell.config()["method"]: s for s in sweep_status(defn, paths)}
     assert states["sc"].state == "done"
     assert states["canzona"].state == "failed"
     text = format_status(defn, paths, list(states.values()))
@@ -222,25 +223,13 @@ def test_default_command_is_canzona_train_with_the_contract_flags():
     cell = defn.cells()[1]
     argv = train_command(cell, Path("r.jsonl"), 4)
     assert argv[1:4] == ["-m", "canzona", "train"]
-    flags = dict(zip(argv[4::2], argv[5::2], strict=True))
-    assert flags == {
-        "--model": "qwen3-micro",
-        "--tp": "2",
-        "--pp": "1",
-        "--dp": "2",
-        "--method": "canzona",
-        "--optimizer": "muon",
-        "--seq-len": "32",
-        "--micro-batch": "1",
-        "--global-batch": "4",
-        "--warmup": "1",
-        "--iters": "2",
-        "--dtype": "fp32",
-        "--device": "cpu",
-        "--ns-dtype": "fp32",
-        "--results": "r.jsonl",
-        "--nproc": "4",
-    }
+    assert argv[-4:] == ["--results", "r.jsonl", "--nproc", "4"]
+    # every field that applies is explicit (booleans as --x / --no-x), and the argv rebuilds the cell
+    assert parse_argv(argv[4:-4]) == cell.spec
+    want = {"--model": "qwen3-micro", "--tp": "2", "--pp": "1", "--dp": "2", "--method": "canzona"}
+    want |= {"--optimizer": "muon", "--seq-len": "32", "--micro-batch": "1", "--global-batch": "4"}
+    want |= {"--warmup": "1", "--iters": "2", "--dtype": "fp32", "--device": "cpu", "--ns-dtype": "fp32"}
+    assert {k: argv[argv.index(k) + 1] for k in want} == want
     assert "--nproc" not in train_command(cell, Path("r.jsonl"), None)
 
 

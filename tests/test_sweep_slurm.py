@@ -80,7 +80,7 @@ def test_table2_dry_run_is_a_preflight_five_model_allocations_and_a_collect(tmp_
     assert not plan.excluded  # the example names the peer's interpreter
     for job, model in zip(plan.jobs[1:-1], models, strict=True):
         # one allocation per model: its cells in the sweep's order, back to back, same nodes
-        assert [s.cell.key for s in job.steps] == [c.key for c in defn.cells() if c.model == model]
+        assert [s.cell.key for s in job.steps] == [c.key for c in defn.cells() if c.config()["model"] == model]
         script = text[job.script]
         d = directives(script)
         assert d["nodes"] == "32" and d["gpus-per-node"] == "8" and d["ntasks-per-node"] == "1"
@@ -95,7 +95,7 @@ def test_table2_dry_run_is_a_preflight_five_model_allocations_and_a_collect(tmp_
             assert "--kill-on-bad-exit=1" in argv and "--cpus-per-task=96" in argv and "--ntasks-per-node=1" in argv
             assert f"--time={s.timeout_min}" in argv
             train = trains(argv)
-            want_py = "/path/to/canzona/.venv-peer/bin/python" if s.cell.method == "megatron-muon" else None
+            want_py = "/path/to/canzona/.venv-peer/bin/python" if s.cell.config()["method"] == "megatron-muon" else None
             assert train[0] == (want_py or "/path/to/canzona/.venv/bin/python")  # the venv's, not ours
             assert train[train.index("--dtype") + 1] == "bf16" and train[train.index("--device") + 1] == "gpu"
             assert train[train.index("--results") + 1] == argv[argv.index("--results") + 1]
@@ -167,7 +167,7 @@ def test_container_profiles_render(tmp_path, table2, runtime):
         "srun_args": ["--mpi=none"],
     }
     profile = parse_profile({"cluster": cluster}, f"{runtime}.toml")
-    plan, text = render(tmp_path, defn, profile, cells=[c for c in defn.cells() if c.model == "qwen3-32b"])
+    plan, text = render(tmp_path, defn, profile, cells=[c for c in defn.cells() if c.config()["model"] == "qwen3-32b"])
     script = text["alloc00-qwen3-32b.sbatch"]
     d = directives(script)
     assert (d["wckey"], d["reservation"], d["exclude"], d["switches"], d["mail-type"]) == (
@@ -201,9 +201,9 @@ def test_peer_cells_are_left_out_with_one_line_without_their_interpreter(tmp_pat
     defn, profile = table2
     bare = dataclasses.replace(profile, python_for=())
     plan = plan_submission(defn, bare, defn.cells())
-    assert {k for k, _ in plan.excluded} == {c.key for c in defn.cells() if c.method == "megatron-muon"}
+    assert {k for k, _ in plan.excluded} == {c.key for c in defn.cells() if c.config()["method"] == "megatron-muon"}
     assert all("python_for" in why for _, why in plan.excluded)
-    assert all(s.cell.method != "megatron-muon" for s in plan.steps)
+    assert all(s.cell.config()["method"] != "megatron-muon" for s in plan.steps)
     from canzona.cli import main
 
     argv = ["sweep", "run", str(ROOT / "slurm/sweeps/table2.toml"), "--backend", "slurm", "--dry-run"]

@@ -1,7 +1,7 @@
 """Megatron training harness: Qwen3 on megatron-core's GPTModel, trained with Canzona's
 distributed optimizer (or Megatron's own Muon as a peer), timed, and recorded as one results line.
 
-  config.py        RunConfig: the one validated run configuration; named configs in configs/*.toml
+  config.py        named run configurations (configs/*.toml) that load into canzona.spec.RunSpec
   cpu_shim.py      the ONE module that redirects megatron's CUDA calls when there is no GPU
   model.py         the model (megatron GPTModel + layout-invariant init); no parallelisation logic
   params.py        megatron params -> (name, full-shape ParamSpec, local param)

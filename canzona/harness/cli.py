@@ -17,80 +17,22 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
 
-from canzona.argtypes import nonneg_float, nonneg_int, output_file, positive_float, positive_int, unit_float
+from canzona.argtypes import output_file
 from canzona.errors import ConfigError
-from canzona.harness.config import (
-    ATTENTIONS,
-    COSTS,
-    DEVICES,
-    DTYPES,
-    METHODS,
-    NS_DTYPES,
-    OPTIMIZERS,
-    RunConfig,
-    load_config,
-    named_configs,
-)
+from canzona.harness.config import check_host_memory, load_config, named_configs
+from canzona.spec import RunSpec
+from canzona.spec.flags import add_flags, from_args
 
 EXIT_PEER_UNAVAILABLE = 3
 
 
 def configure(p: argparse.ArgumentParser) -> None:
+    """Every RunSpec field as a flag (canzona.spec.flags), plus where to run and write."""
     p.add_argument(
         "--config", help=f"named configuration or .toml file; flags override it (named: {', '.join(named_configs())})"
     )
-    p.add_argument("--model", help="model name (canzona models lists them); required without --config")
-    for k in ("tp", "pp", "dp"):
-        p.add_argument(f"--{k}", type=positive_int, help=f"{k.upper()} size (default 1)")
-    p.add_argument("--method", choices=METHODS, help="distribution method (default canzona)")
-    p.add_argument("--optimizer", choices=OPTIMIZERS, help="matrix optimizer, or adamw for everything (default muon)")
-    p.add_argument("--seq-len", type=positive_int)
-    p.add_argument("--micro-batch", type=positive_int)
-    p.add_argument("--global-batch", type=positive_int, help="= micro_batch · dp · num_microbatches")
-    p.add_argument("--warmup", type=nonneg_int, help="iterations excluded from the timings")
-    p.add_argument("--iters", type=positive_int, help="measured iterations")
-    p.add_argument("--alpha", type=unit_float, help="Canzona's DP balance knob in [0, 1]")
-    p.add_argument("--bucket-size", type=positive_int, help="gradient bucket size in elements")
-    p.add_argument("--lr", type=positive_float, help="matrix optimizer learning rate")
-    p.add_argument("--adamw-lr", type=positive_float, help="AdamW learning rate (embedding, output, norms)")
-    p.add_argument("--weight-decay", type=nonneg_float)
-    p.add_argument("--dtype", choices=DTYPES, help="parameter number format (default fp32)")
-    p.add_argument(
-        "--ns-dtype",
-        choices=NS_DTYPES,
-        help="Newton-Schulz number format (Muon's compute_dtype; Megatron's muon_fp32_matmul_prec "
-        "medium=bf16 / highest=fp32 for megatron-muon); auto: bf16 where the device computes it natively, "
-        "Megatron's default (bf16) for the peer; the record holds the concrete format",
-    )
-    p.add_argument(
-        "--device",
-        choices=DEVICES,
-        help="gpu: exit 2 unless torch sees CUDA (never a silent CPU/gloo run); cpu: gloo; "
-        "auto (default): CUDA if present",
-    )
-    p.add_argument(
-        "--attention",
-        choices=ATTENTIONS,
-        help="te: Transformer Engine spec; sdpa: megatron's local spec with torch's fused attention; "
-        "local: megatron's s x s path; auto (default): te if importable on GPU, else sdpa on GPU, local on CPU",
-    )
-    p.add_argument("--cost", choices=COSTS, help="the planner's balancing cost (default flops)")
-    p.add_argument("--variant", help="label recorded with the run (a sweep grid's variant, e.g. authors)")
-    p.add_argument("--seed", type=nonneg_int)
-    p.add_argument(
-        "--muon-tp-mode",
-        choices=("duplicated", "distributed", "blockwise"),
-        help="megatron-muon only: Megatron's Muon TP mode (default duplicated)",
-    )
-    p.add_argument(
-        "--overlap-param-sync",
-        action="store_const",
-        const=True,
-        default=None,
-        help="Canzona runtime: let parameter all-gathers overlap the next forward",
-    )
+    add_flags(p)
     p.add_argument("--results", type=output_file, help="append the run's JSON line to this .jsonl file")
     p.add_argument(
         "--nproc", type=int, help="fork this many local gloo ranks (default tp·pp·dp); ignored under torchrun"
@@ -98,42 +40,13 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="also print the record on stdout")
 
 
-def config_from_args(args: argparse.Namespace) -> RunConfig:
-    """RunConfig from --config (if any) overridden by every flag that was given."""
-    fields = (
-        "model",
-        "tp",
-        "pp",
-        "dp",
-        "method",
-        "optimizer",
-        "seq_len",
-        "micro_batch",
-        "global_batch",
-        "warmup",
-        "iters",
-        "alpha",
-        "bucket_size",
-        "lr",
-        "adamw_lr",
-        "weight_decay",
-        "dtype",
-        "ns_dtype",
-        "device",
-        "attention",
-        "cost",
-        "variant",
-        "seed",
-        "results",
-        "muon_tp_mode",
-        "overlap_param_sync",
-    )
-    overrides: dict[str, Any] = {k: getattr(args, k, None) for k in fields}
+def config_from_args(args: argparse.Namespace) -> RunSpec:
+    """The RunSpec of --config (if any) overridden by every flag that was given."""
     if args.config:
-        return load_config(args.config).replace(**overrides)
+        return from_args(args, load_config(args.config))
     if not args.model:
         raise ConfigError("--model is required (or --config NAME); see `canzona models`")
-    return RunConfig(**{k: v for k, v in overrides.items() if v is not None})
+    return from_args(args)
 
 
 def under_launcher() -> bool:
@@ -149,9 +62,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         world = args.nproc if args.nproc is not None else cfg.world
         local_ranks = world
-    cfg.validate(world)  # types, sizes, layout, the results path: refused before torch is even imported
-    if cfg.device == "cpu":
-        cfg.check_host_memory(local_ranks)
+    cfg.validate(world)  # types, sizes, layout (the results path at parse time): before torch is imported
+    if cfg.machine.device == "cpu":
+        check_host_memory(cfg, local_ranks)
 
     import torch
 
@@ -160,16 +73,16 @@ def run(args: argparse.Namespace) -> int:
     gpu = cuda_visible()  # never initialises CUDA here: the forked ranks could not use it
     run_cfg = cfg.resolve(gpu=gpu)  # --device gpu without CUDA: ConfigError, exit 2
     run_cfg.validate(world, gpu=gpu)
-    if run_cfg.device == "cpu" and cfg.device != "cpu":
-        run_cfg.check_host_memory(local_ranks)
-    gpu = run_cfg.device == "gpu"
+    if run_cfg.machine.device == "cpu" and cfg.machine.device != "cpu":
+        check_host_memory(run_cfg, local_ranks)
+    gpu = run_cfg.machine.device == "gpu"
     backend = "nccl" if gpu else "gloo"
-    if run_cfg.method == "megatron-muon":
+    if run_cfg.is_peer:
         from canzona.harness import peer_megatron
 
         ok, why = peer_megatron.available()
         if not ok:
-            print(f"canzona train: method megatron-muon unavailable: {why}", file=sys.stderr)
+            print(f"canzona train: method {run_cfg.plan.method} unavailable: {why}", file=sys.stderr)
             return EXIT_PEER_UNAVAILABLE
         peer_megatron.validate(run_cfg, gpu=gpu)
 
@@ -179,9 +92,9 @@ def run(args: argparse.Namespace) -> int:
     from canzona.runtime.launch import RankError, init_from_env, launch
 
     if under_launcher():
-        ri = init_from_env(backend, timeout_s=run_cfg.collective_timeout_s)
+        ri = init_from_env(backend, timeout_s=run_cfg.comm.collective_timeout_s)
         try:
-            out = train(ri, run_cfg)
+            out = train(ri, run_cfg, args.results)
         finally:
             torch.distributed.destroy_process_group()
         record = out["record"]
@@ -189,18 +102,20 @@ def run(args: argparse.Namespace) -> int:
         # one GPU per forked rank with NCCL when there are GPUs (the parent never initialises CUDA:
         # tests/test_harness_gpu_shape.py makes every CUDA entry point fail in it)
         try:
-            outs = launch(train, world, run_cfg, backend=backend, timeout_s=run_cfg.collective_timeout_s)
+            outs = launch(
+                train, world, run_cfg, args.results, backend=backend, timeout_s=run_cfg.comm.collective_timeout_s
+            )
         except RankError as exc:
             print(f"canzona train: {exc}", file=sys.stderr)
             return 1
         record = outs[0]["record"]
     if record is not None:
-        t = record["timings"]
+        t, lay = record["timings"], run_cfg.layout
         print(
-            f"{run_cfg.model} tp={run_cfg.tp} pp={run_cfg.pp} dp={run_cfg.dp} {run_cfg.method}/{run_cfg.optimizer}: "
+            f"{run_cfg.model} tp={lay.tp} pp={lay.pp} dp={lay.dp} {run_cfg.plan.method}/{run_cfg.optim.optimizer}: "
             f"iteration {t['iteration_ms']['median']:.1f} ms (p90 {t['iteration_ms']['p90']:.1f}), "
             f"step {t['step_ms']['median']:.1f} ms, loss {record['loss']['first']:.4f} -> {record['loss']['last']:.4f}"
-            + (f" -> {run_cfg.results}" if run_cfg.results else "")
+            + (f" -> {args.results}" if args.results else "")
         )
         if args.json:
             import json

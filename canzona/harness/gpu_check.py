@@ -151,7 +151,7 @@ def estimate_s(gpu: bool, quick: bool, parts: tuple[str, ...], wheels: bool) -> 
         ns += flops / EST_FP64_TFLOPS / 1e12
     run = run_config(gpu, quick)
     # the probed run in this process, then the same run on the cell path (torchrun, its own imports)
-    train = EST_FIXED_S["train"] + EST_CELL_FIXED_S + 2 * (run.warmup + run.iters) * EST_ITER_S
+    train = EST_FIXED_S["train"] + EST_CELL_FIXED_S + 2 * (run.loop.warmup + run.loop.iters) * EST_ITER_S
     return out | {p: {"ns": ns, "train": train}[p] for p in parts}
 
 

@@ -27,20 +27,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from canzona.harness.config import RunConfig
 from canzona.harness.step_probe import StepProbe
 from canzona.plan.readers.memory import MemoryBreakdown
-from canzona.results.schema import NS_OPTIMIZERS
+from canzona.spec import RunSpec
+from canzona.spec.flags import to_argv
 
 # GPU: a few layers of Qwen3-1.7B shapes, bf16 params, two micro-batches (so no_sync runs).
-GPU_RUN = RunConfig(
-    model="qwen3-1.7b-4l", seq_len=2048, micro_batch=2, global_batch=4, warmup=3, iters=10, dtype="bf16", device="gpu"
+GPU_RUN = RunSpec(model="qwen3-1.7b-4l").replace(
+    seq_len=2048, micro_batch=2, global_batch=4, warmup=3, iters=10, dtype="bf16", device="gpu"
 )
-CPU_RUN = RunConfig(
-    model="qwen3-micro", seq_len=32, micro_batch=2, global_batch=4, warmup=1, iters=3, dtype="bf16", device="cpu"
+CPU_RUN = RunSpec(model="qwen3-micro").replace(
+    seq_len=32, micro_batch=2, global_batch=4, warmup=1, iters=3, dtype="bf16", device="cpu"
 )
-# the cell flags of canzona.sweep.definition.Cell.train_args between --model and --dtype, in its order
-RUN_FLAGS = ("tp", "pp", "dp", "method", "optimizer", "seq_len", "micro_batch", "global_batch", "warmup", "iters")
 CELL_TIMEOUT_S = 240.0  # the cell-path run: torchrun, imports, NCCL, model build, the iterations
 MODEL_EXCLUDES = "activations, and megatron's own buffers (rotary tables, schedule tensors, allocator slack)"
 
@@ -49,31 +47,29 @@ class PartUnavailable(Exception):
     """A part cannot run here because a package is missing; the message says which and the fix."""
 
 
-def run_config(gpu: bool, quick: bool) -> RunConfig:
+def run_config(gpu: bool, quick: bool) -> RunSpec:
     """The run of this flavour; ``quick``: fewer measured iterations."""
     run = GPU_RUN if gpu else CPU_RUN
     return run.replace(iters=3, warmup=2) if quick and gpu else run
 
 
-def predicted_memory(run: RunConfig) -> MemoryBreakdown:
+def predicted_memory(run: RunSpec) -> MemoryBreakdown:
     """The memory model's GPU with the largest total for ``run``'s model, layout and formats."""
     from canzona.models import get_model, list_params
     from canzona.plan.build import plan_model
     from canzona.plan.comm import MODELS
     from canzona.plan.readers.memory import MemoryPrecision, peak, stage_memory
     from canzona.plan.schedule import LowerSettings
-    from canzona.plan.types import Layout, PlanConfig
+    from canzona.plan.types import Layout
 
-    layout = Layout(run.dp, run.tp, run.pp)
-    pc = PlanConfig(
-        strategy=run.method, optimizer=run.optimizer, alpha=run.alpha, bucket_size=run.bucket_size, cost=run.cost
-    )
-    param_bytes = 2 if run.dtype == "bf16" else 4
-    prec = MemoryPrecision(param_bytes=param_bytes, grad_bytes=4, ns_bytes=2 if run.ns_dtype == "bf16" else 4)
-    settings = LowerSettings(model=MODELS["nccl" if run.device == "gpu" else "gloo"], param_bytes=param_bytes)
+    lay, machine = run.layout, run.machine
+    layout = Layout(lay.dp, lay.tp, lay.pp)
+    param_bytes = 2 if machine.dtype == "bf16" else 4
+    prec = MemoryPrecision(param_bytes=param_bytes, grad_bytes=4, ns_bytes=2 if run.optim.ns_dtype == "bf16" else 4)
+    settings = LowerSettings(model=MODELS["nccl" if machine.device == "gpu" else "gloo"], param_bytes=param_bytes)
     worst = []
-    for stage, plan in enumerate(plan_model(run.model, layout, pc)):
-        specs = list_params(get_model(run.model), pp=run.pp, stage=stage)
+    for stage, plan in enumerate(plan_model(run.model, layout, run.plan_config())):
+        specs = list_params(get_model(run.model), pp=lay.pp, stage=stage)
         worst.append(peak(stage_memory(plan, specs, settings, prec)))
     return peak(worst)
 
@@ -114,7 +110,7 @@ def memory_report(predicted: MemoryBreakdown, reading: dict[str, Any] | None, re
     return out
 
 
-def probed_rank(ri: Any, run: RunConfig) -> dict[str, Any]:
+def probed_rank(ri: Any, run: RunSpec) -> dict[str, Any]:
     """One rank of ``run`` with a StepProbe around every step; plain data (it may cross a fork)."""
     from canzona.harness.train import train
 
@@ -123,29 +119,21 @@ def probed_rank(ri: Any, run: RunConfig) -> dict[str, Any]:
     reading = probe.memory()
     if reading is not None:  # the whole run's peak, activations included
         reading["peak_allocated"] = max(reading["peak_allocated_through_last_step"], torch.cuda.max_memory_allocated())
-    return {"record": out["record"], "syncs": probe.summary(run.warmup), "memory": reading}
+    return {"record": out["record"], "syncs": probe.summary(run.loop.warmup), "memory": reading}
 
 
-def cell_command(run: RunConfig, results: Path, port: int) -> list[str]:
+def cell_command(run: RunSpec, results: Path, port: int) -> list[str]:
     """The command a Slurm cell of ``run``'s layout runs on its node, at world size 1: torchrun with a
-    static rendezvous around `canzona train` with the cell's flags (every number format explicit)
-    and ``--results``. It is ``canzona.sweep.task.torchrun_argv(train_command(cell))`` for that cell,
-    which tests/test_gpu_check.py checks (the harness layer cannot import the sweep's)."""
-    flags = [
-        ("--model", run.model),
-        *((f"--{k.replace('_', '-')}", str(getattr(run, k))) for k in RUN_FLAGS),
-        ("--dtype", run.dtype),
-        ("--device", run.device),
-    ]
-    if run.optimizer in NS_OPTIMIZERS:
-        flags.append(("--ns-dtype", run.ns_dtype))
-    train = [sys.executable, "-m", "canzona", "train", *(x for f in flags for x in f), "--results", str(results)]
+    static rendezvous around `canzona train` with the spec's flags (``canzona.spec.flags.to_argv``,
+    every field explicit) and ``--results``. It is ``canzona.sweep.task.torchrun_argv(train_command(cell))``
+    for that cell, which tests/test_gpu_check.py checks (the harness layer cannot import the sweep's)."""
+    train = [sys.executable, "-m", "canzona", "train", *to_argv(run), "--results", str(results)]
     torchrun = ["--nnodes", "1", "--node_rank", "0", "--nproc_per_node", "1", "--master_addr", "127.0.0.1"]
     tail = ["--master_port", str(port), "--max_restarts", "0", "--no-python"]
     return [sys.executable, "-m", "torch.distributed.run", *torchrun, *tail, *train]
 
 
-def cell_path(run: RunConfig, timeout_s: float) -> dict[str, Any]:
+def cell_path(run: RunSpec, timeout_s: float) -> dict[str, Any]:
     """Run ``cell_command`` in a subprocess; its exit status, the results line it appended and the
     replica check written after it (``<results>.checks``). Proves the path every sweep cell takes
     (launcher variables, NCCL init from the environment, record, checks), not a special one."""

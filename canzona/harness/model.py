@@ -121,7 +121,7 @@ def transformer_config(cfg: Qwen3Config, *, tp: int, pp: int, dtype: torch.dtype
 
 
 def layer_spec(cfg: Qwen3Config, attention: str) -> Any:
-    """megatron layer spec for an attention backend (``RunConfig.attention``, resolved):
+    """megatron layer spec for an attention backend (``RunSpec.machine.attention``, resolved):
 
     te     Transformer-Engine spec (fused attention, norms and linears; CUDA only)
     sdpa   megatron's local spec with ``SdpaAttention`` (torch's fused kernels) as core attention

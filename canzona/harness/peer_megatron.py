@@ -31,10 +31,10 @@ import torch
 import torch.distributed as dist
 
 from canzona.errors import ConfigError
-from canzona.harness.config import RunConfig
+from canzona.spec import RunSpec
 
 MIN_VERSION = "0.19"
-# RunConfig.ns_dtype -> Megatron's OptimizerConfig.muon_fp32_matmul_prec (megatron-core >= 0.19)
+# RunSpec.optim.ns_dtype -> Megatron's OptimizerConfig.muon_fp32_matmul_prec (megatron-core >= 0.19)
 FP32_MATMUL_PREC = {"bf16": "medium", "fp32": "highest"}
 HOW_TO = (
     "build the optional peer environment with `make megatron-peer-env` and run "
@@ -75,11 +75,11 @@ def layer_wise_supported(backend: str) -> bool:
     return backend == "nccl"
 
 
-def validate(run: RunConfig, *, gpu: bool) -> None:
+def validate(run: RunSpec, *, gpu: bool) -> None:
     """Peer-specific checks that must fail before ranks launch."""
-    if run.optimizer != "muon":
-        raise ConfigError("megatron-muon runs Megatron's Muon only; use --optimizer muon")
-    if run.dtype == "bf16" and not gpu:
+    if run.optim.ns_method != "standard":
+        raise ConfigError("megatron-muon runs standard Newton–Schulz only; use --ns-method standard")
+    if run.machine.dtype == "bf16" and not gpu:
         raise ConfigError("megatron-muon with bf16 needs a GPU; use --dtype fp32")
 
 
@@ -129,7 +129,7 @@ class MegatronMuonStep:
         self.optimizer.zero_grad()
 
 
-def build(run: RunConfig, model: torch.nn.Module) -> tuple[torch.nn.Module, MegatronMuonStep]:
+def build(run: RunSpec, model: torch.nn.Module) -> tuple[torch.nn.Module, MegatronMuonStep]:
     """Wrap ``model`` (already initialised) in megatron DDP and build Megatron's Muon for it."""
     ok, why = available()
     if not ok:
@@ -143,21 +143,24 @@ def build(run: RunConfig, model: torch.nn.Module) -> tuple[torch.nn.Module, Mega
     device = next(model.parameters()).device
     layer_wise = layer_wise_supported(str(dist.get_backend()))
     ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True, overlap_grad_reduce=True, use_distributed_optimizer=False, bucket_size=run.bucket_size
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=True,
+        use_distributed_optimizer=False,
+        bucket_size=run.plan.bucket_size,
     )
-    bf16 = run.dtype == "bf16"
+    bf16 = run.machine.dtype == "bf16"
     opt_config = OptimizerConfig(
         optimizer="muon",
-        lr=run.lr,
-        min_lr=run.lr,
-        weight_decay=run.weight_decay,
+        lr=run.optim.lr,
+        min_lr=run.optim.lr,
+        weight_decay=run.optim.weight_decay,
         bf16=bf16,
         params_dtype=torch.bfloat16 if bf16 else torch.float32,
         adam_beta1=0.9,
         adam_beta2=0.95,
         adam_eps=1e-8,
         clip_grad=0.0,
-        muon_tp_mode=run.muon_tp_mode,
+        muon_tp_mode=run.peer.muon_tp_mode,
         use_layer_wise_distributed_optimizer=layer_wise,
         # the same update as Canzona's Muon, so --lr means the same step and the work per matrix is
         # the same: Nesterov momentum 0.95, U = 0.2·sqrt(max(m, n))·NS(M) ("spectral" scale is
@@ -170,12 +173,12 @@ def build(run: RunConfig, model: torch.nn.Module) -> tuple[torch.nn.Module, Mega
         muon_num_ns_steps=5,
         # the recorded Newton-Schulz format: emerging-optimizers casts to bf16 under "medium"
         # (Megatron's default) and stays in fp32 under "highest" (no TF32 either)
-        muon_fp32_matmul_prec=FP32_MATMUL_PREC[run.ns_dtype],
+        muon_fp32_matmul_prec=FP32_MATMUL_PREC[run.optim.ns_dtype],
     )
     # the Adam-routed params (Megatron's own rule: embedding/output or not 2-D) get --adamw-lr,
     # like Canzona's AdamW params; without this Megatron would run them at the Muon LR
     adam_routed = ParamKey(predicate=ParamPredicate(name="canzona_adam_routed", fn=_adam_routed))
-    overrides = {adam_routed: {"max_lr": run.adamw_lr, "min_lr": run.adamw_lr}}
+    overrides = {adam_routed: {"max_lr": run.optim.adamw_lr, "min_lr": run.optim.adamw_lr}}
     with cpu_shim.cuda_literals_to_cpu():
         ddp = DistributedDataParallel(model.config, ddp_config, model)
         optimizer = get_megatron_optimizer(opt_config, [ddp], config_overrides=overrides, use_gloo_process_groups=False)

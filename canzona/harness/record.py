@@ -14,23 +14,30 @@ import json
 from pathlib import Path
 from typing import Any
 
-from canzona.harness.config import RunConfig
 from canzona.harness.timing import RunTimings, iter_phases, measured, summarize, throughput
 from canzona.results import schema
 from canzona.results.env import environment
+from canzona.spec import RunSpec
 
 __all__ = ["append_checks", "build_record", "checks_path", "environment"]
 
 
-def build_record(run: RunConfig, env: dict[str, Any], timings: RunTimings, *, mem_kind: str) -> dict[str, Any]:
+def build_record(run: RunSpec, env: dict[str, Any], timings: RunTimings, *, mem_kind: str) -> dict[str, Any]:
     """The schema-valid record of a finished run (validated here, so a bad record fails loudly).
 
     End-of-run consistency checks are not part of it: they run after the line is written
     (``append_checks``), so a failing check can never cost the measurement.
     """
-    it = summarize(measured(timings.iteration_ms, run.warmup))
+    from canzona.models.qwen3 import get_transformer
+
+    warmup, batch = run.loop.warmup, run.batch
+    it = summarize(measured(timings.iteration_ms, warmup))
     tput = throughput(
-        run.model_config, seq_len=run.seq_len, global_batch=run.global_batch, iteration_ms=it["median"], world=run.world
+        get_transformer(run.model),
+        seq_len=batch.seq_len,
+        global_batch=batch.global_batch,
+        iteration_ms=it["median"],
+        world=run.world,
     )
     config = run.record_config()
     record = {
@@ -42,15 +49,15 @@ def build_record(run: RunConfig, env: dict[str, Any], timings: RunTimings, *, me
         "env": env,
         "timings": {
             "iteration_ms": it,
-            "fwd_bwd_ms": summarize(measured(timings.fwd_bwd_ms, run.warmup)),
-            "step_ms": summarize(measured(timings.step_ms, run.warmup)),
-            "phases_ms": dict(iter_phases(timings, run.warmup)),
+            "fwd_bwd_ms": summarize(measured(timings.fwd_bwd_ms, warmup)),
+            "step_ms": summarize(measured(timings.step_ms, warmup)),
+            "phases_ms": dict(iter_phases(timings, warmup)),
             **tput,
             "peak_mem_mb": max(timings.peak_mem_mb),
             "peak_mem_mb_per_rank": timings.peak_mem_mb,
             "peak_mem_kind": mem_kind,
             "max_across_ranks": True,
-            "warmup_excluded": run.warmup,
+            "warmup_excluded": warmup,
         },
         "loss": {"first": timings.loss_curve[0], "last": timings.loss_curve[-1], "curve": timings.loss_curve},
         "cell": schema.cell_key(config),

@@ -3,7 +3,7 @@
 Reads top to bottom: parallel state -> seeds -> model -> named params -> optimizer -> loop
 (synthetic batch, megatron forward-backward schedule, optimizer step) -> aggregate timings ->
 rank 0 appends the results line. Everything configurable is a field of the validated
-``RunConfig``; nothing here reads environment variables.
+``RunSpec`` (canzona.spec); nothing here reads environment variables.
 
 How the pieces fit megatron:
 * Model: megatron's GPTModel for this PP stage (``model.py``), no megatron DDP wrapper. The
@@ -34,12 +34,12 @@ import torch.distributed as dist
 
 from canzona.errors import ConfigError
 from canzona.harness import cpu_shim
-from canzona.harness.config import RunConfig
 from canzona.harness.model import build_model, causal_mask, init_weights
 from canzona.harness.params import NamedParam, named_params, replica_divergence, tp_partial_names
 from canzona.harness.record import append_checks
 from canzona.harness.timing import Clock, IterationLog, aggregate, peak_memory_mb
-from canzona.results.schema import NS_OPTIMIZERS
+from canzona.models.qwen3 import get_transformer
+from canzona.spec import RunSpec
 
 if TYPE_CHECKING:
     from canzona.runtime.launch import RankInfo
@@ -92,38 +92,21 @@ class SyntheticTokens:
         return [(mb[:, :-1].contiguous(), mb[:, 1:].contiguous()) for mb in mine.split(micro_batch)]
 
 
-def _optimizer_options(run: RunConfig) -> dict[str, Any]:
-    """The matrix optimizer's config fields a run sets: LR, decay and, for Newton–Schulz optimizers,
-    the recorded number format (never "auto": ``RunConfig.resolve`` made it concrete)."""
-    if run.optimizer == "adamw":
-        return {}
-    ns = {"compute_dtype": run.ns_dtype} if run.optimizer in NS_OPTIMIZERS else {}
-    return {"lr": run.lr, "weight_decay": run.weight_decay, **ns}
-
-
 def build_optimizer(
-    run: RunConfig, model: torch.nn.Module, named: list[NamedParam]
+    run: RunSpec, model: torch.nn.Module, named: list[NamedParam]
 ) -> tuple[torch.nn.Module, StepOptimizer]:
-    """(model the schedule runs, optimizer). Canzona's strategies keep the bare model; the
-    megatron-muon peer wraps it in megatron's DDP."""
+    """(model the schedule runs, optimizer). Canzona's strategies keep the bare model; a peer (the
+    megatron-muon method) wraps it in megatron's DDP."""
     from megatron.core import parallel_state as ps
 
-    if run.method == "megatron-muon":
+    if run.is_peer:
         from canzona.harness import peer_megatron
 
         return peer_megatron.build(run, model)
-    from canzona.optim.adamw import AdamWConfig
-    from canzona.plan.types import PlanConfig
-    from canzona.runtime import CommConfig, DistConfig, DistributedOptimizer, optimizer_config
+    from canzona.runtime import DistributedOptimizer
 
-    cfg = DistConfig(
-        optimizer=optimizer_config(run.optimizer, **_optimizer_options(run)),
-        adamw=AdamWConfig(lr=run.adamw_lr, betas=(0.9, 0.95), weight_decay=run.adamw_weight_decay),
-        plan=PlanConfig(strategy=run.method, alpha=run.alpha, bucket_size=run.bucket_size, cost=run.cost),
-        comm=CommConfig(overlap_grad_sync=True, overlap_param_sync=run.overlap_param_sync),
-        nonfinite="raise",
-        timers=True,  # a benchmark harness: phases are read once per iteration, outside the step
-    )
+    # timers on: a benchmark harness reads the phases once per iteration, outside the step
+    cfg = run.dist_config(timers=True)
     # stage_group = this PP stage's TP×DP ranks (stages hold different params, hence different
     # plans); the norm and the non-finite verdict span every stage (the default group).
     opt = DistributedOptimizer(
@@ -132,9 +115,9 @@ def build_optimizer(
         ps.get_tensor_model_parallel_group(),
         cfg,
         stage_group=ps.get_tensor_and_data_parallel_group(),
-        tp_partial=tp_partial_names(named, run.tp),
+        tp_partial=tp_partial_names(named, run.layout.tp),
     )
-    if run.overlap_param_sync:  # each module waits for its own params' all-gather before its forward
+    if run.comm.overlap_param_sync:  # each module waits for its own params' all-gather before its forward
         opt.attach(model)
     return model, opt
 
@@ -166,9 +149,10 @@ def make_forward_step(seq_len: int, device: torch.device) -> Callable[..., Any]:
 
 
 def train(
-    ri: RankInfo, run: RunConfig, *, step_probe: Callable[[], AbstractContextManager[Any]] | None = None
+    ri: RankInfo, run: RunSpec, results: str | None = None, *, step_probe: Callable[[], Any] | None = None
 ) -> dict[str, Any]:
-    """One rank of ``run``; returns this rank's loss curve (and the record on rank 0).
+    """One rank of ``run``; returns this rank's loss curve (and the record on rank 0, appended to
+    ``results`` when set).
 
     ``step_probe``: a context entered around every ``opt.step()`` (``canzona gpu-check`` counts the
     step's host syncs and reads the allocator there); None: nothing extra."""
@@ -180,30 +164,30 @@ def train(
     device = ri.device
     on_cpu = device.type == "cpu"
     run = run.resolve(gpu=not on_cpu)  # a no-op for a config the CLI already resolved
-    if (run.device == "gpu") == on_cpu:
-        raise ConfigError(f"run configured for device {run.device} but this rank was given {device}")
+    if (run.machine.device == "gpu") == on_cpu:
+        raise ConfigError(f"run configured for device {run.machine.device} but this rank was given {device}")
     if on_cpu:
         cpu_shim.install()
     backend = str(dist.get_backend())
-    ps.initialize_model_parallel(tensor_model_parallel_size=run.tp, pipeline_model_parallel_size=run.pp)
+    ps.initialize_model_parallel(tensor_model_parallel_size=run.layout.tp, pipeline_model_parallel_size=run.layout.pp)
     try:
         # --- seeds, model, params ---------------------------------------------------------
-        torch.manual_seed(run.seed)
-        model_parallel_cuda_manual_seed(run.seed)
-        mcfg = run.model_config
+        torch.manual_seed(run.loop.seed)
+        model_parallel_cuda_manual_seed(run.loop.seed)
+        mcfg = get_transformer(run.model)
         tp_rank, stage = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
         dp_rank = ps.get_data_parallel_rank()
         model = build_model(
             mcfg,
-            tp=run.tp,
-            pp=run.pp,
-            seq_len=run.seq_len,
-            dtype=DTYPES[run.dtype],
+            tp=run.layout.tp,
+            pp=run.layout.pp,
+            seq_len=run.batch.seq_len,
+            dtype=DTYPES[run.machine.dtype],
             device=device,
-            attention=run.attention,
+            attention=run.machine.attention,
         )
-        named = named_params(model, mcfg, tp=run.tp, pp=run.pp, stage=stage)
-        init_weights(named, mcfg, seed=run.seed, tp_rank=tp_rank, tp=run.tp)
+        named = named_params(model, mcfg, tp=run.layout.tp, pp=run.layout.pp, stage=stage)
+        init_weights(named, mcfg, seed=run.loop.seed, tp_rank=tp_rank, tp=run.layout.tp)
 
         # --- optimizer, hooked into megatron's schedule -------------------------------------
         model, opt = build_optimizer(run, model, named)
@@ -217,23 +201,22 @@ def train(
         mconfig.no_sync_func = opt.no_sync
         mconfig.finalize_model_grads_func = finalize_model_grads
         forward_backward = get_forward_backward_func()
-        forward_step = make_forward_step(run.seq_len, device)
-        data = SyntheticTokens(mcfg.vocab, run.seq_len, run.global_batch, run.seed)
+        forward_step = make_forward_step(run.batch.seq_len, device)
+        data = SyntheticTokens(mcfg.vocab, run.batch.seq_len, run.batch.global_batch, run.loop.seed)
         loss_rank = ps.is_pipeline_last_stage() and tp_rank == 0
 
         # --- the loop -------------------------------------------------------------------------
         log = _loop(run, model, opt, forward_backward, forward_step, data, dp_rank, loss_rank, device, step_probe)
 
         # --- aggregate, record, then check ------------------------------------------------------
-        return finish(
-            ri, run, opt, named, log, backend, ps.get_data_parallel_group(), ps.get_tensor_model_parallel_group()
-        )
+        groups = ps.get_data_parallel_group(), ps.get_tensor_model_parallel_group()
+        return finish(ri, run, opt, named, log, backend, *groups, results=results)
     finally:
         ps.destroy_model_parallel()
 
 
 def _loop(
-    run: RunConfig,
+    run: RunSpec,
     model: Any,
     opt: Any,
     forward_backward: Callable[..., Any],
@@ -249,8 +232,8 @@ def _loop(
     on_cpu = device.type == "cpu"
     clock = Clock(sync=not on_cpu)
     log = IterationLog()
-    for it in range(run.warmup + run.iters):
-        micro = data.microbatches(it, dp_rank, run.dp, run.micro_batch, device)
+    for it in range(run.loop.warmup + run.loop.iters):
+        micro = data.microbatches(it, dp_rank, run.layout.dp, run.batch.micro_batch, device)
         t0 = clock.now_ms()
         with cpu_shim.cuda_literals_to_cpu():
             losses = forward_backward(
@@ -258,8 +241,8 @@ def _loop(
                 data_iterator=iter(micro),
                 model=model,
                 num_microbatches=run.num_microbatches,
-                seq_length=run.seq_len,
-                micro_batch_size=run.micro_batch,
+                seq_length=run.batch.seq_len,
+                micro_batch_size=run.batch.micro_batch,
                 forward_only=False,
             )
         if on_cpu:  # so that step_ms times the step, not the ranks' forward-backward skew
@@ -281,13 +264,14 @@ def _loop(
 
 def finish(
     ri: RankInfo,
-    run: RunConfig,
+    run: RunSpec,
     opt: StepOptimizer,
     named: list[NamedParam],
     log: IterationLog,
     backend: str,
     dp_group: torch.distributed.ProcessGroup,
     tp_group: torch.distributed.ProcessGroup,
+    results: str | None = None,
 ) -> dict[str, Any]:
     """Everything after the loop, in the order that keeps the measurement: aggregate the timings,
     rank 0 appends the results line, THEN the replica check runs and is attached.
@@ -301,18 +285,18 @@ def finish(
     (tests/test_harness_finish.py measures it).
     """
     device = ri.device
-    if run.overlap_param_sync:
+    if run.comm.overlap_param_sync:
         opt.wait_param_sync()  # the last step's all-gathers are still in flight
-    timings = aggregate(log, loss_divisor=run.dp, device=device)
+    timings = aggregate(log, loss_divisor=run.layout.dp, device=device)
     hosts = rank_hostnames()  # every rank takes part: the record names all nodes, not rank 0's
     record = None
     if ri.rank == 0:
-        record = _record(run, device, backend, timings, hosts, getattr(opt, "layer_wise", None))
+        record = _record(run, results, device, backend, timings, hosts, getattr(opt, "layer_wise", None))
     checks = replica_check(named, dp_group, tp_group)
     if record is not None:
         record["checks"] = checks
-        if run.results:
-            append_checks(run.results, record, checks)
+        if results:
+            append_checks(results, record, checks)
     return {"rank": ri.rank, "loss_curve": timings.loss_curve, "checks": checks, "record": record}
 
 
@@ -332,14 +316,15 @@ def replica_check(
 
 
 def _record(
-    run: RunConfig,
+    run: RunSpec,
+    results: str | None,
     device: torch.device,
     backend: str,
     timings: Any,
     hosts: Any,
     layer_wise: bool | None,
 ) -> dict[str, Any]:
-    """Rank 0's results line (appended to ``run.results`` when set): config, environment of every
+    """Rank 0's results line (appended to ``results`` when set): config, environment of every
     node and timings."""
     from canzona.harness.record import build_record, environment
     from canzona.results.env import cluster_environment
@@ -347,22 +332,22 @@ def _record(
 
     _, mem_kind = peak_memory_mb(device)
     extra: dict[str, Any] = {
-        "layer_spec": "transformer_engine" if run.attention == "te" else "local",
+        "layer_spec": "transformer_engine" if run.machine.attention == "te" else "local",
         "cpu_shim": cpu_shim.installed(),
         **cluster_environment(device, hosts),
     }
-    if run.method == "megatron-muon":
+    if run.is_peer:
         extra["megatron_muon_layer_wise"] = layer_wise
-        extra["megatron_muon_tp_mode"] = run.muon_tp_mode
+        extra["megatron_muon_tp_mode"] = run.peer.muon_tp_mode
     env = environment(device, backend, extra=extra)
     record = build_record(run, env, timings, mem_kind=mem_kind)
-    if run.results:
+    if results:
         try:
-            append_record(run.results, record)
+            append_record(results, record)
         except OSError as exc:  # checked before the run, yet failed (disk full, mount gone): keep the measurement
             print(json.dumps(record, sort_keys=True), flush=True)
             raise ConfigError(
-                f"could not append the record to {run.results} ({exc.strerror}); it is printed above as one "
+                f"could not append the record to {results} ({exc.strerror}); it is printed above as one "
                 "JSON line: add it to a results file by hand"
             ) from exc
     return record

@@ -7,7 +7,8 @@ A strategy is a planner function plus one ``register_strategy`` call. The regist
   * its DP sync kinds: the gradient collective (reduce-scatter into owner slices, or all-reduce)
     and the parameter one (all-gather, all-gather-v, none),
   * whether the runtime can execute it, and which of its algorithms cut Canzona's own matrix
-    buckets in the padded layout (``buckets.matrix_chunks``; every other one keeps Megatron's).
+    buckets in the padded layout (``buckets.matrix_chunks``; every other one keeps Megatron's),
+  * whether it may give one matrix to a group of GPUs (``cooperative``, canzona.plan.coop).
 CLI choices, config validation (``build.resolve_config``) and the comparison table derive from
 this table; docs/adding-a-strategy.md walks through adding one.
 
@@ -49,6 +50,7 @@ class Strategy:
     executable: bool = True
     chunked_algos: tuple[str, ...] = ()
     help: str = ""
+    cooperative: bool = False  # may give one matrix to a group of GPUs (canzona.plan.coop)
 
     @property
     def default_algo(self) -> str:
@@ -212,6 +214,7 @@ register_strategy(
         "all-gather-v",
         chunked_algos=("refine", "lpt"),
         help="atomic bucket slices balancing compute against slice bytes (alpha)",
+        cooperative=True,
     )
 )
 register_strategy(

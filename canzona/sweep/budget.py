@@ -21,62 +21,36 @@ from canzona.errors import ConfigError
 from canzona.models import get_model, list_params
 from canzona.models.memory import activation_bytes, estimate_memory_gb
 from canzona.models.qwen3 import count_params
+from canzona.spec import RunSpec
 from canzona.sweep.definition import Cell
 from canzona.sweep.profile import ClusterProfile
-
-CANZONA_METHODS = ("sc", "layerwise", "asc", "canzona")  # the runtime's strategies
 
 
 def cell_memory_gb(cell: Cell) -> float:
     """Per-GPU memory estimate of ``cell`` (GB): the memory model of what its method allocates
     (canzona.plan.readers.memory: buffers, masters, optimizer state, staging, update workspace of the
-    GPU that holds the most) plus the stage's activations, maximised over PP stages. The
-    megatron-muon peer and AdamW-only cells keep the Megatron-style estimate of
-    ``estimate_memory_gb`` (the memory model describes Canzona's runtime)."""
-    if cell.method not in CANZONA_METHODS or cell.optimizer not in matrix_optimizer_names():
-        return estimate_memory_gb(cell.model, cell.tp, cell.pp, cell.dp, cell.seq_len, cell.micro_batch)
-    return _canzona_memory_gb(
-        cell.model,
-        cell.tp,
-        cell.pp,
-        cell.dp,
-        cell.method,
-        cell.optimizer,
-        cell.dtype,
-        cell.ns_dtype,
-        cell.alpha,
-        cell.bucket_size,
-        cell.cost,
-        cell.seq_len,
-        cell.micro_batch,
-    )
+    GPU that holds the most) plus the stage's activations, maximised over PP stages. Peers and
+    AdamW-only cells keep the Megatron-style estimate of ``estimate_memory_gb`` (the memory model
+    describes Canzona's runtime)."""
+    run = cell.spec
+    if run.is_peer or run.optim.optimizer not in matrix_optimizer_names():
+        lay, b = run.layout, run.batch
+        return estimate_memory_gb(run.model, lay.tp, lay.pp, lay.dp, b.seq_len, b.micro_batch)
+    return _canzona_memory_gb(run)
 
 
 @functools.lru_cache(maxsize=256)
-def _canzona_memory_gb(
-    model: str,
-    tp: int,
-    pp: int,
-    dp: int,
-    method: str,
-    optimizer: str,
-    dtype: str,
-    ns_dtype: str | None,
-    alpha: float | None,
-    bucket_size: int | None,
-    cost: str | None,
-    seq_len: int,
-    micro_batch: int,
-) -> float:
+def _canzona_memory_gb(run: RunSpec) -> float:
     from canzona.plan.build import plan_model
     from canzona.plan.readers.memory import MemoryPrecision, peak, stage_memory
     from canzona.plan.schedule import LowerSettings
-    from canzona.plan.types import Layout, PlanConfig
+    from canzona.plan.types import Layout
 
-    pc = {k: v for k, v in (("alpha", alpha), ("bucket_size", bucket_size), ("cost", cost)) if v is not None}
-    plans = plan_model(model, Layout(dp, tp, pp), PlanConfig(strategy=method, optimizer=optimizer, **pc))
-    param_bytes = 2 if dtype == "bf16" else 4
-    prec = MemoryPrecision(param_bytes=param_bytes, ns_bytes=2 if ns_dtype == "bf16" else 4)
+    model, (tp, pp, dp) = run.model, (run.layout.tp, run.layout.pp, run.layout.dp)
+    seq_len, micro_batch = run.batch.seq_len, run.batch.micro_batch
+    plans = plan_model(model, Layout(dp, tp, pp), run.plan_config())
+    param_bytes = 2 if run.machine.dtype == "bf16" else 4
+    prec = MemoryPrecision(param_bytes=param_bytes, ns_bytes=2 if run.optim.ns_dtype == "bf16" else 4)
     settings = LowerSettings(param_bytes=param_bytes)
     worst = 0.0
     for stage, plan in enumerate(plans):
@@ -91,10 +65,11 @@ def check_fits(cells: list[Cell], profile: ClusterProfile) -> dict[str, float]:
     est = {c.key: cell_memory_gb(c) for c in cells}
     for c in cells:
         if est[c.key] > profile.hbm_gb:
+            lay = c.spec.layout
             raise ConfigError(
                 f"cell {c.key} needs an estimated {est[c.key]:.1f} GB per GPU, more than the profile's "
-                f"hbm_gb = {profile.hbm_gb:g} ({profile.source}): raise TP in the {c.model} [[layout]] "
-                f"(TP={min(8, 2 * c.tp)}, DP={c.world // (2 * c.tp * c.pp)}) or lower micro_batch/seq_len"
+                f"hbm_gb = {profile.hbm_gb:g} ({profile.source}): raise TP in the {c.spec.model} [[layout]] "
+                f"(TP={min(8, 2 * lay.tp)}, DP={c.world // (2 * lay.tp * lay.pp)}) or lower micro_batch/seq_len"
             )
     return est
 
@@ -111,13 +86,15 @@ MARGIN = 3.0
 def iteration_s(cell: Cell, peak_tflops: float) -> float:
     """Upper-bound seconds per iteration: fwd/bwd at ASSUMED_MFU plus the slowest method's step,
     one rank updating every matrix of the model (what sc does), at MATRIX_EFFICIENCY of peak."""
-    cfg = get_model(cell.model)
+    run = cell.spec
+    cfg, opt = get_model(run.model), run.optim.optimizer
     peak = peak_tflops * 1e12
-    fwd_bwd = 6.0 * count_params(cfg) * cell.global_batch * cell.seq_len / (cell.world * peak * ASSUMED_MFU)
-    if cell.optimizer not in matrix_optimizer_names():
+    fwd_bwd = 6.0 * count_params(cfg) * run.batch.global_batch * run.batch.seq_len / (cell.world * peak * ASSUMED_MFU)
+    if opt not in matrix_optimizer_names():
         return fwd_bwd
-    flops = sum(matrix_flops(cell.optimizer, p.shape) for p in list_params(cfg) if p.route == "matrix")
-    slow = FP32_SLOWDOWN if cell.ns_dtype == "fp32" or cell.optimizer != "muon" else 1.0
+    flops = sum(matrix_flops(opt, p.shape) for p in list_params(cfg) if p.route == "matrix")
+    # fp32 rate for fp32 Newton–Schulz, and for optimizers without it (their eigh/QR run in fp32)
+    slow = FP32_SLOWDOWN if run.optim.ns_dtype == "fp32" or not run.runs_newton_schulz else 1.0
     return fwd_bwd + flops * slow / (peak * MATRIX_EFFICIENCY)
 
 
@@ -130,5 +107,7 @@ def cell_timeout_min(cell: Cell, profile: ClusterProfile | None) -> int:
         raise ConfigError(
             f"cell {cell.key} has no time_min; its timeout is derived from a cluster profile: pass --profile"
         )
-    seconds = STARTUP_S + MARGIN * (cell.warmup + cell.iters) * iteration_s(cell, profile.peak_tflops)
+    seconds = STARTUP_S + MARGIN * (cell.spec.loop.warmup + cell.spec.loop.iters) * iteration_s(
+        cell, profile.peak_tflops
+    )
     return math.ceil(seconds / 60.0)

@@ -104,15 +104,16 @@ def run(args: argparse.Namespace) -> int:
 
     if action == "show":
         profile = load_profile(args.profile) if args.profile else None
+        shown = ("seq_len", "micro_batch", "global_batch", "warmup", "iters")
         print(
             f"sweep {defn.name}: {len(cells)} cells, world {defn.world}, device {defn.device}, "
-            f"seq_len {defn.seq_len}, micro_batch {defn.micro_batch}, global_batch {defn.global_batch}, "
-            f"warmup {defn.warmup}, iters {defn.iters}"
+            + ", ".join(f"{k} {defn.setting(k)}" for k in shown)
         )
         if defn.description:
             print(defn.description.strip())
         for lay in defn.layouts:
-            est = estimate_memory_gb(lay.model, lay.tp, lay.pp, lay.dp, defn.seq_len, defn.micro_batch)
+            seq_len, micro_batch = defn.setting("seq_len"), defn.setting("micro_batch")
+            est = estimate_memory_gb(lay.model, lay.tp, lay.pp, lay.dp, seq_len, micro_batch)
             nodes = f", {profile.nodes_for(lay.world)} nodes" if profile else ""
             print(f"\n{lay.model}: TP={lay.tp} PP={lay.pp} DP={lay.dp}{nodes}, est. {est:.1f} GB/GPU\n  {lay.reason}")
         print()
@@ -140,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
         return _run_slurm(args, defn, paths, cells)
     if args.dry_run:
         raise ConfigError("--dry-run renders Slurm scripts; add --backend slurm --profile PROFILE.toml")
-    rep = run_local(
+    ran = run_local(
         defn,
         paths=paths,
         cells=cells,
@@ -149,17 +150,17 @@ def run(args: argparse.Namespace) -> int:
         timeout_s=args.timeout_s,
         progress=not args.no_progress,
     )
-    for o in rep.ended_orphans:
+    for o in ran.ended_orphans:
         print(o)
-    for q in rep.quarantined:
+    for q in ran.quarantined:
         print(f"quarantined {q}")
     print(
-        f"sweep {defn.name}: {len(rep.ok)} ran ok, {len(rep.failed)} failed, {len(rep.skipped)} already done; "
-        f"results: {rep.results}"
+        f"sweep {defn.name}: {len(ran.ok)} ran ok, {len(ran.failed)} failed, {len(ran.skipped)} already done; "
+        f"results: {ran.results}"
     )
-    for key, why in rep.failed:
+    for key, why in ran.failed:
         print(f"  failed: {key}: {why}")
-    return 0 if rep.success else 1
+    return 0 if ran.success else 1
 
 
 def _run_slurm(args: argparse.Namespace, defn: Any, paths: Any, cells: list[Any]) -> int:

@@ -14,9 +14,9 @@ keys included) because a typo in a sweep file would otherwise cost a queue slot 
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import re
+import typing
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,31 +25,32 @@ from typing import Any
 from canzona.cost import optimizer_names
 from canzona.errors import ConfigError
 from canzona.models import get_model
-from canzona.results.schema import cell_key, ns_dtype_for
+from canzona.spec import RunSpec, get_method, leaves, method_names
+from canzona.spec.flags import to_argv
 from canzona.sweep.profile import read_toml
 
-METHODS = ("sc", "layerwise", "asc", "canzona", "megatron-muon")
-OPTIMIZERS = optimizer_names()  # the optimizer registry (canzona.optim.registry)
 DEVICES = ("gpu", "cpu")
-DTYPES = ("fp32", "bf16")
-COSTS = ("flops", "numel")
-# Megatron-core's own distributed optimizer only implements Muon (the peer we compare against).
-METHOD_OPTIMIZERS = {"megatron-muon": ("muon",)}
-# Canzona-runtime options the peer's harness path does not take (it would exit 2).
-CANZONA_ONLY = ("cost", "overlap_param_sync")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-# Run settings a [[grid]] may override (a variant such as the authors' configuration).
-SETTINGS: dict[str, type | tuple[type, ...]] = {
-    "seq_len": int,
-    "micro_batch": int,
-    "global_batch": int,
-    "warmup": int,
-    "iters": int,
-    "alpha": (int, float),
-    "bucket_size": int,
-    "cost": str,
-    "overlap_param_sync": bool,
-    "dtype": str,
+# Spec fields a sweep or grid does NOT set as a run setting: the layout and the label (from
+# [[layout]] / the grid's variant), what a grid crosses (methods, optimizers, ns_dtypes), the
+# sweep-wide device, and the named configuration.
+NS_FORMATS = ("fp32", "bf16")  # a sweep names concrete formats: "auto" would differ between nodes
+REQUIRED_SETTINGS = ("seq_len", "micro_batch", "global_batch", "warmup", "iters")  # no silent defaults
+NOT_SETTINGS = ("model", "tp", "pp", "dp", "method", "optimizer", "ns_dtype", "device", "variant", "name")
+
+
+def _toml_types(t: Any) -> tuple[type, ...]:
+    """The TOML value types a spec field of annotation ``t`` accepts (ints where floats are)."""
+    args = typing.get_args(t)
+    base = next(a for a in args if a is not type(None)) if type(None) in args else t
+    if typing.get_origin(base) is typing.Literal:
+        return (str,)
+    return (int, float) if base is float else (base,)
+
+
+# Run settings [sweep] and a [[grid]] may set: every other spec field, typed from the spec.
+SETTINGS: dict[str, tuple[type, ...]] = {
+    n: _toml_types(t) for n, (_, _, t) in leaves().items() if n not in NOT_SETTINGS
 }
 
 
@@ -73,108 +74,45 @@ class Layout:
 class Cell:
     """One measured configuration = one `canzona train` run = one result line.
 
-    The cell key (``key``) is ``canzona.results.schema.cell_key`` of ``config()``, the same
-    function the harness uses for the ``cell`` field of its record, so resume can match a
-    result line to its cell without any second naming scheme. ``ns_dtype`` is None for
-    optimizers without Newton-Schulz; ``time_min`` None means "derive the timeout from the
-    cluster profile" (``canzona.sweep.budget``).
+    ``spec`` is the run; the cell key (``key``) is the spec's, the same function the harness uses
+    for the ``cell`` field of its record, so resume can match a result line to its cell without
+    any second naming scheme. ``time_min`` None means "derive the timeout from the cluster
+    profile" (``canzona.sweep.budget``).
     """
 
-    model: str
-    tp: int
-    pp: int
-    dp: int
-    method: str
-    optimizer: str
-    seq_len: int
-    micro_batch: int
-    global_batch: int
-    warmup: int
-    iters: int
-    dtype: str
-    ns_dtype: str | None
-    device: str = "gpu"
-    alpha: float | None = None
-    bucket_size: int | None = None
-    cost: str | None = None
-    overlap_param_sync: bool = False
-    variant: str | None = None
+    spec: RunSpec
     time_min: int | None = None
     grid: str = ""
 
     @property
     def world(self) -> int:
-        return self.tp * self.pp * self.dp
-
-    def config(self) -> dict[str, Any]:
-        """The schema's ``config`` fields this cell fixes (the cell key is computed from them)."""
-        return {
-            "model": self.model,
-            "tp": self.tp,
-            "pp": self.pp,
-            "dp": self.dp,
-            "world": self.world,
-            "method": self.method,
-            "optimizer": self.optimizer,
-            "seq_len": self.seq_len,
-            "micro_batch": self.micro_batch,
-            "global_batch": self.global_batch,
-            "alpha": self.alpha,
-            "dtype": self.dtype,
-            "ns_dtype": self.ns_dtype,
-            "bucket_size": self.bucket_size,
-            "warmup": self.warmup,
-            "iters": self.iters,
-        }
+        return self.spec.world
 
     @property
     def key(self) -> str:
-        return cell_key(self.config())
+        return self.spec.cell_key
+
+    def config(self) -> dict[str, Any]:
+        """The record ``config`` a run of this cell writes (its key is computed from it)."""
+        return self.spec.record_config()
 
     @property
     def slug(self) -> str:
         """File-system-safe, human-readable, unique per key (used for per-cell result files)."""
-        ns = f"_ns{self.ns_dtype}" if self.ns_dtype else ""
+        r = self.spec.record_config()
+        ns = f"_ns{r['ns_dtype']}" if r["ns_dtype"] else ""
         return (
-            f"{self.model}_tp{self.tp}_pp{self.pp}_dp{self.dp}_{self.method}_{self.optimizer}"
-            f"_s{self.seq_len}_gb{self.global_batch}_{self.dtype}{ns}"
+            f"{r['model']}_tp{r['tp']}_pp{r['pp']}_dp{r['dp']}_{r['method']}_{r['optimizer']}"
+            f"_s{r['seq_len']}_gb{r['global_batch']}_{r['dtype']}{ns}"
         )
 
     def train_args(self) -> list[str]:
-        """The `canzona train` flags that define this cell (results path and launcher excluded).
+        """The `canzona train` flags that rebuild this cell's spec (results path and launcher excluded).
 
-        Every number format is explicit (--dtype, --ns-dtype, --device): a cell never depends on
-        the harness's defaults or on what the node happens to have.
+        Every field that applies is explicit (number formats, device, plan knobs): a cell never
+        depends on the harness's defaults or on what the node happens to have.
         """
-        args = ["--model", self.model]
-        for flag, value in (
-            ("--tp", self.tp),
-            ("--pp", self.pp),
-            ("--dp", self.dp),
-            ("--method", self.method),
-            ("--optimizer", self.optimizer),
-            ("--seq-len", self.seq_len),
-            ("--micro-batch", self.micro_batch),
-            ("--global-batch", self.global_batch),
-            ("--warmup", self.warmup),
-            ("--iters", self.iters),
-            ("--dtype", self.dtype),
-            ("--device", self.device),
-        ):
-            args += [flag, str(value)]
-        if self.ns_dtype is not None:
-            args += ["--ns-dtype", self.ns_dtype]
-        if self.alpha is not None:
-            args += ["--alpha", repr(float(self.alpha))]
-        if self.bucket_size is not None:
-            args += ["--bucket-size", str(self.bucket_size)]
-        if self.cost is not None:
-            args += ["--cost", self.cost]
-        if self.overlap_param_sync:
-            args.append("--overlap-param-sync")
-        if self.variant is not None:
-            args += ["--variant", self.variant]
-        return args
+        return to_argv(self.spec)
 
 
 @dataclass(frozen=True)
@@ -198,34 +136,29 @@ class SweepDefinition:
     name: str
     description: str
     world: int
-    seq_len: int
-    micro_batch: int
-    global_batch: int
-    warmup: int
-    iters: int
     layouts: tuple[Layout, ...]
     grids: tuple[Grid, ...]
+    settings_: tuple[tuple[str, Any], ...]  # the [sweep] table's run settings (SETTINGS), sorted
     device: str = "gpu"
-    dtype: str = "bf16"
     ns_dtype: str = "bf16"
     time_min: int | None = None
-    alpha: float | None = None
-    bucket_size: int | None = None
-    cost: str | None = None
-    overlap_param_sync: bool = False
     notes: str = ""
     source: str = field(default="", compare=False)
 
     def settings(self, grid: Grid) -> dict[str, Any]:
         """The run settings of ``grid``'s cells: the sweep's, overridden by the grid's."""
-        base = {k: getattr(self, k) for k in SETTINGS}
-        return {**base, **dict(grid.overrides)}
+        return {**dict(self.settings_), **dict(grid.overrides)}
+
+    def setting(self, key: str) -> Any:
+        """One [sweep]-level run setting (None where the file leaves it to the spec's default)."""
+        return dict(self.settings_).get(key)
 
     def cells(self) -> list[Cell]:
         """All cells in a stable order (grid, layout, method, optimizer, format), duplicates removed.
 
-        Two grids that produce the same key with different settings are a ConfigError: the key
-        could not tell their result lines apart.
+        A peer's cell leaves the Canzona-runtime settings at their defaults (it does not read
+        them). Two grids that produce the same key with different settings are a ConfigError:
+        the key could not tell their result lines apart.
         """
         out: dict[str, Cell] = {}
         for g in self.grids:
@@ -234,27 +167,17 @@ class SweepDefinition:
                 if g.models and lay.model not in g.models:
                     continue
                 for method, opt, ns in itertools.product(g.methods, g.optimizers, g.ns_dtypes or (self.ns_dtype,)):
-                    peer = method in METHOD_OPTIMIZERS
-                    c = Cell(
-                        model=lay.model,
-                        tp=lay.tp,
-                        pp=lay.pp,
-                        dp=lay.dp,
-                        method=method,
-                        optimizer=opt,
-                        **{k: st[k] for k in ("seq_len", "micro_batch", "global_batch", "warmup", "iters", "dtype")},
-                        ns_dtype=ns_dtype_for(opt, ns),
-                        device=self.device,
-                        alpha=None if st["alpha"] is None else float(st["alpha"]),
-                        bucket_size=st["bucket_size"],
-                        cost=None if peer else st["cost"],
-                        overlap_param_sync=bool(st["overlap_param_sync"]) and not peer,
-                        variant=g.variant,
-                        time_min=lay.time_min or self.time_min,
-                        grid=g.label,
+                    base = RunSpec(model=lay.model).replace(
+                        tp=lay.tp, pp=lay.pp, dp=lay.dp, method=method, optimizer=opt, device=self.device
                     )
+                    run = base.replace(
+                        **{k: v for k, v in st.items() if base.applies(k)},
+                        ns_dtype=ns if base.runs_newton_schulz else None,
+                        variant=g.variant,
+                    )
+                    c = Cell(run, time_min=lay.time_min or self.time_min, grid=g.label)
                     prev = out.get(c.key)
-                    if prev is not None and dataclasses.replace(prev, grid=c.grid) != c:
+                    if prev is not None and prev.spec != c.spec:
                         raise ConfigError(
                             f"{self.source}: grids {prev.grid!r} and {g.label!r} both produce cell {c.key} with "
                             "different settings; the cell key cannot tell their lines apart: change seq_len, "
@@ -309,18 +232,18 @@ def _str_list(value: Any, where: str, allowed: Iterable[str]) -> tuple[str, ...]
 
 
 def _check_settings(where: str, v: dict[str, Any]) -> None:
-    """Ranges of the run settings, wherever they are set ([sweep] or a [[grid]] override)."""
-    _positive(
-        where,
-        **{k: v.get(k) for k in ("seq_len", "micro_batch", "global_batch", "iters", "bucket_size", "time_min")},
-    )
-    if v.get("warmup") is not None and v["warmup"] < 0:
-        raise ConfigError(f"{where}: warmup must be >= 0, got {v['warmup']}")
-    if v.get("alpha") is not None and not 0.0 <= float(v["alpha"]) <= 1.0:
-        raise ConfigError(f"{where}: alpha must lie in [0, 1], got {v['alpha']}")
-    for key, allowed in (("dtype", DTYPES), ("ns_dtype", DTYPES), ("device", DEVICES), ("cost", COSTS)):
-        if v.get(key) is not None and v[key] not in allowed:
-            raise ConfigError(f"{where}: {key} must be one of {', '.join(allowed)}, got {v[key]!r}")
+    """Types, ranges and choices of the run settings, wherever they are set ([sweep] or a [[grid]]
+    override): the spec's own checks, so a sweep file and a flag fail with the same message."""
+    if v.get("time_min") is not None and v["time_min"] < 1:
+        raise ConfigError(f"{where}: time_min must be >= 1, got {v['time_min']}")
+    if v.get("ns_dtype") is not None and v["ns_dtype"] not in NS_FORMATS:
+        raise ConfigError(f"{where}: ns_dtype must be one of {', '.join(NS_FORMATS)}, got {v['ns_dtype']!r}")
+    if v.get("device") is not None and v["device"] not in DEVICES:
+        raise ConfigError(f"{where}: device must be one of {', '.join(DEVICES)}, got {v['device']!r}")
+    try:
+        RunSpec().replace(**{k: x for k, x in v.items() if k in SETTINGS or k == "ns_dtype"})
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def _parse_layout(t: Any, w: str, s: dict[str, Any]) -> Layout:
@@ -374,9 +297,9 @@ def _parse_grid(t: Any, w: str, i: int, defaults: dict[str, Any], layouts: list[
         **{k: (ty, False) for k, ty in SETTINGS.items()},
     }
     v = _take(t, w, spec)
-    methods = _str_list(v["methods"], f"{w} methods", METHODS)
-    opts = _str_list(v["optimizers"], f"{w} optimizers", OPTIMIZERS)
-    ns = _str_list(v["ns_dtypes"], f"{w} ns_dtypes", DTYPES) if "ns_dtypes" in v else ()
+    methods = _str_list(v["methods"], f"{w} methods", method_names())
+    opts = _str_list(v["optimizers"], f"{w} optimizers", optimizer_names())
+    ns = _str_list(v["ns_dtypes"], f"{w} ns_dtypes", NS_FORMATS) if "ns_dtypes" in v else ()
     if "variant" in v and not _NAME.match(v["variant"]):
         raise ConfigError(f"{w}: variant {v['variant']!r} must match {_NAME.pattern} (it is recorded as a label)")
     models: tuple[str, ...] = ()
@@ -384,8 +307,8 @@ def _parse_grid(t: Any, w: str, i: int, defaults: dict[str, Any], layouts: list[
         lowered = [m.lower() if isinstance(m, str) else m for m in v["models"]]
         models = _str_list(lowered, f"{w} models (must name models that have a [[layout]])", {x.model for x in layouts})
     for m in methods:
-        ok = METHOD_OPTIMIZERS.get(m)
-        if ok is not None and any(o not in ok for o in opts):
+        ok = get_method(m).optimizers
+        if ok and any(o not in ok for o in opts):
             raise ConfigError(
                 f"{w}: method {m} only supports optimizer(s) {', '.join(ok)}; "
                 f"put it in a grid of its own with optimizers = {list(ok)}"
@@ -405,18 +328,9 @@ _SWEEP_SPEC: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "name": (str, True),
     "description": (str, False),
     "world": (int, True),
-    "seq_len": (int, True),
-    "micro_batch": (int, True),
-    "global_batch": (int, True),
-    "warmup": (int, True),
-    "iters": (int, True),
+    **{k: (ty, k in REQUIRED_SETTINGS) for k, ty in SETTINGS.items()},
     "time_min": (int, False),
-    "alpha": ((int, float), False),
-    "bucket_size": (int, False),
-    "cost": (str, False),
-    "overlap_param_sync": (bool, False),
     "device": (str, False),
-    "dtype": (str, False),
     "ns_dtype": (str, False),
     "notes": (str, False),
 }
@@ -441,6 +355,7 @@ def parse_sweep(data: dict[str, Any], source: str = "<sweep>") -> SweepDefinitio
     # GPU sweeps default to bf16 parameters and bf16 Newton-Schulz (what the paper measured and
     # Megatron's default); CPU sweeps to fp32, and they need an explicit per-cell time_min.
     fmt = "bf16" if device == "gpu" else "fp32"
+    s.setdefault("dtype", fmt)
     if device == "cpu" and "time_min" not in s:
         raise ConfigError(f'{where}: a device = "cpu" sweep needs time_min (the per-cell limit on this machine)')
 
@@ -459,27 +374,18 @@ def parse_sweep(data: dict[str, Any], source: str = "<sweep>") -> SweepDefinitio
     raw_grids = data.get("grid", [])
     if not isinstance(raw_grids, list) or not raw_grids:
         raise ConfigError(f"{source}: at least one [[grid]] table is required")
-    defaults = {k: s.get(k) for k in SETTINGS}
+    defaults = {**RunSpec().flat(), **{k: s[k] for k in SETTINGS if k in s}}
     grids = [_parse_grid(t, f"{source} [[grid]] #{i + 1}", i, defaults, layouts) for i, t in enumerate(raw_grids)]
     defn = SweepDefinition(
         name=s["name"],
         description=s.get("description", ""),
         world=s["world"],
-        seq_len=s["seq_len"],
-        micro_batch=s["micro_batch"],
-        global_batch=s["global_batch"],
-        warmup=s["warmup"],
-        iters=s["iters"],
         layouts=tuple(layouts),
         grids=tuple(grids),
+        settings_=tuple(sorted((k, s[k]) for k in SETTINGS if k in s)),
         device=device,
-        dtype=s.get("dtype", fmt),
         ns_dtype=s.get("ns_dtype", fmt),
         time_min=s.get("time_min"),
-        alpha=None if s.get("alpha") is None else float(s["alpha"]),
-        bucket_size=s.get("bucket_size"),
-        cost=s.get("cost"),
-        overlap_param_sync=s.get("overlap_param_sync", False),
         notes=s.get("notes", ""),
         source=source,
     )

@@ -126,7 +126,7 @@ def run_local(
         if backend == "local":
             # submitit's own timeout is only a backstop behind CellTask's (which kills the ranks).
             executor.update_parameters(timeout_min=limit / 60 + 2)
-        bar.set_postfix_str(f"{cell.model} tp{cell.tp} dp{cell.dp} {cell.method}/{cell.optimizer}")
+        bar.set_postfix_str(cell.slug)
         job = executor.submit(task)
         book.record(
             cell.key,

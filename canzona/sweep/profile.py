@@ -28,6 +28,7 @@ from typing import Any
 import tomllib
 
 from canzona.errors import ConfigError
+from canzona.spec import get_method
 
 # sbatch directive values: names, numbers, lists and simple Slurm expressions, never whitespace,
 # quotes, `;`, `$`, backticks or newlines.
@@ -74,7 +75,6 @@ _REMOVED = {
     "signal_delay_s": "cells end at their own derived timeout, before the job's limit; remove it",
 }
 CONTAINER_RUNTIMES = ("pyxis", "apptainer")
-METHODS_NEEDING_PEER = ("megatron-muon",)
 
 _SPEC: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "name": (str, False),
@@ -216,7 +216,7 @@ class ClusterProfile:
         """Why cells of ``method`` are not submitted with this profile, None when they are."""
         if method in self.exclude_methods:
             return f"{method} is in the profile's exclude_methods"
-        if method in METHODS_NEEDING_PEER and method not in dict(self.python_for):
+        if get_method(method).peer and method not in dict(self.python_for):
             return (
                 f"{method} needs megatron-core >= 0.19 (Python >= 3.12), which the main environment does not hold; "
                 f'name its interpreter in the profile ([cluster.python_for] "{method}" = ".../.venv-peer/bin/python") '

@@ -76,8 +76,8 @@ def plan_submission(
             f"describes a {profile.device} partition: use a {defn.device} profile "
             f'(e.g. slurm/profiles/local-cpu.toml has device = "cpu") or a {profile.device} sweep'
         )
-    excluded = [(c.key, why) for c in cells if (why := profile.excluded(c.method))]
-    kept = [c for c in cells if not profile.excluded(c.method)]
+    excluded = [(c.key, why) for c in cells if (why := profile.excluded(c.spec.plan.method))]
+    kept = [c for c in cells if not profile.excluded(c.spec.plan.method)]
     if not kept:
         return Plan([], excluded, 0)
     nodes = {profile.nodes_for(c.world) for c in kept}
@@ -93,9 +93,11 @@ def plan_submission(
     est = check_fits(kept, profile)
     by_model: dict[str, list[CellStep]] = {}
     for i, c in enumerate(kept):
-        steps = by_model.setdefault(c.model, [])
+        steps = by_model.setdefault(c.spec.model, [])
         index = len(steps) if allocation == "model" else i
-        steps.append(CellStep(c, index, cell_timeout_min(c, profile), est[c.key], profile.interpreter(c.method)))
+        steps.append(
+            CellStep(c, index, cell_timeout_min(c, profile), est[c.key], profile.interpreter(c.spec.plan.method))
+        )
     jobs = plan_jobs(by_model, profile, nodes.pop(), allocation)
     return Plan(jobs, excluded, peak_nodes(jobs, profile))
 

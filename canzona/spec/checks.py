@@ -1,0 +1,103 @@
+"""Checks across a RunSpec's fields, registered with ``add_check`` and run by ``RunSpec.validate``.
+
+Why here and not in each consumer: a bad layout (TP not dividing the heads, world != tp·pp·dp,
+micro-batch not dividing the global batch ...) must be reported once, in the parent process,
+with a message that names the fix, instead of as a hang or a shape error inside a forked rank,
+and the same message whether the run came from `canzona train`, a sweep cell or bench-step.
+Each check is a function ``(spec, world, gpu) -> None`` raising ConfigError; more register the
+same way.
+"""
+
+from __future__ import annotations
+
+from canzona.errors import ConfigError
+from canzona.spec.run import MAX_MICROBATCHES, RunSpec, add_check
+
+NO_CUDA_FIX = (
+    "install a CUDA build of torch on the nodes (e.g. `make install TORCH_SPEC='torch==2.13.0 "
+    "--index-url https://download.pytorch.org/whl/cu128'`, or the profile's container image), "
+    "or run the cell with --device cpu"
+)
+
+
+@add_check
+def method_and_optimizer(spec: RunSpec, world: int | None, gpu: bool | None) -> None:
+    """The method runs the optimizer; a peer takes none of the Canzona runtime's options; fields of
+    Newton–Schulz stay at their defaults for optimizers without it."""
+    from canzona.spec.methods import get_method
+    from canzona.spec.run import leaves
+
+    method = get_method(spec.plan.method)
+    if not method.runs(spec.optim.optimizer):
+        raise ConfigError(
+            f"method {method.name} runs {', '.join(method.optimizers)} only; use --optimizer {method.optimizers[0]} "
+            f"(got {spec.optim.optimizer!r})"
+        )
+    for name, (_, f, _) in leaves().items():
+        value = spec.flat()[name]
+        if not spec.applies(name) and value != f.default and name != "ns_dtype":
+            flag = "--" + name.replace("_", "-")
+            whose = "Newton–Schulz's" if name == "ns_method" else f"not an option of method {method.name}"
+            raise ConfigError(f"{flag} is {whose}; drop it for {spec.plan.method}/{spec.optim.optimizer}")
+    if not spec.runs_newton_schulz and spec.optim.ns_dtype != "auto":
+        raise ConfigError(
+            f"--ns-dtype sets the Newton-Schulz format; optimizer {spec.optim.optimizer} runs no Newton-Schulz: drop it"
+        )
+
+
+@add_check
+def plan_knobs(spec: RunSpec, world: int | None, gpu: bool | None) -> None:
+    """dp_algo and tp_mode belong to the method's strategy (the planner's own check, run early)."""
+    if spec.is_peer:
+        return
+    from canzona.plan.strategies import resolve_algo
+    from canzona.plan.tp import check_tp_mode
+
+    resolve_algo(spec.plan.method, spec.plan.dp_algo)
+    if spec.plan.tp_mode is not None:
+        check_tp_mode(spec.plan.tp_mode)
+
+
+@add_check
+def model_layout(spec: RunSpec, world: int | None, gpu: bool | None) -> None:
+    """The model exists and the layout divides it; the world and the batch fit the layout."""
+    from canzona.models import get_model
+
+    cfg = get_model(spec.model)  # unknown model -> ConfigError listing the known ones
+    tp, pp, dp = spec.layout.tp, spec.layout.pp, spec.layout.dp
+    cfg.validate_layout(tp=tp, pp=pp)  # heads, KV heads, FFN, vocab, layers
+    if getattr(cfg, "tied_embeddings", False) and pp > 1:
+        raise ConfigError(
+            f"{cfg.name} ties its embeddings; PP>1 would need the shared embedding's gradient all-reduced "
+            "between the first and last stage, which the harness does not do yet; use --pp 1 for tied models"
+        )
+    q_dim, kv_dim = getattr(cfg, "q_dim", None), getattr(cfg, "kv_dim", None)  # the training harness's Qwen3
+    if q_dim is not None and kv_dim is not None and (q_dim % tp or kv_dim % tp):
+        raise ConfigError(f"{cfg.name}: TP={tp} must divide the q/kv projection widths ({q_dim}, {kv_dim})")
+    if world is not None and world != spec.world:
+        fix = f"launch {spec.world} processes"
+        if world % (tp * pp) == 0 and world >= tp * pp:
+            fix += f" or set --dp {world // (tp * pp)}"
+        raise ConfigError(f"world size {world} != tp·pp·dp = {tp}·{pp}·{dp} = {spec.world}; {fix}")
+    per_step = spec.batch.micro_batch * dp
+    if spec.batch.global_batch % per_step:
+        raise ConfigError(
+            f"micro-batch·dp = {spec.batch.micro_batch}·{dp} = {per_step} does not divide global batch "
+            f"{spec.batch.global_batch}; use a global batch that is a multiple of {per_step}"
+        )
+    if spec.num_microbatches > MAX_MICROBATCHES:
+        raise ConfigError(
+            f"global batch {spec.batch.global_batch:,} makes {spec.num_microbatches:,} micro-batches per iteration, "
+            f"over the limit of {MAX_MICROBATCHES:,}; lower --global-batch or raise --micro-batch"
+        )
+
+
+@add_check
+def device(spec: RunSpec, world: int | None, gpu: bool | None) -> None:
+    """A GPU run on a torch without CUDA, or Transformer Engine attention on CPU, stops here."""
+    if gpu is False and spec.machine.device == "gpu":
+        import torch
+
+        raise ConfigError(f"this is a GPU run (--device gpu) but torch {torch.__version__} sees no CUDA; {NO_CUDA_FIX}")
+    if gpu is False and spec.machine.attention == "te":
+        raise ConfigError("--attention te needs Transformer Engine on a GPU; use --attention local on CPU")

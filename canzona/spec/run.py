@@ -1,0 +1,404 @@
+"""The one description of a run: a frozen ``RunSpec``, nested by concern like the runtime's DistConfig.
+
+    RunSpec(model="qwen3-micro", layout=LayoutSpec(tp=2, dp=2), plan=PlanSpec(cooperative=False))
+
+Why one object: a training run used to be spelled five times (the sweep's cell, the argv it built,
+the harness config copied field by field into DistConfig, the projection's scenario and the
+record's ``config``), and every copy drifted (``canzona train`` could not set cooperation at all).
+Every other form is now derived from this one: the CLI flags (``canzona.spec.flags``), the argv a
+sweep cell runs, the record's ``config`` and its cell key (``record_config``), the runtime's
+DistConfig (``RunSpec.dist_config``) and the projection's scenario.
+
+Every leaf field has a unique name, so the flat forms (TOML files, flags, record ``config``) map
+one to one onto it. Field metadata (``knob``) carries the help text, numeric ranges, and whether
+only the Canzona runtime reads it (peers leave it at its default and record None). Checks of
+types and ranges are generic; checks across fields are functions in ``CHECKS`` (``add_check``
+registers more), each raising ConfigError naming the problem and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from typing import TYPE_CHECKING, Any, Literal
+
+from canzona.argtypes import MAX_INT_FLAG
+from canzona.cost import optimizer_names, runs_newton_schulz
+from canzona.errors import ConfigError
+from canzona.plan.schedule import REQUESTABLE_MODES
+from canzona.plan.types import DEFAULT_ALPHA, DP_LAYOUTS, MAX_DP, PlanConfig
+from canzona.results.schema import cell_key
+
+if TYPE_CHECKING:
+    from canzona.runtime.config import DistConfig
+
+Dtype = Literal["fp32", "bf16"]
+NsDtype = Literal["auto", "fp32", "bf16"]
+NsMethod = Literal["standard", "gram", "auto"]
+Device = Literal["auto", "gpu", "cpu"]
+Attention = Literal["auto", "te", "sdpa", "local"]
+Cost = Literal["flops", "numel"]
+DpLayout = Literal["auto", "padded", "exact"]
+CollectiveMode = Literal["auto", "native", "uneven", "per-root"]
+MuonTpMode = Literal["duplicated", "distributed", "blockwise"]
+# Hard limits of a run (beyond them a value is a typo, and would fork or loop for hours before failing)
+MAX_TP = 1024
+MAX_PP = 1024
+MAX_ITERS = 1_000_000
+MAX_MICROBATCHES = 1 << 16
+assert typing.get_args(DpLayout) == DP_LAYOUTS  # the planner's names, spelled as types
+assert typing.get_args(CollectiveMode) == REQUESTABLE_MODES
+
+
+def knob(
+    default: Any, help: str = "", *, lo: float | None = None, hi: float | None = None, canzona: bool = False
+) -> Any:
+    """A spec field: default, flag help, numeric range [lo, hi], and ``canzona``: only the Canzona
+    runtime reads it (a peer must leave it at its default; its record holds None)."""
+    return field(default=default, metadata={"help": help, "lo": lo, "hi": hi, "canzona": canzona})
+
+
+@dataclass(frozen=True)
+class LayoutSpec:
+    tp: int = knob(1, "tensor-parallel size", lo=1, hi=MAX_TP)
+    pp: int = knob(1, "pipeline-parallel size", lo=1, hi=MAX_PP)
+    dp: int = knob(1, "data-parallel size", lo=1, hi=MAX_DP)
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    seq_len: int = knob(128, "tokens per sequence", lo=1)
+    micro_batch: int = knob(1, "sequences per micro-batch", lo=1)
+    global_batch: int = knob(1, "sequences per iteration = micro_batch · dp · num_microbatches", lo=1)
+
+
+@dataclass(frozen=True)
+class LoopSpec:
+    warmup: int = knob(2, "iterations excluded from the timings", lo=0, hi=MAX_ITERS)
+    iters: int = knob(10, "measured iterations", lo=1, hi=MAX_ITERS)
+    seed: int = knob(1234, "seed of weights and synthetic data", lo=0, hi=MAX_INT_FLAG)
+
+
+@dataclass(frozen=True)
+class OptimSpec:
+    """``lr``/``weight_decay`` belong to the matrix optimizer, ``adamw_*`` to the AdamW-routed params
+    (embedding, output layer, norms) and to every param when ``optimizer == "adamw"``."""
+
+    optimizer: str = knob("muon", "matrix optimizer, or adamw for every parameter")
+    lr: float = knob(0.02, "matrix optimizer learning rate", lo=0.0)
+    weight_decay: float = knob(0.0, "matrix optimizer weight decay", lo=0.0)
+    adamw_lr: float = knob(3e-4, "AdamW learning rate (embedding, output layer, norms)", lo=0.0)
+    adamw_weight_decay: float = knob(0.0, "AdamW weight decay", lo=0.0)
+    ns_dtype: NsDtype = knob(
+        "auto",
+        "Newton–Schulz number format (Muon's compute_dtype; Megatron's muon_fp32_matmul_prec for the peer); "
+        "auto: bf16 where the device computes it natively, bf16 for the peer; the record holds the concrete one",
+    )
+    ns_method: NsMethod = knob("standard", "Newton–Schulz method (auto: Gram on long-thin shapes, per shape)")
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    method: str = knob("canzona", "distribution method: a runtime strategy or a peer")
+    # The planner's default: one value everywhere, so a train run executes the plan `canzona plan`
+    # shows. The authors' 1.0 is their preset / sweep variant.
+    alpha: float = knob(DEFAULT_ALPHA, "DP balance: 1 = compute only, 0 = slice bytes only", lo=0.0, hi=1.0)
+    bucket_size: int = knob(40_000_000, "gradient bucket size in elements", lo=1, hi=MAX_INT_FLAG)
+    cost: Cost = knob("flops", "what the planner balances", canzona=True)
+    cooperative: bool = knob(True, "a group of GPUs for the matrices above the mean (canzona + Muon)", canzona=True)
+    dp_algo: str | None = knob(None, "the strategy's DP algorithm (default: the strategy's own)", canzona=True)
+    dp_layout: DpLayout = knob("auto", "padded: NCCL-native equal slices; exact: uneven slices", canzona=True)
+    tp_mode: str | None = knob(None, "TP schedule (default: the strategy's)", canzona=True)
+    capacity_bytes: int | None = knob(None, "TP micro-group capacity in bytes", lo=1, canzona=True)
+
+
+@dataclass(frozen=True)
+class CommSpec:
+    overlap_param_sync: bool = knob(False, "parameter all-gathers overlap the next forward", canzona=True)
+    collective_mode: CollectiveMode = knob("auto", "DP bucket collectives (auto: the α–β model)", canzona=True)
+    # Seconds a collective may wait before the process group fails it: on gloo the step then names
+    # its phase; on NCCL the watchdog aborts the process after this many seconds.
+    collective_timeout_s: int = knob(600, "seconds a collective may wait before it fails", lo=1)
+
+
+@dataclass(frozen=True)
+class PeerSpec:
+    muon_tp_mode: MuonTpMode = knob("duplicated", "megatron-muon only: Megatron's Muon TP mode")
+
+
+@dataclass(frozen=True)
+class MachineSpec:
+    dtype: Dtype = knob("fp32", "parameter number format")
+    device: Device = knob("auto", "gpu: refuse to start without CUDA; cpu: gloo even where CUDA exists")
+    attention: Attention = knob("auto", "te | sdpa (torch's fused kernels) | local (megatron's s x s path)")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything that defines one run (one results line)."""
+
+    model: str = knob("", "model name (canzona models lists them)")
+    layout: LayoutSpec = field(default_factory=LayoutSpec)
+    batch: BatchSpec = field(default_factory=BatchSpec)
+    loop: LoopSpec = field(default_factory=LoopSpec)
+    optim: OptimSpec = field(default_factory=OptimSpec)
+    plan: PlanSpec = field(default_factory=PlanSpec)
+    comm: CommSpec = field(default_factory=CommSpec)
+    peer: PeerSpec = field(default_factory=PeerSpec)
+    machine: MachineSpec = field(default_factory=MachineSpec)
+    variant: str | None = knob(None, "label recorded with the run (a sweep grid's variant, e.g. authors)")
+    name: str | None = knob(None, "the named configuration it came from, if any")
+
+    def __post_init__(self) -> None:
+        check_types(self)
+
+    # ---- derived -------------------------------------------------------------------------
+    @property
+    def world(self) -> int:
+        return self.layout.tp * self.layout.pp * self.layout.dp
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.batch.global_batch // (self.batch.micro_batch * self.layout.dp)
+
+    @property
+    def runs_newton_schulz(self) -> bool:
+        return runs_newton_schulz(self.optim.optimizer)
+
+    @property
+    def is_peer(self) -> bool:
+        from canzona.spec.methods import get_method
+
+        return get_method(self.plan.method).peer
+
+    def plan_config(self, coop_profile: str | None = None) -> PlanConfig:
+        """The planner's config of this run (Canzona methods): the plan section, the optimizer, and
+        where cooperation is priced (None: the runtime's choice for its backend)."""
+        p = self.plan
+        extra: dict[str, Any] = {k: v for k, v in (("dp_algo", p.dp_algo), ("tp_mode", p.tp_mode)) if v is not None}
+        return PlanConfig(
+            strategy=p.method,
+            optimizer=self.optim.optimizer,
+            alpha=p.alpha,
+            bucket_size=p.bucket_size,
+            cost=p.cost,
+            cooperative=p.cooperative,
+            dp_layout=p.dp_layout,
+            capacity_bytes=p.capacity_bytes,
+            coop_profile=coop_profile,
+            **extra,
+        )
+
+    def dist_config(self, *, timers: bool = False) -> DistConfig:
+        """The runtime config of this run (Canzona methods; "auto" formats resolved first by
+        ``resolve``): optimizer options by the optimizer's capabilities, ``plan_config`` as the
+        PlanConfig, the comm section as the CommConfig. ``timers``: phase timers (benchmarks)."""
+        from canzona.optim.adamw import AdamWConfig
+        from canzona.runtime.config import CommConfig, DistConfig, optimizer_config
+
+        o = self.optim
+        if self.is_peer:
+            raise ConfigError(f"method {self.plan.method} is a peer: the harness builds it, not canzona.runtime")
+        opts: dict[str, Any] = {}
+        if o.optimizer != "adamw":
+            opts = {"lr": o.lr, "weight_decay": o.weight_decay}
+        if self.runs_newton_schulz:
+            opts.update(compute_dtype=o.ns_dtype, ns_method=o.ns_method)
+        return DistConfig(
+            optimizer=optimizer_config(o.optimizer, **opts),
+            adamw=AdamWConfig(lr=o.adamw_lr, betas=(0.9, 0.95), weight_decay=o.adamw_weight_decay),
+            plan=dataclasses.replace(self.plan_config(), optimizer=PlanConfig.optimizer),  # follows the optimizer
+            comm=CommConfig(collective_mode=self.comm.collective_mode, overlap_param_sync=self.comm.overlap_param_sync),
+            timers=timers,
+        )
+
+    # ---- flat forms ----------------------------------------------------------------------
+    def flat(self) -> dict[str, Any]:
+        """Every leaf field by its unique name (what TOML files, flags and records spell)."""
+        return {name: value for name, _, value in _walk(self)}
+
+    @classmethod
+    def from_flat(cls, data: Mapping[str, Any], where: str = "spec") -> RunSpec:
+        """A spec from leaf names (TOML, a sweep's settings); unknown names are errors."""
+        unknown = sorted(set(data) - set(leaves()))
+        if unknown:
+            raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)}; known: {', '.join(leaves())}")
+        if not data.get("model"):
+            raise ConfigError(f"{where}: 'model' is required")
+        return RunSpec().replace(**data)
+
+    def replace(self, **overrides: Any) -> RunSpec:
+        """Copy with leaf fields changed by name (None values are ignored, so unset flags pass through)."""
+        sections: dict[str, dict[str, Any]] = {}
+        top: dict[str, Any] = {}
+        for key, value in overrides.items():
+            if value is None:
+                continue
+            if key not in leaves():
+                raise ConfigError(f"unknown run field {key!r}; known: {', '.join(leaves())}")
+            section = leaves()[key][0]
+            (sections.setdefault(section, {}) if section else top)[key] = value
+        for section, values in sections.items():
+            top[section] = dataclasses.replace(getattr(self, section), **values)
+        return dataclasses.replace(self, **top)
+
+    def record_config(self) -> dict[str, Any]:
+        """The record's ``config``: every leaf, ``world`` and ``num_microbatches``; None where a field
+        does not apply (Newton–Schulz fields of other optimizers, Canzona-runtime fields of a peer,
+        a peer's own fields of every other method)."""
+        out: dict[str, Any] = {"world": self.world, "num_microbatches": self.num_microbatches}
+        for name, f, value in _walk(self):
+            out[name] = value if self.applies(name, f) else None
+        return out
+
+    def applies(self, name: str, f: dataclasses.Field[Any] | None = None) -> bool:
+        """Whether field ``name`` means anything for this run's method and optimizer."""
+        from canzona.spec.methods import get_method, peer_options
+
+        f = f or leaves()[name][1]
+        method = get_method(self.plan.method)
+        if name in ("ns_dtype", "ns_method"):
+            return self.runs_newton_schulz
+        if f.metadata.get("canzona"):
+            return not method.peer
+        if name in peer_options():
+            return name in method.peer_options
+        return True
+
+    @classmethod
+    def from_record(cls, config: Mapping[str, Any], where: str = "record") -> RunSpec:
+        """The spec of a record's ``config`` (None: the field did not apply; a field a record
+        written before it existed lacks takes its default)."""
+        data = {k: v for k, v in config.items() if k in leaves() and v is not None}
+        spec = cls.from_flat(data, where)
+        if config.get("world") not in (None, spec.world):
+            raise ConfigError(f"{where}: world {config['world']} != tp·pp·dp of its config ({spec.world})")
+        return spec
+
+    @property
+    def cell_key(self) -> str:
+        return cell_key(self.record_config())
+
+    # ---- checks --------------------------------------------------------------------------
+    def validate(self, world: int | None = None, *, gpu: bool | None = None) -> RunSpec:
+        """Return self if the run can start, else raise ConfigError naming the problem and the fix.
+
+        ``world``: the number of processes that will run it; ``gpu``: whether ranks get a GPU
+        (None: device-dependent checks are skipped). Runs every check of ``CHECKS``.
+        """
+        for check in CHECKS:
+            check(self, world, gpu)
+        return self
+
+    def resolve(self, *, gpu: bool) -> RunSpec:
+        """A copy with every "auto" made concrete for a machine with (``gpu``) or without CUDA: the
+        ONE place ``device``, ``ns_dtype`` and ``attention`` "auto" are resolved. Why before launch:
+        the record and the cell key carry the concrete formats, and the parent must reject a GPU run
+        on a CUDA-less torch before forking or joining any group."""
+        import importlib.util
+
+        self.validate(gpu=gpu)
+        on_gpu = self.machine.device == "gpu" or (self.machine.device == "auto" and gpu)
+        ns: str = self.optim.ns_dtype
+        if ns == "auto" and self.runs_newton_schulz:
+            # the peer's default is Megatron's muon_fp32_matmul_prec="medium", i.e. bf16 Newton-Schulz
+            ns = "bf16" if self.is_peer else _native_ns_dtype(on_gpu)
+        attention = self.machine.attention
+        if attention == "auto":
+            # find_spec, not import: importing TE may initialise CUDA, and forked ranks follow
+            te = importlib.util.find_spec("transformer_engine") is not None
+            attention = ("te" if te else "sdpa") if on_gpu else "local"
+        return self.replace(device="gpu" if on_gpu else "cpu", ns_dtype=ns, attention=attention)
+
+
+def _native_ns_dtype(gpu: bool) -> str:
+    import torch
+
+    from canzona.optim.precision import compute_dtype_name
+
+    return compute_dtype_name("auto", torch.device("cuda" if gpu else "cpu"))
+
+
+# ---- the leaves ---------------------------------------------------------------------------
+def _walk(spec: RunSpec) -> Iterator[tuple[str, dataclasses.Field[Any], Any]]:
+    for name, (section, f, _) in leaves().items():
+        yield name, f, getattr(getattr(spec, section) if section else spec, name)
+
+
+@cache
+def leaves() -> dict[str, tuple[str, dataclasses.Field[Any], Any]]:
+    """Leaf name -> (section attribute, or "" at top level; its dataclass field; its type)."""
+    out: dict[str, tuple[str, dataclasses.Field[Any], Any]] = {}
+    hints = typing.get_type_hints(RunSpec)
+    for f in dataclasses.fields(RunSpec):
+        t = hints[f.name]
+        if dataclasses.is_dataclass(t):
+            sub = typing.get_type_hints(t)
+            for g in dataclasses.fields(t):
+                assert g.name not in out, f"spec leaf {g.name} twice"
+                out[g.name] = (f.name, g, sub[g.name])
+        else:
+            out[f.name] = ("", f, t)
+    return out
+
+
+def choices(name: str) -> tuple[str, ...] | None:
+    """The allowed values of a string knob: its Literal, or the registry it names."""
+    from canzona.spec.methods import method_names
+
+    t = leaves()[name][2]
+    if typing.get_origin(t) is Literal:
+        return typing.get_args(t)
+    return {"optimizer": optimizer_names, "method": method_names}.get(name, lambda: None)()
+
+
+def check_types(spec: RunSpec) -> None:
+    """Every leaf has its annotated type, lies in its range and, for string knobs, among its choices."""
+    for name, f, value in _walk(spec):
+        t = leaves()[name][2]
+        optional = type(None) in typing.get_args(t)
+        if value is None:
+            if not optional:
+                raise ConfigError(f"{name.replace('_', '-')} must be set")
+            continue
+        base = next((a for a in typing.get_args(t) if a is not type(None)), t) if optional else t
+        _check_value(name, f, base, value)
+
+
+def _check_value(name: str, f: dataclasses.Field[Any], base: Any, value: Any) -> None:
+    flag = name.replace("_", "-")
+    lo, hi = f.metadata.get("lo"), f.metadata.get("hi")
+    if base is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{flag} must be true or false, got {value!r}")
+    elif base is int:
+        if isinstance(value, bool) or not isinstance(value, int) or (lo is not None and value < lo):
+            want = "a positive integer" if lo == 1 else "a non-negative integer" if lo == 0 else "an integer"
+            raise ConfigError(f"{flag} must be {want}, got {value!r}")
+        if value > (most := int(hi if hi is not None else MAX_INT_FLAG)):
+            raise ConfigError(f"{name} = {value:,} is over the limit of {most:,}; check the value")
+    elif base is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok or (lo is not None and value < lo) or (hi is not None and value > hi):
+            span = f"[{lo:g}, {hi:g}]" if hi is not None else f">= {lo:g}"
+            raise ConfigError(f"{flag} must be a finite number {span}, got {value!r}")
+        if name in ("lr", "adamw_lr") and value <= 0:
+            raise ConfigError(f"{flag} must be > 0, got {value}")
+    elif not isinstance(value, str):
+        raise ConfigError(f"{flag} must be a string, got {value!r}")
+    elif (allowed := choices(name)) is not None and value not in allowed:
+        raise ConfigError(f"unknown {name} {value!r}; choose one of {', '.join(allowed)}")
+
+
+Check = Callable[[RunSpec, "int | None", "bool | None"], None]
+CHECKS: list[Check] = []
+
+
+def add_check(check: Check) -> Check:
+    """Register a cross-field check ``check(spec, world, gpu)`` run by ``RunSpec.validate``."""
+    CHECKS.append(check)
+    return check
