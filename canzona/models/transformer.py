@@ -102,7 +102,7 @@ class TransformerConfig:
         for k, v in (("tp", tp), ("pp", pp), ("ep", ep)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{k} must be an integer >= 1 (got tp={tp}, pp={pp}, ep={ep})")
-        checks = [("attention heads", self.heads), ("KV heads", self.kv_heads), ("vocab", self.vocab)]
+        checks = [("attention heads", self.heads), ("KV heads", self.kv_heads)]
         if any(not self.is_moe(i) for i in range(self.layers)):
             checks.append(("FFN size", self.ffn))
         if self.experts:
@@ -112,6 +112,12 @@ class TransformerConfig:
         for what, n in checks:
             if n % tp:
                 raise ConfigError(f"{self.name}: TP={tp} does not divide its {what} ({n}); pick TP dividing {n}")
+        if self.vocab % tp:  # Megatron-LM's make_vocab_size_divisible_by (128) x TP padding
+            padded = -(-self.vocab // (128 * tp)) * 128 * tp
+            raise ConfigError(
+                f"{self.name}: TP={tp} does not divide its vocab ({self.vocab}); give vocab_size {padded} "
+                f"(padded as Megatron-LM pads: a multiple of 128·TP), or pick TP dividing {self.vocab}"
+            )
         if self.layers % pp:
             raise ConfigError(
                 f"{self.name}: PP={pp} does not divide its {self.layers} layers; pick PP dividing {self.layers}"
