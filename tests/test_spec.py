@@ -161,3 +161,26 @@ def test_committed_records_read_as_specs(path: Path) -> None:
         assert spec.cell_key == rec["cell"], f"{path}:{no}"
         n += 1
     assert n > 0
+
+
+def test_a_registered_strategy_is_a_method_everywhere_with_its_capabilities() -> None:
+    """Registering a strategy makes it a value of the method knob (flags, spec, sweep grids) with no
+    other edit; what it may do comes from its entry (cooperation here), not from its name."""
+    import dataclasses as dc
+
+    from canzona.plan.coop import applies
+    from canzona.plan.strategies import STRATEGIES, register_strategy, unregister_strategy
+    from canzona.spec import method_names
+
+    toy = dc.replace(STRATEGIES["canzona"], name="toy-canzona", cooperative=False)
+    register_strategy(toy)
+    try:
+        assert "toy-canzona" in method_names()
+        spec = BASE.replace(method="toy-canzona").validate(4)
+        assert parse_argv(to_argv(spec)) == spec and spec.record_config()["method"] == "toy-canzona"
+        assert applies("canzona", "muon", "flops", True) and not applies("toy-canzona", "muon", "flops", True)
+        assert not applies("canzona", "shampoo", "flops", True)  # Shampoo's cost entry is not cooperative
+    finally:
+        unregister_strategy("toy-canzona")
+    with pytest.raises(ConfigError, match="unknown method 'toy-canzona'"):
+        BASE.replace(method="toy-canzona")

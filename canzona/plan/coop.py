@@ -323,8 +323,15 @@ def candidates(
 
 
 def applies(strategy: str, optimizer: str, cost_kind: str, enabled: bool) -> bool:
-    """Cooperation is Canzona's, for Muon (Shampoo/SOAP factors do not shard), priced in FLOPs."""
-    return enabled and strategy == "canzona" and optimizer == "muon" and cost_kind == "flops"
+    """Cooperation needs a cooperative strategy (canzona) and a cooperative optimizer (Muon: its
+    Newton–Schulz splits; Shampoo/SOAP factors do not), priced in FLOPs: capabilities of the
+    registry entries (``Strategy.cooperative``, ``MatrixCost.cooperative``), not names."""
+    from canzona.cost import cost_for
+    from canzona.plan.strategies import get_strategy
+
+    if not enabled or cost_kind != "flops":
+        return False
+    return get_strategy(strategy).cooperative and cost_for(optimizer).cooperative
 
 
 def fit_buckets(

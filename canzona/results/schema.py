@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from canzona.cost import runs_newton_schulz
 from canzona.errors import ConfigError
 
 SCHEMA_VERSION = 2
@@ -41,8 +42,9 @@ CELL_FIELDS = ("model", "tp", "pp", "dp", "method", "optimizer", "seq_len", "glo
 CELL_FIELDS_V1 = ("model", "tp", "pp", "dp", "method", "optimizer", "seq_len", "global_batch")
 REQUIRED_CONFIG = ("model", "tp", "pp", "dp", "world", "method", "optimizer", "dtype", "ns_dtype")
 DTYPES = ("fp32", "bf16")
-# Optimizers whose step runs Newton-Schulz (and so have an ns_dtype); the others record null.
-NS_OPTIMIZERS = ("muon",)
+# The optimizers whose step ran Newton-Schulz when version-1 lines were written (a historical fact
+# the upgrade relies on); today's list is the optimizer registry's (canzona.cost.runs_newton_schulz).
+V1_NS_OPTIMIZERS = ("muon",)
 REQUIRED_TOP = ("schema_version", "kind", "provenance", "config", "env", "timings", "cell")
 PROVENANCES = ("measured", "projected")
 
@@ -59,7 +61,7 @@ def cell_key(config: dict[str, Any]) -> str:
 def ns_dtype_for(optimizer: str, ns_dtype: str | None) -> str | None:
     """The ns_dtype a record of ``optimizer`` carries: the format for Newton-Schulz optimizers,
     None for the others (so a Shampoo cell is not split into two by a setting it never uses)."""
-    return ns_dtype if optimizer in NS_OPTIMIZERS else None
+    return ns_dtype if runs_newton_schulz(optimizer) else None
 
 
 def _v1_ns_dtype(record: dict[str, Any]) -> str | None:
@@ -75,7 +77,7 @@ def _v1_ns_dtype(record: dict[str, Any]) -> str | None:
     Anything else returns None: the caller refuses the line rather than guess.
     """
     cfg, env = record["config"], record.get("env") or {}
-    if cfg.get("optimizer") not in NS_OPTIMIZERS:
+    if cfg.get("optimizer") not in V1_NS_OPTIMIZERS:
         return None
     if record.get("provenance") == "projected":
         return cfg.get("dtype") if cfg.get("dtype") in DTYPES else None
@@ -100,7 +102,7 @@ def upgrade_v1(record: dict[str, Any], where: str = "record") -> dict[str, Any]:
             f"{where}: schema_version 1 line without a dtype (fp32|bf16); rerun the cell to get a version-2 line"
         )
     ns = _v1_ns_dtype(record)
-    if ns is None and cfg.get("optimizer") in NS_OPTIMIZERS:
+    if ns is None and cfg.get("optimizer") in V1_NS_OPTIMIZERS:
         raise ResultsError(
             f"{where}: schema_version 1 line whose Newton-Schulz format cannot be told from its env "
             f"(device {record.get('env', {}).get('device')!r}, backend {record.get('env', {}).get('backend')!r}); "
@@ -133,7 +135,7 @@ def validate(record: dict[str, Any], where: str = "record") -> dict[str, Any]:
         raise ResultsError(f"{where}: config lacks {', '.join(missing)}")
     if cfg["dtype"] not in DTYPES:
         raise ResultsError(f"{where}: config.dtype must be one of {DTYPES}, got {cfg['dtype']!r}")
-    want_ns = DTYPES if cfg["optimizer"] in NS_OPTIMIZERS else (None,)
+    want_ns = DTYPES if runs_newton_schulz(cfg["optimizer"]) else (None,)
     if cfg["ns_dtype"] not in want_ns:
         raise ResultsError(
             f"{where}: config.ns_dtype must be one of {want_ns} for optimizer {cfg['optimizer']!r}, "

@@ -22,7 +22,6 @@ this rank owns and cast into the parameter buffer before the all-gather.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -109,7 +108,6 @@ class DistributedOptimizer:
         self.step_count = 0
         self.timer = PhaseTimer(self.device, enabled=config.timers)
         self._synced = False
-        self._grad_sync_ms = 0.0
         self.plan = self._make_plan() if self.matrix_names else None
         self.schedule = self._lower()
         self._build()
@@ -271,11 +269,9 @@ class DistributedOptimizer:
 
     def finish_grad_sync(self) -> None:
         """Launch whatever the hooks did not, wait for every bucket's DP reduction, sum TP partials."""
-        t0 = time.perf_counter()
         with self.timer.phase("grad_sync"):
             self.dps.wait_params()
             self.dps.finish()
-        self._grad_sync_ms = (time.perf_counter() - t0) * 1e3
         self._synced = True
 
     # ---------------------------------------------------------------- step
@@ -310,7 +306,6 @@ class DistributedOptimizer:
         """One optimizer step. Issues the schedule's calls; ONE host sync (the global norm)."""
         if not self._synced:
             self.finish_grad_sync()
-        t0 = time.perf_counter()
         with self.timer.phase("total"):
             info = self._check()
             if not info.skipped:
@@ -332,7 +327,6 @@ class DistributedOptimizer:
                     self.dps.launch_param_sync()
                     if not self.config.comm.overlap_param_sync:
                         self.dps.wait_params()
-        self._step_ms = (time.perf_counter() - t0) * 1e3
         self.dps.needs_zero = True
         self._synced = False
         return info

@@ -23,7 +23,7 @@ from typing import Any
 
 import tomllib
 
-from canzona.cost import CostSettings, matrix_flops, ns_member_flops, ns_method_for
+from canzona.cost import CostSettings, matrix_flops, ns_member_flops, ns_method_for, runs_newton_schulz
 from canzona.errors import ConfigError
 from canzona.plan import comm as plan_comm
 from canzona.plan.types import Layout
@@ -302,8 +302,8 @@ def comm_model(profile: Profile, layout: Layout) -> plan_comm.CommModel:
 
 def _resolved_method(optimizer: str, shape: tuple[int, int], settings: CostSettings) -> str:
     """Which Newton–Schulz method runs on ``shape`` (``auto`` resolved); "standard" for other optimizers."""
-    if optimizer != "muon" or settings.ns_method != "auto":
-        return settings.ns_method if optimizer == "muon" else "standard"
+    if not runs_newton_schulz(optimizer) or settings.ns_method != "auto":
+        return settings.ns_method if runs_newton_schulz(optimizer) else "standard"
     return ns_method_for(shape, settings.ns_steps, settings.ns_restarts)
 
 

@@ -103,14 +103,14 @@ def _layout(args: argparse.Namespace):
 
 def _cost_model(args: argparse.Namespace, specs):
     """The cost model; with a measured table, a note on stderr for shapes it scales by FLOPs."""
-    from canzona.cost import CostModel, CostSettings, MeasuredTable
+    from canzona.cost import CostModel, CostSettings, MeasuredTable, runs_newton_schulz
 
     if args.cost_table and args.cost != "measured":
         raise ConfigError("--cost-table is only used with --cost measured")
     table = MeasuredTable.load(args.cost_table, strict=args.strict) if args.cost_table else None
     settings = CostSettings(ns_method=args.ns_method) if args.ns_method else CostSettings()
-    if args.ns_method and args.optimizer != "muon":
-        raise ConfigError(f"--ns-method is Muon's; --optimizer is {args.optimizer}")
+    if args.ns_method and not runs_newton_schulz(args.optimizer):
+        raise ConfigError(f"--ns-method sets Newton–Schulz; optimizer {args.optimizer} runs none: drop it")
     cm = CostModel(args.optimizer, args.cost, settings, table=table)
     if table is not None:
         missing = sorted(

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from canzona.cost import CostModel
+from canzona.cost import CostModel, cost_for
 from canzona.models import Model
 from canzona.plan.build import plan_model
 from canzona.plan.readers.metrics import gpu_loads, plan_metrics
@@ -51,7 +51,7 @@ def compare(
     name = model if isinstance(model, str) else model.name
     rows = []
     table = list(COMPARE_ROWS)
-    if config.cooperative and config.optimizer == "muon":
+    if config.cooperative and cost_for(config.optimizer).cooperative:
         table.append(("canzona refine, cooperative", "canzona", "refine"))
     for lab, strategy, algo in table:
         if layout.ep > 1 and strategy not in ("canzona", "asc"):

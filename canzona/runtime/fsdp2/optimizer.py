@@ -28,7 +28,6 @@ runs the same schedule on its own shard group (the compute is repeated per repli
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
@@ -192,7 +191,6 @@ class FSDP2Optimizer:
     @torch.no_grad()
     def step(self) -> StepInfo:
         """One optimizer step: the schedule's calls and ONE host sync (the global norm)."""
-        t0 = time.perf_counter()
         with self.timer.phase("total"):
             grads = self._grads()
             info = self._check(grads)
@@ -202,7 +200,6 @@ class FSDP2Optimizer:
                 self._run_matrices(grads)
                 with self.timer.phase("compute"):
                     self._run_adamw(grads)
-        self._step_ms = (time.perf_counter() - t0) * 1e3
         return info
 
     def _run_matrices(self, grads: dict[str, torch.Tensor]) -> None:
