@@ -40,7 +40,7 @@ from typing import Any
 
 from canzona.analysis.projection import COLLECTIVES, PROFILE_DIR, ring_terms
 from canzona.argtypes import int_in, output_file, positive_int
-from canzona.cost import matrix_flops
+from canzona.cost import matrix_flops, matrix_optimizer_names
 
 DEFAULT_SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)  # bytes per collective buffer (up to a qwen3-tiny bucket)
 
@@ -372,7 +372,7 @@ def write_profile(c: dict[str, Any], out: str | Path | None = None, raw_out: str
 def configure(p: Any) -> None:
     """`canzona calibrate-cpu` options."""
     p.add_argument("--model", default="qwen3-tiny", help="model whose matrix shapes are timed (default qwen3-tiny)")
-    p.add_argument("--optimizer", default="muon", choices=("muon", "shampoo", "soap"))
+    p.add_argument("--optimizer", default="muon", choices=matrix_optimizer_names())
     p.add_argument("--nproc", type=int_in(1, 1024), default=4, help="forked ranks, as in the runs to be projected")
     p.add_argument("--dp", type=positive_int, default=2)
     p.add_argument("--tp", type=positive_int, default=2)

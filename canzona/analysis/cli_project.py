@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from canzona.argtypes import existing_path, positive_int, unit_float
-from canzona.cost import NS_METHODS
+from canzona.cost import NS_METHODS, matrix_optimizer_names
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -53,7 +53,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--overlap", action="append", choices=("none", "megatron"), help="overlap view; repeatable (default none)"
     )
-    p.add_argument("--optimizer", default="muon", choices=("muon", "shampoo", "soap"))
+    p.add_argument("--optimizer", default="muon", choices=matrix_optimizer_names())
     p.add_argument("--seq-len", type=positive_int, default=4096)
     p.add_argument("--global-batch", type=positive_int, default=256, help="sequences per iteration")
     p.add_argument("--micro-batch", type=positive_int, default=1)

@@ -15,11 +15,14 @@ from canzona.analysis.projection.phases import StageProjection, project_stage
 from canzona.cost import NS_METHODS, CostModel, CostSettings
 from canzona.errors import ConfigError
 from canzona.plan.types import DEFAULT_ALPHA, Layout, Plan, PlanConfig
+from canzona.spec import get_method, method_names
 
 if TYPE_CHECKING:
     from canzona.optim.base import MatrixOptimizer
 
-METHODS = ("sc", "layerwise", "asc", "canzona")
+# The methods the projection models: the runtime's strategies (the strategy registry through
+# canzona.spec); a peer is projected as the strategy of its lineage.
+METHODS = method_names(peers=False)
 
 
 @dataclass(frozen=True)
@@ -95,10 +98,12 @@ def make_plans(s: Scenario, profile: Profile | None = None) -> list[Plan]:
     import canzona.plan as cplan
     from canzona.models import get_model
 
-    if s.method not in METHODS:
+    known = method_names(peers=False)
+    if s.method not in known:
+        lineage = get_method(s.method).lineage if s.method in method_names() else ""
         raise ConfigError(
-            f"the projection models sc, layerwise, asc and canzona, not {s.method!r} "
-            "(megatron-muon is the layer-wise lineage: project 'layerwise')"
+            f"the projection models {', '.join(known)}, not {s.method!r}"
+            + (f" ({s.method} is the {lineage} lineage: project {lineage!r})" if lineage else "")
         )
     cost = CostModel(s.optimizer, s.cost, cost_settings_for(s, profile))  # type: ignore[arg-type]
     return list(
