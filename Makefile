@@ -12,7 +12,7 @@ PYTEST_ARGS ?= -n 2 -q
 .PHONY: help install lint test test-hypothesis test-slurm slurm-up slurm-down mutants reproduce-table2 table2 notebook planner-bench bench-step bench-ns clean-venv megatron-peer-env gpu-check gpu-wheels
 
 help:
-	@echo "make reproduce-table2   run the Table-2 reproduction (Slurm if present, else the embedded local default)"
+	@echo "make reproduce-table2   run the Table-2 reproduction (Slurm if present, else the embedded local default; FULL=1: every suite)"
 	@echo "make test               install test deps if missing, lint (ruff), run the test suite"
 	@echo "make test-hypothesis    the long randomised property run (fresh seed, 20x examples; minutes)"
 	@echo "make lint               ruff check + ruff format --check + mypy (type check of canzona/)"
@@ -78,9 +78,10 @@ mutants: $(STAMP)
 
 # Slurm when sbatch is on PATH (or CLUSTER=slurm), with PROFILE=slurm/profiles/<site>.toml,
 # optionally SWEEP=slurm/sweeps/<x>.toml (default table2.toml), WAIT=1 and PLANNER=1 (the planner
-# analysis after waiting); otherwise the embedded local default (CLUSTER=local forces it).
+# analysis after waiting); otherwise the embedded local default (CLUSTER=local forces it): a reduced
+# run of a few minutes that writes every Table-2 artifact, or with FULL=1 every cell, bench run and suite.
 reproduce-table2: $(STAMP)
-	$(VPY) experiments/reproduce_table2.py $(if $(CLUSTER),--cluster $(CLUSTER)) $(if $(PROFILE),--profile $(PROFILE)) $(if $(SWEEP),--sweep $(SWEEP)) $(if $(WAIT),--wait) $(if $(PLANNER),--planner)
+	$(VPY) experiments/reproduce_table2.py $(if $(CLUSTER),--cluster $(CLUSTER)) $(if $(PROFILE),--profile $(PROFILE)) $(if $(SWEEP),--sweep $(SWEEP)) $(if $(WAIT),--wait) $(if $(PLANNER),--planner) $(if $(FULL),--full)
 
 # Collect finished sweeps (runs/<sweep>/ -> results/<sweep>.jsonl) and rebuild results/table2.*.
 table2: $(STAMP)
@@ -97,7 +98,7 @@ planner-bench: $(STAMP)
 # The measured optimizer-step runs of the embedded reproduction, alone (BENCH_RUNS in
 # experiments/reproduce_table2.py: qwen3-tiny, qwen3-32b-w16, qwen3-tiny-widefc1 on 4 gloo ranks).
 bench-step: $(STAMP)
-	$(VPY) experiments/reproduce_table2.py --cluster local --only bench-step
+	$(VPY) experiments/reproduce_table2.py --cluster local --full --only bench-step
 
 # bench-step's FSDP2 sibling: the same Qwen3-shaped fully_shard model trained side by side on 4 gloo ranks.
 bench-fsdp2: $(STAMP)

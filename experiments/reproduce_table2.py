@@ -7,24 +7,40 @@ failed) or returns; ``make table2`` (``--collect-only``) then collects every swe
 and builds the table. The planner analysis is heavy (minutes of CPU), so in Slurm mode it runs
 only with ``--planner``, never by default on a login node.
 
-Everywhere else it runs the embedded default, each step labelled with what its numbers are:
+Everywhere else it runs the embedded default, each step labelled with what its numbers are. By
+default a reduced run (a few minutes on 2 cores) that still writes every artifact of Table 2;
+``--full`` (``make reproduce-table2 FULL=1``) runs every cell, bench run and planner suite:
 
   1. local-sweep  MEASURED on this CPU: the scaled-down sweep (slurm/sweeps/local.toml,
-                  qwen3-tiny, 4 forked gloo ranks, every method) -> results/table2-local.jsonl
-  2. planner      ANALYSIS at the true 256-GPU scale: `canzona plan-bench` -> results/planner/
-  3. projection   PROJECTED 256-GPU times from the plans + GPU hardware profiles:
+                  qwen3-tiny, 4 forked gloo ranks; reduced: DP2xTP2, one number format)
+                  -> results/table2-local.jsonl
+  2. bench-step   MEASURED on this CPU: optimizer-step latency (BENCH_RUNS; reduced: QUICK_BENCH)
+                  -> results/bench_step/
+  3. planner      ANALYSIS at the true 256-GPU scale: `canzona plan-bench` -> results/planner/
+                  (reduced: Table 2's five layouts -> results/planner/table2/)
+  4. projection   PROJECTED 256-GPU times from the plans + GPU hardware profiles:
                   `canzona project --preset paper` -> results/projected.jsonl (+ the sensitivity,
                   batch and beyond-the-paper studies), `--preset authors` -> results/projected_authors.jsonl
-  4. table2       `canzona table2` over every results file -> results/table2.csv, table2.md, PNGs
+  5. calibration  MEASURED: this CPU's cpu-local profile (full only; reduced reuses the committed one)
+  6. validation   the projection against this run's measured steps
+  7. table2       `canzona table2` over every results file -> results/table2.csv, table2.md, PNGs
+  8. notebook     analysis/table2.ipynb executed headless -> results/table2.ipynb
+
+"Measured here" means measured here: a cell or bench run counts as done only by a line this
+machine measured at this commit (``canzona.results.env.measured_here``: host, device, commit), so
+a clone re-measures what it carries from elsewhere and a rerun resumes; the table keeps every
+other line apart as a labelled reference (``canzona.analysis.load.split_latest``).
 
 A step whose command does not exist yet is reported as "not available yet: <reason>" and
 skipped; nothing is ever filled in for it. Steps run as subprocesses so one broken step
-cannot take the others down, and each prints its wall time.
+cannot take the others down; each prints its wall time, and the job prints "step i of n" with
+the time spent and an estimate of the rest from the step budgets (``BUDGET_S``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import subprocess
 import sys
@@ -36,6 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # runnable from a checkout without installing
 
 from canzona.errors import ConfigError  # noqa: E402 - after the sys.path line above
+from canzona.results.env import measured_here, this_machine  # noqa: E402
 from canzona.sweep.definition import Cell  # noqa: E402
 
 LOCAL_SWEEP = ROOT / "slurm/sweeps/local.toml"
@@ -44,7 +61,17 @@ RESULTS = ROOT / "results"
 PY = sys.executable
 PEER_PY = ROOT / ".venv-peer" / "bin" / "python"
 BENCH = RESULTS / "bench_step" / "bench_step.jsonl"
-STEP_NAMES = ("local-sweep", "bench-step", "planner", "projection", "calibration", "validation", "table2")
+PLANNER_QUICK = RESULTS / "planner" / "table2"  # the reduced planner's folder: Table 2's layouts only
+STEP_NAMES = (
+    "local-sweep",
+    "bench-step",
+    "planner",
+    "projection",
+    "calibration",
+    "validation",
+    "table2",
+    "notebook",
+)
 # The bench-step runs (`make bench-step` runs exactly these): 4 gloo ranks, Muon, 20 measured steps.
 # (output tag, extra bench-step arguments, whether its lines go to the results file). A run that forces
 # a setting the results schema does not key on (the collective mode) writes its JSON only, so it never
@@ -79,6 +106,42 @@ BENCH_RUNS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
     ("widefc1_dp4_tp1", _WIDE, True),
     ("widefc1_dp4_tp1_nsfp32", (*_WIDE, "--ns-dtype", "fp32"), True),
 )
+# The reduced default's bench runs: one per structure Table 2's measured section shows (qwen3-tiny with
+# every strategy; Qwen3-32B's structure at 1/16 width in fp32 Newton–Schulz, what the projection validates).
+QUICK_BENCH = ("dp2_tp2", "w16_dp2_tp2_nsfp32")
+
+
+def quick_cell(cell: Cell) -> bool:
+    """The reduced sweep's cells: DP2×TP2 (Canzona's DP partition and TP micro-groups both run), every
+    method, Newton–Schulz in bf16 (the format every method shares)."""
+    return cell.dp == 2 and cell.tp == 2 and cell.ns_dtype == "bf16"
+
+
+# Step budgets in seconds: each step's wall time on our idle 2-core VM (README "Set up"), reduced and
+# full. They are what the progress line's estimate of the rest is made of, scaled by how fast this
+# run has gone so far against them (a loaded machine finishes later, and the estimate says so).
+BUDGET_S = {
+    "reduced": {
+        "local-sweep": 110,
+        "bench-step": 70,
+        "planner": 15,
+        "projection": 40,
+        "calibration": 0,
+        "validation": 10,
+        "table2": 20,
+        "notebook": 25,
+    },
+    "full": {
+        "local-sweep": 420,
+        "bench-step": 300,
+        "planner": 1020,
+        "projection": 40,
+        "calibration": 60,
+        "validation": 15,
+        "table2": 20,
+        "notebook": 25,
+    },
+}
 
 
 @dataclass
@@ -88,11 +151,46 @@ class Step:
     status: str = "pending"  # ok | failed | not available yet | skipped
     detail: str = ""
     seconds: float = 0.0
+    cpu_seconds: float = 0.0  # CPU time of its processes: on a shared machine, what an idle one would wait
     outputs: list[str] = field(default_factory=list)
 
 
-def banner(step: Step) -> None:
-    print(f"\n=== [{step.name}] {step.label} ===", flush=True)
+class Progress:
+    """One overall progress line per step: step i of n, time spent, and an estimate of the rest from
+    ``BUDGET_S`` scaled by this run's pace so far (printed, not drawn: it reads the same in a CI log)."""
+
+    def __init__(self, steps: list[Step], budgets: dict[str, float]) -> None:
+        self.steps, self.budgets, self.t0 = steps, budgets, time.monotonic()
+        self.done_budget = self.cpu0 = self.step_t0 = 0.0
+
+    def start(self, step: Step) -> None:
+        runs = [s for s in self.steps if s.status != "skipped"]
+        i = runs.index(step) + 1
+        elapsed = time.monotonic() - self.t0
+        left = sum(self.budgets.get(s.name, 0) for s in runs[i - 1 :])
+        pace = elapsed / self.done_budget if self.done_budget > 0 else 1.0
+        print(
+            f"\n=== step {i} of {len(runs)} [{step.name}] · {_mmss(elapsed)} so far · about {_mmss(left * pace)} "
+            f"left ===\n{step.label}",
+            flush=True,
+        )
+        self.cpu0, self.step_t0 = _children_cpu(), time.monotonic()
+
+    def finish(self, step: Step) -> None:
+        self.done_budget += self.budgets.get(step.name, 0)
+        step.seconds, step.cpu_seconds = time.monotonic() - self.step_t0, _children_cpu() - self.cpu0
+
+
+def _children_cpu() -> float:
+    """User + system seconds of the finished child processes (and theirs: the forked ranks)."""
+    import resource
+
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime
+
+
+def _mmss(seconds: float) -> str:
+    return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
 
 
 def command_available(name: str) -> tuple[bool, str]:
@@ -107,17 +205,18 @@ def command_available(name: str) -> tuple[bool, str]:
     return False, why
 
 
-def run_command(step: Step, argv: list[str]) -> None:
-    """Run `canzona ...` as a step; its output streams through."""
-    ok, why = command_available(argv[0])
-    if not ok:
-        step.status, step.detail = "not available yet", why
-        print(f"not available yet: {why}")
-        return
-    print("$ canzona " + " ".join(argv), flush=True)
+def run_command(step: Step, argv: list[str], module: str = "canzona") -> None:
+    """Run `canzona ...` (or ``python -m module ...``) as a step; its output streams through."""
+    if module == "canzona":
+        ok, why = command_available(argv[0])
+        if not ok:
+            step.status, step.detail = "not available yet", why
+            print(f"not available yet: {why}")
+            return
+    print(f"$ {'canzona' if module == 'canzona' else 'python -m ' + module} " + " ".join(argv), flush=True)
     t0 = time.monotonic()
-    rc = subprocess.run([PY, "-m", "canzona", *argv], cwd=ROOT).returncode
-    step.seconds = time.monotonic() - t0
+    rc = subprocess.run([PY, "-m", module, *argv], cwd=ROOT).returncode
+    step.seconds += time.monotonic() - t0
     step.status = "ok" if rc == 0 else "failed"
     step.detail = "" if rc == 0 else f"exit code {rc}"
 
@@ -131,7 +230,17 @@ def local_builder(cell: Cell, results: Path, nproc: int | None) -> list[str]:
     return train_command(cell, results, nproc, python=str(PEER_PY) if peer else None)
 
 
-def local_sweep(step: Step, progress: bool) -> Path | None:
+@dataclass
+class Run:
+    """What one invocation is: reduced or full, this machine's measurement key, what it reused."""
+
+    full: bool
+    here: tuple[str, str, str]  # host, device, commit (canzona.results.env.this_machine)
+    progress: bool | None  # None: bars on a terminal only
+    reused: list[str] = field(default_factory=list)
+
+
+def local_sweep(step: Step, run: Run) -> None:
     from canzona.sweep.definition import load_sweep
     from canzona.sweep.local import run_local
     from canzona.sweep.state import SweepPaths
@@ -140,37 +249,131 @@ def local_sweep(step: Step, progress: bool) -> Path | None:
     if not ok:
         step.status, step.detail = "not available yet", f"the harness command `canzona train`: {why}"
         print(f"not available yet: {step.detail}")
-        return None
+        return
     defn = load_sweep(LOCAL_SWEEP)
     paths = SweepPaths.for_sweep(defn.name, ROOT / "runs", RESULTS)
+    cells = defn.cells() if run.full else [c for c in defn.cells() if quick_cell(c)]
+    if not run.full and not PEER_PY.exists():
+        cells = [c for c in cells if c.method != "megatron-muon"]
+        print("megatron-muon: skipped (it needs the optional peer environment, make megatron-peer-env)")
     print(
-        f"sweep {defn.name}: {len(defn.cells())} cells, world {defn.world} (forked gloo ranks); "
-        f"cells with a valid line in {paths.results.relative_to(ROOT)} are skipped",
+        f"sweep {defn.name}: {len(cells)} of {len(defn.cells())} cells, world {defn.world} (forked gloo ranks); "
+        f"a cell counts as done only by a line of {paths.results.relative_to(ROOT)} measured on this machine "
+        "at this commit",
         flush=True,
     )
-    if PEER_PY.exists():
-        print(f"megatron-muon cells run with the peer environment {PEER_PY.relative_to(ROOT)} (make megatron-peer-env)")
-    else:
+    if run.full:
+        peer = PEER_PY.relative_to(ROOT) if PEER_PY.exists() else None
         print(
-            "megatron-muon cells need the optional peer environment (make megatron-peer-env); "
+            f"megatron-muon cells run with the peer environment {peer} (make megatron-peer-env)"
+            if peer
+            else "megatron-muon cells need the optional peer environment (make megatron-peer-env); "
             "without it the harness reports them unavailable (exit 3)"
         )
     t0 = time.monotonic()
-    rep = run_local(defn, paths=paths, backend="local", builder=local_builder, progress=progress)
+    rep = run_local(
+        defn,
+        paths=paths,
+        cells=cells,
+        backend="local",
+        builder=local_builder,
+        progress=run.progress,
+        accept=lambda rec: measured_here(rec, run.here),
+    )
     step.seconds = time.monotonic() - t0
     unavailable = [(k, r) for k, r in rep.failed if "exit code 3" in r]
     broken = [(k, r) for k, r in rep.failed if "exit code 3" not in r]
     for key, reason in rep.failed:
         print(f"  {'unavailable' if (key, reason) in unavailable else 'FAILED'}: {key}: {reason}")
-    done = len(rep.ok) + len(rep.skipped)
+    if rep.skipped:
+        run.reused.append(f"local-sweep: {len(rep.skipped)} cell(s) this machine measured at this commit (resumed)")
     step.detail = (
-        f"{done} cell(s) measured ({len(rep.skipped)} from earlier runs), "
+        f"{len(rep.ok)} cell(s) measured now, {len(rep.skipped)} measured here earlier, "
         f"{len(unavailable)} unavailable here, {len(broken)} failed; "
         f"`canzona sweep status {LOCAL_SWEEP.relative_to(ROOT)}` has the reasons"
     )
-    step.status = "failed" if broken or done == 0 else "ok"
+    step.status = "failed" if broken or not (rep.ok or rep.skipped) else "ok"
     step.outputs.append(str(paths.results.relative_to(ROOT)))
-    return paths.results if paths.results.exists() else None
+
+
+def _done_here(out: Path, run: Run) -> bool:
+    """A bench run this machine already measured at this commit (its JSON names where it ran)."""
+    try:
+        rec = json.loads(out.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(rec, dict) and measured_here(rec, run.here)
+
+
+def bench_step(step: Step, run: Run) -> None:
+    from tqdm import tqdm
+
+    runs = [r for r in BENCH_RUNS if run.full or r[0] in QUICK_BENCH]
+    resumed = []
+    quiet = True if run.progress is False else None  # None: a bar on a terminal only
+    for tag, extra, recorded in tqdm(runs, desc="bench-step", unit="run", disable=quiet):
+        out = RESULTS / "bench_step" / f"muon_{tag}.json"
+        if _done_here(out, run):
+            resumed.append(tag)
+            step.outputs.append(str(out.relative_to(ROOT)))
+            continue
+        argv = ["bench-step", "--nproc", "4", "--optimizer", "muon", "--steps", "20", "--warmup", "3"]
+        argv += [*extra, "--out", str(out.relative_to(ROOT))]
+        argv += ["--results", str(BENCH.relative_to(ROOT))] if recorded else []
+        run_command(step, argv)
+        if step.status != "ok":
+            return
+        step.outputs.append(str(out.relative_to(ROOT)))
+    if resumed:
+        run.reused.append(f"bench-step: {', '.join(resumed)} measured on this machine at this commit (resumed)")
+    step.status = "ok"
+    step.detail = f"{len(runs) - len(resumed)} run(s) measured now, {len(resumed)} measured here earlier"
+
+
+def planner_step(step: Step, run: Run) -> None:
+    if run.full:
+        run_command(step, ["plan-bench", "--out", "results/planner"])
+        if step.status == "ok":
+            step.outputs.append("results/planner/")
+        return
+    from canzona.sweep.definition import load_sweep
+
+    layouts = ",".join(f"{lay.model}:{lay.tp}:{lay.pp}" for lay in load_sweep(TABLE2_SWEEP).layouts)
+    run_command(step, ["plan-bench", "--suite", "qwen3", "--layouts", layouts, "--out", _rel(PLANNER_QUICK)])
+    if step.status == "ok":
+        step.outputs.append(_rel(PLANNER_QUICK) + "/")
+        run.reused.append(
+            "planner: the full suites in results/planner/ (the 60-layout grid Table 2's planner claim reads, the "
+            f"comm, models and coop goals) are the committed ones, {_planner_commit()}, not recomputed (FULL=1 does)"
+        )
+
+
+def _planner_commit() -> str:
+    """Which commit the committed planner grid was computed at (its CSV's git_commit column)."""
+    import csv
+
+    try:
+        with (RESULTS / "planner" / "efficiency.csv").open() as f:
+            commit = next(csv.DictReader(f)).get("git_commit") or "?"
+    except (OSError, StopIteration):
+        return "absent"
+    return f"computed at {commit[:7]}"
+
+
+def _rel(p: Path) -> str:
+    return str(p.relative_to(ROOT))
+
+
+def reference_lines(files: list[Path], run: Run) -> int:
+    """Measured lines among ``files`` that this machine did not measure at this commit."""
+    from canzona.results.schema import iter_records
+
+    return sum(
+        1
+        for f in files
+        for _, rec in iter_records(f, skip_invalid=True)
+        if rec.get("provenance") == "measured" and not measured_here(rec, run.here)
+    )
 
 
 def result_files() -> list[Path]:
@@ -189,10 +392,11 @@ def table2_step(step: Step, collected: list[Path] | None = None) -> None:
         print(step.detail)
         return
     # table2 picks up results/projection_{validation,sensitivity,batch,beyond}.csv by itself
-    run_command(step, ["table2", "--results", *[str(f.relative_to(ROOT)) for f in files], "--out", "results/"])
+    # and results/planner/efficiency.csv: the full 256-GPU grid (a reduced run reuses the committed one)
+    run_command(step, ["table2", "--results", *[_rel(f) for f in files], "--out", "results/"])
     if step.status == "ok":
         step.outputs += [
-            str(p.relative_to(ROOT))
+            _rel(p)
             for p in [
                 RESULTS / "table2.csv",
                 RESULTS / "table2.md",
@@ -219,19 +423,27 @@ def collect_sweeps(runs_dir: Path = ROOT / "runs", results_dir: Path = RESULTS) 
     return out
 
 
-def summary(steps: list[Step], t0: float) -> int:
-    print(f"\n=== summary ({time.monotonic() - t0:.0f} s) ===")
+def summary(steps: list[Step], t0: float, reused: list[str] = ()) -> int:
+    print(f"\n=== summary ({time.monotonic() - t0:.0f} s; CPU {_children_cpu():.0f} s of the steps' processes) ===")
     for s in steps:
         print(
             f"[{s.name}] {s.label}\n    {s.status}{': ' + s.detail if s.detail else ''}"
-            f"{f' ({s.seconds:.0f} s)' if s.seconds else ''}"
+            f"{f' ({s.seconds:.0f} s, CPU {s.cpu_seconds:.0f} s)' if s.seconds else ''}"
         )
         for o in s.outputs:
             print(f"    -> {o}")
+    if reused:
+        print("reused, not measured or computed by this run:")
+        for r in reused:
+            print(f"  - {r}")
     missing = [s.name for s in steps if s.status == "not available yet"]
     if missing:
         print(f"INCOMPLETE: not available yet: {', '.join(missing)} (reported above, nothing filled in)")
     return 1 if any(s.status == "failed" for s in steps) else 0
+
+
+def banner(step: Step) -> None:
+    print(f"\n=== [{step.name}] {step.label} ===", flush=True)
 
 
 def slurm_mode(args: argparse.Namespace) -> int:
@@ -243,8 +455,9 @@ def slurm_mode(args: argparse.Namespace) -> int:
 
     if not args.profile:
         raise ConfigError(
-            "Slurm mode needs a cluster profile: copy slurm/profiles/example.toml, fill it in, "
-            "and run `make reproduce-table2 PROFILE=slurm/profiles/<site>.toml`"
+            "sbatch is on PATH, so this runs on Slurm and needs a cluster profile: copy slurm/profiles/example.toml, "
+            "fill it in and run `make reproduce-table2 PROFILE=slurm/profiles/<site>.toml`; or run the embedded "
+            "default on this machine with `make reproduce-table2 CLUSTER=local`"
         )
     sweep = Path(args.sweep) if args.sweep else TABLE2_SWEEP
     defn = load_sweep(sweep)
@@ -304,6 +517,12 @@ def main(argv: list[str] | None = None) -> int:
         "--collect-only", action="store_true", help="collect finished sweeps and build the table (make table2)"
     )
     p.add_argument(
+        "--full",
+        action="store_true",
+        help="embedded default: every sweep cell, bench run and planner suite, and a CPU calibration "
+        "(make reproduce-table2 FULL=1); without it a reduced run that still writes every Table-2 artifact",
+    )
+    p.add_argument(
         "--skip",
         action="append",
         default=[],
@@ -317,8 +536,9 @@ def main(argv: list[str] | None = None) -> int:
         choices=STEP_NAMES,
         help="run only this step of the embedded default (repeatable; make bench-step = --only bench-step)",
     )
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (they are off when not on a terminal)")
     args = p.parse_args(argv)
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # in order with the steps' output in a log
     try:
         if args.collect_only:
             t0 = time.monotonic()
@@ -336,86 +556,135 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def embedded_default(args: argparse.Namespace) -> int:
-    t0 = time.monotonic()
-    print(
-        "No Slurm here: running the embedded default (scaled-down measured sweep, 256-GPU planner "
-        "analysis, projection, table). Each step says what its numbers are."
+def default_steps(full: bool) -> list[Step]:
+    """The embedded default's steps, each labelled with what its numbers are."""
+    sweep = "every cell: layouts DPxTP 2x2 and 4x1, NS bf16 and fp32" if full else "DPxTP 2x2, NS bf16"
+    bench = (
+        "every run of BENCH_RUNS: qwen3-tiny and qwen3-32b-w16 (Qwen3-32B's structure at 1/16 width) at DPxTP 2x2 "
+        "and 4x1, bf16 parameters, cooperative Newton–Schulz on qwen3-tiny-widefc1"
+        if full
+        else "qwen3-tiny (every strategy) and qwen3-32b-w16 (Qwen3-32B's structure at 1/16 width, NS fp32), DPxTP 2x2"
     )
-    steps = [
+    return [
         Step(
             "local-sweep",
-            "MEASURED on this CPU, scaled down: qwen3-tiny, 4 forked gloo ranks, "
-            "layouts DPxTP 2x2 and 4x1 (CPU times; method order only, not GPU numbers)",
+            f"MEASURED on this CPU, scaled down: qwen3-tiny, 4 forked gloo ranks, {sweep} "
+            "(CPU times; method order only, not GPU numbers)",
         ),
+        Step("bench-step", f"MEASURED on this CPU: optimizer-step latency side by side, 4 forked gloo ranks, {bench}"),
         Step(
-            "bench-step",
-            "MEASURED on this CPU: optimizer-step latency of every strategy side by side, "
-            "qwen3-tiny and qwen3-32b-w16 (Qwen3-32B's structure at 1/16 width, bucket 156,250), 4 forked gloo "
-            "ranks, DPxTP 2x2 and 4x1, and cooperative Newton–Schulz on qwen3-tiny-widefc1 (canzona bench-step)",
+            "planner",
+            "ANALYSIS at the true 256-GPU scale: planner load balance / traffic (canzona plan-bench"
+            + (", every suite)" if full else ", Table 2's five layouts)"),
         ),
-        Step("planner", "ANALYSIS at the true 256-GPU scale: planner load balance / traffic (canzona plan-bench)"),
         Step("projection", "PROJECTED 256-GPU iteration/step times from plans + hardware profile (canzona project)"),
         Step(
             "calibration",
             "MEASURED on this CPU: matmul rate and gloo collective costs -> cpu-local profile (canzona calibrate-cpu)",
         ),
-        Step("validation", "CHECK of the projection against this CPU's measured step times (cpu-local profile)"),
+        Step("validation", "CHECK of the projection against this run's measured step times (cpu-local profile)"),
         Step("table2", "TABLE: canzona table2 over every results file (CSV, Markdown, PNG plots)"),
+        Step("notebook", "NOTEBOOK: analysis/table2.ipynb executed headless -> results/table2.ipynb"),
     ]
+
+
+def embedded_default(args: argparse.Namespace) -> int:
+    run = Run(full=args.full, here=this_machine(), progress=False if args.no_progress else None)
+    host, device, commit = run.here
+    steps = default_steps(run.full)
     for step in steps:
-        banner(step)
         if step.name in args.skip or (args.only and step.name not in args.only):
             step.status, step.detail = "skipped", "--skip / --only"
-            print("skipped (--skip / --only)")
+        elif step.name == "calibration" and not run.full:
+            step.status, step.detail = "skipped", "reduced run: the committed cpu-local profile is used"
+            run.reused.append(_calibration_reused())
+    print(
+        f"No Slurm here: the embedded default, {'FULL' if run.full else 'reduced (FULL=1 runs every suite)'}, "
+        f"on {host} ({device}) at commit {commit}. Measured lines count as this machine's only with this host, "
+        "device and commit; a rerun skips what they cover."
+    )
+    progress = Progress(steps, BUDGET_S["full" if run.full else "reduced"])
+    for step in steps:
+        if step.status == "skipped":
             continue
-        if step.name == "local-sweep":
-            local_sweep(step, progress=not args.no_progress)
-        elif step.name == "bench-step":
-            for tag, extra, recorded in BENCH_RUNS:
-                out = f"results/bench_step/muon_{tag}.json"
-                argv = ["bench-step", "--nproc", "4", "--optimizer", "muon", "--steps", "20", "--warmup", "3"]
-                argv += [*extra, "--out", out] + (["--results", str(BENCH.relative_to(ROOT))] if recorded else [])
-                run_command(step, argv)
-                if step.status != "ok":
-                    break
-                step.outputs.append(out)
-        elif step.name == "calibration":
-            run_command(step, ["calibrate-cpu"])
-            if step.status == "ok":
-                step.outputs.append("results/calibration/cpu-local.json")
-        elif step.name == "validation":
-            measured = [str(f.relative_to(ROOT)) for f in (BENCH, RESULTS / "table2-local.jsonl") if f.is_file()]
-            if not measured:
-                step.status, step.detail = "skipped", "no measured CPU results to validate against"
-                continue
-            run_command(step, ["project", "--validate", *measured, "--profile", "cpu-local", "--out", "results/"])
-            if step.status == "ok":
-                step.outputs.append("results/projection_validation.csv")
-        elif step.name == "planner":
-            run_command(step, ["plan-bench", "--out", "results/planner"])
-            if step.status == "ok":
-                step.outputs.append("results/planner/")
-        elif step.name == "projection":
-            for preset in ("paper", "authors"):
-                run_command(step, ["project", "--preset", preset, "--out", "results/"])
-                if step.status != "ok":
-                    break
-            if step.status == "ok":
-                step.outputs += [
-                    str(p.relative_to(ROOT))
-                    for p in (
-                        RESULTS / "projected.jsonl",
-                        RESULTS / "projected_authors.jsonl",
-                        RESULTS / "projection_sensitivity.csv",
-                        RESULTS / "projection_batch.csv",
-                        RESULTS / "projection_beyond.csv",
-                    )
-                    if p.exists()
-                ]
-        else:
-            table2_step(step)
-    return summary(steps, t0)
+        progress.start(step)
+        STEPS[step.name](step, run)
+        progress.finish(step)
+    table_built = any(s.name == "table2" and s.status == "ok" for s in steps)
+    reference = reference_lines([f for f in result_files() if "projected" not in f.name], run) if table_built else 0
+    if reference:
+        run.reused.append(
+            f"table2: {reference} measured line(s) from another machine or commit, shown apart as reference "
+            "(results/table2.md, last section), never pooled with this run's"
+        )
+    return summary(steps, progress.t0, run.reused)
+
+
+def _calibration_reused() -> str:
+    cal = RESULTS / "calibration" / "cpu-local.json"
+    try:
+        info = json.loads(cal.read_text())
+        where = f"measured on {info.get('host')} at {info.get('timestamp')}"
+    except (OSError, ValueError):
+        where = "no record of where it was measured"
+    return f"calibration: canzona/analysis/profiles/cpu-local.toml ({_rel(cal)}: {where}; FULL=1 re-measures it)"
+
+
+def _projection(step: Step, run: Run) -> None:
+    for preset in ("paper", "authors"):
+        run_command(step, ["project", "--preset", preset, "--out", "results/"])
+        if step.status != "ok":
+            return
+    step.outputs += [
+        _rel(p)
+        for p in (
+            RESULTS / "projected.jsonl",
+            RESULTS / "projected_authors.jsonl",
+            RESULTS / "projection_sensitivity.csv",
+            RESULTS / "projection_batch.csv",
+            RESULTS / "projection_beyond.csv",
+        )
+        if p.exists()
+    ]
+
+
+def _calibration(step: Step, run: Run) -> None:
+    run_command(step, ["calibrate-cpu"])
+    if step.status == "ok":
+        step.outputs.append("results/calibration/cpu-local.json")
+
+
+def _validation(step: Step, run: Run) -> None:
+    measured = [_rel(f) for f in (BENCH, RESULTS / "table2-local.jsonl") if f.is_file()]
+    if not measured:
+        step.status, step.detail = "skipped", "no measured CPU results to validate against"
+        return
+    run_command(step, ["project", "--validate", *measured, "--profile", "cpu-local", "--out", "results/"])
+    if step.status == "ok":
+        step.outputs.append("results/projection_validation.csv")
+
+
+def _table2(step: Step, run: Run) -> None:
+    table2_step(step)
+
+
+def _notebook(step: Step, run: Run) -> None:
+    argv = ["nbconvert", "--to", "notebook", "--execute", "analysis/table2.ipynb"]
+    run_command(step, [*argv, "--output-dir", "results", "--output", "table2.ipynb"], module="jupyter")
+    if step.status == "ok":
+        step.outputs.append("results/table2.ipynb")
+
+
+STEPS = {
+    "local-sweep": local_sweep,
+    "bench-step": bench_step,
+    "planner": planner_step,
+    "projection": _projection,
+    "calibration": _calibration,
+    "validation": _validation,
+    "table2": _table2,
+    "notebook": _notebook,
+}
 
 
 if __name__ == "__main__":

@@ -135,3 +135,20 @@ def test_missing_shapes_fall_back_with_a_note_or_fail_with_strict(capsys, tmp_pa
     assert err.startswith("note: ") and "scaled by FLOPs" in err and "--strict" in err
     rc, out, err = run(capsys, *argv, "--strict")
     assert rc == 2 and out == "" and "not in measured cost table" in err and len(err.strip().splitlines()) == 1
+
+
+def test_plan_bench_on_chosen_layouts_only(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """`make reproduce-table2` plans Table 2's layouts only: the grid holds exactly those, no α sweep."""
+    import csv
+
+    argv = ["plan-bench", "--suite", "qwen3", "--layouts", "qwen3-1.7b:1:1", "--no-plots", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    rows = list(csv.DictReader((tmp_path / "efficiency.csv").open()))
+    assert {(r["model"], r["tp"], r["pp"], r["dp"]) for r in rows} == {("qwen3-1.7b", "1", "1", "256")}
+    assert len(rows) == 6 and not (tmp_path / "alpha_sweep.csv").exists()
+
+
+@pytest.mark.parametrize("layout", ["qwen3-32b:3:1", "qwen3-32b:8", "qwen3-32b:0:1"])
+def test_plan_bench_bad_layout_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path, layout: str) -> None:
+    assert main(["plan-bench", "--layouts", layout, "--out", str(tmp_path)]) == 2
+    assert layout in capsys.readouterr().err

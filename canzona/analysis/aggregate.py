@@ -1,7 +1,7 @@
 """Per-cell aggregates and speedups.
 
 Why these statistics: each result line already summarises one run (median, p90 and n over its
-timed iterations). Repetitions of a cell (same cell, kind, provenance and source; see
+timed iterations). Repetitions of a cell (same cell, kind, provenance, source and measured_at; see
 ``canzona.analysis.load``) are pooled as
 
 * ``<t>_ms``  = median over runs of the run medians (robust to one slow run),
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 METHOD_ORDER = ("sc", "layerwise", "asc", "megatron-muon", "canzona")
 BASELINES = ("sc", "layerwise", "megatron-muon")  # always shown; "asc" is added when present
 OURS = "canzona"
-GROUP_KEY = ("cell", "kind", "provenance", "source")
+GROUP_KEY = ("cell", "kind", "provenance", "source", "measured_at")
 # A table row: everything that defines a cell except the method, plus where the numbers come from.
 # ns_dtype: a row compares methods in ONE Newton-Schulz number format (NaN where not recorded).
 ROW_KEY = (
@@ -41,6 +41,7 @@ ROW_KEY = (
     "kind",
     "provenance",
     "source",
+    "measured_at",
 )
 TIMINGS = ("iteration", "fwd_bwd", "step")
 
@@ -58,7 +59,7 @@ def _p90(values: Sequence[float]) -> float:
 
 
 def aggregate_cells(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per group (cell, kind, provenance, source) with pooled timings and ``runs``."""
+    """One row per group (cell, kind, provenance, source, measured_at) with pooled timings and ``runs``."""
     import pandas as pd
 
     if df.empty:

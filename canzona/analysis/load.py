@@ -24,8 +24,11 @@ Repetition versus duplicate (the contract, tested in tests/test_analysis_load.py
   omits them, so pooling would mix different experiments under one cell.
 
 Measured and projected lines of the same cell are different groups (their provenance differs);
-so are measured lines from different devices. Neither is an error: the table shows them as
-separate rows, each with its provenance.
+so are measured lines from different devices, and measured lines of different machines or
+commits (``measured_at``: host and commit, so lines a clone carries from elsewhere never pool
+with this machine's). Neither is an error: the table shows them as separate rows, each with its
+provenance. ``split_latest`` separates the newest measurement (one host, device and commit: the
+run that just finished) from the reference lines beside it.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from canzona.results.env import measurement_key
 from canzona.results.schema import ResultsError, iter_records
 
 if TYPE_CHECKING:
@@ -99,6 +103,25 @@ def provenance_label(record: dict[str, Any]) -> str:
     return f"projected on {profile} ({model}{', ' + ', '.join(extras) if extras else ''})"
 
 
+def short_commit(commit: Any) -> str:
+    """``env.git_commit`` shortened for a label: 7 hex digits, and the diff hash of a dirty tree."""
+    text = str(commit or "unknown")
+    head, _, dirty = text.partition("-dirty-")
+    return f"{head[:7]}-dirty-{dirty}" if dirty else head[:7]
+
+
+def measured_at(record: dict[str, Any]) -> str:
+    """Which machine and code a measured line came from (``host @ commit``); "" for a projection.
+
+    Part of the group key: lines of two machines, or of one machine at two commits, are two
+    measurements and never pooled (a hostname alone is not a machine, as containers share
+    names; ``source`` adds the device)."""
+    if record["provenance"] != "measured":
+        return ""
+    env = record.get("env") or {}
+    return f"{env.get('hostname', 'unknown')} @ {short_commit(env.get('git_commit'))}"
+
+
 def run_identity(record: dict[str, Any]) -> tuple[Any, ...]:
     """What makes a line one particular run (see module docstring)."""
     if record.get("run_id"):
@@ -145,6 +168,7 @@ def _row(record: dict[str, Any], file: str, line: int) -> dict[str, Any]:
         "hostname": env.get("hostname"),
         "timestamp": env.get("timestamp"),
         "git_commit": env.get("git_commit"),
+        "measured_at": measured_at(record),
         # what Megatron's own Muon ran as (recorded by the harness): layer-wise optimizer on/off, TP mode
         "peer_layer_wise": env.get("megatron_muon_layer_wise"),
         "peer_tp_mode": env.get("megatron_muon_tp_mode"),
@@ -170,7 +194,7 @@ def _row(record: dict[str, Any], file: str, line: int) -> dict[str, Any]:
     curve = loss.get("curve") if isinstance(loss, dict) else None
     row["loss_curve"] = tuple(float(x) for x in curve) if isinstance(curve, list) else None
     row["_identity"] = run_identity(record)
-    row["_group"] = (record["cell"], record["kind"], record["provenance"], row["source"])
+    row["_group"] = (record["cell"], record["kind"], record["provenance"], row["source"], row["measured_at"])
     return row
 
 
@@ -251,6 +275,23 @@ def load_rows(paths: Iterable[str | Path] | str | Path) -> list[dict[str, Any]]:
             rows.append(_row(rec, str(f), no))
     check_duplicates(rows)
     return rows
+
+
+def split_latest(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(projected lines + the newest measurement, every other measured line).
+
+    The newest measurement is every measured line with the host, device and commit of the line
+    with the latest timestamp: after `make reproduce-table2`, what this machine just measured.
+    The rest (lines a clone carries from another machine or an earlier commit) are references,
+    shown beside it and never pooled with it."""
+    if df.empty or "provenance" not in df or not (df["provenance"] == "measured").any():
+        return df, df.iloc[0:0]
+    measured = df["provenance"] == "measured"
+    newest = df[measured].sort_values("timestamp", kind="stable", na_position="first").iloc[-1]
+    here = df[measured].apply(measurement_key, axis=1) == measurement_key(newest)  # rows carry the env fields
+    mine = ~measured
+    mine[here.index[here]] = True
+    return df[mine].reset_index(drop=True), df[~mine].reset_index(drop=True)
 
 
 def load_results(paths: Iterable[str | Path] | str | Path) -> pd.DataFrame:

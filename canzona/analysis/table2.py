@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 LAYOUT_COL = "layout (dp·tp·pp = GPUs)"
+MEASURED_AT_COL = "measured at (host @ commit)"
 
 
 def _model_rank(name: Any) -> int:
@@ -74,6 +75,7 @@ def build_table2(cells: pd.DataFrame) -> pd.DataFrame:
                 row[f"{OURS} vs {b} ({label})"] = float(srow[col]) if srow is not None and col in srow else math.nan
         row["runs (min)"] = int(g["runs"].min())
         row["provenance"] = first["provenance_label"]
+        row[MEASURED_AT_COL] = k["measured_at"] or math.nan
         row["_sort"] = (
             0 if k["provenance"] == "measured" else 1,
             str(k["source"]),
@@ -193,7 +195,10 @@ def headline_markdown(table: pd.DataFrame, profile: str = "H800") -> str:
     for r in rows.to_dict("records"):
         batch = f"{int(r['global_batch'])}×{int(r['seq_len'])}" if finite(r.get("global_batch")) else "–"
         ns = r.get("ns_dtype") if isinstance(r.get("ns_dtype"), str) else "–"
-        line = [r["model"], r[LAYOUT_COL].split(" =")[0], _condition(str(r["provenance"])), r["kind"], batch, ns]
+        cond = _condition(str(r["provenance"]))
+        if isinstance(r.get(MEASURED_AT_COL), str):
+            cond += f", {r[MEASURED_AT_COL]}"
+        line = [r["model"], r[LAYOUT_COL].split(" =")[0], cond, r["kind"], batch, ns]
         line += [pair(r.get(f"{m} step ms"), r.get(f"{m} iter ms"), fmt_ms) for m in methods]
         line += [pair(r.get(f"{OURS} vs {b} (step)"), r.get(f"{OURS} vs {b} (iter)"), fmt_speedup) for b in bases]
         out.append(line)
@@ -292,10 +297,45 @@ def beyond_markdown(beyond: pd.DataFrame) -> str:
     return "\n".join(parts)
 
 
+def measured_here_note(df: pd.DataFrame, reference: pd.DataFrame) -> str:
+    """Which machine and commit the measured rows come from, and what is kept apart as reference."""
+    measured = df[df["provenance"] == "measured"] if not df.empty else df
+    if measured.empty:
+        return "Measured rows: none (no measured line among the inputs)."
+    first = measured.iloc[0]
+    when = f"{measured['timestamp'].min()} to {measured['timestamp'].max()}"
+    text = (
+        f"Measured rows: the newest measurement among the inputs, {len(measured)} line(s) measured on "
+        f"**{first['hostname']}** ({first['device']}) at commit **{first['git_commit']}**, {when}."
+    )
+    if not reference.empty:
+        keys = sorted(set(reference["measured_at"]))
+        text += (
+            f" {len(reference)} other measured line(s) ({', '.join(keys)}: another machine or another commit) are "
+            "reference lines, listed at the end and never pooled with these."
+        )
+    return text
+
+
+def reference_sections(ref_table: pd.DataFrame) -> list[str]:
+    """The reference lines (another machine or commit) as their own table, one row per host @ commit."""
+    if ref_table.empty:
+        return []
+    return [
+        "## Reference lines (another machine or commit than the measured rows above)",
+        "",
+        "Shown for comparison only; each row names the host and commit it came from, and none of them is pooled "
+        "with the measured rows above or counted as this machine's measurement.",
+        "",
+        table2_markdown(_drop_empty(ref_table)),
+        "",
+    ]
+
+
 HOW_MADE = [
     "## How these numbers were made",
     "",
-    "- Lines sharing (cell, kind, provenance, source) are repetitions: median of run medians, "
+    "- Lines sharing (cell, kind, provenance, source, host @ commit) are repetitions: median of run medians, "
     "p90 of run p90s, summed n (`cells.csv` has all three per cell).",
     "- The same run twice, or two lines of one cell that differ in world / alpha / dtype / bucket_size / "
     "micro_batch / cost / overlap / variant, stop the build with an error naming the lines.",
@@ -328,22 +368,27 @@ def write_table2(
     sensitivity study, the cooperative / Gram Newton–Schulz variants (``beyond``), any extra
     sections and the aggregation rules.
     """
-    from canzona.analysis.load import load_results
+    import pandas as pd
+
+    from canzona.analysis.load import load_results, split_latest
     from canzona.analysis.local_structure import structure_markdown
     from canzona.analysis.report import claims_report
     from canzona.results.schema import write_atomic
 
     out = Path(out_dir)
-    df = load_results(results)
-    cells = aggregate_cells(df)
+    df, reference = split_latest(load_results(results))
+    cells, ref_cells = aggregate_cells(df), aggregate_cells(reference)
     table = build_table2(cells)
     files = {"table2.csv": out / "table2.csv", "table2.md": out / "table2.md", "cells.csv": out / "cells.csv"}
     write_atomic(files["table2.csv"], table.to_csv(index=False) if not table.empty else "")
-    write_atomic(files["cells.csv"], cells.to_csv(index=False) if not cells.empty else "")
+    every = pd.concat([cells, ref_cells], ignore_index=True)
+    write_atomic(files["cells.csv"], every.to_csv(index=False) if not every.empty else "")
     parts = [
         "# Canzona Table 2 reproduction",
         "",
         f"_Generated by `{command}`; do not edit by hand. Inputs: {', '.join(str(r) for r in results)}._",
+        "",
+        measured_here_note(df, reference),
         "",
         "## Headline",
         "",
@@ -377,6 +422,7 @@ def write_table2(
     if beyond is not None and not beyond.empty:
         parts.append(beyond_markdown(beyond))
     parts.extend(extra_sections)
+    parts += reference_sections(build_table2(ref_cells))
     parts += HOW_MADE
     write_atomic(files["table2.md"], "\n".join(parts))
     return files

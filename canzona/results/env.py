@@ -8,6 +8,7 @@ import os
 import platform
 import socket
 import subprocess
+from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,11 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-# Paths the runs themselves write (result lines, tables, sweep state): changing them never
-# changes the code that produced a number, so they do not make a tree "dirty".
-OUTPUT_PATHS = ("results", "runs")
+# Paths the runs themselves write (result lines, tables, sweep state, and the cpu-local profile that
+# `canzona calibrate-cpu` measures): changing them never changes the code that produced a number, so
+# they do not make a tree "dirty" (a calibration in the middle of `make reproduce-table2 FULL=1` would
+# otherwise give the lines after it another commit, and a rerun would re-measure everything).
+OUTPUT_PATHS = ("results", "runs", "canzona/analysis/profiles/cpu-local.toml")
 
 
 def _git(root: Path, *args: str) -> bytes:
@@ -93,6 +96,24 @@ def environment(device: torch.device, backend: str, *, extra: dict[str, Any] | N
 # file); the rendered Slurm scripts export CANZONA_CONTAINER_IMAGE with the profile's image for
 # pyxis, which sets none. Read for the record only; nothing behaves differently.
 _CONTAINER_VARS = ("CANZONA_CONTAINER_IMAGE", "APPTAINER_CONTAINER", "SINGULARITY_CONTAINER")
+
+
+def measurement_key(env: Mapping[str, Any]) -> tuple[str, str, str]:
+    """(host, device, commit) of an ``env`` block (or a loaded row with those fields): one
+    machine's measurement at one code. The host name alone is not a machine (containers and VMs
+    share names like "vm"), hence the device beside it."""
+    return (str(env.get("hostname")), str(env.get("device")), str(env.get("git_commit")))
+
+
+def this_machine(device: torch.device | None = None, root: Path = REPO_ROOT) -> tuple[str, str, str]:
+    """``measurement_key`` of a line this checkout would write now on ``device`` (default: CPU)."""
+    return (socket.gethostname(), device_name(device or torch.device("cpu")), git_commit(root))
+
+
+def measured_here(record: Mapping[str, Any], here: tuple[str, str, str]) -> bool:
+    """Whether a results record was measured by this machine at this code (``here``): what a rerun
+    may skip. A line a clone carries from another host, device or commit never is."""
+    return record.get("provenance") == "measured" and measurement_key(record.get("env") or {}) == here
 
 
 def gpu_driver_version() -> str:

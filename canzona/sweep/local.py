@@ -33,10 +33,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from canzona.errors import ConfigError
 from canzona.sweep.definition import Cell, SweepDefinition
-from canzona.sweep.state import JobBook, SweepPaths, collect, failure_reason, pickled_outcome, pid_alive, triage
+from canzona.sweep.state import Accept, JobBook, SweepPaths, collect, failure_reason, pickled_outcome, pid_alive, triage
 from canzona.sweep.task import CellTask, CommandBuilder, process_start, quarantine_invalid, train_command
 
 LOCAL_BACKENDS = ("local", "debug")
@@ -85,16 +86,16 @@ def run_local(
     builder: CommandBuilder = train_command,
     max_world: int = 4,
     timeout_s: float | None = None,
-    progress: bool = True,
+    progress: bool | None = True,
+    accept: Accept | None = None,
 ) -> RunReport:
     """Run every cell of ``defn`` without a valid result line, one after another.
 
-    Cells with a valid line (in results/<sweep>.jsonl or their per-cell file) are skipped; failed,
-    missing and corrupt ones run again, after orphans of a killed earlier sweep were ended.
-    ``timeout_s`` defaults to the cell's ``time_min``; lines are collected after every cell.
-    """
+    Cells with a valid line (in results/<sweep>.jsonl or their per-cell file; with ``accept``, a line
+    it takes) are skipped; failed, missing and corrupt ones run again, after orphans of a killed
+    earlier sweep were ended. ``timeout_s`` defaults to the cell's ``time_min``; lines are collected
+    after every cell. ``progress`` None: a bar only on a terminal."""
     import submitit
-    from tqdm import tqdm
 
     paths = paths or SweepPaths.for_sweep(defn.name)
     cells = list(cells if cells is not None else defn.cells())
@@ -103,7 +104,7 @@ def run_local(
     report = RunReport(defn.name, paths.results)
     report.ended_orphans += end_orphans(paths, cells)
     report.quarantined += collect(paths).quarantined
-    finished, busy, todo = triage(paths, cells)
+    finished, busy, todo = triage(paths, cells, accept)
     book = JobBook(paths.jobs)
     report.skipped += finished
     if busy:
@@ -113,7 +114,7 @@ def run_local(
     executor: submitit.Executor = (
         submitit.LocalExecutor(folder=folder) if backend == "local" else submitit.DebugExecutor(folder=folder)
     )
-    bar = tqdm(todo, desc=f"sweep {defn.name}", unit="cell", disable=not progress or not todo, dynamic_ncols=True)
+    bar = _bar(todo, defn.name, progress)
     for cell in bar:
         results = paths.cell_results(cell)
         moved = quarantine_invalid(results)
@@ -156,6 +157,14 @@ def run_local(
         collect(paths)
     bar.close()
     return report
+
+
+def _bar(todo: list[Cell], name: str, progress: bool | None) -> Any:
+    """A bar of cells done of N; none for an empty list or progress False, on a terminal only for None."""
+    from tqdm import tqdm
+
+    quiet = True if not todo or progress is False else (None if progress is None else False)
+    return tqdm(todo, desc=f"sweep {name}", unit="cell", disable=quiet, dynamic_ncols=True)
 
 
 def _check_local(defn: SweepDefinition, cells: list[Cell], backend: str, max_world: int) -> None:

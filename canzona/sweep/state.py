@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,15 +101,22 @@ def read_lines(path: Path) -> Lines:
     return out
 
 
-def done_records(paths: SweepPaths, cells: Iterable[Cell] | None = None) -> dict[str, dict[str, Any]]:
-    """Cell key -> its latest valid record, from the collected file and every per-cell file."""
+# Which valid lines count as a cell done: a rerun of `make reproduce-table2` counts only the lines
+# this machine measured at this commit (canzona.results.env.measured_here), not lines a clone carries.
+Accept = Callable[[dict[str, Any]], bool]
+
+
+def done_records(
+    paths: SweepPaths, cells: Iterable[Cell] | None = None, accept: Accept | None = None
+) -> dict[str, dict[str, Any]]:
+    """Cell key -> its latest valid record (one ``accept`` takes, when given), from the collected
+    file and every per-cell file."""
     found: dict[str, dict[str, Any]] = {}
-    for _, rec, _ in read_lines(paths.results).valid:
-        found[rec["cell"]] = rec
     files = [paths.cell_results(c) for c in cells] if cells is not None else sorted(paths.cells_dir.glob("*.jsonl"))
-    for f in files:
+    for f in (paths.results, *files):
         for _, rec, _ in read_lines(f).valid:
-            found[rec["cell"]] = rec
+            if accept is None or accept(rec):
+                found[rec["cell"]] = rec
     return found
 
 
@@ -277,14 +284,17 @@ def in_flight(entry: dict[str, Any] | None, states: dict[str, str] | None = None
     return False, ""
 
 
-def triage(paths: SweepPaths, cells: Iterable[Cell]) -> tuple[list[str], list[tuple[Cell, str]], list[Cell]]:
-    """Sort cells for a (re)run: keys already done, (cell, why) still in flight, cells to run.
+def triage(
+    paths: SweepPaths, cells: Iterable[Cell], accept: Accept | None = None
+) -> tuple[list[str], list[tuple[Cell, str]], list[Cell]]:
+    """Sort cells for a (re)run: keys already done (by a line ``accept`` takes), (cell, why) still
+    in flight, cells to run.
 
     What to do with in-flight cells is the executor's choice (local refuses, Slurm skips or,
     with --force, resubmits), so they are returned, not decided here.
     """
     cells = list(cells)
-    done = done_records(paths, cells)
+    done = done_records(paths, cells, accept)
     book = JobBook(paths.jobs)
     states = sacct_states([str(e["job_id"]) for e in book.entries.values() if e.get("backend") == "slurm"])
     finished, busy, todo = [], [], []

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 def validate_against(
     results: Sequence[str | Path] | str | Path, profile: Profile, overlap: str = "none"
 ) -> pd.DataFrame:
-    """Project every measured cell that ran on ``profile``'s kind of machine and compare.
+    """Project every measured cell of the newest measurement (``load.split_latest``) that ran on
+    ``profile``'s kind of machine and compare.
 
     A CPU profile is compared with gloo lines, a GPU profile with NCCL lines. One row per
     (cell, timing): ``timing`` is ``step`` (the runtime's total, what bench-step and the harness
@@ -31,9 +32,9 @@ def validate_against(
     import pandas as pd
 
     from canzona.analysis.aggregate import aggregate_cells, finite
-    from canzona.analysis.load import load_results
+    from canzona.analysis.load import load_results, split_latest
 
-    cells = aggregate_cells(load_results(results))
+    cells = aggregate_cells(split_latest(load_results(results))[0])  # this run's measurement, not references
     rows: list[dict[str, Any]] = []
     if cells.empty:
         return pd.DataFrame(rows)

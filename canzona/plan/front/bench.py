@@ -5,7 +5,8 @@ provenance "computed by planner"; nothing here is measured on hardware):
   comm_goals.csv/.md   issue #11's DP communication budget per α and layout (``bench_goals``)
   models_goals.csv/.md issue #13's quality and planner-speed goals on every model (``bench_goals``)
   coop_goals.csv/.md   issue #12's cooperative Newton–Schulz goal on the 256-GPU grid (``bench_coop``)
-qwen3 suite:
+qwen3 suite (``--layouts M:TP:PP,...``: those layouts only, no α sweeps; `make reproduce-table2` plans
+Table 2's five this way in seconds):
   efficiency.csv/.md   every model × layout (TP∈{1,2,4,8}, PP∈{1,2,4}, DP=256/(TP·PP)), fused
                        Megatron matrices: asc (zero-atomic), layerwise, canzona blend (authors'),
                        canzona exact, canzona refine (ours, default α); split views: canzona refine
@@ -80,6 +81,13 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=output_dir, default="results/planner", help="output folder")
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated models of the qwen3 suite")
     p.add_argument(
+        "--layouts",
+        type=_layouts,
+        default=None,
+        help="qwen3 suite on these layouts only, MODEL:TP:PP comma-separated (DP = 256/(TP·PP)), e.g. Table 2's "
+        "from slurm/sweeps/table2.toml; the alpha sweeps stay with the full grid",
+    )
+    p.add_argument(
         "--bucket-size", type=positive_int, default=None, help="elements per DP bucket (default: Megatron's rule)"
     )
     p.add_argument("--optimizer", default="muon", help=" | ".join(matrix_optimizer_names()))
@@ -92,6 +100,20 @@ def configure(p: argparse.ArgumentParser) -> None:
         "(repeatable; default: all four)",
     )
     p.add_argument("--no-plots", action="store_true")
+
+
+def _layouts(text: str) -> list[tuple[str, int, int]]:
+    """``MODEL:TP:PP,...`` -> [(model, tp, pp)]; a malformed item is a one-line usage error."""
+    import argparse
+
+    out = []
+    for item in (t.strip() for t in text.split(",")):
+        parts = item.split(":")
+        numbers = len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit()
+        if not numbers or int(parts[1]) * int(parts[2]) == 0 or WORLD % (int(parts[1]) * int(parts[2])):
+            raise argparse.ArgumentTypeError(f"layout {item!r} is not MODEL:TP:PP with TP·PP dividing {WORLD}")
+        out.append((parts[0], int(parts[1]), int(parts[2])))
+    return out
 
 
 def _methods(alpha: float) -> list[tuple[str, dict[str, Any]]]:
@@ -155,38 +177,41 @@ class _Bench:
         return {**row, **self.tag}
 
 
-def _grid(b: _Bench, models: Sequence[str], alpha: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Every model × (TP, PP) at WORLD GPUs: the methods on fused matrices, refine on split views."""
+def _grid(
+    b: _Bench, layouts: Sequence[tuple[str, int, int]], alpha: float
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Each (model, TP, PP) at WORLD GPUs: the methods on fused matrices, refine on split views."""
+    from tqdm import tqdm
+
     from canzona.plan.types import Layout
 
     eff_rows: list[dict[str, Any]] = []
     bound_rows: list[dict[str, Any]] = []
-    for model in models:
-        for tp in TPS:
-            for pp in PPS:
-                layout = Layout(dp=WORLD // (tp * pp), tp=tp, pp=pp)
-                rows = [b.record(model, layout, method, (), b.config(**kw)) for method, kw in _methods(alpha)]
-                split = b.record(model, layout, "canzona-refine", SPLIT, b.config(alpha=alpha))
-                eff_rows += [*rows, split]
-                fused = rows[-1]
-                bound_rows.append(
-                    {
-                        **{k: fused[k] for k in ("model", "tp", "pp", "dp", "world")},
-                        "matrices_fused": fused["matrices"],
-                        "matrices_split": split["matrices"],
-                        "gpus_per_stage": layout.dp * tp,
-                        "bound_fused": fused["lower_bound"],
-                        "bound_split": split["lower_bound"],
-                        "tight_bound_fused": fused["tight_lower_bound"],
-                        "tight_bound_split": split["tight_lower_bound"],
-                        "canzona_efficiency_fused": fused["efficiency"],
-                        "canzona_efficiency_split": split["efficiency"],
-                        "optimizer": b.args.optimizer,
-                        "cost": "flops",
-                        "bucket_size": fused["bucket_size"],
-                        **b.tag,
-                    }
-                )
+    # a bar of layouts planned on a terminal only (disable=None), so logs stay readable
+    for model, tp, pp in tqdm(layouts, desc="plan-bench qwen3", unit="layout", disable=None, dynamic_ncols=True):
+        layout = Layout(dp=WORLD // (tp * pp), tp=tp, pp=pp)
+        rows = [b.record(model, layout, method, (), b.config(**kw)) for method, kw in _methods(alpha)]
+        split = b.record(model, layout, "canzona-refine", SPLIT, b.config(alpha=alpha))
+        eff_rows += [*rows, split]
+        fused = rows[-1]
+        bound_rows.append(
+            {
+                **{k: fused[k] for k in ("model", "tp", "pp", "dp", "world")},
+                "matrices_fused": fused["matrices"],
+                "matrices_split": split["matrices"],
+                "gpus_per_stage": layout.dp * tp,
+                "bound_fused": fused["lower_bound"],
+                "bound_split": split["lower_bound"],
+                "tight_bound_fused": fused["tight_lower_bound"],
+                "tight_bound_split": split["tight_lower_bound"],
+                "canzona_efficiency_fused": fused["efficiency"],
+                "canzona_efficiency_split": split["efficiency"],
+                "optimizer": b.args.optimizer,
+                "cost": "flops",
+                "bucket_size": fused["bucket_size"],
+                **b.tag,
+            }
+        )
     return eff_rows, bound_rows
 
 
@@ -199,11 +224,13 @@ def _qwen3_suite(b: _Bench, out: Path) -> str:
 
     args, alpha = b.args, DEFAULT_ALPHA
     models = [m.strip() for m in args.models.split(",") if m.strip()]
+    layouts = args.layouts or [(m, tp, pp) for m in models for tp in TPS for pp in PPS]
+    models = list(dict.fromkeys(m for m, _, _ in layouts))
     t0 = time.perf_counter()
-    eff_rows, bound_rows = _grid(b, models, alpha)
+    eff_rows, bound_rows = _grid(b, layouts, alpha)
     sweep_rows: list[dict[str, Any]] = []
     for sm, stp, spp, sdp in SWEEPS:
-        if sm in models:
+        if sm in models and not args.layouts:
             sl = Layout(dp=sdp, tp=stp, pp=spp)
             for views in ((), SPLIT):
                 for algo in ("refine", "exact", "greedy", "blend"):
@@ -211,7 +238,7 @@ def _qwen3_suite(b: _Bench, out: Path) -> str:
                         sweep_rows.append(b.record(sm, sl, f"canzona-{algo}", views, b.config(dp_algo=algo, alpha=a)))
     hm, htp, hpp = HEADLINE
     timing = []
-    if hm in models:
+    if (hm, htp, hpp) in layouts:
         hl = Layout(dp=WORLD // (htp * hpp), tp=htp, pp=hpp)
         for _ in range(5):
             plans = plan_model(hm, hl, b.config(alpha=alpha), cost_model=b.cm)
@@ -270,7 +297,7 @@ def _goal_suite(b: _Bench, out: Path, name: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from canzona.models import get_model
 
-    for m in args.models.split(","):
+    for m in [*args.models.split(","), *(m for m, _, _ in args.layouts or ())]:
         if m.strip():
             get_model(m.strip())  # an unknown model is a ConfigError before any work
     b = _Bench(args)

@@ -214,7 +214,11 @@ def model_row(model: str, layout: Layout) -> dict[str, Any]:
 
 
 def models_suite(models: Sequence[str] = MODEL_SUITE) -> tuple[list[dict[str, Any]], str]:
-    rows = [model_row(m, Layout(dp=dp, tp=tp, pp=pp)) for m in models for dp, tp, pp in _layouts(m)]
+    from tqdm import tqdm
+
+    layouts = [(m, Layout(dp=dp, tp=tp, pp=pp)) for m in models for dp, tp, pp in _layouts(m)]
+    # layouts planned of N on a terminal (disable=None): the suite takes minutes on 2 cores
+    rows = [model_row(m, lay) for m, lay in tqdm(layouts, desc="plan-bench models", unit="layout", disable=None)]
     miss = [r for r in rows if not r["reaches_098"]]
     below = [r for r in rows if not r["never_below"]]
     moe = [r for r in rows if r["model"] == "qwen3-30b-a3b" and r["world"] == 256]
