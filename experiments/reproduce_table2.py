@@ -455,7 +455,7 @@ def slurm_mode(args: argparse.Namespace) -> int:
 
     if not args.profile:
         raise ConfigError(
-            "sbatch is on PATH, so this runs on Slurm and needs a cluster profile: copy slurm/profiles/example.toml, "
+            "Slurm mode (sbatch on PATH, or CLUSTER=slurm) needs a cluster profile: copy slurm/profiles/example.toml, "
             "fill it in and run `make reproduce-table2 PROFILE=slurm/profiles/<site>.toml`; or run the embedded "
             "default on this machine with `make reproduce-table2 CLUSTER=local`"
         )
