@@ -90,7 +90,7 @@ table2: $(STAMP)
 # The notebook runs with its kernel in analysis/ (as Jupyter starts it); its paths resolve from the
 # repository root, so it reads results/ wherever it is started.
 notebook: $(STAMP)
-	$(VPY) -m jupyter nbconvert --to notebook --execute analysis/table2.ipynb --output-dir results --output table2.ipynb
+	$(VPY) -m nbconvert --to notebook --execute analysis/table2.ipynb --output-dir results --output table2.ipynb
 
 planner-bench: $(STAMP)
 	$(VPY) -m canzona plan-bench --out results/planner

@@ -669,8 +669,8 @@ def _table2(step: Step, run: Run) -> None:
 
 
 def _notebook(step: Step, run: Run) -> None:
-    argv = ["nbconvert", "--to", "notebook", "--execute", "analysis/table2.ipynb"]
-    run_command(step, [*argv, "--output-dir", "results", "--output", "table2.ipynb"], module="jupyter")
+    argv = ["--to", "notebook", "--execute", "analysis/table2.ipynb", "--output-dir", "results"]
+    run_command(step, [*argv, "--output", "table2.ipynb"], module="nbconvert")  # = make notebook
     if step.status == "ok":
         step.outputs.append("results/table2.ipynb")
 
