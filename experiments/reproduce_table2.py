@@ -117,19 +117,20 @@ def quick_cell(cell: Cell) -> bool:
     return cell.dp == 2 and cell.tp == 2 and cell.ns_dtype == "bf16"
 
 
-# Step budgets in seconds: each step's wall time on our idle 2-core VM (README "Set up"), reduced and
-# full. They are what the progress line's estimate of the rest is made of, scaled by how fast this
-# run has gone so far against them (a loaded machine finishes later, and the estimate says so).
+# Step budgets in seconds on our idle 2-core VM (README "Set up"): reduced from the CPU time each step
+# took at 413d765 (the 4-rank steps' halved for two cores), full from the step times measured before.
+# They are what the progress line's estimate of the rest is made of, scaled by how fast this run has
+# gone so far against them (a loaded machine finishes later, and the estimate says so).
 BUDGET_S = {
     "reduced": {
-        "local-sweep": 110,
-        "bench-step": 70,
-        "planner": 15,
-        "projection": 40,
+        "local-sweep": 40,
+        "bench-step": 50,
+        "planner": 10,
+        "projection": 75,
         "calibration": 0,
-        "validation": 10,
-        "table2": 20,
-        "notebook": 25,
+        "validation": 5,
+        "table2": 40,
+        "notebook": 40,
     },
     "full": {
         "local-sweep": 420,

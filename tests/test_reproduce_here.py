@@ -201,3 +201,17 @@ def test_measured_lines_of_two_commits_are_never_pooled(tmp_path):
     mine, reference = split_latest(load_results([f]))
     assert list(mine["git_commit"]) == ["b" * 40] and list(reference["git_commit"]) == ["a" * 40]
     assert list(build_table2(aggregate_cells(mine))[MEASURED_AT_COL]) == ["vm @ bbbbbbb"]
+
+
+def test_progress_counts_the_steps_that_run_and_estimates_the_rest(capsys):
+    mod = _reproduce_module()
+    steps = mod.default_steps(full=False)
+    steps[4].status = "skipped"  # calibration, in a reduced run
+    progress = mod.Progress(steps, mod.BUDGET_S["reduced"])
+    progress.start(steps[0])
+    out = capsys.readouterr().out
+    left = sum(mod.BUDGET_S["reduced"][s.name] for s in steps if s.status != "skipped")
+    assert f"step 1 of {len(steps) - 1} [local-sweep]" in out and f"about {mod._mmss(left)} left" in out
+    progress.finish(steps[0])
+    progress.start(steps[5])  # validation: the 6th step, 5th that runs
+    assert "step 5 of 7 [validation]" in capsys.readouterr().out

@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 def validate_against(
     results: Sequence[str | Path] | str | Path, profile: Profile, overlap: str = "none"
 ) -> pd.DataFrame:
-    """Project every measured cell of the newest measurement (``load.split_latest``) that ran on
-    ``profile``'s kind of machine and compare.
+    """Project every measured cell of the newest measurement (``load.split_latest``) among the lines
+    that ran on ``profile``'s kind of machine and compare.
 
     A CPU profile is compared with gloo lines, a GPU profile with NCCL lines. One row per
     (cell, timing): ``timing`` is ``step`` (the runtime's total, what bench-step and the harness
@@ -34,11 +34,14 @@ def validate_against(
     from canzona.analysis.aggregate import aggregate_cells, finite
     from canzona.analysis.load import load_results, split_latest
 
-    cells = aggregate_cells(split_latest(load_results(results))[0])  # this run's measurement, not references
+    want_backend = "gloo" if profile.kind == "cpu" else "nccl"
+    df = load_results(results)
+    if not df.empty:  # this kind of machine's newest measurement (load.split_latest), not its references
+        df = df[(df["provenance"] != "measured") | (df["backend"] == want_backend)]
+    cells = aggregate_cells(split_latest(df)[0])
     rows: list[dict[str, Any]] = []
     if cells.empty:
         return pd.DataFrame(rows)
-    want_backend = "gloo" if profile.kind == "cpu" else "nccl"
     cache: dict[tuple[Any, ...], Projection] = {}
     for r in cells[cells["provenance"] == "measured"].to_dict("records"):
         base = {
