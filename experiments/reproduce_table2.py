@@ -114,7 +114,8 @@ QUICK_BENCH = ("dp2_tp2", "w16_dp2_tp2_nsfp32")
 def quick_cell(cell: Cell) -> bool:
     """The reduced sweep's cells: DP2×TP2 (Canzona's DP partition and TP micro-groups both run), every
     method, Newton–Schulz in bf16 (the format every method shares)."""
-    return cell.dp == 2 and cell.tp == 2 and cell.ns_dtype == "bf16"
+    lay = cell.spec.layout
+    return lay.dp == 2 and lay.tp == 2 and cell.spec.optim.ns_dtype == "bf16"
 
 
 # Step budgets in seconds on our idle 2-core VM (README "Set up"): reduced from the CPU time each step
@@ -255,7 +256,7 @@ def local_sweep(step: Step, run: Run) -> None:
     paths = SweepPaths.for_sweep(defn.name, ROOT / "runs", RESULTS)
     cells = defn.cells() if run.full else [c for c in defn.cells() if quick_cell(c)]
     if not run.full and not PEER_PY.exists():
-        cells = [c for c in cells if c.method != "megatron-muon"]
+        cells = [c for c in cells if not c.spec.is_peer]
         print("megatron-muon: skipped (it needs the optional peer environment, make megatron-peer-env)")
     print(
         f"sweep {defn.name}: {len(cells)} of {len(defn.cells())} cells, world {defn.world} (forked gloo ranks); "

@@ -134,7 +134,7 @@ def test_a_committed_line_from_elsewhere_is_not_this_machines_measurement(repro,
 def _cell(mod, method: str):
     from canzona.sweep.definition import load_sweep
 
-    return next(c for c in load_sweep(mod.LOCAL_SWEEP).cells() if c.method == method)
+    return next(c for c in load_sweep(mod.LOCAL_SWEEP).cells() if c.spec.plan.method == method)
 
 
 def test_bench_runs_resume_only_from_this_machines_json(repro, monkeypatch):
