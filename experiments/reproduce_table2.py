@@ -122,7 +122,7 @@ def quick_cell(cell: Cell) -> bool:
 # took at 413d765 (the 4-rank steps' halved for two cores), full from the step times measured before.
 # They are what the progress line's estimate of the rest is made of, scaled by how fast this run has
 # gone so far against them (a loaded machine finishes later, and the estimate says so).
-BUDGET_S = {
+BUDGET_S: dict[str, dict[str, float]] = {
     "reduced": {
         "local-sweep": 40,
         "bench-step": 50,
@@ -425,7 +425,7 @@ def collect_sweeps(runs_dir: Path = ROOT / "runs", results_dir: Path = RESULTS) 
     return out
 
 
-def summary(steps: list[Step], t0: float, reused: list[str] = ()) -> int:
+def summary(steps: list[Step], t0: float, reused: tuple[str, ...] | list[str] = ()) -> int:
     print(f"\n=== summary ({time.monotonic() - t0:.0f} s; CPU {_children_cpu():.0f} s of the steps' processes) ===")
     for s in steps:
         print(
