@@ -121,81 +121,22 @@ def load_profile(name_or_path: str | Path) -> Profile:
     """Profile by name (``H800``, ``cpu-local``, ...) from canzona/analysis/profiles, or by path.
 
     Every number must have a ``<key>_source`` entry beside it: a profile without sources is
-    rejected, because the projection is only as honest as its inputs. (Over 80 lines: one
-    checked read per profile field, in the file's order, reads better than a table of parsers.)
+    rejected, because the projection is only as honest as its inputs.
     """
-    p = Path(name_or_path)
-    if not p.suffix:
-        p = PROFILE_DIR / f"{name_or_path}.toml"
-    if not p.is_file():
-        raise ConfigError(
-            f"hardware profile {name_or_path!r} not found; known: {', '.join(profile_names())} "
-            "(cpu-local is written by `canzona calibrate-cpu`)"
-        )
-    try:
-        raw = tomllib.loads(p.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"cannot read hardware profile {p}: {exc}") from exc
-    sources: dict[str, str] = {}
-
-    def need(table: dict[str, Any], key: str, where: str) -> Any:
-        if key not in table:
-            raise ConfigError(f"hardware profile {p}: [{where}] lacks {key}")
-        src = table.get(f"{key}_source")
-        if not src:
-            raise ConfigError(f"hardware profile {p}: [{where}] {key} has no {key}_source; every number needs one")
-        sources[f"{where}.{key}"] = str(src)
-        v = table[key]
-        if key == "comm_compute_overlap":
-            if not isinstance(v, bool):
-                raise ConfigError(f"hardware profile {p}: [{where}] {key} must be true or false, got {v!r}")
-            return v
-        return _number(p, where, key, v)
-
-    def section(t: Any, where: str) -> dict[str, Any]:
-        if not isinstance(t, dict):
-            raise ConfigError(f"hardware profile {p}: [{where}] must be a table, got {t!r:.40}")
-        return t
-
+    p, raw = _read_profile_file(name_or_path)
+    r = _SourcedReader(p)
     top = {k: v for k, v in raw.items() if not isinstance(v, dict)}
-    comp = section(raw.get("compute", {}), "compute")
-    links = section(raw.get("links", {}), "links")
-    cvals = {k: float(need(comp, k, "compute")) for k in _COMPUTE_KEYS}
-    mfu = float(need(comp, "mfu", "compute")) if "mfu" in comp else None  # absent: iteration not projected
-    cores = float(need(comp, "shared_cores", "compute")) if "shared_cores" in comp else None
-
-    def link(which: str) -> Link:
-        t = links.get(which)
-        if t is None:
-            raise ConfigError(f"hardware profile {p}: [links.{which}] is missing")
-        return Link(*(float(need(section(t, f"links.{which}"), k, f"links.{which}")) for k in _LINK_KEYS))
-
-    measured: dict[tuple[int, int], float] = {}
-    table = comp.get("measured_ms")
-    if table is not None:
-        if not section(table, "compute.measured_ms").get("source"):
-            raise ConfigError(f"hardware profile {p}: [compute.measured_ms] needs a source entry")
-        sources["compute.measured_ms"] = str(table["source"])
-        for key, ms in table.items():
-            if key == "source":
-                continue
-            try:
-                m, n = (int(x) for x in key.split("x"))
-            except ValueError as exc:
-                raise ConfigError(f"hardware profile {p}: measured_ms key {key!r} is not 'MxN'") from exc
-            measured[(m, n)] = _number(p, "compute.measured_ms", key, ms)
-    fits: dict[str, CollectiveFit] = {}
-    for kind, t in section(raw.get("collectives", {}), "collectives").items():
-        if kind not in COLLECTIVES:
-            raise ConfigError(f"hardware profile {p}: unknown collective {kind!r}; known: {', '.join(COLLECTIVES)}")
-        t = section(t, f"collectives.{kind}")
-        fits[kind] = CollectiveFit(
-            need(t, "latency_us", f"collectives.{kind}"), need(t, "bus_bw", f"collectives.{kind}")
-        )
+    comp = r.section(raw.get("compute", {}), "compute")
+    links = r.section(raw.get("links", {}), "links")
+    cvals = {k: float(r.need(comp, k, "compute")) for k in _COMPUTE_KEYS}
+    mfu = float(r.need(comp, "mfu", "compute")) if "mfu" in comp else None  # absent: iteration not projected
+    cores = float(r.need(comp, "shared_cores", "compute")) if "shared_cores" in comp else None
+    measured = r.measured_ms(comp.get("measured_ms"))
+    fits = r.collective_fits(r.section(raw.get("collectives", {}), "collectives"))
     prof = Profile(
         name=str(top.get("name", p.stem)),
         kind=str(top.get("kind", "gpu")),
-        gpus_per_node=int(need(top, "gpus_per_node", "profile")),
+        gpus_per_node=int(r.need(top, "gpus_per_node", "profile")),
         peak_flops=cvals["peak_flops"],
         matmul_efficiency=cvals["matmul_efficiency"],
         per_matrix_overhead_us=cvals["per_matrix_overhead_us"],
@@ -206,20 +147,103 @@ def load_profile(name_or_path: str | Path) -> Profile:
         mfu=mfu,
         param_bytes=int(cvals["param_bytes"]),
         grad_bytes=int(cvals["grad_bytes"]),
-        intra=link("intra"),
-        inter=link("inter"),
-        comm_compute_overlap=bool(need(top, "comm_compute_overlap", "profile")),
+        intra=r.link(links, "intra"),
+        inter=r.link(links, "inter"),
+        comm_compute_overlap=bool(r.need(top, "comm_compute_overlap", "profile")),
         collectives=fits,
         measured_ms=measured,
         shared_cores=cores,
         description=str(top.get("description", "")),
-        sources=sources,
+        sources=r.sources,
         path=str(p),
     )
     for k in ("peak_flops", "mem_bw", "matmul_efficiency") + (("mfu",) if mfu is not None else ()):
         if getattr(prof, k) <= 0:
             raise ConfigError(f"hardware profile {p}: {k} must be positive")
     return prof
+
+
+def _read_profile_file(name_or_path: str | Path) -> tuple[Path, dict[str, Any]]:
+    """(path, parsed TOML) of a profile given by name or path; ConfigError naming the known ones."""
+    p = Path(name_or_path)
+    if not p.suffix:
+        p = PROFILE_DIR / f"{name_or_path}.toml"
+    if not p.is_file():
+        raise ConfigError(
+            f"hardware profile {name_or_path!r} not found; known: {', '.join(profile_names())} "
+            "(cpu-local is written by `canzona calibrate-cpu`)"
+        )
+    try:
+        return p, tomllib.loads(p.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read hardware profile {p}: {exc}") from exc
+
+
+class _SourcedReader:
+    """Reads a profile's checked numbers, each with its ``<key>_source``, recording the sources in
+    the order they are read (``Profile.sources``)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sources: dict[str, str] = {}
+
+    def need(self, table: dict[str, Any], key: str, where: str) -> Any:
+        p = self.path
+        if key not in table:
+            raise ConfigError(f"hardware profile {p}: [{where}] lacks {key}")
+        src = table.get(f"{key}_source")
+        if not src:
+            raise ConfigError(f"hardware profile {p}: [{where}] {key} has no {key}_source; every number needs one")
+        self.sources[f"{where}.{key}"] = str(src)
+        v = table[key]
+        if key == "comm_compute_overlap":
+            if not isinstance(v, bool):
+                raise ConfigError(f"hardware profile {p}: [{where}] {key} must be true or false, got {v!r}")
+            return v
+        return _number(p, where, key, v)
+
+    def section(self, t: Any, where: str) -> dict[str, Any]:
+        if not isinstance(t, dict):
+            raise ConfigError(f"hardware profile {self.path}: [{where}] must be a table, got {t!r:.40}")
+        return t
+
+    def link(self, links: dict[str, Any], which: str) -> Link:
+        t = links.get(which)
+        if t is None:
+            raise ConfigError(f"hardware profile {self.path}: [links.{which}] is missing")
+        where = f"links.{which}"
+        return Link(*(float(self.need(self.section(t, where), k, where)) for k in _LINK_KEYS))
+
+    def measured_ms(self, table: Any) -> dict[tuple[int, int], float]:
+        """[compute.measured_ms]: ``"MxN" = ms`` entries under one source."""
+        measured: dict[tuple[int, int], float] = {}
+        if table is None:
+            return measured
+        if not self.section(table, "compute.measured_ms").get("source"):
+            raise ConfigError(f"hardware profile {self.path}: [compute.measured_ms] needs a source entry")
+        self.sources["compute.measured_ms"] = str(table["source"])
+        for key, ms in table.items():
+            if key == "source":
+                continue
+            try:
+                m, n = (int(x) for x in key.split("x"))
+            except ValueError as exc:
+                raise ConfigError(f"hardware profile {self.path}: measured_ms key {key!r} is not 'MxN'") from exc
+            measured[(m, n)] = _number(self.path, "compute.measured_ms", key, ms)
+        return measured
+
+    def collective_fits(self, tables: dict[str, Any]) -> dict[str, CollectiveFit]:
+        """[collectives.<kind>]: a latency and bus bandwidth fit per collective kind."""
+        fits: dict[str, CollectiveFit] = {}
+        for kind, t in tables.items():
+            if kind not in COLLECTIVES:
+                raise ConfigError(
+                    f"hardware profile {self.path}: unknown collective {kind!r}; known: {', '.join(COLLECTIVES)}"
+                )
+            where = f"collectives.{kind}"
+            t = self.section(t, where)
+            fits[kind] = CollectiveFit(self.need(t, "latency_us", where), self.need(t, "bus_bw", where))
+        return fits
 
 
 def with_profile_overrides(profile: Profile, **kw: Any) -> Profile:

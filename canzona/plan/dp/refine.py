@@ -28,6 +28,9 @@ import numpy as np
 
 from canzona.plan.dp.problem import DPProblem
 
+# (J, Φ, kind 0 move / 1 swap, item, target rank or swap partner, priced exactly?)
+Candidate = tuple[float, float, int, int, int, bool]
+
 P_EXP = 8
 REL_EPS = 1e-12
 MAX_STEPS_PER_ITEM = 10
@@ -200,96 +203,118 @@ class Search:
         return R + np.maximum(H / self.tp, top)
 
     def step(self) -> bool:
-        """One local-search move on the critical ranks: single moves and swaps priced vectorised,
-        then the best feasible one applied. True if the plan improved. (Over 80 lines: the three
-        parts share the ~15 per-rank arrays of one pricing; split, they would pass them all around.)"""
+        """One local-search move on the critical ranks: single moves and swaps priced vectorised
+        (``_move_candidates``, ``_swap_candidates``), then the best feasible one applied
+        (``_best_move``). True if the plan improved."""
         cur = self.key()
         phis = self.phi_terms(self.G, self.S)
         ranks = sorted(range(self.dp), key=lambda r: (-phis[r], r))[:CRITICAL_GROUPS]
-        a_ = self.alpha
-        n = self.p.n
-        idx_all = np.arange(n)
         owner_arr = np.asarray(self.owner)
         for a in ranks:
             if not self.members[a]:
                 continue
-            cands = []  # (J, Φ, kind, i, x, exact?)
+            cands: list[Candidate] = []
             for i in self.members[a]:
-                ci, wi, shi = self.c[i], self.w[i], bool(self.sh[i])
-                rest = [k for k in self.members[a] if k != i]
-                Sa = self.S[a] - wi
-                Ga = self.L[a] - ci if self.simple else self.exact_g(rest)
-                # single moves i -> q
-                q = np.array([r for r in range(self.dp) if r != a])
-                Sq = self.S[q] + wi
-                if self.simple or not shi:
-                    Gq = self.G[q] + ci
-                else:
-                    Gq = np.maximum(self.G[q], self._g_lb(self.R[q], self.H[q] + ci, np.maximum(self.top[q], ci)))
-                J = (
-                    a_ * np.maximum(self._excl(self.G, a, q), np.maximum(Ga, Gq)) / self.gs
-                    + (1 - a_) * np.maximum(self._excl(self.S, a, q), np.maximum(Sa, Sq)) / self.ss
-                )
-                F = cur[1] - phis[a] - phis[q] + self.phi_terms(Ga, Sa) + self.phi_terms(Gq, Sq)
-                exact = self.simple or not shi
-                for k in np.flatnonzero(self._improving(J, F, cur)):
-                    cands.append((float(J[k]), float(F[k]), 0, i, int(q[k]), exact))
-                # swaps i <-> j (j in another group)
-                js = idx_all[owner_arr != a]
-                self.p.work += int(q.size + js.size)
-                if js.size:
-                    b = owner_arr[js]
-                    dc = self.c[js] - ci
-                    dw = self.w[js] - wi
-                    keep = (dc < 0) | (dw < 0)
-                    js, b, dc, dw = js[keep], b[keep], dc[keep], dw[keep]
-                if js.size:
-                    Sa2 = self.S[a] + dw
-                    Sb2 = self.S[b] - dw
-                    if self.simple:
-                        Ga2 = self.L[a] + dc
-                        Gb2 = self.L[b] - dc
-                    else:
-                        shj = self.sh[js]
-                        cj = self.c[js]
-                        Ra = self.R[a] - (0 if shi else ci) + np.where(shj, 0.0, cj)
-                        Ha = self.H[a] - (ci if shi else 0) + np.where(shj, cj, 0.0)
-                        Ga2 = self._g_lb(Ra, Ha, np.where(shj, cj, 0.0))
-                        Rb = self.R[b] - np.where(shj, 0.0, cj) + (0 if shi else ci)
-                        Hb = self.H[b] - np.where(shj, cj, 0.0) + (ci if shi else 0)
-                        Gb2 = self._g_lb(Rb, Hb, np.full(len(js), ci if shi else 0.0))
-                    J = (
-                        a_ * np.maximum(self._excl(self.G, a, b), np.maximum(Ga2, Gb2)) / self.gs
-                        + (1 - a_) * np.maximum(self._excl(self.S, a, b), np.maximum(Sa2, Sb2)) / self.ss
-                    )
-                    F = cur[1] - phis[a] - phis[b] + self.phi_terms(Ga2, Sa2) + self.phi_terms(Gb2, Sb2)
-                    for k in np.flatnonzero(self._improving(J, F, cur)):
-                        cands.append((float(J[k]), float(F[k]), 1, i, int(js[k]), self.simple))
-            cands.sort(key=lambda x: (x[0], x[1], x[2], x[3], x[4]))
-            best: tuple[tuple[float, float], tuple[int, int, int]] | None = None
-            checks = 0
-            for J0, F0, kind, i, x, exact in cands:
-                if best is not None and not better((J0, F0), best[0]):
-                    break
-                if not exact:
-                    checks += 1
-                    if checks > EXACT_CHECKS:
-                        break
-                    J0, F0 = self._exact_key(a, kind, i, x, cur, phis)
-                    if not better((J0, F0), best[0] if best else cur):
-                        continue
-                moves = [(i, x)] if kind == 0 else [(i, self.owner[x]), (x, a)]
-                if self._feasible(moves):
-                    best = ((J0, F0), (kind, i, x))
-                    if exact and best is not None:
-                        break
+                cands += self._move_candidates(a, i, cur, phis)
+                cands += self._swap_candidates(a, i, cur, phis, owner_arr)
+            best = self._best_move(a, cands, cur, phis)
             if best is not None:
-                kind, i, x = best[1]
-                moves = [(i, x)] if kind == 0 else [(i, self.owner[x]), (x, a)]
-                ok = self.try_apply(moves)
+                ok = self.try_apply(self._moves(a, *best))
                 assert ok
                 return True
         return False
+
+    def _moves(self, a: int, kind: int, i: int, x: int) -> list[tuple[int, int]]:
+        """Item i to rank x (kind 0), or i swapped with item x of another rank (kind 1)."""
+        return [(i, x)] if kind == 0 else [(i, self.owner[x]), (x, a)]
+
+    def _move_candidates(self, a: int, i: int, cur: tuple[float, float], phis: np.ndarray) -> list[Candidate]:
+        """Improving single moves of item i from rank a to every other rank, priced vectorised."""
+        a_ = self.alpha
+        ci, wi, shi = self.c[i], self.w[i], bool(self.sh[i])
+        rest = [k for k in self.members[a] if k != i]
+        Sa = self.S[a] - wi
+        Ga = self.L[a] - ci if self.simple else self.exact_g(rest)
+        q = np.array([r for r in range(self.dp) if r != a])
+        Sq = self.S[q] + wi
+        if self.simple or not shi:
+            Gq = self.G[q] + ci
+        else:
+            Gq = np.maximum(self.G[q], self._g_lb(self.R[q], self.H[q] + ci, np.maximum(self.top[q], ci)))
+        J = (
+            a_ * np.maximum(self._excl(self.G, a, q), np.maximum(Ga, Gq)) / self.gs
+            + (1 - a_) * np.maximum(self._excl(self.S, a, q), np.maximum(Sa, Sq)) / self.ss
+        )
+        F = cur[1] - phis[a] - phis[q] + self.phi_terms(Ga, Sa) + self.phi_terms(Gq, Sq)
+        exact = self.simple or not shi
+        return [(float(J[k]), float(F[k]), 0, i, int(q[k]), exact) for k in np.flatnonzero(self._improving(J, F, cur))]
+
+    def _swap_candidates(
+        self, a: int, i: int, cur: tuple[float, float], phis: np.ndarray, owner_arr: np.ndarray
+    ) -> list[Candidate]:
+        """Improving swaps of item i (rank a) with an item j of another rank that is cheaper or
+        narrower, priced vectorised; counts the step's work (moves and swaps looked at)."""
+        a_ = self.alpha
+        ci, wi, shi = self.c[i], self.w[i], bool(self.sh[i])
+        js = np.arange(self.p.n)[owner_arr != a]
+        self.p.work += int((self.dp - 1) + js.size)
+        if not js.size:
+            return []
+        b = owner_arr[js]
+        dc = self.c[js] - ci
+        dw = self.w[js] - wi
+        keep = (dc < 0) | (dw < 0)
+        js, b, dc, dw = js[keep], b[keep], dc[keep], dw[keep]
+        if not js.size:
+            return []
+        Sa2 = self.S[a] + dw
+        Sb2 = self.S[b] - dw
+        if self.simple:
+            Ga2 = self.L[a] + dc
+            Gb2 = self.L[b] - dc
+        else:
+            shj = self.sh[js]
+            cj = self.c[js]
+            Ra = self.R[a] - (0 if shi else ci) + np.where(shj, 0.0, cj)
+            Ha = self.H[a] - (ci if shi else 0) + np.where(shj, cj, 0.0)
+            Ga2 = self._g_lb(Ra, Ha, np.where(shj, cj, 0.0))
+            Rb = self.R[b] - np.where(shj, 0.0, cj) + (0 if shi else ci)
+            Hb = self.H[b] - np.where(shj, cj, 0.0) + (ci if shi else 0)
+            Gb2 = self._g_lb(Rb, Hb, np.full(len(js), ci if shi else 0.0))
+        J = (
+            a_ * np.maximum(self._excl(self.G, a, b), np.maximum(Ga2, Gb2)) / self.gs
+            + (1 - a_) * np.maximum(self._excl(self.S, a, b), np.maximum(Sa2, Sb2)) / self.ss
+        )
+        F = cur[1] - phis[a] - phis[b] + self.phi_terms(Ga2, Sa2) + self.phi_terms(Gb2, Sb2)
+        return [
+            (float(J[k]), float(F[k]), 1, i, int(js[k]), self.simple)
+            for k in np.flatnonzero(self._improving(J, F, cur))
+        ]
+
+    def _best_move(
+        self, a: int, cands: list[Candidate], cur: tuple[float, float], phis: np.ndarray
+    ) -> tuple[int, int, int] | None:
+        """The best feasible candidate (kind, i, x), best (J, Φ) first: a lower-bound-priced one is
+        priced exactly (at most EXACT_CHECKS of them) before it can win; the first feasible exact
+        candidate ends the search."""
+        cands.sort(key=lambda x: (x[0], x[1], x[2], x[3], x[4]))
+        best: tuple[tuple[float, float], tuple[int, int, int]] | None = None
+        checks = 0
+        for J0, F0, kind, i, x, exact in cands:
+            if best is not None and not better((J0, F0), best[0]):
+                break
+            if not exact:
+                checks += 1
+                if checks > EXACT_CHECKS:
+                    break
+                J0, F0 = self._exact_key(a, kind, i, x, cur, phis)
+                if not better((J0, F0), best[0] if best else cur):
+                    continue
+            if self._feasible(self._moves(a, kind, i, x)):
+                best = ((J0, F0), (kind, i, x))
+                if exact:
+                    break
+        return best[1] if best is not None else None
 
     def _exact_key(
         self, a: int, kind: int, i: int, x: int, cur: tuple[float, float], phis: np.ndarray
