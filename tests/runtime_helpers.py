@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import zlib
+from collections.abc import Iterator
 
 import torch
+import torch.distributed as dist
 
 from canzona.models import get_model, list_params
 from canzona.models.spec import ParamSpec
@@ -120,3 +123,46 @@ def assemble(shards_per_rank: list[dict], dp: int, tp: int) -> dict[str, torch.T
         parts = [shards_per_rank[t][spec.name] for t in range(tp)]
         out[spec.name] = parts[0] if spec.partition_dim is None else torch.cat(parts, dim=spec.partition_dim)
     return out
+
+
+# name in torch.distributed -> (kind, which tensor argument is the call's buffer: 0 output, 1 input)
+WRAPPED = {
+    "all_reduce": ("all_reduce", 0),
+    "reduce": ("reduce", 0),
+    "broadcast": ("broadcast", 0),
+    "reduce_scatter_tensor": ("reduce_scatter", 1),
+    "reduce_scatter_single": ("reduce_scatter", 1),
+    "all_gather_into_tensor": ("all_gather", 0),
+    "all_gather_single": ("all_gather", 0),
+    "all_to_all_single": ("all_to_all", 1),
+}
+
+
+@contextlib.contextmanager
+def recorded(groups: dict[str, object]) -> Iterator[list[tuple]]:
+    """Record (kind, group name, bytes, root) of every torch.distributed call made inside."""
+    calls: list[tuple] = []
+    saved = {n: getattr(dist, n) for n in WRAPPED if hasattr(dist, n)}
+
+    def wrap(name: str, fn):
+        kind, which = WRAPPED[name]
+
+        def call(*args, **kw):
+            t = args[which] if len(args) > which else kw.get("tensor" if which == 0 else "input")
+            group = kw.get("group")
+            gname = next((k for k, g in groups.items() if g is group), "coop")  # cooperative DP sub-groups
+            root = args[1] if kind in ("reduce", "broadcast") and len(args) > 1 else kw.get("dst", kw.get("src"))
+            if kind in ("reduce", "broadcast") and group is not None:
+                root = dist.get_group_rank(group, root)
+            calls.append((kind, gname, t.numel() * t.element_size(), root))
+            return fn(*args, **kw)
+
+        return call
+
+    for n, fn in saved.items():
+        setattr(dist, n, wrap(n, fn))
+    try:
+        yield calls
+    finally:
+        for n, fn in saved.items():
+            setattr(dist, n, fn)

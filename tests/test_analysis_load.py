@@ -13,7 +13,7 @@ from canzona.analysis.aggregate import aggregate_cells, speedups
 from canzona.analysis.load import ConflictingCellError, DuplicateRunError, load_results
 from canzona.analysis.table2 import build_table2, write_table2
 from canzona.results.schema import ResultsError
-from tests.test_analysis_fixtures import EXPECTED, FIXTURES, make_record
+from tests.analysis_records import EXPECTED, FIXTURES, make_record
 
 GOOD = [FIXTURES / "measured_cpu.jsonl", FIXTURES / "projected_h800.jsonl"]
 

@@ -9,7 +9,7 @@ import pytest
 from canzona.analysis.aggregate import aggregate_cells
 from canzona.analysis.load import load_results
 from canzona.analysis.table2 import build_table2
-from tests.test_analysis_fixtures import FIXTURES
+from tests.analysis_records import FIXTURES
 
 GOOD = [FIXTURES / "measured_cpu.jsonl", FIXTURES / "projected_h800.jsonl"]
 REPO = Path(__file__).resolve().parents[1]
@@ -76,6 +76,7 @@ def test_table2_cli_bad_file_names_line(tmp_path: Path) -> None:
         _table2_cli(["--results", str(FIXTURES / "bad_mixed_versions.jsonl"), "--out", str(tmp_path), "--no-plots"])
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("cwd", ["analysis", "."])
 def test_notebook_executes_from_analysis_and_from_the_root(tmp_path: Path, cwd: str) -> None:
     """Jupyter and nbconvert start the kernel in analysis/; the notebook's paths (relative to the

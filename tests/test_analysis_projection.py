@@ -269,7 +269,7 @@ def test_validate_against_projects_the_measured_cell(tmp_path: Path, toy) -> Non
     from dataclasses import replace
 
     from canzona.analysis.projection import validate_against
-    from tests.test_analysis_fixtures import make_record
+    from tests.analysis_records import make_record
 
     prof = replace(toy(), kind="cpu", name="toy-cpu", param_bytes=4)  # fp32, as the fixture lines
     s = Scenario("qwen3-micro", Layout(2, 2, 1), "canzona", alpha=0.5, seq_len=1, global_batch=2)
@@ -339,6 +339,7 @@ def test_simulation_without_sharing_equals_the_analytic_step(method: str, toy) -
     assert max(t for _, t in sim.values()) == pytest.approx(st.step_ms, rel=1e-9)
 
 
+@pytest.mark.multiproc
 def test_calibrate_cpu_writes_a_loadable_sourced_profile(tmp_path: Path) -> None:
     """A tiny calibration (2 forked gloo ranks, qwen3-micro shapes) produces a profile the projection
     accepts, with every measured shape, a core count and a fit per collective kind."""
@@ -431,7 +432,7 @@ def test_validate_skips_lines_in_another_number_format(tmp_path: Path, toy) -> N
     from dataclasses import replace
 
     from canzona.analysis.projection import validate_against
-    from tests.test_analysis_fixtures import make_record
+    from tests.analysis_records import make_record
 
     prof = replace(toy(), kind="cpu", name="toy-cpu", param_bytes=4)
     recs = [

@@ -29,6 +29,7 @@ def repo(tmp_path: Path) -> Path:
     return tmp_path
 
 
+@pytest.mark.multiproc
 def test_clean_tree_records_its_commit(repo: Path) -> None:
     head = _git(repo, "rev-parse", "HEAD")
     assert git_commit(repo) == head
@@ -40,6 +41,7 @@ def test_clean_tree_records_its_commit(repo: Path) -> None:
     assert git_commit(repo) == head
 
 
+@pytest.mark.multiproc
 def test_dirty_tree_records_a_hash_of_its_diff(repo: Path) -> None:
     head = _git(repo, "rev-parse", "HEAD")
     (repo / "code.py").write_text("x = 2\n")
@@ -58,5 +60,6 @@ def test_dirty_tree_records_a_hash_of_its_diff(repo: Path) -> None:
     assert git_commit(repo) != c
 
 
+@pytest.mark.multiproc
 def test_outside_git_is_unknown(tmp_path: Path) -> None:
     assert git_commit(tmp_path / "nowhere") == "unknown"

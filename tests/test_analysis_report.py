@@ -16,7 +16,7 @@ import pytest
 from canzona.analysis.aggregate import aggregate_cells
 from canzona.analysis.load import load_results
 from canzona.analysis.report import CLAIMS, claim_rows, speedup_verdict
-from tests.test_analysis_fixtures import make_record
+from tests.analysis_records import make_record
 
 _n = iter(range(1000))
 UNCHECKED = " (projection not checked against a measurement)"

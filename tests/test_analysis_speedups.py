@@ -32,6 +32,7 @@ def _fake_launch(totals: dict[str, list[float]]):
     return launch
 
 
+@pytest.mark.multiproc
 def test_bench_step_speedups_by_hand(monkeypatch, capsys, tmp_path) -> None:
     # medians: sc 400, layerwise 200, asc 125, canzona 100 (each the middle of three steps)
     totals = {

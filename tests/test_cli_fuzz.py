@@ -466,6 +466,7 @@ def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
+@pytest.mark.multiproc
 def test_typed_value_errors_in_every_field_of_every_input_file(
     sandbox: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -493,6 +494,7 @@ ENCODINGS = ("ascii", "latin-1")  # a login node in the C locale, an old Western
 BACKENDS = ("bogus", "qtagg")  # not a backend at all; one that needs a display this machine lacks
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("encoding", ENCODINGS)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_odd_locale_and_backend_degrade_never_crash(tmp_path: Path, encoding: str, backend: str) -> None:

@@ -20,6 +20,7 @@ def _example():
     return mod
 
 
+@pytest.mark.multiproc
 def test_train_loop_learns_and_resumes_identically(tmp_path: Path) -> None:
     ex = _example()
     plain = launch(ex.train, 2, 8, 32, None)
@@ -40,6 +41,7 @@ def test_train_loop_cli_refuses_a_used_checkpoint_folder(tmp_path: Path, capsys)
     assert "not empty" in capsys.readouterr().err
 
 
+@pytest.mark.multiproc
 def test_fsdp2_loop_learns_on_four_ranks() -> None:
     spec = importlib.util.spec_from_file_location("fsdp2_loop", ROOT / "examples" / "fsdp2_loop.py")
     mod = importlib.util.module_from_spec(spec)

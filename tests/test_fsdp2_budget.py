@@ -10,7 +10,7 @@ from canzona.harness.step_probe import HostReadCounter
 from canzona.runtime.fsdp2 import FSDP2Optimizer
 from canzona.runtime.launch import launch
 from tests.fsdp2_helpers import batch, fsdp2_config, make_net, shard_net
-from tests.test_runtime_budget import recorded
+from tests.runtime_helpers import recorded
 
 SEED = 3
 RUNS = [("muon", s) for s in ("sc", "asc", "canzona")] + [("shampoo", "canzona")]
@@ -32,7 +32,7 @@ def _issued(info, mesh: tuple[int, ...]) -> dict:
     return out
 
 
-@pytest.mark.slow
+@pytest.mark.multiproc
 @pytest.mark.parametrize("mesh", [(4,), (2, 2)], ids=["4", "2x2"])
 def test_step_issues_the_lowered_schedule_and_reads_the_host_once(mesh: tuple[int, ...]) -> None:
     for rank, res in enumerate(launch(_issued, 4, mesh)):

@@ -58,7 +58,7 @@ def _load_elsewhere(info, path: str, precision: str) -> dict:
     return {"held": _held(opt), "step": opt.step_count}
 
 
-@pytest.mark.slow
+@pytest.mark.multiproc
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_resume_is_exact_and_loads_at_another_shard_count(tmp_path: Path, precision: str) -> None:
     four = launch(_save_and_resume, 4, str(tmp_path), precision, timeout_s=300)

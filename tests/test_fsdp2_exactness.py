@@ -46,7 +46,7 @@ def _rank(info, mesh: tuple[int, ...]) -> dict:
     return out
 
 
-@pytest.mark.slow
+@pytest.mark.multiproc
 @pytest.mark.parametrize("mesh", MESHES, ids=["x".join(map(str, m)) for m in MESHES])
 def test_every_strategy_matches_single_device(mesh: tuple[int, ...]) -> None:
     world = 1

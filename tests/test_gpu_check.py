@@ -33,7 +33,7 @@ def run_cli(*argv: str) -> tuple[int, str, str]:
     return rc, out.getvalue(), err.getvalue()
 
 
-@pytest.mark.slow
+@pytest.mark.megatron
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU flavour runs where there is no CUDA")
 def test_cpu_flavour_runs_the_whole_flow_and_says_so(tmp_path: Path) -> None:
     rc, out, _ = run_cli("--out", str(tmp_path))
@@ -193,6 +193,7 @@ def test_gpu_run_fits_the_budget_and_its_memory_is_the_hand_count() -> None:
     assert b.workspace == m * n * (4 + 4 + 2 + 2) + 2 * n * n * 2
 
 
+@pytest.mark.multiproc
 def test_a_peer_that_breaks_costs_only_the_peers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from canzona.optim.ns_peers import PEERS, Peer
 

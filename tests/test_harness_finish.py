@@ -31,7 +31,7 @@ from canzona.models.spec import ParamSpec
 from canzona.runtime.launch import launch
 from canzona.spec import RunSpec
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.megatron, pytest.mark.multiproc]
 
 TENSORS, ROWS, COLS = 32, 512, 1024
 MODEL_BYTES = TENSORS * ROWS * COLS * 4

@@ -22,7 +22,7 @@ from canzona.models import get_model, list_params
 from canzona.runtime.launch import launch
 from canzona.spec import RunSpec
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.megatron, pytest.mark.multiproc]
 GPU_FLAGS = ("masked_softmax_fusion", "persist_layer_norm", "batch_p2p_comm", "use_cpu_initialization", "bf16")
 needs_cpu = pytest.mark.skipif(torch.cuda.is_available(), reason="the shim is only used without a GPU")
 

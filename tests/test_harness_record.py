@@ -53,6 +53,7 @@ def _agg_rank(info) -> RunTimings:
     return aggregate(log, loss_divisor=2, device=torch.device("cpu"))
 
 
+@pytest.mark.multiproc
 def test_aggregate_takes_max_across_ranks_and_mean_loss() -> None:
     out = launch(_agg_rank, 4, timeout_s=60)
     for t in out:
@@ -64,6 +65,7 @@ def test_aggregate_takes_max_across_ranks_and_mean_loss() -> None:
         assert len(t.peak_mem_mb) == 4 and all(m > 0 for m in t.peak_mem_mb)
 
 
+@pytest.mark.multiproc
 def test_record_is_schema_valid_and_excludes_warmup(tmp_path) -> None:
     run = spec(
         model="qwen3-micro", tp=2, dp=2, seq_len=32, micro_batch=1, global_batch=4, warmup=2, iters=4, method="asc"
@@ -95,6 +97,7 @@ def test_record_is_schema_valid_and_excludes_warmup(tmp_path) -> None:
     assert [no for no, _ in schema.iter_records(path)] == [1, 2]
 
 
+@pytest.mark.multiproc
 def test_records_carry_the_cluster_provenance(monkeypatch) -> None:
     from canzona.results.env import cluster_environment
 

@@ -24,7 +24,7 @@ from canzona.cli import main as canzona_main
 from canzona.harness.record import checks_path
 from canzona.results import schema
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.megatron, pytest.mark.multiproc]
 
 
 @pytest.fixture(autouse=True)

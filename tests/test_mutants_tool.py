@@ -52,6 +52,7 @@ def test_a_snippet_that_does_not_match_once_names_the_mutant(tool, tmp_path: Pat
         tool.load_mutants(_write_list(tmp_path / "m.toml", original))
 
 
+@pytest.mark.multiproc
 def test_planting_changes_that_file_of_the_copy_only(tool, tmp_path: Path) -> None:
     """A snapshot holds the carried files; planting one mutant changes exactly its file there, and
     neither the working tree nor git's view of it changes. The copy imports its own canzona."""

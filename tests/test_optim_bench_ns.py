@@ -22,6 +22,7 @@ def run_cli(*argv: str) -> tuple[int, str, str]:
     return rc, out.getvalue(), err.getvalue()
 
 
+@pytest.mark.multiproc
 def test_bench_ns_json_has_every_method_side_by_side(tmp_path: Path) -> None:
     target = tmp_path / "ns.json"
     rc, out, _ = run_cli(

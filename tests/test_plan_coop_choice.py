@@ -79,6 +79,7 @@ def test_the_kept_plan_has_the_shortest_modelled_step(model: str, dp: int, tp: i
         assert best / (sum(gpu_loads(plain).flat_cost()) / dp) <= GOAL_MAX_OVER_MEAN and not kept.coop
 
 
+@pytest.mark.multiproc
 def test_plan_bench_coop_suite_writes_its_goal_files(tmp_path: Path, capsys) -> None:
     assert main(["plan-bench", "--suite", "coop", "--out", str(tmp_path)]) == 0
     rows = list(csv.DictReader((tmp_path / "coop_goals.csv").open()))

@@ -37,6 +37,7 @@ def _load_and_continue(info, dp, tp, strategy, path, full_params, steps) -> dict
     return {n: p.detach().clone() for n, p in params.items()}
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("dp,tp,strategy", [(4, 1, "canzona"), (1, 1, "sc"), (1, 2, "layerwise")])
 def test_reshard_checkpoint_continues_identically(tmp_path, dp: int, tp: int, strategy: str) -> None:
     """DCP save at 2×2 (canzona) after 3 steps; load at another layout/strategy; 3 more steps equal
@@ -74,17 +75,20 @@ def _nan_rank(info, policy, dp, tp, bad: float = float("nan")) -> tuple[bool, in
     return unchanged and info_.skipped, opt.step_count
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("dp,tp", [(2, 1), (1, 2)])
 def test_nan_gradient_skip_leaves_state_untouched(dp: int, tp: int) -> None:
     res = launch(_nan_rank, dp * tp, "skip", dp, tp)
     assert res == [(True, 0)] * (dp * tp)
 
 
+@pytest.mark.multiproc
 def test_inf_gradient_is_non_finite_too() -> None:
     """An overflow (+Inf) must be skipped like a NaN: the norm is Inf, not NaN."""
     assert launch(_nan_rank, 2, "skip", 2, 1, float("inf")) == [(True, 0)] * 2
 
 
+@pytest.mark.multiproc
 def test_nan_gradient_raise_names_the_problem() -> None:
     with pytest.raises(RankError, match="non-finite gradient"):
         launch(_nan_rank, 2, "raise", 2, 1)
@@ -99,6 +103,7 @@ def _stuck(info) -> None:
     opt.step()
 
 
+@pytest.mark.multiproc
 def test_failed_rank_does_not_hang_peers() -> None:
     with pytest.raises(RankError, match="rank 0 died"):
         launch(_stuck, 2, timeout_s=10)
@@ -118,6 +123,7 @@ def _phase_named(info) -> str:
     return "no error"
 
 
+@pytest.mark.multiproc
 def test_collective_timeout_names_phase() -> None:
     res = launch(_phase_named, 2, timeout_s=5)
     assert "phase" in res[0] and "failed" in res[0], res[0]
@@ -131,6 +137,7 @@ def _bad_partition(info) -> None:
     )
 
 
+@pytest.mark.multiproc
 def test_tp_param_without_partition_metadata_is_rejected() -> None:
     with pytest.raises(RankError, match="partition metadata"):
         launch(_bad_partition, 2)
@@ -142,6 +149,7 @@ def _hash_mismatch(info) -> None:
     build(info.rank, 2, 1, cfg, SEED, groups)
 
 
+@pytest.mark.multiproc
 def test_plan_hash_mismatch_is_rejected() -> None:
     with pytest.raises(RankError, match="plan hash differs"):
         launch(_hash_mismatch, 2)
@@ -215,6 +223,7 @@ def _train(info, overlap_grad: bool, overlap_param: bool, mode: str, slow_rank: 
     }
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("mode", ["uneven", "native"])
 def test_overlapped_syncs_equal_blocking(mode: str) -> None:
     blocking = launch(_train, 2, False, False, mode, None)
@@ -252,6 +261,7 @@ def _state_is_views(info, dtype: str) -> tuple[int, int, int]:
     return len(pieces), copied, sum(p.numel() for p in pieces)
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_checkpoint_state_is_views_of_the_optimizer_state(dtype: str) -> None:
     """Saving and loading hold no copy of the state: DCP reads from and writes into views of the

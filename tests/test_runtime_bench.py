@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from canzona.cli import main
 from canzona.results.schema import iter_records
 
 
+@pytest.mark.multiproc
 def test_bench_step_json_and_records(tmp_path, capsys) -> None:
     out, results = tmp_path / "bench.json", tmp_path / "bench.jsonl"
     rc = main(
@@ -51,6 +54,7 @@ def test_bench_step_rejects_bad_layout(capsys) -> None:
     assert "must equal --nproc" in capsys.readouterr().err
 
 
+@pytest.mark.multiproc
 def test_bench_step_times_cooperation_against_one_owner(tmp_path, capsys) -> None:
     """The wide-fc1 inventory gets a cooperative group on gloo; its time shows in the ``coop`` phase
     (not dropped by the timers), and the side-by-side ratio is reported; variants write no records."""

@@ -3,61 +3,16 @@ schedule lists (kind, group, bytes, root, order), and the step reads the host at
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import pytest
-import torch.distributed as dist
 
 from canzona.harness.step_probe import HostReadCounter
 from canzona.plan.schedule import DP_MODES
 from canzona.runtime.launch import dp_tp_groups, launch
-from tests.runtime_helpers import SPECS, build, dist_config, full_grad, shard
+from tests.runtime_helpers import SPECS, build, dist_config, full_grad, recorded, shard
 
 SEED = 5
 LAYOUTS = [(2, 1), (4, 1), (1, 2), (2, 2), (1, 4)]
 STRATEGIES = ("sc", "layerwise", "asc", "canzona")
-# name in torch.distributed -> (kind, which tensor argument is the call's buffer: 0 output, 1 input)
-WRAPPED = {
-    "all_reduce": ("all_reduce", 0),
-    "reduce": ("reduce", 0),
-    "broadcast": ("broadcast", 0),
-    "reduce_scatter_tensor": ("reduce_scatter", 1),
-    "reduce_scatter_single": ("reduce_scatter", 1),
-    "all_gather_into_tensor": ("all_gather", 0),
-    "all_gather_single": ("all_gather", 0),
-    "all_to_all_single": ("all_to_all", 1),
-}
-
-
-@contextlib.contextmanager
-def recorded(groups: dict[str, object]) -> Iterator[list[tuple]]:
-    """Record (kind, group name, bytes, root) of every torch.distributed call made inside."""
-    calls: list[tuple] = []
-    saved = {n: getattr(dist, n) for n in WRAPPED if hasattr(dist, n)}
-
-    def wrap(name: str, fn):
-        kind, which = WRAPPED[name]
-
-        def call(*args, **kw):
-            t = args[which] if len(args) > which else kw.get("tensor" if which == 0 else "input")
-            group = kw.get("group")
-            gname = next((k for k, g in groups.items() if g is group), "coop")  # cooperative DP sub-groups
-            root = args[1] if kind in ("reduce", "broadcast") and len(args) > 1 else kw.get("dst", kw.get("src"))
-            if kind in ("reduce", "broadcast") and group is not None:
-                root = dist.get_group_rank(group, root)
-            calls.append((kind, gname, t.numel() * t.element_size(), root))
-            return fn(*args, **kw)
-
-        return call
-
-    for n, fn in saved.items():
-        setattr(dist, n, wrap(n, fn))
-    try:
-        yield calls
-    finally:
-        for n, fn in saved.items():
-            setattr(dist, n, fn)
 
 
 def _grads(params: dict, rank: int, tp: int, step: int) -> None:
@@ -87,6 +42,7 @@ def _issued(info, dp: int, tp: int) -> dict:
     return out
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("dp,tp", LAYOUTS, ids=[f"dp{d}xtp{t}" for d, t in LAYOUTS])
 def test_runtime_issues_exactly_the_lowered_schedule(dp: int, tp: int) -> None:
     for rank, res in enumerate(launch(_issued, dp * tp, dp, tp)):
@@ -110,6 +66,7 @@ def _syncs(info, dp: int, tp: int) -> dict:
     return out
 
 
+@pytest.mark.multiproc
 def test_step_reads_the_host_at_most_once() -> None:
     """The one read is the global norm (it decides raise / skip and the clip scale); Shampoo's graft
     and the non-finite check used to add one per matrix. Shampoo and SOAP also call

@@ -97,6 +97,7 @@ def _reference(dp: int, steps: int, max_norm: float | None) -> tuple[list[float]
 LAYOUTS = [(2, 1, 2), (1, 2, 2), (2, 2, 1), (1, 4, 1)]
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("dp,tp,pp", LAYOUTS, ids=[f"dp{d}tp{t}pp{p}" for d, t, p in LAYOUTS])
 def test_global_norm_counts_every_parameter_once(dp: int, tp: int, pp: int) -> None:
     res = launch(_rank, dp * tp * pp, dp, tp, pp, None, 2, None, "raise")
@@ -105,6 +106,7 @@ def test_global_norm_counts_every_parameter_once(dp: int, tp: int, pp: int) -> N
         assert r["norms"] == pytest.approx(want, rel=1e-6), (r["stage"], r["dp_rank"], r["tp_rank"])
 
 
+@pytest.mark.multiproc
 def test_clipping_gives_the_clipped_single_device_update() -> None:
     dp, tp, pp = 2, 1, 2
     norms, _ = _reference(dp, 3, None)
@@ -117,6 +119,7 @@ def test_clipping_gives_the_clipped_single_device_update() -> None:
             assert err < 1e-5, (name, float(err))
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("policy", ["skip", "raise"])
 def test_nan_on_one_stage_is_agreed_by_every_stage(policy: str) -> None:
     """A NaN on stage 1's DP/TP rank 0 only: every rank of both stages skips (or raises) the step."""

@@ -38,6 +38,7 @@ def _rank(info) -> dict:
     return out
 
 
+@pytest.mark.multiproc
 def test_every_mode_reduces_and_gathers_the_same() -> None:
     res = launch(_rank, 4)
     owner = {"a": 0, "b": 2, "c": 2, "d": 3}
@@ -60,6 +61,7 @@ def _fails(info) -> None:
     dist.barrier()
 
 
+@pytest.mark.multiproc
 def test_failing_rank_does_not_hang() -> None:
     with pytest.raises(RankError, match="rank two broke"):
         launch(_fails, 4, timeout_s=10)

@@ -18,8 +18,7 @@ from canzona.plan.schedule import coop_comm_key
 from canzona.plan.types import Layout, PlanConfig
 from canzona.runtime import checkpoint
 from canzona.runtime.launch import dp_tp_groups, launch
-from tests.runtime_helpers import SPECS, assemble, build, dist_config, reference, run_steps
-from tests.test_runtime_budget import recorded
+from tests.runtime_helpers import SPECS, assemble, build, dist_config, recorded, reference, run_steps
 
 STEPS, SEED = 5, 21
 FC1 = "decoder.layers.{}.mlp.linear_fc1.weight"  # 256×64: long side rows
@@ -58,6 +57,7 @@ def _rank(info, dp: int, tp: int, force: tuple, method: str) -> dict:
     }
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("method", ["standard", "gram"])
 @pytest.mark.parametrize("dp,tp,force", CASES, ids=[f"dp{d}xtp{t}-k{min(k for _, k in f)}" for d, t, f in CASES])
 def test_cooperative_update_equals_single_device_muon(dp: int, tp: int, force: tuple, method: str) -> None:
@@ -102,6 +102,7 @@ SAVED = [
 ]
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("dp,tp,force", SAVED, ids=["dp-subgroups", "tp-subgroups"])
 def test_checkpoint_from_a_cooperative_layout_resumes_without_one(tmp_path, dp: int, tp: int, force: tuple) -> None:
     """Block momenta are saved at their offsets in full-matrix space: a run without cooperation
@@ -174,6 +175,7 @@ def _split_groups_rank(info, dp: int, tp: int, split: bool) -> dict:
     return {"calls": calls, "groups": sums}
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("split", [False, True], ids=["plain", "device_id-split"])
 @pytest.mark.parametrize("dp,tp", [(4, 1), (1, 4), (2, 2)])
 def test_sub_groups_are_created_by_every_rank_in_one_order(dp: int, tp: int, split: bool) -> None:

@@ -35,6 +35,7 @@ def _rank(info, dp: int, tp: int) -> dict:
     return out
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("dp,tp", LAYOUTS, ids=[f"dp{d}xtp{t}" for d, t in LAYOUTS])
 def test_every_strategy_and_mode_matches_single_device(dp: int, tp: int) -> None:
     per_rank = launch(_rank, dp * tp, dp, tp, timeout_s=300)

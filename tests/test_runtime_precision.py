@@ -77,6 +77,7 @@ def _bf16_reference(dp: int, ns_dtype: str) -> dict[str, torch.Tensor]:
 LAYOUTS = [(2, 2), (4, 1)]
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("ns_dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("dp,tp", LAYOUTS, ids=[f"dp{d}xtp{t}" for d, t in LAYOUTS])
 def test_bf16_params_match_the_same_casts_on_one_device(dp: int, tp: int, ns_dtype: str) -> None:
@@ -158,6 +159,7 @@ def _loop_reference() -> dict[str, torch.Tensor]:
     return {s.name: p.detach().clone() for s, p in zip(NET, tensors, strict=True)}
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("how", ["set_to_none", "replaced"])
 def test_real_backward_uses_dp_averaged_gradients(how: str) -> None:
     want = _loop_reference()

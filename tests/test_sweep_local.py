@@ -109,6 +109,7 @@ def setup(tmp_path: Path):
     return defn, paths
 
 
+@pytest.mark.multiproc
 def test_debug_executor_runs_two_cells_end_to_end(tmp_path, setup):
     defn, paths = setup
     builder, counter = make_builder(tmp_path)
@@ -123,6 +124,7 @@ def test_debug_executor_runs_two_cells_end_to_end(tmp_path, setup):
     assert "iteration 12.5 ms" in states[0].reason
 
 
+@pytest.mark.multiproc
 def test_local_executor_runs_two_cells_then_resume_skips_them(tmp_path, setup):
     defn, paths = setup
     builder, counter = make_builder(tmp_path)
@@ -143,6 +145,7 @@ def test_local_executor_runs_two_cells_then_resume_skips_them(tmp_path, setup):
     assert len(list(iter_records(paths.results))) == 2  # and nothing was duplicated
 
 
+@pytest.mark.multiproc
 def test_failed_cell_reports_reason_and_is_rerun(tmp_path, setup):
     defn, paths = setup
     builder, _counter = make_builder(tmp_path, {"canzona": "fail"})
@@ -163,6 +166,7 @@ def test_failed_cell_reports_reason_and_is_rerun(tmp_path, setup):
     assert JobBook(paths.jobs).get(key)["attempts"] == 2
 
 
+@pytest.mark.multiproc
 def test_exit_zero_without_result_line_is_a_failure(tmp_path, setup):
     defn, paths = setup
     builder, _ = make_builder(tmp_path, {"sc": "silent"})
@@ -171,6 +175,7 @@ def test_exit_zero_without_result_line_is_a_failure(tmp_path, setup):
     assert "no valid result line" in rep.failed[0][1]
 
 
+@pytest.mark.multiproc
 def test_truncated_line_is_detected_and_its_cell_rerun(tmp_path, setup):
     defn, paths = setup
     builder, counter = make_builder(tmp_path)
@@ -201,6 +206,7 @@ def test_truncated_line_is_detected_and_its_cell_rerun(tmp_path, setup):
     assert list(paths.cells_dir.glob(f"{cz.slug}.jsonl.corrupt-*"))
 
 
+@pytest.mark.multiproc
 def test_collect_is_idempotent_and_keeps_existing_lines(tmp_path, setup):
     defn, paths = setup
     builder, _ = make_builder(tmp_path)
@@ -261,6 +267,7 @@ def _wait_for(what, timeout_s: float = 90.0):
     pytest.fail("timed out waiting")
 
 
+@pytest.mark.multiproc
 def test_sigkilled_sweep_resumes_without_overlapping_or_duplicating_runs(tmp_path, setup):
     """A real kill -9 of a running local sweep: its cell's command (own process group) survives as
     an orphan. The resumed sweep must end it before anything runs, so that every cell ends with

@@ -101,6 +101,7 @@ def test_bad_values_are_clear_errors(over, match):
         prof(**over)
 
 
+@pytest.mark.multiproc
 def test_setup_values_are_quoted_not_pasted(tmp_path):
     marker = tmp_path / "pwned"
     p = prof(

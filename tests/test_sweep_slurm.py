@@ -70,6 +70,7 @@ def render(tmp_path: Path, defn, profile, **kw):
     return plan, {f.name: f.read_text() for f in files}
 
 
+@pytest.mark.multiproc
 def test_table2_dry_run_is_a_preflight_five_model_allocations_and_a_collect(tmp_path, table2):
     defn, profile = table2
     plan, text = render(tmp_path, defn, profile)
@@ -107,6 +108,7 @@ def test_table2_dry_run_is_a_preflight_five_model_allocations_and_a_collect(tmp_
     assert sum(len(j["cells"]) for j in manifest["jobs"]) == len(defn.cells()) == 52
 
 
+@pytest.mark.multiproc
 def test_dependencies_gate_on_the_preflight_and_keep_the_node_peak(tmp_path, table2, fake_slurm):
     """submit.sh as rendered, run against a stand-in sbatch: afterok on the preflight for every
     allocation, a lane of afterany so that 4 x 32 nodes at most run at once, afterany collect."""
@@ -128,6 +130,7 @@ def test_dependencies_gate_on_the_preflight_and_keep_the_node_peak(tmp_path, tab
     assert all(c["kill_on_invalid_dep"] for c in calls if c["dependency"])
 
 
+@pytest.mark.multiproc
 def test_array_option_renders_one_throttled_array(tmp_path, table2):
     defn, profile = table2
     plan, text = render(tmp_path, defn, profile, allocation="cell")
@@ -151,6 +154,7 @@ CONTAINERS = {
 }
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("runtime", ["pyxis", "apptainer"])
 def test_container_profiles_render(tmp_path, table2, runtime):
     defn, _ = table2
@@ -300,6 +304,7 @@ def _record(cell) -> dict:
     }
 
 
+@pytest.mark.multiproc
 def test_submit_resubmit_and_status_against_fake_slurm(tmp_path, fake_slurm):
     defn = parse_sweep(SMALL, "s.toml")
     profile = parse_profile({"cluster": {**PROFILE, "max_nodes": 4}}, "p.toml")
@@ -352,6 +357,7 @@ def test_submit_resubmit_and_status_against_fake_slurm(tmp_path, fake_slurm):
     assert (paths.results.resolve()).read_text().count(a.key) == 1  # collected on submission
 
 
+@pytest.mark.multiproc
 def test_cells_not_reached_after_a_failed_preflight_say_so(tmp_path, fake_slurm):
     defn = parse_sweep(SMALL, "s.toml")
     profile = parse_profile({"cluster": {**PROFILE, "max_nodes": 4}}, "p.toml")
@@ -367,6 +373,7 @@ def test_cells_not_reached_after_a_failed_preflight_say_so(tmp_path, fake_slurm)
     assert "gpu-b02" in states[0].reason
 
 
+@pytest.mark.multiproc
 def test_without_accounting_the_controller_decides_what_is_in_flight(tmp_path, fake_slurm):
     """sacct refuses (no slurmdbd): squeue answers for the jobs it holds, and a job it no longer
     holds has ended, so its cells are resubmitted without --force (the real-cluster test is
@@ -472,6 +479,7 @@ def _node(tmp_path, monkeypatch, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.multiproc
 def test_node_launcher_skips_done_cells_and_names_its_node_on_failure(tmp_path, monkeypatch):
     defn = parse_sweep(SMALL, "s.toml")
     cell = defn.cells()[0]
@@ -504,6 +512,7 @@ def test_node_launcher_skips_done_cells_and_names_its_node_on_failure(tmp_path, 
     assert other.returncode == 1 and "exit code 7" in other.stderr
 
 
+@pytest.mark.multiproc
 def test_preflight_checks_every_rank_and_reports_bus_bandwidth():
     from canzona.runtime.launch import launch
     from canzona.sweep.preflight import bus_bandwidth_gbs, problems, run_checks
@@ -524,6 +533,7 @@ def test_preflight_checks_every_rank_and_reports_bus_bandwidth():
     assert "sees 1 GPU(s) for 8 ranks" in problems(gpu_facts, gpu=True)[0]
 
 
+@pytest.mark.multiproc
 def test_preflight_without_cuda_fails_naming_the_host(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "canzona.sweep.preflight", "--report", str(tmp_path / "r.json")],
