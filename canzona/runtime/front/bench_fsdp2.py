@@ -29,7 +29,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from canzona.argtypes import int_in, output_file, positive_int
-from canzona.models import get_model
+from canzona.models import get_model, get_transformer
 from canzona.plan.types import PlanConfig
 from canzona.results.env import environment, git_commit
 from canzona.results.schema import write_atomic
@@ -93,7 +93,7 @@ class Block(torch.nn.Module):
 class Qwen3Like(torch.nn.Module):
     def __init__(self, model: str, layers: int | None) -> None:
         super().__init__()
-        c = get_model(model)
+        c = get_transformer(model)
         self.vocab = c.vocab
         self.tok_embeddings = torch.nn.Embedding(c.vocab, c.hidden)
         n = layers or c.layers
@@ -189,7 +189,7 @@ def _rank(info: Any, methods: list[str], args: argparse.Namespace) -> dict[str, 
     calls: dict[str, list[tuple[str, int]]] = {}
     for step in range(args.steps):
         g = torch.Generator().manual_seed(1000 * step + info.rank)
-        tokens = torch.randint(0, get_model(args.model).vocab, (2, args.seq + 1), generator=g)
+        tokens = torch.randint(0, get_transformer(args.model).vocab, (2, args.seq + 1), generator=g)
         for m, (net, opt) in runs.items():
             loss = net(tokens)
             loss.backward()
