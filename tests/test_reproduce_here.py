@@ -17,7 +17,7 @@ import pytest
 
 from canzona.analysis.load import load_results, split_latest
 from canzona.results.env import measured_here, this_machine
-from tests.test_sweep_cli import _reproduce_module
+from tests.experiment_helpers import reproduce_module
 
 SWEEP_TOML = """
 [sweep]
@@ -67,7 +67,7 @@ def _env(key: tuple[str, str, str], stamp: str) -> dict[str, str]:
 @pytest.fixture()
 def repro(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The reproduce script pointed at tmp_path, its measuring commands replaced by FAKE."""
-    mod = _reproduce_module()
+    mod = reproduce_module()
     sweep = tmp_path / "local.toml"
     sweep.write_text(SWEEP_TOML)
     monkeypatch.setattr(mod, "ROOT", tmp_path)
@@ -92,6 +92,7 @@ def _sweep(mod, run) -> object:
     return step
 
 
+@pytest.mark.multiproc  # the repro fixture runs git
 def test_second_run_on_the_same_machine_measures_no_cell_again(repro):
     mod, here, counter = repro
     run = mod.Run(full=True, here=here, progress=False)
@@ -104,6 +105,7 @@ def test_second_run_on_the_same_machine_measures_no_cell_again(repro):
     assert any("2 cell(s) this machine measured at this commit (resumed)" in r for r in again.reused)
 
 
+@pytest.mark.multiproc  # the repro fixture runs git
 @pytest.mark.parametrize("other", ["host", "commit", "device"])
 def test_a_committed_line_from_elsewhere_is_not_this_machines_measurement(repro, other):
     mod, here, counter = repro
@@ -137,6 +139,7 @@ def _cell(mod, method: str):
     return next(c for c in load_sweep(mod.LOCAL_SWEEP).cells() if c.spec.plan.method == method)
 
 
+@pytest.mark.multiproc  # the repro fixture runs git
 def test_bench_runs_resume_only_from_this_machines_json(repro, monkeypatch):
     mod, here, _ = repro
     calls: list[str] = []
@@ -204,7 +207,7 @@ def test_measured_lines_of_two_commits_are_never_pooled(tmp_path):
 
 
 def test_progress_counts_the_steps_that_run_and_estimates_the_rest(capsys):
-    mod = _reproduce_module()
+    mod = reproduce_module()
     steps = mod.default_steps(full=False)
     steps[4].status = "skipped"  # calibration, in a reduced run
     progress = mod.Progress(steps, mod.BUDGET_S["reduced"])

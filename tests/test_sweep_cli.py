@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
 import canzona.cli as top
+from tests.experiment_helpers import reproduce_module
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE2 = str(ROOT / "slurm/sweeps/table2.toml")
@@ -112,18 +112,8 @@ def test_status_of_a_fresh_sweep_lists_every_cell_pending(main, capsys, tmp_path
     assert "0 done, 0 failed, 52 pending of 52 cells" in out and out.count("not submitted") == 52
 
 
-def _reproduce_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("reproduce_table2", ROOT / "experiments/reproduce_table2.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_reproduce_table2_slurm_mode_needs_a_profile(capsys):
-    mod = _reproduce_module()
+    mod = reproduce_module()
     assert mod.main(["--cluster", "slurm"]) == 2
     err = capsys.readouterr().err
     # both ways forward: a profile for the cluster, or the embedded default on this machine
@@ -133,7 +123,7 @@ def test_reproduce_table2_slurm_mode_needs_a_profile(capsys):
 def test_reproduce_table2_runs_megatron_muon_from_the_peer_env_only_when_it_exists(tmp_path, monkeypatch):
     from canzona.sweep.definition import load_sweep
 
-    mod = _reproduce_module()
+    mod = reproduce_module()
     cells = {
         c.config()["method"]: c for c in load_sweep(ROOT / "slurm/sweeps/local.toml").cells() if c.config()["tp"] == 2
     }
