@@ -13,7 +13,7 @@ import pytest
 from canzona.cli import main
 
 
-@pytest.mark.slow
+@pytest.mark.multiproc
 def test_bench_fsdp2_side_by_side(tmp_path: Path) -> None:
     out = tmp_path / "b.json"
     args = ["bench-fsdp2", "--nproc", "2", "--layers", "1", "--seq", "8", "--steps", "2", "--warmup", "0"]

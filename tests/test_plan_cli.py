@@ -137,6 +137,7 @@ def test_missing_shapes_fall_back_with_a_note_or_fail_with_strict(capsys, tmp_pa
     assert rc == 2 and out == "" and "not in measured cost table" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.multiproc  # plan-bench records the git commit (a subprocess)
 def test_plan_bench_on_chosen_layouts_only(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """`make reproduce-table2` plans Table 2's layouts only: the grid holds exactly those, no α sweep."""
     import csv
