@@ -55,7 +55,7 @@ def dist_config(strategy: str, optimizer: str, **kw) -> DistConfig:
     # preconditions only sides whose factor is full rank (max_precond_dim 64), since eigh's basis of
     # a null space is arbitrary and would differ between any two summation orders.
     opts = dict(OPTIONS.get(optimizer, {}))
-    plan_fields = ("alpha", "dp_algo", "tp_mode", "capacity_bytes", "cooperative", "coop_force", "coop_profile")
+    plan_fields = ("alpha", "dp_algo", "tp_mode", "capacity_bytes", "cooperative", "coop_force", "profile")
     plan = {k: kw.pop(k) for k in plan_fields if k in kw}
     comm = {k: kw.pop(k) for k in ("collective_mode", "overlap_grad_sync", "overlap_param_sync") if k in kw}
     prec = {k: kw.pop(k) for k in ("grad_dtype",) if k in kw}

@@ -96,7 +96,7 @@ def test_write_table2_files(tmp_path) -> None:
     files = write_table2(GOOD, tmp_path)
     md = files["table2.md"].read_text()
     assert md.index("## Headline") < md.index("## Reproduction report") < md.index("## Table 2")
-    assert "H800 5.80× (vs layerwise)" in md and "H800 1.57× (vs layerwise)" in md
+    assert "H800 5.80× (vs layerwise; TP duplicated" in md and "H800 1.57× (vs layerwise; TP duplicated" in md
     assert "projection agrees on every profile" in md
     assert "0.0700 s (FLOPs) vs 0.0701 s (numel)" in md  # flops vs numel balancing from the projected fixture
     csv = files["table2.csv"].read_text().splitlines()

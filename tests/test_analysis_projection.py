@@ -166,7 +166,7 @@ def test_pipeline_by_hand() -> None:
 
 def test_fwd_bwd_by_hand(toy) -> None:
     # 6 * 1e9 params * 1e6 tokens / (8 GPUs * 1e9 FLOP/s * 0.5) = 1.5e6 s, bubble (pp-1)/m = 1/4
-    assert fwd_bwd_ms(10**9, 10**6, 8, 2, 4, toy()) == pytest.approx(1.5e6 * 1.25 * 1e3)
+    assert fwd_bwd_ms(6.0 * 10**9 * 10**6, 8, 2, 4, toy()) == pytest.approx(1.5e6 * 1.25 * 1e3)
 
 
 def test_megatron_view_hides_dp_comm_in_a_long_fwd_bwd(toy) -> None:
@@ -373,14 +373,15 @@ def test_cpu_mfu_from_a_one_rank_fwd_bwd_run(tmp_path: Path) -> None:
         "collectives": {k: {"latency_us": 100.0, "bus_bw": 1e9} for k in ("all_reduce", "reduce_scatter",
                         "all_gather", "all_to_all", "broadcast", "reduce")},
         # one rank: 6·N·1024 tokens FLOPs in 2 s at a 1 GFLOP/s peak -> mfu = 6·N·1024 / 2e9
-        "fwd_bwd": {"ms": 2000.0, "tokens": 1024, "params": n, "command": "canzona train ...",
+        "fwd_bwd": {"ms": 2000.0, "tokens": 1024, "params": n, "flops_per_token": 6.0 * n,
+                    "command": "canzona train ...",
                     "mfu": 6.0 * n * 1024 / (2.0 * 1e9)},
     }  # fmt: skip
     prof = load_profile(write_profile(c, tmp_path / "cpu-test.toml"))
     assert prof.mfu == pytest.approx(6.0 * n * 1024 / 2e9, rel=1e-5)
     assert "one rank alone" in prof.sources["compute.mfu"]
     # 4 ranks on 2 cores, 1024 tokens: each rank a quarter of the work at half speed -> 2 s / 4 / 0.5 = 1 s
-    assert fwd_bwd_ms(n, 1024, 4, 1, 4, prof) == pytest.approx(1000.0, rel=1e-5)
+    assert fwd_bwd_ms(6.0 * n * 1024, 4, 1, 4, prof) == pytest.approx(1000.0, rel=1e-5)
 
 
 def test_authors_preset_matches_the_sweep_variant() -> None:

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from canzona.cli import main
+from canzona.hardware import load_profile
 
 
 def _fake_launch(totals: dict[str, list[float]]):
@@ -61,8 +62,11 @@ def test_bench_step_speedups_by_hand(monkeypatch, capsys, tmp_path) -> None:
 
 def _fake_projection(method: str, step: float, iteration: float, profile: str = "H800", overlap: str = "none"):
     return SimpleNamespace(
-        scenario=SimpleNamespace(method=method, overlap=overlap),
-        profile=SimpleNamespace(name=profile),
+        scenario=SimpleNamespace(
+            method=method, overlap=overlap, global_batch=256, seq_len=4096, tokens=256 * 4096, micro_batch=1
+        ),
+        profile=load_profile(profile),
+        microbatches=8.0,
         step_ms=step,
         iteration_ms=iteration,
         fwd_bwd_ms=iteration - step,

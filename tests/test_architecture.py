@@ -20,7 +20,7 @@ PKG = ROOT / "canzona"
 # library layers never import results, and before the application layers that use it. "spec" (the
 # run description) derives the runtime's config and the record's, so it follows runtime and results.
 BASE = ("errors", "argtypes", "cli")
-LAYERS = ("models", "cost", "optim", "plan", "runtime", "results", "spec", "front", "harness", "sweep")
+LAYERS = ("hardware", "models", "cost", "optim", "plan", "runtime", "results", "spec", "front", "harness", "sweep")
 LAYERS += ("analysis",)
 ORDER = (*BASE, *LAYERS, "__main__")
 FILES = sorted(p for p in PKG.rglob("*.py"))

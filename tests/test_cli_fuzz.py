@@ -302,7 +302,7 @@ FILE_KINDS: dict[str, tuple[str, list[str]]] = {
         ["sweep", "show", str(REPO / "slurm/sweeps/local.toml"), "--profile", "{}"],
     ),
     "hardware profile": (
-        "canzona/analysis/profiles/cpu-local.toml",
+        "canzona/hardware/profiles/cpu-local.toml",
         ["project", "--profile", "{}", "--model", "qwen3-micro", "--layout", "2,1,1", "--methods", "canzona"],
     ),
 }

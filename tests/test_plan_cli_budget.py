@@ -82,14 +82,19 @@ def test_bad_combinations_exit_2_with_one_line(capsys, argv: list[str], needle: 
     assert out == "" and len(lines) == 1 and needle in lines[0]
 
 
-def test_coop_profile_prices_the_choice(capsys) -> None:
+def test_the_profile_prices_the_choice(capsys) -> None:
     """On the CPU profile (what the runtime uses on gloo) the dominant fc1 of the wide-fc1 inventory
-    gets all 4 ranks; priced on NVLink at H100 rates its 50 GFLOP are not worth a group's latency."""
+    gets all 4 ranks; priced on H800 (789 TFLOP/s) its 50 GFLOP are not worth a group's latency.
+    The report names the profile and its Newton–Schulz rate, as `canzona project` does."""
     argv = ("--model", "qwen3-tiny-widefc1", "--dp", "4")
-    cpu = run_json(capsys, *argv, "--coop-profile", "cpu")
+    cpu = run_json(capsys, *argv, "--profile", "cpu-local")
     assert [(g["matrix"], g["k"]) for g in cpu["cooperative_groups"]] == [("decoder.layers.0.mlp.linear_fc1.weight", 4)]
     assert cpu["collectives"]["coop"] == {"all_reduce": 5}  # one Gram all-reduce per NS iteration
-    assert run_json(capsys, *argv)["cooperative_groups"] == []
+    gpu = run_json(capsys, *argv)
+    assert gpu["cooperative_groups"] == [] and gpu["profile"] == "H800"
+    assert gpu["ns_tflops"] == pytest.approx(989.4 * 0.797)
+    assert main(["plan", *argv]) == 0
+    assert "profile H800: Newton–Schulz rate 788.6 TFLOP/s" in capsys.readouterr().out
 
 
 def test_compare_with_memory_shows_each_strategy_and_what_does_not_fit(capsys) -> None:

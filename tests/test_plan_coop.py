@@ -1,13 +1,20 @@
 """canzona.plan.coop by hand: one member's cost (Newton–Schulz FLOPs, the elementwise share and the
-Gram all-reduces priced on NVLink at the achieved rate) and the ``min_gain`` rule of choose_groups."""
+Gram all-reduces priced on the H800 profile's NVLink at its achieved rate) and the ``min_gain`` rule
+of choose_groups."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
 from canzona.cost import CostModel, CostSettings, ns_member_flops
-from canzona.plan.coop import NVLINK, CoopSettings, choose_groups, member_cost
-from canzona.plan.types import PlanItem
+from canzona.hardware import load_profile
+from canzona.plan.coop import choose_groups, coop_settings, member_cost
+from canzona.plan.types import Layout, PlanItem
+
+H800 = coop_settings(load_profile("H800"), Layout(4))
+NVLINK = H800.link
 
 TALL = (16384, 4096)  # long side = rows: blocks of rows at TP = 1, no re-blocking all-to-all
 
@@ -22,7 +29,7 @@ def test_member_cost_by_hand(method: str, restarts: tuple[int, ...], calls: int)
     """Standard: one Gram all-reduce per iteration (5); Gram: R₀ plus one per restart (2)."""
     k, m = 4, min(TALL)
     settings = CostSettings(ns_method=method, ns_restarts=restarts)
-    coop = CoopSettings()
+    coop = H800
     item = PlanItem("w", TALL, None, cost=1.0)
     gram_us = _ring_all_reduce_us(k, m * m * 4)  # the m×m Gram in fp32
     want = ns_member_flops(TALL, k, 5, method, restarts) + 10.0 * TALL[0] * TALL[1] / k
@@ -37,12 +44,12 @@ def test_a_group_must_beat_one_owner_by_min_gain() -> None:
     items = [PlanItem("big", TALL, None, cost(TALL))] + [
         PlanItem(f"s{i}", (1024, 1024), None, cost((1024, 1024))) for i in range(3)
     ]
-    chosen = choose_groups(items, 4, 1, CostSettings())
+    chosen = choose_groups(items, 4, 1, CostSettings(), H800)
     assert set(chosen) == {"big"}
     k, member, form = chosen["big"]
     assert form == "standard"  # the default ns_method
-    assert member == member_cost(items[0], k, 1, CostSettings(), CoopSettings())[0]
+    assert member == member_cost(items[0], k, 1, CostSettings(), H800)[0]
     ratio = items[0].cost / member
-    assert ratio > CoopSettings().min_gain
-    assert set(choose_groups(items, 4, 1, CostSettings(), CoopSettings(min_gain=ratio * 0.99))) == {"big"}
-    assert choose_groups(items, 4, 1, CostSettings(), CoopSettings(min_gain=ratio * 1.01)) == {}
+    assert ratio > H800.min_gain
+    assert set(choose_groups(items, 4, 1, CostSettings(), dataclasses.replace(H800, min_gain=ratio * 0.99))) == {"big"}
+    assert choose_groups(items, 4, 1, CostSettings(), dataclasses.replace(H800, min_gain=ratio * 1.01)) == {}

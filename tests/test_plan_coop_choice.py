@@ -13,12 +13,13 @@ from hypothesis import strategies as st
 
 from canzona.cli import main
 from canzona.cost import CostModel
+from canzona.hardware import load_profile
 from canzona.models import get_model, list_params
 from canzona.models.spec import ParamSpec
 from canzona.plan import Layout, PlanConfig, make_plan, plan_model
 from canzona.plan.build import COOP_MIN_SAVING, candidate_plans, step_seconds
-from canzona.plan.coop import COOP_PROFILES, CoopSettings, load_bound, member_cost
-from canzona.plan.front.bench_coop import GOAL_MAX_OVER_MEAN, coop_cell
+from canzona.plan.coop import coop_settings, load_bound, member_cost
+from canzona.plan.front.bench_coop import coop_cell
 from canzona.plan.readers.metrics import gpu_loads
 from canzona.plan.types import PlanItem
 from tests.hypothesis_profiles import examples
@@ -46,18 +47,22 @@ def test_cooperation_never_raises_the_per_gpu_max(model: str, dp: int, tp: int) 
 
 
 @pytest.mark.parametrize(("dp", "tp"), [(128, 2), (32, 8)])
-def test_coop_cell_at_32b_meets_the_goal_and_counts_its_collectives(dp: int, tp: int) -> None:
+def test_coop_cell_at_32b_reaches_its_bound_and_counts_its_collectives(dp: int, tp: int) -> None:
     """Fc1 in groups of 2 at TP 2 (the TP group) and at the headline TP 8 (TP sub-groups, whose
-    blocks' gather and scatter ride the TP stream like a host's and are not a member's load)."""
-    row = coop_cell("qwen3-32b", Layout(dp=dp, tp=tp, pp=1), CM)
+    blocks' gather and scatter ride the TP stream like a host's and are not a member's load). Priced
+    on the H800 profile (NVLink 160 GB/s, 789 TFLOP/s) a member's Gram all-reduces cost more than at
+    the once built-in 400 GB/s / 500 TFLOP/s: the planner sits at its load bound, 1.26, which is
+    above the 1.15 goal (the bound says no packing reaches it)."""
+    row = coop_cell("qwen3-32b", Layout(dp=dp, tp=tp, pp=1), CM, load_profile("H800"))
     assert row["nocoop_max_over_mean"] == pytest.approx(2.04, abs=0.01)  # fc1 alone, the whole-matrix bound
-    assert row["max_over_mean"] <= GOAL_MAX_OVER_MEAN and row["meets_goal"] and row["goal_reachable"]
+    assert row["max_over_mean"] == pytest.approx(row["bound"], rel=1e-6)
+    assert row["max_over_mean"] == pytest.approx(1.26, abs=0.01) and not row["goal_reachable"]
     assert row["groups"] == 64 and row["k"] == "2"
     assert 0 < row["extra_work"] < 0.2
     assert row["coop_calls"] >= 5 and row["coop_bytes"] > 0 and row["coop_ms"] > 0  # a Gram all-reduce per NS step
 
 
-@pytest.mark.parametrize(("model", "dp", "tp"), [("qwen3-32b", 256, 1), ("qwen3-4b", 64, 4), ("qwen3-1.7b", 256, 1)])
+@pytest.mark.parametrize(("model", "dp", "tp"), [("qwen3-32b", 256, 1), ("qwen3-4b", 64, 4), ("qwen3-32b", 128, 2)])
 def test_the_kept_plan_has_the_shortest_modelled_step(model: str, dp: int, tp: int) -> None:
     """Groups' block cuts add DP calls at TP 1 (Qwen3-32B DP256: fc1 pairs would save 25 ms of
     Newton–Schulz and add 27 ms of per-slice calls), so the planner weighs compute plus DP time:
@@ -66,7 +71,7 @@ def test_the_kept_plan_has_the_shortest_modelled_step(model: str, dp: int, tp: i
     lay = Layout(dp=dp, tp=tp)
     plain, coops = candidate_plans(params, lay, PlanConfig(cost="flops"), cost_model=CM)
     kept = make_plan(params, lay, PlanConfig(cost="flops"), cost_model=CM)
-    nvlink = COOP_PROFILES["nvlink"]
+    nvlink = coop_settings(load_profile("H800"), lay)
     assert coops and plain is not None
     total = sum(step_seconds(kept, nvlink))
     assert all(total <= sum(step_seconds(p, nvlink)) * (1 + 1e-12) for p in coops)
@@ -74,9 +79,9 @@ def test_the_kept_plan_has_the_shortest_modelled_step(model: str, dp: int, tp: i
     assert total <= compute + comm
     if kept.coop:
         assert total < compute * (1 - COOP_MIN_SAVING) + comm
-    if model == "qwen3-32b":  # compute alone would meet the goal, the step would not shorten
+    if (model, tp) == ("qwen3-32b", 1):  # compute alone would keep pairs, the step would not shorten
         best = min(max(gpu_loads(p).flat_cost()) for p in coops)
-        assert best / (sum(gpu_loads(plain).flat_cost()) / dp) <= GOAL_MAX_OVER_MEAN and not kept.coop
+        assert best < max(gpu_loads(plain).flat_cost()) and not kept.coop
 
 
 @pytest.mark.multiproc
@@ -125,11 +130,11 @@ def test_no_plan_beats_the_load_bound(shapes: list[tuple[int, int]], layout: tup
         ParamSpec(f"m{i}.weight", (n, m) if i % 2 else (m, n), 0 if i % 2 else 1, "matrix")
         for i, (m, n) in enumerate(shapes)
     ]
-    for profile in COOP_PROFILES:
-        cfg = PlanConfig(cost="flops", coop_profile=profile, bucket_size=10**6)
+    for profile in ("H800", "cpu-local"):
+        cfg = PlanConfig(cost="flops", profile=profile, bucket_size=10**6)
         plan = make_plan(specs, Layout(dp, tp), cfg, cost_model=CM)
         plain = make_plan(specs, Layout(dp, tp), replace(cfg, cooperative=False), cost_model=CM)
-        bound = load_bound(plain.items, dp, tp, CM.settings, COOP_PROFILES[profile])
+        bound = load_bound(plain.items, dp, tp, CM.settings, coop_settings(load_profile(profile), Layout(dp, tp)))
         assert bound <= _max([plain]) * (1 + 1e-9)
         assert _max([plan]) >= bound * (1 - 1e-9)
 
@@ -139,7 +144,7 @@ def test_load_bound_by_hand() -> None:
     member and the total work over 4 GPUs. A pair of groups of 4 has the cheapest members, but their
     8 members' work exceeds what 4 GPUs hold at that member cost; the bound must see both."""
     items = [PlanItem(f"m{i}", (16384, 2048), None, CM((16384, 2048))) for i in range(2)]
-    coop = CoopSettings()
+    coop = coop_settings(load_profile("H800"), Layout(4))
     cost = {k: member_cost(items[0], k, 1, CM.settings, coop)[0] for k in (2, 4)} | {1: items[0].cost}
     want = min(max(cost[a], cost[b], (a * cost[a] + b * cost[b]) / 4) for a in cost for b in cost)
     assert cost[4] < want < cost[1]  # neither the cheapest member nor one owner each
@@ -157,7 +162,7 @@ def test_load_bound_sees_that_items_do_not_split(shape: tuple[int, int]) -> None
     from canzona.plan.coop import _options, _work_cap
 
     items = [PlanItem(f"m{i}", shape, None, CM(shape)) for i in range(3)]
-    coop = CoopSettings()
+    coop = coop_settings(load_profile("H800"), Layout(4))
     whole, member = items[0].cost, member_cost(items[0], 2, 1, CM.settings, coop)[0]
     best = float("inf")
     for ks in itertools.product((1, 2), repeat=3):

@@ -117,7 +117,7 @@ def test_checkpoint_from_a_cooperative_layout_resumes_without_one(tmp_path, dp: 
 
 def test_plan_guard_rejects_split_ownership_without_a_group() -> None:
     specs = list_params(get_model("qwen3-micro"))
-    plan = make_plan(specs, Layout(2), PlanConfig(coop_force=((FC1.format(0), 2),), coop_profile="cpu"))
+    plan = make_plan(specs, Layout(2), PlanConfig(coop_force=((FC1.format(0), 2),), profile="cpu-local"))
     check_ownership(plan)  # the cooperative plan itself is valid
     assert dict(plan.dp.owners)[FC1.format(0)] == (0, 1)
     with pytest.raises(ConfigError, match="partly unreduced"):

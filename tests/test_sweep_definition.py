@@ -86,7 +86,8 @@ def test_table2_fits_the_example_profile_with_printed_timeouts():
 
 
 def test_iteration_estimate_by_hand():
-    """fwd/bwd 6·N·T/(world·peak·MFU) plus every matrix's Newton-Schulz at MATRIX_EFFICIENCY of peak."""
+    """fwd/bwd (6·N + causal attention 6·L·seq·q_dim)·T/(world·peak·MFU) plus every matrix's
+    Newton-Schulz at MATRIX_EFFICIENCY of peak."""
     from canzona.cost import matrix_flops
     from canzona.models import get_model, list_params
     from canzona.models.qwen3 import count_params
@@ -94,7 +95,8 @@ def test_iteration_estimate_by_hand():
 
     c = next(c for c in load_sweep(ROOT / "slurm/sweeps/table2.toml").cells() if c.config()["model"] == "qwen3-8b")
     cfg = get_model("qwen3-8b")
-    fb = 6 * count_params(cfg) * 256 * 4096 / (256 * 1e15 * budget.ASSUMED_MFU)
+    per_token = 6 * count_params(cfg) + 6 * cfg.layers * 4096 * cfg.heads * cfg.head_dim
+    fb = per_token * 256 * 4096 / (256 * 1e15 * budget.ASSUMED_MFU)
     ns = sum(matrix_flops("muon", p.shape) for p in list_params(cfg) if p.route == "matrix")
     assert iteration_s(c, 1000.0) == pytest.approx(fb + ns / (1e15 * budget.MATRIX_EFFICIENCY))
 

@@ -23,7 +23,7 @@ import numpy as np
 if TYPE_CHECKING:
     import pandas as pd
 
-METHOD_ORDER = ("sc", "layerwise", "asc", "megatron-muon", "canzona")
+METHOD_ORDER = ("sc", "layerwise", "layerwise-2026", "asc", "megatron-muon", "canzona")
 BASELINES = ("sc", "layerwise", "megatron-muon")  # always shown; "asc" is added when present
 OURS = "canzona"
 GROUP_KEY = ("cell", "kind", "provenance", "source", "measured_at")

@@ -20,7 +20,8 @@ measurements of the same conditions, never from the runs it will be compared wit
   ``[collectives.<kind>]`` overrides.
 
 * fwd/bwd: one ``canzona train`` run on ONE rank (``--nproc 1``, the ranks' one thread) times
-  the model's forward/backward alone; ``mfu = 6·N·tokens / (time · peak_flops)``. The runs the
+  the model's forward/backward alone; ``mfu = F·tokens / (time · peak_flops)`` with F the
+  training FLOPs per token (``canzona.models.train_flops_per_token``). The runs the
   projection is checked against use 4 ranks and other layouts, so this is not fitted to them: it
   tests that fwd/bwd scales as modelled (work split over the ranks, cores shared, no TP or DP
   communication inside fwd/bwd), and the iteration = fwd/bwd + step composition.
@@ -171,7 +172,7 @@ def measure_fwd_bwd(model: str, run: dict[str, int] = FWD_BWD_RUN) -> dict[str, 
     import subprocess
     import sys
 
-    from canzona.models import count_params, get_model
+    from canzona.models import count_params, get_model, train_flops_per_token
 
     cmd = [sys.executable, "-m", "canzona", "train", "--model", model, "--tp", "1", "--pp", "1", "--dp", "1"]
     cmd += ["--method", "sc", "--optimizer", "muon", "--micro-batch", "1", "--nproc", "1", "--json"]
@@ -185,6 +186,7 @@ def measure_fwd_bwd(model: str, run: dict[str, int] = FWD_BWD_RUN) -> dict[str, 
         ms=float(rec["timings"]["fwd_bwd_ms"]["median"]),
         tokens=run["seq_len"] * run["global_batch"],
         params=count_params(get_model(model)),
+        flops_per_token=train_flops_per_token(get_model(model), run["seq_len"]),
         command="canzona " + " ".join(cmd[3:]),
     )
 
@@ -242,7 +244,7 @@ def calibrate(
         coll[kind] = {"latency_us": lat * 1e6, "bus_bw": 1.0 / inv_bw}
     fb = measure_fwd_bwd(model) if fwd_bwd else None
     if fb is not None:
-        fb["mfu"] = 6.0 * fb["params"] * fb["tokens"] / (fb["ms"] * 1e-3 * (1.0 / inv_rate))
+        fb["mfu"] = fb["flops_per_token"] * fb["tokens"] / (fb["ms"] * 1e-3 * (1.0 / inv_rate))
     return {
         "fwd_bwd": fb,
         "model": model,
@@ -350,7 +352,8 @@ def _mfu_lines(fb: dict[str, Any] | None, how: str) -> list[str]:
     return [
         f"mfu = {fb['mfu']:.6g}",
         f'mfu_source = "{how}: `{fb["command"]}` (one rank alone, {fb["tokens"]} tokens): fwd/bwd '
-        f"{fb['ms']:.1f} ms; mfu = 6 x {fb['params']} params x tokens / (time x peak_flops); "
+        f"{fb['ms']:.1f} ms; mfu = {fb['flops_per_token']:.6g} FLOP per token "
+        f"(6 x {fb['params']} params + causal attention) x tokens / (time x peak_flops); "
         'ranks computing fwd/bwd at once share shared_cores"',
     ]
 
@@ -381,7 +384,7 @@ def configure(p: Any) -> None:
         "--rounds", type=positive_int, default=3, help="repeat everything in fresh ranks; median over rounds"
     )
     p.add_argument(
-        "--out", type=output_file, help="profile TOML to write (default canzona/analysis/profiles/cpu-local.toml)"
+        "--out", type=output_file, help="profile TOML to write (default canzona/hardware/profiles/cpu-local.toml)"
     )
     p.add_argument("--raw", default="results/calibration/cpu-local.json", help="raw measurements JSON ('' to skip)")
     p.add_argument(

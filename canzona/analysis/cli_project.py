@@ -124,8 +124,16 @@ def _speedups(res: dict[str, Any]) -> dict[str, dict[str, float]]:
 
 
 def _print(rows: list[tuple[str, str, dict[str, Any]]]) -> None:
+    from canzona.hardware import describe
+
     for prof, ov, res in rows:
-        print(f"\n{prof} overlap={ov}")
+        p0 = next(iter(res.values()))
+        s, hw = p0.scenario, p0.profile
+        print(f"\n{prof} overlap={ov}  {describe(hw)}")
+        print(
+            f"  batch {s.global_batch} x {s.seq_len} = {s.tokens:,} tokens per iteration, micro-batch "
+            f"{s.micro_batch}: {p0.microbatches:g} micro-batches per DP rank (the iteration ratio holds at this batch)"
+        )
         print(f"  {'method':<10} {'step ms':>10} {'fwd/bwd ms':>11} {'iter ms':>10}   phases (ms)")
         for m, p in res.items():
             ph = " ".join(f"{k}={v:.1f}" for k, v in p.phase_ms().items() if v > 0.05)
@@ -255,7 +263,7 @@ def _write_preset(name: str, out: Path, profiles: list[Any] | None) -> int:
 
     preset = get_preset(name)
     profs = profiles or [load_profile(n) for n in preset.profiles]
-    projs = [p for p in project_grid(preset.scenarios(), profs) if preset.keep(p.scenario, p.profile.name)]
+    projs = project_grid(preset.scenarios(), profs, preset.keep)
     env = projected_env()
     text = "".join(json.dumps(to_record(p, env), sort_keys=True) + "\n" for p in projs)
     written = [out / preset.out_file]
@@ -270,9 +278,16 @@ def _write_preset(name: str, out: Path, profiles: list[Any] | None) -> int:
             write_atomic(out / fname, pd.DataFrame(rows).to_csv(index=False))
             written.append(out / fname)
     head = [p for p in projs if p.scenario.model == "qwen3-32b" and p.scenario.optimizer == "muon"]
-    groups: dict[tuple[str, str, str], dict[str, Any]] = {}
+    groups: dict[tuple[str, str, str, bool], dict[str, Any]] = {}
     for p in head:
-        groups.setdefault((p.profile.name, p.scenario.overlap, p.scenario.cost), {})[p.scenario.method] = p
-    _print([(f"{prof} cost={cost}", ov, res) for (prof, ov, cost), res in groups.items() if len(res) > 1])
+        s = p.scenario
+        groups.setdefault((p.profile.name, s.overlap, s.cost, s.cooperative), {})[s.method] = p
+    _print(
+        [
+            (f"{prof} cost={cost} coop={'on (beyond the paper)' if coop else 'off (paper-compatible)'}", ov, res)
+            for (prof, ov, cost, coop), res in groups.items()
+            if len(res) > 1
+        ]
+    )
     print(f"\nwrote {', '.join(map(str, written))} ({len(projs)} records in {written[0].name})")
     return 0

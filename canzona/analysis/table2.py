@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from canzona.analysis.aggregate import BASELINES, METHOD_ORDER, OURS, ROW_KEY, aggregate_cells, finite, speedups
 from canzona.analysis.markdown import fmt_ms, fmt_speedup, human_tokens, markdown_table
+from canzona.analysis.pairs import config_text
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -45,7 +46,7 @@ def build_table2(cells: pd.DataFrame) -> pd.DataFrame:
     if cells.empty:
         return pd.DataFrame()
     methods = methods_present(cells)
-    bases = [b for b in BASELINES] + (["asc"] if "asc" in methods else [])
+    bases = [b for b in BASELINES] + [b for b in ("layerwise-2026", "asc") if b in methods]
     sp = speedups(cells, OURS, bases)
     rows: list[dict[str, Any]] = []
     for key, g in cells.groupby(list(ROW_KEY), sort=False, dropna=False):
@@ -178,7 +179,7 @@ def _condition(prov: str) -> str:
         return f"measured ({device}{', ' + backend if backend else ''})"
     tok = dict(t.split("=", 1) for t in prov.replace("(", " ").replace(")", " ").replace(",", " ").split() if "=" in t)
     setting = ", authors' setting" if tok.get("variant") == "authors" else ""
-    return f"projected on {_profile_of(prov)}, overlap={tok.get('overlap', '?')}{setting}"
+    return f"projected on {_profile_of(prov)}, overlap={tok.get('overlap', '?')}{setting}, {config_text(tok)}"
 
 
 def headline_markdown(table: pd.DataFrame, profile: str = "H800") -> str:
@@ -242,8 +243,10 @@ def sensitivity_markdown(sens: pd.DataFrame) -> str:
         [
             "## Projection sensitivity (Qwen3-32B, 256 GPUs)",
             "",
-            "Canzona's projected speedup over the layer-wise baseline as single assumptions change "
-            "(written by `canzona project --preset paper`).",
+            "Canzona's projected speedup (paper-compatible: no cooperation, standard Newton–Schulz) over the "
+            "paper's layer-wise baseline (TP duplicated) and today's Megatron (`layerwise-2026`, TP layer-sharded) "
+            "as single assumptions change; `pinned_by` names the measurement that would fix each one "
+            "(written by `canzona project --preset paper`, `projection_sensitivity.csv`).",
             "",
             markdown_table(header, rows),
             "",
@@ -340,7 +343,7 @@ HOW_MADE = [
     "- The same run twice, or two lines of one cell that differ in world / alpha / dtype / bucket_size / "
     "micro_batch / cost / overlap / variant, stop the build with an error naming the lines.",
     "- Measured rows come from result lines written by the harness / benchmarks; projected rows from "
-    "`canzona project` (see `canzona/analysis/projection/` and `canzona/analysis/profiles/`).",
+    "`canzona project` (see `canzona/analysis/projection/` and `canzona/hardware/profiles/`).",
     "- Each line records the code it came from (`env.git_commit`: the commit, plus a hash of the diff when the "
     "tree was not clean); `cells.csv` lists the lines and commits of every cell.",
     "",

@@ -16,7 +16,7 @@ from canzona.models.qwen3 import (
 )
 from canzona.models.spec import ParamSpec
 from canzona.models.stages import split_stages
-from canzona.models.transformer import Model, TransformerConfig
+from canzona.models.transformer import Model, TransformerConfig, train_flops_per_token
 
 __all__ = [
     "MODELS",
@@ -31,4 +31,5 @@ __all__ = [
     "list_params",
     "shipped_configs",
     "split_stages",
+    "train_flops_per_token",
 ]

@@ -30,9 +30,10 @@ from dataclasses import replace
 
 from canzona.cost import CostModel
 from canzona.errors import ConfigError
+from canzona.hardware import DEFAULT_GPU, Profile, load_profile
 from canzona.models import Model, ParamSpec, get_model, list_params
 from canzona.plan.buckets import build_buckets, matrix_chunks, packed_bucket, resolve_bucket_size
-from canzona.plan.coop import COOP_PROFILES, CoopSettings, applies, candidates, check_ownership, plan_cooperative
+from canzona.plan.coop import CoopSettings, applies, candidates, check_ownership, coop_settings, plan_cooperative
 from canzona.plan.dp.problem import make_problem
 from canzona.plan.readers.bucket_metrics import padding_floor
 from canzona.plan.readers.metrics import gpu_loads
@@ -44,16 +45,6 @@ from canzona.plan.types import AUTO_PADDING_LIMIT, DP_LAYOUTS, Bucket, Layout, P
 
 def _positive_int(v: object) -> bool:
     return not isinstance(v, bool) and isinstance(v, int) and v > 0
-
-
-# Where cooperation is priced when a config does not say: NVLink (offline planning is for GPU
-# clusters); the runtime sets its backend's profile before planning (cpu on gloo).
-DEFAULT_COOP_PROFILE = "nvlink"
-
-
-def coop_settings(config: PlanConfig) -> CoopSettings:
-    """The cooperation pricing of ``config`` (its profile, or the default when unset)."""
-    return COOP_PROFILES[config.coop_profile or DEFAULT_COOP_PROFILE]
 
 
 def resolve_config(config: PlanConfig) -> PlanConfig:
@@ -81,13 +72,11 @@ def resolve_config(config: PlanConfig) -> PlanConfig:
             f"tp mode {mode!r} does not go with strategy {config.strategy!r}: 'shard' is zero's element-wise "
             f"reference and zero has no other; choose from {', '.join(m for m in TP_MODES if m != 'shard')}"
         )
-    profile = config.coop_profile or DEFAULT_COOP_PROFILE
-    if profile not in COOP_PROFILES:
-        raise ConfigError(f"unknown coop_profile {config.coop_profile!r}; choose one of {', '.join(COOP_PROFILES)}")
     coop = applies(config.strategy, config.optimizer, config.cost, config.cooperative) and mode == "global"
     if config.coop_force and not coop:
         raise ConfigError("coop_force needs cooperation: strategy canzona, optimizer muon, cost flops, TP mode global")
-    return replace(config, alpha=float(a), dp_algo=algo, tp_mode=mode, cooperative=coop, coop_profile=profile)
+    profile = config.profile or DEFAULT_GPU
+    return replace(config, alpha=float(a), dp_algo=algo, tp_mode=mode, cooperative=coop, profile=profile)
 
 
 def make_items(params: Sequence[ParamSpec], cost_model: CostModel, ep: int = 1) -> tuple[PlanItem, ...]:
@@ -146,29 +135,45 @@ def matrix_buckets(
     return tuple(out)
 
 
-def _choose_layout(params: Sequence[ParamSpec], items: Sequence[PlanItem], layout: Layout, cfg: PlanConfig) -> str:
-    """The layout the plan uses. Only the algorithms that plan the padded layout themselves
-    (``chunked_algos``) are padded; ``auto`` is padded while the padded buckets' padding floor is
-    <= AUTO_PADDING_LIMIT (always under EP), else exact."""
+def _layouts(params: Sequence[ParamSpec], items: Sequence[PlanItem], layout: Layout, cfg: PlanConfig) -> list[str]:
+    """The DP buffer layouts a plan may use. Only the algorithms that plan the padded layout
+    themselves (``chunked_algos``) are padded; ``auto`` weighs padded (unless its padding floor
+    exceeds AUTO_PADDING_LIMIT) and exact by modelled step (``_fastest_layout``); experts are
+    planned in the padded layout only."""
     if cfg.dp_algo not in get_strategy(cfg.strategy).chunked_algos:
-        return "exact"  # contiguous algorithms and baselines: exact cuts, the runtime picks each mode
+        return ["exact"]  # contiguous algorithms and baselines: exact cuts, the runtime picks each mode
     if cfg.dp_layout != "auto":
-        return cfg.dp_layout
+        return [cfg.dp_layout]
     if any(it.ep_rank is not None for it in items):
-        return "padded"  # expert buffers are planned in the padded layout only
+        return ["padded"]
     chunks = matrix_buckets(params, items, layout, replace(cfg, dp_layout="padded"))
-    return "padded" if padding_floor(chunks, layout) <= AUTO_PADDING_LIMIT else "exact"
+    return ["padded", "exact"] if padding_floor(chunks, layout) <= AUTO_PADDING_LIMIT else ["exact"]
 
 
 def make_plan(
-    params: Sequence[ParamSpec], layout: Layout, config: PlanConfig, *, cost_model: CostModel | None = None
+    params: Sequence[ParamSpec],
+    layout: Layout,
+    config: PlanConfig,
+    *,
+    cost_model: CostModel | None = None,
+    profile: Profile | None = None,
 ) -> Plan:
-    """Plan ONE PP stage. ``params`` in registration order (any routes); deterministic."""
-    return keep_fastest(*candidate_plans(params, layout, config, cost_model=cost_model))
+    """Plan ONE PP stage. ``params`` in registration order (any routes); deterministic.
+    ``profile``: the hardware its choices are priced on (``hardware_for``)."""
+    hw = hardware_for(config, profile)
+    return keep_fastest(*candidate_plans(params, layout, config, cost_model=cost_model, profile=hw), hw)
 
 
-def keep_fastest(plain: Plan | None, coops: Sequence[Plan]) -> Plan:
-    """The plan ``make_plan`` keeps among a stage's ``candidate_plans``."""
+def hardware_for(config: PlanConfig, profile: Profile | None) -> Profile:
+    """The profile a plan is priced on: the one passed in (the planner never reads files when given
+    one), else the one ``config.profile`` names (default H800, the paper's hardware)."""
+    if profile is not None:
+        return profile
+    return load_profile(config.profile or DEFAULT_GPU)
+
+
+def keep_fastest(plain: Plan | None, coops: Sequence[Plan], profile: Profile) -> Plan:
+    """The plan ``make_plan`` keeps among a stage's ``candidate_plans``, priced on ``profile``."""
     if coops and plain is None:  # forced groups
         return coops[0]
     assert plain is not None
@@ -179,24 +184,38 @@ def keep_fastest(plain: Plan | None, coops: Sequence[Plan]) -> Plan:
     # hosts an fc2), and at TP = 1 its block cuts add DP calls (Qwen3-1.7B at DP 256: groups of 4
     # save 1 ms of Newton–Schulz and add 168 per-slice calls). Keep the choice with the shortest
     # step, and cooperation only where it saves at least COOP_MIN_SAVING of the plain plan's compute.
-    coop = coop_settings(plain.config)
+    coop = coop_settings(profile, plain.layout)
     compute, comm = step_seconds(plain, coop)
     best, best_s = plain, compute * (1 - COOP_MIN_SAVING) + comm
     for plan in coops:
         s = sum(step_seconds(plan, coop))
         if s < best_s:
             best, best_s = plan, s
-    return best
+    weighed = plain.alternatives + tuple((_label(p), sum(step_seconds(p, coop)) * 1e3) for p in coops)
+    return replace(best, alternatives=weighed)
+
+
+def _label(plan: Plan) -> str:
+    """How a candidate differs from the others: its DP layout and algorithm, and its groups."""
+    ks = sorted({g.k for g in plan.coop})
+    coop = f"cooperative k={','.join(map(str, ks))}" if ks else "one owner per matrix"
+    return f"{plan.config.dp_layout} {plan.dp.algo}, {coop}"
 
 
 def candidate_plans(
-    params: Sequence[ParamSpec], layout: Layout, config: PlanConfig, *, cost_model: CostModel | None = None
+    params: Sequence[ParamSpec],
+    layout: Layout,
+    config: PlanConfig,
+    *,
+    cost_model: CostModel | None = None,
+    profile: Profile | None = None,
 ) -> tuple[Plan | None, list[Plan]]:
     """(the plan with one owner per matrix, the cooperative plans) that ``make_plan`` chooses
     among for one stage; the first is None when ``coop_force`` fixes the groups. For reports
     that show what a choice by compute alone would give."""
     t0 = time.perf_counter()
-    cfg = resolve_config(config)
+    hw = hardware_for(config, profile)
+    cfg = replace(resolve_config(config), profile=hw.name)
     strategy = STRATEGIES[cfg.strategy]
     if cost_model is None:
         cost_model = CostModel(cfg.optimizer, cfg.cost)  # type: ignore[arg-type]
@@ -214,19 +233,51 @@ def candidate_plans(
             "(AdamW-routed ones get equal ZeRO-1 slices without a plan); pass the matrix parameters"
         )
     items = make_items(params, cost_model, layout.ep)
-    cfg = replace(cfg, dp_layout=_choose_layout(params, items, layout, cfg))
+    coop = coop_settings(hw, layout)
     if any(it.ep_rank is not None for it in items) and (
-        cfg.dp_layout != "padded" or cfg.dp_algo not in strategy.chunked_algos
+        cfg.dp_layout not in ("padded", "auto") or cfg.dp_algo not in strategy.chunked_algos
     ):
         raise ConfigError(
             "EP > 1 is planned only by the padded layout's own algorithms (canzona refine or lpt); "
             f"got {cfg.strategy} / {cfg.dp_algo} / {cfg.dp_layout}"
         )
-    buckets = matrix_buckets(params, items, layout, cfg)
-    coops = _cooperative_plans(params, items, buckets, layout, cfg, cost_model, t0)
+    plain, buckets = _fastest_layout(params, items, layout, cfg, coop, t0)
+    coops = _cooperative_plans(params, items, buckets, layout, plain.config, cost_model, coop, t0)
     if coops and cfg.coop_force:
         return None, coops[:1]
-    return _plain_plan(items, buckets, layout, cfg, t0), coops
+    return plain, coops
+
+
+def _fastest_layout(
+    params: Sequence[ParamSpec],
+    items: tuple[PlanItem, ...],
+    layout: Layout,
+    cfg: PlanConfig,
+    coop: CoopSettings,
+    t0: float,
+) -> tuple[Plan, tuple[Bucket, ...]]:
+    """The plain plan in each DP buffer layout the config allows (``_layouts``), and the one with
+    the shortest modelled step (busiest-GPU compute + DP collectives on the profile), with its
+    buckets. Why by time: padded slices keep one native call per bucket but can cost compute
+    balance (Llama-3-70B at TP4·DP32: the padded default at 0.77-0.80 efficiency where exact
+    reaches 0.88-0.97), so neither layout wins everywhere; the profile says which matters more."""
+    names = _layouts(params, items, layout, cfg)
+    if len(names) == 1:  # nothing to weigh
+        c = replace(cfg, dp_layout=names[0])
+        buckets = matrix_buckets(params, items, layout, c)
+        return _plain_plan(items, buckets, layout, c, t0), buckets
+    best: tuple[float, Plan, tuple[Bucket, ...]] | None = None
+    weighed = []
+    for name in names:
+        c = replace(cfg, dp_layout=name)
+        buckets = matrix_buckets(params, items, layout, c)
+        plan = _plain_plan(items, buckets, layout, c, t0)
+        ms = sum(step_seconds(plan, coop)) * 1e3
+        weighed.append((_label(plan), ms))
+        if best is None or ms < best[0]:
+            best = (ms, plan, buckets)
+    assert best is not None
+    return replace(best[1], alternatives=tuple(weighed)), best[2]
 
 
 # A cooperative plan must save at least this share of the plain plan's busiest-GPU compute (net of
@@ -275,6 +326,7 @@ def _cooperative_plans(
     layout: Layout,
     cfg: PlanConfig,
     cost_model: CostModel,
+    coop: CoopSettings,
     t0: float,
 ) -> list[Plan]:
     """The stage's plans with cooperative groups, one per candidate choice (``coop.candidates``;
@@ -287,14 +339,13 @@ def _cooperative_plans(
         cfg = replace(cfg, dp_layout="exact")
         buckets = matrix_buckets(params, items, layout, cfg)
     out = []
-    profile = coop_settings(cfg)
     # At TP > 1 the DP planners see a cooperative matrix through a proxy (a replicated item, its
     # group's work spread over the TP group) and refine can tune the proxy's max at the real one's
     # expense (Qwen3-8B DP32×TP8: 1.98× the mean against largest-first's 1.84×), so largest-first's
     # packing is planned too and the lower real max is kept (``DPPlan.algo`` says which).
     algos = (cfg.dp_algo, "lpt") if layout.tp > 1 and cfg.dp_algo == "refine" else (cfg.dp_algo,)
     h = input_hash(layout, cfg, items)
-    for chosen in candidates(items, layout.dp, layout.tp, cost_model.settings, profile, cfg.coop_force):
+    for chosen in candidates(items, layout.dp, layout.tp, cost_model.settings, coop, cfg.coop_force):
         for algo in algos:
             together = plan_cooperative(items, buckets, layout, cfg, chosen, algo)
             if together is None:
@@ -313,13 +364,17 @@ def plan_model(
     views: Sequence[str] = (),
     *,
     cost_model: CostModel | None = None,
+    profile: Profile | None = None,
 ) -> list[Plan]:
     """One plan per PP stage of a model (a name, a model file or a model object; ``views``: split
-    views such as qkv, gate_up)."""
+    views such as qkv, gate_up), priced on ``profile`` (``hardware_for``)."""
     cfg = get_model(model) if isinstance(model, str) else model
     cfg.validate_layout(tp=layout.tp, pp=layout.pp, ep=layout.ep)
+    hw = hardware_for(config, profile)
     return [
-        make_plan(list_params(cfg, pp=layout.pp, stage=s, views=views), layout, config, cost_model=cost_model)
+        make_plan(
+            list_params(cfg, pp=layout.pp, stage=s, views=views), layout, config, cost_model=cost_model, profile=hw
+        )
         for s in range(layout.pp)
     ]
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from canzona.errors import ConfigError
+from canzona.hardware import Profile
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "reduce", "broadcast", "all_to_all")
 
@@ -80,13 +81,17 @@ class CommModel:
         link = self._kinds.get(kind, self.link)
         return link.base_latency_us + steps * link.hop_latency_us + factor * nbytes / link.bus_bw * 1e6
 
+    def link_for(self, kind: str) -> Link:
+        """The link a call of ``kind`` is priced on (its per-kind fit, else the default)."""
+        return self._kinds.get(kind, self.link)
+
     def copy_us(self, nbytes: float) -> float:
         return 2.0 * nbytes / self.copy_bw * 1e6
 
 
 # Defaults the runtime uses to choose a DP collective mode when the caller gives no model.
 # NCCL: H800-class inter-node ring (DP groups of a 256-GPU job span nodes), numbers from the same
-# sources as canzona/analysis/profiles/H800.toml. NCCL's reduce/broadcast are ring chains with the
+# sources as canzona/hardware/profiles/H800.toml. NCCL's reduce/broadcast are ring chains with the
 # same per-call latency, so per-root calls pay DP latencies where one native call pays one.
 NCCL = CommModel(
     "nccl",
@@ -94,7 +99,7 @@ NCCL = CommModel(
     copy_bw=3.0e12,
     source="IB 50 GB/s per GPU (DeepSeek-V3 report sec. 3.2.2); NCCL tuning.cc Ring/Simple latencies 8.4 + 6.6 us/step",
 )
-# gloo on one CPU host: per-kind fits of `canzona calibrate-cpu` (canzona/analysis/profiles/cpu-local.toml,
+# gloo on one CPU host: per-kind fits of `canzona calibrate-cpu` (canzona/hardware/profiles/cpu-local.toml,
 # 2026-11-29, 2-core VM): broadcast and reduce move data 3-7x faster than all_gather / reduce_scatter.
 GLOO = CommModel(
     "gloo",
@@ -115,3 +120,20 @@ MODELS = {m.name: m for m in (NCCL, GLOO)}
 def model_for_backend(backend: str) -> CommModel:
     """The default model of a torch.distributed backend name (unknown backends price like NCCL)."""
     return MODELS.get(str(backend).lower(), NCCL)
+
+
+def profile_model(profile: Profile, span: int, name: str) -> CommModel:
+    """The α–β model of a group whose ranks span ``span`` consecutive GPUs on ``profile``: the
+    intra-node link when the span fits a node, else the inter-node link (Megatron rank order: TP
+    fastest, then DP, then PP); a profile's calibrated per-kind fits (the CPU profile) carry over,
+    and a local staging copy moves at its memory bandwidth. The planner, the budget and the
+    projection all price calls with this, so they agree on the machine."""
+    which = "intra" if span <= profile.gpus_per_node else "inter"
+    link = profile.intra if which == "intra" else profile.inter
+    return CommModel(
+        f"profile:{profile.name}:{name}",
+        Link(link.bus_bw, link.base_latency_us, link.hop_latency_us),
+        per_kind=tuple((kind, Link(f.bus_bw, f.latency_us)) for kind, f in sorted(profile.collectives.items())),
+        copy_bw=profile.mem_bw,
+        source=f"hardware profile {profile.name} [links.{which}]",
+    )

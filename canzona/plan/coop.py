@@ -41,34 +41,33 @@ from dataclasses import dataclass
 
 from canzona.cost import CostSettings, ns_member_flops
 from canzona.errors import ConfigError
-from canzona.plan.comm import GLOO, NCCL, CommModel, Link
+from canzona.hardware import Profile
+from canzona.plan.comm import CommModel, Link, profile_model
 from canzona.plan.types import Bucket, CoopGroup, DPPlan, Layout, Plan, PlanConfig, PlanItem, TPSchedule
 
 GROUP_SIZES = (2, 4, 8)  # aligned DP sub-groups at TP = 1, TP sub-groups at TP > 1; 8 = one node of 8 GPUs
-# NVLink inside a node: 400 GB/s (the issue's model; H100 SXM NVLink 4 is 450 GB/s per direction),
-# NCCL Ring/Simple latencies from its tuning table (as canzona/analysis/profiles/H800.toml).
-NVLINK = Link(bus_bw=400e9, base_latency_us=8.4, hop_latency_us=5.7)
 
 
 @dataclass(frozen=True)
 class CoopSettings:
-    """The hardware the cooperative choice is priced on (defaults: the issue's modelled numbers,
-    H100/H800-class: 500 TFLOP/s achieved bf16, NVLink 400 GB/s inside a node)."""
+    """The hardware the cooperative choice is priced on, taken from a hardware profile
+    (``coop_settings``): its Newton–Schulz rate, the link inside a node (a group's Gram
+    all-reduces) and the DP group's collectives (a group's block cuts add DP calls at TP = 1)."""
 
-    flops_rate: float = 500e12
-    link: Link = NVLINK
+    flops_rate: float
+    link: Link
+    dp: CommModel
     gram_bytes: int = 4  # the Gram is reduced in fp32
     min_gain: float = 1.05  # cooperate only when the member's cost is this much below one owner's
-    dp: CommModel = NCCL  # the DP group's collectives (a group's block cuts add DP calls at TP = 1)
 
 
-# Where the choice is priced (PlanConfig.coop_profile). The runtime passes "cpu" on gloo, so CPU runs
-# cooperate where it pays on CPUs (canzona/analysis/profiles/cpu-local.toml: one rank's achieved
-# Muon rate and the calibrated gloo all-reduce of `canzona calibrate-cpu`, 2-core VM, 2026-11-29).
-COOP_PROFILES = {
-    "nvlink": CoopSettings(),
-    "cpu": CoopSettings(flops_rate=9.67e10, link=Link(bus_bw=7.77e8, base_latency_us=383.0), dp=GLOO),
-}
+def coop_settings(profile: Profile, layout: Layout) -> CoopSettings:
+    """What ``profile`` says the cooperative choice costs at ``layout``: the profile's achieved
+    Newton–Schulz rate, its intra-node link (a group stays inside a node; a calibrated all-reduce
+    fit, as the CPU profile has, wins) and the DP group's link (``comm.profile_model``)."""
+    link = profile_model(profile, 1, "coop").link_for("all_reduce")
+    dp = profile_model(profile, layout.tp * layout.dp, "dp")
+    return CoopSettings(flops_rate=profile.flops_rate, link=link, dp=dp)
 
 
 def long_side_is_rows(shape: Sequence[int]) -> bool:
@@ -184,7 +183,7 @@ def choose_groups(
     dp: int,
     tp: int,
     settings: CostSettings,
-    coop: CoopSettings = CoopSettings(),
+    coop: CoopSettings,
     target: float | None = None,
 ) -> dict[str, tuple[int, float, str]]:
     """name -> (k, member cost, form) for every matrix above ``target`` worth a group; the rest keep
@@ -258,9 +257,7 @@ def _work_cap(options: Sequence[Sequence[tuple[int, float]]], gpus: int) -> floa
     return best[1]
 
 
-def load_bound(
-    items: Sequence[PlanItem], dp: int, tp: int, settings: CostSettings, coop: CoopSettings = CoopSettings()
-) -> float:
+def load_bound(items: Sequence[PlanItem], dp: int, tp: int, settings: CostSettings, coop: CoopSettings) -> float:
     """No plan with groups of the allowed sizes has a per-GPU max below this, in the item costs'
     unit, whatever its packing.
 
@@ -305,7 +302,7 @@ def candidates(
     dp: int,
     tp: int,
     settings: CostSettings,
-    coop: CoopSettings = CoopSettings(),
+    coop: CoopSettings,
     force: Sequence[tuple[str, int]] = (),
 ) -> list[dict[str, tuple[int, float, str]]]:
     """The distinct non-empty group choices worth planning (``force``: exactly that one)."""

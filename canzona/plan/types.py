@@ -211,9 +211,9 @@ class PlanConfig:
     grad_dtype_bytes: int = 4
     dp_layout: str = "auto"
     cooperative: bool = True  # canzona + Muon + FLOPs cost: groups for matrices above the mean
-    coop_profile: str | None = (
-        None  # where cooperation is priced: nvlink | cpu; None: nvlink offline, the backend's at run time
-    )
+    # the hardware profile (canzona.hardware) the planner's choices are priced on, by name or path;
+    # None: H800 offline, the backend's at run time (cpu-local on gloo)
+    profile: str | None = None
     coop_force: tuple[tuple[str, int], ...] = ()  # (matrix, k) groups taken as given (experiments, tests)
 
 
@@ -228,6 +228,9 @@ class Plan:
     planner_seconds: float = field(default=0.0, compare=False)
     work: int = field(default=0, compare=False)  # planner work items (deterministic; tests bound it)
     coop: tuple[CoopGroup, ...] = ()  # cooperative matrices (canzona.plan.coop); empty: one owner each
+    # what make_plan weighed and the modelled step of each, ms (build.keep_fastest): a report, not
+    # part of what a rank executes
+    alternatives: tuple[tuple[str, float], ...] = field(default=(), compare=False)
 
     def item(self, name: str) -> PlanItem:
         for it in self.items:
@@ -251,6 +254,7 @@ class Plan:
         d = self.to_dict()
         d.pop("planner_seconds")
         d.pop("work")
+        d.pop("alternatives")
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_json(self, indent: int | None = None) -> str:
@@ -265,7 +269,7 @@ class Plan:
         tp = d["tp"]
         return cls(
             layout=Layout(**d["layout"]),
-            config=PlanConfig(**{**d["config"], "coop_force": tup(d["config"].get("coop_force", []))}),
+            config=PlanConfig(**_config_fields(d["config"])),
             items=tuple(
                 PlanItem(i["name"], tup(i["shape"]), i["partition_dim"], i["cost"], i.get("ep_rank"))
                 for i in d["items"]
@@ -292,6 +296,7 @@ class Plan:
             input_hash=d["input_hash"],
             planner_seconds=d.get("planner_seconds", 0.0),
             work=d.get("work", 0),
+            alternatives=tuple((str(a), float(b)) for a, b in d.get("alternatives", [])),
             coop=tuple(
                 CoopGroup(c["name"], tup(c["members"]), c["form"], c.get("regroup", False), c.get("solo", 0.0))
                 for c in d.get("coop", [])
@@ -310,3 +315,16 @@ def input_hash(layout: Layout, config: PlanConfig, items: tuple[PlanItem, ...]) 
         sort_keys=True,
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+# Plans saved before the hardware profile named the pricing: coop_profile "nvlink" was priced at
+# H100-class built-in rates, "cpu" on the cpu-local calibration; they load with the profile closest.
+_OLD_COOP_PROFILES = {"nvlink": "H800", "cpu": "cpu-local"}
+
+
+def _config_fields(d: dict[str, Any]) -> dict[str, Any]:
+    d = dict(d, coop_force=tuple(tuple(x) for x in d.get("coop_force", [])))
+    old = d.pop("coop_profile", None)
+    if old is not None and d.get("profile") is None:
+        d["profile"] = _OLD_COOP_PROFILES.get(old, old)
+    return d

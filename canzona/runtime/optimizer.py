@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from canzona.errors import ConfigError, NonFiniteGradientError
+from canzona.hardware import DEFAULT_CPU, DEFAULT_GPU
 from canzona.models.spec import ParamSpec
 from canzona.optim.base import apply_update, matrix_shape
 from canzona.optim.muon import require_muon
@@ -135,7 +136,7 @@ class DistributedOptimizer:
         pc = dataclasses.replace(
             pc,
             bucket_size=resolve_bucket_size(pc.bucket_size, self.dp),
-            coop_profile=pc.coop_profile or ("cpu" if self.backend == "gloo" else "nvlink"),
+            profile=pc.profile or (DEFAULT_CPU if self.backend == "gloo" else DEFAULT_GPU),
         )
         plan = make_plan(
             [self.specs[n] for n in self.matrix_names],

@@ -175,9 +175,9 @@ class RunSpec:
 
         return get_method(self.plan.method).peer
 
-    def plan_config(self, coop_profile: str | None = None) -> PlanConfig:
+    def plan_config(self, profile: str | None = None) -> PlanConfig:
         """The planner's config of this run (Canzona methods): the plan section, the optimizer, and
-        where cooperation is priced (None: the runtime's choice for its backend)."""
+        the hardware profile its choices are priced on (None: the runtime's choice for its backend)."""
         p = self.plan
         extra: dict[str, Any] = {k: v for k, v in (("dp_algo", p.dp_algo), ("tp_mode", p.tp_mode)) if v is not None}
         return PlanConfig(
@@ -189,7 +189,7 @@ class RunSpec:
             cooperative=p.cooperative,
             dp_layout=p.dp_layout,
             capacity_bytes=p.capacity_bytes,
-            coop_profile=coop_profile,
+            profile=profile,
             **extra,
         )
 

@@ -20,7 +20,7 @@ from canzona.cost import matrix_flops, matrix_optimizer_names
 from canzona.errors import ConfigError
 from canzona.models import get_model, list_params
 from canzona.models.memory import activation_bytes, estimate_memory_gb
-from canzona.models.qwen3 import count_params
+from canzona.models.transformer import train_flops_per_token
 from canzona.spec import RunSpec
 from canzona.sweep.definition import Cell
 from canzona.sweep.profile import ClusterProfile
@@ -89,7 +89,8 @@ def iteration_s(cell: Cell, peak_tflops: float) -> float:
     run = cell.spec
     cfg, opt = get_model(run.model), run.optim.optimizer
     peak = peak_tflops * 1e12
-    fwd_bwd = 6.0 * count_params(cfg) * run.batch.global_batch * run.batch.seq_len / (cell.world * peak * ASSUMED_MFU)
+    tokens = run.batch.global_batch * run.batch.seq_len
+    fwd_bwd = train_flops_per_token(cfg, run.batch.seq_len) * tokens / (cell.world * peak * ASSUMED_MFU)
     if opt not in matrix_optimizer_names():
         return fwd_bwd
     flops = sum(matrix_flops(opt, p.shape) for p in list_params(cfg) if p.route == "matrix")

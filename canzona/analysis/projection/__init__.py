@@ -4,7 +4,7 @@ planner's exact plans and a hardware profile.
 Why a projection at all: the paper's headline (Qwen3-32B on 256 GPUs) cannot be measured on our
 machines. Instead of guessing, we replay what the runtime (``canzona.runtime``) does for a plan,
 phase by phase and rank by rank, charging each operation from a profile whose every number has a
-written source (``canzona/analysis/profiles/*.toml``), and we check the same code against runs we
+written source (``canzona/hardware/profiles/*.toml``), and we check the same code against runs we
 did measure (``validate_against``). Nothing here is fitted to the paper's numbers.
 
 One module per concern, each importing only the ones above it:

@@ -14,15 +14,15 @@ MODEL_NAME = "canzona-projection-v1"
 
 
 def detail_string(s: Scenario, profile: Profile) -> str:
-    """The projection's provenance: model version, profile, view and the settings that differ from
-    the defaults (cooperation off, a Newton–Schulz method other than standard)."""
+    """The projection's provenance: model version, profile, view and every knob a verdict may pair
+    rows on (cost, cooperation, Newton–Schulz method, α), so two rows of a comparison can be checked
+    to differ in the compared knob alone."""
     views = ",".join(s.views) or "none"
     return (
         f"model={MODEL_NAME} profile={profile.name} overlap={s.overlap} cost={s.cost} views={views} "
         f"tp_pipeline={'on' if profile.comm_compute_overlap else 'off'}"
         + (f" variant={s.variant}" if s.variant else "")
-        + ("" if s.cooperative else " coop=off")
-        + (f" ns_method={s.ns_method}" if s.ns_method != "standard" else "")
+        + f" coop={'on' if s.cooperative else 'off'} ns_method={s.ns_method} alpha={s.alpha:g}"
     )
 
 

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -21,8 +22,23 @@ if TYPE_CHECKING:
     from canzona.optim.base import MatrixOptimizer
 
 # The methods the projection models: the runtime's strategies (the strategy registry through
-# canzona.spec); a peer is projected as the strategy of its lineage.
-METHODS = method_names(peers=False)
+# canzona.spec; a peer is projected as the strategy of its lineage), and today's Megatron
+# (``layerwise-2026``, a configuration of the canzona strategy, below) beside the paper's layerwise.
+_RUNTIME = method_names(peers=False)
+METHODS = (*_RUNTIME[:2], "layerwise-2026", *_RUNTIME[2:])
+# Megatron-LM's layer-wise distributed optimizer as of 2026 (megatron/core/optimizer/
+# layer_wise_optimizer.py, layer_sharded_muon.py): per backprop-contiguous bucket (grown to at
+# least 0.9·DP·its largest parameter), whole matrices packed into DP shards largest-first by numel
+# and padded to the largest shard, so gradients are reduce-scattered and parameters all-gathered
+# bucket by bucket (overlapped with backward and the next forward); TP "layer-sharded": each matrix
+# gets one home in its TP group, all-to-alls bring its shards there and the update back (no
+# duplicated Newton–Schulz). In planner terms: Canzona's padded layout (same bucket rule,
+# buckets.matrix_chunks) balancing slice widths only (α = 0: the shard sizes, i.e. numel; our
+# search stands in for its per-bucket LPT and is never worse on that key), no cooperation, TP mode
+# global (homes by all-to-all). Not modelled: Megatron issues one all-to-all per direction for all
+# matrices of a parameter group; ours pipelines micro-groups of bounded capacity.
+LAYERWISE_2026 = {"strategy": "canzona", "dp_algo": "refine", "dp_layout": "padded", "cost": "numel",
+                  "cooperative": False, "tp_mode": "global", "alpha": 0.0}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -57,18 +73,18 @@ class Scenario:
 
 
 def plan_config_for(s: Scenario, profile: Profile | None = None) -> PlanConfig:
-    """The PlanConfig the runtime builds for this method (canzona.runtime.optimizer._make_plan):
-    cooperation priced on the CPU calibration on a CPU profile (the runtime's choice on gloo), on
-    NVLink otherwise."""
+    """The PlanConfig the runtime builds for this method (canzona.runtime.optimizer._make_plan),
+    its choices priced on the profile the scenario is projected on (one machine for both)."""
+    extra: dict[str, object] = {"dp_algo": s.dp_algo} if s.dp_algo else {}
+    fields: dict[str, object] = {"strategy": s.method, "cost": s.cost, "cooperative": s.cooperative}
+    if s.method == "layerwise-2026":
+        fields, extra = dict(LAYERWISE_2026), {}
+    fields = {"alpha": s.alpha, **fields, **extra}
     return PlanConfig(
-        strategy=s.method,
         optimizer=s.optimizer,
-        cost=s.cost,
-        alpha=s.alpha,
         bucket_size=s.bucket_size,
-        cooperative=s.cooperative,
-        coop_profile="cpu" if profile is not None and profile.kind == "cpu" else "nvlink",
-        dp_algo=s.dp_algo or PlanConfig.dp_algo,
+        profile=profile.name if profile is not None else None,
+        **fields,  # type: ignore[arg-type]
     )
 
 
@@ -98,23 +114,21 @@ def make_plans(s: Scenario, profile: Profile | None = None) -> list[Plan]:
     import canzona.plan as cplan
     from canzona.models import get_model
 
-    known = method_names(peers=False)
-    if s.method not in known:
+    if s.method not in METHODS:
         lineage = get_method(s.method).lineage if s.method in method_names() else ""
         raise ConfigError(
-            f"the projection models {', '.join(known)}, not {s.method!r}"
+            f"the projection models {', '.join(METHODS)}, not {s.method!r}"
             + (f" ({s.method} is the {lineage} lineage: project {lineage!r})" if lineage else "")
         )
-    cost = CostModel(s.optimizer, s.cost, cost_settings_for(s, profile))  # type: ignore[arg-type]
-    return list(
-        cplan.plan_model(get_model(s.model), s.layout, plan_config_for(s, profile), views=s.views, cost_model=cost)
-    )
+    pc = plan_config_for(s, profile)
+    cost = CostModel(s.optimizer, pc.cost, cost_settings_for(s, profile))  # type: ignore[arg-type]
+    return list(cplan.plan_model(get_model(s.model), s.layout, pc, views=s.views, cost_model=cost, profile=profile))
 
 
 def plan_key(s: Scenario, profile: Profile) -> tuple[Scenario, str, str]:
-    """What a scenario's plans depend on: the scenario (not its overlap view) and, of the profile,
-    where cooperation is priced and the Newton–Schulz format (Gram restarts)."""
-    return dataclasses.replace(s, overlap="none"), plan_config_for(s, profile).coop_profile or "", profile.ns_dtype
+    """What a scenario's plans depend on: the scenario (not its overlap view) and the profile its
+    choices are priced on (which also sets the Newton–Schulz format, hence Gram restarts)."""
+    return dataclasses.replace(s, overlap="none"), profile.name, profile.ns_dtype
 
 
 def project(
@@ -128,7 +142,7 @@ def project(
     ``settings`` to the scenario's optimizer settings on ``profile`` (``cost_settings_for``).
     ``stages``: the charged stages of a projection of the same plans on the same profile (they do
     not depend on the overlap view or the batch), to skip charging them again."""
-    from canzona.models import count_params, get_model, list_params
+    from canzona.models import get_model, list_params
 
     cfg = get_model(s.model)
     cfg.validate_layout(tp=s.layout.tp, pp=s.layout.pp)
@@ -152,24 +166,28 @@ def project(
         raise ConfigError(
             f"global_batch {s.global_batch} is not a multiple of micro_batch·dp = {s.micro_batch}·{s.layout.dp}"
         )
-    m = s.global_batch // (s.micro_batch * s.layout.dp)
-    fb = fwd_bwd_ms(count_params(cfg), s.global_batch * s.seq_len, s.layout.world, s.layout.pp, m, profile)
-    return Projection(s, profile, tuple(stages), fb)
+    return _with_tokens(Projection(s, profile, tuple(stages), math.nan), s.global_batch * s.seq_len)
+
+
+def _with_tokens(p: Projection, tokens: float) -> Projection:
+    from canzona.models import get_model, train_flops_per_token
+
+    s = p.scenario
+    m = microbatches(s, tokens)
+    flops = train_flops_per_token(get_model(s.model), s.seq_len) * tokens
+    fb = fwd_bwd_ms(flops, s.layout.world, s.layout.pp, m, p.profile)
+    return dataclasses.replace(p, fwd_bwd_ms=fb, microbatches=m)
+
+
+def microbatches(s: Scenario, tokens: float) -> float:
+    """Micro-batches per DP rank at ``tokens`` per iteration with the scenario's sequence and
+    micro-batch: tokens / (seq_len · micro_batch · dp), at least one (fewer tokens than one
+    micro-batch per rank are counted as one, shorter, micro-batch)."""
+    return max(1.0, tokens / (s.seq_len * s.micro_batch * s.layout.dp))
 
 
 def at_tokens(p: Projection, tokens: float) -> Projection:
-    """``p`` with fwd/bwd recomputed for ``tokens`` per iteration, the optimizer step unchanged.
-
-    Why this is exact for PP = 1: the step does not depend on the batch, and fwd/bwd is
-    6·N·T / (world·peak·MFU), so the tokens decide it whatever their split into sequences.
-    With PP > 1 the pipeline bubble depends on the micro-batch count, so this refuses.
-    """
-    from dataclasses import replace
-
-    from canzona.models import count_params, get_model
-
-    s = p.scenario
-    if s.layout.pp != 1:
-        raise ConfigError(f"at_tokens needs PP = 1 (the 1F1B bubble depends on micro-batches); got PP = {s.layout.pp}")
-    fb = fwd_bwd_ms(count_params(get_model(s.model)), tokens, s.layout.world, 1, 1, p.profile)
-    return replace(p, fwd_bwd_ms=fb)
+    """``p`` with the batch changed to ``tokens`` per iteration (same sequence length and
+    micro-batch), the optimizer step unchanged: fwd/bwd and the number of micro-batches, which
+    sets the overlap windows (``overlap.Windows``) and the PP bubble, follow the tokens."""
+    return _with_tokens(p, tokens)

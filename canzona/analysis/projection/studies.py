@@ -8,7 +8,7 @@ them) and they only combine scenarios, projections and speedups.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -20,14 +20,18 @@ from canzona.analysis.projection.scenario import Scenario, at_tokens, make_plans
 from canzona.plan.types import Layout
 
 
-def project_grid(scenarios: Sequence[Scenario], profiles: Sequence[Profile]) -> list[Projection]:
-    """Project every scenario on every profile, planning each scenario once per ``plan_key`` and
-    charging its stages once per profile (the overlap views share them)."""
+def project_grid(
+    scenarios: Sequence[Scenario],
+    profiles: Sequence[Profile],
+    keep: Callable[[Scenario, str], bool] = lambda s, profile: True,
+) -> list[Projection]:
+    """Project every scenario on every profile (the pairs ``keep`` accepts), planning each scenario
+    once per ``plan_key`` and charging its stages once per profile (the overlap views share them)."""
     plans: dict[Any, Any] = {}
     stages: dict[Any, Any] = {}
     out = []
     for s in scenarios:
-        for prof in profiles:
+        for prof in (p for p in profiles if keep(s, p.name)):
             key = plan_key(s, prof)
             if key not in plans:
                 plans[key] = make_plans(s, prof)
@@ -37,44 +41,79 @@ def project_grid(scenarios: Sequence[Scenario], profiles: Sequence[Profile]) -> 
     return out
 
 
-def sensitivity(profile_name: str = "H800") -> list[dict[str, Any]]:
-    """Qwen3-32B at 256 GPUs: Canzona vs layer-wise as one assumption changes at a time."""
-    base_prof = load_profile(profile_name)
-    lay = PAPER_LAYOUTS["qwen3-32b"]
-    variants: list[tuple[str, dict[str, Any], Any]] = [("baseline assumptions", {}, base_prof)]
-    variants += [
-        (f"global batch {g} seq", {"global_batch": g}, base_prof)
+# Which measured number would pin each assumption the sensitivity study varies.
+PINNED_BY = {
+    "baseline assumptions": "",
+    "matmul efficiency": "make gpu-check: results/gpu/ns.json, our standard Newton–Schulz TFLOP/s on the "
+    "Qwen3-32B shapes (the profile's matmul_efficiency = that rate / peak)",
+    "IB bandwidth": "not by make gpu-check (one GPU): a multi-node nccl-tests all_reduce bus bandwidth",
+    "MFU": "not by make gpu-check: a multi-node Megatron fwd/bwd timing",
+}
+NS_EFFICIENCIES = (0.4, 0.527, 0.65, 0.797, 0.9)  # 0.527 · 989 TFLOP/s ≈ 521: the issue's break-even
+IB_BANDWIDTHS = (25e9, 50e9, 100e9, 200e9)  # bytes/s per GPU; H800's is 50 GB/s (400 Gb/s NIC)
+
+
+def _variants(base_prof: Profile) -> list[tuple[str, str, dict[str, Any], Profile]]:
+    """(label, the assumption it varies, Scenario overrides, profile) of the sensitivity study."""
+    out: list[tuple[str, str, dict[str, Any], Profile]] = [
+        ("baseline assumptions", "baseline assumptions", {}, base_prof)
+    ]
+    out += [
+        (f"global batch {g} seq", "batch", {"global_batch": g}, base_prof)
         for g in (64, 128, 512, 1024)
         if g != PAPER_GLOBAL_BATCH
     ]
-    variants += [
-        (f"layout dp{lay.dp}·tp{lay.tp}·pp{lay.pp}", {"layout": lay}, base_prof)
+    out += [
+        (f"layout dp{lay.dp}·tp{lay.tp}·pp{lay.pp}", "layout", {"layout": lay}, base_prof)
         for lay in (Layout(16, 8, 2), Layout(8, 8, 4), Layout(64, 4, 1))
     ]
-    variants += [("views qkv,gate_up (split matrices)", {"views": ("qkv", "gate_up")}, base_prof)]
-    variants += [
-        (f"matmul efficiency {e}", {}, with_profile_overrides(base_prof, matmul_efficiency=e)) for e in (0.5, 0.65)
+    out += [("views qkv,gate_up (split matrices)", "views", {"views": ("qkv", "gate_up")}, base_prof)]
+    out += [
+        (f"matmul efficiency {e}", "matmul efficiency", {}, with_profile_overrides(base_prof, matmul_efficiency=e))
+        for e in NS_EFFICIENCIES
     ]
-    variants += [(f"MFU {m}", {}, with_profile_overrides(base_prof, mfu=m)) for m in (0.35, 0.55)]
+    out += [
+        (f"IB bandwidth {bw / 1e9:g} GB/s", "IB bandwidth", {},
+         with_profile_overrides(base_prof, inter=replace(base_prof.inter, bus_bw=bw)))
+        for bw in IB_BANDWIDTHS
+    ]  # fmt: skip
+    out += [(f"MFU {m}", "MFU", {}, with_profile_overrides(base_prof, mfu=m)) for m in (0.35, 0.55)]
+    return out
+
+
+def sensitivity(profile_name: str = "H800") -> list[dict[str, Any]]:
+    """Qwen3-32B at 256 GPUs, paper-compatible Canzona (no cooperation, standard Newton–Schulz)
+    against the paper's layer-wise baseline and today's Megatron (``layerwise-2026``), as one
+    assumption changes at a time; ``pinned_by`` names the measurement that would fix it."""
+    base_prof = load_profile(profile_name)
+    lay = PAPER_LAYOUTS["qwen3-32b"]
     rows = []
-    for label, kw, prof in variants:
+    methods = ("layerwise", "layerwise-2026", "canzona")
+    for label, varies, kw, prof in _variants(base_prof):
         scen = [
-            replace(Scenario("qwen3-32b", lay, m, overlap=ov), **kw) for ov in VIEWS for m in ("layerwise", "canzona")
+            replace(Scenario("qwen3-32b", lay, m, overlap=ov, cooperative=False), **kw) for ov in VIEWS for m in methods
         ]
         projs = {(p.scenario.overlap, p.scenario.method): p for p in project_grid(scen, [prof])}
         for ov in VIEWS:
-            c, b = projs[(ov, "canzona")], projs[(ov, "layerwise")]
+            c, b, b26 = projs[(ov, "canzona")], projs[(ov, "layerwise")], projs[(ov, "layerwise-2026")]
             rows.append(
                 {
                     "profile": profile_name,
                     "variant": label,
                     "overlap": ov,
+                    "ns_tflops": prof.flops_rate / 1e12,
+                    "ib_gb_s": prof.inter.bus_bw / 1e9,
                     "canzona step ms": round(c.step_ms, 1),
                     "layerwise step ms": round(b.step_ms, 1),
+                    "layerwise-2026 step ms": round(b26.step_ms, 1),
                     "canzona iter ms": round(c.iteration_ms, 1),
                     "layerwise iter ms": round(b.iteration_ms, 1),
                     "speedup step": speedup(b.step_ms, c.step_ms),
                     "speedup iteration": speedup(b.iteration_ms, c.iteration_ms),
+                    "speedup step vs layerwise-2026": speedup(b26.step_ms, c.step_ms),
+                    "pinned_by": PINNED_BY.get(varies, ""),
+                    "configuration": "canzona coop off, NS standard, cost flops; layerwise TP duplicated; "
+                    "layerwise-2026 TP layer-sharded",
                 }
             )
     return rows
@@ -92,7 +131,9 @@ def batch_study(
     grid: Sequence[int] = BATCH_GRID,
 ) -> list[dict[str, Any]]:
     """Canzona's iteration speedup over ``base`` against tokens per iteration, per profile and
-    overlap view, at the paper layout of ``model`` (our setting otherwise).
+    overlap view, at the paper layout of ``model`` (our setting otherwise; paper-compatible: no
+    cooperation). The micro-batches follow the tokens (sequence 4096, micro-batch 1), and with
+    them the overlap windows.
 
     Why: an iteration speedup is only meaningful with its batch. The optimizer step is fixed
     while fwd/bwd grows with the tokens, so the speedup falls as the batch grows; each curve
@@ -101,7 +142,7 @@ def batch_study(
     """
     rows: list[dict[str, Any]] = []
     lay = PAPER_LAYOUTS[model]
-    scen = [Scenario(model, lay, m, overlap=ov) for ov in VIEWS for m in (base, "canzona")]
+    scen = [Scenario(model, lay, m, overlap=ov, cooperative=False) for ov in VIEWS for m in (base, "canzona")]
     projs = {(p.profile.name, p.scenario.overlap, p.scenario.method): p for p in project_grid(scen, profiles)}
     for prof in profiles:
         for ov in VIEWS:

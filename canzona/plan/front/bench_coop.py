@@ -31,10 +31,11 @@ from dataclasses import replace
 from typing import Any
 
 from canzona.cost import CostModel
+from canzona.hardware import DEFAULT_GPU, Profile, describe, load_profile
 from canzona.models import get_model, list_params
 from canzona.plan.build import candidate_plans, keep_fastest, plan_model, stage_adamw, step_seconds
-from canzona.plan.coop import COOP_PROFILES, load_bound
-from canzona.plan.readers.budget import DEFAULT_LINKS
+from canzona.plan.coop import coop_settings, load_bound
+from canzona.plan.readers.budget import links
 from canzona.plan.readers.metrics import gpu_loads
 from canzona.plan.schedule import LowerSettings, stage_schedules
 from canzona.plan.types import DEFAULT_ALPHA, Layout, Plan, PlanConfig
@@ -46,14 +47,14 @@ PPS = (1, 2, 4)
 WORLD = 256
 
 
-def _coop_ops(model: str, layout: Layout, plans: Sequence[Plan]) -> tuple[int, int, float]:
+def _coop_ops(model: str, layout: Layout, plans: Sequence[Plan], profile: Profile) -> tuple[int, int, float]:
     """(calls, bytes, α–β ms) of the cooperative groups' collectives on the busiest GPU (calls over
     the whole TP group priced at its size, sub-groups at the largest k)."""
-    link = DEFAULT_LINKS["coop"]
     worst = (0, 0, 0.0)
     for s, plan in enumerate(plans):
         if not plan.coop:
             continue
+        link = links(profile, plan)["coop"]
         k = max(g.k for g in plan.coop)
         for sch in stage_schedules(plan, stage_adamw(get_model(model), plan, s), LowerSettings(param_bytes=2)):
             ops = [o for o in sch.ops if o.phase == "coop"]
@@ -62,27 +63,27 @@ def _coop_ops(model: str, layout: Layout, plans: Sequence[Plan]) -> tuple[int, i
     return worst
 
 
-def coop_cell(model: str, layout: Layout, cost_model: CostModel) -> dict[str, Any]:
-    """One layout planned with and without cooperation (see the module docstring)."""
+def coop_cell(model: str, layout: Layout, cost_model: CostModel, profile: Profile) -> dict[str, Any]:
+    """One layout planned with and without cooperation on ``profile`` (see the module docstring)."""
     cfg = PlanConfig(optimizer="muon", cost="flops", alpha=DEFAULT_ALPHA)
-    off = plan_model(model, layout, replace(cfg, cooperative=False), cost_model=cost_model)
-    nvlink = COOP_PROFILES["nvlink"]
+    off = plan_model(model, layout, replace(cfg, cooperative=False), cost_model=cost_model, profile=profile)
+    hw = coop_settings(profile, layout)
     ratio, ratio_off, extra, bound, compute_only, dp_ms = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
     on = []
     for s, p_off in enumerate(off):
         params = list_params(get_model(model), pp=layout.pp, stage=s)
-        plain, coops = candidate_plans(params, layout, cfg, cost_model=cost_model)
-        p_on = keep_fastest(plain, coops)  # what plan_model gives, from the candidates weighed here
+        plain, coops = candidate_plans(params, layout, cfg, cost_model=cost_model, profile=profile)
+        p_on = keep_fastest(plain, coops, profile)  # what plan_model gives, from the candidates weighed here
         on.append(p_on)
         c_on, c_off = gpu_loads(p_on).flat_cost(), gpu_loads(p_off).flat_cost()
         mean = sum(c_off) / len(c_off)
         ratio, ratio_off = max(ratio, max(c_on) / mean), max(ratio_off, max(c_off) / mean)
         extra = max(extra, sum(c_on) / sum(c_off) - 1.0)
-        bound = max(bound, load_bound(p_off.items, layout.dp, layout.tp, cost_model.settings, nvlink) / mean)
+        bound = max(bound, load_bound(p_off.items, layout.dp, layout.tp, cost_model.settings, hw) / mean)
         best = min((max(gpu_loads(p).flat_cost()) for p in coops), default=max(c_off))
         compute_only = max(compute_only, min(best, max(c_off)) / mean)
-        dp_ms = max(dp_ms, (step_seconds(p_on, nvlink)[1] - step_seconds(p_off, nvlink)[1]) * 1e3)
-    calls, nbytes, ms = _coop_ops(model, layout, on)
+        dp_ms = max(dp_ms, (step_seconds(p_on, hw)[1] - step_seconds(p_off, hw)[1]) * 1e3)
+    calls, nbytes, ms = _coop_ops(model, layout, on, profile)
     groups = [g for p in on for g in p.coop]
     return {
         "model": model,
@@ -108,9 +109,11 @@ def coop_cell(model: str, layout: Layout, cost_model: CostModel) -> dict[str, An
 def coop_suite(models: Sequence[str] = MODELS) -> tuple[list[dict[str, Any]], str]:
     """Rows for every cell and the Markdown report (goal per cell, the misses named)."""
     cm = CostModel("muon", "flops")
-    rows = [coop_cell(m, Layout(dp=WORLD // (tp * pp), tp=tp, pp=pp), cm) for m in models for tp in TPS for pp in PPS]
-    cols: tuple[str, ...] = ("model", "tp", "pp", "dp", "nocoop_max_over_mean", "max_over_mean", "bound")
-    cols += ("compute_only", "dp_ms_added", "extra_work", "groups")
+    hw = load_profile(DEFAULT_GPU)
+    grid = [Layout(dp=WORLD // (tp * pp), tp=tp, pp=pp) for tp in TPS for pp in PPS]
+    rows = [coop_cell(m, lay, cm, hw) for m in models for lay in grid]
+    cols = ("model", "tp", "pp", "dp", "nocoop_max_over_mean", "max_over_mean", "bound", "compute_only")
+    cols += ("dp_ms_added", "extra_work", "groups")
     cols += ("k", "coop_calls", "coop_bytes", "coop_ms", "meets_goal", "goal_reachable")
 
     def fmt(v: Any) -> str:
@@ -119,6 +122,7 @@ def coop_suite(models: Sequence[str] = MODELS) -> tuple[list[dict[str, Any]], st
     met = sum(r["meets_goal"] for r in rows)
     misses = [r for r in rows if not r["meets_goal"]]
     lines = [
+        f"Priced on {describe(hw)}.",
         f"Goal: per-GPU max / mean optimizer load <= {GOAL_MAX_OVER_MEAN} with cooperation: {met}/{len(rows)} cells.",
         f"Without cooperation the same cells sit at {min(r['nocoop_max_over_mean'] for r in rows):.2f}–"
         f"{max(r['nocoop_max_over_mean'] for r in rows):.2f}; with it "

@@ -73,14 +73,16 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="canzona + Muon: a group of GPUs for the matrices above the mean (default on)",
     )
     p.add_argument(
-        "--coop-profile",
+        "--profile",
         default=None,
-        choices=("nvlink", "cpu"),
-        help="hardware the cooperation is priced on (default nvlink; the runtime uses cpu on gloo)",
+        help="hardware profile the choices and the budget are priced on: a name (H800, H100, A100, H200, "
+        "cpu-local) or a TOML path, the same files as `canzona project --profile` (default H800)",
     )
     p.add_argument("--ns-method", default=None, choices=("standard", "gram", "auto"), help="Muon Newton–Schulz method")
     p.add_argument("--memory", action="store_true", help="per-GPU bytes by component (activations excluded)")
-    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"), help="--memory: parameter dtype")
+    p.add_argument(
+        "--dtype", default=None, choices=("bf16", "fp32"), help="--memory: parameter dtype (default: the profile's)"
+    )
     p.add_argument(
         "--hbm-gb", type=positive_float, default=None, help="say whether it fits this HBM (GB); implies --memory"
     )
@@ -129,11 +131,11 @@ def _cost_model(args: argparse.Namespace, specs):
 
 
 def run(args: argparse.Namespace) -> int:
+    from canzona.hardware import describe
     from canzona.models import get_model, list_params
     from canzona.plan.build import adamw_buckets, plan_model, plans_to_json
     from canzona.plan.front.report import compare, format_budget, format_compare, format_memory, format_report
     from canzona.plan.readers.metrics import plan_metrics
-    from canzona.plan.types import PlanConfig
     from canzona.results.schema import write_atomic
 
     if args.hbm_gb is not None:
@@ -144,28 +146,16 @@ def run(args: argparse.Namespace) -> int:
     layout = _layout(args)
     cfg.validate_layout(tp=layout.tp, pp=layout.pp, ep=layout.ep)
     cost_model = _cost_model(args, cfg.specs())
-    config = PlanConfig(
-        strategy=args.strategy,
-        optimizer=args.optimizer,
-        cost=args.cost,
-        alpha=args.alpha,
-        dp_algo=args.dp_algo or PlanConfig.dp_algo,
-        tp_mode=args.tp_mode or PlanConfig.tp_mode,
-        bucket_size=args.bucket_size,
-        capacity_bytes=args.capacity_bytes,
-        dp_layout=args.dp_layout,
-        cooperative=args.cooperative,
-        coop_profile=args.coop_profile,
-    )
-    plans = plan_model(cfg, layout, config, args.view, cost_model=cost_model)
+    config, profile = _config(args)
+    plans = plan_model(cfg, layout, config, args.view, cost_model=cost_model, profile=profile)
     metrics = plan_metrics(plans, model=cfg.name)
     metrics["views"] = list(args.view)
     metrics["plan_hashes"] = [p.plan_hash for p in plans]
-    metrics.update(_extras(cfg, plans, args))
-    compared = compare(cfg, layout, config, args.view, cost_model=cost_model) if args.compare else None
-    for row, row_plans in compared or []:
-        row.update(_extras(cfg, row_plans, args))
-    rows = [r for r, _ in compared] if compared is not None else None
+    metrics.update(_extras(cfg, plans, args, profile))
+    rows = compare(cfg, layout, config, args.view, cost_model=cost_model, profile=profile) if args.compare else None
+    for row, row_plans in rows or []:
+        row.update(_extras(cfg, row_plans, args, profile))
+    rows = [r for r, _ in rows] if rows is not None else None
     if args.save:
         write_atomic(args.save, plans_to_json(plans))
     if args.plot:
@@ -194,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
         )
         for s in range(layout.pp)
     )
+    print(describe(profile))
     print(format_report(plans, model=cfg.name, unit=cost_model.unit, adamw_elems=adamw // layout.dp))
     print(format_budget(metrics))
     if "memory" in metrics:
@@ -209,16 +200,38 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _extras(model, plans, args: argparse.Namespace) -> dict:
+def _config(args: argparse.Namespace):
+    """(the PlanConfig of the flags, the hardware profile it is priced on)."""
+    from canzona.plan.build import hardware_for
+    from canzona.plan.types import PlanConfig
+
+    config = PlanConfig(
+        strategy=args.strategy,
+        optimizer=args.optimizer,
+        cost=args.cost,
+        alpha=args.alpha,
+        dp_algo=args.dp_algo or PlanConfig.dp_algo,
+        tp_mode=args.tp_mode or PlanConfig.tp_mode,
+        bucket_size=args.bucket_size,
+        capacity_bytes=args.capacity_bytes,
+        dp_layout=args.dp_layout,
+        cooperative=args.cooperative,
+        profile=args.profile,
+    )
+    return config, hardware_for(config, None)
+
+
+def _extras(model, plans, args: argparse.Namespace, profile) -> dict:
     """The communication budget and cooperation of ``plans`` (canzona.plan.readers.budget.summary) and, with
-    --memory, the per-GPU bytes of the GPU that holds the most (canzona.plan.readers.memory)."""
+    --memory, the per-GPU bytes of the GPU that holds the most (canzona.plan.readers.memory), both on
+    ``profile`` (its parameter and gradient bytes unless --dtype says otherwise)."""
     from canzona.plan.readers.budget import summary
     from canzona.plan.readers.memory import MemoryPrecision, plans_memory
     from canzona.plan.schedule import LowerSettings
 
-    param_bytes = 2 if args.dtype == "bf16" else 4
-    settings = LowerSettings(param_bytes=param_bytes)
-    out = summary(model, plans, settings)
+    param_bytes = {"bf16": 2, "fp32": 4}.get(args.dtype, profile.param_bytes)
+    settings = LowerSettings(param_bytes=param_bytes, grad_bytes=profile.grad_bytes)
+    out = summary(model, plans, settings, profile)
     if args.memory and plans[0].dp.strategy != "zero":
         b = plans_memory(model, plans, settings, MemoryPrecision(param_bytes=param_bytes, ns_bytes=param_bytes))
         mem = b.to_dict()

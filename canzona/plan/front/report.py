@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from canzona.cost import CostModel, cost_for
+from canzona.hardware import Profile
 from canzona.models import Model
 from canzona.plan.build import plan_model
 from canzona.plan.readers.metrics import gpu_loads, plan_metrics
@@ -43,6 +44,7 @@ def compare(
     views: Sequence[str] = (),
     *,
     cost_model: CostModel | None = None,
+    profile: Profile | None = None,
 ) -> list[tuple[dict[str, Any], list[Plan]]]:
     """(plan_metrics, plans) of every strategy on the same model/layout/cost/buffer layout (canzona
     rows keep config's α and TP mode; Canzona with and without cooperation where it applies; zero is
@@ -63,7 +65,7 @@ def compare(
             tp_mode=config.tp_mode if strategy == "canzona" else PlanConfig.tp_mode,
             cooperative=lab.endswith("cooperative"),
         )
-        plans = plan_model(model, layout, cfg, views, cost_model=cost_model)
+        plans = plan_model(model, layout, cfg, views, cost_model=cost_model, profile=profile)
         m = plan_metrics(plans, model=name)
         m["label"] = lab
         rows.append((m, plans))
@@ -149,13 +151,17 @@ def format_budget(m: dict[str, Any]) -> str:
     lines = [
         f"collectives per step  {calls or 'none'}",
         f"  the step itself issues {m['step_calls']} call(s); {_fmt_bytes(m['bytes_per_gpu'])} per GPU; "
-        f"alpha-beta {m['comm_ms']:.2f} ms (DP on IB 50 GB/s, TP and groups on NVLink 400 GB/s)",
+        f"alpha-beta {m['comm_ms']:.2f} ms (each group on its link of profile {m['profile']})",
     ]
     if m["tp_compute_ms"]:
         lines.append(
             f"  TP micro-groups: exposed communication {m['exposed_tp_ms']:.2f} ms against "
-            f"{m['tp_compute_ms']:.2f} ms of hosts' compute at 500 TFLOP/s"
+            f"{m['tp_compute_ms']:.2f} ms of hosts' compute at {m['ns_tflops']:.1f} TFLOP/s"
         )
+    for stage, alts in enumerate(m.get("alternatives", [])):
+        if len(alts) > 1:
+            weighed = "; ".join(f"{label} {ms:.1f} ms" for label, ms in alts)
+            lines.append(f"stage {stage} weighed (modelled step: compute + DP collectives): {weighed}")
     groups = m["cooperative_groups"]
     if groups:
         ks = sorted({g["k"] for g in groups})

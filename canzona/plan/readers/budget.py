@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from canzona.cost import CostModel
+from canzona.hardware import Profile
 from canzona.models.transformer import Model
 from canzona.plan.build import stage_adamw
-from canzona.plan.comm import NCCL, CommModel
-from canzona.plan.coop import NVLINK
+from canzona.plan.comm import CommModel, profile_model
 from canzona.plan.readers.metrics import gpu_loads
 from canzona.plan.schedule import LowerSettings, RankSchedule, padding_fraction, stage_schedules
 from canzona.plan.types import Plan
@@ -109,30 +109,33 @@ def stage_budget(
     )
 
 
-# The links a budget prices on (canzona.plan.comm): DP groups of a 256-GPU job span nodes (IB),
-# TP groups and cooperative sub-groups stay inside a node (NVLink).
-DEFAULT_LINKS = {"dp": NCCL, "global": NCCL, "tp": CommModel("nvlink", NVLINK), "coop": CommModel("nvlink", NVLINK)}
-H100_BF16_FLOPS = 500e12  # achieved bf16 rate the cooperative choice also assumes (canzona.plan.coop)
+def links(profile: Profile, plan: Plan) -> dict[str, CommModel]:
+    """The links a budget prices each group's calls on, from ``profile`` (``comm.profile_model``):
+    a group inside a node on the intra-node link, one spanning nodes on the inter-node link."""
+    lay = plan.layout
+    k = max((g.k for g in plan.coop), default=1)
+    spans = {"dp": lay.tp * lay.dp, "global": lay.world, "tp": lay.tp, "coop": lay.tp if lay.tp > 1 else k}
+    return {g: profile_model(profile, span, g) for g, span in spans.items()}
 
 
-def summary(
-    model: Model, plans: Sequence[Plan], settings: LowerSettings, flops_rate: float = H100_BF16_FLOPS
-) -> dict[str, Any]:
+def summary(model: Model, plans: Sequence[Plan], settings: LowerSettings, profile: Profile) -> dict[str, Any]:
     """The plan's communication budget and cooperation over every PP stage (the worst stage per
     number), as ``canzona plan --json`` reports it: ``collectives`` (calls per step by group and
     kind), ``buckets``, ``step_calls``, ``bytes_per_gpu``, ``comm_ms``, ``exposed_tp_ms`` against
-    ``tp_compute_ms``, ``max_over_mean`` and ``cooperative_groups``."""
+    ``tp_compute_ms``, ``max_over_mean`` and ``cooperative_groups``, all priced on ``profile``."""
     budgets = []
     for s, plan in enumerate(plans):
         adamw = stage_adamw(model, plan, s)
         if plan.dp.strategy == "zero":  # Megatron's distributed optimizer: the reference geometry
-            budgets.append(_zero_budget(plan, adamw, settings))
+            budgets.append(_zero_budget(plan, adamw, settings, links(profile, plan)["dp"]))
             continue
         scheds = stage_schedules(plan, adamw, settings)
-        budgets.append(stage_budget(scheds, plan, DEFAULT_LINKS, flops_rate, settings.grad_bytes))
+        budgets.append(stage_budget(scheds, plan, links(profile, plan), profile.flops_rate, settings.grad_bytes))
     worst = max(budgets, key=lambda b: (b.step_calls, b.comm_ms))
     loads = [c for p in plans for c in gpu_loads(p).flat_cost()]
     return {
+        "profile": profile.name,
+        "ns_tflops": profile.flops_rate / 1e12,
         "collectives": worst.collectives,
         "buckets": max(b.buckets for b in budgets),
         "step_calls": worst.step_calls,
@@ -141,6 +144,7 @@ def summary(
         "exposed_tp_ms": max(b.exposed_tp_ms for b in budgets),
         "tp_compute_ms": max(b.tp_compute_ms for b in budgets),
         "max_over_mean": max(loads) / (sum(loads) / len(loads)) if loads and sum(loads) else 1.0,
+        "alternatives": [[[label, ms] for label, ms in p.alternatives] for p in plans],
         "cooperative_groups": [
             {"matrix": g.name, "k": g.k, "ranks": [list(m) for m in g.members], "form": g.form}
             for p in plans
@@ -149,7 +153,7 @@ def summary(
     }
 
 
-def _zero_budget(plan: Plan, adamw: Sequence, settings: LowerSettings) -> Budget:
+def _zero_budget(plan: Plan, adamw: Sequence, settings: LowerSettings, dp_link: CommModel) -> Budget:
     """Equal slices, every bucket one reduce-scatter and one all-gather (it cuts matrices, so a
     matrix optimizer cannot run it: a reference row only)."""
     n = len(plan.dp.buckets) + len(adamw)
@@ -159,7 +163,7 @@ def _zero_budget(plan: Plan, adamw: Sequence, settings: LowerSettings) -> Budget
     nbytes = size * (settings.grad_bytes + settings.param_bytes) if dp > 1 else 0
     ms = (
         sum(
-            NCCL.call_us(k, dp, size * e)
+            dp_link.call_us(k, dp, size * e)
             for k, e in (("reduce_scatter", settings.grad_bytes), ("all_gather", settings.param_bytes))
         )
         / 1e3

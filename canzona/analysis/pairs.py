@@ -1,0 +1,95 @@
+"""Like-for-like: what a comparison holds fixed, and the pairs each verdict rests on.
+
+Why a module of its own: a verdict that pairs two rows differing in more than the knob it names
+(App. F.2 once compared FLOPs balancing WITH cooperative Newton–Schulz against numel balancing
+without it) says nothing about that knob. Rows name their knobs (the projection's source string:
+profile, view, cost, cooperation, Newton–Schulz method, α); ``differences`` lists what two rows
+differ in, and ``balance_pairs`` / ``speedup_pairs`` give the pairs the report's verdicts use, so
+tests/test_table2_claims.py can walk the committed claims and check each pair.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from canzona.analysis.aggregate import OURS, ROW_KEY
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from canzona.analysis.report import Claim
+
+
+def source_tokens(row: dict[str, Any]) -> dict[str, str]:
+    """``key=value`` tokens of a row's source (the projection detail: profile, overlap, cost, ...)."""
+    return dict(t.split("=", 1) for t in str(row.get("source", "")).split() if "=" in t)
+
+
+# The TP mode of each baseline, stated next to every number that uses it (the layer-wise TP mode
+# is our assumption for the paper's baseline; today's Megatron's is its layer-sharded Muon).
+BASELINE_TP = {
+    "layerwise": "TP duplicated: all-gather, every TP rank computes (assumed)",
+    "layerwise-2026": "TP layer-sharded: one home per matrix by all-to-all",
+    "sc": "TP duplicated",
+}
+
+
+def config_text(tok: dict[str, str]) -> str:
+    """The knobs a comparison holds fixed, from a projected row's source tokens."""
+    if "coop" not in tok:
+        return f"cost {tok.get('cost', '?')} · cooperation, NS method and α not recorded (an older line)"
+    coop = tok["coop"]
+    standard = tok.get("ns_method", "standard") == "standard"
+    paper = "paper-compatible" if coop == "off" and standard else "beyond the paper"
+    return (
+        f"{paper}: coop {coop} · NS method {tok.get('ns_method', 'standard')} · cost {tok.get('cost', '?')} · "
+        f"α {tok.get('alpha', '?')}"
+    )
+
+
+def is_beyond(row: dict[str, Any]) -> bool:
+    """A projected row with our additions (cooperation, a non-standard Newton–Schulz method)."""
+    tok = source_tokens(row)
+    return tok.get("coop") == "on" or tok.get("ns_method", "standard") != "standard"
+
+
+# What a row's configuration is, for checking that a pair differs in its compared knob alone: the
+# cell's fields and every knob the projection's source names (profile, view, cost, cooperation,
+# Newton–Schulz method, α, variant).
+PAIR_FIELDS = ("model", "tp", "pp", "dp", "method", "optimizer", "ns_dtype", "seq_len", "global_batch", "kind",
+               "provenance")  # fmt: skip
+
+
+def differences(a: dict[str, Any], b: dict[str, Any]) -> set[str]:
+    """The knobs two rows differ in (cell fields and source tokens), by name."""
+    out = {f for f in PAIR_FIELDS if str(a.get(f)) != str(b.get(f))}
+    ta, tb = source_tokens(a), source_tokens(b)
+    out |= {k for k in ta.keys() | tb.keys() if ta.get(k) != tb.get(k)}
+    if str(a.get("cost")) != str(b.get("cost")):
+        out.add("cost")
+    return out
+
+
+def balance_pairs(cells: pd.DataFrame, claim: Claim) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(FLOPs row, numel row) of Canzona that App. F.2's verdict compares: same cell, same source
+    but for the cost token (so cooperation, NS method, α, view and batch are the same)."""
+    if "cost" not in cells:
+        return []
+    sub = cells[(cells["model"] == claim.model) & (cells["world"] == claim.world) & (cells["method"] == OURS)]
+    keyed: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = {}
+    for r in sub.to_dict("records"):
+        src = " ".join(t for t in str(r["source"]).split() if not t.startswith("cost="))
+        keyed.setdefault((r["cell"], r["kind"], r["provenance"], src), {})[str(r.get("cost"))] = r
+    return [(by["flops"], by["numel"]) for by in keyed.values() if "flops" in by and "numel" in by]
+
+
+def speedup_pairs(cells: pd.DataFrame, claim: Claim) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(Canzona row, baseline row) of every speedup a claim's verdict uses (one table row each)."""
+    out = []
+    for opt in claim.optimizers:
+        sub = cells[(cells["model"] == claim.model) & (cells["world"] == claim.world) & (cells["optimizer"] == opt)]
+        for _, g in sub.groupby(list(ROW_KEY), sort=False, dropna=False):
+            by = {m: r for m, r in zip(g["method"], g.to_dict("records"), strict=True)}
+            if OURS in by:
+                out += [(by[OURS], by[b]) for b in claim.baselines if b in by]
+    return out
