@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from canzona.errors import ConfigError, NonFiniteGradientError
+from canzona.hardware import DEFAULT_CPU, DEFAULT_GPU
 from canzona.models.spec import Route as SpecRoute
 from canzona.optim.adamw import make_adamw
 from canzona.optim.base import apply_update, matrix_shape
@@ -114,7 +115,10 @@ class FSDP2Optimizer:
         """The shared planner on the shard group as a TP group. Cooperative Newton–Schulz is off: the
         FSDP2 engine has no executor for it yet (one owner per matrix)."""
         self.math = self.config.make_math()
-        pc = dataclasses.replace(self.config.plan, cooperative=False)
+        backend_profile = DEFAULT_CPU if self.backend == "gloo" else DEFAULT_GPU
+        pc = dataclasses.replace(
+            self.config.plan, cooperative=False, profile=self.config.plan.profile or backend_profile
+        )
         plan = make_plan(
             list(self.specs.values()),
             plan_layout(self.shards),
