@@ -125,8 +125,8 @@ def condition(row: dict[str, Any]) -> tuple[str, str]:
     view = tok.get("overlap", "?")
     micro = ""
     if finite(row.get("global_batch")) and finite(row.get("dp")):
-        mb = row.get("micro_batch") if finite(row.get("micro_batch")) else 1
-        micro = f" (m = {max(1.0, float(row['global_batch']) / (float(mb) * float(row['dp']))):g} micro-batches)"
+        mb = float(row["micro_batch"]) if finite(row.get("micro_batch")) else 1.0
+        micro = f" (m = {max(1.0, float(row['global_batch']) / (mb * float(row['dp']))):g} micro-batches)"
     label = f"projected · {setting} · overlap={view} · {tokens_text(row)}{micro}{ns_text} · {config_text(tok)}"
     return label, tok.get("profile", "?")
 

@@ -66,6 +66,7 @@ class AuthorsSetting(TypedDict):
     bucket_size: int
     overlap: str
     variant: str
+    cooperative: bool
 
 
 AUTHORS: AuthorsSetting = {

@@ -112,7 +112,16 @@ def coop_suite(models: Sequence[str] = MODELS) -> tuple[list[dict[str, Any]], st
     hw = load_profile(DEFAULT_GPU)
     grid = [Layout(dp=WORLD // (tp * pp), tp=tp, pp=pp) for tp in TPS for pp in PPS]
     rows = [coop_cell(m, lay, cm, hw) for m in models for lay in grid]
-    cols = ("model", "tp", "pp", "dp", "nocoop_max_over_mean", "max_over_mean", "bound", "compute_only")
+    cols: tuple[str, ...] = (
+        "model",
+        "tp",
+        "pp",
+        "dp",
+        "nocoop_max_over_mean",
+        "max_over_mean",
+        "bound",
+        "compute_only",
+    )
     cols += ("dp_ms_added", "extra_work", "groups")
     cols += ("k", "coop_calls", "coop_bytes", "coop_ms", "meets_goal", "goal_reachable")
 

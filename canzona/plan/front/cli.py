@@ -152,10 +152,10 @@ def run(args: argparse.Namespace) -> int:
     metrics["views"] = list(args.view)
     metrics["plan_hashes"] = [p.plan_hash for p in plans]
     metrics.update(_extras(cfg, plans, args, profile))
-    rows = compare(cfg, layout, config, args.view, cost_model=cost_model, profile=profile) if args.compare else None
-    for row, row_plans in rows or []:
+    compared = compare(cfg, layout, config, args.view, cost_model=cost_model, profile=profile) if args.compare else None
+    for row, row_plans in compared or []:
         row.update(_extras(cfg, row_plans, args, profile))
-    rows = [r for r, _ in rows] if rows is not None else None
+    rows = [r for r, _ in compared] if compared is not None else None
     if args.save:
         write_atomic(args.save, plans_to_json(plans))
     if args.plot:
