@@ -390,9 +390,8 @@ def test_authors_preset_matches_the_sweep_variant() -> None:
     from canzona.sweep.definition import load_sweep
 
     d = load_sweep(Path(__file__).resolve().parents[1] / "slurm" / "sweeps" / "table2.toml")
-    cells = [c for c in d.cells() if getattr(c, "variant", None) == "authors"]
-    if not cells:
-        pytest.skip("slurm/sweeps/table2.toml has no 'authors' variant on this branch")
+    cells = [c for c in d.cells() if c.config()["variant"] == "authors"]
+    assert cells, "slurm/sweeps/table2.toml lost its 'authors' variant"
     want = (AUTHORS["model"], AUTHORS["layout"], AUTHORS["seq_len"], AUTHORS["global_batch"], AUTHORS["micro_batch"])
     want += (AUTHORS["alpha"], AUTHORS["cost"], AUTHORS["bucket_size"])
     for c in cells:
