@@ -63,6 +63,7 @@ def _files(tmp: Path) -> dict[str, str]:
         "layers_huge": {**qwen, "num_hidden_layers": 10**7},
         "experts_huge": {**moe, "num_experts": 10**7},
         "llama8b": llama8b,
+        "vocab_odd": {**qwen, "vocab_size": 1001},  # TP2 does not divide it: padded to 1024, as Megatron pads
     }
     out = {}
     for name, doc in configs.items():
@@ -521,6 +522,17 @@ def test_odd_locale_and_backend_degrade_never_crash(tmp_path: Path, encoding: st
     assert proc.returncode == 0 and b"Traceback" not in proc.stderr, proc.stderr.decode(errors="replace")[-500:]
     assert png.stat().st_size > 0 and b"?" in proc.stdout  # the dashes and crosses came out replaced
     assert time.perf_counter() - t0 < 60
+
+
+def test_vocab_tp_does_not_divide_is_padded_not_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Round two once refused a vocabulary TP does not divide; Megatron-LM pads it (to a multiple of
+    128·TP: 1001 at TP2 -> ceil(1001/256)·256 = 1024), and so do `models` and `plan`."""
+    path = _files(tmp_path)["vocab_odd"]
+    assert main(["models", path, "--tp", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "embedding.word_embeddings.weight" in out and "(1024, 64)" in out and "(1001, 64)" not in out
+    assert main(["plan", "--model", path, "--dp", "2", "--tp", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)
 
 
 # --------------------------------------------------------------------------- results files

@@ -69,7 +69,7 @@ def predicted_memory(run: RunSpec) -> MemoryBreakdown:
     settings = LowerSettings(model=MODELS["nccl" if machine.device == "gpu" else "gloo"], param_bytes=param_bytes)
     worst = []
     for stage, plan in enumerate(plan_model(run.model, layout, run.plan_config())):
-        specs = list_params(get_model(run.model), pp=lay.pp, stage=stage)
+        specs = list_params(get_model(run.model), tp=lay.tp, pp=lay.pp, stage=stage)
         worst.append(peak(stage_memory(plan, specs, settings, prec)))
     return peak(worst)
 

@@ -162,7 +162,8 @@ def build_model(
     ``attention`` None picks TE where it runs, else megatron's local path. ``gpu`` None: the
     configuration of ``device`` (a GPU run on CUDA); True on a CPU device builds exactly what a
     GPU run builds, flags and layer spec, minus the CUDA kernels (the GPU-shaped CPU tests).
-    Megatron's initial values depend on the layout; call ``init_weights`` next.
+    Megatron's initial values depend on the layout; call ``init_weights`` next. The vocabulary is
+    padded for ``tp`` as Megatron-LM pads it (``TransformerConfig.for_tp``); the tokens stay in the real one.
     """
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
@@ -174,7 +175,7 @@ def build_model(
     model = GPTModel(
         config=config,
         transformer_layer_spec=layer_spec(cfg, attention),
-        vocab_size=cfg.vocab,
+        vocab_size=cfg.for_tp(tp).vocab,  # megatron-core takes the padded size: it does not pad
         max_sequence_length=seq_len,
         pre_process=ps.is_pipeline_first_stage(),
         post_process=ps.is_pipeline_last_stage(),

@@ -92,7 +92,7 @@ def named_params(
         name, layer = global_name(canonical_name(strip_wrappers(raw)), offset)
         shape, dim = full_shape(p, tp)
         got[name] = (ParamSpec(name, shape, dim, routing.route(name, len(shape)), layer), p)
-    expected = list_params(cfg, pp=pp, stage=stage, routing=routing)
+    expected = list_params(cfg, tp=tp, pp=pp, stage=stage, routing=routing)
     exp_names = [s.name for s in expected]
     missing, extra = sorted(set(exp_names) - set(got)), sorted(set(got) - set(exp_names))
     if missing or extra:

@@ -202,6 +202,7 @@ def train(
         mconfig.finalize_model_grads_func = finalize_model_grads
         forward_backward = get_forward_backward_func()
         forward_step = make_forward_step(run.batch.seq_len, device)
+        # tokens in the real vocabulary; the model's embedding rows are padded for TP (build_model)
         data = SyntheticTokens(mcfg.vocab, run.batch.seq_len, run.batch.global_batch, run.loop.seed)
         loss_rank = ps.is_pipeline_last_stage() and tp_rank == 0
 

@@ -28,6 +28,7 @@ def estimate_memory_gb(model: str, tp: int, pp: int, dp: int, seq_len: int, micr
     """
     cfg = get_transformer(model)
     cfg.validate_layout(tp=tp, pp=pp)
+    cfg = cfg.for_tp(tp)  # the padded vocabulary: embedding, output layer and logits
     first = list_params(cfg, pp=pp, stage=0)
     replica = sum(p.shard_numel(tp) for p in first)
     sharded = sum(p.shard_numel(tp) * _SHARDED_BYTES[p.route] for p in first) / dp
@@ -51,7 +52,7 @@ def estimate_memory_gb(model: str, tp: int, pp: int, dp: int, seq_len: int, micr
 def activation_bytes(model: str, tp: int, pp: int, stage: int, seq_len: int, micro_batch: int) -> float:
     """Activations a stage holds at its 1F1B peak (the terms of ``estimate_memory_gb``): ``pp``
     micro-batches on the first stage, one on the last, which also holds fp32 logits and their grad."""
-    cfg = get_transformer(model)
+    cfg = get_transformer(model).for_tp(tp)
     sbh = seq_len * micro_batch * cfg.hidden
     in_flight = pp - stage
     logits = 2 * 4 * seq_len * micro_batch * cfg.vocab / tp if stage == pp - 1 else 0.0

@@ -13,7 +13,7 @@ use SequentialMLP's names (``mlp.experts.local_experts.<j>``).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from canzona.errors import ConfigError
@@ -29,6 +29,7 @@ Raw = tuple[str, tuple[int, ...], int | None, int | None, int | None]  # name, s
 MAX_LAYERS = 1024
 MAX_EXPERTS = 4096
 MAX_WIDTH = 1 << 20  # hidden, FFN and head sizes, and vocab entries
+VOCAB_MULTIPLE = 128  # Megatron-LM's make_vocab_size_divisible_by default; the padding unit is this x TP
 MAX_MATRICES = 65_536  # layers x (2 experts + 4): about 2x DeepSeek-V3 (31k expert matrices); what the planner walks
 
 
@@ -112,12 +113,6 @@ class TransformerConfig:
         for what, n in checks:
             if n % tp:
                 raise ConfigError(f"{self.name}: TP={tp} does not divide its {what} ({n}); pick TP dividing {n}")
-        if self.vocab % tp:  # Megatron-LM's make_vocab_size_divisible_by (128) x TP padding
-            padded = -(-self.vocab // (128 * tp)) * 128 * tp
-            raise ConfigError(
-                f"{self.name}: TP={tp} does not divide its vocab ({self.vocab}); give vocab_size {padded} "
-                f"(padded as Megatron-LM pads: a multiple of 128·TP), or pick TP dividing {self.vocab}"
-            )
         if self.layers % pp:
             raise ConfigError(
                 f"{self.name}: PP={pp} does not divide its {self.layers} layers; pick PP dividing {self.layers}"
@@ -129,6 +124,16 @@ class TransformerConfig:
                 f"{self.name}: EP={ep} needs routed experts divisible by it (has {self.experts}); "
                 f"pick EP dividing {self.experts}"
             )
+
+    def for_tp(self, tp: int) -> TransformerConfig:
+        """This model as a layout of TP ``tp`` holds it: a vocabulary TP does not divide padded as
+        Megatron-LM pads it (``_vocab_size_with_padding``: up to a multiple of
+        make_vocab_size_divisible_by = 128 times TP), so the embedding and output layer get the
+        padded rows. A vocabulary TP divides is kept: a model file's vocab_size is its checkpoint's
+        row count, already padded (Qwen3's 151936 = 128·1187); tokens stay in the real vocabulary."""
+        if self.vocab % tp == 0:
+            return self
+        return replace(self, vocab=-(-self.vocab // (VOCAB_MULTIPLE * tp)) * VOCAB_MULTIPLE * tp)
 
     def raw_params(self) -> list[Raw]:
         """Every parameter in Megatron registration order (routes are applied by ``list_params``)."""
@@ -184,21 +189,26 @@ class Model(Protocol):
 
     def validate_layout(self, tp: int = 1, pp: int = 1, ep: int = 1) -> None: ...
 
+    def for_tp(self, tp: int) -> Model: ...
+
 
 def list_params(
     cfg: Model,
     *,
+    tp: int = 1,
     pp: int = 1,
     stage: int | None = None,
     routing: RoutingRule = DEFAULT_ROUTING,
     views: Iterable[str] = (),
 ) -> list[ParamSpec]:
     """Every parameter in Megatron registration order, for the whole model or one PP stage
-    (``canzona.models.stages``: embedding first stage, output last).
+    (``canzona.models.stages``: embedding first stage, output last), with the vocabulary rows a
+    layout of TP ``tp`` gives the embedding and output layer (``for_tp``: Megatron's padding).
 
     ``views`` names split transforms applied to matrix params (see ``VIEWS``), off by default.
     """
-    cfg.validate_layout(pp=pp)
+    cfg.validate_layout(tp=tp, pp=pp)
+    cfg = cfg.for_tp(tp)
     specs = stage_params(cfg.specs(routing), pp, stage)
     for v in views:
         specs = apply_view(cfg, specs, v)

@@ -113,7 +113,7 @@ def stage_adamw(model: Model, plan: Plan, stage: int) -> tuple[Bucket, ...]:
     """The AdamW buffer of PP stage ``stage`` of ``model`` under ``plan``'s layout and bucket size:
     what the lowering (``canzona.plan.schedule.stage_schedules``) needs beside the plan."""
     lay = plan.layout
-    return adamw_buckets(list_params(model, pp=lay.pp, stage=stage), lay, plan.config.bucket_size)
+    return adamw_buckets(list_params(model, tp=lay.tp, pp=lay.pp, stage=stage), lay, plan.config.bucket_size)
 
 
 def matrix_buckets(
@@ -373,7 +373,11 @@ def plan_model(
     hw = hardware_for(config, profile)
     return [
         make_plan(
-            list_params(cfg, pp=layout.pp, stage=s, views=views), layout, config, cost_model=cost_model, profile=hw
+            list_params(cfg, tp=layout.tp, pp=layout.pp, stage=s, views=views),
+            layout,
+            config,
+            cost_model=cost_model,
+            profile=hw,
         )
         for s in range(layout.pp)
     ]

@@ -54,7 +54,7 @@ def _canzona_memory_gb(run: RunSpec) -> float:
     settings = LowerSettings(param_bytes=param_bytes)
     worst = 0.0
     for stage, plan in enumerate(plans):
-        specs = list_params(get_model(model), pp=pp, stage=stage)
+        specs = list_params(get_model(model), tp=tp, pp=pp, stage=stage)
         held = peak(stage_memory(plan, specs, settings, prec)).total_bytes
         worst = max(worst, held + activation_bytes(model, tp, pp, stage, seq_len, micro_batch))
     return worst / 1e9

@@ -153,7 +153,7 @@ def project(
             raise ConfigError(f"expected {s.layout.pp} stage plans, got {len(plans)}")
         stages = []
         for st, plan in enumerate(plans):
-            adamw = [p for p in list_params(cfg, pp=s.layout.pp, stage=st) if p.route != "matrix"]
+            adamw = [p for p in list_params(cfg, tp=s.layout.tp, pp=s.layout.pp, stage=st) if p.route != "matrix"]
             world, bucket = s.layout.world, s.bucket_size
             stages.append(
                 project_stage(plan, adamw, profile, stage=st, world=world, settings=settings, bucket_size=bucket)

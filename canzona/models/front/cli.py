@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     cfg = get_model(args.model)
     cfg.validate_layout(tp=args.tp, pp=args.pp, ep=args.ep)
-    specs = list_params(cfg, pp=args.pp, stage=args.stage, views=args.view)
+    specs = list_params(cfg, tp=args.tp, pp=args.pp, stage=args.stage, views=args.view)
     for s in specs:
         extra = f" expert={s.expert}" if s.expert is not None else ""
         print(f"{s.name:<60} {s.shape!s:<16} tp_dim={s.partition_dim!s:<4} {s.route}{extra}")

@@ -133,7 +133,7 @@ def _cost_model(args: argparse.Namespace, specs):
 def run(args: argparse.Namespace) -> int:
     from canzona.hardware import describe
     from canzona.models import get_model, list_params
-    from canzona.plan.build import adamw_buckets, plan_model, plans_to_json
+    from canzona.plan.build import plan_model, plans_to_json, stage_adamw
     from canzona.plan.front.report import compare, format_budget, format_compare, format_memory, format_report
     from canzona.plan.readers.metrics import plan_metrics
     from canzona.results.schema import write_atomic
@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = get_model(args.model)
     layout = _layout(args)
     cfg.validate_layout(tp=layout.tp, pp=layout.pp, ep=layout.ep)
-    cost_model = _cost_model(args, cfg.specs())
+    cost_model = _cost_model(args, list_params(cfg, tp=layout.tp))
     config, profile = _config(args)
     plans = plan_model(cfg, layout, config, args.view, cost_model=cost_model, profile=profile)
     metrics = plan_metrics(plans, model=cfg.name)
@@ -177,13 +177,7 @@ def run(args: argparse.Namespace) -> int:
             out["plot"] = args.plot
         print(json.dumps(out, sort_keys=True))
         return 0
-    adamw = max(
-        sum(
-            b.size
-            for b in adamw_buckets(list_params(cfg, pp=layout.pp, stage=s, views=args.view), layout, args.bucket_size)
-        )
-        for s in range(layout.pp)
-    )
+    adamw = max(sum(b.size for b in stage_adamw(cfg, p, s)) for s, p in enumerate(plans))
     print(describe(profile))
     print(format_report(plans, model=cfg.name, unit=cost_model.unit, adamw_elems=adamw // layout.dp))
     print(format_budget(metrics))
