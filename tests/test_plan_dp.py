@@ -20,21 +20,9 @@ from canzona.plan.dp.canzona import exact_contiguous
 from canzona.plan.dp.problem import make_problem
 from canzona.plan.tp import slot_loads
 from tests.hypothesis_profiles import examples
+from tests.registry_cases import strategy_algos
 
 SETTINGS = settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-ALL = [
-    ("sc", "refine"),
-    ("layerwise", "lpt"),
-    ("layerwise", "round-robin"),
-    ("asc", "refine"),
-    ("zero", "refine"),
-    ("canzona", "refine"),
-    ("canzona", "greedy"),
-    ("canzona", "exact"),
-    ("canzona", "blend"),
-    ("canzona", "first-element"),
-]
 
 
 @st.composite
@@ -123,7 +111,7 @@ def check_plan(plan: Plan, params: list[ParamSpec]) -> None:
 @given(problems(), st.floats(0, 1), st.sampled_from(["numel", "flops"]))
 def test_invariants_every_strategy(prob: tuple, alpha: float, cost: str) -> None:
     params, layout, bucket = prob
-    for strategy, algo in ALL:
+    for strategy, algo in strategy_algos():
         cfg = PlanConfig(strategy=strategy, dp_algo=algo, alpha=alpha, cost=cost, bucket_size=bucket)
         check_plan(make_plan(params, layout, cfg), params)
 
@@ -250,7 +238,7 @@ def test_deterministic_and_hashed(prob: tuple, alpha: float) -> None:
 
 
 @settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(problems(), st.sampled_from(ALL))
+@given(problems(), st.deferred(lambda: st.sampled_from(strategy_algos())))
 def test_json_round_trip(prob: tuple, strat: tuple[str, str]) -> None:
     params, layout, bucket = prob
     plan = make_plan(params, layout, PlanConfig(strategy=strat[0], dp_algo=strat[1], bucket_size=bucket))

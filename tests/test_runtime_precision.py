@@ -4,6 +4,8 @@
   computed with the same casts (bf16 gradients in, fp32 master updated, bf16 parameters out).
 * A real backward with ``model.zero_grad(set_to_none=True)`` between steps (torch's default), or a
   ``.grad`` replaced by the caller: the update still uses the DP-averaged gradient.
+
+Both run every executable strategy in the registry (tests/registry_cases.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from canzona.optim.adamw import AdamWConfig, make_adamw
 from canzona.optim.base import apply_update
 from canzona.runtime import DistributedOptimizer
 from canzona.runtime.launch import dp_tp_groups, launch
+from tests.registry_cases import executable_names
 from tests.runtime_helpers import (
     ADAMW_LR,
     LR,
@@ -30,14 +33,13 @@ from tests.runtime_helpers import (
 )
 
 SEED, STEPS = 13, 3
-STRATEGIES = ("sc", "layerwise", "asc", "canzona")
 
 
-def _bf16_rank(info, dp: int, tp: int, ns_dtype: str) -> dict:
+def _bf16_rank(info, dp: int, tp: int, ns_dtype: str, strategies: list[str]) -> dict:
     groups = dp_tp_groups(info.rank, dp, tp)
     d, t = info.rank // tp, info.rank % tp
     out = {}
-    for strategy in STRATEGIES:
+    for strategy in strategies:
         cfg = dist_config(strategy, "muon", optimizer_options={"compute_dtype": ns_dtype})
         params = {
             s.name: torch.nn.Parameter(shard(init_param(s, SEED), s, tp, t).to(torch.bfloat16).clone()) for s in SPECS
@@ -88,9 +90,10 @@ def test_bf16_params_match_the_same_casts_on_one_device(dp: int, tp: int, ns_dty
     1e-3 bounds it with margin and still catches the errors that matter: applying the updates to
     bf16 parameters without fp32 masters is off by 3.4e-3 after these 3 steps. Newton–Schulz in bf16
     gets the same inputs, bit for bit, on every layout."""
-    res = launch(_bf16_rank, dp * tp, dp, tp, ns_dtype)
+    strategies = executable_names()
+    res = launch(_bf16_rank, dp * tp, dp, tp, ns_dtype, strategies)
     want = _bf16_reference(dp, ns_dtype)
-    for strategy in STRATEGIES:
+    for strategy in strategies:
         got = assemble([res[t][strategy] for t in range(tp)], dp, tp)
         for name, w in want.items():
             assert got[name].dtype == torch.bfloat16
@@ -163,7 +166,7 @@ def _loop_reference() -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("how", ["set_to_none", "replaced"])
 def test_real_backward_uses_dp_averaged_gradients(how: str) -> None:
     want = _loop_reference()
-    for strategy in STRATEGIES:
+    for strategy in executable_names():
         res = launch(_loop_rank, 2, strategy, how)
         for name, w in want.items():
             for r in range(2):
