@@ -34,6 +34,7 @@ def run_cli(*argv: str) -> tuple[int, str, str]:
 
 
 @pytest.mark.megatron
+@pytest.mark.multiproc  # torchrun runs the cell path in a subprocess, and check.json reads git
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU flavour runs where there is no CUDA")
 def test_cpu_flavour_runs_the_whole_flow_and_says_so(tmp_path: Path) -> None:
     rc, out, _ = run_cli("--out", str(tmp_path))
