@@ -430,6 +430,21 @@ def test_without_accounting_the_controller_decides_what_is_in_flight(tmp_path, f
             "node n1 (task 0)",
             "timed out after 60 s",
         ),
+        (  # the timeout on both nodes: n2's launcher gave its verdict and exited first, so srun ended
+            # n1's launcher with SIGTERM before it could say the same (seen on a real Slurm, idle host)
+            {
+                "task0-vm.log": [
+                    "torch.distributed.elastic.multiprocessing.api.SignalException: Process 7785 got signal: 15",
+                    "[rank1]:     raise PhaseError(f\"canzona optimizer step failed in phase '{name}'\") from exc",
+                    "slurmstepd-n1: error: *** STEP 5.3 ON n1 CANCELLED AT 2026-12-01T17:19:56 ***",
+                ],
+                "task1-vm.log": [
+                    "canzona-node: FAILED on n2 (node 1): timed out after 60 s (process group killed)",
+                ],
+            },
+            "node n2 (task 1)",
+            "timed out after 60 s",
+        ),
         (  # the harness's own line outranks torchrun's summary
             {
                 "task0-vm.log": [

@@ -126,6 +126,7 @@ class StepFailure:
     tail: list[str] = field(default_factory=list)
     echo_only: bool = False  # every node's error reads like a symptom of another node's failure
     exit_code: int | None = None  # the node's own exit status, as its launcher line gives it
+    verdict: bool = False  # the line is the launcher's timeout or the harness's own verdict
 
     def describe(self) -> str:
         where = f"node {self.node} (task {self.task})" if self.node is not None else "no node log"
@@ -200,11 +201,15 @@ def step_failure(step_dir: Path, tail: int = 8) -> StepFailure:
         if line is None:
             continue
         code = next((int(m.group(1)) for ln in reversed(lines) if (m := _NODE_EXIT.search(ln))), None)
-        found.append(StepFailure(_node_name(step_dir, task, lines, host), task, line, lines[-tail:], echo, code))
-    # a cause before an echo; among causes, a node that failed by itself (its launcher gave an
-    # exit status) before one srun ended while it printed the same cause (every node of a step
-    # may report a method unavailable; the first to exit is the one that failed the step)
-    found.sort(key=lambda x: (x.echo_only, x.exit_code is None))
+        verdict = bool(_TIMED_OUT.search(line) or _HARNESS.search(line))
+        node = _node_name(step_dir, task, lines, host)
+        found.append(StepFailure(node, task, line, lines[-tail:], echo, code, verdict))
+    # a cause before an echo; a verdict (the cell's timeout, the harness's own words) before the
+    # traceback of a node srun ended because another node gave that verdict and exited first; among
+    # equals, a node that failed by itself (its launcher gave an exit status) before one srun ended
+    # while it printed the same cause (every node may report a method unavailable; the first to
+    # exit is the one that failed the step)
+    found.sort(key=lambda x: (x.echo_only, not x.verdict, x.exit_code is None))
     if found:
         return found[0]
     return StepFailure(None, None, f"no node log with an error under {step_dir}", [])
