@@ -66,6 +66,18 @@ class StepInfo:
     clip_coef: float = 1.0
 
 
+def check_plan_agreement(h: str, group: dist.ProcessGroup | None, device: torch.device, what: str) -> None:
+    """Every rank of ``group`` must execute the same plan (``h``, its input hash); a mismatch would
+    deadlock or corrupt. Once at set-up, on both engines: two MIN/MAX all-reduces of one int64,
+    whatever the group size. ``what`` names what every rank must pass alike."""
+    v = torch.tensor([int(h, 16) & ((1 << 62) - 1)], dtype=torch.int64, device=device)
+    lo, hi = v.clone(), v.clone()
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=group)
+    dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=group)
+    if lo.item() != hi.item():
+        raise ConfigError(f"plan hash differs across ranks (this rank: {h}); every rank must {what} and DistConfig")
+
+
 class DistributedOptimizer:
     """See the module docstring. ``stage_group``: the TP×DP ranks of this PP stage (they must hold
     the same plan; default WORLD). ``global_group``: every rank of the model, PP included (the norm
@@ -239,16 +251,7 @@ class DistributedOptimizer:
         return out
 
     def _check_agreement(self, h: str) -> None:
-        """Every rank of the stage must execute the same plan; a mismatch would deadlock or corrupt."""
-        v = torch.tensor([int(h, 16) & ((1 << 62) - 1)], dtype=torch.int64, device=self.device)
-        lo, hi = v.clone(), v.clone()
-        dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=self.stage_group)
-        dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=self.stage_group)
-        if lo.item() != hi.item():
-            raise ConfigError(
-                f"plan hash differs across ranks (this rank: {h}); every rank must pass the same parameter "
-                "names, shapes, layout and DistConfig"
-            )
+        check_plan_agreement(h, self.stage_group, self.device, "pass the same parameter names, shapes, layout")
 
     @property
     def collective_modes(self) -> dict[str, str]:

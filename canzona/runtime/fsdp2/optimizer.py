@@ -48,7 +48,7 @@ from canzona.runtime.config import DistConfig
 from canzona.runtime.executors.base import StepContext, run_executors
 from canzona.runtime.executors.tp import select_executors
 from canzona.runtime.fsdp2.layout import as_dtensor, default_route, param_specs, plan_layout, shard_mesh
-from canzona.runtime.optimizer import StepInfo
+from canzona.runtime.optimizer import StepInfo, check_plan_agreement
 from canzona.runtime.timers import PhaseTimer
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ class FSDP2Optimizer:
             pc,
             cost_model=self.math.cost_model(cast("CostKind", pc.cost)),  # CostModel rejects unknown kinds
         )
-        self._check_agreement(plan.input_hash)
+        check_plan_agreement(plan.input_hash, self.group, self.device, "build the optimizer on the same model")
         return plan
 
     def _lower(self) -> RankSchedule:
@@ -140,17 +140,6 @@ class FSDP2Optimizer:
         """The fp32 tensor the update lands in: the local shard itself when it is fp32 (a detached
         alias, so torch's AdamW may hold it), else an fp32 copy published after each update."""
         return local.detach() if local.dtype == torch.float32 else local.detach().float()
-
-    def _check_agreement(self, h: str) -> None:
-        """Every shard rank must execute the same plan; a mismatch would deadlock or corrupt."""
-        v = torch.tensor([int(h, 16) & ((1 << 62) - 1)], dtype=torch.int64, device=self.device)
-        seen = [torch.zeros_like(v) for _ in range(self.shards)]
-        dist.all_gather(seen, v, group=self.group)
-        if any(int(s.item()) != int(v.item()) for s in seen):
-            raise ConfigError(
-                f"plan hash differs across FSDP2 ranks (this rank: {h}); every rank must build the optimizer "
-                "on the same model and DistConfig"
-            )
 
     # ---------------------------------------------------------------- step
     def _grads(self) -> dict[str, torch.Tensor]:
