@@ -20,6 +20,7 @@ from canzona.plan.schedule import (
     padded_width,
     stage_schedules,
 )
+from canzona.plan.strategies import STRATEGIES
 from canzona.plan.types import Bucket, BucketEntry, Layout, PlanConfig
 from tests.hypothesis_profiles import examples
 
@@ -78,6 +79,24 @@ def test_canzona_calls_per_step_on_nccl() -> None:
         assert tp_tags == [*pipelined, ("tp_scatter", f"mg{n - 1}")]
         phases = [o.phase for o in s.ops if o.group != "tp"]
         assert phases == ["grad_sync"] * buckets + ["norm"] + ["param_sync"] * buckets
+
+
+def test_stage_lowering_equals_lowering_each_rank_alone() -> None:
+    """stage_schedules computes a stage's buffers and DP calls once and shares them between ranks;
+    each rank's schedule must be what lowering that rank alone gives, for every DP mode (per-root on
+    gloo, native/uneven on NCCL) and for the owner gather of strategies that ignore the buckets."""
+    specs = list_params(get_model("qwen3-tiny"))
+    layout = Layout(3, 2)
+    adamw = adamw_buckets(specs, layout, 40_000)
+    for strategy in (s for s in STRATEGIES.values() if s.executable):
+        plan = make_plan(specs, layout, PlanConfig(strategy=strategy.name, bucket_size=40_000))
+        owners_gather = strategy.grad_sync == "all-reduce" and strategy.param_sync != "none"  # whole matrices
+        for lowering in (LowerSettings(model=GLOO), LowerSettings(model=NCCL, collective_mode="native")):
+            shared = stage_schedules(plan, adamw, lowering)
+            alone = [lower(plan, adamw, d, t, lowering) for d in range(layout.dp) for t in range(layout.tp)]
+            assert shared == alone, (strategy.name, lowering.collective_mode)
+            assert any(o.group == "dp" for s in shared for o in s.ops)
+            assert (shared[0].owner_gather is not None) == owners_gather
 
 
 def test_every_matrix_is_computed_once_per_stage() -> None:

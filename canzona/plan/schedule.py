@@ -254,6 +254,36 @@ def bucket_layouts(
     return matrix, tuple(_layout_with_cuts("adamw", b, equal_cuts(b, dp), dp, settings) for b in adamw)
 
 
+@dataclass(frozen=True)
+class StageBuffers:
+    """A stage's buffers and their DP calls, which are the same on every rank of the stage: computed
+    once per stage, not once per rank (a per-root bucket has DP calls, so lowering 256 ranks would
+    otherwise build DP² calls per bucket)."""
+
+    matrix: tuple[BucketLayout, ...]
+    adam: tuple[BucketLayout, ...]
+    grad_calls: tuple[CommOp, ...]  # every bucket's gradient reduction, matrix buckets first
+    matrix_param_calls: tuple[CommOp, ...]  # the matrix buckets' parameter gathers, last bucket first
+    adam_param_calls: tuple[CommOp, ...]
+    owner_gather: tuple[tuple[tuple[str, ...], ...], str] | None  # layer-wise: (owned names by DP rank, mode)
+    owner_gather_calls: tuple[CommOp, ...]
+
+
+def stage_buffers(plan: Plan | None, adamw: Sequence[Bucket], dp: int, settings: LowerSettings) -> StageBuffers:
+    matrix, adam = bucket_layouts(plan, adamw, dp, settings)
+    g, p = settings.grad_bytes, settings.param_bytes
+    gather = _owner_gather(plan, settings) if plan is not None else None
+    return StageBuffers(
+        matrix,
+        adam,
+        tuple(op for b in (*matrix, *adam) for op in _dp_calls(b, "grad_sync", dp, g)),
+        tuple(op for b in reversed(matrix) for op in _dp_calls(b, "param_sync", dp, p)),
+        tuple(op for b in reversed(adam) for op in _dp_calls(b, "param_sync", dp, p)),
+        gather,
+        tuple(_owner_gather_calls(plan, gather, p)) if plan is not None and gather is not None else (),
+    )
+
+
 # ----------------------------------------------------------------------------- executors
 def coop_comm_key(g: CoopGroup, tp: int) -> str:
     """The communicator of a cooperative group: the owner's TP group, a strided TP sub-group
@@ -381,7 +411,7 @@ def _owner_gather(plan: Plan, settings: LowerSettings) -> tuple[tuple[tuple[str,
     tp = plan.layout.tp
     local = {it.name: (it.numel // tp if it.partition_dim is not None else it.numel) for it in plan.items}
     by_rank: tuple[list[str], ...] = tuple([] for _ in range(plan.layout.dp))
-    for it in plan.items:  # one pass: every rank lowers this, so O(items · DP) would be O(items · DP²) a stage
+    for it in plan.items:  # one pass, once per stage (stage_buffers)
         by_rank[owners[it.name][0]].append(it.name)
     sizes = [sum(local[n] for n in names) for names in by_rank]
     requested = "uneven" if settings.collective_mode == "native" else settings.collective_mode
@@ -396,51 +426,41 @@ def lower(
     tp_rank: int,
     settings: LowerSettings,
     layout: Layout | None = None,
-    layouts: tuple[tuple[BucketLayout, ...], tuple[BucketLayout, ...]] | None = None,
+    stage: StageBuffers | None = None,
 ) -> RankSchedule:
     """One rank's step (see the module docstring). Pure and deterministic. ``plan`` is None when no
-    parameter goes to a matrix optimizer (then ``layout`` gives dp and tp). ``layouts``: the stage's
-    ``bucket_layouts``, when the caller lowers many ranks (they are the same for every rank)."""
+    parameter goes to a matrix optimizer (then ``layout`` gives dp and tp). ``stage``: the stage's
+    ``stage_buffers``, when the caller lowers many ranks (they are the same for every rank)."""
     lay = plan.layout if plan is not None else layout
     if lay is None:
         raise ConfigError("lower() needs a plan or a layout")
     dp, tp = lay.dp, lay.tp
     if not (0 <= dp_rank < dp and 0 <= tp_rank < tp):
         raise ConfigError(f"rank (dp {dp_rank}, tp {tp_rank}) outside the layout dp{dp}×tp{tp}")
-    matrix, adam = layouts if layouts is not None else bucket_layouts(plan, adamw, dp, settings)
+    buf = stage if stage is not None else stage_buffers(plan, adamw, dp, settings)
+    matrix, adam = buf.matrix, buf.adam
     execs = executor_specs(plan, dp_rank) if plan is not None else ()
-    gather = _owner_gather(plan, settings) if plan is not None else None
-    g, p = settings.grad_bytes, settings.param_bytes
-    ops: list[CommOp] = []
-    for b in (*matrix, *adam):
-        ops += _dp_calls(b, "grad_sync", dp, g)
+    ops: list[CommOp] = [*buf.grad_calls]
     partial = _tp_partial_elems(adam, dp_rank, settings.tp_partial) if tp > 1 else 0
     if partial:
-        ops.append(CommOp("tp_partial", "all_reduce", "tp", partial * g, "tp-partial"))
+        ops.append(CommOp("tp_partial", "all_reduce", "tp", partial * settings.grad_bytes, "tp-partial"))
     if settings.norm_check and (settings.global_world or dp * tp) > 1:
         ops.append(CommOp("norm", "all_reduce", "global", 8, "norm"))
     calls = [(_coop_calls if e.kind == "cooperative" else _tp_calls)(e, plan, settings, tp_rank) for e in execs if plan]
     for part in range(3):  # every executor's start, then run, then finish (canzona.runtime.executors.base)
         for c in calls:
             ops += c[part]
-    for b in reversed(matrix):
-        ops += _dp_calls(b, "param_sync", dp, p)
-    if gather is not None and plan is not None:
-        ops += _owner_gather_calls(plan, gather, p)
-    for b in reversed(adam):
-        ops += _dp_calls(b, "param_sync", dp, p)
+    ops += (*buf.matrix_param_calls, *buf.owner_gather_calls, *buf.adam_param_calls)
     computes = tuple(n for s in execs for n in s.computed_by(tp_rank))
-    return RankSchedule(dp_rank, tp_rank, dp, tp, (*matrix, *adam), execs, tuple(ops), gather, computes)
+    return RankSchedule(dp_rank, tp_rank, dp, tp, (*matrix, *adam), execs, tuple(ops), buf.owner_gather, computes)
 
 
 def matrix_dp_calls(plan: Plan, settings: LowerSettings) -> list[CommOp]:
     """The DP collectives of the plan's matrix buckets (gradient reduction and parameter gather) as
     every rank of the stage issues them: what choosing between plans of one stage needs to compare
     (the AdamW buffer, the norm and the TP calls do not depend on the DP cuts)."""
-    dp = plan.layout.dp
-    matrix, _ = bucket_layouts(plan, (), dp, settings)
-    ops = [op for b in matrix for op in _dp_calls(b, "grad_sync", dp, settings.grad_bytes)]
-    return ops + [op for b in reversed(matrix) for op in _dp_calls(b, "param_sync", dp, settings.param_bytes)]
+    stage = stage_buffers(plan, (), plan.layout.dp, settings)
+    return [*stage.grad_calls, *stage.matrix_param_calls]
 
 
 def _owner_gather_calls(plan: Plan, gather: tuple[tuple[tuple[str, ...], ...], str], elem: int) -> list[CommOp]:
@@ -457,8 +477,8 @@ def _owner_gather_calls(plan: Plan, gather: tuple[tuple[tuple[str, ...], ...], s
 def stage_schedules(plan: Plan, adamw: Sequence[Bucket], settings: LowerSettings) -> list[RankSchedule]:
     """Every rank of one stage, in (dp, tp) order."""
     lay = plan.layout
-    layouts = bucket_layouts(plan, adamw, lay.dp, settings)
-    return [lower(plan, adamw, d, t, settings, layouts=layouts) for d in range(lay.dp) for t in range(lay.tp)]
+    stage = stage_buffers(plan, adamw, lay.dp, settings)
+    return [lower(plan, adamw, d, t, settings, stage=stage) for d in range(lay.dp) for t in range(lay.tp)]
 
 
 def padding_fraction(layouts: Sequence[BucketLayout]) -> float:
