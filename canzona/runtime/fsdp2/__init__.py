@@ -3,6 +3,6 @@ optimizer math of the Megatron path, on DTensor Shard(0) parameters; DCP checkpo
 full-matrix format (``checkpoint``)."""
 
 from canzona.runtime.fsdp2 import checkpoint
-from canzona.runtime.fsdp2.optimizer import STRATEGIES, FSDP2Optimizer
+from canzona.runtime.fsdp2.optimizer import FSDP2Optimizer
 
-__all__ = ["STRATEGIES", "FSDP2Optimizer", "checkpoint"]
+__all__ = ["FSDP2Optimizer", "checkpoint"]

@@ -4,9 +4,10 @@ FSDP2 (``torch.distributed.fsdp.fully_shard``) stores every parameter as a DTens
 the mesh's shard dimension (``Replicate()`` on the replicate dimension of an HSDP 2-D mesh). A row
 slice per rank is exactly the layout of a Megatron column-parallel (``partition_dim`` 0) TP shard,
 so the planner sees an FSDP2 shard group of N ranks as a TP group of N: ``Layout(dp=1, tp=N)``
-(``plan_layout``). The TP schedule's hosts are the matrices' owners, its micro-groups the packed
-all-to-alls, and the same executors run them. The replicate dimension of HSDP computes the same
-updates on identical (already all-reduced) gradients, as one DP rank would without ZeRO.
+(the fsdp2 entry of ``canzona.plan.engines``). The TP schedule's hosts are the matrices' owners,
+its micro-groups the packed all-to-alls, and the same executors run them. The replicate dimension
+of HSDP computes the same updates on identical (already all-reduced) gradients, as one DP rank
+would without ZeRO.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from canzona.errors import ConfigError
 from canzona.models.spec import ParamSpec, Route
-from canzona.plan.types import Layout
+from canzona.plan.engines import FSDP2, check_shardable
 
 # names of the parameters a matrix optimizer should not take, although they are 2-D (torchtitan,
 # Hugging Face and Megatron spellings of the embedding and the output layer)
@@ -59,11 +60,6 @@ class ShardMesh:
         return self.mesh.get_group(self.shard_dim)
 
 
-def plan_layout(shards: int) -> Layout:
-    """The planner's layout of one FSDP2 shard group of ``shards`` ranks (module docstring)."""
-    return Layout(dp=1, tp=shards)
-
-
 def shard_mesh(named: Sequence[tuple[str, torch.nn.Parameter]]) -> ShardMesh:
     """The common mesh of a fully_shard model's parameters; a clear error for anything else."""
     meshes, dims = set(), set()
@@ -78,7 +74,7 @@ def shard_mesh(named: Sequence[tuple[str, torch.nn.Parameter]]) -> ShardMesh:
         if len(shard) != 1 or p.placements[shard[0]] != Shard(0) or not others_ok:
             raise ConfigError(
                 f"{name}: placements {p.placements} are not FSDP2's Shard(0) (with Replicate() for HSDP); "
-                "a TP dimension in the mesh is not supported by the FSDP2 engine yet"
+                + (FSDP2.runs(2) or "")
             )
         meshes.add(p.device_mesh)
         dims.add(shard[0])
@@ -105,10 +101,7 @@ def param_specs(
     for name, p in named:
         shape = tuple(int(d) for d in p.shape)
         r = route(name, shape)
-        if r == "matrix" and shape[0] % shards:
-            raise ConfigError(
-                f"{name}: {shape[0]} rows do not split evenly over {shards} FSDP2 shards; route it to adamw "
-                f"(route=...) or use a shard size dividing {shape[0]}"
-            )
+        if r == "matrix":
+            check_shardable(name, shape[0], shards)
         out.append(ParamSpec(name, shape, 0 if r == "matrix" else None, r))
     return out

@@ -7,7 +7,7 @@
     opt.zero_grad()
 
 The same pieces as the Megatron path (canzona.runtime.optimizer), nothing copied:
-  plan        canzona.plan.make_plan on ``Layout(dp=1, tp=shards)`` (canzona.runtime.fsdp2.layout): the TP
+  plan        canzona.plan.make_plan on ``Layout(dp=1, tp=shards)`` (canzona.plan.engines' fsdp2 entry): the TP
               schedule picks each matrix's owner (LPT on the cost model under ``canzona``, registration
               order = round-robin under ``asc``, everyone under ``sc``) and the micro-groups
   lowering    canzona.plan.schedule.lower: the executors and the ordered calls of a step
@@ -41,13 +41,14 @@ from canzona.optim.adamw import make_adamw
 from canzona.optim.base import apply_update, matrix_shape
 from canzona.plan import make_plan
 from canzona.plan.comm import MODELS, model_for_backend
+from canzona.plan.engines import FSDP2
 from canzona.plan.schedule import LowerSettings, RankSchedule, lower
 from canzona.plan.types import Plan
 from canzona.runtime import grad_norm
 from canzona.runtime.config import DistConfig
 from canzona.runtime.executors.base import StepContext, run_executors
 from canzona.runtime.executors.tp import select_executors
-from canzona.runtime.fsdp2.layout import as_dtensor, default_route, param_specs, plan_layout, shard_mesh
+from canzona.runtime.fsdp2.layout import as_dtensor, default_route, param_specs, shard_mesh
 from canzona.runtime.optimizer import StepInfo, check_plan_agreement
 from canzona.runtime.timers import PhaseTimer
 
@@ -55,11 +56,6 @@ if TYPE_CHECKING:
     from canzona.cost import CostKind
 
 Route = Callable[[str, tuple[int, ...]], SpecRoute]
-
-# The strategies with an FSDP2 form, planned on the shard group seen as a TP group: sc, every rank
-# gathers and computes every matrix; asc, hosts in registration order (the round-robin owners of
-# DistMuon and muon-fsdp2); canzona, cost-balanced owners and capacity-bounded micro-groups.
-STRATEGIES = ("sc", "asc", "canzona")
 
 
 class FSDP2Optimizer:
@@ -79,10 +75,7 @@ class FSDP2Optimizer:
         named = list(model.named_parameters()) if isinstance(model, torch.nn.Module) else list(model)
         if not named:
             raise ConfigError("FSDP2Optimizer got no parameters")
-        if config.plan.strategy not in STRATEGIES:
-            raise ConfigError(
-                f"strategy {config.plan.strategy!r} has no FSDP2 form; choose one of {', '.join(STRATEGIES)}"
-            )
+        FSDP2.check_strategy(config.plan.strategy)
         self.config = config
         self.mesh = shard_mesh(named)
         self.group = self.mesh.group()
@@ -112,16 +105,18 @@ class FSDP2Optimizer:
 
     # ---------------------------------------------------------------- set-up
     def _make_plan(self) -> Plan:
-        """The shared planner on the shard group as a TP group. Cooperative Newton–Schulz is off: the
-        FSDP2 engine has no executor for it yet (one owner per matrix)."""
+        """The shared planner on the shard group as a TP group; cooperative Newton–Schulz only where
+        the engine has an executor for it (``canzona.plan.engines``: one owner per matrix here)."""
         self.math = self.config.make_math()
         backend_profile = DEFAULT_CPU if self.backend == "gloo" else DEFAULT_GPU
         pc = dataclasses.replace(
-            self.config.plan, cooperative=False, profile=self.config.plan.profile or backend_profile
+            self.config.plan,
+            cooperative=self.config.plan.cooperative and FSDP2.cooperative,
+            profile=self.config.plan.profile or backend_profile,
         )
         plan = make_plan(
             list(self.specs.values()),
-            plan_layout(self.shards),
+            FSDP2.planner_layout(self.shards),
             pc,
             cost_model=self.math.cost_model(cast("CostKind", pc.cost)),  # CostModel rejects unknown kinds
         )
@@ -133,7 +128,7 @@ class FSDP2Optimizer:
         model = MODELS[comm.cost_model] if comm.cost_model else model_for_backend(self.backend)
         pdtype = next(iter(self.local.values())).dtype
         settings = LowerSettings(model=model, param_bytes=pdtype.itemsize, global_world=self.shards)
-        return lower(self.plan, (), 0, self.rank, settings, plan_layout(self.shards))
+        return lower(self.plan, (), 0, self.rank, settings, FSDP2.planner_layout(self.shards))
 
     @staticmethod
     def _master(local: torch.Tensor) -> torch.Tensor:

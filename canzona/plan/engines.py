@@ -1,0 +1,153 @@
+"""The engine registry: the ONE place that says what each training engine can run.
+
+An engine is the runtime that holds the parameters and drives the step: Megatron-style flat ZeRO-1
+buffers (``canzona.runtime.DistributedOptimizer``) or FSDP2's ``fully_shard`` DTensors
+(``canzona.runtime.fsdp2.FSDP2Optimizer``). Both run the same planner, lowering, executors and
+optimizer math; they differ in where shards live and in what the runtime supports yet. Code asks an
+entry's capability fields (``supports_tp``, ``cooperative``, ``strategies`` ...) rather than
+comparing engine names, and the command lines take their ``--engine`` choices from ``ENGINES``.
+
+How an engine looks to the planner (``planner_layout``):
+  megatron  the layout itself: DP × TP × PP (× EP inside DP).
+  fsdp2     FSDP2 stores each matrix as a row slice per rank (``Shard(0)`` over the shard group),
+            exactly a Megatron column-parallel TP shard, so a shard group of S ranks is planned as a
+            TP group of S: ``Layout(dp=1, tp=S)``. Its hosts are the matrices' owners, its micro-groups
+            the packed all-to-alls. HSDP (``dp`` = S · replicas) repeats the shard group's schedule on
+            identical, already all-reduced gradients, so the plan is the shard group's. With a TP
+            dimension in the mesh (TP shards first, FSDP ``Shard(0)`` inside each TP shard) every rank
+            holds numel / (T·S) of every matrix, and one owner needs all T·S pieces: the planner
+            model is a TP group of T·S (same bytes, same compute, the all-to-alls over the whole
+            T·S mesh). The FSDP2 runtime does not run a TP dimension yet (``supports_tp``), so
+            such a plan is a projection only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from canzona.errors import ConfigError
+from canzona.plan.types import Layout
+
+NS_METHODS_ALL = ("standard", "gram", "auto")
+
+
+def _megatron_layout(dp: int, tp: int, pp: int, ep: int, shard: int | None) -> Layout:
+    if shard is not None:
+        raise ConfigError("a shard group size is an FSDP2 (HSDP) setting; drop it or choose the fsdp2 engine")
+    return Layout(dp=dp, tp=tp, pp=pp, ep=ep)
+
+
+def _fsdp2_layout(dp: int, tp: int, pp: int, ep: int, shard: int | None) -> Layout:
+    if pp > 1 or ep > 1:
+        raise ConfigError(
+            f"the fsdp2 engine plans FSDP / HSDP (with TP); pp={pp}, ep={ep} are Megatron layouts: "
+            "drop --pp / --ep or choose the megatron engine"
+        )
+    s = dp if shard is None else shard
+    if s < 1 or dp % s:
+        raise ConfigError(f"the shard group ({s}) must divide dp={dp} (HSDP: dp = shard group x replicas)")
+    return Layout(dp=1, tp=s * tp)
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One registered engine (module docstring). Capability fields say what its RUNTIME executes;
+    ``planner_layout`` what the planner sees, which may be planned beyond them (a projection)."""
+
+    name: str
+    help: str
+    param_layout: str  # where the parameters and gradients live
+    layout: Callable[[int, int, int, int, int | None], Layout]
+    strategies: tuple[str, ...] | None  # strategies with a form on this engine (None: every executable one)
+    supports_tp: bool
+    supports_pp: bool
+    supports_ep: bool
+    supports_hsdp: bool
+    cooperative: bool  # cooperative Newton–Schulz (a group of GPUs on one matrix)
+    ns_methods: tuple[str, ...]
+    checkpoint: str
+
+    def planner_layout(self, dp: int, tp: int = 1, pp: int = 1, ep: int = 1, shard: int | None = None) -> Layout:
+        """The layout the planner plans this engine's ``dp`` × ``tp`` × ``pp`` (× ``ep``) job on;
+        ``shard``: FSDP2's shard group (HSDP when smaller than ``dp``)."""
+        return self.layout(dp, tp, pp, ep, shard)
+
+    def runs(self, layout_tp: int, pp: int = 1, ep: int = 1) -> str | None:
+        """None when the runtime executes a job with these mesh dimensions, else why not (one line)."""
+        if layout_tp > 1 and not self.supports_tp:
+            return f"the {self.name} runtime does not run a TP mesh dimension yet (FSDP2Optimizer takes Shard(0) only)"
+        if pp > 1 and not self.supports_pp:
+            return f"the {self.name} runtime does not run pipeline parallelism"
+        if ep > 1 and not self.supports_ep:
+            return f"the {self.name} runtime does not run expert parallelism"
+        return None
+
+    def check_strategy(self, strategy: str) -> None:
+        """ConfigError naming the choices when ``strategy`` has no form on this engine."""
+        if self.strategies is not None and strategy not in self.strategies:
+            raise ConfigError(
+                f"strategy {strategy!r} has no {self.name} form; choose one of {', '.join(self.strategies)}"
+            )
+
+
+ENGINES: dict[str, Engine] = {}
+
+
+def register_engine(e: Engine) -> Engine:
+    if e.name in ENGINES:
+        raise ConfigError(f"engine {e.name!r} is already registered")
+    ENGINES[e.name] = e
+    return e
+
+
+def get_engine(name: str) -> Engine:
+    if name not in ENGINES:
+        raise ConfigError(f"unknown engine {name!r}; known: {', '.join(ENGINES)}")
+    return ENGINES[name]
+
+
+MEGATRON = register_engine(
+    Engine(
+        "megatron",
+        "Megatron-style flat ZeRO-1 buffers: DP buckets, TP micro-groups, PP stages, EP",
+        "flat ZeRO-1 gradient / parameter buffers, TP shards",
+        _megatron_layout,
+        strategies=None,
+        supports_tp=True,
+        supports_pp=True,
+        supports_ep=True,
+        supports_hsdp=False,
+        cooperative=True,
+        ns_methods=NS_METHODS_ALL,
+        checkpoint="full-matrix state per parameter (canzona.runtime.checkpoint)",
+    )
+)
+# sc: every rank gathers and computes every matrix; asc: hosts in registration order (the
+# round-robin owners of muon-fsdp2); canzona: cost-balanced owners, capacity-bounded micro-groups.
+FSDP2 = register_engine(
+    Engine(
+        "fsdp2",
+        "torch fully_shard: DTensor Shard(0) parameters over a shard group, HSDP replicas",
+        "DTensor Shard(0) over the shard group (Replicate over HSDP replicas)",
+        _fsdp2_layout,
+        strategies=("sc", "asc", "canzona"),
+        supports_tp=False,
+        supports_pp=False,
+        supports_ep=False,
+        supports_hsdp=True,
+        cooperative=False,
+        ns_methods=NS_METHODS_ALL,
+        checkpoint="torch.distributed.checkpoint, the same full-matrix state (canzona.runtime.fsdp2.checkpoint)",
+    )
+)
+
+
+def check_shardable(name: str, rows: int, shards: int) -> None:
+    """FSDP2's Shard(0) must split a matrix's rows evenly for its owner to reassemble it from equal
+    slices; one line naming both fixes otherwise."""
+    if rows % shards:
+        raise ConfigError(
+            f"{name}: {rows} rows do not split evenly over {shards} FSDP2 shards; route it to adamw "
+            f"(route=...) or use a shard size dividing {rows}"
+        )

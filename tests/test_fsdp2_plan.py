@@ -1,0 +1,116 @@
+"""The FSDP2 plan report (canzona.plan.readers.fsdp2): the peers' owner rules pinned by hand, Canzona
+never worse than round-robin on the modelled per-GPU max, never better than the whole-matrix bound."""
+
+from __future__ import annotations
+
+import pytest
+
+from canzona.cost import CostModel
+from canzona.errors import ConfigError
+from canzona.hardware import load_profile
+from canzona.models import get_model
+from canzona.models.spec import ParamSpec
+from canzona.plan import PlanConfig, make_plan
+from canzona.plan.engines import FSDP2, MEGATRON
+from canzona.plan.readers.fsdp2 import compare, fsdp2_specs
+from canzona.plan.readers.metrics import gpu_loads, stage_bounds
+from canzona.plan.readers.owners import (
+    bucketed_lpt_owners,
+    ns_flops_estimate,
+    round_robin_owners,
+    shape_batched_owners,
+)
+
+H800 = load_profile("H800")
+
+
+def _rows(out: dict) -> dict[str, dict]:
+    return {r["method"]: r for r in out["rows"]}
+
+
+def test_round_robin_is_index_mod_n_and_asc_plans_it() -> None:
+    """Five matrices on a shard group of 2: muon-fsdp2's owners 0,1,0,1,0, and Canzona's asc plan on the
+    FSDP2 layout hosts them exactly there; the loads and the whole-matrix bound by hand."""
+    shapes = [(64, 32), (32, 32), (128, 32), (32, 32), (64, 32)]
+    specs = [ParamSpec(f"m{i}", s, 0, "matrix") for i, s in enumerate(shapes)]
+    layout = FSDP2.planner_layout(2)
+    assert (layout.dp, layout.tp) == (1, 2)
+    cm = CostModel("muon", "numel")
+    plan = make_plan(specs, layout, PlanConfig(strategy="asc", cost="numel"), cost_model=cm, profile=H800)
+    hosts = {n: h for g in plan.tp.groups[0] for n, h in g.hosts}
+    assert [hosts[f"m{i}"] for i in range(5)] == round_robin_owners(5, 2) == [0, 1, 0, 1, 0]
+    loads = gpu_loads(plan).flat_cost()
+    cost = [cm(s.shape) for s in specs]
+    assert loads == [cost[0] + cost[2] + cost[4], cost[1] + cost[3]]
+    _, bound, _ = stage_bounds(plan)
+    assert bound == max(sum(cost) / 2, max(cost))
+
+
+def test_shape_batched_and_bucketed_lpt_by_hand() -> None:
+    """dion: the j-th of its shape class to rank j mod N; DistMuon: largest first per bucket onto the
+    rank with the least bucket load, ties to the lower running total."""
+    a, b = (8, 4), (4, 4)
+    assert shape_batched_owners([a, b, a, a, b, a], 2) == [0, 0, 1, 0, 1, 1]
+    assert ns_flops_estimate((8, 4), 5) == 5 * 4 * 4 * (2 * 8 + 4)
+    # bucket 0: the big one to rank 0, the small one to rank 1; bucket 1 starts from zero bucket load,
+    # so its big matrix goes to the rank with the lower running total: rank 1
+    owners = bucketed_lpt_owners([(16, 16), (4, 4), (16, 16)], ["x", "y", "z"], [0, 0, 1], 2)
+    assert owners == [0, 1, 1]
+
+
+def test_specs_follow_torchtitan_order_and_check_rows() -> None:
+    specs = fsdp2_specs(get_model("qwen3-micro"), 2)
+    first = [s.name.rsplit(".", 2)[-2] + s.name.split("weight")[-1] for s in specs[:7]]
+    assert first == [
+        "linear_qkv:q",
+        "linear_qkv:k",
+        "linear_qkv:v",
+        "linear_proj",
+        "linear_fc1:gate",
+        "linear_fc2",
+        "linear_fc1:up",
+    ]
+    with pytest.raises(ConfigError, match="rows do not split evenly over 3 FSDP2 shards"):
+        fsdp2_specs(get_model("qwen3-micro"), 3)
+
+
+@pytest.mark.parametrize(
+    ("model", "dp", "shard"),
+    [("qwen3-0.6b", 64, None), ("qwen3-1.7b", 32, 8), ("qwen3-tiny", 4, None), ("qwen3-4b", 16, None)],
+)
+def test_canzona_never_worse_than_round_robin_nor_below_the_bound(model: str, dp: int, shard: int | None) -> None:
+    out = compare(get_model(model), dp, shard=shard, profile=H800)
+    rows = _rows(out)
+    cz, rr = rows["canzona"], rows["round-robin"]
+    assert out["bound"] <= cz["max_cost"] * (1 + 1e-12)
+    assert cz["max_cost"] <= rr["max_cost"] * (1 + 1e-12)
+    assert out["tight_bound"] >= out["bound"]
+    for r in out["rows"]:
+        assert r["max_cost"] >= out["bound"] * (1 - 1e-12), r["method"]
+    # round-robin's row is muon-fsdp2's owners: the planned row and the rule agree on the load
+    assert rr["max_matrices"] == -(-out["matrices"] // out["owner_group"])
+    # the lowered schedule: one norm all-reduce, two packed all-to-alls per micro-group
+    for r in (cz, rr):
+        assert r["collectives"] == {"global": {"all_reduce": 1}, "tp": {"all_to_all": 2 * r["micro_groups"]}}
+        assert r["projected_step_ms"] > 0
+    assert out["replicas"] * out["shard_group"] == dp
+
+
+def test_hsdp_and_tp_layouts() -> None:
+    out = compare(get_model("qwen3-tiny"), 8, shard=2, profile=H800)
+    assert (out["shard_group"], out["replicas"], out["owner_group"]) == (2, 4, 2)
+    assert out["runtime"] == "FSDP2Optimizer runs this layout"
+    out = compare(get_model("qwen3-tiny"), 4, tp=2, profile=H800)
+    assert out["owner_group"] == 8 and out["planner_layout"]["tp"] == 8
+    assert "does not run a TP mesh dimension" in out["runtime"]
+
+
+@pytest.mark.parametrize(
+    ("kw", "msg"),
+    [({"dp": 8, "shard": 3}, "must divide dp=8"), ({"dp": 4, "pp": 2}, "pp=2"), ({"dp": 4, "ep": 2}, "ep=2")],
+)
+def test_fsdp2_layout_errors_name_the_fix(kw: dict, msg: str) -> None:
+    with pytest.raises(ConfigError, match=msg):
+        FSDP2.planner_layout(**kw)
+    with pytest.raises(ConfigError, match=r"FSDP2 \(HSDP\) setting"):
+        MEGATRON.planner_layout(8, shard=2)
