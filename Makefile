@@ -5,6 +5,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
+TORCHTITAN_SPEC ?= torchtitan==0.3.0
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.canzona-installed
 PYTEST_ARGS ?= -n 2 -q
@@ -35,7 +36,8 @@ $(VPY):
 
 $(STAMP): pyproject.toml | $(VPY)
 	$(VPY) -m pip install -q "$(TORCH_SPEC)"
-	$(VPY) -m pip install -q -e ".[test,megatron,fsdp2-peers]"
+	$(VPY) -m pip install -q -e ".[test,megatron,fsdp2-peers,torchtitan]"
+	$(VPY) -m pip install -q --no-deps "$(TORCHTITAN_SPEC)"  # it pins torch and more: its imports' needs are the torchtitan extra
 	@touch $(STAMP)
 
 install: $(STAMP)

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import copy
 import functools
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from canzona.optim import make_matrix_optimizer
 from canzona.optim.adamw import AdamWConfig, make_adamw
 from canzona.optim.base import apply_update
 from canzona.plan.types import PlanConfig
@@ -98,36 +98,56 @@ def fsdp2_config(strategy: str, optimizer: str, max_grad_norm: float | None = No
 def reference(
     optimizer: str, world: int, steps: int, seed: int, precision: str, max_grad_norm: float | None
 ) -> dict[str, torch.Tensor]:
-    """Single-process training of the same net: each rank's batch through its own backward (in bf16
-    unless ``precision`` is fp32, as FSDP2's param_dtype or a bf16 model computes), gradients
-    averaged in fp32, clipped by the global norm, then the whole-matrix update on fp32 weights and
-    torch's AdamW on the rest. A bf16 model starts from its bf16-rounded initial weights."""
-    mixed = precision != "fp32"
+    """Single-process training of the same net (``single_device``); a bf16 model starts from its
+    bf16-rounded initial weights."""
     net = make_net(seed)
     if precision == "bf16":
         net = net.to(torch.bfloat16).float()
+    cfg = fsdp2_config("canzona", optimizer, max_grad_norm)
+    step_batch = lambda step, rank: batch(step, rank, seed)
+    return single_device(net, cfg, world, steps, step_batch, lambda m, t: m(t), mixed=precision != "fp32")[0]
+
+
+def single_device(
+    net: torch.nn.Module,
+    cfg: DistConfig,
+    world: int,
+    steps: int,
+    step_batch: Callable[[int, int], torch.Tensor],
+    loss_of: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor],
+    mixed: bool = False,
+) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """The independent reference of an FSDP2 run of ``world`` ranks, in one process: each rank's batch
+    (``step_batch(step, rank)``) through its own backward (in bf16 if ``mixed``, as FSDP2's
+    param_dtype or a bf16 model computes), the gradients averaged in fp32 (``loss_of`` returns a
+    rank's mean loss), clipped by the global norm, then the whole-matrix update on fp32 weights and
+    torch's AdamW on the rest. Returns the final weights and each step's loss (the ranks' mean)."""
     params = dict(net.named_parameters())
-    math = make_matrix_optimizer(optimizer, lr=LR, weight_decay=WD, **OPTIONS.get(optimizer, {}))
+    math = cfg.make_math()
+    lr, wd = cfg.optimizer.lr, cfg.optimizer.weight_decay
     matrices = [n for n, p in params.items() if default_route(n, tuple(p.shape)) == "matrix"]
     states = {n: math.init_state(tuple(params[n].shape)) for n in matrices}
-    others = [p for n, p in params.items() if n not in matrices]
-    cfg = AdamWConfig(lr=ADAMW_LR, betas=(0.9, 0.95), weight_decay=WD)
-    adamw = make_adamw(others, cfg)
+    adamw = make_adamw([p for n, p in params.items() if n not in matrices], cfg.adamw)
+    losses = []
     for step in range(steps):
         grads = {n: torch.zeros_like(p) for n, p in params.items()}
+        loss = 0.0
         for r in range(world):
             fwd = copy.deepcopy(net).to(torch.bfloat16) if mixed else net
             fwd.zero_grad(set_to_none=True)
-            fwd(batch(step, r, seed)).backward()
+            rank_loss = loss_of(fwd, step_batch(step, r))
+            rank_loss.backward()
+            loss += rank_loss.item() / world
             for n, p in fwd.named_parameters():
                 grads[n] += p.grad.float() / world
+        losses.append(loss)
         norm = torch.sqrt(sum(g.double().pow(2).sum() for g in grads.values())).item()
-        coef = 1.0 if max_grad_norm is None else min(1.0, max_grad_norm / (norm + 1e-6))
+        coef = 1.0 if cfg.max_grad_norm is None else min(1.0, cfg.max_grad_norm / (norm + 1e-6))
         with torch.no_grad():
             for n in matrices:
                 u = math.direction(grads[n] * coef, states[n], step + 1)
-                apply_update(params[n], u, LR, WD)
+                apply_update(params[n], u, lr, wd)
             for n, p in params.items():
                 p.grad = grads[n] * coef if n not in matrices else None
             adamw.step()
-    return {n: p.detach().clone() for n, p in params.items()}
+    return {n: p.detach().clone() for n, p in params.items()}, losses
