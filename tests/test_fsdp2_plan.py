@@ -3,6 +3,8 @@ never worse than round-robin on the modelled per-GPU max, never better than the 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from canzona.cost import CostModel
@@ -114,3 +116,34 @@ def test_fsdp2_layout_errors_name_the_fix(kw: dict, msg: str) -> None:
         FSDP2.planner_layout(**kw)
     with pytest.raises(ConfigError, match=r"FSDP2 \(HSDP\) setting"):
         MEGATRON.planner_layout(8, shard=2)
+
+
+def test_cli_reports_owners_beside_round_robin_and_the_bound(capsys: pytest.CaptureFixture[str]) -> None:
+    from canzona.cli import main
+
+    rc = main(["plan", "--engine", "fsdp2", "--model", "qwen3-0.6b", "--dp", "16", "--shard-group", "8", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and (out["shard_group"], out["replicas"]) == (8, 2)
+    assert [r["method"] for r in out["rows"]] == ["canzona", "round-robin", "shape-batched", "bucketed-lpt"]
+    assert main(["plan", "--engine", "fsdp2", "--model", "qwen3-0.6b", "--dp", "16"]) == 0
+    text = capsys.readouterr().out
+    for want in ("canzona", "round-robin", "whole-matrix bound", "collectives per step", "step ms", "profile H800"):
+        assert want in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "msg"),
+    [
+        (["--engine", "fsdp2", "--dp", "8", "--compare"], "drop --compare"),
+        (["--engine", "fsdp2", "--dp", "8", "--pp", "2"], "pp=2"),
+        (["--engine", "fsdp2", "--dp", "12", "--shard-group", "5"], "must divide dp=12"),
+        (["--dp", "8", "--shard-group", "2"], "add --engine fsdp2"),
+        (["--engine", "nccl", "--dp", "8"], "invalid choice"),
+    ],
+)
+def test_cli_bad_engine_input_is_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], msg: str) -> None:
+    from canzona.cli import main
+
+    assert main(["plan", "--model", "qwen3-micro", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert msg in err and "\n" not in err

@@ -34,7 +34,7 @@ NS_METHODS_ALL = ("standard", "gram", "auto")
 
 def _megatron_layout(dp: int, tp: int, pp: int, ep: int, shard: int | None) -> Layout:
     if shard is not None:
-        raise ConfigError("a shard group size is an FSDP2 (HSDP) setting; drop it or choose the fsdp2 engine")
+        raise ConfigError("a shard group (--shard-group) is an FSDP2 (HSDP) setting; drop it or add --engine fsdp2")
     return Layout(dp=dp, tp=tp, pp=pp, ep=ep)
 
 
@@ -58,6 +58,7 @@ class Engine:
     name: str
     help: str
     param_layout: str  # where the parameters and gradients live
+    dp_buckets: bool  # flat DP buckets owned by slices (ZeRO-1); False: every rank a Shard(0) row slice of each matrix
     layout: Callable[[int, int, int, int, int | None], Layout]
     strategies: tuple[str, ...] | None  # strategies with a form on this engine (None: every executable one)
     supports_tp: bool
@@ -112,6 +113,7 @@ MEGATRON = register_engine(
         "megatron",
         "Megatron-style flat ZeRO-1 buffers: DP buckets, TP micro-groups, PP stages, EP",
         "flat ZeRO-1 gradient / parameter buffers, TP shards",
+        True,
         _megatron_layout,
         strategies=None,
         supports_tp=True,
@@ -130,6 +132,7 @@ FSDP2 = register_engine(
         "fsdp2",
         "torch fully_shard: DTensor Shard(0) parameters over a shard group, HSDP replicas",
         "DTensor Shard(0) over the shard group (Replicate over HSDP replicas)",
+        False,
         _fsdp2_layout,
         strategies=("sc", "asc", "canzona"),
         supports_tp=False,

@@ -1,10 +1,12 @@
-"""`canzona plan-bench`: planner quality -> results/planner/ (``--suite qwen3 | comm | models | coop``).
+"""`canzona plan-bench`: planner quality -> results/planner/ (``--suite qwen3 | comm | models | coop | fsdp2``).
 
 Writes (all through ``write_atomic``; every CSV row carries config, git commit, timestamp and
 provenance "computed by planner"; nothing here is measured on hardware):
   comm_goals.csv/.md   issue #11's DP communication budget per α and layout (``bench_goals``)
   models_goals.csv/.md issue #13's quality and planner-speed goals on every model (``bench_goals``)
   coop_goals.csv/.md   issue #12's cooperative Newton–Schulz goal on the 256-GPU grid (``bench_coop``)
+  fsdp2_goals.csv/.md  issue #27's FSDP2 owners beside the peers' and the bound (``fsdp2_report``; not in
+                       the default suites: ``--suite fsdp2 --out results/fsdp2_plan``)
 qwen3 suite (``--layouts M:TP:PP,...``: those layouts only, no α sweeps; `make reproduce-table2` plans
 Table 2's five this way in seconds):
   efficiency.csv/.md   every model × layout (TP∈{1,2,4,8}, PP∈{1,2,4}, DP=256/(TP·PP)), fused
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from canzona.cost import matrix_optimizer_names
+from canzona.plan.front.report import md_table
 
 MODELS = ("qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b")
 TPS = (1, 2, 4, 8)
@@ -61,7 +64,8 @@ METRIC_COLS = (
 )
 
 
-SUITES = ("qwen3", "comm", "models", "coop")
+SUITES = ("qwen3", "comm", "models", "coop", "fsdp2")
+DEFAULT_SUITES = SUITES[:4]  # fsdp2 writes its own folder: --suite fsdp2 --out results/fsdp2_plan
 BOUND_COLS = (
     "model",
     "tp",
@@ -96,8 +100,9 @@ def configure(p: argparse.ArgumentParser) -> None:
         action="append",
         choices=SUITES,
         help="qwen3: the 256-GPU grid, bounds and alpha sweeps; comm: issue #11's DP budget goals; models: "
-        "issue #13's quality and speed goals on every model; coop: issue #12's cooperative Newton–Schulz goal "
-        "(repeatable; default: all four)",
+        "issue #13's quality and speed goals on every model; coop: issue #12's cooperative Newton–Schulz goal; "
+        "fsdp2: issue #27's FSDP2 owners vs round-robin and the whole-matrix bound, with --out results/fsdp2_plan "
+        "(repeatable; default: the first four)",
     )
     p.add_argument("--no-plots", action="store_true")
 
@@ -135,15 +140,6 @@ def _csv(rows: Sequence[dict[str, Any]]) -> str:
     for r in rows:
         w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
     return buf.getvalue()
-
-
-def _md_table(rows: Sequence[dict[str, Any]], cols: Sequence[str]) -> str:
-    def f(v: Any) -> str:
-        return f"{v:.3f}" if isinstance(v, float) else str(v)
-
-    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    out += ["| " + " | ".join(f(r[c]) for c in cols) + " |" for r in rows]
-    return "\n".join(out)
 
 
 class _Bench:
@@ -253,7 +249,7 @@ def _qwen3_suite(b: _Bench, out: Path) -> str:
     write_atomic(
         out / "efficiency.md",
         f"# Planner efficiency at {WORLD} GPUs ({PROVENANCE}, commit {b.commit}, {b.stamp})\n\n"
-        + _md_table(eff_rows, cols)
+        + md_table(eff_rows, cols)
         + "\n",
     )
     summary = _summary(eff_rows, bound_rows, sweep_rows, timing, alpha, b.commit, b.stamp, bench_seconds, args)
@@ -283,9 +279,15 @@ def _goal_suite(b: _Bench, out: Path, name: str) -> str:
     """Issue #11's (``comm``), #13's (``models``) or #12's (``coop``) goals -> <name>_goals.csv and .md."""
     from canzona.plan.front import bench_goals
     from canzona.plan.front.bench_coop import coop_suite
+    from canzona.plan.front.fsdp2_report import suite as fsdp2_suite
     from canzona.results.schema import write_atomic
 
-    suites = {"comm": bench_goals.comm_suite, "models": bench_goals.models_suite, "coop": coop_suite}
+    suites = {
+        "comm": bench_goals.comm_suite,
+        "models": bench_goals.models_suite,
+        "coop": coop_suite,
+        "fsdp2": fsdp2_suite,
+    }
     rows, md = suites[name]()
     rows = [{**r, **b.tag} for r in rows]
     head = f"# Planner goals: {name} ({PROVENANCE}, commit {b.commit}, {b.stamp}; `canzona plan-bench --suite {name}`)"
@@ -302,7 +304,7 @@ def run(args: argparse.Namespace) -> int:
             get_model(m.strip())  # an unknown model is a ConfigError before any work
     b = _Bench(args)
     out = Path(args.out)
-    for suite in args.suite or SUITES:
+    for suite in args.suite or DEFAULT_SUITES:
         print(_qwen3_suite(b, out) if suite == "qwen3" else _goal_suite(b, out, suite))
     return 0
 
@@ -328,7 +330,7 @@ def _summary(
         *_efficiency_section(eff, ours),
         "",
         "## Atomic lower bound (bound / mean per-GPU load), fused vs split views (q,k,v and gate,up)",
-        _md_table(bounds, [*BOUND_COLS]),
+        md_table(bounds, [*BOUND_COLS]),
         "",
         *_comm_section(ours, alpha),
         *_sweep_section(sweep),
@@ -360,7 +362,7 @@ def _efficiency_section(eff: list[dict[str, Any]], ours: list[dict[str, Any]]) -
         rs = [r for r in eff if r["model"] == model and r["method"] == "canzona-refine" and r["views"] == "split"]
         row["canzona-refine split"] = min(r["efficiency"] for r in rs)
         rows.append(row)
-    lines.append(_md_table(rows, list(rows[0])) if rows else "(none)")
+    lines.append(md_table(rows, list(rows[0])) if rows else "(none)")
     below = [r for r in ours if r["efficiency"] < 0.98]
     worst = ", ".join(
         f"{r['model']} tp{r['tp']} pp{r['pp']} {r['views']} {r['efficiency']:.3f} (tight {r['tight_efficiency']:.3f})"
@@ -419,4 +421,4 @@ def _sweep_section(sweep: list[dict[str, Any]]) -> list[str]:
         }
         row.update({f"a={a:g}": f"{rs[a]['efficiency']:.3f} / {rs[a]['comm_balance']:.3f}" for a in sorted(rs)})
         table.append(row)
-    return ["", "## Alpha sweep (efficiency / comm balance per alpha)", _md_table(table, list(table[0]))]
+    return ["", "## Alpha sweep (efficiency / comm balance per alpha)", md_table(table, list(table[0]))]

@@ -22,11 +22,25 @@ from canzona.plan.types import MAX_DP
 def configure(p: argparse.ArgumentParser) -> None:
     from canzona.cost import COST_KINDS, matrix_optimizer_names
     from canzona.models.transformer import VIEWS
+    from canzona.plan.engines import ENGINES
     from canzona.plan.strategies import STRATEGIES, all_algos
     from canzona.plan.tp import TP_MODES
     from canzona.plan.types import DEFAULT_ALPHA, DP_LAYOUTS
 
     p.add_argument("--model", default="qwen3-32b", help="built-in name, shipped example, config.json or .toml")
+    p.add_argument(
+        "--engine",
+        default="megatron",
+        choices=tuple(ENGINES),
+        help="megatron: flat ZeRO-1 buffers; fsdp2: fully_shard Shard(0) owners beside the peers' round-robin "
+        "and the whole-matrix bound (default megatron)",
+    )
+    p.add_argument(
+        "--shard-group",
+        type=int_in(1, MAX_DP),
+        default=None,
+        help="fsdp2: the FSDP shard group (HSDP with dp / shard-group replicas; default: all of --dp)",
+    )
     p.add_argument("--tp", type=int_in(1, 1024), default=1)
     p.add_argument("--pp", type=int_in(1, 1024), default=1)
     p.add_argument("--dp", type=int_in(1, MAX_DP), default=None, help="DP size (default: world / (tp·pp))")
@@ -89,7 +103,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def _layout(args: argparse.Namespace):
-    from canzona.plan.types import Layout
+    from canzona.plan.engines import get_engine
 
     if args.dp is None:
         if args.world is None:
@@ -97,7 +111,7 @@ def _layout(args: argparse.Namespace):
         if args.world % (args.tp * args.pp):
             raise ConfigError(f"--world {args.world} is not divisible by tp·pp = {args.tp * args.pp}")
         args.dp = args.world // (args.tp * args.pp)
-    layout = Layout(dp=args.dp, tp=args.tp, pp=args.pp, ep=args.ep)
+    layout = get_engine(args.engine).planner_layout(args.dp, args.tp, args.pp, args.ep, args.shard_group)
     if args.world is not None:
         layout.check_world(args.world)
     return layout
@@ -134,10 +148,13 @@ def run(args: argparse.Namespace) -> int:
     from canzona.hardware import describe
     from canzona.models import get_model, list_params
     from canzona.plan.build import plan_model, plans_to_json, stage_adamw
+    from canzona.plan.engines import get_engine
     from canzona.plan.front.report import compare, format_budget, format_compare, format_memory, format_report
     from canzona.plan.readers.metrics import plan_metrics
     from canzona.results.schema import write_atomic
 
+    if not get_engine(args.engine).dp_buckets:  # Shard(0) owners: no buckets to report, owners vs peers
+        return _run_fsdp2(args)
     if args.hbm_gb is not None:
         args.memory = True
     if args.memory and args.strategy == "zero":
@@ -234,3 +251,55 @@ def _extras(model, plans, args: argparse.Namespace, profile) -> dict:
             mem["fits"] = b.fits(args.hbm_gb * 1e9)
         out["memory"] = mem
     return out
+
+
+# flags of the Megatron report that an FSDP2 owner report does not take (no DP buckets, no stages), with
+# their defaults
+FSDP2_REFUSES: dict[str, object] = {
+    "compare": False,
+    "plot": None,
+    "save": None,
+    "memory": False,
+    "hbm_gb": None,
+    "view": [],
+    "dp_algo": None,
+    "dp_layout": "auto",
+    "bucket_size": None,
+    "cost_table": None,
+}
+
+
+def _run_fsdp2(args: argparse.Namespace) -> int:
+    """--engine fsdp2: Canzona's owners of the shard group beside the peers' and the whole-matrix bound
+    (canzona.plan.readers.fsdp2.compare), as a report or one JSON object."""
+    from canzona.hardware import describe
+    from canzona.models import get_model
+    from canzona.plan.engines import get_engine
+    from canzona.plan.front.fsdp2_report import format_report
+    from canzona.plan.readers.fsdp2 import compare
+
+    given = [f"--{k.replace('_', '-')}" for k, v in FSDP2_REFUSES.items() if getattr(args, k, v) != v]
+    if given:
+        raise ConfigError(f"--engine fsdp2 reports owners, not DP buckets or stages: drop {', '.join(given)}")
+    if args.dp is None:
+        if args.world is None or args.world % args.tp:
+            raise ConfigError("--engine fsdp2: give --dp (or --world divisible by --tp)")
+        args.dp = args.world // args.tp
+    get_engine(args.engine).planner_layout(args.dp, args.tp, args.pp, args.ep, args.shard_group)  # its errors
+    pc, profile = _config(args)
+    out = compare(
+        get_model(args.model),
+        args.dp,
+        tp=args.tp,
+        shard=args.shard_group,
+        optimizer=args.optimizer,
+        profile=profile,
+        config=pc,
+        cost_model=_cost_model(args, []),
+    )
+    if args.json:
+        print(json.dumps(out, sort_keys=True))
+        return 0
+    print(describe(profile))
+    print(format_report(out))
+    return 0

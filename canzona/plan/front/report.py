@@ -72,6 +72,16 @@ def compare(
     return rows
 
 
+def md_table(rows: Sequence[dict[str, Any]], cols: Sequence[str]) -> str:
+    """A markdown table of ``cols`` (floats to 3 decimals, None as "-"), as the results files print them."""
+
+    def f(v: Any) -> str:
+        return f"{v:.3f}" if isinstance(v, float) else ("-" if v is None else str(v))
+
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    return "\n".join(out + ["| " + " | ".join(f(r[c]) for c in cols) + " |" for r in rows])
+
+
 def _fmt_bytes(x: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(x) < 1024 or unit == "TiB":

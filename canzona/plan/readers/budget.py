@@ -67,14 +67,18 @@ def _exposed_tp(
     scatters = [o for o in s.ops if o.phase == "tp_scatter"]
     g = [model.call_us("all_to_all", tp, o.nbytes) / 1e3 for o in sorted(gathers, key=lambda o: int(o.tag[2:]))]
     sc = [model.call_us("all_to_all", tp, o.nbytes) / 1e3 for o in sorted(scatters, key=lambda o: int(o.tag[2:]))]
-    c = [max(sum(cost[n] for n, h in grp if h == t) for t in range(tp)) / flops_rate * 1e3 for grp in spec.groups]
+    c = []
+    for grp in spec.groups:  # each group's slowest host (one pass per group: O(matrices), not O(tp·matrices))
+        load: dict[int, float] = {}
+        for n, h in grp:
+            load[h] = load.get(h, 0.0) + cost[n]
+        c.append(max(load.values(), default=0.0) / flops_rate * 1e3)
     exposed = g[0] + sc[-1]
     for i in range(len(c)):
         comm = (g[i + 1] if i + 1 < len(c) else 0.0) + (sc[i - 1] if i else 0.0)
         exposed += max(0.0, comm - c[i])
-    hosted = Counter(h for grp in spec.groups for _, h in grp)
-    per_host = [sum(1 for grp in spec.groups if any(h == t for _, h in grp)) for t in hosted]
-    return exposed, sum(c), min(per_host, default=0)
+    per_host = Counter(h for grp in spec.groups for h in {h for _, h in grp})  # groups each host computes in
+    return exposed, sum(c), min(per_host.values(), default=0)
 
 
 def stage_budget(
