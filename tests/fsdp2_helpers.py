@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -85,9 +86,10 @@ def shard_net(net: Net, mesh_shape: tuple[int, ...], precision: str = "fp32") ->
     return net
 
 
-def fsdp2_config(strategy: str, optimizer: str, max_grad_norm: float | None = None) -> DistConfig:
+def fsdp2_config(strategy: str, optimizer: str, max_grad_norm: float | None = None, **opts: Any) -> DistConfig:
+    """``opts``: the optimizer's options over the tests' (Muon's ns_method, ns_restarts ...)."""
     return DistConfig(
-        optimizer=optimizer_config(optimizer, lr=LR, weight_decay=WD, **OPTIONS.get(optimizer, {})),
+        optimizer=optimizer_config(optimizer, lr=LR, weight_decay=WD, **{**OPTIONS.get(optimizer, {}), **opts}),
         adamw=AdamWConfig(lr=ADAMW_LR, betas=(0.9, 0.95), weight_decay=WD),
         plan=PlanConfig(strategy=strategy),
         max_grad_norm=max_grad_norm,
@@ -96,14 +98,20 @@ def fsdp2_config(strategy: str, optimizer: str, max_grad_norm: float | None = No
 
 @functools.cache  # meshes (4,) and (2, 2) share the 4-rank reference
 def reference(
-    optimizer: str, world: int, steps: int, seed: int, precision: str, max_grad_norm: float | None
+    optimizer: str,
+    world: int,
+    steps: int,
+    seed: int,
+    precision: str,
+    max_grad_norm: float | None,
+    opts: tuple[tuple[str, Any], ...] = (),
 ) -> dict[str, torch.Tensor]:
     """Single-process training of the same net (``single_device``); a bf16 model starts from its
-    bf16-rounded initial weights."""
+    bf16-rounded initial weights; ``opts``: the optimizer's options as (name, value) pairs."""
     net = make_net(seed)
     if precision == "bf16":
         net = net.to(torch.bfloat16).float()
-    cfg = fsdp2_config("canzona", optimizer, max_grad_norm)
+    cfg = fsdp2_config("canzona", optimizer, max_grad_norm, **dict(opts))
     step_batch = lambda step, rank: batch(step, rank, seed)
     return single_device(net, cfg, world, steps, step_batch, lambda m, t: m(t), mixed=precision != "fp32")[0]
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 import pytest
 
 from canzona.harness.step_probe import HostReadCounter
+from canzona.plan.engines import FSDP2
 from canzona.runtime.fsdp2 import FSDP2Optimizer
 from canzona.runtime.launch import launch
 from tests.fsdp2_helpers import batch, fsdp2_config, make_net, shard_net
 from tests.runtime_helpers import recorded
 
 SEED = 3
-RUNS = [("muon", s) for s in ("sc", "asc", "canzona")] + [("shampoo", "canzona")]
+RUNS = [("muon", s) for s in FSDP2.strategies or ()] + [("shampoo", "canzona")]
 
 
 def _issued(info, mesh: tuple[int, ...]) -> dict:
