@@ -10,7 +10,7 @@ keep the forked-rank cases to what each check needs (see each function for why).
 from __future__ import annotations
 
 from canzona.cost import ADAMW, matrix_optimizer_names, ns_optimizer_names
-from canzona.plan.schedule import DP_MODES
+from canzona.plan.comm import DP_MODES
 from canzona.plan.strategies import STRATEGIES, Strategy
 from canzona.plan.types import PlanConfig
 

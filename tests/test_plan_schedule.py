@@ -9,17 +9,8 @@ from canzona.models import get_model, list_params
 from canzona.models.spec import ParamSpec
 from canzona.plan import make_plan
 from canzona.plan.build import adamw_buckets
-from canzona.plan.comm import GLOO, NCCL
-from canzona.plan.schedule import (
-    SLICE_ALIGN,
-    LowerSettings,
-    choose_mode,
-    layout_bucket,
-    lower,
-    mode_cost_us,
-    padded_width,
-    stage_schedules,
-)
+from canzona.plan.comm import GLOO, NCCL, SLICE_ALIGN, choose_mode, mode_cost_us, padded_width
+from canzona.plan.schedule import LowerSettings, layout_bucket, lower, stage_schedules
 from canzona.plan.strategies import STRATEGIES
 from canzona.plan.types import Bucket, BucketEntry, Layout, PlanConfig
 from tests.hypothesis_profiles import examples

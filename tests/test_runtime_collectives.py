@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from canzona.plan.schedule import DP_MODES, layout_bucket
+from canzona.plan.comm import DP_MODES
+from canzona.plan.schedule import layout_bucket
 from canzona.plan.types import Bucket, BucketEntry
 from canzona.runtime.buffers import BucketBuffers
 from canzona.runtime.collectives import make_mode

@@ -12,7 +12,7 @@ The Plan stores the RESOLVED config and hashes it.
 Bucket geometry and buffer layout. Every strategy lays its matrix gradients out as Megatron's DDP
 buffer does, with Megatron's bucket size max(40M, 1M·DP) unless ``bucket_size`` is given
 (``buckets``), and cuts it into exact (uneven) slices; the runtime's lowering then picks each
-bucket's collective mode (``schedule.choose_mode``). The exception is the algorithms a strategy
+bucket's collective mode (``comm.choose_mode``). The exception is the algorithms a strategy
 marks ``chunked`` (canzona's refine and lpt) under ``dp_layout = "padded"``: they optimise for the
 NCCL-native layout itself, so they cut the buffer with ``buckets.matrix_chunks``, own matrices
 anywhere in a bucket and emit owner-grouped equal slices. Under EP > 1 the expert matrices of each

@@ -1,7 +1,7 @@
 """α–β cost of one collective call: what the runtime's mode choice and the projection both charge.
 
 Why here (the pure layer): the runtime picks, per DP bucket, how to run its uneven reduce-scatter /
-all-gather (``canzona.plan.schedule.choose_mode``), and the projection replays the same calls. Both
+all-gather (``choose_mode`` below), and the projection replays the same calls. Both
 must price a call the same way, so the formula lives once, below the runtime and the analysis.
 
 The ring model with the nccl-tests bus-bandwidth convention, for a call on a group of ``n`` ranks
@@ -23,12 +23,16 @@ makes per-root calls the right choice there and the wrong one on NCCL.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from canzona.errors import ConfigError
 from canzona.hardware import Profile
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "reduce", "broadcast", "all_to_all")
+DP_MODES = ("native", "uneven", "per-root")  # how a DP bucket's uneven slices are reduced and gathered
+REQUESTABLE_MODES = ("auto", *DP_MODES)
+SLICE_ALIGN = 128  # elements: every padded slice starts 256-byte aligned for bf16 (Megatron's lcm(dp, 128))
 
 
 @dataclass(frozen=True)
@@ -137,3 +141,45 @@ def profile_model(profile: Profile, span: int, name: str) -> CommModel:
         copy_bw=profile.mem_bw,
         source=f"hardware profile {profile.name} [links.{which}]",
     )
+
+
+# ----------------------------------------------------------------------------- a DP bucket's mode
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def padded_width(slice_sizes: Sequence[int]) -> int:
+    """W of the native layout: the slice size when slices are equal (Megatron's layout, nothing to
+    pad), else the widest slice rounded up to the slice alignment."""
+    if not slice_sizes or all(w == slice_sizes[0] for w in slice_sizes):
+        return slice_sizes[0] if slice_sizes else 0
+    return _round_up(max(slice_sizes), SLICE_ALIGN)
+
+
+def mode_cost_us(mode: str, slice_sizes: Sequence[int], elem_bytes: int, model: CommModel) -> float:
+    """Reduce-scatter + all-gather of one bucket in ``mode`` (µs, α–β model)."""
+    n = len(slice_sizes)
+    if mode == "per-root":
+        return sum(
+            model.call_us("reduce", n, w * elem_bytes) + model.call_us("broadcast", n, w * elem_bytes)
+            for w in slice_sizes
+            if w
+        )
+    if all(w == slice_sizes[0] for w in slice_sizes) and mode == "uneven":
+        mode = "native"  # equal slices need no staging
+    full = n * padded_width(slice_sizes) * elem_bytes
+    t = model.call_us("reduce_scatter", n, full) + model.call_us("all_gather", n, full)
+    if mode == "uneven":
+        t += 2 * model.copy_us(full)
+    return t
+
+
+def choose_mode(slice_sizes: Sequence[int], requested: str, model: CommModel, elem_bytes: int) -> str:
+    """The DP mode of one bucket: the request, or under ``auto`` the cheapest by the α–β model
+    (ties go to native: one call each way, in place, no staging)."""
+    if requested not in REQUESTABLE_MODES:
+        raise ConfigError(f"unknown collective mode {requested!r}; choose one of {', '.join(REQUESTABLE_MODES)}")
+    if requested != "auto":
+        return requested
+    costs = {m: mode_cost_us(m, slice_sizes, elem_bytes, model) for m in DP_MODES}
+    return min(DP_MODES, key=lambda m: (costs[m], DP_MODES.index(m)))

@@ -34,14 +34,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from canzona.errors import ConfigError
-from canzona.plan.comm import NCCL, CommModel
+from canzona.plan.comm import NCCL, REQUESTABLE_MODES, CommModel, choose_mode, padded_width
 from canzona.plan.types import Bucket, CoopGroup, Layout, Plan
 
-DP_MODES = ("native", "uneven", "per-root")
-REQUESTABLE_MODES = ("auto", *DP_MODES)
 FP32_BYTES = 4  # cooperative Grams are reduced in fp32
 TP_BLOCKS_TAG = "tp-blocks"  # the all-to-alls that gather / scatter the blocks of TP sub-groups
-SLICE_ALIGN = 128  # elements: every padded slice starts 256-byte aligned for bf16 (Megatron's lcm(dp, 128))
 
 
 @dataclass(frozen=True)
@@ -167,47 +164,6 @@ class RankSchedule:
 
 
 # ----------------------------------------------------------------------------- DP buckets
-def _round_up(x: int, m: int) -> int:
-    return -(-x // m) * m
-
-
-def padded_width(slice_sizes: Sequence[int]) -> int:
-    """W of the native layout: the slice size when slices are equal (Megatron's layout, nothing to
-    pad), else the widest slice rounded up to the slice alignment."""
-    if not slice_sizes or all(w == slice_sizes[0] for w in slice_sizes):
-        return slice_sizes[0] if slice_sizes else 0
-    return _round_up(max(slice_sizes), SLICE_ALIGN)
-
-
-def mode_cost_us(mode: str, slice_sizes: Sequence[int], elem_bytes: int, model: CommModel) -> float:
-    """Reduce-scatter + all-gather of one bucket in ``mode`` (µs, α–β model)."""
-    n = len(slice_sizes)
-    if mode == "per-root":
-        return sum(
-            model.call_us("reduce", n, w * elem_bytes) + model.call_us("broadcast", n, w * elem_bytes)
-            for w in slice_sizes
-            if w
-        )
-    if all(w == slice_sizes[0] for w in slice_sizes) and mode == "uneven":
-        mode = "native"  # equal slices need no staging
-    full = n * padded_width(slice_sizes) * elem_bytes
-    t = model.call_us("reduce_scatter", n, full) + model.call_us("all_gather", n, full)
-    if mode == "uneven":
-        t += 2 * model.copy_us(full)
-    return t
-
-
-def choose_mode(slice_sizes: Sequence[int], requested: str, model: CommModel, elem_bytes: int) -> str:
-    """The DP mode of one bucket: the request, or under ``auto`` the cheapest by the α–β model
-    (ties go to native: one call each way, in place, no staging)."""
-    if requested not in REQUESTABLE_MODES:
-        raise ConfigError(f"unknown collective mode {requested!r}; choose one of {', '.join(REQUESTABLE_MODES)}")
-    if requested != "auto":
-        return requested
-    costs = {m: mode_cost_us(m, slice_sizes, elem_bytes, model) for m in DP_MODES}
-    return min(DP_MODES, key=lambda m: (costs[m], DP_MODES.index(m)))
-
-
 def layout_bucket(kind: str, bucket: Bucket, cuts: Sequence[int], dp: int, mode: str) -> BucketLayout:
     """The runtime buffer of ``bucket`` under ``mode`` (cuts: DP+1 offsets, or () for all-reduce)."""
     entries = tuple((e.name, e.start, e.numel) for e in bucket.entries)
@@ -498,22 +454,17 @@ def dp_call_bound(s: RankSchedule) -> int:
 
 
 __all__ = [
-    "DP_MODES",
-    "REQUESTABLE_MODES",
     "BucketLayout",
     "CommOp",
     "ExecSpec",
     "LowerSettings",
     "RankSchedule",
     "bucket_layouts",
-    "choose_mode",
     "dp_call_bound",
     "equal_cuts",
     "executor_specs",
     "layout_bucket",
     "lower",
-    "mode_cost_us",
-    "padded_width",
     "padding_fraction",
     "stage_schedules",
     "step_bytes",

@@ -1,7 +1,7 @@
 """The DP collective modes, one class each: how a bucket's reduce-scatter and all-gather run.
 
 Which mode a bucket uses, its buffer layout and its cost are decided once by the lowering
-(canzona.plan.schedule: ``choose_mode`` prices each with the α–β model); this module only issues
+(canzona.plan.comm: ``choose_mode`` prices each with the α–β model); this module only issues
 the calls. Every call is async and returns a ``Pending``; nothing here synchronises the host.
 
   native     the buffer is owner-grouped and padded (every region DP equal parts): ONE in-place
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from canzona.plan.schedule import padded_width
+from canzona.plan.comm import padded_width
 
 
 def all_gather_flat(output: torch.Tensor, input: torch.Tensor, **kw: Any) -> Any:

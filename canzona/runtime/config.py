@@ -24,8 +24,7 @@ from typing import Any, Literal
 from canzona.errors import ConfigError
 from canzona.optim import MatrixOptimizer, OptimizerConfig, registered_optimizers
 from canzona.optim.adamw import AdamWConfig
-from canzona.plan.comm import MODELS
-from canzona.plan.schedule import REQUESTABLE_MODES
+from canzona.plan.comm import MODELS, REQUESTABLE_MODES
 from canzona.plan.types import PlanConfig
 
 NonFinite = Literal["raise", "skip"]
@@ -46,7 +45,7 @@ class CommConfig:
     collective_mode     per DP bucket: native (owner-grouped padded buffer, one native reduce-scatter
                         + one all-gather), uneven (exact slices through a padded staging copy),
                         per-root (one reduce / broadcast per slice), or auto: the cheapest under the
-                        α–β model of ``cost_model`` (canzona.plan.schedule.choose_mode)
+                        α–β model of ``cost_model`` (canzona.plan.comm.choose_mode)
     cost_model          nccl | gloo | None (= the process group's backend)
     overlap_grad_sync   launch each bucket's reduction from grad hooks while backward runs
     overlap_param_sync  step() returns with parameter all-gathers in flight; modules passed to

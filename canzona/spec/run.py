@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from canzona.argtypes import MAX_INT_FLAG
 from canzona.cost import optimizer_names, runs_newton_schulz
 from canzona.errors import ConfigError
-from canzona.plan.schedule import REQUESTABLE_MODES
+from canzona.plan.comm import REQUESTABLE_MODES
 from canzona.plan.types import DEFAULT_ALPHA, DP_LAYOUTS, MAX_DP, PlanConfig
 from canzona.results.schema import cell_key
 

@@ -3,7 +3,7 @@
 Definitions (per PP stage; ``plan_metrics`` reports the worst stage):
   slices              per bucket with cuts: its group's DP ranks and each one's slice length
   padded elements     Σ_b G_b · W_b, W_b the widest slice rounded to 128 elements unless all are equal
-                      (``schedule.padded_width``): what the native collectives move; equal to the
+                      (``comm.padded_width``): what the native collectives move; equal to the
                       bucket sizes in the padded layout, where the padding is in the plan itself
   padding_fraction    (bucket elements − gradient elements) / bucket elements of the layout the plan
                       uses: padded → Σ size, exact → Σ size too (its slices are sent unpadded, so
@@ -34,8 +34,8 @@ from canzona.plan.buckets import (
     packed_bucket,
     resolve_bucket_size,
 )
+from canzona.plan.comm import padded_width
 from canzona.plan.dp.problem import pigeonhole_bound
-from canzona.plan.schedule import padded_width
 from canzona.plan.types import Bucket, Layout, Plan
 
 
