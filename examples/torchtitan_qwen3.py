@@ -1,15 +1,10 @@
-"""Canzona in torchtitan: torchtitan's own Qwen3 model (a tiny config built with torchtitan's config
-builders), sharded by torchtitan's own FSDP2 wrapper (``apply_fsdp_to_decoder``: the tied
-embedding / norm / output in one unit, one unit per block), trained with FSDP2Optimizer.
+"""Canzona in torchtitan: torchtitan's own Qwen3 model (at qwen3-micro's dimensions) sharded by
+torchtitan's own FSDP2 wrapper (``apply_fsdp_to_decoder``), trained with FSDP2Optimizer in place of
+torchtitan's optimizers (canzona.runtime.fsdp2.torchtitan_qwen3 builds the model and says what
+differs from torchtitan's defaults on CPU).
 
-    pip install -e '.[torchtitan]'; pip install --no-deps torchtitan==0.3.0   # (make install does both)
+    make install        # the torchtitan extra, and torchtitan==0.3.0 with --no-deps
     python examples/torchtitan_qwen3.py --nproc 4          # 4 gloo ranks on CPU
-
-torchtitan's language models default to FlexAttention, which needs torch.compile (a C++ toolchain on
-CPU, and minutes of compile per rank); this tiny config uses torchtitan's own
-ScaledDotProductAttention inner attention instead (causal, one document per sequence: the same
-attention a flex block-causal mask gives when nothing is packed). Everything else is torchtitan's
-Qwen3: fused wqkv, q/k RMSNorm, RoPE, SwiGLU, tied embedding and output.
 
 tests/test_examples.py runs it and checks its loss against a single-device run of the same model.
 """
@@ -17,93 +12,32 @@ tests/test_examples.py runs it and checks its loss against a single-device run o
 from __future__ import annotations
 
 import argparse
-from functools import partial
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule
-from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
-from torchtitan.models.common import CosSinRoPE, Embedding, Linear
-from torchtitan.models.common.attention import ScaledDotProductAttention
-from torchtitan.models.common.config_utils import make_ffn_config, make_gqa_config
-from torchtitan.models.common.nn_modules import RMSNorm
-from torchtitan.models.common.param_init import skip_param_init
-from torchtitan.models.qwen3 import Qwen3Model, Qwen3TransformerBlock
 
+from canzona.models import get_transformer
 from canzona.plan import PlanConfig
 from canzona.runtime import DistConfig, optimizer_config
 from canzona.runtime.fsdp2 import FSDP2Optimizer
+from canzona.runtime.fsdp2.torchtitan_qwen3 import apply_fsdp, loss, qwen3
 from canzona.runtime.launch import launch
 
-VOCAB, DIM, HEADS, KV_HEADS, HEAD_DIM, FFN, SEQ, BATCH = 128, 64, 4, 2, 16, 128, 16, 2
+MODEL, SEQ, BATCH = get_transformer("qwen3-micro"), 16, 2
 LR, WEIGHT_DECAY, MAX_GRAD_NORM = 0.02, 0.01, 1.0
 
 
-def qwen3_config(layers: int = 2) -> Qwen3Model.Config:
-    """A tiny dense Qwen3 in torchtitan's own config types (the shape of its ``debugmodel``, smaller)."""
-    init = {"weight": partial(torch.nn.init.normal_, std=0.02)}
-
-    def norm(d: int) -> RMSNorm.Config:
-        return RMSNorm.Config(normalized_shape=d, eps=1e-6, param_init={"weight": torch.nn.init.ones_})
-
-    block = lambda: Qwen3TransformerBlock.Config(
-        attention_norm=norm(DIM),
-        ffn_norm=norm(DIM),
-        attention=make_gqa_config(
-            dim=DIM,
-            n_heads=HEADS,
-            n_kv_heads=KV_HEADS,
-            head_dim=HEAD_DIM,
-            wqkv_param_init=init,
-            wo_param_init=init,
-            inner_attention=ScaledDotProductAttention.Config(),
-            fuse_qkv=True,
-            rope=CosSinRoPE.Config(dim=HEAD_DIM, max_seq_len=SEQ, theta=1e6),
-            qk_norm=norm(HEAD_DIM),
-        ),
-        feed_forward=make_ffn_config(dim=DIM, hidden_dim=FFN, w1_param_init=init, w2w3_param_init=init),
-    )
-    return Qwen3Model.Config(
-        vocab_size=VOCAB,
-        dim=DIM,
-        norm=norm(DIM),
-        enable_weight_tying=True,  # the tied weight is initialised through lm_head, as in torchtitan
-        tok_embeddings=Embedding.Config(
-            num_embeddings=VOCAB, embedding_dim=DIM, param_init={"weight": skip_param_init}
-        ),
-        lm_head=Linear.Config(in_features=DIM, out_features=VOCAB, param_init=init),
-        layers=[block() for _ in range(layers)],
-    )
-
-
-def build_model(seed: int = 0, layers: int = 2) -> Qwen3Model:
-    """The model with its weights initialised by torchtitan (``init_states``), the same on every rank."""
-    torch.manual_seed(seed)
-    model = qwen3_config(layers).build()
-    model.init_states()
-    return model
-
-
 def batch(step: int, rank: int) -> torch.Tensor:
-    """Rank ``rank``'s tokens at ``step``: shifted copies of one sequence (so the loss can fall)."""
+    """Rank ``rank``'s tokens at ``step``: strided runs from random starts (so the loss can fall)."""
     g = torch.Generator().manual_seed(1000 * step + rank)
-    return (torch.arange(SEQ + 1).repeat(BATCH, 1) * 3 + torch.randint(0, VOCAB, (BATCH, 1), generator=g)) % VOCAB
-
-
-def loss_of(model: torch.nn.Module, tokens: torch.Tensor, global_tokens: int) -> torch.Tensor:
-    """torchtitan's loss convention: this rank's summed cross-entropy over the GLOBAL token count, so
-    that summing the ranks' gradients (FSDP's division is off) gives the global batch's mean."""
-    logits = model(tokens[:, :-1])
-    return (
-        F.cross_entropy(logits.reshape(-1, VOCAB).float(), tokens[:, 1:].reshape(-1), reduction="sum") / global_tokens
-    )
+    start = torch.randint(0, MODEL.vocab, (BATCH, 1), generator=g)
+    return (torch.arange(SEQ + 1).repeat(BATCH, 1) * 3 + start) % MODEL.vocab
 
 
 def config(strategy: str = "canzona", ns_dtype: str = "auto") -> DistConfig:
     """Muon for the block matrices (Newton–Schulz in ``ns_dtype``: auto is bf16 where the device
-    multiplies bf16 natively, fp32 elsewhere), AdamW for the tied embedding and the norms, global
+    multiplies bf16 natively, fp32 elsewhere), AdamW for the embedding, output and norms, global
     clipping."""
     return DistConfig(
         optimizer=optimizer_config("muon", lr=LR, weight_decay=WEIGHT_DECAY, compute_dtype=ns_dtype),
@@ -112,28 +46,22 @@ def config(strategy: str = "canzona", ns_dtype: str = "auto") -> DistConfig:
     )
 
 
-def train(info: Any, steps: int, strategy: str = "canzona", ns_dtype: str = "auto", layers: int = 2) -> dict[str, Any]:
+def train(info: Any, steps: int, strategy: str = "canzona", ns_dtype: str = "auto") -> dict[str, Any]:
     """Train on ``info.world`` ranks; returns the per-step loss of the global batch (the ranks' sum)
     and the final weights, whole."""
-    model = build_model(layers=layers)
+    model = qwen3(MODEL, seq=SEQ)  # torchtitan's Qwen3Model, torchtitan's init
     mesh = init_device_mesh("cpu", (info.world,), mesh_dim_names=("fsdp",))
-    apply_fsdp_to_decoder(model, mesh, param_dtype=torch.float32, reduce_dtype=torch.float32, pp_enabled=False)
-    # torchtitan turns FSDP's gradient division off (divide factor 1; the loss is normalised by the
-    # global token count instead), for which FSDP2 reduce-scatters with ReduceOp.PREMUL_SUM(1.0):
-    # NCCL has it, gloo does not. A forced SUM is the same reduction.
-    for m in model.modules():
-        if isinstance(m, FSDPModule):
-            m.set_force_sum_reduction_for_comms(True)
-    opt = FSDP2Optimizer(model, config(strategy, ns_dtype))  # wqkv, wo, w1-3 -> Muon; embedding, norms -> AdamW
+    apply_fsdp(model, mesh)  # torchtitan's apply_fsdp_to_decoder
+    opt = FSDP2Optimizer(model, config(strategy, ns_dtype))  # wqkv, wo, w1-3 -> Muon; the rest -> AdamW
     losses = []
     for step in range(steps):
-        loss = loss_of(model, batch(step, info.rank), info.world * BATCH * SEQ)
-        loss.backward()  # FSDP2 reduce-scatters (sums) the gradients
+        step_loss = loss(model, batch(step, info.rank), info.world * BATCH * SEQ)  # sum / global tokens
+        step_loss.backward()  # FSDP2 reduce-scatters (sums) the gradients
         opt.step()  # StepInfo(grad_norm, skipped, clip_coef); one host sync
         opt.zero_grad()
-        mean = loss.detach().clone()
-        torch.distributed.all_reduce(mean)
-        losses.append(mean.item())
+        total = step_loss.detach().clone()
+        torch.distributed.all_reduce(total)
+        losses.append(total.item())
     weights = {n: p.full_tensor() for n, p in model.named_parameters()}
     return {"loss": losses, "weights": weights}
 
