@@ -76,6 +76,24 @@ unit_float = float_in(0.0, 1.0)
 nonneg_float = float_in(0.0)
 
 
+def number_or(words: tuple[str, ...], number: Callable[[str], float]) -> Callable[[str], float | str]:
+    """One of ``words`` as given, else what ``number`` parses (its error names the words too)."""
+
+    def parse(text: str) -> float | str:
+        if text in words:
+            return text
+        try:
+            return number(text)
+        except argparse.ArgumentTypeError as exc:
+            raise _fail(f"{exc} or one of {', '.join(words)}") from None
+
+    parse.__name__ = "number or " + "|".join(words)
+    return parse
+
+
+alpha_value = number_or(("auto",), unit_float)  # the planner's α: [0, 1], or auto (chosen by modelled step)
+
+
 def readable_file(*suffixes: str) -> Callable[[str], str]:
     """An existing, readable regular file ending in one of ``suffixes`` (any if none); text kinds
     must decode as UTF-8, so a binary or mis-encoded file is refused here, not deep in a parser."""

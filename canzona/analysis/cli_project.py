@@ -29,7 +29,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from canzona.argtypes import existing_path, positive_int, unit_float
+from canzona.argtypes import alpha_value, existing_path, positive_int
 from canzona.cost import NS_METHODS, matrix_optimizer_names
 
 
@@ -58,7 +58,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--global-batch", type=positive_int, default=256, help="sequences per iteration")
     p.add_argument("--micro-batch", type=positive_int, default=1)
     p.add_argument(
-        "--alpha", type=unit_float, default=None, help="planner alpha (default: the planner's DEFAULT_ALPHA)"
+        "--alpha", type=alpha_value, default=None, help="planner alpha, or auto (default: the planner's DEFAULT_ALPHA)"
     )
     p.add_argument("--cost", default="flops", choices=("flops", "numel"), help="what the planner balances")
     p.add_argument(

@@ -36,23 +36,48 @@ from canzona.plan.buckets import build_buckets, matrix_chunks, packed_bucket, re
 from canzona.plan.coop import CoopSettings, applies, candidates, check_ownership, coop_settings, plan_cooperative
 from canzona.plan.dp.problem import make_problem
 from canzona.plan.readers.bucket_metrics import padding_floor
-from canzona.plan.readers.metrics import gpu_loads
+from canzona.plan.readers.metrics import gpu_loads, stage_bounds
 from canzona.plan.schedule import LowerSettings, matrix_dp_calls
 from canzona.plan.strategies import STRATEGIES, get_strategy, resolve_algo
 from canzona.plan.tp import TP_MODES, check_tp_mode, schedule_tp
-from canzona.plan.types import AUTO_PADDING_LIMIT, DP_LAYOUTS, Bucket, Layout, Plan, PlanConfig, PlanItem, input_hash
+from canzona.plan.types import (
+    ALPHA_AUTO,
+    ALPHA_GRID,
+    AUTO_PADDING_LIMIT,
+    DEFAULT_ALPHA,
+    DP_LAYOUTS,
+    Alternative,
+    Bucket,
+    Layout,
+    Plan,
+    PlanConfig,
+    PlanItem,
+    input_hash,
+)
 
 
 def _positive_int(v: object) -> bool:
     return not isinstance(v, bool) and isinstance(v, int) and v > 0
 
 
+def check_alpha(a: object) -> None:
+    """α is a number in [0, 1] or "auto" (the planner chooses it, ``make_plan``)."""
+    if a == ALPHA_AUTO:
+        return
+    if isinstance(a, bool) or not isinstance(a, (int, float)) or math.isnan(a) or not 0.0 <= a <= 1.0:
+        raise ConfigError(
+            f"alpha must be in [0, 1] (1 = compute balance, 0 = equal slices) or {ALPHA_AUTO!r}, got {a!r}"
+        )
+
+
 def resolve_config(config: PlanConfig) -> PlanConfig:
-    """Validate ``config`` and fill strategy defaults; raises ConfigError naming the fix."""
+    """Validate ``config`` and fill strategy defaults; raises ConfigError naming the fix. α must be
+    a number here: "auto" is resolved by ``make_plan``, which plans each α of ALPHA_GRID."""
     strategy = get_strategy(config.strategy)
     a = config.alpha
-    if isinstance(a, bool) or not isinstance(a, (int, float)) or math.isnan(a) or not 0.0 <= a <= 1.0:
-        raise ConfigError(f"alpha must be in [0, 1] (1 = compute balance, 0 = equal slices), got {a!r}")
+    check_alpha(a)
+    if a == ALPHA_AUTO:
+        raise ConfigError("alpha 'auto' is chosen by make_plan / plan_model; plan one α here (a number in [0, 1])")
     if config.bucket_size is not None and not _positive_int(config.bucket_size):
         raise ConfigError(
             f"bucket size must be a positive number of elements (or None for Megatron's), got {config.bucket_size!r}"
@@ -159,9 +184,38 @@ def make_plan(
     profile: Profile | None = None,
 ) -> Plan:
     """Plan ONE PP stage. ``params`` in registration order (any routes); deterministic.
-    ``profile``: the hardware its choices are priced on (``hardware_for``)."""
+    ``profile``: the hardware its choices are priced on (``hardware_for``). ``config.alpha`` "auto":
+    the stage is planned at each α of ALPHA_GRID and the shortest modelled step kept
+    (``_fastest_alpha``)."""
     hw = hardware_for(config, profile)
+    if config.alpha == ALPHA_AUTO:
+        return _fastest_alpha(params, layout, config, cost_model, hw)
     return keep_fastest(*candidate_plans(params, layout, config, cost_model=cost_model, profile=hw), hw)
+
+
+def _fastest_alpha(
+    params: Sequence[ParamSpec], layout: Layout, config: PlanConfig, cost_model: CostModel | None, hw: Profile
+) -> Plan:
+    """The stage's plan at the α of ALPHA_GRID whose kept plan (layout and cooperation chosen as
+    at a fixed α) has the shortest modelled step; ties go to DEFAULT_ALPHA, then to the lower α,
+    so "auto" gives the default's plan wherever α changes nothing. Why a grid: α trades busiest-GPU
+    compute against slice bytes (padding, uneven calls), and which weighs more depends on the
+    model, the layout and the profile (results/planner/held_out.md). The plan records the α it
+    used, ``alpha_chosen`` True, and every α's alternatives."""
+    t0 = time.perf_counter()
+    kept = [
+        make_plan(params, layout, replace(config, alpha=a, alpha_chosen=True), cost_model=cost_model, profile=hw)
+        for a in ALPHA_GRID
+    ]
+    steps = [kept_step_ms(p) for p in kept]
+    best = min(range(len(kept)), key=lambda i: (steps[i], ALPHA_GRID[i] != DEFAULT_ALPHA, ALPHA_GRID[i]))
+    weighed = tuple(replace(a, chosen=a.chosen and i == best) for i, p in enumerate(kept) for a in p.alternatives)
+    return replace(kept[best], alternatives=weighed, planner_seconds=time.perf_counter() - t0)
+
+
+def kept_step_ms(plan: Plan) -> float:
+    """The modelled step (ms) of a plan ``make_plan`` kept, as it weighed it (``step_seconds``)."""
+    return next(a.step_ms for a in plan.alternatives if a.chosen)
 
 
 def hardware_for(config: PlanConfig, profile: Profile | None) -> Profile:
@@ -173,26 +227,42 @@ def hardware_for(config: PlanConfig, profile: Profile | None) -> Profile:
 
 
 def keep_fastest(plain: Plan | None, coops: Sequence[Plan], profile: Profile) -> Plan:
-    """The plan ``make_plan`` keeps among a stage's ``candidate_plans``, priced on ``profile``."""
+    """The plan ``make_plan`` keeps among a stage's ``candidate_plans``, priced on ``profile``; its
+    ``alternatives`` list every plan weighed (the plain plan's layouts, then the cooperative ones),
+    the kept one marked."""
     if coops and plain is None:  # forced groups
-        return coops[0]
+        forced = replace(weigh(coops[0], coop_settings(profile, coops[0].layout)), chosen=True)
+        return replace(coops[0], alternatives=(forced,))
     assert plain is not None
-    if not coops:
-        return plain
+    coop = coop_settings(profile, plain.layout)
+    weighed = list(plain.alternatives) or [weigh(plain, coop)]
+    best, at = plain, next((i for i, a in enumerate(weighed) if a.chosen), 0)
     # Each group choice prices matrices alone; where the other matrices then land on the members the
     # stage can end up worse (Qwen3-1.7B at TP 8: every TP group is a member of an fc1 group AND
     # hosts an fc2), and at TP = 1 its block cuts add DP calls (Qwen3-1.7B at DP 256: groups of 4
     # save 1 ms of Newton–Schulz and add 168 per-slice calls). Keep the choice with the shortest
     # step, and cooperation only where it saves at least COOP_MIN_SAVING of the plain plan's compute.
-    coop = coop_settings(profile, plain.layout)
     compute, comm = step_seconds(plain, coop)
-    best, best_s = plain, compute * (1 - COOP_MIN_SAVING) + comm
+    best_s = compute * (1 - COOP_MIN_SAVING) + comm
     for plan in coops:
-        s = sum(step_seconds(plan, coop))
-        if s < best_s:
-            best, best_s = plan, s
-    weighed = plain.alternatives + tuple((_label(p), sum(step_seconds(p, coop)) * 1e3) for p in coops)
-    return replace(best, alternatives=weighed)
+        a = weigh(plan, coop)
+        weighed.append(a)
+        if a.step_ms * 1e-3 < best_s:
+            best, best_s, at = plan, a.step_ms * 1e-3, len(weighed) - 1
+    marked = tuple(replace(a, chosen=i == at) for i, a in enumerate(weighed))
+    return replace(best, alternatives=marked)
+
+
+def weigh(plan: Plan, coop: CoopSettings) -> Alternative:
+    """What the choice among a stage's plans reads of ``plan``: its modelled step and efficiency."""
+    fm_bound = stage_bounds(plan)[1]
+    busiest = max(gpu_loads(plan).flat_cost(), default=0.0)
+    return Alternative(
+        _label(plan),
+        float(plan.config.alpha),
+        sum(step_seconds(plan, coop)) * 1e3,
+        fm_bound / busiest if busiest else 1.0,
+    )
 
 
 def _label(plan: Plan) -> str:
@@ -266,18 +336,15 @@ def _fastest_layout(
         c = replace(cfg, dp_layout=names[0])
         buckets = matrix_buckets(params, items, layout, c)
         return _plain_plan(items, buckets, layout, c, t0), buckets
-    best: tuple[float, Plan, tuple[Bucket, ...]] | None = None
-    weighed = []
+    planned = []
     for name in names:
         c = replace(cfg, dp_layout=name)
         buckets = matrix_buckets(params, items, layout, c)
         plan = _plain_plan(items, buckets, layout, c, t0)
-        ms = sum(step_seconds(plan, coop)) * 1e3
-        weighed.append((_label(plan), ms))
-        if best is None or ms < best[0]:
-            best = (ms, plan, buckets)
-    assert best is not None
-    return replace(best[1], alternatives=tuple(weighed)), best[2]
+        planned.append((weigh(plan, coop), plan, buckets))
+    at = min(range(len(planned)), key=lambda i: planned[i][0].step_ms)
+    weighed = tuple(replace(a, chosen=i == at) for i, (a, _, _) in enumerate(planned))
+    return replace(planned[at][1], alternatives=weighed), planned[at][2]
 
 
 # A cooperative plan must save at least this share of the plain plan's busiest-GPU compute (net of
@@ -292,9 +359,15 @@ def step_seconds(plan: Plan, coop: CoopSettings) -> tuple[float, float]:
     TP = 1, and at TP > 1 the DP planners' proxy for a group can widen the padded slices; with
     every collective exposed (the runtime's step) both are paid."""
     compute = max(gpu_loads(plan).flat_cost(), default=0.0) / coop.flops_rate
-    dp = plan.layout.dp
-    ops = matrix_dp_calls(plan, LowerSettings(model=coop.dp)) if dp > 1 else []
-    return compute, sum(coop.dp.call_us(o.kind, dp, o.nbytes) for o in ops) * 1e-6
+    if plan.layout.dp == 1:
+        return compute, 0.0
+    settings = LowerSettings(model=coop.dp)
+    # under EP the busiest rank's: the dense buckets and the costliest EP rank's expert buckets
+    comm = max(
+        sum(coop.dp.call_us(op.kind, g, op.nbytes) for g, op in matrix_dp_calls(plan, settings, e))
+        for e in ([None] if plan.layout.ep == 1 else range(plan.layout.ep))
+    )
+    return compute, comm * 1e-6
 
 
 def _plain_plan(
@@ -303,7 +376,7 @@ def _plain_plan(
     """The stage's plan with one owner per matrix: the strategy's own DP planner and TP schedule."""
     strategy = STRATEGIES[cfg.strategy]
     problem = make_problem(items, buckets, layout.dp, layout.tp, cfg.tp_mode, layout=cfg.dp_layout, ep=layout.ep)
-    dpp = strategy.planner(problem, items, cfg.dp_algo, cfg.alpha)
+    dpp = strategy.planner(problem, items, cfg.dp_algo, cfg.resolved_alpha)
     tps = schedule_tp(
         items,
         dpp.owner_map(),

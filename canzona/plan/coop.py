@@ -402,7 +402,7 @@ def plan_cooperative(
             tp,
             cfg.strategy,
             dp_algo or cfg.dp_algo,
-            cfg.alpha,
+            cfg.resolved_alpha,
             cfg.tp_mode,
             layout=cfg.dp_layout,
             ep=layout.ep,
@@ -417,7 +417,7 @@ def plan_cooperative(
         chosen = fit_buckets(chosen, buckets, dp, forced=bool(cfg.coop_force), items=items)
         if not chosen:
             return None
-        dpp = plan_dp_coop(items, buckets, dp, {n: (k, c) for n, (k, c, _) in chosen.items()}, cfg.alpha)
+        dpp = plan_dp_coop(items, buckets, dp, {n: (k, c) for n, (k, c, _) in chosen.items()}, cfg.resolved_alpha)
         tps = schedule_tp(items, dpp.owner_map(), dp, tp, cfg.tp_mode, cfg.capacity_bytes, cfg.grad_dtype_bytes)
     total = tuple(
         dataclasses.replace(it, cost=chosen[it.name][0] * chosen[it.name][1]) if it.name in chosen else it

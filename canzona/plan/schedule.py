@@ -411,12 +411,22 @@ def lower(
     return RankSchedule(dp_rank, tp_rank, dp, tp, (*matrix, *adam), execs, tuple(ops), buf.owner_gather, computes)
 
 
-def matrix_dp_calls(plan: Plan, settings: LowerSettings) -> list[CommOp]:
+def matrix_dp_calls(plan: Plan, settings: LowerSettings, ep_rank: int | None = None) -> list[tuple[int, CommOp]]:
     """The DP collectives of the plan's matrix buckets (gradient reduction and parameter gather) as
-    every rank of the stage issues them: what choosing between plans of one stage needs to compare
-    (the AdamW buffer, the norm and the TP calls do not depend on the DP cuts)."""
-    stage = stage_buffers(plan, (), plan.layout.dp, settings)
-    return [*stage.grad_calls, *stage.matrix_param_calls]
+    every rank of the stage issues them, each with the size of its group: what choosing between
+    plans of one stage needs to compare (the AdamW buffer, the norm and the TP calls do not depend
+    on the DP cuts). Under EP > 1: the dense buckets over all of DP and EP rank ``ep_rank``'s expert
+    buckets over its expert-DP group."""
+    lay = plan.layout
+    reduce_scatter = plan.dp.grad_sync == "reduce-scatter"
+    matrix = []
+    for i, b in enumerate(plan.dp.buckets):
+        if b.ep_rank not in (None, ep_rank):
+            continue
+        g = len(lay.group_ranks(b.ep_rank))
+        matrix.append((g, _layout_with_cuts("matrix", b, plan.dp.cuts[i] if reduce_scatter else (), g, settings)))
+    ops = [(g, op) for g, b in matrix for op in _dp_calls(b, "grad_sync", g, settings.grad_bytes)]
+    return ops + [(g, op) for g, b in reversed(matrix) for op in _dp_calls(b, "param_sync", g, settings.param_bytes)]
 
 
 def _owner_gather_calls(plan: Plan, gather: tuple[tuple[tuple[str, ...], ...], str], elem: int) -> list[CommOp]:

@@ -181,7 +181,11 @@ class TPSchedule:
 
 # α = 0.5 weighs compute balance and slice-size (communication) balance equally; on the
 # 256-GPU Qwen3 layouts it reaches efficiency 1.0 with comm balance at its bound (results/planner).
+# It stays the default (and Table 2's, the paper-reproduction rows'): a fixed α plans once, where
+# "auto" plans once per ALPHA_GRID value (build.make_plan) and keeps the shortest modelled step.
 DEFAULT_ALPHA = 0.5
+ALPHA_AUTO = "auto"
+ALPHA_GRID = (0.0, 0.25, 0.5, 0.75, 1.0)  # the α values "auto" weighs
 DP_LAYOUTS = ("auto", "padded", "exact")
 AUTO_PADDING_LIMIT = 0.25  # auto: the padded layout while its padding floor stays at or below this
 
@@ -203,7 +207,9 @@ class PlanConfig:
     strategy: str = "canzona"
     optimizer: str = "muon"
     cost: str = "flops"
-    alpha: float = DEFAULT_ALPHA
+    # a number in [0, 1], or "auto": the planner weighs ALPHA_GRID by modelled step (build.make_plan);
+    # the Plan then stores the α it used and ``alpha_chosen`` True
+    alpha: float | str = DEFAULT_ALPHA
     dp_algo: str = "refine"
     tp_mode: str = "global"
     bucket_size: int | None = None
@@ -215,6 +221,28 @@ class PlanConfig:
     # None: H800 offline, the backend's at run time (cpu-local on gloo)
     profile: str | None = None
     coop_force: tuple[tuple[str, int], ...] = ()  # (matrix, k) groups taken as given (experiments, tests)
+    alpha_chosen: bool = False  # True: ``alpha`` was chosen by the planner ("auto"), not given
+
+    @property
+    def resolved_alpha(self) -> float:
+        """α as the DP planners read it: a number ("auto" is resolved by build.make_plan first)."""
+        if isinstance(self.alpha, str):
+            raise ConfigError(f"alpha {self.alpha!r} is resolved by make_plan before a DP planner reads it")
+        return float(self.alpha)
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """One plan ``make_plan`` weighed for a stage (``build.keep_fastest``): what sets it apart (its
+    DP layout and algorithm, its cooperation: ``label``; its ``alpha``), its modelled step in ms
+    (busiest-GPU compute + DP collectives on the profile, ``build.step_seconds``), its compute
+    efficiency (atomic bound / busiest GPU, as ``plan_metrics``) and whether it is the one kept."""
+
+    label: str
+    alpha: float
+    step_ms: float
+    efficiency: float
+    chosen: bool = False
 
 
 @dataclass(frozen=True)
@@ -228,9 +256,8 @@ class Plan:
     planner_seconds: float = field(default=0.0, compare=False)
     work: int = field(default=0, compare=False)  # planner work items (deterministic; tests bound it)
     coop: tuple[CoopGroup, ...] = ()  # cooperative matrices (canzona.plan.coop); empty: one owner each
-    # what make_plan weighed and the modelled step of each, ms (build.keep_fastest): a report, not
-    # part of what a rank executes
-    alternatives: tuple[tuple[str, float], ...] = field(default=(), compare=False)
+    # what make_plan weighed (build.keep_fastest): a report, not part of what a rank executes
+    alternatives: tuple[Alternative, ...] = field(default=(), compare=False)
 
     def item(self, name: str) -> PlanItem:
         for it in self.items:
@@ -255,6 +282,7 @@ class Plan:
         d.pop("planner_seconds")
         d.pop("work")
         d.pop("alternatives")
+        d["config"] = _hashed_config(self.config)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_json(self, indent: int | None = None) -> str:
@@ -296,7 +324,7 @@ class Plan:
             input_hash=d["input_hash"],
             planner_seconds=d.get("planner_seconds", 0.0),
             work=d.get("work", 0),
-            alternatives=tuple((str(a), float(b)) for a, b in d.get("alternatives", [])),
+            alternatives=tuple(_alternative(a, d["config"].get("alpha")) for a in d.get("alternatives", [])),
             coop=tuple(
                 CoopGroup(c["name"], tup(c["members"]), c["form"], c.get("regroup", False), c.get("solo", 0.0))
                 for c in d.get("coop", [])
@@ -311,7 +339,7 @@ class Plan:
 def input_hash(layout: Layout, config: PlanConfig, items: tuple[PlanItem, ...]) -> str:
     """SHA-256 over every planning input, so ranks can check they hold the same plan."""
     payload = json.dumps(
-        {"layout": asdict(layout), "config": asdict(config), "items": [asdict(i) for i in items]},
+        {"layout": asdict(layout), "config": _hashed_config(config), "items": [asdict(i) for i in items]},
         sort_keys=True,
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
@@ -320,6 +348,22 @@ def input_hash(layout: Layout, config: PlanConfig, items: tuple[PlanItem, ...]) 
 # Plans saved before the hardware profile named the pricing: coop_profile "nvlink" was priced at
 # H100-class built-in rates, "cpu" on the cpu-local calibration; they load with the profile closest.
 _OLD_COOP_PROFILES = {"nvlink": "H800", "cpu": "cpu-local"}
+
+
+def _hashed_config(config: PlanConfig) -> dict[str, Any]:
+    """The config as the hashes see it: ``alpha_chosen`` only when set, so a plan of a given α
+    hashes as it did before the planner could choose α."""
+    d = asdict(config)
+    if not config.alpha_chosen:
+        del d["alpha_chosen"]
+    return d
+
+
+def _alternative(a: Any, alpha: Any) -> Alternative:
+    """An Alternative from its saved dict; plans saved before it existed hold [label, step ms]."""
+    if isinstance(a, dict):
+        return Alternative(**a)
+    return Alternative(str(a[0]), float(alpha), float(a[1]), float("nan"))
 
 
 def _config_fields(d: dict[str, Any]) -> dict[str, Any]:

@@ -19,9 +19,9 @@ import typing
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from canzona.argtypes import MAX_INT_FLAG, float_in, int_in
+from canzona.argtypes import MAX_INT_FLAG, float_in, int_in, number_or
 from canzona.errors import ConfigError
-from canzona.spec.run import RunSpec, choices, leaves
+from canzona.spec.run import RunSpec, choices, leaves, number_words
 
 NOT_FLAGS = ("name",)  # set by --config NAME, not by a flag of its own
 
@@ -33,7 +33,16 @@ def flag(name: str) -> str:
 def _parser(name: str) -> Callable[[str], Any] | None:
     _, f, t = leaves()[name]
     base = next((a for a in typing.get_args(t) if a is not type(None)), t) if type(None) in typing.get_args(t) else t
-    lo, hi = f.metadata.get("lo"), f.metadata.get("hi")
+    number, words = number_words(base)
+    if number is not None:  # a number or a word (alpha: 0.5 | auto)
+        parse = _number_parser(name, number, f.metadata)
+        assert parse is not None
+        return number_or(words, parse)
+    return _number_parser(name, base, f.metadata)
+
+
+def _number_parser(name: str, base: Any, meta: Mapping[str, Any]) -> Callable[[str], Any] | None:
+    lo, hi = meta.get("lo"), meta.get("hi")
     if base is int:
         return int_in(int(lo if lo is not None else 0), int(hi if hi is not None else MAX_INT_FLAG))
     if base is float:

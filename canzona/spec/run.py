@@ -30,7 +30,7 @@ from canzona.argtypes import MAX_INT_FLAG
 from canzona.cost import optimizer_names, runs_newton_schulz
 from canzona.errors import ConfigError
 from canzona.plan.comm import REQUESTABLE_MODES
-from canzona.plan.types import DEFAULT_ALPHA, DP_LAYOUTS, MAX_DP, PlanConfig
+from canzona.plan.types import ALPHA_AUTO, DEFAULT_ALPHA, DP_LAYOUTS, MAX_DP, PlanConfig
 from canzona.results.schema import cell_key
 
 if TYPE_CHECKING:
@@ -43,6 +43,7 @@ Device = Literal["auto", "gpu", "cpu"]
 Attention = Literal["auto", "te", "sdpa", "local"]
 Cost = Literal["flops", "numel"]
 DpLayout = Literal["auto", "padded", "exact"]
+Alpha = float | Literal["auto"]  # "auto": the planner chooses α by modelled step (canzona.plan.build.make_plan)
 CollectiveMode = Literal["auto", "native", "uneven", "per-root"]
 MuonTpMode = Literal["duplicated", "distributed", "blockwise"]
 # Hard limits of a run (beyond them a value is a typo, and would fork or loop for hours before failing)
@@ -52,6 +53,7 @@ MAX_ITERS = 1_000_000
 MAX_MICROBATCHES = 1 << 16
 assert typing.get_args(DpLayout) == DP_LAYOUTS  # the planner's names, spelled as types
 assert typing.get_args(CollectiveMode) == REQUESTABLE_MODES
+assert typing.get_args(typing.get_args(Alpha)[1]) == (ALPHA_AUTO,)
 
 
 def knob(
@@ -106,7 +108,13 @@ class PlanSpec:
     method: str = knob("canzona", "distribution method: a runtime strategy or a peer")
     # The planner's default: one value everywhere, so a train run executes the plan `canzona plan`
     # shows. The authors' 1.0 is their preset / sweep variant.
-    alpha: float = knob(DEFAULT_ALPHA, "DP balance: 1 = compute only, 0 = slice bytes only", lo=0.0, hi=1.0)
+    alpha: Alpha = knob(
+        DEFAULT_ALPHA,
+        "DP balance: 1 = compute only, 0 = slice bytes only; auto = the α of the planner's grid with the shortest "
+        "modelled step",
+        lo=0.0,
+        hi=1.0,
+    )
     bucket_size: int = knob(40_000_000, "gradient bucket size in elements", lo=1, hi=MAX_INT_FLAG)
     cost: Cost = knob("flops", "what the planner balances", canzona=True)
     cooperative: bool = knob(True, "a group of GPUs for the matrices above the mean (canzona + Muon)", canzona=True)
@@ -356,6 +364,17 @@ def choices(name: str) -> tuple[str, ...] | None:
     return {"optimizer": optimizer_names, "method": method_names}.get(name, lambda: None)()
 
 
+def number_words(t: Any) -> tuple[Any, tuple[str, ...]]:
+    """A knob typed ``number | Literal[words]`` (e.g. ``Alpha``): (the number type, the words);
+    (None, ()) for any other type."""
+    args = typing.get_args(t)
+    lits = [a for a in args if typing.get_origin(a) is Literal]
+    nums = [a for a in args if a in (int, float)]
+    if len(lits) == 1 and len(nums) == 1 and len(args) == 2:
+        return nums[0], typing.get_args(lits[0])
+    return None, ()
+
+
 def check_types(spec: RunSpec) -> None:
     """Every leaf has its annotated type, lies in its range and, for string knobs, among its choices."""
     for name, f, value in _walk(spec):
@@ -366,6 +385,14 @@ def check_types(spec: RunSpec) -> None:
                 raise ConfigError(f"{name.replace('_', '-')} must be set")
             continue
         base = next((a for a in typing.get_args(t) if a is not type(None)), t) if optional else t
+        number, words = number_words(base)
+        if number is not None:
+            if isinstance(value, str):
+                if value not in words:
+                    flag = name.replace("_", "-")
+                    raise ConfigError(f"{flag} must be a number or one of {', '.join(words)}, got {value!r}")
+                continue
+            base = number
         _check_value(name, f, base, value)
 
 

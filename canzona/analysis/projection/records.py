@@ -18,11 +18,12 @@ def detail_string(s: Scenario, profile: Profile) -> str:
     rows on (cost, cooperation, Newton–Schulz method, α), so two rows of a comparison can be checked
     to differ in the compared knob alone."""
     views = ",".join(s.views) or "none"
+    alpha = s.alpha if isinstance(s.alpha, str) else f"{s.alpha:g}"
     return (
         f"model={MODEL_NAME} profile={profile.name} overlap={s.overlap} cost={s.cost} views={views} "
         f"tp_pipeline={'on' if profile.comm_compute_overlap else 'off'}"
         + (f" variant={s.variant}" if s.variant else "")
-        + f" coop={'on' if s.cooperative else 'off'} ns_method={s.ns_method} alpha={s.alpha:g}"
+        + f" coop={'on' if s.cooperative else 'off'} ns_method={s.ns_method} alpha={alpha}"
     )
 
 

@@ -52,7 +52,7 @@ class Scenario:
     seq_len: int = 4096
     micro_batch: int = 1
     global_batch: int = 256
-    alpha: float = DEFAULT_ALPHA  # the planner's and runtime's default
+    alpha: float | str = DEFAULT_ALPHA  # the planner's and runtime's default; "auto": chosen by the planner
     cost: str = "flops"
     bucket_size: int = 40_000_000
     views: tuple[str, ...] = ()

@@ -1,10 +1,12 @@
-"""`canzona plan-bench`: planner quality -> results/planner/ (``--suite qwen3 | comm | models | coop | fsdp2``).
+"""`canzona plan-bench`: planner quality -> results/planner/ (``--suite qwen3|comm|models|coop|held-out|fsdp2``).
 
 Writes (all through ``write_atomic``; every CSV row carries config, git commit, timestamp and
 provenance "computed by planner"; nothing here is measured on hardware):
   comm_goals.csv/.md   issue #11's DP communication budget per α and layout (``bench_goals``)
   models_goals.csv/.md issue #13's quality and planner-speed goals on every model (``bench_goals``)
   coop_goals.csv/.md   issue #12's cooperative Newton–Schulz goal on the 256-GPU grid (``bench_coop``)
+  held_out_goals.csv/.md  issue #26's held-out models: the default plan against largest-first, exact
+                       and α chosen by modelled step (``bench_held_out``)
   fsdp2_goals.csv/.md  issue #27's FSDP2 owners beside the peers' and the bound (``fsdp2_report``; not in
                        the default suites: ``--suite fsdp2 --out results/fsdp2_plan``)
 qwen3 suite (``--layouts M:TP:PP,...``: those layouts only, no α sweeps; `make reproduce-table2` plans
@@ -64,8 +66,8 @@ METRIC_COLS = (
 )
 
 
-SUITES = ("qwen3", "comm", "models", "coop", "fsdp2")
-DEFAULT_SUITES = SUITES[:4]  # fsdp2 writes its own folder: --suite fsdp2 --out results/fsdp2_plan
+SUITES = ("qwen3", "comm", "models", "coop", "held-out", "fsdp2")
+DEFAULT_SUITES = SUITES[:5]  # fsdp2 writes its own folder: --suite fsdp2 --out results/fsdp2_plan
 BOUND_COLS = (
     "model",
     "tp",
@@ -101,8 +103,10 @@ def configure(p: argparse.ArgumentParser) -> None:
         choices=SUITES,
         help="qwen3: the 256-GPU grid, bounds and alpha sweeps; comm: issue #11's DP budget goals; models: "
         "issue #13's quality and speed goals on every model; coop: issue #12's cooperative Newton–Schulz goal; "
+        "held-out: issue #26's held-out models (Llama-3-70B, Mistral-Nemo-12B, Mixtral-8x7B) against "
+        "largest-first, exact and α chosen by modelled step; "
         "fsdp2: issue #27's FSDP2 owners vs round-robin and the whole-matrix bound, with --out results/fsdp2_plan "
-        "(repeatable; default: the first four)",
+        "(repeatable; default: the first five)",
     )
     p.add_argument("--no-plots", action="store_true")
 
@@ -279,6 +283,7 @@ def _goal_suite(b: _Bench, out: Path, name: str) -> str:
     """Issue #11's (``comm``), #13's (``models``) or #12's (``coop``) goals -> <name>_goals.csv and .md."""
     from canzona.plan.front import bench_goals
     from canzona.plan.front.bench_coop import coop_suite
+    from canzona.plan.front.bench_held_out import held_out_suite
     from canzona.plan.front.fsdp2_report import suite as fsdp2_suite
     from canzona.results.schema import write_atomic
 
@@ -286,13 +291,15 @@ def _goal_suite(b: _Bench, out: Path, name: str) -> str:
         "comm": bench_goals.comm_suite,
         "models": bench_goals.models_suite,
         "coop": coop_suite,
+        "held-out": held_out_suite,
         "fsdp2": fsdp2_suite,
     }
     rows, md = suites[name]()
     rows = [{**r, **b.tag} for r in rows]
     head = f"# Planner goals: {name} ({PROVENANCE}, commit {b.commit}, {b.stamp}; `canzona plan-bench --suite {name}`)"
-    write_atomic(out / f"{name}_goals.csv", _csv(rows))
-    write_atomic(out / f"{name}_goals.md", head + "\n\n" + md + "\n")
+    stem = name.replace("-", "_") + "_goals"
+    write_atomic(out / f"{stem}.csv", _csv(rows))
+    write_atomic(out / f"{stem}.md", head + "\n\n" + md + "\n")
     return md
 
 

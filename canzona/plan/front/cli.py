@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-from canzona.argtypes import int_in, output_file, positive_float, positive_int, readable_file, unit_float
+from canzona.argtypes import alpha_value, int_in, output_file, positive_float, positive_int, readable_file
 from canzona.errors import ConfigError
 from canzona.plan.types import MAX_DP
 
@@ -25,7 +25,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     from canzona.plan.engines import ENGINES
     from canzona.plan.strategies import STRATEGIES, all_algos
     from canzona.plan.tp import TP_MODES
-    from canzona.plan.types import DEFAULT_ALPHA, DP_LAYOUTS
+    from canzona.plan.types import ALPHA_GRID, DEFAULT_ALPHA, DP_LAYOUTS
 
     p.add_argument("--model", default="qwen3-32b", help="built-in name, shipped example, config.json or .toml")
     p.add_argument(
@@ -50,9 +50,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategy", default="canzona", choices=tuple(STRATEGIES))
     p.add_argument(
         "--alpha",
-        type=unit_float,
+        type=alpha_value,
         default=DEFAULT_ALPHA,
-        help=f"canzona: 1 = balance compute only, 0 = slices (padding) only (default {DEFAULT_ALPHA})",
+        help=f"canzona: 1 = balance compute only, 0 = slices (padding) only; auto: the α of "
+        f"{', '.join(f'{a:g}' for a in ALPHA_GRID)} with the shortest modelled step (default {DEFAULT_ALPHA})",
     )
     p.add_argument("--cost", default="flops", choices=COST_KINDS)
     p.add_argument(
@@ -182,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
             plans,
             args.plot,
             title=f"{cfg.name} dp{layout.dp} tp{layout.tp} pp{layout.pp} "
-            f"{config.strategy}/{plans[0].dp.algo} alpha={config.alpha:g}",
+            f"{config.strategy}/{plans[0].dp.algo} alpha={plans[0].config.alpha:g}",
         )
     if args.json:
         out = dict(metrics)

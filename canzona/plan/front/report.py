@@ -170,8 +170,12 @@ def format_budget(m: dict[str, Any]) -> str:
         )
     for stage, alts in enumerate(m.get("alternatives", [])):
         if len(alts) > 1:
-            weighed = "; ".join(f"{label} {ms:.1f} ms" for label, ms in alts)
-            lines.append(f"stage {stage} weighed (modelled step: compute + DP collectives): {weighed}")
+            lines.append(f"stage {stage} weighed (modelled step = busiest-GPU compute + DP collectives; * kept):")
+            lines += [
+                f"  {'*' if a['chosen'] else ' '} alpha {a['alpha']:<4g} {a['label']:<44} step {a['step_ms']:9.2f} ms  "
+                f"efficiency {a['efficiency']:.3f}"
+                for a in alts
+            ]
     groups = m["cooperative_groups"]
     if groups:
         ks = sorted({g["k"] for g in groups})
@@ -207,7 +211,7 @@ def format_report(
         f"model {model or '?'}  layout dp={L.dp} tp={L.tp} pp={L.pp} ep={L.ep} (world {L.world})  "
         f"optimizer {cfg.optimizer}  "
         f"cost {cfg.cost}",
-        f"strategy {cfg.strategy}  dp algo {p0.dp.algo}  tp mode {p0.tp.mode}  alpha {cfg.alpha}  "
+        f"strategy {cfg.strategy}  dp algo {p0.dp.algo}  tp mode {p0.tp.mode}  alpha {_alpha(plans)}  "
         f"bucket size {m['bucket_size']:,}  grad sync {p0.dp.grad_sync} / param sync {p0.dp.param_sync}",
         f"plan hash {', '.join(p.plan_hash for p in plans)}  (inputs {', '.join(p.input_hash for p in plans)})  "
         f"planned in {m['planner_seconds']:.3f} s, {m['planner_work']:,} work items",
@@ -251,3 +255,10 @@ def format_report(
     if cfg.strategy == "zero":
         lines.append("note: zero cuts matrices across ranks; a matrix optimizer cannot execute it (reference only)")
     return "\n".join(lines)
+
+
+def _alpha(plans: Sequence[Plan]) -> str:
+    """The α the plans used: one value, or one per stage where the planner chose each ("auto")."""
+    alphas = [p.config.alpha for p in plans]
+    text = f"{alphas[0]:g}" if len(set(alphas)) == 1 else "/".join(f"{a:g}" for a in alphas) + " by stage"
+    return text + (" (chosen by modelled step)" if plans[0].config.alpha_chosen else "")

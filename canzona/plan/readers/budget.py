@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from canzona.cost import CostModel
@@ -148,7 +148,7 @@ def summary(model: Model, plans: Sequence[Plan], settings: LowerSettings, profil
         "exposed_tp_ms": max(b.exposed_tp_ms for b in budgets),
         "tp_compute_ms": max(b.tp_compute_ms for b in budgets),
         "max_over_mean": max(loads) / (sum(loads) / len(loads)) if loads and sum(loads) else 1.0,
-        "alternatives": [[[label, ms] for label, ms in p.alternatives] for p in plans],
+        "alternatives": [[asdict(a) for a in p.alternatives] for p in plans],
         "cooperative_groups": [
             {"matrix": g.name, "k": g.k, "ranks": [list(m) for m in g.members], "form": g.form}
             for p in plans

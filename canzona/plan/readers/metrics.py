@@ -320,6 +320,8 @@ def plan_metrics(plans: Sequence[Plan], *, model: str | None = None) -> dict[str
         "dp_layout": p0.dp.layout,
         "tp_mode": p0.tp.mode,
         "alpha": p0.config.alpha,
+        "stage_alphas": [p.config.alpha for p in plans],
+        "alpha_chosen": p0.config.alpha_chosen,
         "cost": p0.config.cost,
         "bucket_size": resolve_bucket_size(p0.config.bucket_size, p0.layout.dp),
         "capacity_bytes": p0.tp.capacity_bytes,
