@@ -45,7 +45,7 @@ def plan_help() -> str:
 
 
 def test_registered_optimizer_appears_in_cli_choices_and_plans(lion: types.ModuleType) -> None:
-    assert re.search(r"--optimizer OPTIMIZER\s+muon \| shampoo \| soap \| lion\n", plan_help())
+    assert "--optimizer {muon,shampoo,soap,lion}" in plan_help()
     assert "lion" in matrix_optimizer_names() and optimizer_names()[-2:] == ("lion", "adamw")
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -70,11 +70,11 @@ def test_json_plan_of_a_registered_optimizer_carries_its_name(lion: types.Module
 
 
 def test_unregistered_optimizer_is_one_line_error_naming_the_known_ones() -> None:
-    assert re.search(r"--optimizer OPTIMIZER\s+muon \| shampoo \| soap\n", plan_help())
+    assert "--optimizer {muon,shampoo,soap}" in plan_help()
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         rc = main(["plan", "--model", "qwen3-tiny", "--dp", "2", "--optimizer", "lion"])
-    assert rc == 2 and err.getvalue().count("\n") == 1 and "known: muon, shampoo, soap" in err.getvalue()
+    assert rc == 2 and err.getvalue().count("\n") == 1 and "choose from 'muon', 'shampoo', 'soap'" in err.getvalue()
 
 
 def test_registry_rejects_bad_registrations(monkeypatch: pytest.MonkeyPatch) -> None:

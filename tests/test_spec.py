@@ -46,6 +46,7 @@ NON_DEFAULT = {
     "dp_layout": "exact",
     "tp_mode": "sorted",
     "capacity_bytes": 4096,
+    "profile": "H200",
     "overlap_param_sync": True,
     "collective_mode": "uneven",
     "collective_timeout_s": 30,

@@ -29,11 +29,43 @@ import math
 from pathlib import Path
 from typing import Any
 
-from canzona.argtypes import alpha_value, existing_path, positive_int
-from canzona.cost import NS_METHODS, matrix_optimizer_names
+from canzona.argtypes import existing_path
+from canzona.spec.flags import MATRIX_OPTIMIZERS, NOT_PRICED, Derived, Knobs, add_flags, flag, overrides
+
+# The run knobs `canzona project` takes (canzona.spec.flags), and where a projection departs from a run.
+KNOBS = Knobs(
+    not_taken={
+        "method": "--methods: the projection sets methods side by side, with today's Megatron layer-wise",
+        **NOT_PRICED,
+        "comm": "the overlap view (--overlap) stands for what the runtime overlaps; the α–β model picks collectives",
+        "machine": "priced on the profile: its parameter format (Profile.param_bytes), no device or kernel choice",
+    },
+    defaults={
+        "model": "qwen3-32b",
+        "dp": 32,
+        "tp": 8,
+        "pp": 1,
+        "seq_len": 4096,
+        "global_batch": 256,
+        "profile": Derived("H800; cpu-local with --validate"),
+    },
+    values={"optimizer": MATRIX_OPTIMIZERS},
+    repeat=("profile",),
+    own={
+        "preset": "a fixed projection set: its own models, layouts and profiles",
+        "validate": "input: measured lines to compare with",
+        "layout": "dp,tp,pp in one flag (the form of earlier command lines); not with --dp/--tp/--pp",
+        "methods": "the methods projected side by side (the method knob as a list)",
+        "overlap": "the overlap views projected (none, megatron): a projection's, not a run's",
+        "views": "split views of fused parameters; a run registers them fused, as Megatron does",
+        "out": "output file or folder",
+        "json": "output form",
+    },
+)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
+    add_flags(p, KNOBS)
     p.add_argument("--preset", choices=("paper", "authors"), help="a fixed projection set (see module doc)")
     p.add_argument(
         "--validate",
@@ -42,36 +74,10 @@ def configure(p: argparse.ArgumentParser) -> None:
         metavar="RESULTS",
         help="compare with measured result lines (files/folders)",
     )
-    p.add_argument("--model", default="qwen3-32b")
-    p.add_argument("--layout", type=_layout_arg, default=None, help="dp,tp,pp (default 32,8,1; not with --preset)")
+    p.add_argument("--layout", type=_layout_arg, default=None, help="dp,tp,pp (not with --dp/--tp/--pp or --preset)")
     p.add_argument("--methods", default="sc,layerwise,asc,canzona")
     p.add_argument(
-        "--profile",
-        action="append",
-        help="hardware profile name or TOML path; repeatable (default H800; with --validate cpu-local)",
-    )
-    p.add_argument(
         "--overlap", action="append", choices=("none", "megatron"), help="overlap view; repeatable (default none)"
-    )
-    p.add_argument("--optimizer", default="muon", choices=matrix_optimizer_names())
-    p.add_argument("--seq-len", type=positive_int, default=4096)
-    p.add_argument("--global-batch", type=positive_int, default=256, help="sequences per iteration")
-    p.add_argument("--micro-batch", type=positive_int, default=1)
-    p.add_argument(
-        "--alpha", type=alpha_value, default=None, help="planner alpha, or auto (default: the planner's DEFAULT_ALPHA)"
-    )
-    p.add_argument("--cost", default="flops", choices=("flops", "numel"), help="what the planner balances")
-    p.add_argument(
-        "--cooperative",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="cooperative Newton–Schulz where the planner says it pays (canzona + muon + flops; default on)",
-    )
-    p.add_argument(
-        "--ns-method",
-        default="standard",
-        choices=NS_METHODS,
-        help="Muon's Newton–Schulz method (auto: Gram on long-thin shapes; default standard)",
     )
     p.add_argument(
         "--views", default="", help="split views, e.g. qkv,gate_up (default none: fused as Megatron registers them)"
@@ -108,6 +114,23 @@ def _layout(text: str):
     except ValueError as exc:
         raise ConfigError(f"--layout must be dp,tp,pp (e.g. 32,8,1), got {text!r}") from exc
     return Layout(dp, tp, pp)
+
+
+def _knobs(args: argparse.Namespace) -> dict[str, Any]:
+    """The run knobs of a custom projection: the flags given over the command's defaults (--layout
+    standing for --dp/--tp/--pp)."""
+    from canzona.errors import ConfigError
+    from canzona.spec import RunSpec
+
+    given = overrides(args)
+    if args.layout is not None:
+        both = [flag(n) for n in ("dp", "tp", "pp") if n in given]
+        if both:
+            raise ConfigError(f"--layout sets dp,tp,pp; drop {'/'.join(both)} (or drop --layout)")
+        lay = _layout(args.layout)
+        given |= {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp}
+    spec = RunSpec().replace(**KNOBS.base()).replace(**{k: v for k, v in given.items() if k not in KNOBS.repeat})
+    return {n: spec.flat()[n] for n in KNOBS.fields if n not in KNOBS.repeat}
 
 
 def _speedups(res: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -150,10 +173,13 @@ def run(args: argparse.Namespace) -> int:
     if args.validate:
         return _validate(args.validate, profiles, Path(args.out or "results"))
     if args.preset:
-        if args.layout is not None:
+        given = [flag(n) for n in ("layout", "dp", "tp", "pp") if getattr(args, n) is not None]
+        if given:
             from canzona.errors import ConfigError
 
-            raise ConfigError(f"--preset {args.preset} projects its own layouts; drop --layout (or drop --preset)")
+            raise ConfigError(
+                f"--preset {args.preset} projects its own layouts; drop {'/'.join(given)} (or drop --preset)"
+            )
         return _write_preset(args.preset, Path(args.out or "results"), profiles if args.profile else None)
     return _custom(args, profiles)
 
@@ -218,16 +244,9 @@ def _custom(args: argparse.Namespace, profiles: list[Any]) -> int:
     bad = [m for m in methods if m not in METHODS]
     if bad:
         raise ConfigError(f"the projection models {', '.join(METHODS)}; not {', '.join(bad)}")
-    layout = _layout(args.layout or "32,8,1")
+    knobs = _knobs(args)
     views = tuple(v for v in args.views.split(",") if v)
-    kw = {"alpha": args.alpha} if args.alpha is not None else {}
-    scen = [
-        Scenario(args.model, layout, m, optimizer=args.optimizer, seq_len=args.seq_len, micro_batch=args.micro_batch,
-                 global_batch=args.global_batch, cost=args.cost, views=views, overlap=ov,
-                 cooperative=args.cooperative, ns_method=args.ns_method, **kw)
-        for ov in overlaps
-        for m in methods
-    ]  # fmt: skip
+    scen = [Scenario.of(knobs, method=m, views=views, overlap=ov) for ov in overlaps for m in methods]
     projs = project_grid(scen, profiles)
     rows = [
         (

@@ -22,9 +22,17 @@ from canzona.argtypes import output_file
 from canzona.errors import ConfigError
 from canzona.harness.config import check_host_memory, load_config, named_configs
 from canzona.spec import RunSpec
-from canzona.spec.flags import add_flags, from_args
+from canzona.spec.flags import Knobs, add_flags, from_args
 
 EXIT_PEER_UNAVAILABLE = 3
+KNOBS = Knobs(
+    own={
+        "config": "a named configuration or TOML file of knobs: the base the flags override",
+        "results": "output file",
+        "nproc": "local ranks to fork, checked against tp·pp·dp",
+        "json": "output form",
+    }
+)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -32,7 +40,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--config", help=f"named configuration or .toml file; flags override it (named: {', '.join(named_configs())})"
     )
-    add_flags(p)
+    add_flags(p, KNOBS)
     p.add_argument("--results", type=output_file, help="append the run's JSON line to this .jsonl file")
     p.add_argument(
         "--nproc", type=int, help="fork this many local gloo ranks (default tp·pp·dp); ignored under torchrun"

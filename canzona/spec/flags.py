@@ -7,9 +7,12 @@ TOML > the dataclass defaults. Every flag defaults to None, so only flags actual
 override. ``to_argv`` is the inverse: the flags that rebuild a spec exactly (``from_args``
 of ``to_argv(spec)`` equals ``spec``; a test checks it for every field).
 
-Commands take the subset that means something to them (``add_flags(p, only=...)`` or
-``exclude=...``): `canzona train` and sweep cells take them all, bench-step and `canzona
-project` the model, layout, optimizer and plan knobs.
+Each command says how it takes the knobs in one ``Knobs`` declaration: every leaf is its flag
+unless the command names it in ``not_taken`` with the reason, and each way the command departs
+from the spec (its own default, spelling or values, a grid over a field) is a field of that
+declaration, never a hand-written flag. So a knob added to the spec reaches `canzona train`,
+bench-step, `canzona plan`, `canzona project` and sweep cells at once, or a command says why not
+(``tests/test_spec_commands.py`` holds every command's parser to its declaration).
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ from __future__ import annotations
 import argparse
 import typing
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from canzona.argtypes import MAX_INT_FLAG, float_in, int_in, number_or
+from canzona.cost import matrix_optimizer_names
 from canzona.errors import ConfigError
 from canzona.spec.run import RunSpec, choices, leaves, number_words
 
@@ -76,24 +81,102 @@ def parse_value(name: str, text: str, where: str = "") -> Any:
     return value
 
 
-def add_flags(p: argparse.ArgumentParser, *, only: Iterable[str] | None = None, exclude: Iterable[str] = ()) -> None:
-    """Add one flag per spec leaf (``only`` those, minus ``exclude``), each defaulting to None."""
-    names = [n for n in (only if only is not None else leaves()) if n not in (*NOT_FLAGS, *exclude)]
-    for name in names:
-        _, f, t = leaves()[name]
-        default = f.default if f.default is not None else "the method's own"
-        help_text = f"{f.metadata.get('help', '')} (default {default})" if name != "model" else f.metadata["help"]
-        if t is bool:
-            p.add_argument(flag(name), action=argparse.BooleanOptionalAction, default=None, help=help_text)
-            continue
-        kw: dict[str, Any] = {"default": None, "help": help_text, "dest": name}
-        parse = _parser(name)
-        if parse is not None:
-            kw["type"] = parse
-        allowed = choices(name)
-        if allowed is not None:
-            kw["choices"] = allowed
-        p.add_argument(flag(name), **kw)
+@dataclass(frozen=True)
+class Derived:
+    """A command's default that is not a value: what the command works out when the flag is absent
+    (the flag stays None and the command reads it so)."""
+
+    how: str
+
+
+@dataclass(frozen=True)
+class Values:
+    """The values a field takes on one command where they are not a run's, and why."""
+
+    values: Callable[[], Iterable[str]]
+    why: str
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """How one command takes the spec's knobs as flags, every departure from the spec explicit.
+
+    not_taken  leaves (or whole sections, by attribute name) the command has no flag for, each with
+               why; every other leaf is a flag, so a knob added to the spec reaches the command
+    defaults   the command's own default of a field: a value (``base`` applies it) or ``Derived``
+    names      the option strings of a field where the command spells it its own way
+    values     a field's values where the command takes others than a run (``Values``)
+    repeat     fields given once per value (a grid: project's --profile); the flag is a list
+    own        the command's flags that are not run knobs, each with why (outputs, inputs)
+    """
+
+    not_taken: Mapping[str, str] = field(default_factory=dict)
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    names: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    values: Mapping[str, Values] = field(default_factory=dict)
+    repeat: tuple[str, ...] = ()
+    own: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The leaves this command takes as flags, in the spec's order."""
+        return tuple(
+            n
+            for n, (section, _, _) in leaves().items()
+            if n not in NOT_FLAGS and not {n, section} & set(self.not_taken)
+        )
+
+    def base(self) -> dict[str, Any]:
+        """The command's own default values (``Derived`` ones are the command's to work out)."""
+        return {k: v for k, v in self.defaults.items() if not isinstance(v, Derived)}
+
+
+def _add_flag(p: argparse.ArgumentParser, name: str, knobs: Knobs, fill: bool) -> None:
+    _, f, t = leaves()[name]
+    default = knobs.defaults.get(name, f.default)
+    shown = default.how if isinstance(default, Derived) else default
+    help_text = f.metadata.get("help", "") + (f"; here {knobs.values[name].why}" if name in knobs.values else "")
+    if shown is not None and (name != "model" or name in knobs.defaults):  # None: the help says it
+        help_text += f" (default {shown})"
+    opts = knobs.names.get(name, (flag(name),))
+    value = None if isinstance(default, Derived) or not fill else default
+    if t is bool:
+        p.add_argument(*opts, action=argparse.BooleanOptionalAction, default=value, help=help_text, dest=name)
+        return
+    kw: dict[str, Any] = {"default": value, "help": help_text, "dest": name}
+    parse = _parser(name)
+    if parse is not None:
+        kw["type"] = parse
+    allowed = tuple(knobs.values[name].values()) if name in knobs.values else choices(name)
+    if allowed is not None:
+        kw["choices"] = allowed
+    if name in knobs.repeat:
+        kw["action"] = "append"
+    p.add_argument(*opts, **kw)
+
+
+EVERY = Knobs()  # every knob: what `canzona train` and a sweep cell take
+
+# What the commands that plan or project a run (not run it) leave out, and a value set they share.
+NOT_PRICED: dict[str, str] = {
+    "loop": "no iterations: a plan or a projection is not a run",
+    "lr": "neither a plan nor a step's time depends on learning rates",
+    "weight_decay": "neither a plan nor a step's time depends on weight decay",
+    "adamw_lr": "neither a plan nor a step's time depends on learning rates",
+    "adamw_weight_decay": "neither a plan nor a step's time depends on weight decay",
+    "ns_dtype": "priced in the profile's Newton–Schulz format (Profile.ns_dtype)",
+    "peer": "a peer's optimizer is not a Canzona plan (a projection prices a peer as its lineage strategy)",
+    "variant": "a label of recorded runs",
+}
+MATRIX_OPTIMIZERS = Values(lambda: tuple(matrix_optimizer_names()), "adamw has no matrix plan")
+
+
+def add_flags(p: argparse.ArgumentParser, knobs: Knobs = EVERY, *, fill: bool = False) -> None:
+    """One flag per field ``knobs`` takes (default: every leaf, as `canzona train` takes them), each
+    defaulting to None, so only flags given override a base spec (``from_args``); with ``fill`` (a
+    command with no base spec) to the command's default, None where that is ``Derived``."""
+    for name in knobs.fields:
+        _add_flag(p, name, knobs, fill)
 
 
 def overrides(args: argparse.Namespace) -> dict[str, Any]:

@@ -119,9 +119,22 @@ class PlanSpec:
     cost: Cost = knob("flops", "what the planner balances", canzona=True)
     cooperative: bool = knob(True, "a group of GPUs for the matrices above the mean (canzona + Muon)", canzona=True)
     dp_algo: str | None = knob(None, "the strategy's DP algorithm (default: the strategy's own)", canzona=True)
-    dp_layout: DpLayout = knob("auto", "padded: NCCL-native equal slices; exact: uneven slices", canzona=True)
+    dp_layout: DpLayout = knob(
+        "auto",
+        "padded: NCCL-native equal slices; exact: uneven slices; auto: padded unless its padding would exceed "
+        "25%% of the bucket bytes",
+        canzona=True,
+    )
     tp_mode: str | None = knob(None, "TP schedule (default: the strategy's)", canzona=True)
-    capacity_bytes: int | None = knob(None, "TP micro-group capacity in bytes", lo=1, canzona=True)
+    capacity_bytes: int | None = knob(
+        None, "TP micro-group capacity in bytes (default: the planner's)", lo=1, canzona=True
+    )
+    profile: str | None = knob(
+        None,
+        "hardware profile the planner's choices are priced on: a name (H800, H100, A100, H200, cpu-local) or a "
+        "TOML path (default: H800, the paper's hardware; cpu-local for a gloo run)",
+        canzona=True,
+    )
 
 
 @dataclass(frozen=True)
@@ -183,23 +196,10 @@ class RunSpec:
 
         return get_method(self.plan.method).peer
 
-    def plan_config(self, profile: str | None = None) -> PlanConfig:
-        """The planner's config of this run (Canzona methods): the plan section, the optimizer, and
-        the hardware profile its choices are priced on (None: the runtime's choice for its backend)."""
-        p = self.plan
-        extra: dict[str, Any] = {k: v for k, v in (("dp_algo", p.dp_algo), ("tp_mode", p.tp_mode)) if v is not None}
-        return PlanConfig(
-            strategy=p.method,
-            optimizer=self.optim.optimizer,
-            alpha=p.alpha,
-            bucket_size=p.bucket_size,
-            cost=p.cost,
-            cooperative=p.cooperative,
-            dp_layout=p.dp_layout,
-            capacity_bytes=p.capacity_bytes,
-            profile=profile,
-            **extra,
-        )
+    def plan_config(self) -> PlanConfig:
+        """The planner's config of this run (Canzona methods): the plan section and the optimizer
+        (a profile of None: H800 offline, the runtime's choice for its backend at run time)."""
+        return plan_config_of(self.flat())
 
     def dist_config(self, *, timers: bool = False) -> DistConfig:
         """The runtime config of this run (Canzona methods; "auto" formats resolved first by
@@ -323,6 +323,18 @@ class RunSpec:
         return self.replace(device="gpu" if on_gpu else "cpu", ns_dtype=ns, attention=attention)
 
 
+def plan_config_of(values: Mapping[str, Any]) -> PlanConfig:
+    """The PlanConfig of spec leaves by name: the plan section's fields PlanConfig has, and the
+    optimizer (``method`` is the planner's ``strategy``; a None or absent value: PlanConfig's
+    default). `canzona plan`, which takes values no run does (reference geometries, measured cost
+    tables), and the projection build theirs here too, so a run and its plan read the knobs alike."""
+    known = {f.name for f in dataclasses.fields(PlanConfig)}
+    names = {"method": "strategy", "optimizer": "optimizer"} | {
+        f.name: f.name for f in dataclasses.fields(PlanSpec) if f.name in known
+    }
+    return PlanConfig(**{to: v for name, to in names.items() if (v := values.get(name)) is not None})
+
+
 def _native_ns_dtype(gpu: bool) -> str:
     import torch
 
@@ -361,7 +373,16 @@ def choices(name: str) -> tuple[str, ...] | None:
     t = leaves()[name][2]
     if typing.get_origin(t) is Literal:
         return typing.get_args(t)
-    return {"optimizer": optimizer_names, "method": method_names}.get(name, lambda: None)()
+    from canzona.plan.strategies import all_algos
+    from canzona.plan.tp import TP_MODES
+
+    registries: dict[str, Callable[[], Any]] = {
+        "optimizer": optimizer_names,
+        "method": method_names,
+        "dp_algo": lambda: tuple(all_algos()),
+        "tp_mode": lambda: TP_MODES,
+    }
+    return registries.get(name, lambda: None)()
 
 
 def number_words(t: Any) -> tuple[Any, tuple[str, ...]]:

@@ -6,17 +6,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from canzona.analysis.projection.hardware import Profile
 from canzona.analysis.projection.overlap import OVERLAPS, Projection, fwd_bwd_ms
 from canzona.analysis.projection.phases import StageProjection, project_stage
 from canzona.cost import NS_METHODS, CostModel, CostSettings
 from canzona.errors import ConfigError
-from canzona.plan.types import DEFAULT_ALPHA, Layout, Plan, PlanConfig
-from canzona.spec import get_method, method_names
+from canzona.plan.types import Layout, Plan, PlanConfig
+from canzona.spec import BatchSpec, OptimSpec, PlanSpec, get_method, method_names
+from canzona.spec.run import plan_config_of
 
 if TYPE_CHECKING:
     from canzona.optim.base import MatrixOptimizer
@@ -37,34 +38,51 @@ METHODS = (*_RUNTIME[:2], "layerwise-2026", *_RUNTIME[2:])
 # search stands in for its per-bucket LPT and is never worse on that key), no cooperation, TP mode
 # global (homes by all-to-all). Not modelled: Megatron issues one all-to-all per direction for all
 # matrices of a parameter group; ours pipelines micro-groups of bounded capacity.
-LAYERWISE_2026 = {"strategy": "canzona", "dp_algo": "refine", "dp_layout": "padded", "cost": "numel",
+LAYERWISE_2026 = {"method": "canzona", "dp_algo": "refine", "dp_layout": "padded", "cost": "numel",
                   "cooperative": False, "tp_mode": "global", "alpha": 0.0}  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Scenario:
-    """Everything a projected cell depends on besides the plan and the profile."""
+    """Everything a projected cell depends on besides the plan and the profile.
+
+    The run knobs are the spec's (``canzona.spec``: the same names, and defaults taken from its
+    sections; ``of`` builds one from the spec's leaves), except the batch, where a projection
+    defaults to the paper's Qwen3 setting (4096-token sequences, 256 per iteration). Its own
+    fields: ``layout`` (the planner's, from dp/tp/pp), ``views``, ``overlap`` and ``variant``.
+    """
 
     model: str
     layout: Layout
     method: str
-    optimizer: str = "muon"
+    optimizer: str = OptimSpec.optimizer
     seq_len: int = 4096
-    micro_batch: int = 1
+    micro_batch: int = BatchSpec.micro_batch
     global_batch: int = 256
-    alpha: float | str = DEFAULT_ALPHA  # the planner's and runtime's default; "auto": chosen by the planner
-    cost: str = "flops"
-    bucket_size: int = 40_000_000
+    alpha: float | str = PlanSpec.alpha  # "auto": chosen by the planner
+    cost: str = PlanSpec.cost
+    bucket_size: int = PlanSpec.bucket_size
     views: tuple[str, ...] = ()
     overlap: str = "none"  # none | megatron (see Projection)
-    dp_algo: str | None = None  # planner DP algorithm; None: the strategy's default (canzona: refine)
+    dp_algo: str | None = PlanSpec.dp_algo
     variant: str = ""  # a named setting these values come from ("authors"); empty for ours
-    cooperative: bool = True  # PlanConfig.cooperative: groups for the matrices above the mean (canzona + Muon + flops)
-    ns_method: str = "standard"  # Muon's Newton–Schulz method: standard | gram | auto
+    cooperative: bool = PlanSpec.cooperative
+    ns_method: str = OptimSpec.ns_method
+    dp_layout: str = PlanSpec.dp_layout
+    tp_mode: str | None = PlanSpec.tp_mode
+    capacity_bytes: int | None = PlanSpec.capacity_bytes
 
     def __post_init__(self) -> None:
         if self.ns_method not in NS_METHODS:
             raise ConfigError(f"unknown Newton–Schulz method {self.ns_method!r}; choose one of {', '.join(NS_METHODS)}")
+
+    @classmethod
+    def of(cls, knobs: Mapping[str, Any], **own: Any) -> Scenario:
+        """The scenario of spec leaves by name (``tp``/``pp``/``dp`` make the layout; leaves a
+        scenario does not have are ignored) and its own fields (``method``, ``views``, ...)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        layout = Layout(dp=knobs["dp"], tp=knobs["tp"], pp=knobs["pp"])
+        return cls(layout=layout, **{k: v for k, v in knobs.items() if k in names and k != "method"}, **own)
 
     @property
     def tokens(self) -> int:
@@ -73,19 +91,13 @@ class Scenario:
 
 
 def plan_config_for(s: Scenario, profile: Profile | None = None) -> PlanConfig:
-    """The PlanConfig the runtime builds for this method (canzona.runtime.optimizer._make_plan),
-    its choices priced on the profile the scenario is projected on (one machine for both)."""
-    extra: dict[str, object] = {"dp_algo": s.dp_algo} if s.dp_algo else {}
-    fields: dict[str, object] = {"strategy": s.method, "cost": s.cost, "cooperative": s.cooperative}
+    """The PlanConfig the runtime builds for this method (``canzona.spec.run.plan_config_of``, as
+    ``RunSpec.plan_config``), its choices priced on the profile the scenario is projected on (one
+    machine for both)."""
+    knobs: dict[str, Any] = {f.name: getattr(s, f.name) for f in dataclasses.fields(s)}
     if s.method == "layerwise-2026":
-        fields, extra = dict(LAYERWISE_2026), {}
-    fields = {"alpha": s.alpha, **fields, **extra}
-    return PlanConfig(
-        optimizer=s.optimizer,
-        bucket_size=s.bucket_size,
-        profile=profile.name if profile is not None else None,
-        **fields,  # type: ignore[arg-type]
-    )
+        knobs |= LAYERWISE_2026
+    return plan_config_of(knobs | {"profile": profile.name if profile is not None else None})
 
 
 def optimizer_for(s: Scenario, profile: Profile | None = None) -> MatrixOptimizer:

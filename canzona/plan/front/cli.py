@@ -14,20 +14,73 @@ import argparse
 import json
 import sys
 
-from canzona.argtypes import alpha_value, int_in, output_file, positive_float, positive_int, readable_file
+from canzona.argtypes import int_in, output_file, positive_float, readable_file
 from canzona.errors import ConfigError
 from canzona.plan.types import MAX_DP
+from canzona.spec.flags import MATRIX_OPTIMIZERS, NOT_PRICED, Derived, Knobs, Values, add_flags
+from canzona.spec.run import plan_config_of
+
+
+def _strategies() -> tuple[str, ...]:
+    from canzona.plan.strategies import STRATEGIES
+
+    return tuple(STRATEGIES)
+
+
+def _cost_kinds() -> tuple[str, ...]:
+    from canzona.cost import COST_KINDS
+
+    return COST_KINDS
+
+
+# The run knobs `canzona plan` takes (canzona.spec.flags), and where the planner departs from a run.
+KNOBS = Knobs(
+    not_taken={
+        **NOT_PRICED,
+        "batch": "a plan does not depend on the batch",
+        "comm": "the runtime's: a plan lists the buckets, the runtime issues and times their collectives",
+        "device": "a plan is priced on --profile, not run",
+        "attention": "a plan is priced on --profile, not run",
+    },
+    defaults={
+        "model": "qwen3-32b",
+        "dp": Derived("world / (tp·pp) with --world"),
+        "bucket_size": Derived("Megatron's max(40M, 1M·DP)"),
+        "dtype": Derived("the profile's; used by --memory"),
+        "ns_method": Derived("standard, where the optimizer runs Newton–Schulz"),
+    },
+    names={"method": ("--strategy", "--method")},
+    values={
+        "method": Values(
+            _strategies, "every planner strategy, with the reference geometries no runtime executes (zero)"
+        ),
+        "cost": Values(_cost_kinds, "measured: priced from --cost-table, a file of measured µs per shape"),
+        "optimizer": MATRIX_OPTIMIZERS,
+    },
+    own={
+        "engine": "whose plan: `canzona train` runs the Megatron engine (the harness); the FSDP2 engine runs "
+        "under a client's own loop (examples/fsdp2_loop.py), not a run of this project's harness",
+        "shard_group": "--engine fsdp2's FSDP shard group (HSDP replicas)",
+        "world": "a check: dp·tp·pp must equal it (and --dp defaults to world / (tp·pp))",
+        "ep": "expert parallelism inside DP, priced for MoE inventories; the harness trains dense Qwen3 only",
+        "cost_table": "input file of --cost measured",
+        "strict": "--cost measured: a shape missing from the table is an error",
+        "view": "split views of fused parameters (qkv, gate_up); a run registers them fused, as Megatron does",
+        "json": "output form",
+        "plot": "output file",
+        "compare": "output: every strategy side by side",
+        "save": "output file",
+        "memory": "output: per-GPU bytes by component",
+        "hbm_gb": "output: whether --memory fits this HBM",
+    },
+)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    from canzona.cost import COST_KINDS, matrix_optimizer_names
     from canzona.models.transformer import VIEWS
     from canzona.plan.engines import ENGINES
-    from canzona.plan.strategies import STRATEGIES, all_algos
-    from canzona.plan.tp import TP_MODES
-    from canzona.plan.types import ALPHA_GRID, DEFAULT_ALPHA, DP_LAYOUTS
 
-    p.add_argument("--model", default="qwen3-32b", help="built-in name, shipped example, config.json or .toml")
+    add_flags(p, KNOBS, fill=True)
     p.add_argument(
         "--engine",
         default="megatron",
@@ -41,63 +94,18 @@ def configure(p: argparse.ArgumentParser) -> None:
         default=None,
         help="fsdp2: the FSDP shard group (HSDP with dp / shard-group replicas; default: all of --dp)",
     )
-    p.add_argument("--tp", type=int_in(1, 1024), default=1)
-    p.add_argument("--pp", type=int_in(1, 1024), default=1)
-    p.add_argument("--dp", type=int_in(1, MAX_DP), default=None, help="DP size (default: world / (tp·pp))")
     p.add_argument("--ep", type=int_in(1, MAX_DP), default=1, help="expert parallelism inside DP (MoE models)")
     p.add_argument("--world", type=int_in(1, MAX_DP * 1024), default=None, help="check dp·tp·pp against this")
-    p.add_argument("--optimizer", default="muon", help=" | ".join(matrix_optimizer_names()))
-    p.add_argument("--strategy", default="canzona", choices=tuple(STRATEGIES))
-    p.add_argument(
-        "--alpha",
-        type=alpha_value,
-        default=DEFAULT_ALPHA,
-        help=f"canzona: 1 = balance compute only, 0 = slices (padding) only; auto: the α of "
-        f"{', '.join(f'{a:g}' for a in ALPHA_GRID)} with the shortest modelled step (default {DEFAULT_ALPHA})",
-    )
-    p.add_argument("--cost", default="flops", choices=COST_KINDS)
     p.add_argument(
         "--cost-table", type=readable_file(".json"), default=None, help="measured µs per shape for --cost measured"
     )
     p.add_argument("--strict", action="store_true", help="--cost measured: a shape missing from the table is an error")
-    p.add_argument("--dp-algo", default=None, choices=all_algos(), help="the strategy's DP algorithm")
-    p.add_argument("--tp-mode", default=None, choices=TP_MODES, help="TP schedule (default: the strategy's)")
-    p.add_argument(
-        "--dp-layout",
-        default="auto",
-        choices=DP_LAYOUTS,
-        help="padded: NCCL-native equal slices; exact: uneven slices; auto (default): padded unless padding "
-        "would exceed 25%% of the bucket bytes",
-    )
-    p.add_argument(
-        "--bucket-size",
-        type=positive_int,
-        default=None,
-        help="elements per DP bucket (default: Megatron's max(40M, 1M·DP))",
-    )
-    p.add_argument("--capacity-bytes", type=positive_int, default=None, help="micro-group capacity C in bytes")
     p.add_argument("--view", action="append", default=[], choices=tuple(VIEWS), help="split view (repeatable)")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     p.add_argument("--plot", type=output_file, default=None, metavar="FILE.png", help="per-GPU load and slice sizes")
     p.add_argument("--compare", action="store_true", help="every strategy side by side")
     p.add_argument("--save", type=output_file, default=None, metavar="FILE.json", help="write the plans as JSON")
-    p.add_argument(
-        "--cooperative",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="canzona + Muon: a group of GPUs for the matrices above the mean (default on)",
-    )
-    p.add_argument(
-        "--profile",
-        default=None,
-        help="hardware profile the choices and the budget are priced on: a name (H800, H100, A100, H200, "
-        "cpu-local) or a TOML path, the same files as `canzona project --profile` (default H800)",
-    )
-    p.add_argument("--ns-method", default=None, choices=("standard", "gram", "auto"), help="Muon Newton–Schulz method")
     p.add_argument("--memory", action="store_true", help="per-GPU bytes by component (activations excluded)")
-    p.add_argument(
-        "--dtype", default=None, choices=("bf16", "fp32"), help="--memory: parameter dtype (default: the profile's)"
-    )
     p.add_argument(
         "--hbm-gb", type=positive_float, default=None, help="say whether it fits this HBM (GB); implies --memory"
     )
@@ -152,14 +160,17 @@ def run(args: argparse.Namespace) -> int:
     from canzona.plan.engines import get_engine
     from canzona.plan.front.report import compare, format_budget, format_compare, format_memory, format_report
     from canzona.plan.readers.metrics import plan_metrics
+    from canzona.plan.strategies import get_strategy
     from canzona.results.schema import write_atomic
 
     if not get_engine(args.engine).dp_buckets:  # Shard(0) owners: no buckets to report, owners vs peers
         return _run_fsdp2(args)
     if args.hbm_gb is not None:
         args.memory = True
-    if args.memory and args.strategy == "zero":
-        raise ConfigError("--memory prices a matrix-optimizer plan; --strategy zero is a reference geometry only")
+    if args.memory and not get_strategy(args.method).executable:
+        raise ConfigError(
+            f"--memory prices a matrix-optimizer plan; --strategy {args.method} is a reference geometry only"
+        )
     cfg = get_model(args.model)
     layout = _layout(args)
     cfg.validate_layout(tp=layout.tp, pp=layout.pp, ep=layout.ep)
@@ -215,21 +226,8 @@ def run(args: argparse.Namespace) -> int:
 def _config(args: argparse.Namespace):
     """(the PlanConfig of the flags, the hardware profile it is priced on)."""
     from canzona.plan.build import hardware_for
-    from canzona.plan.types import PlanConfig
 
-    config = PlanConfig(
-        strategy=args.strategy,
-        optimizer=args.optimizer,
-        cost=args.cost,
-        alpha=args.alpha,
-        dp_algo=args.dp_algo or PlanConfig.dp_algo,
-        tp_mode=args.tp_mode or PlanConfig.tp_mode,
-        bucket_size=args.bucket_size,
-        capacity_bytes=args.capacity_bytes,
-        dp_layout=args.dp_layout,
-        cooperative=args.cooperative,
-        profile=args.profile,
-    )
+    config = plan_config_of(vars(args))
     return config, hardware_for(config, None)
 
 

@@ -17,27 +17,45 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from canzona.argtypes import int_in, nonneg_int, output_file, positive_int
+from canzona.argtypes import int_in, output_file
 from canzona.errors import ConfigError
 from canzona.models import get_model, list_params
 from canzona.runtime.config import strategies
 from canzona.spec import RunSpec
-from canzona.spec.flags import add_flags, from_args, parse_value
+from canzona.spec.flags import Knobs, add_flags, from_args, parse_value
 
 STRATEGIES = strategies()
 PARAM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-# The spec fields bench-step takes as flags (the step's own: no batch, loop, peer or harness knobs).
-SPEC_FLAGS: tuple[str, ...] = ("model", "tp", "dp", "optimizer", "ns_dtype", "ns_method", "alpha", "bucket_size")
-SPEC_FLAGS += ("cost", "cooperative", "dp_algo", "dp_layout", "tp_mode", "capacity_bytes", "collective_mode", "dtype")
-MODEL, DEFAULTS = "qwen3-tiny", {"tp": 2, "dp": 2}
+KNOBS = Knobs(
+    not_taken={
+        "method": "set per entry by --strategies: the strategies are timed side by side in one run",
+        "pp": "one stage: the benchmark builds every matrix of the model on dp·tp ranks",
+        "batch": "an optimizer step has no batch (its records hold None)",
+        "seed": "fixed, so every strategy steps from the same weights on the same gradients",
+        "adamw_lr": "only the matrix optimizer's step is timed: no parameter goes to AdamW",
+        "adamw_weight_decay": "only the matrix optimizer's step is timed: no parameter goes to AdamW",
+        "overlap_param_sync": "no forward pass follows the step for the all-gathers to overlap",
+        "peer": "peers are timed by `canzona train`, not by the runtime's step benchmark",
+        "device": "--backend picks it (gloo: CPU, nccl: one GPU per rank)",
+        "attention": "an optimizer step runs no attention",
+        "variant": "its records are told apart by --strategies entry",
+    },
+    defaults={"model": "qwen3-tiny", "tp": 2, "dp": 2, "warmup": 3, "iters": 20},
+    names={"iters": ("--steps",)},
+    own={
+        "nproc": "ranks to fork, checked against dp·tp",
+        "strategies": "the entries timed side by side (method and per-entry overrides)",
+        "backend": "gloo or nccl: which device the ranks run on",
+        "json": "output form",
+        "out": "output file",
+        "results": "output file",
+    },
+)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    add_flags(p, only=SPEC_FLAGS)
-    p.set_defaults(**{k: None for k in SPEC_FLAGS})
+    add_flags(p, KNOBS)
     p.add_argument("--nproc", type=int_in(1, 1024), default=4, help="ranks to fork (= dp·tp)")
-    p.add_argument("--steps", type=positive_int, default=20, help="measured steps per strategy")
-    p.add_argument("--warmup", type=nonneg_int, default=3, help="unmeasured steps per strategy")
     p.add_argument(
         "--strategies",
         default=",".join(STRATEGIES),
@@ -64,9 +82,9 @@ def entry_spec(entry: str, args: argparse.Namespace) -> RunSpec:
         extra[key] = parse_value(key, text, where=f"--strategies entry {entry!r}")
     if method not in STRATEGIES:
         raise ConfigError(f"unknown strategy {method!r} in --strategies; choose from {', '.join(STRATEGIES)}")
-    spec = from_args(args, RunSpec(model=MODEL).replace(**DEFAULTS)).replace(method=method, **extra)
+    spec = from_args(args, RunSpec().replace(**KNOBS.base())).replace(method=method, **extra)
     # no batch in a step benchmark: one micro-batch per DP rank keeps the spec's batch checks quiet
-    spec = spec.replace(global_batch=spec.layout.dp, warmup=args.warmup, iters=args.steps)
+    spec = spec.replace(global_batch=spec.layout.dp)
     return spec.resolve(gpu=args.backend == "nccl")
 
 
@@ -139,7 +157,9 @@ def run(args: argparse.Namespace) -> int:
     if first.world != args.nproc:
         lay = first.layout
         raise ConfigError(f"dp·tp = {lay.dp}·{lay.tp} = {first.world} must equal --nproc {args.nproc}")
-    per_rank = launch(_rank, args.nproc, runs, args.steps, args.warmup, backend=args.backend, timeout_s=600)
+    steps, warmup = first.loop.iters, first.loop.warmup
+    timeout = first.comm.collective_timeout_s
+    per_rank = launch(_rank, args.nproc, runs, steps, warmup, backend=args.backend, timeout_s=timeout)
     res = per_rank[0]  # timings are already max across ranks
     med = {s: {ph: statistics.median(t[ph] for t in res[s]["timings"]) for ph in res[s]["timings"][0]} for s in entries}
     step_ms = {s: med[s]["total"] for s in entries}
@@ -152,8 +172,8 @@ def run(args: argparse.Namespace) -> int:
         "tp": first.layout.tp,
         "model": first.model,
         "optimizer": first.optim.optimizer,
-        "steps": args.steps,
-        "warmup": args.warmup,
+        "steps": steps,
+        "warmup": warmup,
         "threads_per_rank": 1,
         "dtype": first.machine.dtype,
         "ns_dtype": rec["ns_dtype"],  # "auto" resolved (RunSpec.resolve)
@@ -190,7 +210,7 @@ def _text(args: argparse.Namespace, out: dict[str, Any]) -> str:
     """The human-readable summary: each entry's median step, vs sc, and each variant against its strategy."""
     lines = [
         f"{out['model']} {out['optimizer']}: world {args.nproc} = dp {out['dp']} × tp {out['tp']}, "
-        f"median of {args.steps} steps"
+        f"median of {out['steps']} steps"
     ]
     for s, ms in out["step_ms"].items():
         vs_sc = f"   vs sc {out['speedup_vs_sc'][s]:5.2f}x" if s in out["speedup_vs_sc"] else ""
@@ -219,7 +239,7 @@ def _append_records(args: argparse.Namespace, runs: dict[str, RunSpec], out: dic
                 "config": config,
                 "env": out["env"],
                 "timings": {
-                    "step_ms": {"median": out["step_ms"][entry], "n": args.steps},
+                    "step_ms": {"median": out["step_ms"][entry], "n": spec.loop.iters},
                     "phases_ms": out["phases_ms"][entry],
                 },
                 "loss": None,
