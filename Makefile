@@ -24,7 +24,7 @@ help:
 	@echo "make notebook           execute analysis/table2.ipynb headless (nbconvert) -> results/table2.ipynb"
 	@echo "make planner-bench      planner quality at 256 GPUs -> results/planner/"
 	@echo "make bench-step         optimizer-step benchmark, 4 gloo ranks (qwen3-tiny, -32b-w16, -tiny-widefc1) -> results/bench_step/"
-	@echo "make bench-fsdp2        FSDP2 step: canzona / round-robin / all-gather vs muon-fsdp2, DistMuon; 4 gloo ranks -> results/bench_fsdp2/"
+	@echo "make bench-fsdp2        FSDP2 step on torchtitan's Qwen3: canzona / round-robin / all-gather vs muon-fsdp2, DistMuon; 4 gloo ranks -> results/bench_fsdp2/"
 	@echo "make bench-ns           Newton–Schulz methods side by side, fp32, one thread -> results/bench_ns/"
 	@echo "make megatron-peer-env  optional .venv-peer with megatron-core 0.19.x for the megatron-muon peer"
 	@echo "make gpu-wheels         wheels for the GPU machine (no package index there) -> .whl/"
@@ -108,9 +108,10 @@ planner-bench: $(STAMP)
 bench-step: $(STAMP)
 	$(VPY) experiments/reproduce_table2.py --cluster local --full --only bench-step
 
-# bench-step's FSDP2 sibling: the same Qwen3-shaped fully_shard model trained side by side on 4 gloo ranks.
+# bench-step's FSDP2 sibling: torchtitan's own Qwen3 at qwen3-tiny's dimensions under torchtitan's
+# fully_shard, every optimizer trained side by side on 4 gloo ranks (--model-impl local: the stand-in).
 bench-fsdp2: $(STAMP)
-	$(VENV)/bin/canzona bench-fsdp2 --nproc 4 --steps 10 --warmup 2 --out results/bench_fsdp2/qwen3-tiny_4gloo.json
+	$(VENV)/bin/canzona bench-fsdp2 --model-impl torchtitan --nproc 4 --steps 10 --warmup 2 --out results/bench_fsdp2/qwen3-tiny_torchtitan_4gloo.json
 
 # Gram vs standard Newton–Schulz (and the peers' kernels where importable) on long and square shapes.
 # emerging-optimizers lives in the peer environment: `make bench-ns NS_PY=.venv-peer/bin/python

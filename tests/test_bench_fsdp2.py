@@ -1,7 +1,8 @@
-"""`canzona bench-fsdp2` runs every method in one run: Canzona's three strategies train the same
-losses (the same math, other owners), muon-fsdp2 runs beside them, DistMuon's refusal is recorded,
-and the counts show the packing: Canzona's calls per step are its micro-groups' all-to-alls, not
-two per matrix as muon-fsdp2's gather / scatter."""
+"""`canzona bench-fsdp2` runs every method in one run, on torchtitan's own Qwen3 or the local
+stand-in: Canzona's three strategies train the same losses (the same math, other owners),
+muon-fsdp2 runs beside them, DistMuon's refusal is recorded with the line that raised it, and the
+counts show the packing: Canzona's calls per step are its micro-groups' all-to-alls, not two per
+matrix as muon-fsdp2's gather / scatter."""
 
 from __future__ import annotations
 
@@ -12,12 +13,19 @@ import pytest
 
 from canzona.cli import main
 
+# one Qwen3 block's matrices: torchtitan fuses q/k/v into wqkv (wqkv wo w1 w2 w3); the stand-in
+# keeps torchtitan's older unfused layout (wq wk wv wo w1 w2 w3)
+MATRICES = {"torchtitan": 5, "local": 7}
+
 
 @pytest.mark.multiproc
-def test_bench_fsdp2_side_by_side(tmp_path: Path) -> None:
+@pytest.mark.parametrize("impl", ["torchtitan", "local"])
+def test_bench_fsdp2_side_by_side(tmp_path: Path, impl: str) -> None:
+    if impl == "torchtitan":
+        pytest.importorskip("torchtitan", reason="torchtitan is not installed (make install: the torchtitan extra)")
     out = tmp_path / "b.json"
     args = ["bench-fsdp2", "--nproc", "2", "--layers", "1", "--seq", "8", "--steps", "2", "--warmup", "0"]
-    assert main([*args, "--out", str(out)]) == 0
+    assert main([*args, "--model-impl", impl, "--out", str(out)]) == 0
     res = json.loads(out.read_text())
     rows = res["methods"]
     assert {"canzona", "asc", "sc", "muon-fsdp2"} <= set(rows)
@@ -25,9 +33,27 @@ def test_bench_fsdp2_side_by_side(tmp_path: Path) -> None:
     for m in ("asc", "sc"):
         assert rows[m]["loss"] == pytest.approx(rows["canzona"]["loss"], rel=1e-5)
     assert rows["muon-fsdp2"]["loss"][0] == rows["canzona"]["loss"][0]  # same model, same first batch
-    matrices = 7  # one Qwen3 block: wq wk wv wo w1 w2 w3
-    assert rows["muon-fsdp2"]["collectives_per_step"]["rank0"] == 2 * matrices
-    assert rows["canzona"]["collectives_per_step"]["rank0"] < 2 * matrices
+    assert rows["muon-fsdp2"]["collectives_per_step"]["rank0"] == 2 * MATRICES[impl]
+    assert rows["canzona"]["collectives_per_step"]["rank0"] < 2 * MATRICES[impl]
     assert rows["sc"]["kinds"] == ["all_gather_single", "all_reduce"]
     assert res["versions"]["muon-fsdp2"] == "0.3.0"
-    assert "torchtitan-distmuon" in res["not_run"] or "torchtitan-distmuon" in rows
+    assert res["model"]["impl"] == ("torchtitan.models.qwen3.Qwen3Model" if impl == "torchtitan" else "local stand-in")
+    if impl == "torchtitan":
+        assert res["versions"]["torchtitan"] == "0.3.0"
+        refusal = res["not_run"]["torchtitan-distmuon"]  # on CPU; on CUDA ranks it would be a row
+        assert "one CUDA device" in refusal and "_validate_parameter_storage" in refusal
+
+
+def test_bench_fsdp2_names_the_missing_torchtitan(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """Without torchtitan, --model-impl torchtitan is a one-line error naming the fix, before any rank."""
+    import sys
+
+    import canzona.runtime.fsdp2
+
+    for name in [n for n in sys.modules if n == "torchtitan" or n.startswith("torchtitan.")] or ["torchtitan"]:
+        monkeypatch.setitem(sys.modules, name, None)  # import torchtitan(.*) -> ImportError
+    monkeypatch.delitem(sys.modules, "canzona.runtime.fsdp2.torchtitan_qwen3", raising=False)
+    monkeypatch.delattr(canzona.runtime.fsdp2, "torchtitan_qwen3", raising=False)
+    assert main(["bench-fsdp2", "--model-impl", "torchtitan"]) == 2
+    err = capsys.readouterr().err
+    assert "torchtitan" in err and "make install" in err and "--model-impl local" in err

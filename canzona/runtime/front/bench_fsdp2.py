@@ -1,13 +1,23 @@
 """`canzona bench-fsdp2`: bench-step's FSDP2 sibling. One run, the same forked gloo ranks, the same
-Qwen3-shaped model (qwen3-tiny's dimensions, torchtitan's unfused wq/wk/wv/wo/w1/w2/w3 layout) under
-``fully_shard``, the same batches: Canzona (canzona), round-robin owners (asc), all-gather everywhere
-(sc), and the peers that run here, trained side by side, step by step. Per method: the optimizer
-step's median time (max over ranks) and its ratio to Canzona's, the collectives and the bytes this
-rank hands to them per step (counted by wrapping torch.distributed), and the loss curve.
+Qwen3 model under ``fully_shard``, the same batches: Canzona (canzona), round-robin owners (asc),
+all-gather everywhere (sc), and the peers that run here, trained side by side, step by step. Per
+method: the optimizer step's median time (max over ranks) and its ratio to Canzona's, the
+collectives and the bytes this rank hands to them per step (counted by wrapping torch.distributed),
+and the loss curve.
+
+The model (``--model-impl``): ``torchtitan``, torchtitan's own Qwen3 at the inventory's dimensions,
+sharded by torchtitan's ``apply_fsdp_to_decoder`` (canzona.runtime.fsdp2.torchtitan_qwen3; fused
+wqkv); ``local``, a stand-in in torchtitan's unfused wq/wk/wv/wo/w1/w2/w3 layout, for machines
+without torchtitan.
 
 Peers: muon-fsdp2 (``muon_fsdp2.Muon``: one gather to the owner and one scatter back per matrix,
-owners round-robin by index). torchtitan's DistMuon is tried and, where it refuses (torchtitan 0.3.0
-raises "DistMuon requires one CUDA device per process"), the refusal is recorded word for word.
+owners round-robin by index). torchtitan's DistMuon is tried and, where it refuses, the exception is
+recorded word for word with the file, line and function that raised it. torchtitan 0.3.0 refuses CPU
+in ``DistMuon._validate_parameter_storage`` (every parameter's local tensor must sit on one device of
+type "cuda"; no constructor option changes that), and past that check its redistribution runtime
+(``_CommunicationContext.create``) would build a side stream ``torch.get_device_module(device).Stream(
+device=device, priority=0)`` and events to overlap its packed all_to_all_single with Newton–Schulz:
+``torch.cpu.Stream`` takes neither argument. gloo itself is no obstacle (it has all_to_all_single).
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ import json
 import statistics
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,6 +40,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from canzona.argtypes import int_in, output_file, positive_int
+from canzona.errors import ConfigError
 from canzona.models import get_model, get_transformer
 from canzona.plan.types import PlanConfig
 from canzona.results.env import environment, git_commit
@@ -41,6 +53,7 @@ from canzona.runtime.launch import launch
 OURS = ("canzona", "asc", "sc")
 PEERS = ("muon-fsdp2", "torchtitan-distmuon")
 LR, ADAMW_LR = 0.02, 1e-3
+BATCH = 2  # sequences per rank
 
 
 def _nbytes(t: Any) -> int:
@@ -54,6 +67,12 @@ def _nbytes(t: Any) -> int:
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc", type=int_in(1, 64), default=4, help="gloo ranks = FSDP2 shard group")
     p.add_argument("--model", default="qwen3-tiny", help="the Qwen3 inventory whose dimensions the model takes")
+    p.add_argument(
+        "--model-impl",
+        choices=("torchtitan", "local"),
+        default="torchtitan",
+        help="torchtitan's own Qwen3 (the torchtitan extra) or the local stand-in in its layout",
+    )
     p.add_argument("--layers", type=positive_int, default=None, help="override the inventory's layer count")
     p.add_argument("--steps", type=positive_int, default=12, help="training steps per method")
     p.add_argument("--warmup", type=int_in(0, 100), default=2, help="steps left out of the timing median")
@@ -142,24 +161,38 @@ def counted(modules: list[Any]) -> Iterator[list[tuple[str, int]]]:
             setattr(m, k, fn)
 
 
-def _build(method: str, model: str, layers: int | None, world: int) -> tuple[torch.nn.Module, Any]:
-    torch.manual_seed(0)
-    net = Qwen3Like(model, layers)
+def _model(args: argparse.Namespace, world: int) -> tuple[torch.nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
+    """The model under fully_shard, and its loss of a rank's tokens, scaled so that the ranks' SUM is
+    the global batch's mean: torchtitan's sum over the global token count (FSDP division off), the
+    stand-in's mean over the world (FSDP averages)."""
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
+    if args.model_impl == "torchtitan":
+        from canzona.runtime.fsdp2 import torchtitan_qwen3
+
+        titan = torchtitan_qwen3.qwen3(get_transformer(args.model), args.layers, args.seq)
+        torchtitan_qwen3.apply_fsdp(titan, mesh)
+        return titan, lambda tokens: torchtitan_qwen3.loss(titan, tokens, world * BATCH * args.seq)
+    torch.manual_seed(0)
+    net = Qwen3Like(args.model, args.layers)
     for layer in net.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(net, mesh=mesh)
+    return net, lambda tokens: net(tokens) / world
+
+
+def _build(method: str, args: argparse.Namespace, world: int) -> tuple[torch.nn.Module, Any, Callable[..., Any]]:
+    net, loss = _model(args, world)
     named = list(net.named_parameters())
     mats = [p for n, p in named if default_route(n, tuple(p.shape)) == "matrix"]
     rest = [p for n, p in named if default_route(n, tuple(p.shape)) != "matrix"]
     if method in OURS:
         cfg = DistConfig(optimizer=optimizer_config("muon", lr=LR), plan=PlanConfig(strategy=method))
-        return net, FSDP2Optimizer(net, cfg)
+        return net, FSDP2Optimizer(net, cfg), loss
     if method == "muon-fsdp2":
         from muon_fsdp2 import Muon
 
         groups = [{"params": mats, "use_muon": True, "lr": LR, "rms_scale": False}]
-        return net, Muon([*groups, {"params": rest, "use_muon": False, "lr": ADAMW_LR}])
+        return net, Muon([*groups, {"params": rest, "use_muon": False, "lr": ADAMW_LR}]), loss
     from torchtitan.distributed.flex_shard.dist_muon import build_dist_muon
     from torchtitan.distributed.flex_shard.optimizer_reshard import BucketConfig, ComputeLayout, Owned
 
@@ -171,27 +204,34 @@ def _build(method: str, model: str, layers: int | None, world: int) -> tuple[tor
         bucket_configs=[BucketConfig(patterns=tuple(names))],
         lr=LR,
     )
-    return net, opt
+    return net, opt, loss
+
+
+def _refusal(e: BaseException) -> str:
+    """The exception word for word, and the frame that raised it (file from its package, line, function)."""
+    frame = traceback.extract_tb(e.__traceback__)[-1]
+    where = frame.filename.split("site-packages/")[-1]
+    return f"{type(e).__name__}: {e} (raised at {where}:{frame.lineno} in {frame.name})"
 
 
 def _rank(info: Any, methods: list[str], args: argparse.Namespace) -> dict[str, Any]:
     runs, refused = {}, {}
     for m in methods:
         try:
-            runs[m] = _build(m, args.model, args.layers, info.world)
+            runs[m] = _build(m, args, info.world)
         except ImportError as e:
-            refused[m] = f"not installed ({e.name}); pip install -e '.[fsdp2-peers]' (torchtitan: see pyproject.toml)"
+            refused[m] = f"not installed ({e.name}); make install (the fsdp2-peers and torchtitan extras)"
         except (ValueError, TypeError, RuntimeError) as e:
-            refused[m] = f"{type(e).__name__}: {e}"
+            refused[m] = _refusal(e)
     watched = [dist, *(sys.modules[n] for n in ("muon_fsdp2",) if n in sys.modules)]  # imported the calls by name
     times: dict[str, list[float]] = {m: [] for m in runs}
     losses: dict[str, list[float]] = {m: [] for m in runs}
     calls: dict[str, list[tuple[str, int]]] = {}
     for step in range(args.steps):
         g = torch.Generator().manual_seed(1000 * step + info.rank)
-        tokens = torch.randint(0, get_transformer(args.model).vocab, (2, args.seq + 1), generator=g)
-        for m, (net, opt) in runs.items():
-            loss = net(tokens)
+        tokens = torch.randint(0, get_transformer(args.model).vocab, (BATCH, args.seq + 1), generator=g)
+        for m, (_, opt, loss_of) in runs.items():
+            loss = loss_of(tokens)
             loss.backward()
             dist.barrier()
             with counted(watched) as c:
@@ -200,9 +240,9 @@ def _rank(info: Any, methods: list[str], args: argparse.Namespace) -> dict[str, 
                 times[m].append((time.perf_counter() - t0) * 1e3)
             calls[m] = c
             opt.zero_grad()
-            mean = loss.detach().clone()
-            dist.all_reduce(mean)
-            losses[m].append(mean.item() / info.world)
+            total = loss.detach().clone()
+            dist.all_reduce(total)
+            losses[m].append(total.item())
     med = torch.tensor([statistics.median(times[m][args.warmup :]) for m in runs], dtype=torch.float64)
     dist.all_reduce(med, op=dist.ReduceOp.MAX)
     return {
@@ -225,6 +265,16 @@ def _version(dist_name: str) -> str | None:
 def run(args: argparse.Namespace) -> int:
     methods = [*OURS, *PEERS]
     get_model(args.model)  # a bad name is a one-line error here, before any rank starts
+    if args.model_impl == "torchtitan":
+        try:
+            from canzona.runtime.fsdp2 import torchtitan_qwen3
+
+            torchtitan_qwen3.qwen3_config(get_transformer(args.model), 1, args.seq)
+        except ImportError as e:
+            raise ConfigError(
+                f"--model-impl torchtitan needs {e.name}: make install (the torchtitan extra, torchtitan==0.3.0 "
+                "--no-deps), or --model-impl local"
+            ) from e
     t0 = time.time()
     per_rank = launch(_rank, args.nproc, methods, args, timeout_s=600)
     r0 = per_rank[0]
@@ -241,7 +291,13 @@ def run(args: argparse.Namespace) -> int:
     out = {
         "command": "canzona " + " ".join(sys.argv[1:]),
         "measured": f"{args.nproc} gloo ranks forked on this machine, one thread each",
-        "model": {"inventory": args.model, "layers": args.layers, "seq": args.seq, "batch_per_rank": 2},
+        "model": {
+            "impl": "torchtitan.models.qwen3.Qwen3Model" if args.model_impl == "torchtitan" else "local stand-in",
+            "inventory": args.model,
+            "layers": args.layers,
+            "seq": args.seq,
+            "batch_per_rank": BATCH,
+        },
         "steps": args.steps,
         "warmup": args.warmup,
         "methods": rows,
@@ -250,6 +306,7 @@ def run(args: argparse.Namespace) -> int:
             "torch": torch.__version__,
             "muon-fsdp2": _version("muon-fsdp2"),
             "torchtitan": _version("torchtitan"),
+            "triton": _version("triton"),
         },
         "commit": git_commit(),
         "environment": environment(torch.device("cpu"), "gloo"),
