@@ -199,3 +199,85 @@ def assert_exact(runs: list[tuple[str, str, str]], dp: int, tp: int, steps: rang
             for name, want in ref.items():
                 err = (got[name] - want).norm() / want.norm()
                 assert err < 1e-5, f"{opt_name}/{strategy}/{mode} dp{dp}xtp{tp} replica {d}: {name} rel err {err:.2e}"
+
+
+BUDGET_SEED = 5
+
+
+def budget_grads(params: dict, rank: int, tp: int, step: int) -> None:
+    d, t = rank // tp, rank % tp
+    for spec in SPECS:
+        params[spec.name].grad = shard(full_grad(spec, step, d, BUDGET_SEED), spec, tp, t)
+
+
+def issued_rank(info, dp: int, tp: int, runs: list[tuple[str, str, tuple]]) -> dict:
+    """Per (strategy, collective mode, forced groups?): the collectives one step issued, and the
+    lowered schedule's list of them (kind, group, bytes, root), in order."""
+    from tests.registry_cases import ns_optimizer
+
+    optimizer = ns_optimizer()
+    groups = dp_tp_groups(info.rank, dp, tp)
+    out = {}
+    for strategy, mode, force in runs:
+        cfg = dist_config(strategy, optimizer, collective_mode=mode, coop_force=force)
+        opt, params = build(info.rank, dp, tp, cfg, BUDGET_SEED, groups)
+        names = {"dp": opt.dp_group, "tp": opt.tp_group, "global": None}
+        budget_grads(params, info.rank, tp, 0)
+        with recorded(names) as calls:
+            opt.finish_grad_sync()
+            opt.step()
+        want = [(o.kind, o.group, o.nbytes, o.root) for o in opt.schedule.ops]
+        out[(strategy, mode, bool(force))] = (calls, want)
+    return out
+
+
+def assert_issues_the_lowered_schedule(runs: list[tuple[str, str, tuple]], dp: int, tp: int) -> None:
+    """Fork dp×tp gloo ranks; every rank issues exactly the collectives the lowered schedule lists."""
+    for rank, res in enumerate(launch(issued_rank, dp * tp, dp, tp, runs)):
+        assert len(res) == len({(s, m, bool(f)) for s, m, f in runs}), (rank, sorted(res))
+        for key, (calls, want) in res.items():
+            assert calls == want, f"rank {rank} {key}:\n issued {calls}\n lowered {want}"
+
+
+def host_reads_rank(info, dp: int, tp: int, optimizers: list[str], strategies: list[str]) -> dict:
+    """Per (optimizer, strategy, step): the host reads of three steps (HostReadCounter's names)."""
+    from canzona.harness.step_probe import HostReadCounter
+
+    groups = dp_tp_groups(info.rank, dp, tp)
+    out = {}
+    for optimizer in optimizers:
+        for strategy in strategies:
+            cfg = dist_config(strategy, optimizer, max_grad_norm=1.0, collective_mode="native")
+            opt, params = build(info.rank, dp, tp, cfg, BUDGET_SEED, groups)
+            for step in range(3):
+                budget_grads(params, info.rank, tp, step)
+                opt.finish_grad_sync()
+                with HostReadCounter() as c:
+                    opt.step()
+                out[(optimizer, strategy, step)] = c.calls
+    return out
+
+
+# Shampoo's and SOAP's torch.linalg.eigh synchronises on CUDA: counted, never hidden, and only on
+# the steps that need it (Shampoo's refreshes at steps 1, 1 + f, ...: here f = 2; SOAP's first step).
+EIGH_STEPS = {"shampoo": {0, 2}, "soap": {0}}
+
+
+def assert_one_host_read(optimizers: list[str], strategies: list[str], dp: int = 2, tp: int = 2) -> None:
+    """Fork dp×tp gloo ranks; each step reads the host once (the global norm), eigh aside (some rank
+    of the world pays it on exactly the steps that need it)."""
+    totals: dict[tuple, int] = {}
+    for res in launch(host_reads_rank, dp * tp, dp, tp, optimizers, strategies):
+        assert {(o, s) for o, s, _ in res} == {(o, s) for o in optimizers for s in strategies}
+        for key, calls in res.items():
+            optimizer, _, step = key
+            reads = [c for c in calls if not c.startswith("eigh in ")]
+            assert reads == ["item in canzona.runtime.grad_norm"], (key, calls)
+            eighs = {c for c in calls if c.startswith("eigh in ")}
+            if step in EIGH_STEPS.get(optimizer, ()):
+                assert eighs <= {f"eigh in canzona.optim.{optimizer}"}, (key, calls)
+            else:
+                assert not eighs, (key, calls)
+            totals[key] = totals.get(key, 0) + len(calls) - len(reads)
+    for (optimizer, _, step), n in totals.items():
+        assert (n > 0) == (step in EIGH_STEPS.get(optimizer, ())), (optimizer, step, n)

@@ -1,6 +1,8 @@
 """A strategy registered from outside the package is tested by the suite with no test edit: the
 run lists of the exactness, budget, precision and planner-property tests (tests/registry_cases.py)
-include it, and it passes the fp32 exactness check on forked gloo ranks."""
+include it, and on forked gloo ranks it passes the fp32 exactness check and the budget checks
+(every collective the lowered schedule lists and no other; one host read per step) that
+tests/test_runtime_exactness.py and tests/test_runtime_budget.py run on the built-in strategies."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from tests.registry_cases import (
     executable_names,
     strategy_algos,
 )
-from tests.runtime_helpers import assert_exact
+from tests.runtime_helpers import assert_exact, assert_issues_the_lowered_schedule, assert_one_host_read
 
 TOY = "toy-rank0"
 
@@ -58,3 +60,12 @@ def test_registered_strategy_passes_the_exactness_check(toy: str) -> None:
     runs = [r for r in exactness_runs() if r[1] == toy]
     assert len(runs) == 5  # three optimizers in per-root, Muon in the two padded modes
     assert_exact(runs, 2, 2, range(3), 11)
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("dp,tp", [(2, 1), (2, 2)], ids=["dp2xtp1", "dp2xtp2"])
+def test_registered_strategy_passes_the_budget_check(toy: str, dp: int, tp: int) -> None:
+    runs = [(s, m, ()) for s, m in budget_runs() if s == toy]
+    assert runs == [(toy, "per-root", ())]
+    assert_issues_the_lowered_schedule(runs, dp, tp)
+    assert_one_host_read(["muon"], [toy])
