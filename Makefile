@@ -37,7 +37,10 @@ $(VPY):
 $(STAMP): pyproject.toml | $(VPY)
 	$(VPY) -m pip install -q "$(TORCH_SPEC)"
 	$(VPY) -m pip install -q -e ".[test,megatron,fsdp2-peers,torchtitan]"
-	$(VPY) -m pip install -q --no-deps "$(TORCHTITAN_SPEC)"  # it pins torch and more: its imports' needs are the torchtitan extra
+	@# torchtitan pins torch and more (its imports' needs are the torchtitan extra); it needs Python >= 3.11
+	if $(VPY) -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then \
+		$(VPY) -m pip install -q --no-deps "$(TORCHTITAN_SPEC)"; \
+	else echo "Python < 3.11: no torchtitan (its example and bench model are skipped)"; fi
 	@touch $(STAMP)
 
 install: $(STAMP)
