@@ -134,7 +134,15 @@ def test_conflict_message_names_both_lines_and_field() -> None:
 
 
 @pytest.mark.parametrize(
-    ("field", "a", "b"), [("alpha", 1.0, 0.5), ("bucket_size", 40_000_000, 20_000), ("micro_batch", 1, 2)]
+    ("field", "a", "b"),
+    [
+        ("alpha", 1.0, 0.5),
+        ("bucket_size", 40_000_000, 20_000),
+        ("micro_batch", 1, 2),
+        ("cooperative", True, False),
+        ("ns_method", "standard", "gram"),
+        ("collective_mode", "native", "uneven"),
+    ],
 )
 def test_lines_of_one_cell_that_differ_in_an_experiment_field_conflict(tmp_path, field: str, a, b) -> None:
     """The cell key leaves these out: pooling two such lines as repetitions would mix experiments."""
@@ -160,3 +168,19 @@ def test_duplicate_across_files_is_an_error(tmp_path) -> None:
 def test_missing_path_is_a_clear_error(tmp_path) -> None:
     with pytest.raises(ResultsError, match="no such results file"):
         load_results(tmp_path / "nope.jsonl")
+
+
+def test_experiment_fields_are_the_spec_knobs_that_change_a_timing() -> None:
+    """A knob added to the run spec splits cells unless it is marked ``timed=False`` (a learning
+    rate, a seed: lines differing in it alone are repetitions)."""
+    from canzona.analysis.load import EXPERIMENT_FIELDS, ROW_CONFIG_FIELDS
+    from canzona.results.schema import CELL_FIELDS
+    from canzona.spec import leaves
+
+    untimed = {n for n, (_, f, _) in leaves().items() if not f.metadata["timed"]}
+    assert untimed == {"warmup", "iters", "seed", "lr", "weight_decay", "adamw_lr", "adamw_weight_decay"} | {
+        "collective_timeout_s",
+        "name",
+    }
+    assert set(ROW_CONFIG_FIELDS) == (set(leaves()) - untimed - {"device"}) | {"world", "overlap"}
+    assert set(EXPERIMENT_FIELDS) == set(ROW_CONFIG_FIELDS) - set(CELL_FIELDS)

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from canzona.analysis.load import ROW_CONFIG_FIELDS
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -44,6 +46,8 @@ ROW_KEY = (
     "measured_at",
 )
 TIMINGS = ("iteration", "fwd_bwd", "step")
+# What a row carries beside its config (``load.ROW_CONFIG_FIELDS``): where its numbers come from.
+ROW_RECORD_FIELDS = ("provenance_label", "provenance_detail", "peer_layer_wise", "peer_tp_mode", "loss_curve")
 
 
 def finite(x: Any) -> bool:
@@ -69,30 +73,7 @@ def aggregate_cells(df: pd.DataFrame) -> pd.DataFrame:
     for key, g in df.groupby(list(GROUP_KEY), sort=False, dropna=False):
         first = g.iloc[0]
         row: dict[str, Any] = dict(zip(GROUP_KEY, key, strict=True))
-        for c in (
-            "model",
-            "tp",
-            "pp",
-            "dp",
-            "world",
-            "method",
-            "optimizer",
-            "seq_len",
-            "micro_batch",
-            "global_batch",
-            "alpha",
-            "dtype",
-            "ns_dtype",
-            "bucket_size",
-            "cost",
-            "overlap",
-            "variant",
-            "provenance_label",
-            "provenance_detail",
-            "peer_layer_wise",
-            "peer_tp_mode",
-            "loss_curve",
-        ):
+        for c in (*ROW_CONFIG_FIELDS, *ROW_RECORD_FIELDS):
             if c in g:
                 row[c] = first[c]
         row["runs"] = len(g)

@@ -19,9 +19,10 @@ Repetition versus duplicate (the contract, tested in tests/test_analysis_load.py
 * The same **run** twice is an ERROR: two lines with the same ``run_id`` (when the writer
   sets one) or, without ``run_id``, the same ``(env.hostname, env.timestamp, cell, kind, source)``.
   That is a file concatenated twice or a run appended twice, and would double its weight.
-* Lines of one group whose **experiment fields** (``EXPERIMENT_FIELDS``: world, alpha, dtype,
-  bucket_size, micro_batch, and ``cost`` / ``overlap`` where written) disagree are an ERROR: the cell key
-  omits them, so pooling would mix different experiments under one cell.
+* Lines of one group whose **experiment fields** (``EXPERIMENT_FIELDS``: the world, every knob of
+  the run spec that changes a timing and is outside the cell key (micro-batch, α, bucket size,
+  cost, cooperation, Newton–Schulz method, ...), and a projection's ``overlap``) disagree are an
+  ERROR: the cell key omits them, so pooling would mix different experiments under one cell.
 
 Measured and projected lines of the same cell are different groups (their provenance differs);
 so are measured lines from different devices, and measured lines of different machines or
@@ -39,34 +40,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from canzona.results.env import measurement_key
-from canzona.results.schema import ResultsError, iter_records
+from canzona.results.schema import CELL_FIELDS, ResultsError, iter_records
+from canzona.spec.run import timed_knobs
 
 if TYPE_CHECKING:
     import pandas as pd
 
-# Config fields outside the cell key that change what a line measured. Two lines of one group
-# disagreeing on any of these are not repetitions of one experiment.
-EXPERIMENT_FIELDS = ("world", "alpha", "dtype", "bucket_size", "micro_batch", "cost", "overlap", "variant")
+# A row's config columns: the world and every knob that changes what a line measured (the run spec's,
+# canzona.spec.run.timed_knobs), and a projection's overlap view; not the ``device`` knob, which only
+# asked for the device the row's ``device`` column names (env.device: where it ran, in its ``source``).
+# Lines of one group disagreeing on any of those outside the cell key are not repetitions of one experiment.
+ROW_CONFIG_FIELDS = ("world", *(k for k in timed_knobs() if k != "device"), "overlap")
+EXPERIMENT_FIELDS = tuple(k for k in ROW_CONFIG_FIELDS if k not in CELL_FIELDS)
 TIMING_KEYS = ("iteration_ms", "fwd_bwd_ms", "step_ms")
-ROW_CONFIG_FIELDS = (
-    "model",
-    "tp",
-    "pp",
-    "dp",
-    "world",
-    "method",
-    "optimizer",
-    "seq_len",
-    "micro_batch",
-    "global_batch",
-    "alpha",
-    "dtype",
-    "ns_dtype",
-    "bucket_size",
-    "cost",
-    "overlap",
-    "variant",
-)
 
 
 class DuplicateRunError(ResultsError):

@@ -57,11 +57,20 @@ assert typing.get_args(typing.get_args(Alpha)[1]) == (ALPHA_AUTO,)
 
 
 def knob(
-    default: Any, help: str = "", *, lo: float | None = None, hi: float | None = None, canzona: bool = False
+    default: Any,
+    help: str = "",
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    canzona: bool = False,
+    timed: bool = True,
 ) -> Any:
-    """A spec field: default, flag help, numeric range [lo, hi], and ``canzona``: only the Canzona
-    runtime reads it (a peer must leave it at its default; its record holds None)."""
-    return field(default=default, metadata={"help": help, "lo": lo, "hi": hi, "canzona": canzona})
+    """A spec field: default, flag help, numeric range [lo, hi]; ``canzona``: only the Canzona
+    runtime reads it (a peer must leave it at its default; its record holds None); ``timed=False``:
+    it changes no timing of a run (a learning rate, a seed), so lines that differ in it alone are
+    repetitions of one experiment (``timed_knobs``)."""
+    meta = {"help": help, "lo": lo, "hi": hi, "canzona": canzona, "timed": timed}
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
@@ -80,9 +89,9 @@ class BatchSpec:
 
 @dataclass(frozen=True)
 class LoopSpec:
-    warmup: int = knob(2, "iterations excluded from the timings", lo=0, hi=MAX_ITERS)
-    iters: int = knob(10, "measured iterations", lo=1, hi=MAX_ITERS)
-    seed: int = knob(1234, "seed of weights and synthetic data", lo=0, hi=MAX_INT_FLAG)
+    warmup: int = knob(2, "iterations excluded from the timings", lo=0, hi=MAX_ITERS, timed=False)
+    iters: int = knob(10, "measured iterations", lo=1, hi=MAX_ITERS, timed=False)
+    seed: int = knob(1234, "seed of weights and synthetic data", lo=0, hi=MAX_INT_FLAG, timed=False)
 
 
 @dataclass(frozen=True)
@@ -91,10 +100,10 @@ class OptimSpec:
     (embedding, output layer, norms) and to every param when ``optimizer == "adamw"``."""
 
     optimizer: str = knob("muon", "matrix optimizer, or adamw for every parameter")
-    lr: float = knob(0.02, "matrix optimizer learning rate", lo=0.0)
-    weight_decay: float = knob(0.0, "matrix optimizer weight decay", lo=0.0)
-    adamw_lr: float = knob(3e-4, "AdamW learning rate (embedding, output layer, norms)", lo=0.0)
-    adamw_weight_decay: float = knob(0.0, "AdamW weight decay", lo=0.0)
+    lr: float = knob(0.02, "matrix optimizer learning rate", lo=0.0, timed=False)
+    weight_decay: float = knob(0.0, "matrix optimizer weight decay", lo=0.0, timed=False)
+    adamw_lr: float = knob(3e-4, "AdamW learning rate (embedding, output layer, norms)", lo=0.0, timed=False)
+    adamw_weight_decay: float = knob(0.0, "AdamW weight decay", lo=0.0, timed=False)
     ns_dtype: NsDtype = knob(
         "auto",
         "Newton–Schulz number format (Muon's compute_dtype; Megatron's muon_fp32_matmul_prec for the peer); "
@@ -143,7 +152,7 @@ class CommSpec:
     collective_mode: CollectiveMode = knob("auto", "DP bucket collectives (auto: the α–β model)", canzona=True)
     # Seconds a collective may wait before the process group fails it: on gloo the step then names
     # its phase; on NCCL the watchdog aborts the process after this many seconds.
-    collective_timeout_s: int = knob(600, "seconds a collective may wait before it fails", lo=1)
+    collective_timeout_s: int = knob(600, "seconds a collective may wait before it fails", lo=1, timed=False)
 
 
 @dataclass(frozen=True)
@@ -172,7 +181,7 @@ class RunSpec:
     peer: PeerSpec = field(default_factory=PeerSpec)
     machine: MachineSpec = field(default_factory=MachineSpec)
     variant: str | None = knob(None, "label recorded with the run (a sweep grid's variant, e.g. authors)")
-    name: str | None = knob(None, "the named configuration it came from, if any")
+    name: str | None = knob(None, "the named configuration it came from, if any", timed=False)
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -364,6 +373,13 @@ def leaves() -> dict[str, tuple[str, dataclasses.Field[Any], Any]]:
         else:
             out[f.name] = ("", f, t)
     return out
+
+
+def timed_knobs() -> tuple[str, ...]:
+    """The leaves that change what a run's timings measure, in the spec's order (every knob but the
+    ones marked ``timed=False``): lines of one cell that differ in one of them are different
+    experiments (``canzona.analysis.load.EXPERIMENT_FIELDS``)."""
+    return tuple(n for n, (_, f, _) in leaves().items() if f.metadata["timed"])
 
 
 def choices(name: str) -> tuple[str, ...] | None:
