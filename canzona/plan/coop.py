@@ -63,9 +63,13 @@ class CoopSettings:
 
 def coop_settings(profile: Profile, layout: Layout) -> CoopSettings:
     """What ``profile`` says the cooperative choice costs at ``layout``: the profile's achieved
-    Newton–Schulz rate, its intra-node link (a group stays inside a node; a calibrated all-reduce
-    fit, as the CPU profile has, wins) and the DP group's link (``comm.profile_model``)."""
-    link = profile_model(profile, 1, "coop").link_for("all_reduce")
+    Newton–Schulz rate, the link of a group's Gram all-reduces (a calibrated all-reduce fit, as the
+    CPU profile has, wins) and the DP group's link (``comm.profile_model``). A group's link is the
+    span of its ranks: at TP = 1 an aligned block of k <= 8 DP ranks, inside a node; at TP > 1 a TP
+    (sub-)group, strided over the whole TP group (``tp.block_slots``), so inside a node for Megatron's
+    TP <= 8 and across nodes for an FSDP2 shard group planned as a TP group of 256
+    (``canzona.plan.engines``), where the inter-node link prices its Grams."""
+    link = profile_model(profile, layout.tp, "coop").link_for("all_reduce")
     dp = profile_model(profile, layout.tp * layout.dp, "dp")
     return CoopSettings(flops_rate=profile.flops_rate, link=link, dp=dp)
 

@@ -18,7 +18,9 @@ How an engine looks to the planner (``planner_layout``):
             holds numel / (T·S) of every matrix, and one owner needs all T·S pieces: the planner
             model is a TP group of T·S (same bytes, same compute, the all-to-alls over the whole
             T·S mesh). The FSDP2 runtime does not run a TP dimension yet (``supports_tp``), so
-            such a plan is a projection only.
+            such a plan is a projection only. Cooperative groups are the TP ones: only for matrices
+            whose long side is their rows (a Shard(0) row slice is a long-side block only then), and
+            priced on the inter-node link when the shard group spans nodes (``plan.coop``).
 """
 
 from __future__ import annotations
@@ -139,7 +141,7 @@ FSDP2 = register_engine(
         supports_pp=False,
         supports_ep=False,
         supports_hsdp=True,
-        cooperative=False,
+        cooperative=True,
         ns_methods=NS_METHODS_ALL,
         checkpoint="torch.distributed.checkpoint, the same full-matrix state (canzona.runtime.fsdp2.checkpoint)",
     )

@@ -34,8 +34,6 @@ from canzona.errors import ConfigError, NonFiniteGradientError
 from canzona.hardware import DEFAULT_CPU, DEFAULT_GPU
 from canzona.models.spec import ParamSpec
 from canzona.optim.base import apply_update, matrix_shape
-from canzona.optim.muon import require_muon
-from canzona.optim.precision import compute_dtype_for
 from canzona.plan import make_plan
 from canzona.plan.buckets import build_buckets, resolve_bucket_size
 from canzona.plan.comm import MODELS, model_for_backend
@@ -46,7 +44,7 @@ from canzona.runtime.buffers import DTYPES, FlatBuffers
 from canzona.runtime.config import DistConfig
 from canzona.runtime.dp_sync import DPSync
 from canzona.runtime.executors.base import StepContext, run_executors
-from canzona.runtime.executors.coop import coop_comms, held_pieces
+from canzona.runtime.executors.coop import coop_comms, held_pieces, ns_rounds
 from canzona.runtime.executors.tp import select_executors
 from canzona.runtime.timers import PhaseTimer
 from canzona.runtime.zero_adamw import ZeroAdamW
@@ -170,19 +168,11 @@ class DistributedOptimizer:
             param_bytes=pdtype.itemsize,
             tp_partial=self.tp_partial,
             global_world=dist.get_world_size(self.global_group),
-            **self._ns_rounds(),
+            **ns_rounds(self.plan, getattr(self, "math", None), self.device),
         )
         size = resolve_bucket_size(self.config.plan.bucket_size, self.dp)
         adamw = build_buckets([(n, self.params[n].numel()) for n in self.adamw_names], self.dp, size)
         return lower(self.plan, adamw, self.dp_rank, self.tp_rank, settings, Layout(self.dp, self.tp, 1))
-
-    def _ns_rounds(self) -> dict[str, Any]:
-        """Newton–Schulz iterations and Gram restarts of the optimizer (cooperative all-reduces)."""
-        if self.plan is None or not self.plan.coop:
-            return {}
-        muon = require_muon(self.math)
-        dtype = compute_dtype_for(muon.config.compute_dtype, self.device)
-        return {"ns_steps": muon.config.ns_steps, "ns_restarts": muon.ns_restarts_for(dtype)}
 
     def _build(self) -> None:
         s, gdtype = self.schedule, DTYPES[self.config.precision.grad_dtype]

@@ -44,6 +44,7 @@ def table_rows(out: dict[str, Any]) -> list[dict[str, Any]]:
                 "max_matrices": r["max_matrices"],
                 "owner_recv_mb": r["max_recv_bytes"] / 1e6,
                 "micro_groups": r["micro_groups"],
+                "cooperative_groups": r["cooperative_groups"],
                 "step_calls": r["step_calls"],
                 "collectives": _calls(r["collectives"]),
                 "exposed_comm_ms": r["exposed_comm_ms"],
@@ -60,6 +61,7 @@ def table_rows(out: dict[str, Any]) -> list[dict[str, Any]]:
             "max_matrices": None,
             "owner_recv_mb": None,
             "micro_groups": None,
+            "cooperative_groups": None,
             "step_calls": None,
             "collectives": "-",
             "exposed_comm_ms": None,
@@ -82,13 +84,14 @@ def format_report(out: dict[str, Any]) -> str:
         f"({out['ns_tflops']:.1f} TFLOP/s Newton–Schulz)",
         "",
         f"{'method':<20} {'max/GPU':>10} {'ms':>7} {'/bound':>7} {'/canzona':>8} {'mats':>5} {'recv MB':>8} "
-        f"{'groups':>6} {'calls':>5} {'exposed':>8} {'step ms':>8}",
+        f"{'groups':>6} {'coop':>4} {'calls':>5} {'exposed':>8} {'step ms':>8}",
     ]
     for r in table_rows(out):
         lines.append(
-            f"{r['method']:<20} {r['max_per_gpu']:>10.4g} {r['max_ms']:>7.2f} {r['vs_bound']:>7.3f} "
+            f"{r['method']:<20} {r['max_per_gpu']:>10.4g} {_opt(r['max_ms'], '.2f'):>7} {r['vs_bound']:>7.3f} "
             f"{r['vs_canzona']:>8.3f} {_opt(r['max_matrices'], 'd'):>5} {_opt(r['owner_recv_mb'], '.1f'):>8} "
-            f"{_opt(r['micro_groups'], 'd'):>6} {_opt(r['step_calls'], 'd'):>5} "
+            f"{_opt(r['micro_groups'], 'd'):>6} {_opt(r['cooperative_groups'], 'd'):>4} "
+            f"{_opt(r['step_calls'], 'd'):>5} "
             f"{_opt(r['exposed_comm_ms'], '.2f'):>8} {_opt(r['projected_step_ms'], '.2f'):>8}"
         )
     cz = next(r for r in out["rows"] if r["method"] == "canzona")
@@ -96,8 +99,9 @@ def format_report(out: dict[str, Any]) -> str:
         "",
         f"collectives per step (canzona): {_calls(cz['collectives'])}",
         "max/GPU: the busiest GPU's Newton–Schulz work; recv MB: what the busiest owner receives in its gathers; "
-        "step ms: norm all-reduce + the micro-group pipeline (exposed all-to-alls + each group's slowest owner), "
-        "AdamW on the local shards left out (the same for every row).",
+        "coop: matrices a group of owners updates together (cooperative Newton–Schulz); step ms: norm all-reduce + "
+        "the micro-group pipeline (exposed all-to-alls + each group's slowest owner) + the busiest member's "
+        "cooperative work after it, AdamW on the local shards left out (the same for every row).",
         "round-robin = muon-fsdp2's owners (index mod N); shape-batched = dion's (index within its shape class "
         "mod N); bucketed-lpt = torchtitan DistMuon's (largest-first per layer bucket); see "
         "canzona.plan.readers.owners.",
@@ -123,7 +127,7 @@ def suite() -> tuple[list[dict[str, Any]], str]:
             if name == HEADLINE:
                 headline.append(out)
     cols = ["model", "shard_group", "replicas", "method", "max_ms", "vs_bound", "vs_canzona", "max_matrices"]
-    cols += ["owner_recv_mb", "micro_groups", "step_calls", "projected_step_ms"]
+    cols += ["owner_recv_mb", "micro_groups", "cooperative_groups", "step_calls", "projected_step_ms"]
     md = [
         "Per-GPU Newton–Schulz maximum (FLOPs at the profile's rate), bytes per owner, collectives per step and "
         f"the projected matrix step at 256 GPUs on profile {profile.name} (computed by the planner, not measured).",

@@ -16,12 +16,13 @@ as ``fully_shard`` holds them (``fsdp2_specs``), planned on the engine's layout
 
 Per row: the busiest GPU's optimizer cost (cost-model units and ms at the profile's Newton–Schulz
 rate), the most matrices one GPU owns, the bytes the busiest owner receives in its gathers, and for
-the two planned rows the lowered schedule's collectives per step, micro-groups and the projected
-matrix step: the norm all-reduce, then the micro-group pipeline (exposed gather / scatter plus each
-group's slowest owner), priced on the hardware profile by ``canzona.plan.readers.budget``, the
-reader ``canzona plan`` prices every layout with (``plan.comm.profile_model``: the profile's intra-
-or inter-node link by the group's span). AdamW on the local shards is the same for every row and is
-left out.
+the two planned rows the lowered schedule's collectives per step, micro-groups, cooperative groups and
+the projected matrix step: the norm all-reduce, then the micro-group pipeline (exposed gather /
+scatter plus each group's slowest owner), then the busiest member's cooperative work (its Newton–Schulz
+share and its groups' calls, not overlapped), priced on the hardware profile by
+``canzona.plan.readers.budget``, the reader ``canzona plan`` prices every layout with
+(``plan.comm.profile_model``: the profile's intra- or inter-node link by the group's span). AdamW on
+the local shards is the same for every row and is left out.
 """
 
 from __future__ import annotations
@@ -37,12 +38,12 @@ from canzona.hardware import Profile
 from canzona.models.spec import ParamSpec
 from canzona.models.transformer import Model, list_params
 from canzona.plan.build import make_plan
-from canzona.plan.comm import profile_model
+from canzona.plan.comm import CommModel, profile_model
 from canzona.plan.engines import FSDP2, check_shardable
 from canzona.plan.readers.budget import links, stage_budget
 from canzona.plan.readers.metrics import gpu_loads, stage_bounds
 from canzona.plan.readers.owners import owner_loads, peer_owners
-from canzona.plan.schedule import LowerSettings, stage_schedules
+from canzona.plan.schedule import LowerSettings, RankSchedule, stage_schedules
 from canzona.plan.types import Plan, PlanConfig
 
 # torchtitan's Qwen3 / Llama module order inside a block (attention wq wk wv wo, feed_forward w1 w2 w3,
@@ -83,10 +84,11 @@ class OwnerRow:
 
     method: str
     max_cost: float
-    max_ms: float
+    max_ms: float | None  # None unless costs are FLOPs
     max_matrices: int
     max_recv_bytes: int
     micro_groups: int | None = None
+    cooperative_groups: int | None = None
     collectives: dict[str, dict[str, int]] | None = None
     step_calls: int | None = None
     exposed_comm_ms: float | None = None
@@ -108,8 +110,29 @@ def _recv_bytes(owners: Sequence[int], numels: Sequence[int], group: int, nbytes
     return out
 
 
-def _planned_row(method: str, plan: Plan, profile: Profile, settings: LowerSettings) -> OwnerRow:
-    """A planned row: loads from ``gpu_loads``, calls and the projected step from the lowered schedule."""
+def _coop_ms(plan: Plan, scheds: Sequence[RankSchedule], models: dict[str, CommModel], profile: Profile) -> float:
+    """The busiest member's cooperative work: its share of its groups' Newton–Schulz FLOPs at the
+    profile's rate plus its groups' calls (Gram all-reduces, blocks' all-to-alls), run after the
+    micro-group pipeline (no overlap modelled: an upper bound on what cooperation adds)."""
+    if not plan.coop:
+        return 0.0
+    flops = CostModel(plan.config.optimizer, "flops")
+    shapes = {it.name: it.shape for it in plan.items}
+    sizes = {"tp": plan.layout.tp, "global": plan.layout.tp, "coop": max(g.k for g in plan.coop)}
+    member = [0.0] * plan.layout.tp
+    for g in plan.coop:
+        for _, t in g.members:
+            member[t] += flops(shapes[g.name]) / g.k
+    return max(
+        sum(models[o.group].call_us(o.kind, sizes[o.group], o.nbytes) for o in s.ops if o.phase == "coop") / 1e3
+        + member[s.tp_rank] / profile.flops_rate * 1e3
+        for s in scheds
+    )
+
+
+def _planned_row(method: str, plan: Plan, profile: Profile, settings: LowerSettings, flops: bool) -> OwnerRow:
+    """A planned row: loads from ``gpu_loads``, calls and the projected step from the lowered schedule
+    (``flops``: costs are FLOPs, so the busiest GPU's is also given in ms)."""
     loads = gpu_loads(plan)
     cost = loads.flat_cost()
     owners = _owners(plan)
@@ -120,17 +143,19 @@ def _planned_row(method: str, plan: Plan, profile: Profile, settings: LowerSetti
     norm_ms = max(
         sum(models[o.group].call_us(o.kind, group, o.nbytes) for o in s.ops if o.phase == "norm") / 1e3 for s in scheds
     )
+    coop_ms = _coop_ms(plan, scheds, models, profile)
     return OwnerRow(
         method,
         max(cost),
-        max(cost) / profile.flops_rate * 1e3,
-        max(Counter(owners.values()).values()),
+        max(cost) / profile.flops_rate * 1e3 if flops else None,
+        max(Counter(owners.values()).values(), default=0),
         max(x for row in loads.recv["tp_gather"] for x in row),
         micro_groups=len(plan.tp.groups[0]),
+        cooperative_groups=len(plan.coop),
         collectives=budget.collectives,
         step_calls=budget.step_calls,
         exposed_comm_ms=budget.exposed_tp_ms,
-        projected_step_ms=norm_ms + budget.exposed_tp_ms + budget.tp_compute_ms,
+        projected_step_ms=norm_ms + budget.exposed_tp_ms + budget.tp_compute_ms + coop_ms,
     )
 
 
@@ -171,8 +196,9 @@ def compare(
             specs, layout, dataclasses.replace(base, strategy="asc", tp_mode="no"), cost_model=cm, profile=profile
         ),
     }
-    rows = [_planned_row(m, p, profile, settings) for m, p in plans.items()]
-    items = plans["canzona"].items
+    flops = cm.kind == "flops"
+    rows = [_planned_row(m, p, profile, settings, flops) for m, p in plans.items()]
+    items = plans["round-robin"].items  # whole matrices at their solo cost (Canzona's may carry group totals)
     costs = [it.cost for it in items]
     numels = [it.numel for it in items]
     for rule in ("shape-batched", "bucketed-lpt"):
@@ -184,12 +210,12 @@ def compare(
             OwnerRow(
                 rule,
                 max(loads),
-                max(loads) / profile.flops_rate * 1e3,
+                max(loads) / profile.flops_rate * 1e3 if flops else None,
                 max(Counter(owners).values()),
                 max(_recv_bytes(owners, numels, group, settings.tp_bytes)),
             )
         )
-    mean, bound, tight = stage_bounds(plans["canzona"])
+    mean, bound, tight = stage_bounds(plans["round-robin"])
     why_not = FSDP2.runs(tp)
     return {
         "model": model.name,
@@ -208,7 +234,7 @@ def compare(
         "matrices": len(items),
         "mean_cost": mean,
         "bound": bound,
-        "bound_ms": bound / profile.flops_rate * 1e3,
+        "bound_ms": bound / profile.flops_rate * 1e3 if flops else None,
         "tight_bound": tight,
         "rows": [r.to_dict() for r in rows],
         "plan_hashes": {m: p.plan_hash for m, p in plans.items()},

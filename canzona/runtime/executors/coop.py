@@ -26,12 +26,14 @@ import torch
 import torch.distributed as dist
 
 from canzona.models.spec import ParamSpec
+from canzona.optim.base import MatrixOptimizer
 from canzona.optim.muon import Muon, require_muon
 from canzona.optim.newton_schulz import newton_schulz_blocks
+from canzona.optim.precision import compute_dtype_for
 from canzona.plan.coop import GROUP_SIZES
 from canzona.plan.schedule import ExecSpec, coop_comm_key
 from canzona.plan.tp import block_slots
-from canzona.plan.types import CoopGroup
+from canzona.plan.types import CoopGroup, Plan
 from canzona.runtime.executors.base import ShardOf, StepContext
 
 
@@ -195,7 +197,8 @@ class CooperativeTP:
         self.names = list(spec.names)
         self.comms = comms
         tp = dist.get_world_size(comms["tp"])
-        me = (dist.get_rank(comms["dp"]), dist.get_rank(comms["tp"]))
+        # an engine without a DP group around the TP one (FSDP2: the shard group is the only one) is DP rank 0
+        me = (dist.get_rank(comms["dp"]) if "dp" in comms else 0, dist.get_rank(comms["tp"]))
         classes: dict[tuple[str, str], list[Member]] = {}
         for g in sorted(spec.member_groups(me[1]), key=lambda g: g.name):
             classes.setdefault((coop_comm_key(g, tp), g.form), []).append(member_of(g, specs[g.name], me))
@@ -325,6 +328,17 @@ def held_pieces(
             size = m.block[0] * m.block[1]
             out[n] = Held(m.index * size, (m.index + 1) * size, m.block, (m.index * m.block[0], 0))
     return out
+
+
+def ns_rounds(plan: Plan | None, math: MatrixOptimizer | None, device: torch.device) -> dict[str, Any]:
+    """The lowering's cooperative rounds (``LowerSettings.ns_steps`` / ``ns_restarts``: one Gram
+    all-reduce each) of a plan with cooperative groups: the Muon config's iterations and its Gram
+    restarts in the compute dtype it runs on ``device``; nothing when the plan has no groups."""
+    if plan is None or not plan.coop:
+        return {}
+    muon = require_muon(math)
+    dtype = compute_dtype_for(muon.config.compute_dtype, device)
+    return {"ns_steps": muon.config.ns_steps, "ns_restarts": muon.ns_restarts_for(dtype)}
 
 
 def coop_comms(

@@ -1,4 +1,4 @@
-"""Canzona on FSDP2: the matrix optimizer of a ``fully_shard`` model, one owner per matrix.
+"""Canzona on FSDP2: the matrix optimizer of a ``fully_shard`` model, one owner (or one group) per matrix.
 
     model = fully_shard(...)                    # DTensor Shard(0) parameters (1-D mesh, or HSDP 2-D)
     opt = FSDP2Optimizer(model, DistConfig(plan=PlanConfig(strategy="canzona")))
@@ -13,7 +13,12 @@ The same pieces as the Megatron path (canzona.runtime.optimizer), nothing copied
   lowering    canzona.plan.schedule.lower: the executors and the ordered calls of a step
   executors   canzona.runtime.executors: micro-groups are ONE packed all_to_all_single to gather the
               row shards to their owners and ONE to scatter the updates back, pipelined (gather i+1 and
-              scatter i-1 in flight while group i computes); sc is one packed all-gather
+              scatter i-1 in flight while group i computes); sc is one packed all-gather;
+              cooperative Newton–Schulz (Muon, where the planner finds it pays) runs the Megatron
+              executor over the shard group: the whole group (k = N) on its own row slices, or a
+              strided sub-group whose blocks one all-to-all gathers and one scatters back, the Grams
+              of each round in ONE all-reduce (tests/test_fsdp2_coop.py). Only matrices whose long
+              side is their rows cooperate (Shard(0) slices are long-side blocks only then)
   math        canzona.optim: the single-matrix update; AdamW (torch's) on the local shards of the rest
   norm        canzona.runtime.grad_norm: global norm + non-finite flag in one all-reduce, one host read
 
@@ -47,6 +52,7 @@ from canzona.plan.types import Plan
 from canzona.runtime import grad_norm
 from canzona.runtime.config import DistConfig
 from canzona.runtime.executors.base import StepContext, run_executors
+from canzona.runtime.executors.coop import coop_comms, held_pieces, ns_rounds
 from canzona.runtime.executors.tp import select_executors
 from canzona.runtime.fsdp2.layout import as_dtensor, default_route, param_specs, shard_mesh
 from canzona.runtime.optimizer import StepInfo, check_plan_agreement
@@ -94,10 +100,15 @@ class FSDP2Optimizer:
         self.step_count = 0
         self.plan = self._make_plan() if self.matrix_names else None
         self.schedule = self._lower()
-        self.executors = select_executors(self.schedule.executors, self.specs, {"tp": self.group}, self.device)
+        comms = {"tp": self.group}
+        if self.plan is not None and self.plan.config.cooperative:  # every rank, whatever its groups
+            comms.update(coop_comms(None, self.group, 1, self.shards))
+        self.executors = select_executors(self.schedule.executors, self.specs, comms, self.device)
+        coop = next((e.coop for e in self.schedule.executors if e.kind == "cooperative"), ())
+        applied = [n for e in self.schedule.executors for n in e.names]
+        held = held_pieces(self.specs, coop, (0, self.rank), applied, self.shards)
         self.states = {
-            n: self.math.init_state(matrix_shape(self.specs[n].shape), device=self.device)
-            for n in self.schedule.computes
+            n: self.math.init_state(matrix_shape(held[n].shape), device=self.device) for n in self.schedule.computes
         }
         self.masters = {n: self._master(t) for n, t in self.local.items()}
         adam = [self.masters[n] for n in self.adamw_names]
@@ -105,8 +116,8 @@ class FSDP2Optimizer:
 
     # ---------------------------------------------------------------- set-up
     def _make_plan(self) -> Plan:
-        """The shared planner on the shard group as a TP group; cooperative Newton–Schulz only where
-        the engine has an executor for it (``canzona.plan.engines``: one owner per matrix here)."""
+        """The shared planner on the shard group as a TP group; cooperative Newton–Schulz where the
+        engine runs it (``canzona.plan.engines``) and the config allows it."""
         self.math = self.config.make_math()
         backend_profile = DEFAULT_CPU if self.backend == "gloo" else DEFAULT_GPU
         pc = dataclasses.replace(
@@ -127,7 +138,12 @@ class FSDP2Optimizer:
         comm = self.config.comm
         model = MODELS[comm.cost_model] if comm.cost_model else model_for_backend(self.backend)
         pdtype = next(iter(self.local.values())).dtype
-        settings = LowerSettings(model=model, param_bytes=pdtype.itemsize, global_world=self.shards)
+        settings = LowerSettings(
+            model=model,
+            param_bytes=pdtype.itemsize,
+            global_world=self.shards,
+            **ns_rounds(self.plan, getattr(self, "math", None), self.device),
+        )
         return lower(self.plan, (), 0, self.rank, settings, FSDP2.planner_layout(self.shards))
 
     @staticmethod
