@@ -159,6 +159,30 @@ def _planned_row(method: str, plan: Plan, profile: Profile, settings: LowerSetti
     )
 
 
+def _peer_rows(plan: Plan, specs: Sequence[ParamSpec], profile: Profile, nbytes: int, flops: bool) -> list[OwnerRow]:
+    """The peers' owner rules on ``plan``'s matrices (whole, at their solo cost; Canzona's plan may
+    carry group totals), DistMuon's buckets one per layer: loads and bytes only."""
+    items, group = plan.items, plan.layout.tp
+    costs = [it.cost for it in items]
+    numels = [it.numel for it in items]
+    rows = []
+    for rule in ("shape-batched", "bucketed-lpt"):
+        owners = peer_owners(
+            rule, [it.shape for it in items], [it.name for it in items], [s.layer for s in specs], group
+        )
+        loads = owner_loads(owners, costs, group)
+        rows.append(
+            OwnerRow(
+                rule,
+                max(loads),
+                max(loads) / profile.flops_rate * 1e3 if flops else None,
+                max(Counter(owners).values()),
+                max(_recv_bytes(owners, numels, group, nbytes)),
+            )
+        )
+    return rows
+
+
 def compare(
     model: Model,
     dp: int,
@@ -198,23 +222,7 @@ def compare(
     }
     flops = cm.kind == "flops"
     rows = [_planned_row(m, p, profile, settings, flops) for m, p in plans.items()]
-    items = plans["round-robin"].items  # whole matrices at their solo cost (Canzona's may carry group totals)
-    costs = [it.cost for it in items]
-    numels = [it.numel for it in items]
-    for rule in ("shape-batched", "bucketed-lpt"):
-        owners = peer_owners(
-            rule, [it.shape for it in items], [it.name for it in items], [s.layer for s in specs], group
-        )
-        loads = owner_loads(owners, costs, group)
-        rows.append(
-            OwnerRow(
-                rule,
-                max(loads),
-                max(loads) / profile.flops_rate * 1e3 if flops else None,
-                max(Counter(owners).values()),
-                max(_recv_bytes(owners, numels, group, settings.tp_bytes)),
-            )
-        )
+    rows += _peer_rows(plans["round-robin"], specs, profile, settings.tp_bytes, flops)
     mean, bound, tight = stage_bounds(plans["round-robin"])
     why_not = FSDP2.runs(tp)
     return {
@@ -231,7 +239,7 @@ def compare(
         "unit": cm.unit,
         "profile": profile.name,
         "ns_tflops": profile.flops_rate / 1e12,
-        "matrices": len(items),
+        "matrices": len(plans["round-robin"].items),
         "mean_cost": mean,
         "bound": bound,
         "bound_ms": bound / profile.flops_rate * 1e3 if flops else None,
