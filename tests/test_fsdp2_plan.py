@@ -114,7 +114,7 @@ def test_hsdp_and_tp_layouts() -> None:
 def test_fsdp2_layout_errors_name_the_fix(kw: dict, msg: str) -> None:
     with pytest.raises(ConfigError, match=msg):
         FSDP2.planner_layout(**kw)
-    with pytest.raises(ConfigError, match=r"FSDP2 \(HSDP\) setting"):
+    with pytest.raises(ConfigError, match="an HSDP setting the megatron engine has not; drop it or choose fsdp2"):
         MEGATRON.planner_layout(8, shard=2)
 
 
@@ -137,7 +137,7 @@ def test_cli_reports_owners_beside_round_robin_and_the_bound(capsys: pytest.Capt
         (["--engine", "fsdp2", "--dp", "8", "--compare"], "drop --compare"),
         (["--engine", "fsdp2", "--dp", "8", "--pp", "2"], "pp=2"),
         (["--engine", "fsdp2", "--dp", "12", "--shard-group", "5"], "must divide dp=12"),
-        (["--dp", "8", "--shard-group", "2"], "add --engine fsdp2"),
+        (["--dp", "8", "--shard-group", "2"], "choose fsdp2"),
         (["--engine", "nccl", "--dp", "8"], "invalid choice"),
     ],
 )
@@ -160,3 +160,15 @@ def test_cooperative_groups_are_priced_on_the_link_their_ranks_span() -> None:
     assert coop_settings(H800, FSDP2.planner_layout(256)).link.bus_bw == H800.inter.bus_bw
     out = compare(get_model("qwen3-8b"), 256, profile=H800)
     assert _rows(out)["canzona"]["cooperative_groups"] == 0
+
+
+def test_engine_capabilities_are_checked_not_names() -> None:
+    import dataclasses
+
+    standard_only = dataclasses.replace(FSDP2, ns_methods=("standard",))
+    standard_only.check_ns_method("standard")
+    with pytest.raises(ConfigError, match="'gram' does not run on the fsdp2 engine; choose standard"):
+        standard_only.check_ns_method("gram")
+    with pytest.raises(ConfigError, match="has no fsdp2 form; choose one of sc, asc, canzona"):
+        FSDP2.check_strategy("layerwise")
+    assert MEGATRON.runs(8, pp=4) is None and "TP mesh dimension" in (FSDP2.runs(2) or "")

@@ -35,8 +35,6 @@ NS_METHODS_ALL = ("standard", "gram", "auto")
 
 
 def _megatron_layout(dp: int, tp: int, pp: int, ep: int, shard: int | None) -> Layout:
-    if shard is not None:
-        raise ConfigError("a shard group (--shard-group) is an FSDP2 (HSDP) setting; drop it or add --engine fsdp2")
     return Layout(dp=dp, tp=tp, pp=pp, ep=ep)
 
 
@@ -74,7 +72,20 @@ class Engine:
     def planner_layout(self, dp: int, tp: int = 1, pp: int = 1, ep: int = 1, shard: int | None = None) -> Layout:
         """The layout the planner plans this engine's ``dp`` × ``tp`` × ``pp`` (× ``ep``) job on;
         ``shard``: FSDP2's shard group (HSDP when smaller than ``dp``)."""
+        if shard is not None and not self.supports_hsdp:
+            raise ConfigError(
+                f"a shard group (--shard-group) is an HSDP setting the {self.name} engine has not; drop it or "
+                f"choose {', '.join(e.name for e in ENGINES.values() if e.supports_hsdp)}"
+            )
         return self.layout(dp, tp, pp, ep, shard)
+
+    def check_ns_method(self, method: str) -> None:
+        """ConfigError naming the choices when this engine does not run Newton–Schulz ``method``."""
+        if method not in self.ns_methods:
+            raise ConfigError(
+                f"Newton–Schulz method {method!r} does not run on the {self.name} engine; choose "
+                f"{', '.join(self.ns_methods)}"
+            )
 
     def runs(self, layout_tp: int, pp: int = 1, ep: int = 1) -> str | None:
         """None when the runtime executes a job with these mesh dimensions, else why not (one line)."""

@@ -134,6 +134,10 @@ def _cost_model(args: argparse.Namespace, specs):
         raise ConfigError("--cost-table is only used with --cost measured")
     table = MeasuredTable.load(args.cost_table, strict=args.strict) if args.cost_table else None
     settings = CostSettings(ns_method=args.ns_method) if args.ns_method else CostSettings()
+    if args.ns_method:
+        from canzona.plan.engines import get_engine
+
+        get_engine(args.engine).check_ns_method(args.ns_method)
     if args.ns_method and not runs_newton_schulz(args.optimizer):
         raise ConfigError(f"--ns-method sets Newton–Schulz; optimizer {args.optimizer} runs none: drop it")
     cm = CostModel(args.optimizer, args.cost, settings, table=table)

@@ -79,7 +79,7 @@ def format_report(out: dict[str, Any]) -> str:
         f"{out['model']} on the fsdp2 engine: {out['dp']} data-parallel GPUs{hsdp}, TP {out['tp']}; "
         f"{out['matrices']} matrices, each owned by one of {out['owner_group']} GPUs "
         f"(planned as Layout(dp=1, tp={out['owner_group']}))",
-        f"runtime: {out['runtime']}",
+        f"runtime: {out['runtime']}; parameters: {out['param_layout']}; checkpoints: {out['checkpoint']}",
         f"{out['optimizer']} cost in {unit}; priced on profile {out['profile']} "
         f"({out['ns_tflops']:.1f} TFLOP/s Newton–Schulz)",
         "",

@@ -228,6 +228,8 @@ def compare(
     return {
         "model": model.name,
         "engine": FSDP2.name,
+        "param_layout": FSDP2.param_layout,
+        "checkpoint": FSDP2.checkpoint,
         "dp": dp,
         "tp": tp,
         "shard_group": group // tp,

@@ -86,6 +86,8 @@ class FSDP2Optimizer:
         self.mesh = shard_mesh(named)
         self.group = self.mesh.group()
         self.shards, self.rank = self.mesh.shards, self.mesh.shard_rank
+        if self.mesh.replicas > 1:
+            FSDP2.planner_layout(self.shards * self.mesh.replicas, shard=self.shards)  # the engine runs HSDP
         self.params = dict(named)
         specs = param_specs(named, self.shards, route)
         use_matrix = config.optimizer is not None
