@@ -8,6 +8,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
@@ -57,6 +58,15 @@ class Net(torch.nn.Module):
             x = b(x)
         logits = self.lm_head(self.norm(x))
         return F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+
+
+def require_torchtitan() -> None:
+    """Skip, naming the missing module, unless torchtitan's Qwen3 imports (torchtitan, triton,
+    spmd_types, tyro: ``make install`` puts the torchtitan extra and torchtitan==0.3.0 in)."""
+    try:
+        import canzona.runtime.fsdp2.torchtitan_qwen3  # noqa: F401
+    except ImportError as e:
+        pytest.skip(f"{e.name} is not installed: torchtitan's Qwen3 needs the torchtitan extra (make install)")
 
 
 def make_net(seed: int) -> Net:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from canzona.cli import main
+from tests.fsdp2_helpers import require_torchtitan
 
 # one Qwen3 block's matrices: torchtitan fuses q/k/v into wqkv (wqkv wo w1 w2 w3); the stand-in
 # keeps torchtitan's older unfused layout (wq wk wv wo w1 w2 w3)
@@ -22,7 +23,7 @@ MATRICES = {"torchtitan": 5, "local": 7}
 @pytest.mark.parametrize("impl", ["torchtitan", "local"])
 def test_bench_fsdp2_side_by_side(tmp_path: Path, impl: str) -> None:
     if impl == "torchtitan":
-        pytest.importorskip("torchtitan", reason="torchtitan is not installed (make install: the torchtitan extra)")
+        require_torchtitan()
     out = tmp_path / "b.json"
     args = ["bench-fsdp2", "--nproc", "2", "--layers", "1", "--seq", "8", "--steps", "2", "--warmup", "0"]
     assert main([*args, "--model-impl", impl, "--out", str(out)]) == 0

@@ -54,10 +54,10 @@ def test_fsdp2_loop_learns_on_four_ranks() -> None:
 
 
 def _torchtitan_example():
-    """examples/torchtitan_qwen3.py, or a skip naming what is missing (the ``torchtitan`` extra:
-    make install puts torchtitan, triton, spmd_types and tyro in)."""
-    for mod in ("torchtitan", "triton"):
-        pytest.importorskip(mod, reason=f"{mod} is not installed (make install: the torchtitan extra)")
+    """examples/torchtitan_qwen3.py, or a skip naming what is missing."""
+    from tests.fsdp2_helpers import require_torchtitan
+
+    require_torchtitan()
     spec = importlib.util.spec_from_file_location("torchtitan_qwen3", ROOT / "examples" / "torchtitan_qwen3.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
