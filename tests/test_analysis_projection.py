@@ -24,6 +24,7 @@ from canzona.analysis.projection.phases import _pipelined
 from canzona.cost import matrix_flops
 from canzona.errors import ConfigError
 from canzona.plan.types import Bucket, BucketEntry, DPPlan, MicroGroup, Plan, PlanConfig, PlanItem, TPSchedule
+from tests.registry_cases import executable_names
 
 TOY = """
 name = "toy"
@@ -226,7 +227,7 @@ def test_unknown_profile_lists_known() -> None:
         load_profile("no-such-gpu")
 
 
-@pytest.mark.parametrize("method", ["sc", "layerwise", "asc", "canzona"])
+@pytest.mark.parametrize("method", executable_names())
 def test_per_gpu_flops_match_planner_gpu_loads(method: str) -> None:
     """The projection's per-GPU work is the planner's (gpu_loads with cost=flops) on a real plan."""
     from canzona.plan import gpu_loads
@@ -328,7 +329,7 @@ def test_simulation_core_sharing_by_hand() -> None:
     assert spare["A"][1] == pytest.approx(3.0) and spare["B"][0]["compute"] == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("method", ["sc", "layerwise", "asc", "canzona"])
+@pytest.mark.parametrize("method", executable_names())
 def test_simulation_without_sharing_equals_the_analytic_step(method: str, toy) -> None:
     from canzona.analysis.projection import make_plans, simulate
 

@@ -19,6 +19,7 @@ from canzona.plan.build import adamw_buckets
 from canzona.plan.comm import NCCL
 from canzona.plan.schedule import LowerSettings, stage_schedules
 from canzona.plan.types import PlanConfig
+from tests.registry_cases import executable_names
 
 QK_NORM = ("q_layernorm", "k_layernorm")
 
@@ -47,7 +48,7 @@ def runtime_schedules(s: Scenario, plan, profile) -> dict:
 # every strategy the runtime executes at the headline layout, and cooperative layouts: TP
 # sub-groups of 2 (DP32×TP8), TP sub-groups of 2 beside whole TP groups of 4 (DP64×TP4), aligned DP
 # sub-groups (DP256×TP1), with Gram NS, and a small TP layout
-CASES = [("qwen3-32b", Layout(32, 8, 1), m, {}) for m in ("sc", "layerwise", "asc", "canzona")] + [
+CASES = [("qwen3-32b", Layout(32, 8, 1), m, {}) for m in executable_names()] + [
     ("qwen3-32b", Layout(32, 8, 1), "canzona", {"cooperative": False}),
     ("qwen3-8b", Layout(64, 4, 1), "canzona", {}),
     ("qwen3-14b", Layout(256, 1, 1), "canzona", {}),

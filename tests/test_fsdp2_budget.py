@@ -6,15 +6,21 @@ from __future__ import annotations
 
 import pytest
 
+from canzona.cost import matrix_optimizer_names
 from canzona.harness.step_probe import HostReadCounter
 from canzona.plan.engines import FSDP2
+from canzona.plan.strategies import STRATEGIES
 from canzona.runtime.fsdp2 import FSDP2Optimizer
 from canzona.runtime.launch import launch
 from tests.fsdp2_helpers import batch, fsdp2_config, make_net, shard_net
+from tests.registry_cases import default_strategy, ns_optimizer
 from tests.runtime_helpers import recorded
 
 SEED = 3
-RUNS = [("muon", s) for s in FSDP2.strategies or ()] + [("shampoo", "canzona")]
+# the Newton–Schulz optimizer through every strategy of the engine, every other matrix optimizer
+# through the default strategy (registries: tests/registry_cases.py)
+RUNS = [(ns_optimizer(), s) for s in FSDP2.strategies or ()]
+RUNS += [(o, default_strategy()) for o in matrix_optimizer_names() if o != ns_optimizer()]
 
 
 def _issued(info, mesh: tuple[int, ...]) -> dict:
@@ -42,7 +48,7 @@ def test_step_issues_the_lowered_schedule_and_reads_the_host_once(mesh: tuple[in
             assert reads == ["item in canzona.runtime.grad_norm"], (key, reads)
             kinds = [c[0] for c in calls]
             assert kinds[0] == "all_reduce" and kinds.count("all_reduce") == 1, (key, kinds)
-            if key[1] == "sc":
+            if STRATEGIES[key[1]].param_sync == "none":  # replicated updates (sc)
                 assert kinds[1:] == ["all_gather"], (key, kinds)
             else:  # two packed all-to-alls per micro-group, nothing else
                 micro = sum(len(g) for g in groups)

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import pytest
 
+from canzona.cost import matrix_optimizer_names
 from canzona.plan.engines import FSDP2
 from canzona.runtime.fsdp2 import FSDP2Optimizer
 from canzona.runtime.launch import launch
 from tests.fsdp2_helpers import batch, fsdp2_config, make_net, reference, shard_net
+from tests.registry_cases import default_strategy, ns_optimizer
 
 STEPS, SEED = 3, 11
 CLIP = 0.5  # below the first steps' norms (about 3), so clipping really scales
@@ -26,11 +28,13 @@ CLIP = 0.5  # below the first steps' norms (about 3), so clipping really scales
 TOLERANCE = {"muon": 1e-5, "shampoo": 3e-4, "soap": 1e-4, "mp": 4e-3, "bf16": 1e-2}
 STRATEGIES = FSDP2.strategies or ()
 MESHES = [(1,), (2,), (4,), (2, 2)]
-# fp32: every optimizer x strategy (clipping on the canzona runs); bf16 MixedPrecisionPolicy: Muon
-# through every strategy; a bf16 model (fp32 masters here): Muon with canzona.
-# (optimizer, strategy, precision, max_grad_norm)
-FP32 = [(o, s, "fp32", CLIP if s == "canzona" else None) for o in ("muon", "shampoo", "soap") for s in STRATEGIES]
-CASES = [*FP32, *(("muon", s, "mp", None) for s in STRATEGIES), ("muon", "canzona", "bf16", CLIP)]
+# fp32: every matrix optimizer x strategy (clipping on the default strategy's runs); bf16
+# MixedPrecisionPolicy: the Newton–Schulz optimizer through every strategy; a bf16 model (fp32
+# masters here): the Newton–Schulz optimizer with the default strategy. Read from the registries
+# (tests/registry_cases.py). (optimizer, strategy, precision, max_grad_norm)
+NS, DEFAULT = ns_optimizer(), default_strategy()
+FP32 = [(o, s, "fp32", CLIP if s == DEFAULT else None) for o in matrix_optimizer_names() for s in STRATEGIES]
+CASES = [*FP32, *((NS, s, "mp", None) for s in STRATEGIES), (NS, DEFAULT, "bf16", CLIP)]
 
 
 def _rank(info, mesh: tuple[int, ...]) -> dict:

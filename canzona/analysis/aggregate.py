@@ -25,9 +25,9 @@ from canzona.analysis.load import ROW_CONFIG_FIELDS
 if TYPE_CHECKING:
     import pandas as pd
 
-METHOD_ORDER = ("sc", "layerwise", "layerwise-2026", "asc", "megatron-muon", "canzona")
 BASELINES = ("sc", "layerwise", "megatron-muon")  # always shown; "asc" is added when present
 OURS = "canzona"
+PAPER_OPTIMIZER = "muon"  # the optimizer of the paper's Table 2: its headline rows and default labels
 GROUP_KEY = ("cell", "kind", "provenance", "source", "measured_at")
 # A table row: everything that defines a cell except the method, plus where the numbers come from.
 # ns_dtype: a row compares methods in ONE Newton-Schulz number format (NaN where not recorded).
@@ -97,6 +97,17 @@ def aggregate_cells(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def method_order() -> tuple[str, ...]:
+    """Every method a table names, in order: the projection's (the runtime's strategies in
+    registration order, today's Megatron layer-wise after the paper's; canzona.analysis.projection
+    .scenario.METHODS), then the peers (canzona.spec), ours last."""
+    from canzona.analysis.projection.scenario import METHODS
+    from canzona.spec import method_names
+
+    peers = [m for m in method_names() if m not in METHODS]
+    return (*(m for m in METHODS if m != OURS), *peers, OURS)
+
+
 def speedups(cells: pd.DataFrame, ours: str = OURS, baselines: Sequence[str] | None = None) -> pd.DataFrame:
     """Per table row (``ROW_KEY``): ``<baseline>_ms / <ours>_ms`` for iteration and step.
 
@@ -111,7 +122,7 @@ def speedups(cells: pd.DataFrame, ours: str = OURS, baselines: Sequence[str] | N
     bases = (
         list(baselines)
         if baselines is not None
-        else [m for m in METHOD_ORDER if m in present] + sorted(m for m in present if m not in METHOD_ORDER)
+        else [m for m in method_order() if m in present] + sorted(m for m in present if m not in method_order())
     )
     rows: list[dict[str, Any]] = []
     for key, g in cells.groupby(list(ROW_KEY), sort=False, dropna=False):

@@ -41,7 +41,7 @@ from typing import Any
 
 from canzona.analysis.projection import COLLECTIVES, PROFILE_DIR, ring_terms
 from canzona.argtypes import int_in, output_file, positive_int
-from canzona.cost import matrix_flops, matrix_optimizer_names
+from canzona.cost import matrix_flops, matrix_optimizer_names, runs_newton_schulz
 
 DEFAULT_SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)  # bytes per collective buffer (up to a qwen3-tiny bucket)
 
@@ -76,7 +76,7 @@ def _rank(info: Any, model: str, optimizer: str, dp: int, tp: int, sizes: Sequen
     out: dict[str, Any] = {"compute": {}, "solo": {}, "mem": 0.0, "mem_solo": 0.0, "coll": {}}
     # fp32 Newton–Schulz: the profile declares fp32 (param_bytes 4, Profile.ns_dtype), so its times must
     # be fp32 times; Muon's "auto" would pick bf16 on CPUs with native bf16 matmul.
-    opt = make_matrix_optimizer(optimizer, **({"compute_dtype": "fp32"} if optimizer == "muon" else {}))
+    opt = make_matrix_optimizer(optimizer, **({"compute_dtype": "fp32"} if runs_newton_schulz(optimizer) else {}))
     gen = torch.Generator().manual_seed(info.rank)
     src = torch.randn(8 << 20)
     dst = torch.empty_like(src)

@@ -134,14 +134,15 @@ def _knobs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _speedups(res: dict[str, Any]) -> dict[str, dict[str, float]]:
+    from canzona.analysis.aggregate import OURS
     from canzona.analysis.projection import speedup
 
-    c = res.get("canzona")
+    c = res.get(OURS)
     out: dict[str, dict[str, float]] = {}
     if c is None:
         return out
     for m, p in res.items():
-        if m != "canzona":
+        if m != OURS:
             out[m] = {"step": speedup(p.step_ms, c.step_ms), "iteration": speedup(p.iteration_ms, c.iteration_ms)}
     return out
 
@@ -275,6 +276,7 @@ def _write_preset(name: str, out: Path, profiles: list[Any] | None) -> int:
     """Project a preset and write its file (and, for ``paper``, the sensitivity and batch studies)."""
     import pandas as pd
 
+    from canzona.analysis.aggregate import PAPER_OPTIMIZER
     from canzona.analysis.projection import load_profile, project_grid, projected_env, to_record
     from canzona.analysis.projection.presets import get_preset
     from canzona.analysis.projection.studies import batch_study, beyond_study, sensitivity
@@ -296,7 +298,7 @@ def _write_preset(name: str, out: Path, profiles: list[Any] | None) -> int:
         for fname, rows in studies.items():
             write_atomic(out / fname, pd.DataFrame(rows).to_csv(index=False))
             written.append(out / fname)
-    head = [p for p in projs if p.scenario.model == "qwen3-32b" and p.scenario.optimizer == "muon"]
+    head = [p for p in projs if p.scenario.model == "qwen3-32b" and p.scenario.optimizer == PAPER_OPTIMIZER]
     groups: dict[tuple[str, str, str, bool], dict[str, Any]] = {}
     for p in head:
         s = p.scenario

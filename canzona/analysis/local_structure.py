@@ -16,8 +16,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from canzona.analysis.aggregate import OURS, finite
+from canzona.analysis.aggregate import OURS, PAPER_OPTIMIZER, finite
 from canzona.analysis.markdown import markdown_table
+from canzona.spec import method_names
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 STRUCTURE_MODEL = "qwen3-32b-w16"
 STRUCTURE_BUCKET = 156_250  # 40M / 16²: Qwen3-32B's bucket-to-matrix ratio at 1/16 width
 PREDICTED = ("qwen3-32b", 256, "H800")  # model, world, profile of the 256-GPU prediction
-METHODS = ("sc", "layerwise", "asc", OURS)
+METHODS = method_names(peers=False)  # the runtime's strategies, in registration order
 BASES = ("asc", "layerwise")
 RATIO_TOL = 0.25
 
@@ -41,7 +42,7 @@ def predicted_steps(cells: pd.DataFrame, view: str) -> dict[str, float]:
     sel = cells[
         (cells["model"] == model)
         & (cells["world"] == world)
-        & (cells["optimizer"] == "muon")
+        & (cells["optimizer"] == PAPER_OPTIMIZER)
         & src.str.contains(f"profile={profile} overlap={view} cost=flops", regex=False)
         & ~src.str.contains("variant=", regex=False)
     ]

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from canzona.analysis.aggregate import METHOD_ORDER, OURS, finite
+from canzona.analysis.aggregate import OURS, PAPER_OPTIMIZER, finite, method_order
 from canzona.results.figures import pyplot, save_figure
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def _speedup_panels(table: pd.DataFrame) -> list[tuple[str, str, str, list[dict]
 
 def _xlabel(r: dict) -> str:
     """model, dp·tp·pp, and what else distinguishes the row (optimizer, step benchmark)."""
-    extra = [str(r["optimizer"])] if r.get("optimizer") not in (None, "muon") else []
+    extra = [str(r["optimizer"])] if r.get("optimizer") not in (None, PAPER_OPTIMIZER) else []
     extra += ["bench-step"] if r.get("kind") == "step" else []
     return "\n".join([str(r["model"]).replace("qwen3-", ""), r["layout (dp·tp·pp = GPUs)"].split(" =")[0], *extra])
 
@@ -143,7 +143,8 @@ def plot_phases(cells: pd.DataFrame, path: str | Path, max_panels: int = 6) -> P
     for ax, (key, g) in zip(axes[0], groups, strict=False):
         k = dict(zip(ROW_KEY, key, strict=True))
         g = g.set_index("method")
-        methods = [m for m in METHOD_ORDER if m in g.index] + sorted(set(g.index) - set(METHOD_ORDER))
+        order = method_order()
+        methods = [m for m in order if m in g.index] + sorted(set(g.index) - set(order))
         bottom = [0.0] * len(methods)
         for p in PHASE_ORDER:
             col = f"phase_{p}"
@@ -265,18 +266,20 @@ def gpu_load_data(
     dp: int,
     tp: int,
     pp: int = 1,
-    methods: Sequence[str] = ("sc", "layerwise", "asc", "canzona"),
-    optimizer: str = "muon",
+    methods: Sequence[str] | None = None,
+    optimizer: str = PAPER_OPTIMIZER,
     alpha: float | None = None,
 ) -> tuple[dict[str, list[float]], float]:
-    """Per-GPU optimizer FLOPs of each method's plan (all stages) and the atomic lower bound."""
+    """Per-GPU optimizer FLOPs of each method's plan (all stages; ``methods`` default to the runtime's
+    strategies) and the atomic lower bound."""
     from canzona.analysis.projection import Scenario, make_plans
     from canzona.plan import gpu_loads
     from canzona.plan.types import DEFAULT_ALPHA, Layout
+    from canzona.spec import method_names
 
     loads: dict[str, list[float]] = {}
     bound = 0.0
-    for m in methods:
+    for m in methods if methods is not None else method_names(peers=False):
         a = DEFAULT_ALPHA if alpha is None else alpha
         plans = make_plans(Scenario(model, Layout(dp, tp, pp), m, optimizer=optimizer, alpha=a))
         loads[m] = [c for p in plans for c in gpu_loads(p).flat_cost()]

@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from canzona.analysis.aggregate import OURS, ROW_KEY, finite
+from canzona.analysis.aggregate import OURS, PAPER_OPTIMIZER, ROW_KEY, finite
 from canzona.analysis.markdown import human_tokens, markdown_table
 from canzona.analysis.pairs import BASELINE_TP, balance_pairs, config_text, is_beyond, source_tokens
 from canzona.analysis.projection_error import error_note, error_table, validation_markdown
@@ -429,7 +429,7 @@ def _param_gather_ms(cells: pd.DataFrame | None) -> float | None:
     sel = cells[
         (cells["model"] == "qwen3-32b")
         & (cells["method"] == OURS)
-        & (cells["optimizer"] == "muon")
+        & (cells["optimizer"] == PAPER_OPTIMIZER)
         & cells["source"].astype(str).str.contains("profile=H800 overlap=none cost=flops")
         & ~cells["source"].astype(str).str.contains("variant=")
     ]

@@ -15,7 +15,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from canzona.analysis.aggregate import BASELINES, METHOD_ORDER, OURS, ROW_KEY, aggregate_cells, finite, speedups
+from canzona.analysis.aggregate import (
+    BASELINES,
+    OURS,
+    PAPER_OPTIMIZER,
+    ROW_KEY,
+    aggregate_cells,
+    finite,
+    method_order,
+    speedups,
+)
 from canzona.analysis.markdown import fmt_ms, fmt_speedup, human_tokens, markdown_table
 from canzona.analysis.pairs import config_text
 
@@ -36,7 +45,8 @@ def _model_rank(name: Any) -> int:
 def methods_present(cells: pd.DataFrame) -> list[str]:
     """Methods in the canonical order, unknown ones last (sorted)."""
     present = set(cells["method"].dropna()) if not cells.empty else set()
-    return [m for m in METHOD_ORDER if m in present] + sorted(present - set(METHOD_ORDER))
+    order = method_order()
+    return [m for m in order if m in present] + sorted(present - set(order))
 
 
 def build_table2(cells: pd.DataFrame) -> pd.DataFrame:
@@ -166,7 +176,11 @@ def headline_rows(table: pd.DataFrame, profile: str = "H800") -> pd.DataFrame:
     if table.empty:
         return table
     prov = table["provenance"].astype(str)
-    proj = (prov.map(_profile_of) == profile) & (table["model"] == HEADLINE_MODEL) & (table["optimizer"] == "muon")
+    proj = (
+        (prov.map(_profile_of) == profile)
+        & (table["model"] == HEADLINE_MODEL)
+        & (table["optimizer"] == PAPER_OPTIMIZER)
+    )
     compared = table[[c for c in table.columns if f"{OURS} vs " in c]].notna().any(axis=1)
     return table[prov.str.startswith("measured") | (proj & compared)]
 
@@ -188,7 +202,7 @@ def headline_markdown(table: pd.DataFrame, profile: str = "H800") -> str:
     rows = headline_rows(table, profile)
     if rows.empty:
         return "_No result lines were found._"
-    methods = [m for m in METHOD_ORDER if f"{m} step ms" in rows and rows[f"{m} step ms"].notna().any()]
+    methods = [m for m in method_order() if f"{m} step ms" in rows and rows[f"{m} step ms"].notna().any()]
     has = lambda col: col in rows and rows[col].notna().any()
     bases = [m for m in methods if m != OURS and (has(f"{OURS} vs {m} (step)") or has(f"{OURS} vs {m} (iter)"))]
     pair = lambda a, b, f: f"{f(a)} / {f(b)}"
