@@ -11,13 +11,15 @@ wqkv); ``local``, a stand-in in torchtitan's unfused wq/wk/wv/wo/w1/w2/w3 layout
 without torchtitan.
 
 Peers: muon-fsdp2 (``muon_fsdp2.Muon``: one gather to the owner and one scatter back per matrix,
-owners round-robin by index). torchtitan's DistMuon is tried and, where it refuses, the exception is
-recorded word for word with the file, line and function that raised it. torchtitan 0.3.0 refuses CPU
-in ``DistMuon._validate_parameter_storage`` (every parameter's local tensor must sit on one device of
-type "cuda"; no constructor option changes that), and past that check its redistribution runtime
-(``_CommunicationContext.create``) would build a side stream ``torch.get_device_module(device).Stream(
-device=device, priority=0)`` and events to overlap its packed all_to_all_single with Newton–Schulz:
-``torch.cpu.Stream`` takes neither argument. gloo itself is no obstacle (it has all_to_all_single).
+owners round-robin by index), set to Canzona's update (the Moonlight scale, bf16 Newton–Schulz, the
+same AdamW), so the loss curves agree to bf16 rounding. torchtitan's DistMuon is tried and, where
+it refuses, the exception is recorded word for word with the file, line and function that raised
+it. torchtitan 0.3.0 refuses CPU in ``DistMuon._validate_parameter_storage`` (every parameter's
+local tensor must sit on one device of type "cuda"; no constructor option changes that), and past
+that check its redistribution runtime (``_CommunicationContext.create``) would build a side stream
+``torch.get_device_module(device).Stream(device=device, priority=0)`` and events to overlap its
+packed all_to_all_single with Newton–Schulz: ``torch.cpu.Stream`` takes neither argument. gloo
+itself is no obstacle (it has all_to_all_single).
 """
 
 from __future__ import annotations
@@ -52,7 +54,10 @@ from canzona.runtime.launch import launch
 
 OURS = ("canzona", "asc", "sc")
 PEERS = ("muon-fsdp2", "torchtitan-distmuon")
-LR, ADAMW_LR = 0.02, 1e-3
+LR = 0.02
+# Every method's AdamW (embedding, output, norms) is Canzona's default one (lr 3e-4, betas 0.9/0.95,
+# no weight decay), so that the loss curves differ only where the matrix updates do.
+ADAMW = DistConfig().adamw
 BATCH = 2  # sequences per rank
 
 
@@ -186,13 +191,17 @@ def _build(method: str, args: argparse.Namespace, world: int) -> tuple[torch.nn.
     mats = [p for n, p in named if default_route(n, tuple(p.shape)) == "matrix"]
     rest = [p for n, p in named if default_route(n, tuple(p.shape)) != "matrix"]
     if method in OURS:
-        cfg = DistConfig(optimizer=optimizer_config("muon", lr=LR), plan=PlanConfig(strategy=method))
+        muon = optimizer_config("muon", lr=LR, compute_dtype="bf16")  # bf16 Newton–Schulz, as both peers
+        cfg = DistConfig(optimizer=muon, adamw=ADAMW, plan=PlanConfig(strategy=method))
         return net, FSDP2Optimizer(net, cfg), loss
     if method == "muon-fsdp2":
         from muon_fsdp2 import Muon
 
-        groups = [{"params": mats, "use_muon": True, "lr": LR, "rms_scale": False}]
-        return net, Muon([*groups, {"params": rest, "use_muon": False, "lr": ADAMW_LR}]), loss
+        # rms_scale: Moonlight's 0.2·sqrt(max(m, n)), Canzona's Muon scale; its Nesterov EMA momentum is
+        # Canzona's up to a factor Newton–Schulz normalises away
+        groups = [{"params": mats, "use_muon": True, "lr": LR, "rms_scale": True}]
+        adam = {"params": rest, "use_muon": False, "lr": ADAMW.lr, "betas": ADAMW.betas, "eps": ADAMW.eps}
+        return net, Muon([*groups, {**adam, "weight_decay": ADAMW.weight_decay}]), loss
     from torchtitan.distributed.flex_shard.dist_muon import build_dist_muon
     from torchtitan.distributed.flex_shard.optimizer_reshard import BucketConfig, ComputeLayout, Owned
 
