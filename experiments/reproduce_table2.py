@@ -629,7 +629,7 @@ def _calibration_reused() -> str:
         where = f"measured on {info.get('host')} at {info.get('timestamp')}"
     except (OSError, ValueError):
         where = "no record of where it was measured"
-    return f"calibration: canzona/analysis/profiles/cpu-local.toml ({_rel(cal)}: {where}; FULL=1 re-measures it)"
+    return f"calibration: canzona/hardware/profiles/cpu-local.toml ({_rel(cal)}: {where}; FULL=1 re-measures it)"
 
 
 def _projection(step: Step, run: Run) -> None:

@@ -2,7 +2,7 @@
 
 Every list here is read from ``canzona.plan.strategies.STRATEGIES`` and the optimizer registry at
 CALL time, filtered by the capabilities on the entries, so a strategy or optimizer registered
-before a test runs (a plugin, or a test's fixture: tests/test_registry_cases.py) is tested with no
+before a test runs (a plugin, or a test's fixture: tests/test_runtime_registered_strategy.py) is tested with no
 test edit. The filters are the suite's pruning, written as capabilities rather than names: they
 keep the forked-rank cases to what each check needs (see each function for why).
 """

@@ -307,7 +307,7 @@ def profile_toml(c: dict[str, Any], name: str = "cpu-local") -> str:
         "direction_passes = 0",
         'direction_passes_source = "the compute fit times direction() itself, elementwise passes included"',
         "copy_passes = 7",
-        'copy_passes_source = "counted in canzona/runtime/tp_exec.py: assemble shards (2), '
+        'copy_passes_source = "counted in canzona/runtime/executors/tp.py: assemble shards (2), '
         'chunk into send buffer (2), apply (3)"',
         "adamw_passes = 7",
         'adamw_passes_source = "fp32 AdamW: read p, g, m, v; write p, m, v"',

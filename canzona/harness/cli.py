@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         record = out["record"]
     else:
         # one GPU per forked rank with NCCL when there are GPUs (the parent never initialises CUDA:
-        # tests/test_harness_gpu_shape.py makes every CUDA entry point fail in it)
+        # tests/test_harness_gpu_launch.py makes every CUDA entry point fail in it)
         try:
             outs = launch(
                 train, world, run_cfg, args.results, backend=backend, timeout_s=run_cfg.comm.collective_timeout_s

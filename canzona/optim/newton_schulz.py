@@ -118,7 +118,7 @@ def newton_schulz(
 
     Returns a NEW tensor of G's shape in ``compute_dtype``; ``G`` is never modified. Each matrix
     is oriented to its short side internally (X·Xᵀ is then the small Gram matrix), so transposing
-    the input transposes the output. FLOPs are canzona.cost.ns_flops.
+    the input transposes the output. FLOPs are canzona.cost.muon_ns_flops.
     """
     if G.dim() < 2:
         raise ConfigError(f"newton_schulz needs a matrix or a batch of matrices (..., m, n), got {tuple(G.shape)}")

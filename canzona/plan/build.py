@@ -200,7 +200,7 @@ def _fastest_alpha(
     at a fixed α) has the shortest modelled step; ties go to DEFAULT_ALPHA, then to the lower α,
     so "auto" gives the default's plan wherever α changes nothing. Why a grid: α trades busiest-GPU
     compute against slice bytes (padding, uneven calls), and which weighs more depends on the
-    model, the layout and the profile (results/planner/held_out.md). The plan records the α it
+    model, the layout and the profile (results/planner/held_out_goals.md). The plan records the α it
     used, ``alpha_chosen`` True, and every α's alternatives."""
     t0 = time.perf_counter()
     kept = [

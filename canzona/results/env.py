@@ -22,7 +22,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # `canzona calibrate-cpu` measures): changing them never changes the code that produced a number, so
 # they do not make a tree "dirty" (a calibration in the middle of `make reproduce-table2 FULL=1` would
 # otherwise give the lines after it another commit, and a rerun would re-measure everything).
-OUTPUT_PATHS = ("results", "runs", "canzona/analysis/profiles/cpu-local.toml")
+OUTPUT_PATHS = ("results", "runs", "canzona/hardware/profiles/cpu-local.toml")
 
 
 def _git(root: Path, *args: str) -> bytes:

@@ -123,7 +123,7 @@ def coop_member_flops(shape: tuple[int, int], k: int, form: str, settings: CostS
     """(Newton–Schulz FLOPs, elementwise FLOPs) of ONE member of a k-group on ``shape`` (Muon).
 
     ``form`` is the plan's (CoopGroup.form). A "standard" member whose block is narrower than the
-    short side runs the variant without the m³ term, as canzona.optim.newton_schulz_blocks does by
+    short side runs the variant without the m³ term, as canzona.optim.newton_schulz.newton_schulz_blocks does by
     itself; Gram members recompute R at the settings' restarts. Elementwise work (momentum, scale,
     apply: 10 FLOPs per element, as canzona.cost.MuonCost) is split k ways.
     """
