@@ -72,8 +72,6 @@ def float_in(lo: float, hi: float | None = None, *, open_low: bool = False) -> C
 
 
 positive_float = float_in(0.0, open_low=True)
-unit_float = float_in(0.0, 1.0)
-nonneg_float = float_in(0.0)
 
 
 def number_or(words: tuple[str, ...], number: Callable[[str], float]) -> Callable[[str], float | str]:
@@ -89,9 +87,6 @@ def number_or(words: tuple[str, ...], number: Callable[[str], float]) -> Callabl
 
     parse.__name__ = "number or " + "|".join(words)
     return parse
-
-
-alpha_value = number_or(("auto",), unit_float)  # the planner's α: [0, 1], or auto (chosen by modelled step)
 
 
 def readable_file(*suffixes: str) -> Callable[[str], str]:
