@@ -172,3 +172,23 @@ def test_engine_capabilities_are_checked_not_names() -> None:
     with pytest.raises(ConfigError, match="has no fsdp2 form; choose one of sc, asc, canzona"):
         FSDP2.check_strategy("layerwise")
     assert MEGATRON.runs(8, pp=4) is None and "TP mesh dimension" in (FSDP2.runs(2) or "")
+
+
+@pytest.mark.parametrize(("model", "dp", "shard"), [("qwen3-4b", 16, None), ("qwen3-1.7b", 32, 8)])
+def test_the_projection_charges_the_fsdp2_plans(model: str, dp: int, shard: int | None) -> None:
+    """The projection (project_stage) on the FSDP2 plans: no DP phases (FSDP2 owns them), the owners'
+    all-to-alls and compute charged, and Canzona's step no longer than round-robin's; the JSON's
+    round-robin owners are muon-fsdp2's (index mod N in model order)."""
+    from canzona.analysis.projection.fsdp2 import project_fsdp2
+
+    out = project_fsdp2(get_model(model), dp, shard=shard, profile=H800)
+    for sp in out.values():
+        ph = sp.phase_ms()
+        assert ph["grad_sync"] == ph["param_sync"] == 0.0
+        assert min(ph["tp_gather"], ph["tp_scatter"], ph["compute"], ph["check"]) > 0
+    assert out["canzona"].optimizer_core_ms <= out["round-robin"].optimizer_core_ms
+    report = compare(get_model(model), dp, shard=shard, profile=H800)
+    group = report["owner_group"]
+    names = [s.name for s in fsdp2_specs(get_model(model), group)]
+    rr = report["owners"]["round-robin"]
+    assert [rr[n] for n in names] == round_robin_owners(len(names), group)

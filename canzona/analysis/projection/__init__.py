@@ -19,6 +19,7 @@ One module per concern, each importing only the ones above it:
   presets    the fixed scenario sets of ``canzona project --preset``
   records    projections as schema-v1 result lines
   validate   projections of measured cells beside the measurement
+  fsdp2      the FSDP2 engine's plans (a shard group as a TP group) charged by ``project_stage``
 
 Per PP stage (stages step concurrently; the step is the slowest stage), per DP x TP rank, the
 step mirrors ``canzona.runtime.optimizer.DistributedOptimizer.step`` and bench-step.

@@ -183,6 +183,38 @@ def _peer_rows(plan: Plan, specs: Sequence[ParamSpec], profile: Profile, nbytes:
     return rows
 
 
+def fsdp2_plans(
+    model: Model,
+    dp: int,
+    *,
+    tp: int = 1,
+    shard: int | None = None,
+    optimizer: str = "muon",
+    profile: Profile,
+    config: PlanConfig | None = None,
+    cost_model: CostModel | None = None,
+) -> tuple[dict[str, Plan], list[ParamSpec], CostModel]:
+    """The two planned rows' plans of ``model`` under FSDP2 (canzona, round-robin), the matrices
+    they plan (``fsdp2_specs``) and their cost model: what ``compare`` reads and what the projection
+    charges (``canzona.analysis.projection.fsdp2``)."""
+    layout = FSDP2.planner_layout(dp, tp, shard=shard)
+    specs = fsdp2_specs(model, layout.tp // tp, tp)
+    base = config or PlanConfig(optimizer=optimizer)
+    base = dataclasses.replace(
+        base, optimizer=optimizer, cooperative=FSDP2.cooperative and base.cooperative, profile=profile.name
+    )
+    cm = cost_model or CostModel(optimizer, base.cost)  # type: ignore[arg-type]
+    plans = {
+        "canzona": make_plan(
+            specs, layout, dataclasses.replace(base, strategy="canzona"), cost_model=cm, profile=profile
+        ),
+        "round-robin": make_plan(
+            specs, layout, dataclasses.replace(base, strategy="asc", tp_mode="no"), cost_model=cm, profile=profile
+        ),
+    }
+    return plans, specs, cm
+
+
 def compare(
     model: Model,
     dp: int,
@@ -198,28 +230,17 @@ def compare(
     group of ``shard``, default all of them; HSDP when smaller) with TP ``tp`` in the mesh, priced on
     ``profile``; the rows and the whole-matrix bound (module docstring). Costs in FLOPs unless
     ``cost_model`` says otherwise (its unit is the report's)."""
-    layout = FSDP2.planner_layout(dp, tp, shard=shard)
-    group = layout.tp
-    specs = fsdp2_specs(model, group // tp, tp)
-    base = config or PlanConfig(optimizer=optimizer)
-    base = dataclasses.replace(
-        base, optimizer=optimizer, cooperative=FSDP2.cooperative and base.cooperative, profile=profile.name
+    plans, specs, cm = fsdp2_plans(
+        model, dp, tp=tp, shard=shard, optimizer=optimizer, profile=profile, config=config, cost_model=cost_model
     )
-    cm = cost_model or CostModel(optimizer, base.cost)  # type: ignore[arg-type]
+    layout = plans["canzona"].layout
+    group = layout.tp
     settings = LowerSettings(
         model=profile_model(profile, group, "tp"),
         grad_bytes=profile.grad_bytes,
         param_bytes=profile.param_bytes,
         global_world=group,
     )
-    plans = {
-        "canzona": make_plan(
-            specs, layout, dataclasses.replace(base, strategy="canzona"), cost_model=cm, profile=profile
-        ),
-        "round-robin": make_plan(
-            specs, layout, dataclasses.replace(base, strategy="asc", tp_mode="no"), cost_model=cm, profile=profile
-        ),
-    }
     flops = cm.kind == "flops"
     rows = [_planned_row(m, p, profile, settings, flops) for m, p in plans.items()]
     rows += _peer_rows(plans["round-robin"], specs, profile, settings.tp_bytes, flops)
@@ -248,5 +269,7 @@ def compare(
         "tight_bound": tight,
         "rows": [r.to_dict() for r in rows],
         "plan_hashes": {m: p.plan_hash for m, p in plans.items()},
+        "owners": {m: _owners(p) for m, p in plans.items()},
+        "cooperative": {m: [[g.name, [t for _, t in g.members]] for g in p.coop] for m, p in plans.items()},
         "runtime": why_not or "FSDP2Optimizer runs this layout",
     }
