@@ -62,3 +62,30 @@ def test_bench_fsdp2_names_the_missing_torchtitan(monkeypatch: pytest.MonkeyPatc
     assert main(["bench-fsdp2", "--model-impl", "torchtitan"]) == 2
     err = capsys.readouterr().err
     assert "torchtitan" in err and "make install" in err and "--model-impl local" in err
+
+
+def test_bench_fsdp2_nccl_needs_cuda(capsys) -> None:
+    """--backend nccl (where DistMuon runs) on a machine without CUDA: a one-line error, no rank started."""
+    from canzona.runtime.launch import cuda_visible
+
+    if cuda_visible():
+        pytest.skip("this machine has CUDA devices; the refusal is for machines without")
+    assert main(["bench-fsdp2", "--backend", "nccl", "--model-impl", "local"]) == 2
+    assert "--backend nccl needs a CUDA device" in capsys.readouterr().err
+
+
+def test_a_matrix_only_peer_is_paired_with_the_shared_adamw() -> None:
+    """DistMuon updates only the matrices; the bench steps torch's AdamW (the methods' shared one) on the
+    rest beside it, and zeroes both, so its loss curve is comparable."""
+    import torch
+
+    from canzona.runtime.front.bench_fsdp2 import ADAMW, _WithAdamW
+
+    w, b = torch.nn.Parameter(torch.ones(2, 2)), torch.nn.Parameter(torch.ones(2))
+    pair = _WithAdamW(torch.optim.SGD([w], lr=0.5), [b])
+    w.grad, b.grad = torch.ones(2, 2), torch.ones(2)
+    pair.step()
+    assert torch.equal(w.detach(), torch.full((2, 2), 0.5))
+    assert torch.allclose(b.detach(), torch.full((2,), 1 - ADAMW.lr))  # AdamW's first step: lr · sign
+    pair.zero_grad()
+    assert w.grad is None and b.grad is None

@@ -50,7 +50,7 @@ from canzona.results.schema import write_atomic
 from canzona.runtime.config import DistConfig, optimizer_config
 from canzona.runtime.fsdp2 import FSDP2Optimizer
 from canzona.runtime.fsdp2.layout import default_route
-from canzona.runtime.launch import launch
+from canzona.runtime.launch import cuda_visible, launch
 
 OURS = ("canzona", "asc", "sc")
 PEERS = ("muon-fsdp2", "torchtitan-distmuon")
@@ -79,6 +79,12 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="torchtitan's own Qwen3 (the torchtitan extra) or the local stand-in in its layout",
     )
     p.add_argument("--layers", type=positive_int, default=None, help="override the inventory's layer count")
+    p.add_argument(
+        "--backend",
+        choices=("gloo", "nccl"),
+        default="gloo",
+        help="gloo: CPU ranks; nccl: one CUDA device per rank (where torchtitan's DistMuon runs)",
+    )
     p.add_argument("--steps", type=positive_int, default=12, help="training steps per method")
     p.add_argument("--warmup", type=int_in(0, 100), default=2, help="steps left out of the timing median")
     p.add_argument("--seq", type=positive_int, default=64)
@@ -166,27 +172,51 @@ def counted(modules: list[Any]) -> Iterator[list[tuple[str, int]]]:
             setattr(m, k, fn)
 
 
-def _model(args: argparse.Namespace, world: int) -> tuple[torch.nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
-    """The model under fully_shard, and its loss of a rank's tokens, scaled so that the ranks' SUM is
-    the global batch's mean: torchtitan's sum over the global token count (FSDP division off), the
-    stand-in's mean over the world (FSDP averages)."""
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
+def _model(
+    args: argparse.Namespace, world: int, device: torch.device
+) -> tuple[torch.nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
+    """The model (initialised on the CPU, the same on every rank) moved to ``device`` and put under
+    fully_shard, and its loss of a rank's tokens, scaled so that the ranks' SUM is the global batch's
+    mean: torchtitan's sum over the global token count (FSDP division off), the stand-in's mean over
+    the world (FSDP averages)."""
+    mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("fsdp",))
     if args.model_impl == "torchtitan":
         from canzona.runtime.fsdp2 import torchtitan_qwen3
 
-        titan = torchtitan_qwen3.qwen3(get_transformer(args.model), args.layers, args.seq)
+        titan = torchtitan_qwen3.qwen3(get_transformer(args.model), args.layers, args.seq).to(device)
         torchtitan_qwen3.apply_fsdp(titan, mesh)
         return titan, lambda tokens: torchtitan_qwen3.loss(titan, tokens, world * BATCH * args.seq)
     torch.manual_seed(0)
-    net = Qwen3Like(args.model, args.layers)
+    net = Qwen3Like(args.model, args.layers).to(device)
     for layer in net.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(net, mesh=mesh)
     return net, lambda tokens: net(tokens) / world
 
 
-def _build(method: str, args: argparse.Namespace, world: int) -> tuple[torch.nn.Module, Any, Callable[..., Any]]:
-    net, loss = _model(args, world)
+class _WithAdamW:
+    """A matrix-only optimizer (DistMuon) and torch's AdamW on the other parameters, stepped together
+    as torchtitan's optimizer container steps them, so that its loss curve compares with the others'."""
+
+    def __init__(self, matrices: torch.optim.Optimizer, rest: list[torch.nn.Parameter]) -> None:
+        self.matrices = matrices
+        self.adamw = torch.optim.AdamW(
+            rest, lr=ADAMW.lr, betas=ADAMW.betas, eps=ADAMW.eps, weight_decay=ADAMW.weight_decay
+        )
+
+    def step(self) -> None:
+        self.matrices.step()
+        self.adamw.step()
+
+    def zero_grad(self) -> None:
+        self.matrices.zero_grad()
+        self.adamw.zero_grad()
+
+
+def _build(
+    method: str, args: argparse.Namespace, world: int, device: torch.device
+) -> tuple[torch.nn.Module, Any, Callable[..., Any]]:
+    net, loss = _model(args, world, device)
     named = list(net.named_parameters())
     mats = [p for n, p in named if default_route(n, tuple(p.shape)) == "matrix"]
     rest = [p for n, p in named if default_route(n, tuple(p.shape)) != "matrix"]
@@ -212,8 +242,10 @@ def _build(method: str, args: argparse.Namespace, world: int) -> tuple[torch.nn.
         compute_sharding_by_fqn=layout,
         bucket_configs=[BucketConfig(patterns=tuple(names))],
         lr=LR,
+        weight_decay=0.0,
+        adjust_lr_fn="match_rms_adamw",  # 0.2·sqrt(max(m, n)): Canzona's Moonlight scale
     )
-    return net, opt, loss
+    return net, _WithAdamW(opt, rest), loss
 
 
 def _refusal(e: BaseException) -> str:
@@ -227,7 +259,7 @@ def _rank(info: Any, methods: list[str], args: argparse.Namespace) -> dict[str, 
     runs, refused = {}, {}
     for m in methods:
         try:
-            runs[m] = _build(m, args, info.world)
+            runs[m] = _build(m, args, info.world, info.device)
         except ImportError as e:
             refused[m] = f"not installed ({e.name}); make install (the fsdp2-peers and torchtitan extras)"
         except (ValueError, TypeError, RuntimeError) as e:
@@ -239,20 +271,25 @@ def _rank(info: Any, methods: list[str], args: argparse.Namespace) -> dict[str, 
     for step in range(args.steps):
         g = torch.Generator().manual_seed(1000 * step + info.rank)
         tokens = torch.randint(0, get_transformer(args.model).vocab, (BATCH, args.seq + 1), generator=g)
+        tokens = tokens.to(info.device)
         for m, (_, opt, loss_of) in runs.items():
             loss = loss_of(tokens)
             loss.backward()
+            _synchronize(info.device)
             dist.barrier()
             with counted(watched) as c:
                 t0 = time.perf_counter()
                 opt.step()
+                _synchronize(info.device)  # CUDA kernels run asynchronously: time them to the end
                 times[m].append((time.perf_counter() - t0) * 1e3)
             calls[m] = c
             opt.zero_grad()
             total = loss.detach().clone()
             dist.all_reduce(total)
             losses[m].append(total.item())
-    med = torch.tensor([statistics.median(times[m][args.warmup :]) for m in runs], dtype=torch.float64)
+    med = torch.tensor(
+        [statistics.median(times[m][args.warmup :]) for m in runs], dtype=torch.float64, device=info.device
+    )
     dist.all_reduce(med, op=dist.ReduceOp.MAX)
     return {
         "step_ms": dict(zip(runs, med.tolist(), strict=True)),
@@ -262,6 +299,11 @@ def _rank(info: Any, methods: list[str], args: argparse.Namespace) -> dict[str, 
         "loss": losses,
         "refused": refused,
     }
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _version(dist_name: str) -> str | None:
@@ -284,8 +326,10 @@ def run(args: argparse.Namespace) -> int:
                 f"--model-impl torchtitan needs {e.name}: make install (the torchtitan extra, torchtitan==0.3.0 "
                 "--no-deps), or --model-impl local"
             ) from e
+    if args.backend == "nccl" and not cuda_visible():
+        raise ConfigError("--backend nccl needs a CUDA device per rank and this machine has none; use --backend gloo")
     t0 = time.time()
-    per_rank = launch(_rank, args.nproc, methods, args, timeout_s=600)
+    per_rank = launch(_rank, args.nproc, methods, args, backend=args.backend, timeout_s=600)
     r0 = per_rank[0]
     rows = {}
     for m in r0["step_ms"]:
@@ -299,7 +343,7 @@ def run(args: argparse.Namespace) -> int:
         }
     out = {
         "command": "canzona " + " ".join(sys.argv[1:]),
-        "measured": f"{args.nproc} gloo ranks forked on this machine, one thread each",
+        "measured": f"{args.nproc} {args.backend} ranks forked on this machine, one thread each",
         "model": {
             "impl": "torchtitan.models.qwen3.Qwen3Model" if args.model_impl == "torchtitan" else "local stand-in",
             "inventory": args.model,
@@ -318,7 +362,7 @@ def run(args: argparse.Namespace) -> int:
             "triton": _version("triton"),
         },
         "commit": git_commit(),
-        "environment": environment(torch.device("cpu"), "gloo"),
+        "environment": environment(torch.device("cuda" if args.backend == "nccl" else "cpu"), args.backend),
         "wall_s": round(time.time() - t0, 1),
     }
     print(_text(out))
