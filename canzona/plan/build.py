@@ -266,9 +266,11 @@ def weigh(plan: Plan, coop: CoopSettings) -> Alternative:
 
 
 def _label(plan: Plan) -> str:
-    """How a candidate differs from the others: its DP layout and algorithm, and its groups."""
-    ks = sorted({g.k for g in plan.coop})
-    coop = f"cooperative k={','.join(map(str, ks))}" if ks else "one owner per matrix"
+    """How a candidate differs from the others: its DP layout and algorithm, and how many matrices
+    it groups at which k (candidates differ in which matrices they group: coop.candidates)."""
+    by_k = Counter(g.k for g in plan.coop)
+    groups = ", ".join(f"{n} in groups of {k}" for k, n in sorted(by_k.items()))
+    coop = f"cooperative: {groups}" if groups else "one owner per matrix"
     return f"{plan.config.dp_layout} {plan.dp.algo}, {coop}"
 
 

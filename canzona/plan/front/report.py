@@ -171,9 +171,10 @@ def format_budget(m: dict[str, Any]) -> str:
     for stage, alts in enumerate(m.get("alternatives", [])):
         if len(alts) > 1:
             lines.append(f"stage {stage} weighed (modelled step = busiest-GPU compute + DP collectives; * kept):")
+            width = max(len(a["label"]) for a in alts)
             lines += [
-                f"  {'*' if a['chosen'] else ' '} alpha {a['alpha']:<4g} {a['label']:<44} step {a['step_ms']:9.2f} ms  "
-                f"efficiency {a['efficiency']:.3f}"
+                f"  {'*' if a['chosen'] else ' '} alpha {a['alpha']:<4g} {a['label']:<{width}}  "
+                f"step {a['step_ms']:9.2f} ms  efficiency {a['efficiency']:.3f}"
                 for a in alts
             ]
     groups = m["cooperative_groups"]
