@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from canzona.results.schema import SCHEMA_VERSION, cell_key
+from canzona.results.schema import SCHEMA_VERSION, cell_key, plan_missing
 
 FIXTURES = Path(__file__).parent / "fixtures" / "results"
 
@@ -41,8 +41,10 @@ def make_record(
     extra_config: dict[str, Any] | None = None,
     seq_len: int = 256,
     global_batch: int = 8,
+    plan: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One schema record with the given timings (median, p90, n)."""
+    """One schema record with the given timings (median, p90, n). ``plan``: its plan section (a
+    measured train line without one says the fixture gives none)."""
     cfg: dict[str, Any] = {
         "model": model,
         "tp": tp,
@@ -68,7 +70,7 @@ def make_record(
         timings["iteration_ms"] = t(iteration)
     if fwd_bwd is not None:
         timings["fwd_bwd_ms"] = t(fwd_bwd)
-    return {
+    rec = {
         "schema_version": SCHEMA_VERSION,
         "kind": kind,
         "provenance": provenance,
@@ -88,6 +90,11 @@ def make_record(
         "loss": {"first": 10.0, "last": 9.0} if kind == "train" else None,
         "cell": cell_key(cfg),
     }
+    if plan is not None:
+        rec["plan"] = plan
+    elif kind == "train" and provenance == "measured":
+        rec["plan"] = plan_missing("fixture line: no plan given")
+    return rec
 
 
 def _ts(i: int) -> str:

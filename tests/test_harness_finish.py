@@ -145,6 +145,35 @@ def test_a_failing_check_keeps_the_line(tmp_path: Path, monkeypatch: pytest.Monk
     assert check["checks"]["replica_check_error"].startswith("OutOfMemoryError: CUDA out of memory")
 
 
+_ALL_GATHER_OBJECT = dist.all_gather_object
+
+
+def _gather_fails(out: list[Any], obj: Any, *args: Any, **kwargs: Any) -> None:
+    """all_gather_object that fails for the end-of-run gather alone (set-up uses it too)."""
+    if isinstance(obj, dict) and "host" in obj:
+        raise RuntimeError("Connection closed by peer")
+    _ALL_GATHER_OBJECT(out, obj, *args, **kwargs)
+
+
+def test_a_failing_end_of_run_gather_keeps_the_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The end-of-run gather (every rank's host and plan summary) fails on every rank: the run exits
+    0 and its line is written, with a plan section saying why it is missing."""
+    pytest.importorskip("megatron.core")
+    import megatron.core.models.gpt  # noqa: F401 - import before the CLI forks ranks
+
+    from canzona.cli import main as canzona_main
+    from canzona.results import schema
+
+    monkeypatch.setattr(dist, "all_gather_object", _gather_fails)  # the forked ranks inherit it
+    results = tmp_path / "train.jsonl"
+    argv = ["train", "--model", "qwen3-micro", "--dp", "2", "--global-batch", "2", "--seq-len", "16"]
+    assert canzona_main([*argv, "--warmup", "0", "--iters", "1", "--results", str(results)]) == 0
+    (line,) = [r for _, r in schema.iter_records(results)]
+    assert line["plan"]["stages"] is None
+    assert line["plan"]["missing"].startswith("the end-of-run gather of every rank's host and plan failed")
+    assert "Connection closed by peer" in line["plan"]["missing"] and len(line["env"]["hostnames"]) == 1
+
+
 def _reads(ri: Any, n: int) -> tuple[list[str], list[str]]:
     """Host reads and collectives of the replica check on ``n`` identical tensors."""
     from canzona.harness.step_probe import HostReadCounter

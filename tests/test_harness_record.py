@@ -79,7 +79,7 @@ def test_record_is_schema_valid_and_excludes_warmup(tmp_path) -> None:
         peak_mem_mb=[10.0, 30.0, 20.0, 5.0],
     )
     env = environment(torch.device("cpu"), "gloo")
-    rec = build_record(run, env, timings, mem_kind="cpu_max_rss")
+    rec = build_record(run, env, timings, mem_kind="cpu_max_rss", plan=schema.plan_missing("unit test: no plan"))
     assert rec["kind"] == "train" and rec["provenance"] == "measured"
     assert "gloo" in rec["provenance_detail"] and "cpu" in rec["provenance_detail"]
     assert rec["cell"] == schema.cell_key(rec["config"])
@@ -111,5 +111,11 @@ def test_records_carry_the_cluster_provenance(monkeypatch) -> None:
     assert env["cuda"] is None and env["nccl"] is None and env["gpu_driver"] is None  # CPU run: no GPU stack
     run = spec(model="qwen3-micro", seq_len=32, global_batch=2, warmup=0, iters=1).resolve(gpu=False)
     timings = RunTimings([1.0], [1.0], [1.0], {}, [5.0], [1.0])
-    rec = build_record(run, environment(torch.device("cpu"), "gloo", extra=env), timings, mem_kind="cpu_max_rss")
+    rec = build_record(
+        run,
+        environment(torch.device("cpu"), "gloo", extra=env),
+        timings,
+        mem_kind="cpu_max_rss",
+        plan=schema.plan_missing("unit test: no plan"),
+    )
     assert rec["env"]["slurm_job_id"] == "4242" and rec["config"]["ns_dtype"] in ("fp32", "bf16")

@@ -21,6 +21,7 @@ pytest.importorskip("megatron.core")
 import megatron.core.models.gpt  # noqa: F401 - import before the CLI forks ranks
 
 from canzona.cli import main as canzona_main
+from canzona.hardware import DEFAULT_CPU
 from canzona.harness.record import checks_path
 from canzona.results import schema
 
@@ -109,6 +110,14 @@ def _train(
     assert t["tokens_per_s"] > 0 and len(t["peak_mem_mb_per_rank"]) == tp * pp * dp
     assert len(rec["loss"]["curve"]) == 4
     assert "checks" not in rec, "the results line is written before the checks run"
+    stages = rec["plan"]["stages"]  # every line says which plan ran, or why it has none
+    if method == "megatron-muon" or optimizer == "adamw":
+        assert stages is None and rec["plan"]["missing"]
+    else:
+        assert len(stages) == pp and all(st["profile"] == DEFAULT_CPU for st in stages)
+        assert cfg["alpha"] == "auto" or all(
+            (st["alpha"], st["alpha_chosen"]) == (cfg["alpha"], False) for st in stages
+        )
     # copies of a parameter (across DP; norms also across TP) must stay identical; the check is the
     # last line of <results>.checks, keyed by the record's cell and timestamp
     check = json.loads(checks_path(results).read_text().splitlines()[-1])
@@ -202,6 +211,7 @@ def test_megatron_muon_peer_tracks_canzona(tmp_path: Path) -> None:
     ours = _train(results, tp=2, pp=1, dp=2, method="canzona")
     peer = _train(results, tp=2, pp=1, dp=2, method="megatron-muon")
     assert peer["env"]["megatron_muon_layer_wise"] is False  # gloo: Megatron's layer-wise path needs NCCL
+    assert peer["plan"]["stages"] is None and "megatron-muon is a peer" in peer["plan"]["missing"]
     assert peer["loss"]["curve"][0] == ours["loss"]["curve"][0]  # same model, same data
     # ~8% loss drop over 3 steps; the two implementations stay within 1% of each other
     assert peer["loss"]["curve"] == pytest.approx(ours["loss"]["curve"], rel=1e-2)
@@ -215,6 +225,46 @@ def test_megatron_muon_peer_tracks_canzona(tmp_path: Path) -> None:
     assert peer32["config"]["ns_dtype"] == "fp32" and peer32["cell"] != peer["cell"]
     assert peer32["loss"]["curve"] != peer["loss"]["curve"]
     assert peer32["loss"]["curve"] == pytest.approx(peer["loss"]["curve"], rel=1e-2)
+
+
+def _plans_for(rec: dict) -> list:
+    """make_plan of every stage of the record's run, on the inputs the runtime plans from (the
+    model's parameter inventory, the run's PlanConfig with its bucket size resolved, the optimizer's
+    cost model) and the profile the runtime prices on over gloo."""
+    from dataclasses import replace
+
+    from canzona.models import get_model, list_params
+    from canzona.plan import make_plan
+    from canzona.plan.buckets import resolve_bucket_size
+    from canzona.plan.types import Layout
+    from canzona.spec import RunSpec
+
+    spec = RunSpec.from_record(rec["config"])
+    lay, cfg = spec.layout, spec.dist_config()
+    pc = replace(cfg.plan, bucket_size=resolve_bucket_size(cfg.plan.bucket_size, lay.dp), profile=DEFAULT_CPU)
+    cost = cfg.make_math().cost_model(pc.cost)
+    model = get_model(spec.model)
+    return [
+        make_plan(list_params(model, tp=lay.tp, pp=lay.pp, stage=s), Layout(lay.dp, lay.tp, 1), pc, cost_model=cost)
+        for s in range(lay.pp)
+    ]
+
+
+def test_alpha_auto_records_the_plan_that_ran(tmp_path: Path) -> None:
+    """`canzona train --alpha auto`: the config says "auto", the plan section says which α the
+    planner chose on which profile, and its hashes are make_plan's for the same inputs, for each
+    PP stage (rank 0 holds stage 0's plan only; stage 1's comes from the end-of-run gather)."""
+    results = tmp_path / "auto.jsonl"
+    for tp, pp, dp in ((1, 1, 2), (1, 2, 1)):
+        rec = _train(results, tp=tp, pp=pp, dp=dp, method="canzona", extra=("--alpha", "auto"))
+        assert rec["config"]["alpha"] == "auto"
+        stages, plans = rec["plan"]["stages"], _plans_for(rec)
+        assert [st["stage"] for st in stages] == list(range(pp))
+        for st, plan in zip(stages, plans, strict=True):
+            assert (st["plan_hash"], st["input_hash"]) == (plan.plan_hash, plan.input_hash)
+            assert st["alpha_chosen"] is True and st["alpha"] == plan.config.alpha
+            assert (st["profile"], st["dp_layout"]) == (DEFAULT_CPU, plan.config.dp_layout)
+    assert rec["plan"]["stages"][0]["plan_hash"] != rec["plan"]["stages"][1]["plan_hash"]  # different params
 
 
 def test_ns_dtype_reaches_the_optimizer_the_record_and_the_cell_key(tmp_path: Path) -> None:

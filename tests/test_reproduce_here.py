@@ -54,6 +54,7 @@ open(counter, "a").write(config["method"] + "\n")
 append_record(results, {
     "schema_version": SCHEMA_VERSION, "kind": "train", "provenance": "measured", "provenance_detail": "fake",
     "config": config, "env": {**env, "backend": "gloo"}, "cell": cell_key(config),
+    "plan": {"stages": None, "missing": "fake harness (tests): no plan"},
     "timings": {"iteration_ms": {"median": 10.0, "p90": 11.0, "n": 2}, "step_ms": {"median": 4.0, "p90": 4.5, "n": 2}},
 })
 """

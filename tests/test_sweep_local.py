@@ -55,6 +55,7 @@ rec = {
     "timings": {"iteration_ms": {"median": 12.5, "p90": 13.0, "n": 3},
                 "step_ms": {"median": 4.25, "p90": 4.5, "n": 3}},
     "loss": {"first": 7.0, "last": 6.5}, "cell": cell_key(config),
+    "plan": {"stages": None, "missing": "fake harness (tests): no plan"},
 }
 append_record(results, rec)
 log("end")

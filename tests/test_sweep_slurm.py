@@ -301,6 +301,7 @@ def _record(cell) -> dict:
         "timings": {"step_ms": {"median": 1.0, "p90": 1.0, "n": 1}},
         "loss": None,
         "cell": cell_key(cfg),
+        "plan": {"stages": None, "missing": "fake harness (tests): no plan"},
     }
 
 

@@ -5,7 +5,8 @@ the environment (``canzona.results.env``, shared with the other benchmarks) and 
 timings, so it can be built and validated in a unit test without launching ranks, and the loop
 only calls ``build_record`` + ``append_record`` on rank 0.
 Provenance is always "measured" with a detail naming device and backend: a CPU gloo line and an
-H100 NCCL line must never be confused by the analysis.
+H100 NCCL line must never be confused by the analysis. The line's ``plan`` section ties it to the
+plan every PP stage ran (``plan_section``, from one entry per rank: ``stage_entry``).
 """
 
 from __future__ import annotations
@@ -15,15 +16,59 @@ from pathlib import Path
 from typing import Any
 
 from canzona.harness.timing import RunTimings, iter_phases, measured, summarize, throughput
+from canzona.plan.readers.summary import plan_summary
 from canzona.results import schema
 from canzona.results.env import environment
 from canzona.spec import RunSpec
 
-__all__ = ["append_checks", "build_record", "checks_path", "environment"]
+__all__ = ["append_checks", "build_record", "checks_path", "environment", "plan_section", "stage_entry"]
 
 
-def build_record(run: RunSpec, env: dict[str, Any], timings: RunTimings, *, mem_kind: str) -> dict[str, Any]:
+def stage_entry(opt: object, stage: int) -> dict[str, Any]:
+    """What one rank contributes to the plan section: its PP stage and the summary of the plan its
+    optimizer executes (None: it has no matrix plan, e.g. a peer or every parameter on AdamW), or
+    the error summarising it raised. Never raises: every rank must reach the end-of-run gather."""
+    plan = getattr(opt, "plan", None)
+    if plan is None:
+        return {"stage": stage, "plan": None}
+    try:
+        return {"stage": stage, "plan": plan_summary(plan, stage)}
+    except Exception as exc:  # noqa: BLE001 - reported in the record, never fatal to it
+        return {"stage": stage, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def plan_section(run: RunSpec, entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The record's ``plan`` section from every rank's ``stage_entry``: one summary per PP stage
+    (the ranks of a stage must hold the same plan), or the reason there is none."""
+    if run.is_peer:
+        return schema.plan_missing(
+            f"method {run.plan.method} is a peer: it runs its own optimizer, which has no Canzona plan"
+        )
+    failed = next((e for e in entries if "error" in e), None)
+    if failed is not None:
+        return schema.plan_missing(f"summarising the plan of stage {failed['stage']} failed ({failed['error']})")
+    stages = []
+    for s in range(run.layout.pp):
+        got = [e["plan"] for e in entries if e["stage"] == s]
+        if not got:
+            return schema.plan_missing(f"no rank reported the plan of stage {s}")
+        if any(p is None for p in got):
+            return schema.plan_missing(
+                f"stage {s} runs no matrix-optimizer plan (optimizer {run.optim.optimizer}: every parameter "
+                "on ZeRO-1 AdamW)"
+            )
+        hashes = sorted({p["plan_hash"] for p in got})
+        if len(hashes) > 1:
+            return schema.plan_missing(f"the ranks of stage {s} hold different plans ({', '.join(hashes)})")
+        stages.append(got[0])
+    return {"stages": stages}
+
+
+def build_record(
+    run: RunSpec, env: dict[str, Any], timings: RunTimings, *, mem_kind: str, plan: dict[str, Any]
+) -> dict[str, Any]:
     """The schema-valid record of a finished run (validated here, so a bad record fails loudly).
+    ``plan``: its plan section (``plan_section``, or ``schema.plan_missing(why)``).
 
     End-of-run consistency checks are not part of it: they run after the line is written
     (``append_checks``), so a failing check can never cost the measurement.
@@ -61,6 +106,7 @@ def build_record(run: RunSpec, env: dict[str, Any], timings: RunTimings, *, mem_
         },
         "loss": {"first": timings.loss_curve[0], "last": timings.loss_curve[-1], "curve": timings.loss_curve},
         "cell": schema.cell_key(config),
+        "plan": plan,
     }
     return schema.validate(record)
 

@@ -36,7 +36,7 @@ from canzona.errors import ConfigError
 from canzona.harness import cpu_shim
 from canzona.harness.model import build_model, causal_mask, init_weights
 from canzona.harness.params import NamedParam, named_params, replica_divergence, tp_partial_names
-from canzona.harness.record import append_checks
+from canzona.harness.record import append_checks, plan_section, stage_entry
 from canzona.harness.timing import Clock, IterationLog, aggregate, peak_memory_mb
 from canzona.models.qwen3 import get_transformer
 from canzona.spec import RunSpec
@@ -122,13 +122,30 @@ def build_optimizer(
     return model, opt
 
 
-def rank_hostnames() -> list[str]:
-    """Sorted distinct hostnames of every rank (one all_gather_object at the end of a run)."""
-    import socket
+def gather_end_of_run(run: RunSpec, opt: object, stage: int) -> tuple[list[str], dict[str, Any]]:
+    """(sorted distinct hostnames of every rank, the record's plan section): each rank's host and
+    its stage's plan summary (``stage_entry``, a few hundred bytes) in ONE all_gather_object, once
+    at the end of the run, outside every timed region. Rank 0 holds only its own stage's plan, so
+    the other stages' come this way; at 256 ranks that is one collective of ~100 KB.
 
-    names: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(names, socket.gethostname())
-    return sorted(set(names))
+    Never raises: if the gather fails, the line is still written, with rank 0's host alone and a
+    plan section saying why it is missing (a lost record would cost the measurement)."""
+    import socket
+    import sys
+
+    from canzona.results.schema import plan_missing
+
+    mine = {"host": socket.gethostname(), **stage_entry(opt, stage)}
+    got: list[Any] = [None] * dist.get_world_size()
+    try:
+        dist.all_gather_object(got, mine)
+    except Exception as exc:  # noqa: BLE001 - the record is written without what the gather would have added
+        why = f"{type(exc).__name__}: {exc}"
+        print(f"canzona train: end-of-run gather failed (the results line is kept): {why}", file=sys.stderr)
+        return [mine["host"]], plan_missing(
+            f"the end-of-run gather of every rank's host and plan failed ({why}); env.hostnames names rank 0's only"
+        )
+    return sorted({g["host"] for g in got}), plan_section(run, got)
 
 
 def make_forward_step(seq_len: int, device: torch.device) -> Callable[..., Any]:
@@ -211,7 +228,7 @@ def train(
 
         # --- aggregate, record, then check ------------------------------------------------------
         groups = ps.get_data_parallel_group(), ps.get_tensor_model_parallel_group()
-        return finish(ri, run, opt, named, log, backend, *groups, results=results)
+        return finish(ri, run, opt, named, log, backend, *groups, results=results, stage=stage)
     finally:
         ps.destroy_model_parallel()
 
@@ -273,9 +290,13 @@ def finish(
     dp_group: torch.distributed.ProcessGroup,
     tp_group: torch.distributed.ProcessGroup,
     results: str | None = None,
+    *,
+    stage: int = 0,
 ) -> dict[str, Any]:
     """Everything after the loop, in the order that keeps the measurement: aggregate the timings,
-    rank 0 appends the results line, THEN the replica check runs and is attached.
+    gather every rank's host and plan summary (``gather_end_of_run``, which cannot fail the line;
+    ``stage``: this rank's PP stage), rank 0 appends the results line, THEN the replica check runs
+    and is attached.
 
     Why this order: a diagnostic must never stand between a measurement and its record (a check
     that ran out of memory before the line was written once cost every cell of a run). The check
@@ -289,10 +310,11 @@ def finish(
     if run.comm.overlap_param_sync:
         opt.wait_param_sync()  # the last step's all-gathers are still in flight
     timings = aggregate(log, loss_divisor=run.layout.dp, device=device)
-    hosts = rank_hostnames()  # every rank takes part: the record names all nodes, not rank 0's
+    # every rank takes part: the record names all nodes and every stage's plan, not rank 0's
+    hosts, plan = gather_end_of_run(run, opt, stage)
     record = None
     if ri.rank == 0:
-        record = _record(run, results, device, backend, timings, hosts, getattr(opt, "layer_wise", None))
+        record = _record(run, results, device, backend, timings, hosts, plan, getattr(opt, "layer_wise", None))
     checks = replica_check(named, dp_group, tp_group)
     if record is not None:
         record["checks"] = checks
@@ -323,10 +345,11 @@ def _record(
     backend: str,
     timings: Any,
     hosts: Any,
+    plan: dict[str, Any],
     layer_wise: bool | None,
 ) -> dict[str, Any]:
     """Rank 0's results line (appended to ``results`` when set): config, environment of every
-    node and timings."""
+    node, timings and the plan section."""
     from canzona.harness.record import build_record, environment
     from canzona.results.env import cluster_environment
     from canzona.results.schema import append_record
@@ -341,7 +364,7 @@ def _record(
         extra["megatron_muon_layer_wise"] = layer_wise
         extra["megatron_muon_tp_mode"] = run.peer.muon_tp_mode
     env = environment(device, backend, extra=extra)
-    record = build_record(run, env, timings, mem_kind=mem_kind)
+    record = build_record(run, env, timings, mem_kind=mem_kind, plan=plan)
     if results:
         try:
             append_record(results, record)

@@ -1,6 +1,6 @@
 """One JSON line per run. Versioned; validated on read; written atomically.
 
-A record (schema_version 2):
+A record (schema_version 3):
   schema_version  int, this module's SCHEMA_VERSION
   kind            "train" (harness iteration timings) | "step" (optimizer-step benchmark)
   provenance      "measured" | "projected"
@@ -16,18 +16,34 @@ A record (schema_version 2):
                   phases_ms: {phase: median}; tokens_per_s; model_tflops; peak_mem_mb
   loss            {"first", "last"} (null for kind "step")
   cell            the cell key (see ``cell_key``) so sweeps can tell which cell a line belongs to
+  plan            the plan that ran (required on measured "train" lines, checked wherever present):
+                  {"stages": [one summary per PP stage, stage 0 first]}, each summary
+                    stage, plan_hash, input_hash (16 hex digits, canzona.plan.types.Plan),
+                    strategy, alpha (the α used, in [0, 1]), alpha_chosen (True: chosen by the
+                    planner, --alpha auto), dp_layout ("padded" | "exact", as chosen), dp_algo, tp_mode,
+                    coop_groups (cooperative matrices) and coop_k (their distinct group sizes, sorted),
+                    profile (the hardware profile the choices were priced on), modelled_step_ms (the
+                    kept plan's modelled step, null where the plan did not weigh one);
+                  or {"stages": null, "missing": why} (a peer, which runs no Canzona plan; every
+                  parameter on AdamW; the end-of-run gather failed; a line written before version 3)
 
 Version 2 added dtype and ns_dtype to the cell key: a bf16 line and an fp32 line are different
 cells, so an fp32 line can never mark a bf16 cell done (or be pooled with it). Version-1 lines
 are upgraded on read by ``upgrade_v1`` where the version-1 code fixed the Newton-Schulz format
 (the rules are written there); any other version-1 line is refused with a message naming the
-fix. ``validate`` is the single reader: every consumer (sweeps, analysis) sees upgraded lines.
+fix. Version 3 added the ``plan`` section: a measured row is tied to the plan that produced it
+(with ``--alpha auto`` the config says "auto" and only the plan says which α, DP layout and groups
+ran, priced on which profile). Version-2 lines are upgraded on read by ``upgrade_v2``: nothing can
+be recovered, so a measured train line gets a plan section saying it was not recorded.
+``validate`` is the single reader: every consumer (sweeps, analysis) sees upgraded lines.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -37,7 +53,7 @@ from typing import Any
 from canzona.cost import runs_newton_schulz
 from canzona.errors import ConfigError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 CELL_FIELDS = ("model", "tp", "pp", "dp", "method", "optimizer", "seq_len", "global_batch", "dtype", "ns_dtype")
 CELL_FIELDS_V1 = ("model", "tp", "pp", "dp", "method", "optimizer", "seq_len", "global_batch")
 REQUIRED_CONFIG = ("model", "tp", "pp", "dp", "world", "method", "optimizer", "dtype", "ns_dtype")
@@ -47,6 +63,28 @@ DTYPES = ("fp32", "bf16")
 V1_NS_OPTIMIZERS = ("muon",)
 REQUIRED_TOP = ("schema_version", "kind", "provenance", "config", "env", "timings", "cell")
 PROVENANCES = ("measured", "projected")
+PLAN_LAYOUTS = ("padded", "exact")  # the DP buffer layouts a plan can have run in ("auto" is resolved)
+_HASH = re.compile(r"[0-9a-f]{16}")
+# what each field of a stage summary must be: (check, what the message says it must be)
+_IS_TEXT = (lambda v: isinstance(v, str) and bool(v), "a non-empty string")
+_PLAN_STAGE: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "stage": (lambda v: _is_int(v) and v >= 0, "a stage index >= 0"),
+    "plan_hash": (lambda v: isinstance(v, str) and bool(_HASH.fullmatch(v)), "16 lowercase hex digits"),
+    "input_hash": (lambda v: isinstance(v, str) and bool(_HASH.fullmatch(v)), "16 lowercase hex digits"),
+    "strategy": _IS_TEXT,
+    "alpha": (lambda v: _is_number(v) and 0.0 <= v <= 1.0, "a number in [0, 1]"),
+    "alpha_chosen": (lambda v: isinstance(v, bool), "true or false"),
+    "dp_layout": (lambda v: v in PLAN_LAYOUTS, f"one of {PLAN_LAYOUTS}"),
+    "dp_algo": _IS_TEXT,
+    "tp_mode": _IS_TEXT,
+    "coop_groups": (lambda v: _is_int(v) and v >= 0, "a count >= 0"),
+    "coop_k": (
+        lambda v: isinstance(v, list) and all(_is_int(k) and k >= 2 for k in v) and v == sorted(set(v)),
+        "a sorted list of distinct group sizes >= 2",
+    ),
+    "profile": _IS_TEXT,
+    "modelled_step_ms": (lambda v: v is None or (_is_number(v) and v >= 0), "null or a number >= 0 (ms)"),
+}
 
 
 class ResultsError(ConfigError):
@@ -54,7 +92,12 @@ class ResultsError(ConfigError):
 
 
 def cell_key(config: dict[str, Any]) -> str:
-    """Stable identifier of a sweep cell: the config fields that define what was measured."""
+    """Stable identifier of a sweep cell: the config fields that define what was measured.
+
+    Only config fields, never the plan: a sweep computes the key of a cell before it runs it (to
+    skip cells already done), and with ``alpha = "auto"`` the α is an outcome of the run. Lines of
+    one cell that ran different plans are told apart by the analysis (``canzona.analysis.load``
+    compares their plan hashes), not by the key."""
     return "|".join(f"{k}={config.get(k)}" for k in CELL_FIELDS)
 
 
@@ -109,12 +152,68 @@ def upgrade_v1(record: dict[str, Any], where: str = "record") -> dict[str, Any]:
             "rerun the cell to get a version-2 line"
         )
     new_cfg = dict(cfg, ns_dtype=ns)
-    return dict(record, schema_version=SCHEMA_VERSION, config=new_cfg, cell=cell_key(new_cfg), schema_upgraded_from=1)
+    return dict(record, schema_version=2, config=new_cfg, cell=cell_key(new_cfg), schema_upgraded_from=1)
+
+
+def upgrade_v2(record: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a version-2 (or upgraded version-1) record as version 3: a measured train line gets
+    a plan section saying its plan was not recorded (version 2 did not record it), so every reader
+    sees one shape; ``schema_upgraded_from`` keeps the version the line was written in."""
+    out = dict(record, schema_version=SCHEMA_VERSION, schema_upgraded_from=record.get("schema_upgraded_from", 2))
+    if _needs_plan(out) and "plan" not in out:
+        out["plan"] = plan_missing("not recorded: the line was written by results schema version 2")
+    return out
+
+
+def plan_missing(why: str) -> dict[str, Any]:
+    """The plan section of a line that has no plan summary, saying why."""
+    return {"stages": None, "missing": why}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _needs_plan(record: dict[str, Any]) -> bool:
+    return record.get("kind") == "train" and record.get("provenance") == "measured"
+
+
+def validate_plan(plan: Any, pp: Any, where: str = "record") -> None:
+    """Raise ResultsError unless ``plan`` is a plan section (module docstring) of a run with ``pp``
+    pipeline stages: one summary per stage, in stage order, every field of the right kind."""
+    if not isinstance(plan, dict) or "stages" not in plan:
+        raise ResultsError(f"{where}: plan must be an object with 'stages' (a list, or null with 'missing')")
+    stages = plan["stages"]
+    if stages is None:
+        if not isinstance(plan.get("missing"), str) or not plan["missing"]:
+            raise ResultsError(f"{where}: plan.stages is null, so plan.missing must say why")
+        return
+    if "missing" in plan:
+        raise ResultsError(f"{where}: plan has stages and says they are missing ({plan['missing']!r})")
+    if not isinstance(stages, list) or not stages or (_is_int(pp) and len(stages) != pp):
+        raise ResultsError(f"{where}: plan.stages must list one summary per pipeline stage ({pp})")
+    for i, st in enumerate(stages):
+        if not isinstance(st, dict) or set(st) != set(_PLAN_STAGE):
+            got = sorted(st) if isinstance(st, dict) else type(st).__name__
+            raise ResultsError(f"{where}: plan.stages[{i}] must have exactly {sorted(_PLAN_STAGE)}, got {got}")
+        for key, (ok, what) in _PLAN_STAGE.items():
+            if not ok(st[key]):
+                raise ResultsError(f"{where}: plan.stages[{i}].{key} must be {what}, got {st[key]!r}")
+        if st["stage"] != i:
+            raise ResultsError(f"{where}: plan.stages[{i}] is stage {st['stage']}; list the stages in order from 0")
+        if (st["coop_groups"] == 0) != (not st["coop_k"]):
+            raise ResultsError(
+                f"{where}: plan.stages[{i}] has {st['coop_groups']} cooperative groups but group sizes {st['coop_k']}"
+            )
 
 
 def validate(record: dict[str, Any], where: str = "record") -> dict[str, Any]:
-    """Return ``record`` (a version-2 copy if it was a version-1 line) if it follows the schema,
-    else raise ResultsError naming ``where``."""
+    """Return ``record`` (a version-3 copy if it was a version-1 or -2 line) if it follows the
+    schema, else raise ResultsError naming ``where``."""
     if not isinstance(record, dict):
         raise ResultsError(f"{where}: expected a JSON object, got {type(record).__name__}")
     missing = [k for k in REQUIRED_TOP if k not in record]
@@ -122,10 +221,12 @@ def validate(record: dict[str, Any], where: str = "record") -> dict[str, Any]:
         raise ResultsError(f"{where}: missing field(s) {', '.join(missing)}")
     if record["schema_version"] == 1:
         record = upgrade_v1(record, where)
+    if record["schema_version"] == 2:
+        record = upgrade_v2(record)
     if record["schema_version"] != SCHEMA_VERSION:
         raise ResultsError(
             f"{where}: schema_version {record['schema_version']!r}, this Canzona reads {SCHEMA_VERSION} "
-            "(and upgrades 1); rerun the cell or convert the file"
+            "(and upgrades 1 and 2); rerun the cell or convert the file"
         )
     if record["provenance"] not in PROVENANCES:
         raise ResultsError(f"{where}: provenance must be one of {PROVENANCES}, got {record['provenance']!r}")
@@ -146,6 +247,10 @@ def validate(record: dict[str, Any], where: str = "record") -> dict[str, Any]:
     step = record["timings"].get("step_ms")
     if not isinstance(step, dict) or "median" not in step:
         raise ResultsError(f"{where}: timings.step_ms.median is required")
+    if "plan" in record:
+        validate_plan(record["plan"], cfg.get("pp"), where)
+    elif _needs_plan(record):
+        raise ResultsError(f"{where}: a measured train line needs its plan section (null stages with 'missing': why)")
     return record
 
 
