@@ -44,7 +44,8 @@ NS_FORMS = ("standard", "standard_no_cube", "gram")
 # (and Gram's FLOPs are lower). FLOPs break even at 1.5 for 5 iterations (20r + 10 against
 # 4r + 34 m³ units, r = n/m, no restart; 8r + 28 with one); its m³ products are small matmuls
 # that run below the long-side products' rate, so 2 leaves a 1.14-1.19× FLOP margin and keeps
-# every square or near-square shape on the standard method (Gram measured 0.8× there on one CPU thread).
+# every square or near-square shape on the standard method (where Gram is the slower one: the square
+# shapes of results/bench_ns/cpu_fp32.json, `canzona bench-ns` on one CPU thread).
 GRAM_MIN_ASPECT = 2.0
 
 

@@ -331,8 +331,8 @@ def _fastest_layout(
     """The plain plan in each DP buffer layout the config allows (``_layouts``), and the one with
     the shortest modelled step (busiest-GPU compute + DP collectives on the profile), with its
     buckets. Why by time: padded slices keep one native call per bucket but can cost compute
-    balance (Llama-3-70B at TP4·DP32: the padded default at 0.77-0.80 efficiency where exact
-    reaches 0.88-0.97), so neither layout wins everywhere; the profile says which matters more."""
+    balance, so neither layout wins everywhere (Llama-3-70B takes exact at TP4·DP32 and padded at
+    TP8·PP2·DP8: results/planner/held_out_goals.md); the profile says which matters more."""
     names = _layouts(params, items, layout, cfg)
     if len(names) == 1:  # nothing to weigh
         c = replace(cfg, dp_layout=names[0])
@@ -416,7 +416,7 @@ def _cooperative_plans(
     out = []
     # At TP > 1 the DP planners see a cooperative matrix through a proxy (a replicated item, its
     # group's work spread over the TP group) and refine can tune the proxy's max at the real one's
-    # expense (Qwen3-8B DP32×TP8: 1.98× the mean against largest-first's 1.84×), so largest-first's
+    # expense (Qwen3-8B at DP32×TP8 was such a case), so largest-first's
     # packing is planned too and the lower real max is kept (``DPPlan.algo`` says which).
     algos = (cfg.dp_algo, "lpt") if layout.tp > 1 and cfg.dp_algo == "refine" else (cfg.dp_algo,)
     h = input_hash(layout, cfg, items)
