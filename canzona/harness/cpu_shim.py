@@ -225,16 +225,4 @@ def uninstall() -> None:
     _ORIGINALS.clear()
 
 
-def redirected_calls() -> list[str]:
-    """What the shim replaces, for logs and the run record."""
-    return [
-        "torch.cuda.current_device -> cpu",
-        "torch.cuda.manual_seed -> no-op",
-        "torch.cuda.synchronize -> no-op",
-        "torch.cuda.current_stream/stream/Stream -> no-op CPU stream",
-        "megatron tensor_parallel RNG tracker -> CPU generator states",
-        "device='cuda' literals -> cpu inside cuda_literals_to_cpu()",
-    ]
-
-
-__all__: list[str] = ["install", "installed", "needed", "redirected_calls", "uninstall"]
+__all__: list[str] = ["install", "installed", "needed", "uninstall"]

@@ -54,10 +54,6 @@ def register_peer(m: Method) -> Method:
     return m
 
 
-def unregister_peer(name: str) -> None:
-    _PEERS.pop(name, None)
-
-
 def methods() -> dict[str, Method]:
     """Every method, in order: the runtime's executable strategies (registration order), then peers."""
     from canzona.plan.strategies import STRATEGIES

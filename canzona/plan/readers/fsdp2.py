@@ -57,7 +57,6 @@ TORCHTITAN_ORDER = (
     "linear_fc2.weight",
     "linear_fc1.weight:up",
 )
-PLANNED = ("canzona", "round-robin")
 
 
 def fsdp2_specs(model: Model, shards: int, tp: int = 1) -> list[ParamSpec]:
