@@ -10,9 +10,7 @@ import pytest
 
 from canzona.analysis.projection import (
     Layout,
-    Link,
     Scenario,
-    collective_ms,
     fwd_bwd_ms,
     load_profile,
     profile_names,
@@ -23,6 +21,7 @@ from canzona.analysis.projection import (
 from canzona.analysis.projection.phases import _pipelined
 from canzona.cost import matrix_flops
 from canzona.errors import ConfigError
+from canzona.plan.comm import Link as plan_link
 from canzona.plan.types import Bucket, BucketEntry, DPPlan, MicroGroup, Plan, PlanConfig, PlanItem, TPSchedule
 from tests.registry_cases import executable_names
 
@@ -95,15 +94,6 @@ def _plan(strategy: str, owners, grad_sync: str, param_sync: str, cuts, tp_mode:
 
 def test_flops_by_hand() -> None:
     assert matrix_flops("muon", (64, 32)) == FLOPS == 1_658_880
-
-
-def test_collective_formulas() -> None:
-    link = Link(1e6, 10, 5)
-    # reduce-scatter over 2 ranks of 8192 bytes: 10 + 1*5 us + (1/2)*8192 B / 1e6 B/s
-    assert collective_ms("reduce_scatter", 2, 8192, link) == pytest.approx((15e-6 + 4096 / 1e6) * 1e3)
-    # all-reduce over 4 ranks, 4 bytes: tree latency 4 steps < ring 6
-    assert collective_ms("all_reduce", 4, 4, link) == pytest.approx((10e-6 + 4 * 5e-6 + 1.5 * 4 / 1e6) * 1e3)
-    assert collective_ms("all_gather", 1, 1e9, link) == 0.0
 
 
 def test_toy_canzona_step_by_hand(toy) -> None:
@@ -196,13 +186,25 @@ def test_megatron_view_hides_dp_comm_in_a_long_fwd_bwd(toy) -> None:
 def test_a_group_that_fills_one_node_is_priced_on_the_node_link() -> None:
     """H800 nodes hold 8 GPUs (Megatron order: TP innermost, then DP): a TP group of 8 and a DP group
     spanning 8 GPUs are intra-node; a DP group spanning 16 GPUs is not."""
-    from canzona.analysis.projection import group_link
+    from canzona.analysis.projection import Comm, Link
+    from canzona.plan.comm import CommModel
 
     prof = load_profile("H800")
     assert prof.gpus_per_node == 8
-    assert group_link(prof, Layout(32, 8, 1), "tp") is prof.intra
-    assert group_link(prof, Layout(4, 2, 1), "dp") is prof.intra
-    assert group_link(prof, Layout(2, 8, 1), "dp") is prof.inter
+
+    def on(link: Link) -> CommModel:
+        return CommModel("x", plan_link(link.bus_bw, link.base_latency_us, link.hop_latency_us))
+
+    for layout, group, link in (
+        (Layout(32, 8, 1), "tp", prof.intra),
+        (Layout(4, 2, 1), "dp", prof.intra),
+        (Layout(2, 8, 1), "dp", prof.inter),
+    ):
+        n = layout.tp if group == "tp" else layout.dp
+        assert Comm(prof, layout)("reduce_scatter", group, 1e8) * 1e3 == pytest.approx(
+            on(link).call_us("reduce_scatter", n, 1e8)
+        )
+    assert prof.intra.bus_bw > prof.inter.bus_bw  # so the three cases differ
 
 
 def test_shipped_profiles_load_with_sources() -> None:

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from canzona.analysis.projection import Layout, Scenario, collective_ms, load_profile, make_plans, project
+from canzona.analysis.projection import Layout, Scenario, load_profile, make_plans, project
 from canzona.analysis.projection.hardware import comm_model, coop_member_ms, with_profile_overrides
 from canzona.analysis.projection.scenario import cost_settings_for
 from canzona.cost import CostModel, CostSettings, matrix_flops, ns_member_flops
@@ -16,12 +16,17 @@ from canzona.errors import ConfigError
 from canzona.models import get_model, list_params
 from canzona.plan import plan_model
 from canzona.plan.build import adamw_buckets
-from canzona.plan.comm import NCCL
+from canzona.plan.comm import NCCL, profile_model
 from canzona.plan.schedule import LowerSettings, stage_schedules
 from canzona.plan.types import PlanConfig
 from tests.registry_cases import executable_names
 
 QK_NORM = ("q_layernorm", "k_layernorm")
+
+
+def _intra_ms(profile, kind: str, n: int, nbytes: float) -> float:
+    """One call inside a node, priced by the formula the planner uses (``plan.comm``), in ms."""
+    return profile_model(profile, 1, "intra").call_us(kind, n, nbytes) / 1e3
 
 
 def runtime_schedules(s: Scenario, plan, profile) -> dict:
@@ -104,7 +109,7 @@ def test_cooperative_member_charged_by_hand() -> None:
     d = g.members[0][0]
     ns_ms, _ = coop_member_ms(prof, (2048, 384), 2, "standard", settings)
     assert ns_ms == pytest.approx(ns_member_flops((2048, 384), 2, 5, "standard") / prof.flops_rate * 1e3)
-    gram = collective_ms("all_reduce", 2, 384 * 384 * 4, prof.intra)
+    gram = _intra_ms(prof, "all_reduce", 2, 384 * 384 * 4)
     for t in range(2):
         r = st.ranks[(d, t)]
         coop = [(o, m) for o, m in r.charged if o.phase == "coop"]
@@ -128,9 +133,9 @@ def test_cooperative_dp_subgroup_with_regrouping() -> None:
     assert len(a2a) == 2 and {o.group for o, _ in coop} == {"coop"}
     sent = 384 * 1024 // 2 * 4
     assert all(o.nbytes == sent for o, _ in a2a)
-    assert a2a[0][1] == pytest.approx(collective_ms("all_to_all", 2, sent / 2, prof.intra))
+    assert a2a[0][1] == pytest.approx(_intra_ms(prof, "all_to_all", 2, sent))
     ar = [m for o, m in coop if o.kind == "all_reduce"]
-    assert ar == pytest.approx([collective_ms("all_reduce", 2, 384 * 384 * 4, prof.intra)] * 5)
+    assert ar == pytest.approx([_intra_ms(prof, "all_reduce", 2, 384 * 384 * 4)] * 5)
 
 
 def test_gram_flops_follow_the_method() -> None:

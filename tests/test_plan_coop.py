@@ -5,6 +5,7 @@ of choose_groups."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
@@ -19,9 +20,10 @@ NVLINK = H800.link
 TALL = (16384, 4096)  # long side = rows: blocks of rows at TP = 1, no re-blocking all-to-all
 
 
-def _ring_all_reduce_us(k: int, nbytes: float) -> float:
-    """base + 2(k−1) hops + 2(k−1)/k · bytes / bus bandwidth (µs)."""
-    return NVLINK.base_latency_us + 2 * (k - 1) * NVLINK.hop_latency_us + 2 * (k - 1) / k * nbytes / NVLINK.bus_bw * 1e6
+def _all_reduce_us(k: int, nbytes: float) -> float:
+    """base + min(ring 2(k−1), tree 2·ceil(log2 k)) hops + 2(k−1)/k · bytes / bus bandwidth (µs)."""
+    hops = min(2 * (k - 1), 2 * math.ceil(math.log2(k)))
+    return NVLINK.base_latency_us + hops * NVLINK.hop_latency_us + 2 * (k - 1) / k * nbytes / NVLINK.bus_bw * 1e6
 
 
 @pytest.mark.parametrize(("method", "restarts", "calls"), [("standard", (), 5), ("gram", (2,), 2)])
@@ -31,7 +33,7 @@ def test_member_cost_by_hand(method: str, restarts: tuple[int, ...], calls: int)
     settings = CostSettings(ns_method=method, ns_restarts=restarts)
     coop = H800
     item = PlanItem("w", TALL, None, cost=1.0)
-    gram_us = _ring_all_reduce_us(k, m * m * 4)  # the m×m Gram in fp32
+    gram_us = _all_reduce_us(k, m * m * 4)  # the m×m Gram in fp32
     want = ns_member_flops(TALL, k, 5, method, restarts) + 10.0 * TALL[0] * TALL[1] / k
     want += calls * gram_us * 1e-6 * coop.flops_rate
     assert member_cost(item, k, 1, settings, coop) == (pytest.approx(want, rel=1e-12), method)

@@ -39,9 +39,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from canzona.analysis.projection import COLLECTIVES, PROFILE_DIR, ring_terms
+from canzona.analysis.projection import COLLECTIVES, PROFILE_DIR
 from canzona.argtypes import int_in, output_file, positive_int
 from canzona.cost import matrix_flops, matrix_optimizer_names, runs_newton_schulz
+from canzona.plan.comm import ring_terms
 
 DEFAULT_SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)  # bytes per collective buffer (up to a qwen3-tiny bucket)
 
@@ -237,8 +238,7 @@ def calibrate(
             nbytes = int(k.split(":")[1])
             t = statistics.median(r["coll"][k] for r in per_rank)
             raw_coll[k] = t
-            moved = nbytes * (dp - 1) / dp if kind == "all_to_all" else nbytes
-            xs.append(factor * moved)
+            xs.append(factor * nbytes)
             ys.append(t)
         lat, inv_bw = _fit_line(xs, ys)
         coll[kind] = {"latency_us": lat * 1e6, "bus_bw": 1.0 / inv_bw}

@@ -1,28 +1,46 @@
-"""α–β cost of one collective call: what the runtime's mode choice and the projection both charge.
+"""α–β cost of one collective call: the ONE formula the planner and the projection both charge.
 
 Why here (the pure layer): the runtime picks, per DP bucket, how to run its uneven reduce-scatter /
-all-gather (``choose_mode`` below), and the projection replays the same calls. Both
-must price a call the same way, so the formula lives once, below the runtime and the analysis.
+all-gather (``choose_mode`` below), the planner's readers (budget, ``canzona plan --engine fsdp2``)
+price a plan's calls, and the projection (``canzona.analysis.projection``) replays the same calls.
+All of them call ``CommModel.call_us`` on a model from ``profile_model``, so one call costs the
+same wherever it is priced (tests/test_plan_comm.py pins the formula and that property).
 
-The ring model with the nccl-tests bus-bandwidth convention, for a call on a group of ``n`` ranks
+The model, with the nccl-tests bus-bandwidth convention, for a call on a group of ``n`` ranks
 whose full buffer is ``nbytes``:
 
     t = base + steps · hop + factor · nbytes / bus_bw
 
-  kind             factor        steps    buffer counted
-  all_reduce       2(n−1)/n      2(n−1)   the reduced buffer
-  reduce_scatter   (n−1)/n       n−1      the full input (n · output)
-  all_gather       (n−1)/n       n−1      the full output (n · input)
-  reduce/broadcast 1             n−1      the buffer (a pipelined chain)
-  all_to_all       (n−1)/n       1        what one rank sends (n equal parts)
+  kind             factor        steps                         buffer counted
+  all_reduce       2(n−1)/n      min(2(n−1), 2·ceil(log2 n))   the reduced buffer
+  reduce_scatter   (n−1)/n       n−1                           the full input (n · output)
+  all_gather       (n−1)/n       n−1                           the full output (n · input)
+  reduce/broadcast 1             n−1                           the buffer (a pipelined chain)
+  all_to_all       (n−1)/n       1                             what one rank sends (n equal parts)
+
+The steps follow how NCCL runs each kind (NVIDIA/nccl src/graph/tuning.cc, ``ncclTopoTuneModel``
+and ``ncclTopoGetAlgoTime``): only all-reduce has a second algorithm (``if (coll !=
+ncclCollAllReduce && a != NCCL_ALGO_RING) continue``), the double binary tree, whose latency grows
+with the tree depth (base + 2·(intra-node chain + log2(nodes)·inter hop)), and NCCL takes whichever
+algorithm predicts less time, so a small all-reduce pays log-depth latency, not the ring's 2(n−1)
+steps (at 256 ranks: 16 hops instead of 510, ~0.1 ms instead of 3.4 ms). We charge the tree as
+2·ceil(log2 n) hops of the group's link; NCCL's tree also walks a chain inside each node, a few
+more hops (8 more at 8 GPUs per node), which this model leaves out. The bandwidth term stays the
+ring's: for large messages NCCL picks the ring, and the tree's bus bandwidth is no higher.
+Broadcast, reduce, reduce-scatter and all-gather are rings only (broadcast and reduce a pipelined
+chain from or to the root: the first chunk crosses n−1 links). NVLS, CollNet and PAT (NCCL ≥ 2.23,
+one GPU per node) are not modelled.
 
 A model may override (latency, bandwidth) per kind: gloo's kinds differ by up to 7× on our CPU
 hosts (its broadcast and reduce outrun its all_gather / reduce_scatter), which is exactly what
-makes per-root calls the right choice there and the wrong one on NCCL.
+makes per-root calls the right choice there and the wrong one on NCCL. A calibrated fit carries
+its own measured latency (no per-step term): ``canzona calibrate-cpu`` fits latency and bus
+bandwidth per kind against ``ring_terms``'s factor.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -54,8 +72,8 @@ def ring_terms(kind: str, n: int) -> tuple[float, int]:
         raise ConfigError(f"unknown collective kind {kind!r}; known: {', '.join(KINDS)}")
     if n <= 1:
         return 0.0, 0
-    if kind == "all_reduce":
-        return 2.0 * (n - 1) / n, 2 * (n - 1)
+    if kind == "all_reduce":  # ring bandwidth; NCCL's tree when its log-depth latency is smaller
+        return 2.0 * (n - 1) / n, min(2 * (n - 1), 2 * math.ceil(math.log2(n)))
     if kind in ("reduce_scatter", "all_gather"):
         return (n - 1) / n, n - 1
     if kind == "all_to_all":

@@ -7,9 +7,10 @@ micro-groups' packed all-to-alls to the owners and back, pipelined with the owne
 (``hardware.matrix_ms``), cooperative groups. FSDP2 owns the gradient reduce-scatter and the
 parameter all-gather (no DP buckets: the plan has DP 1), and AdamW runs on the local shards, the same
 for every owner rule, so it is not charged here. Why beside ``canzona plan --engine fsdp2``'s step
-(``plan.readers.budget``): that reader prices calls with ``plan.comm``'s ring model, whose all-reduce
-latency grows with 2(n−1) steps where NCCL switches to trees, and compute at the Newton–Schulz rate
-alone; this is the projection's account of the same plans.
+(``plan.readers.budget``): both price every call with ``plan.comm`` on the same profile, so they
+agree on communication; that reader charges compute at the Newton–Schulz rate alone, this one the
+full per-matrix cost (``hardware.matrix_ms``: elementwise passes and copies too) and the pipelining
+of all-to-alls with compute.
 """
 
 from __future__ import annotations

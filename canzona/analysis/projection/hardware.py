@@ -5,18 +5,14 @@ Why one module: every number the projection charges comes from a profile
 formulas here that turn a profile into milliseconds. Nothing in this module knows about plans
 or strategies; ``lowering`` says which operations a plan issues, ``phases`` charges them.
 
-Collectives use the ring model with the nccl-tests bus-bandwidth convention:
-  t = base + steps * hop + factor * bytes / bus_bw, with (factor, steps) = (2(n-1)/n, 2(n-1)) for
-  all-reduce, ((n-1)/n, n-1) for reduce-scatter / all-gather (bytes = the full buffer), (1, n-1)
-  for broadcast / reduce, and off-rank bytes / bus_bw + one hop for all-to-all. A group whose
-  ranks span more than one node uses the inter-node link (Megatron rank order: TP fastest, then
-  DP, then PP). A profile may override (latency, bus_bw) per collective kind (the CPU profile,
-  calibrated by ``canzona calibrate-cpu``).
+Collectives are priced by ``canzona.plan.comm`` (``profile_model`` + ``CommModel.call_us``), the
+one formula the planner, its budget and the runtime's DP mode choice also use: a group whose
+ranks span more than one node uses the inter-node link (Megatron rank order: TP fastest, then
+DP, then PP), and a profile may override (latency, bus_bw) per collective kind (the CPU profile,
+calibrated by ``canzona calibrate-cpu``).
 """
 
 from __future__ import annotations
-
-import math
 
 from canzona.cost import CostSettings, matrix_flops, ns_member_flops, ns_method_for, runs_newton_schulz
 from canzona.errors import ConfigError
@@ -33,59 +29,36 @@ from canzona.hardware.profile import (  # noqa: F401  (re-exported: the projecti
 from canzona.plan import comm as plan_comm
 from canzona.plan.types import Layout
 
-
 # ----------------------------------------------------------------------------- collectives
-def ring_terms(kind: str, n: int) -> tuple[float, int]:
-    """(bandwidth factor on the buffer bytes, latency steps) for ``kind`` over ``n`` ranks.
-
-    Ring bandwidth terms; latency steps of the ring, except that all-reduce, broadcast and reduce
-    take the tree's 2·ceil(log2 n) steps when fewer (NCCL switches to trees for small messages,
-    which only the latency term sees).
-    """
-    tree = 2 * math.ceil(math.log2(n)) if n > 1 else 0
-    if kind == "all_reduce":
-        return 2 * (n - 1) / n, min(2 * (n - 1), tree)
-    if kind in ("reduce_scatter", "all_gather"):
-        return (n - 1) / n, n - 1
-    if kind in ("broadcast", "reduce"):
-        return 1.0, min(n - 1, tree)
-    if kind == "all_to_all":
-        return 1.0, 1  # caller passes off-rank bytes
-    raise ConfigError(f"unknown collective {kind!r}")
+GROUP_SIZES = ("tp", "dp", "world")
 
 
-def collective_ms(kind: str, n: int, nbytes: float, link: Link, fit: CollectiveFit | None = None) -> float:
-    """Time of one collective over ``n`` ranks moving ``nbytes`` (see module docstring)."""
-    if n <= 1 or nbytes < 0:
-        return 0.0
-    factor, steps = ring_terms(kind, n)
-    if fit is not None:
-        return (fit.latency_us * 1e-6 + factor * nbytes / fit.bus_bw) * 1e3
-    return (link.base_latency_us * 1e-6 + steps * link.hop_latency_us * 1e-6 + factor * nbytes / link.bus_bw) * 1e3
-
-
-def group_link(profile: Profile, layout: Layout, group: str) -> Link:
-    """Intra- or inter-node link for a DP, TP or world group (Megatron order: TP, then DP, then PP)."""
+def _group(layout: Layout, group: str) -> tuple[int, int]:
+    """(ranks, span of consecutive GPUs) of a DP, TP or world group (Megatron order: TP, then DP, then PP)."""
+    if group not in GROUP_SIZES:
+        raise ConfigError(f"unknown group {group!r}; known: {', '.join(GROUP_SIZES)}")
+    n = {"tp": layout.tp, "dp": layout.dp, "world": layout.world}[group]
     span = {"tp": layout.tp, "dp": layout.tp * layout.dp, "world": layout.world}[group]
-    return profile.intra if span <= profile.gpus_per_node else profile.inter
+    return n, span
 
 
 class Comm:
-    """Collective timing bound to a profile and layout."""
+    """Collective timing (ms) bound to a profile and layout, priced by ``canzona.plan.comm``."""
 
     def __init__(self, profile: Profile, layout: Layout) -> None:
         self.profile, self.layout = profile, layout
+        self._models: dict[int, plan_comm.CommModel] = {}
 
     def __call__(self, kind: str, group: str, nbytes: float) -> float:
-        n = {"tp": self.layout.tp, "dp": self.layout.dp, "world": self.layout.world}[group]
-        return collective_ms(
-            kind, n, nbytes, group_link(self.profile, self.layout, group), self.profile.collectives.get(kind)
-        )
+        n, span = _group(self.layout, group)
+        return self.sized(kind, n, span, nbytes)
 
     def sized(self, kind: str, n: int, span: int, nbytes: float) -> float:
-        """A call on a group of ``n`` ranks whose GPUs span ``span`` consecutive ranks (a DP sub-group)."""
-        link = self.profile.intra if span <= self.profile.gpus_per_node else self.profile.inter
-        return collective_ms(kind, n, nbytes, link, self.profile.collectives.get(kind))
+        """A call on a group of ``n`` ranks whose GPUs span ``span`` consecutive ranks (a DP
+        sub-group); an all-to-all's ``nbytes`` is what one rank sends (``plan.comm`` convention)."""
+        if span not in self._models:
+            self._models[span] = plan_comm.profile_model(self.profile, span, f"span{span}")
+        return self._models[span].call_us(kind, n, nbytes) / 1e3
 
 
 def comm_model(profile: Profile, layout: Layout) -> plan_comm.CommModel:

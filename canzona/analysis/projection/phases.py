@@ -206,22 +206,24 @@ class _Charger:
 
     def _price(self, s: RankSchedule, op: CommOp) -> float:
         """One call: its group's size and link (a cooperative DP sub-group: k ranks inside a node);
-        an all-to-all is charged the off-rank bytes of its busiest rank."""
+        an all-to-all is charged as the equal-parts call whose off-rank bytes are those of its
+        busiest rank (``plan.comm``: the caller passes what one rank sends, n parts)."""
         if op.phase not in self.KNOWN:
             raise ConfigError(f"the projection does not know schedule phase {op.phase!r} ({op}); teach phases.py")
         if op.phase == "coop" and op.tag == TP_BLOCKS_TAG:  # blocks of TP sub-groups: this rank's part
-            return self.comm("all_to_all", "tp", op.nbytes * (self.layout.tp - 1) / self.layout.tp)
+            return self.comm("all_to_all", "tp", op.nbytes)
         if op.phase == "coop":
             k = self.ops.coop_groups(s)[op.tag][0].k
-            nbytes = op.nbytes * (k - 1) / k if op.kind == "all_to_all" else op.nbytes
             if op.group == "tp":
-                return self.comm(op.kind, "tp", nbytes)
+                return self.comm(op.kind, "tp", op.nbytes)
             span = self.layout.tp if op.tag[:2] == "tp" else k * self.layout.tp  # inside a TP group, or DP-strided
-            return self.comm.sized(op.kind, k, span, nbytes)
+            return self.comm.sized(op.kind, k, span, op.nbytes)
         if op.kind == "all_to_all":
             if not op.tag.startswith(MICRO_GROUP_TAG):
                 raise ConfigError(f"the projection does not know the all-to-all {op}; teach phases.py")
-            return self.comm("all_to_all", "tp", self.ops.micro_group_bytes(s.dp_rank, op.tag))
+            tp = self.layout.tp
+            off_rank = self.ops.micro_group_bytes(s.dp_rank, op.tag)
+            return self.comm("all_to_all", "tp", off_rank * tp / (tp - 1)) if tp > 1 else 0.0
         if op.group not in GROUPS:
             raise ConfigError(f"the projection does not know collective group {op.group!r} ({op})")
         return self.comm(op.kind, GROUPS[op.group], op.nbytes)
