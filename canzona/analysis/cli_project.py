@@ -13,7 +13,7 @@ balancing on H800 and with Shampoo / SOAP) -> ``projected.jsonl``, and ``authors
 Qwen3-32B configuration) -> ``projected_authors.jsonl``. ``paper`` also writes
 ``OUT/projection_sensitivity.csv`` (Qwen3-32B on H800 as batch, layout, views and profile
 constants change), ``OUT/projection_batch.csv`` (iteration speedup against tokens per
-iteration, per GPU profile and view, with the largest batch reaching 1.57x) and
+iteration, per GPU profile and view, marking where the paper's 1.57× is reached) and
 ``OUT/projection_beyond.csv`` (Qwen3-32B on H800: Canzona with and without cooperative
 Newton–Schulz and with Gram Newton–Schulz, against layer-wise, both views).
 ``--cooperative/--no-cooperative`` and ``--ns-method`` set the planner's cooperation and Muon's

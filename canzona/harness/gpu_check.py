@@ -44,9 +44,10 @@ from canzona.results.env import REPO_ROOT
 
 BUDGET_S = 480.0  # issue 10: the whole command in ≤ 8 minutes on one H200
 PARTS = ("ns", "train")
-# Rates behind the time estimate (H200: a bf16 8192³ matmul measured 769–798 TFLOP/s on random data,
-# /work/.library/device/KINDS.md). Newton–Schulz is assumed at a third of that (peers in tf32 slower),
-# the float64 reference at 40 (H200 fp64 tensor cores: 67 by the datasheet).
+# Rates behind the time estimate, assumed below the H200 datasheet's 989 TFLOP/s dense bf16 (what a
+# bf16 8192³ matmul reaches is what the command measures, into results/gpu/ns.json). Newton–Schulz is
+# assumed at about a third of the peak (peers in tf32 slower), the float64 reference at 40 (H200 fp64
+# tensor cores: 67 by the datasheet).
 EST_NS_TFLOPS = 250.0
 EST_PEAK_TFLOPS = 700.0
 EST_FP64_TFLOPS = 40.0

@@ -240,7 +240,7 @@ def keep_fastest(plain: Plan | None, coops: Sequence[Plan], profile: Profile) ->
     # Each group choice prices matrices alone; where the other matrices then land on the members the
     # stage can end up worse (Qwen3-1.7B at TP 8: every TP group is a member of an fc1 group AND
     # hosts an fc2), and at TP = 1 its block cuts add DP calls (Qwen3-1.7B at DP 256: groups of 4
-    # save 1 ms of Newton–Schulz and add 168 per-slice calls). Keep the choice with the shortest
+    # save Newton–Schulz time but add a per-slice call per block cut). Keep the choice with the shortest
     # step, and cooperation only where it saves at least COOP_MIN_SAVING of the plain plan's compute.
     compute, comm = step_seconds(plain, coop)
     best_s = compute * (1 - COOP_MIN_SAVING) + comm

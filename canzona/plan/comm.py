@@ -31,11 +31,11 @@ Broadcast, reduce, reduce-scatter and all-gather are rings only (broadcast and r
 chain from or to the root: the first chunk crosses n−1 links). NVLS, CollNet and PAT (NCCL ≥ 2.23,
 one GPU per node) are not modelled.
 
-A model may override (latency, bandwidth) per kind: gloo's kinds differ by up to 7× on our CPU
-hosts (its broadcast and reduce outrun its all_gather / reduce_scatter), which is exactly what
-makes per-root calls the right choice there and the wrong one on NCCL. A calibrated fit carries
-its own measured latency (no per-step term): ``canzona calibrate-cpu`` fits latency and bus
-bandwidth per kind against ``ring_terms``'s factor.
+A model may override (latency, bandwidth) per kind: gloo's kinds differ several-fold on our CPU
+hosts (``GLOO`` below: its broadcast and reduce outrun its all_gather / reduce_scatter), which is
+exactly what makes per-root calls the right choice there and the wrong one on NCCL. A calibrated
+fit carries its own measured latency (no per-step term): ``canzona calibrate-cpu`` fits latency and
+bus bandwidth per kind against ``ring_terms``'s factor.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ NCCL = CommModel(
     source="IB 50 GB/s per GPU (DeepSeek-V3 report sec. 3.2.2); NCCL tuning.cc Ring/Simple latencies 8.4 + 6.6 us/step",
 )
 # gloo on one CPU host: per-kind fits of `canzona calibrate-cpu` (canzona/hardware/profiles/cpu-local.toml,
-# 2026-11-29, 2-core VM): broadcast and reduce move data 3-7x faster than all_gather / reduce_scatter.
+# 2026-11-29, 2-core VM): broadcast and reduce move data faster than all_gather / reduce_scatter.
 GLOO = CommModel(
     "gloo",
     Link(bus_bw=7.77e8, base_latency_us=383.0),

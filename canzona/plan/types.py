@@ -199,7 +199,8 @@ class PlanConfig:
                  "exact": uneven slices cut on parameter boundaries (the runtime then picks each
                  bucket's collective mode); "auto" (default): padded unless no split of the padded
                  buckets keeps the padding at or below ``AUTO_PADDING_LIMIT`` of the bucket bytes,
-                 which happens when DP ranks outnumber the matrices (Qwen3-8B at DP128: 46% at best),
+                 which happens when DP ranks outnumber the matrices (Qwen3-8B at DP128: the padding
+                 floor ``canzona plan --model qwen3-8b --tp 2 --dp 128`` prints),
                  where padding would also multiply the gradient and parameter buffers. The Plan
                  stores the layout chosen.
     """

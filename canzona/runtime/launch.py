@@ -1,8 +1,8 @@
 """Run a function on N local ranks, each in a forked process with a torch.distributed group.
 
 Forking (not spawning, not torchrun) matters on CPU machines: children inherit modules the
-parent already imported (megatron takes ~6 s to import; 4 torchrun ranks spend ~25 s), so
-tests and local benchmarks start in well under a second. Under torchrun/srun use
+parent already imported (megatron takes seconds to import, and torchrun ranks each import it
+again), so tests and local benchmarks start in well under a second. Under torchrun/srun use
 ``init_from_env`` instead; the rank function is the same.
 """
 

@@ -137,8 +137,8 @@ PEAK_CALLS = 10  # back-to-back matmuls per timed sample of the peak
 
 def time_calls(fn: Callable[[], Any], device: torch.device, calls: int) -> float:
     """Milliseconds per call of ``calls`` back-to-back calls of ``fn``: between two CUDA events on
-    CUDA (a host timer around one ~1.4 ms 8192³ matmul adds launch and sync latency, so fractions
-    of peak read 2–3% high), with the wall clock elsewhere."""
+    CUDA (a host timer around one 8192³ matmul, itself about a millisecond, adds launch and sync
+    latency, so fractions of peak would read high), with the wall clock elsewhere."""
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()

@@ -269,7 +269,7 @@ class Search:
         registration order) it depends only on the costs left, so it is computed once per (rank,
         cost, sharded) while rank a's members stay the same set (one ``step``): a DP rank of a 12k-matrix
         MoE holds thousands of experts of a few shapes, and recomputing the LPT for each of them
-        made one plan at DP3×TP2 take 13 minutes."""
+        made one plan at DP3×TP2 take minutes."""
         key = (a, i) if self.p.tp_mode == "no" and not self.simple else (a, self.c[i], self.sh[i])
         if key not in self._donor:
             self._donor[key] = self.exact_g([k for k in self.members[a] if k != i])
@@ -401,7 +401,8 @@ def seed_settings(alpha: float) -> list[tuple[float, float | None]]:
     objective's α and with every α' of ``PACK_ALPHAS``; pack under the looser caps with the
     objective's α. Why several α': under a slice cap the cap already bounds the comm term, and a
     placement key that still weighs slices heavily can give up compute for slack it does not need
-    (Qwen3-30B-A3B at DP64×TP4: compute 1.025 → 1.011 of the bound at the same padding), while the
+    (Qwen3-30B-A3B at DP64×TP4 was such a case: a lower α' gave better compute balance at the same
+    padding), while the
     best α' differs from model to model; each seed is scored at the objective's own α."""
     tight = dict.fromkeys([alpha, *PACK_ALPHAS])
     return [(1.0, None), *((a, SLACKS[0]) for a in tight), *((alpha, s) for s in SLACKS[1:])]
@@ -411,9 +412,9 @@ def refine(p: DPProblem, alpha: float) -> list[int]:
     """The seeds of ``seed_settings``; the best ``SEARCHED_SEEDS`` distinct ones searched, best first,
     while a shared work budget lasts; the best key (at ``alpha``) wins (ties: the earlier).
 
-    Why several: the best seed is not always the best start (Qwen3-4B at DP5×PP4, α = 0.9: the search
-    from largest-first stops at compute 1.019 / comm 1.184 of their bounds, from a capped seed it
-    reaches 1.015 / 1.050). Work is bounded: the searches stop once the problem's work count passes
+    Why several: the best seed is not always the best start (Qwen3-4B at DP5×PP4, α = 0.9, was such a
+    case: the search from largest-first stopped further from both bounds, comm most, than the search
+    from a capped seed). Work is bounded: the searches stop once the problem's work count passes
     ``WORK_BUDGET`` plus ``WORK_PER_ITEM`` per item, so a 12k-matrix MoE plans in seconds.
     """
     seeds: list[tuple[Key, int, list[int]]] = []

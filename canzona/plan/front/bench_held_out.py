@@ -47,7 +47,8 @@ CELLS = NAMED + MIXTRAL
 # The default may trade compute balance for DP time, but never this much against plain largest-first:
 # the regression issue #26 reported was 0.77-0.80 against 0.88-0.97 (a ratio of 0.79-0.87) where the
 # exact layout at the same α reached largest-first; a choice by modelled step keeps a lower ratio
-# only where its step is shorter (``test_plan_held_out``), and the worst such cell is 0.83.
+# only where its step is shorter (``test_plan_held_out``); results/planner/held_out_goals.md has the
+# worst such cell (`canzona plan-bench --suite held-out`).
 MIN_RATIO = 0.8
 
 
