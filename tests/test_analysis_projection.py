@@ -449,3 +449,37 @@ def test_validate_skips_lines_in_another_number_format(tmp_path: Path, toy) -> N
     skipped = v[v["timing"] == "skipped"].set_index("method")["note"]
     assert "Newton–Schulz in bf16" in skipped["canzona"] and "bf16 parameters" in skipped["sc"]
     assert list(v[v["timing"] == "step"]["method"]) == ["asc"]
+
+
+def test_scenario_fields_are_the_specs_leaves() -> None:
+    """A scenario's run knobs are the spec's leaves: same name, same type, the spec section's default
+    (the batch: PAPER_BATCH, which `canzona project` defaults to too); only OWN_FIELDS are its own.
+    A knob whose type or default changes in the spec fails here until the projection follows."""
+    import dataclasses
+    import typing
+
+    from canzona.analysis.cli_project import KNOBS
+    from canzona.analysis.projection import scenario as sc
+    from canzona.spec.run import leaves
+
+    hints = typing.get_type_hints(sc.Scenario)
+    batch = dataclasses.asdict(sc.PAPER_BATCH)
+    required = {"model", "method"}  # no default: every scenario names them
+    for f in dataclasses.fields(sc.Scenario):
+        if f.name in sc.OWN_FIELDS:
+            continue
+        assert f.name in leaves(), f"Scenario.{f.name} is neither a spec leaf nor in OWN_FIELDS"
+        _, spec_field, spec_type = leaves()[f.name]
+        assert hints[f.name] == spec_type, f"Scenario.{f.name}: {hints[f.name]} is not the spec's {spec_type}"
+        if f.name not in required:
+            assert f.default == batch.get(f.name, spec_field.default), f"Scenario.{f.name}'s default"
+    assert {k: KNOBS.defaults[k] for k in batch} == batch
+
+
+def test_scenario_checks_string_knobs_against_the_spec() -> None:
+    from canzona.analysis.projection import Scenario
+    from canzona.plan.types import Layout
+
+    for bad in ({"cost": "bytes"}, {"dp_layout": "ragged"}, {"tp_mode": "diagonal"}, {"optimizer": "sgd"}):
+        with pytest.raises(ConfigError, match="choose one of"):
+            Scenario("qwen3-micro", Layout(2, 1, 1), "canzona", **bad)  # type: ignore[arg-type]

@@ -24,11 +24,13 @@ Newton–Schulz method of a custom projection.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 from pathlib import Path
 from typing import Any
 
+from canzona.analysis.projection.scenario import PAPER_BATCH
 from canzona.argtypes import existing_path
 from canzona.spec.flags import MATRIX_OPTIMIZERS, NOT_PRICED, Derived, Knobs, add_flags, flag, overrides
 
@@ -45,8 +47,7 @@ KNOBS = Knobs(
         "dp": 32,
         "tp": 8,
         "pp": 1,
-        "seq_len": 4096,
-        "global_batch": 256,
+        **dataclasses.asdict(PAPER_BATCH),  # a projection's batch is the paper's, not a CPU run's
         "profile": Derived("H800; cpu-local with --validate"),
     },
     values={"optimizer": MATRIX_OPTIMIZERS},

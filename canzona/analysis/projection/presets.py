@@ -33,9 +33,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from canzona.analysis.projection.scenario import METHODS, Scenario
+from canzona.analysis.projection.scenario import METHODS, PAPER_BATCH, Scenario
 from canzona.errors import ConfigError
 from canzona.plan.types import DEFAULT_ALPHA, Layout
+from canzona.spec.run import Cost
 
 # Layouts for Table 2's projected rows at 256 GPUs: the same cells as the cluster sweep
 # slurm/sweeps/table2.toml (its memory rule picks TP; PP = 1), so projected and measured rows
@@ -47,8 +48,8 @@ PAPER_LAYOUTS: dict[str, Layout] = {
     "qwen3-14b": Layout(dp=64, tp=4, pp=1),
     "qwen3-32b": Layout(dp=32, tp=8, pp=1),
 }
-PAPER_SEQ_LEN = 4096  # as the sweep: Qwen3's pre-training context
-PAPER_GLOBAL_BATCH = 256  # sequences (~1M tokens) per iteration, as the sweep
+PAPER_SEQ_LEN = PAPER_BATCH.seq_len  # as the sweep: Qwen3's pre-training context
+PAPER_GLOBAL_BATCH = PAPER_BATCH.global_batch  # sequences (~1M tokens) per iteration, as the sweep
 GPU_PROFILES = ("H800", "H100", "A100", "H200")
 VIEWS = ("none", "megatron")
 
@@ -62,7 +63,7 @@ class AuthorsSetting(TypedDict):
     global_batch: int
     micro_batch: int
     alpha: float
-    cost: str
+    cost: Cost
     bucket_size: int
     overlap: str
     variant: str

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 from canzona.analysis.projection.hardware import Profile
 from canzona.analysis.projection.overlap import OVERLAPS, Projection, fwd_bwd_ms
 from canzona.analysis.projection.phases import StageProjection, project_stage
-from canzona.cost import NS_METHODS, CostModel, CostSettings
+from canzona.cost import CostModel, CostSettings
 from canzona.errors import ConfigError
 from canzona.plan.types import Layout, Plan, PlanConfig
 from canzona.spec import BatchSpec, OptimSpec, PlanSpec, get_method, method_names
-from canzona.spec.run import plan_config_of
+from canzona.spec.run import Alpha, Cost, DpLayout, NsMethod, choices, leaves, plan_config_of
 
 if TYPE_CHECKING:
     from canzona.optim.base import MatrixOptimizer
@@ -42,39 +42,57 @@ LAYERWISE_2026 = {"method": "canzona", "dp_algo": "refine", "dp_layout": "padded
                   "cooperative": False, "tp_mode": "global", "alpha": 0.0}  # fmt: skip
 
 
+# The batch a projection defaults to, as a section of the run spec: the paper's Qwen3 setting, the
+# one the cluster sweep slurm/sweeps/table2.toml runs (4096-token sequences, Qwen3's pre-training
+# context; 256 sequences, about 1M tokens, per iteration). A run's own default batch is a CPU test's.
+PAPER_BATCH = BatchSpec(seq_len=4096, micro_batch=BatchSpec.micro_batch, global_batch=256)
+# A scenario's fields that are not run knobs (the rest are spec leaves, held to the spec by
+# tests/test_analysis_projection.py): the planner's layout (the spec's dp/tp/pp), the split views,
+# the overlap view, and the variant, "" for our setting where a run records None.
+OWN_FIELDS = ("layout", "views", "overlap", "variant")
+
+
 @dataclass(frozen=True)
 class Scenario:
     """Everything a projected cell depends on besides the plan and the profile.
 
-    The run knobs are the spec's (``canzona.spec``: the same names, and defaults taken from its
-    sections; ``of`` builds one from the spec's leaves), except the batch, where a projection
-    defaults to the paper's Qwen3 setting (4096-token sequences, 256 per iteration). Its own
-    fields: ``layout`` (the planner's, from dp/tp/pp), ``views``, ``overlap`` and ``variant``.
+    The run knobs are the spec's leaves (``canzona.spec``): the same names and types, their defaults
+    taken from its sections and their values checked against its choices; ``of`` builds one from
+    the spec's leaves. The batch defaults to ``PAPER_BATCH``. Only ``OWN_FIELDS`` are the
+    projection's own. Why typed fields and not the spec itself: the projection also models a method
+    no run executes (``layerwise-2026``) and takes no loop, learning rates or peers; the fields are
+    spelled out for the type checker, and a test holds them to the spec.
     """
 
     model: str
     layout: Layout
     method: str
     optimizer: str = OptimSpec.optimizer
-    seq_len: int = 4096
-    micro_batch: int = BatchSpec.micro_batch
-    global_batch: int = 256
-    alpha: float | str = PlanSpec.alpha  # "auto": chosen by the planner
-    cost: str = PlanSpec.cost
+    seq_len: int = PAPER_BATCH.seq_len
+    micro_batch: int = PAPER_BATCH.micro_batch
+    global_batch: int = PAPER_BATCH.global_batch
+    alpha: Alpha = PlanSpec.alpha  # "auto": chosen by the planner
+    cost: Cost = PlanSpec.cost
     bucket_size: int = PlanSpec.bucket_size
     views: tuple[str, ...] = ()
     overlap: str = "none"  # none | megatron (see Projection)
     dp_algo: str | None = PlanSpec.dp_algo
     variant: str = ""  # a named setting these values come from ("authors"); empty for ours
     cooperative: bool = PlanSpec.cooperative
-    ns_method: str = OptimSpec.ns_method
-    dp_layout: str = PlanSpec.dp_layout
+    ns_method: NsMethod = OptimSpec.ns_method
+    dp_layout: DpLayout = PlanSpec.dp_layout
     tp_mode: str | None = PlanSpec.tp_mode
     capacity_bytes: int | None = PlanSpec.capacity_bytes
 
     def __post_init__(self) -> None:
-        if self.ns_method not in NS_METHODS:
-            raise ConfigError(f"unknown Newton–Schulz method {self.ns_method!r}; choose one of {', '.join(NS_METHODS)}")
+        """The spec's choices for every string knob but the method (``make_plans`` checks it against
+        the methods the projection models)."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            allowed = choices(f.name) if f.name in leaves() and f.name != "method" else None
+            if allowed is not None and value is not None and value not in allowed:
+                what = leaves()[f.name][1].metadata["help"].split(" (")[0]
+                raise ConfigError(f"unknown {what} {value!r} ({f.name}); choose one of {', '.join(allowed)}")
 
     @classmethod
     def of(cls, knobs: Mapping[str, Any], **own: Any) -> Scenario:

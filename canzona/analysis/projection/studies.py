@@ -18,6 +18,7 @@ from canzona.analysis.projection.presets import PAPER_GLOBAL_BATCH, PAPER_LAYOUT
 from canzona.analysis.projection.records import speedup
 from canzona.analysis.projection.scenario import Scenario, at_tokens, make_plans, plan_key, project
 from canzona.plan.types import Layout
+from canzona.spec.run import NsMethod
 
 
 def project_grid(
@@ -179,7 +180,7 @@ def _reach(curve: Any, target: float, grid: Sequence[float], values: Sequence[fl
 # (issue #12) and Gram Newton–Schulz (issue #18), against layer-wise. Gram runs as ``auto`` (Gram
 # where the long side is at least canzona.cost.GRAM_MIN_ASPECT times the short one, standard on
 # near-square shapes), the setting one would deploy; layer-wise with Gram shows what Gram alone buys.
-BEYOND_VARIANTS: tuple[tuple[str, str, bool, str], ...] = (
+BEYOND_VARIANTS: tuple[tuple[str, str, bool, NsMethod], ...] = (
     ("layer-wise", "layerwise", True, "standard"),
     ("layer-wise, Gram NS", "layerwise", True, "auto"),
     ("Canzona without cooperation", "canzona", False, "standard"),

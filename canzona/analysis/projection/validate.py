@@ -11,6 +11,7 @@ from canzona.analysis.projection.hardware import Profile
 from canzona.analysis.projection.overlap import Projection
 from canzona.analysis.projection.scenario import METHODS, Scenario, project
 from canzona.plan.types import DEFAULT_ALPHA, Layout
+from canzona.spec.run import Cost
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -67,7 +68,7 @@ def validate_against(
         seq = int(r["seq_len"]) if finite(r.get("seq_len")) else 1
         gbatch = int(r["global_batch"]) if finite(r.get("global_batch")) else dp
         mbatch = int(r["micro_batch"]) if finite(r.get("micro_batch")) else 1
-        cost = r.get("cost") if isinstance(r.get("cost"), str) else "flops"
+        cost: Cost = r.get("cost") if isinstance(r.get("cost"), str) else "flops"  # Scenario checks its value
         s = Scenario(
             r["model"],
             Layout(dp, tp, pp),
