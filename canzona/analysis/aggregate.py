@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from canzona.analysis.load import ROW_CONFIG_FIELDS
+from canzona.analysis.plans import PLAN_COLUMNS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -47,7 +48,11 @@ ROW_KEY = (
 )
 TIMINGS = ("iteration", "fwd_bwd", "step")
 # What a row carries beside its config (``load.ROW_CONFIG_FIELDS``): where its numbers come from.
-ROW_RECORD_FIELDS = ("provenance_label", "provenance_detail", "peer_layer_wise", "peer_tp_mode", "loss_curve")
+# The plan a line ran (canzona.analysis.plans): one per cell, canzona.analysis.load checks it.
+ROW_RECORD_FIELDS = (
+    *("provenance_label", "provenance_detail", "peer_layer_wise", "peer_tp_mode", "loss_curve"),
+    *PLAN_COLUMNS,
+)
 
 
 def finite(x: Any) -> bool:

@@ -23,6 +23,8 @@ Repetition versus duplicate (the contract, tested in tests/test_analysis_load.py
   the run spec that changes a timing and is outside the cell key (micro-batch, α, bucket size,
   cost, cooperation, Newton–Schulz method, ...), and a projection's ``overlap``) disagree are an
   ERROR: the cell key omits them, so pooling would mix different experiments under one cell.
+  So are lines of one group that ran different plans (``plan_hash``, where both record one): with
+  ``alpha = "auto"`` two lines can agree on every knob and still have run different α.
 
 Measured and projected lines of the same cell are different groups (their provenance differs);
 so are measured lines from different devices, and measured lines of different machines or
@@ -39,6 +41,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from canzona.analysis.plans import plan_columns
 from canzona.results.env import measurement_key
 from canzona.results.schema import CELL_FIELDS, ResultsError, iter_records
 from canzona.spec.run import timed_knobs
@@ -161,6 +164,7 @@ def _row(record: dict[str, Any], file: str, line: int) -> dict[str, Any]:
     }
     for k in ROW_CONFIG_FIELDS:
         row[k] = cfg.get(k)
+    row.update(plan_columns(record))
     for key in TIMING_KEYS:
         med, p90, n = _timing(record, key, where)
         base = key[: -len("_ms")]
@@ -219,8 +223,16 @@ def check_duplicates(rows: Sequence[dict[str, Any]]) -> None:
             )
         seen[ident] = where
     first: dict[tuple[Any, ...], dict[str, Any]] = {}
+    planned: dict[tuple[Any, ...], dict[str, Any]] = {}  # each group's first line that records its plan
     for r in rows:
         g = r["_group"]
+        p = planned.setdefault(g, r) if r.get("plan_hash") else None
+        if p is not None and p["plan_hash"] != r["plan_hash"]:
+            raise ConflictingCellError(
+                f"{r['file']}:{r['line']}: cell {r['cell']!r} ({r['kind']}, {r['provenance_label']}) ran plan "
+                f"{r['plan_hash']} ({r['plan']}) but {p['file']}:{p['line']} ran {p['plan_hash']} ({p['plan']}); "
+                "lines of one cell must be repetitions of one experiment -- keep the two in separate result sets"
+            )
         if g not in first:
             first[g] = r
             continue

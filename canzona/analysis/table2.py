@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
 LAYOUT_COL = "layout (dp·tp·pp = GPUs)"
 MEASURED_AT_COL = "measured at (host @ commit)"
+# the plan Canzona's line ran: with alpha "auto" the only place a reader sees which α was chosen
+PLAN_COL = f"{OURS} plan (α · DP layout · groups · profile · hash)"
 
 
 def _model_rank(name: Any) -> int:
@@ -84,6 +86,8 @@ def build_table2(cells: pd.DataFrame) -> pd.DataFrame:
             for t, label in (("iter", "iter"), ("step", "step")):
                 col = f"speedup_{t}_vs_{b}"
                 row[f"{OURS} vs {b} ({label})"] = float(srow[col]) if srow is not None and col in srow else math.nan
+        ours = by.get(OURS)
+        row[PLAN_COL] = ours.get("plan") if ours is not None else None
         row["runs (min)"] = int(g["runs"].min())
         row["provenance"] = first["provenance_label"]
         row[MEASURED_AT_COL] = k["measured_at"] or math.nan
@@ -96,6 +100,8 @@ def build_table2(cells: pd.DataFrame) -> pd.DataFrame:
         )
         rows.append(row)
     df = pd.DataFrame(rows).sort_values("_sort", kind="stable").drop(columns="_sort").reset_index(drop=True)
+    if df[PLAN_COL].isna().all():  # no line records its plan (peers, projections, lines before schema 3)
+        df = df.drop(columns=PLAN_COL)
     return df
 
 
@@ -355,7 +361,8 @@ HOW_MADE = [
     "- Lines sharing (cell, kind, provenance, source, host @ commit) are repetitions: median of run medians, "
     "p90 of run p90s, summed n (`cells.csv` has all three per cell).",
     "- The same run twice, or two lines of one cell that differ in world / alpha / dtype / bucket_size / "
-    "micro_batch / cost / overlap / variant, stop the build with an error naming the lines.",
+    "micro_batch / cost / overlap / variant or in the plan they ran (plan hash, where both record one), stop the "
+    "build with an error naming the lines.",
     "- Measured rows come from result lines written by the harness / benchmarks; projected rows from "
     "`canzona project` (see `canzona/analysis/projection/` and `canzona/hardware/profiles/`).",
     "- Each line records the code it came from (`env.git_commit`: the commit, plus a hash of the diff when the "
