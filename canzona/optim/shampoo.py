@@ -16,7 +16,8 @@ deterministic for a given input and device, and Q·diag(λ^{-1/4})·Qᵀ does no
 rank-deficient (G·Gᵀ of one m×n gradient has rank ≤ min(m, n)), and its null-space eigenvalues
 are fp32 round-off, about 1e-9·λ_max. An absolute ε (1e-12, the old default) sat below that
 noise, so the roots reused between refreshes scaled every new gradient direction outside the
-old range by a noise-determined λ^{-1/4}: an independent float64 run agreed to cosine 0.69.
+old range by a noise-determined λ^{-1/4}: its steps differed in direction, not only in rounding,
+from an independent float64 run.
 Flooring at 1e-6·λ_max puts all of that noise on ONE value, and on a subspace of equal
 eigenvalues Q·diag·Qᵀ is that value times the projector, whatever basis eigh returns: steps
 between refreshes now match a float64 run to ~3e-6 (tests/test_optim_shampoo_soap.py). The
