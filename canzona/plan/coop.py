@@ -24,9 +24,10 @@ Groups (fixed communicators, never one per matrix):
           on the TP stream, around the micro-group pipeline, so like a host's gather they are
           left out of the load (the projection charges them).
           Why k < TP at all: a group of TP repeats the m×m work on every rank, so at TP 8 a group
-          of 8 on Qwen3-32B's fc1 adds 37% to the stage's work, and the per-GPU max cannot fall
-          below 1.37× the mean; groups of 2 add 4%. A matrix whose TP split runs along its short
-          side is not eligible.
+          of 8 on Qwen3-32B's fc1 (51200×5120) adds about a third to the matrix's Newton–Schulz
+          FLOPs, and the per-GPU max cannot fall that close to the mean; groups of 2 add under 5%
+          (k·``canzona.cost.ns_member_flops``(shape, k, ...) against k = 1). A matrix whose TP
+          split runs along its short side is not eligible.
   TP = 1  an aligned sub-group of k consecutive DP ranks (k ∈ {2, 4, 8}, k | DP): the DP plan cuts
           the matrix at its k block boundaries. A flat bucket range is a block of ROWS, so a matrix
           whose long side is its columns (fc2, the output projection) is re-blocked by one
