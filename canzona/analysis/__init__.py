@@ -5,6 +5,7 @@ The last layer of Canzona: it reads what the harness and the benchmarks wrote
 timings into speedups, so every number in ``results/table2.md`` has one derivation.
 
   load        read + validate result lines into a pandas DataFrame (one row per run)
+  plans       a line's plan section as row columns (which α, layout, groups, profile; its hash)
   aggregate   repetitions of a cell -> median, p90, n; speedups vs each baseline
   table2      the Table-2 frame and its CSV / Markdown files
   projection  analytic step / iteration time per method from the planner's plans + a hardware profile
