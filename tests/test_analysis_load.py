@@ -184,3 +184,22 @@ def test_experiment_fields_are_the_spec_knobs_that_change_a_timing() -> None:
     }
     assert set(ROW_CONFIG_FIELDS) == (set(leaves()) - untimed - {"device"}) | {"world", "overlap"}
     assert set(EXPERIMENT_FIELDS) == set(ROW_CONFIG_FIELDS) - set(CELL_FIELDS)
+
+
+def test_fp32_and_bf16_cells_of_one_layout_are_two_rows(tmp_path) -> None:
+    """A row holds one cell per method: cells that differ only in dtype (a cell-key field) must not
+    share a row, where one method's numbers would silently overwrite the other's."""
+    lines = [
+        make_record(method=m, iteration=(ms, ms, 3), extra_config={"dtype": dt}, timestamp=f"2026-11-29T12:0{i}:00Z")
+        for i, (m, dt, ms) in enumerate(
+            [("sc", "fp32", 30.0), ("canzona", "fp32", 10.0), ("sc", "bf16", 8.0), ("canzona", "bf16", 4.0)]
+        )
+    ]
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    t = build_table2(aggregate_cells(load_results([path])))
+    by = {r["dtype"]: r for r in t.to_dict("records")}
+    assert sorted(by) == ["bf16", "fp32"]
+    assert (by["fp32"]["canzona iter ms"], by["bf16"]["canzona iter ms"]) == (10.0, 4.0)
+    assert by["fp32"]["canzona vs sc (iter)"] == pytest.approx(3.0)
+    assert by["bf16"]["canzona vs sc (iter)"] == pytest.approx(2.0)

@@ -22,6 +22,7 @@ import numpy as np
 
 from canzona.analysis.load import ROW_CONFIG_FIELDS
 from canzona.analysis.plans import PLAN_COLUMNS
+from canzona.results.schema import CELL_FIELDS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -30,22 +31,11 @@ BASELINES = ("sc", "layerwise", "megatron-muon")  # always shown; "asc" is added
 OURS = "canzona"
 PAPER_OPTIMIZER = "muon"  # the optimizer of the paper's Table 2: its headline rows and default labels
 GROUP_KEY = ("cell", "kind", "provenance", "source", "measured_at")
-# A table row: everything that defines a cell except the method, plus where the numbers come from.
+# A table row: everything that defines a cell except the method (the results schema's cell
+# fields, so a field added to the cell key splits rows too: fp32 and bf16 cells of one layout are
+# two rows, never one row whose methods overwrite each other), plus where the numbers come from.
 # ns_dtype: a row compares methods in ONE Newton-Schulz number format (NaN where not recorded).
-ROW_KEY = (
-    "model",
-    "tp",
-    "pp",
-    "dp",
-    "optimizer",
-    "ns_dtype",
-    "seq_len",
-    "global_batch",
-    "kind",
-    "provenance",
-    "source",
-    "measured_at",
-)
+ROW_KEY = (*(f for f in CELL_FIELDS if f != "method"), "kind", "provenance", "source", "measured_at")
 TIMINGS = ("iteration", "fwd_bwd", "step")
 # What a row carries beside its config (``load.ROW_CONFIG_FIELDS``): where its numbers come from.
 # The plan a line ran (canzona.analysis.plans): one per cell, canzona.analysis.load checks it.

@@ -63,12 +63,16 @@ def build_table2(cells: pd.DataFrame) -> pd.DataFrame:
     rows: list[dict[str, Any]] = []
     for key, g in cells.groupby(list(ROW_KEY), sort=False, dropna=False):
         k = dict(zip(ROW_KEY, key, strict=True))
+        twice = sorted(set(g["method"][g["method"].duplicated()]))
+        if twice:  # a cell field missing from ROW_KEY would make one row hold two cells of a method
+            raise ValueError(f"Table-2 row {k} holds {', '.join(twice)} twice: its cells differ outside ROW_KEY")
         by = {m: r for m, r in zip(g["method"], g.to_dict("records"), strict=True)}
         first = g.iloc[0]
         row: dict[str, Any] = {
             "model": k["model"],
             LAYOUT_COL: f"{k['dp']}·{k['tp']}·{k['pp']} = {first['world']}",
             "optimizer": k["optimizer"],
+            "dtype": k["dtype"],
             "ns_dtype": k["ns_dtype"] if isinstance(k["ns_dtype"], str) else math.nan,
             "seq_len": k["seq_len"],
             "global_batch": k["global_batch"],
