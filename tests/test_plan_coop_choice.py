@@ -151,6 +151,17 @@ def test_load_bound_by_hand() -> None:
     assert load_bound(items, 4, 1, CM.settings, coop) == pytest.approx(want)
 
 
+def test_load_bound_is_the_work_when_many_matrices_share_the_gpus() -> None:
+    """Sixteen 16384×2048 matrices on 4 GPUs at TP 1: four whole matrices per GPU is optimal (a group
+    only adds work: k·member(k) > one owner's cost for every k), no item is above half of that max,
+    so the bound is exactly the total work over the GPUs, 4× one matrix, not the cheapest member's."""
+    items = [PlanItem(f"m{i}", (16384, 2048), None, CM((16384, 2048))) for i in range(16)]
+    coop = coop_settings(load_profile("H800"), Layout(4))
+    whole = items[0].cost
+    assert all(k * member_cost(items[0], k, 1, CM.settings, coop)[0] > whole for k in (2, 4))
+    assert load_bound(items, 4, 1, CM.settings, coop) == pytest.approx(4 * whole, rel=1e-8)
+
+
 @pytest.mark.parametrize("shape", [(4096, 1024), (8192, 1024), (16384, 2048)])
 def test_load_bound_sees_that_items_do_not_split(shape: tuple[int, int]) -> None:
     """Three equal matrices on DP 2 (TP 1): brute force over every k ∈ {1, 2} per matrix and every
