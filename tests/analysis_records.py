@@ -147,55 +147,27 @@ def build_fixtures() -> dict[str, list[dict[str, Any]]]:
         make_record(method="sc", kind="step", step=(40, 44, 20), timestamp=_ts(9)),
     ]
     proj = "model=canzona-projection-v1 profile=H800 cost=flops"
+    # Qwen3-32B at DP32·TP8 on the paper's batch, projected on H800: what the three lines share
+    at_h800 = {"model": "qwen3-32b", "dp": 32, "tp": 8, "provenance": "projected", "device": "H800"}
+    at_h800 |= {"backend": "projection", "seq_len": 4096, "global_batch": 256}
+
+    def projected_line(method: str, ms: tuple[float, float], cost: str, ts: int) -> dict[str, Any]:
+        it, step = ms
+        detail = proj.replace("cost=flops", f"cost={cost}")
+        return make_record(
+            method=method,
+            iteration=(it, it, 0),
+            step=(step, step, 0),
+            detail=detail,
+            timestamp=_ts(ts),
+            extra_config={"cost": cost},
+            **at_h800,
+        )
+
     projected = [
-        make_record(
-            model="qwen3-32b",
-            method="canzona",
-            dp=32,
-            tp=8,
-            iteration=(600, 600, 0),
-            step=(70, 70, 0),
-            provenance="projected",
-            detail=proj,
-            device="H800",
-            backend="projection",
-            timestamp=_ts(10),
-            extra_config={"cost": "flops"},
-            seq_len=4096,
-            global_batch=256,
-        ),
-        make_record(
-            model="qwen3-32b",
-            method="layerwise",
-            dp=32,
-            tp=8,
-            iteration=(942, 942, 0),
-            step=(406, 406, 0),
-            provenance="projected",
-            detail=proj,
-            device="H800",
-            backend="projection",
-            timestamp=_ts(11),
-            extra_config={"cost": "flops"},
-            seq_len=4096,
-            global_batch=256,
-        ),
-        make_record(
-            model="qwen3-32b",
-            method="canzona",
-            dp=32,
-            tp=8,
-            iteration=(600.1, 600.1, 0),
-            step=(70.1, 70.1, 0),
-            provenance="projected",
-            detail=proj.replace("cost=flops", "cost=numel"),
-            device="H800",
-            backend="projection",
-            timestamp=_ts(12),
-            extra_config={"cost": "numel"},
-            seq_len=4096,
-            global_batch=256,
-        ),
+        projected_line("canzona", (600, 70), "flops", 10),
+        projected_line("layerwise", (942, 406), "flops", 11),
+        projected_line("canzona", (600.1, 70.1), "numel", 12),
     ]
     dup = [measured[0], measured[3], dict(measured[0])]  # line 3 repeats line 1's run
     conflict = [
