@@ -96,6 +96,11 @@ def shard_net(net: Net, mesh_shape: tuple[int, ...], precision: str = "fp32") ->
     return net
 
 
+def full_weights(net: Net) -> dict[str, torch.Tensor]:
+    """Every parameter of a sharded net, assembled whole (a collective: every rank must call it)."""
+    return {n: p.full_tensor().detach().clone() for n, p in net.named_parameters()}
+
+
 def fsdp2_config(strategy: str, optimizer: str, max_grad_norm: float | None = None, **opts: Any) -> DistConfig:
     """``opts``: the optimizer's options over the tests' (Muon's ns_method, ns_restarts ...)."""
     return DistConfig(

@@ -8,6 +8,7 @@ lowered schedule's calls (the groups' Gram all-reduces included) and reads the h
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from canzona.harness.step_probe import HostReadCounter
 from canzona.runtime.fsdp2 import FSDP2Optimizer
 from canzona.runtime.launch import launch
-from tests.fsdp2_helpers import batch, fsdp2_config, make_net, reference, shard_net
+from tests.fsdp2_helpers import batch, fsdp2_config, full_weights, make_net, reference, shard_net
 from tests.runtime_helpers import recorded
 
 STEPS, SEED, CLIP = 3, 5, 0.5
@@ -49,7 +50,7 @@ def _rank(info: Any, mesh: tuple[int, ...]) -> dict:
             opt.zero_grad()
         lowered = [(o.kind, "tp" if o.group == "global" else o.group, o.nbytes, o.root) for o in opt.schedule.ops]
         groups = sorted((g.name, g.k, g.form) for g in opt.plan.coop) if opt.plan else []
-        weights = {n: p.full_tensor().detach().clone() for n, p in net.named_parameters()}
+        weights = full_weights(net)
         out[form] = (weights, calls, lowered, reads, groups)
     return out
 
@@ -57,9 +58,7 @@ def _rank(info: Any, mesh: tuple[int, ...]) -> dict:
 @pytest.mark.multiproc
 @pytest.mark.parametrize("mesh", MESHES, ids=["x".join(map(str, m)) for m in MESHES])
 def test_cooperative_groups_match_single_device_and_issue_the_schedule(mesh: tuple[int, ...]) -> None:
-    world = 1
-    for d in mesh:
-        world *= d
+    world = math.prod(mesh)
     per_rank = launch(_rank, world, mesh, timeout_s=300)
     for form, opts in FORMS.items():
         want = reference("muon", world, STEPS, SEED, "fp32", CLIP, opts)

@@ -5,13 +5,15 @@ model, in fp32 and under FSDP2's bf16 MixedPrecisionPolicy. One forked run per m
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from canzona.cost import matrix_optimizer_names
 from canzona.plan.engines import FSDP2
 from canzona.runtime.fsdp2 import FSDP2Optimizer
 from canzona.runtime.launch import launch
-from tests.fsdp2_helpers import batch, fsdp2_config, make_net, reference, shard_net
+from tests.fsdp2_helpers import batch, fsdp2_config, full_weights, make_net, reference, shard_net
 from tests.registry_cases import default_strategy, ns_optimizer
 
 STEPS, SEED = 3, 11
@@ -47,16 +49,14 @@ def _rank(info, mesh: tuple[int, ...]) -> dict:
             net(batch(step, info.rank, SEED)).backward()
             opt.step()
             opt.zero_grad()
-        out[case] = {n: p.full_tensor().detach().clone() for n, p in net.named_parameters()}
+        out[case] = full_weights(net)
     return out
 
 
 @pytest.mark.multiproc
 @pytest.mark.parametrize("mesh", MESHES, ids=["x".join(map(str, m)) for m in MESHES])
 def test_every_strategy_matches_single_device(mesh: tuple[int, ...]) -> None:
-    world = 1
-    for d in mesh:
-        world *= d
+    world = math.prod(mesh)
     per_rank = launch(_rank, world, mesh, timeout_s=300)
     for case in CASES:
         opt_name, _, precision, clip = case

@@ -6,6 +6,7 @@ the square ones under "auto", as ``canzona.cost.ns_method_for`` says)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from canzona.optim import muon
 from canzona.plan.engines import FSDP2
 from canzona.runtime.fsdp2 import FSDP2Optimizer
 from canzona.runtime.launch import launch
-from tests.fsdp2_helpers import batch, fsdp2_config, make_net, reference, shard_net
+from tests.fsdp2_helpers import batch, fsdp2_config, full_weights, make_net, reference, shard_net
 
 STEPS, SEED, CLIP = 3, 7, 0.5
 TOLERANCE = 1e-5  # fp32: the ranks' gradient-average order only, as tests/test_fsdp2_exactness.py
@@ -46,7 +47,7 @@ def _rank(info: Any, mesh: tuple[int, ...]) -> dict:
                 opt.zero_grad()
         finally:
             muon.newton_schulz = real
-        weights = {n: p.full_tensor().detach().clone() for n, p in net.named_parameters()}
+        weights = full_weights(net)
         out[case] = (weights, calls)
     return out
 
@@ -54,9 +55,7 @@ def _rank(info: Any, mesh: tuple[int, ...]) -> dict:
 @pytest.mark.multiproc
 @pytest.mark.parametrize("mesh", MESHES, ids=["x".join(map(str, m)) for m in MESHES])
 def test_gram_and_auto_match_single_device(mesh: tuple[int, ...]) -> None:
-    world = 1
-    for d in mesh:
-        world *= d
+    world = math.prod(mesh)
     per_rank = launch(_rank, world, mesh, timeout_s=300)
     for case in CASES:
         _, opts = case
