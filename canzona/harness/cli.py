@@ -2,9 +2,10 @@
 
 Launch modes (the rank function is the same, ``canzona.harness.train.train``):
 * under torchrun / srun (RANK and WORLD_SIZE set by the launcher): this process is one rank;
-* otherwise: fork ``--nproc`` local ranks (default tp·pp·dp) — gloo on CPU, NCCL with one GPU
-  per rank when there are GPUs — after megatron has been imported once in the parent (forked
-  ranks start in well under a second).
+* otherwise: start ``--nproc`` local ranks (default tp·pp·dp): gloo on CPU, forked after megatron
+  has been imported once in the parent (they start in well under a second); NCCL with one GPU
+  per rank when there are GPUs, spawned (``canzona.runtime.launch.start_method``: megatron asks
+  CUDA at import, and a forked rank could not use CUDA after that).
 The configuration is validated BEFORE any rank starts; ConfigError exits with code 2. That
 includes a GPU run (``--device gpu``, what every GPU sweep cell passes) on a torch without CUDA:
 it exits 2 naming the fix instead of running 256 gloo ranks on CPUs.
@@ -29,7 +30,7 @@ KNOBS = Knobs(
     own={
         "config": "a named configuration or TOML file of knobs: the base the flags override",
         "results": "output file",
-        "nproc": "local ranks to fork, checked against tp·pp·dp",
+        "nproc": "local ranks to start, checked against tp·pp·dp",
         "json": "output form",
     }
 )
@@ -42,9 +43,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     add_flags(p, KNOBS)
     p.add_argument("--results", type=output_file, help="append the run's JSON line to this .jsonl file")
-    p.add_argument(
-        "--nproc", type=int, help="fork this many local gloo ranks (default tp·pp·dp); ignored under torchrun"
-    )
+    p.add_argument("--nproc", type=int, help="start this many local ranks (default tp·pp·dp); ignored under torchrun")
     p.add_argument("--json", action="store_true", help="also print the record on stdout")
 
 
@@ -94,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_PEER_UNAVAILABLE
         peer_megatron.validate(run_cfg, gpu=gpu)
 
-    import megatron.core.models.gpt  # noqa: F401 - import once here: forked ranks inherit it
+    import megatron.core.models.gpt  # noqa: F401 - import once here: forked (gloo) ranks inherit it
 
     from canzona.harness.train import train
     from canzona.runtime.launch import RankError, init_from_env, launch
@@ -107,8 +106,8 @@ def run(args: argparse.Namespace) -> int:
             torch.distributed.destroy_process_group()
         record = out["record"]
     else:
-        # one GPU per forked rank with NCCL when there are GPUs (the parent never initialises CUDA:
-        # tests/test_harness_gpu_launch.py makes every CUDA entry point fail in it)
+        # one GPU per spawned rank with NCCL when there are GPUs: whatever the imports above asked
+        # CUDA cannot reach a rank (tests/test_harness_gpu_launch.py, in a fresh interpreter)
         try:
             outs = launch(
                 train, world, run_cfg, args.results, backend=backend, timeout_s=run_cfg.comm.collective_timeout_s

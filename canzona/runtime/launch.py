@@ -1,9 +1,11 @@
-"""Run a function on N local ranks, each in a forked process with a torch.distributed group.
+"""Run a function on N local ranks, each in its own process with a torch.distributed group.
 
-Forking (not spawning, not torchrun) matters on CPU machines: children inherit modules the
-parent already imported (megatron takes seconds to import, and torchrun ranks each import it
-again), so tests and local benchmarks start in well under a second. Under torchrun/srun use
-``init_from_env`` instead; the rank function is the same.
+How the ranks start depends on the backend (``start_method``):
+* gloo (CPU) ranks are forked: children inherit modules the parent already imported (megatron
+  takes seconds to import), so tests and local benchmarks start in well under a second;
+* NCCL (GPU) ranks are spawned, fresh interpreters: nothing the parent did can have touched CUDA
+  in them. See ``start_method`` for why not fork with NVML's availability check.
+Under torchrun/srun use ``init_from_env`` instead; the rank function is the same.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from multiprocessing.context import ForkContext, SpawnContext
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -55,6 +58,30 @@ def cuda_visible() -> bool:
     asks NVML first (it falls back to the CUDA runtime only where NVML itself fails).
     """
     return torch.cuda.device_count() > 0
+
+
+START_METHODS = {"gloo": "fork", "nccl": "spawn"}
+
+
+def start_method(backend: str) -> str:
+    """How ``launch`` starts ranks of ``backend``: "spawn" for NCCL, "fork" for gloo.
+
+    Why spawn on GPUs: a CUDA query in the parent before the fork leaves children that fail at
+    ``torch.cuda.set_device`` ("Cannot re-initialize CUDA in forked subprocess"), and libraries ask
+    at import: megatron-core 0.19 calls ``torch.cuda.is_available()`` in
+    ``dist_checkpointing/strategies/torch.py``, torchtitan through ``torch._utils.
+    _get_available_device_type`` in ``tools/utils.py``. torch's ``PYTORCH_NVML_BASED_CUDA_CHECK=1``
+    would make ``is_available`` ask NVML instead, but it covers that one call only (not
+    ``get_device_capability`` or whatever a later release asks at import), and where NVML fails it
+    falls back to ``cudaGetDeviceCount``, which poisons the fork again. A spawned rank is a fresh
+    interpreter, so no import in the parent, today's or a future one, reaches it. The price is
+    that each GPU rank imports torch and megatron itself (seconds, beside minutes of a GPU run).
+    Forking stays for gloo, where nothing initialises CUDA and start-up time is what tests pay.
+    """
+    try:
+        return START_METHODS[backend]
+    except KeyError:
+        raise ConfigError(f"unknown backend {backend!r}: use one of {', '.join(START_METHODS)}") from None
 
 
 def _device_for(local_rank: int, backend: str) -> torch.device:
@@ -161,7 +188,9 @@ def launch(
     timeout_s: float = 120.0,
     threads_per_rank: int | None = None,
 ) -> list[Any]:
-    """Fork ``nproc`` ranks, run ``fn(RankInfo, *args)`` in each, return results in rank order.
+    """Start ``nproc`` ranks (``start_method(backend)``), run ``fn(RankInfo, *args)`` in each, return
+    results in rank order. Spawned ranks unpickle ``fn`` and ``args``: ``fn`` must be a module-level
+    function.
 
     ``timeout_s`` bounds every collective (the process-group timeout) and, doubled, the whole
     run. Ranks run single-threaded by default: GNU OpenMP is not fork-safe, and a child whose
@@ -169,7 +198,7 @@ def launch(
     stopped and ``RankError`` carries the first failing
     rank's traceback, so a failure never hangs the caller.
     """
-    ctx = mp.get_context("fork")
+    ctx = cast("SpawnContext | ForkContext", mp.get_context(start_method(backend)))
     out = ctx.Queue()
     port = free_port()
     threads = threads_per_rank or 1
