@@ -88,6 +88,7 @@ class MegatronMuonStep:
 
     def __init__(self, ddp_model: Any, optimizer: Any, device: torch.device, layer_wise: bool) -> None:
         self.ddp, self.optimizer, self.device, self.layer_wise = ddp_model, optimizer, device, layer_wise
+        self._steps: list[dict[str, float]] = []
 
     def no_sync(self) -> AbstractContextManager[Any]:
         return self.ddp.no_sync()
@@ -101,7 +102,7 @@ class MegatronMuonStep:
             finalize_model_grads([self.ddp])
 
     def step(self) -> None:
-        """Megatron's ``optimizer.step()`` (includes the layer-wise param all-gather), timed; ``timings``
+        """Megatron's ``optimizer.step()`` (includes the layer-wise param all-gather), timed; ``iteration_timings``
         reads it (ms, max across ranks)."""
         from canzona.harness import cpu_shim
 
@@ -118,8 +119,12 @@ class MegatronMuonStep:
             raise FloatingPointError("megatron-muon: optimizer step unsuccessful (non-finite gradients)")
         self._last = {"total": float(ms.item())}
 
-    def timings(self) -> dict[str, float]:
-        return dict(self._last)
+    def end_iteration(self) -> None:
+        self._steps.append(dict(self._last))
+
+    def iteration_timings(self) -> list[dict[str, float]]:
+        out, self._steps = self._steps, []
+        return out
 
     def wait_param_sync(self) -> None:
         """Megatron's step returns with its parameters in place."""

@@ -7,8 +7,9 @@ Why these choices:
 * Warm-up iterations (allocator growth, first-call plan building, lazy inits) are dropped;
   the rest are summarised by median and p90, which are robust to the odd stall that a mean
   would smear into every cell.
-* On GPU, wall time is meaningless without a device synchronize at the boundaries; on CPU the
-  synchronize is skipped.
+* Boundaries are timing events recorded in the stream (``Marks``) and read after the loop: a
+  host timer would need a device synchronize at each boundary, and one after the step completes
+  the overlapped parameter all-gathers inside the step's time.
 * Model FLOPs count what the model needs, not what the implementation does (no recompute):
   6 FLOPs per matrix parameter per token (forward 2, backward 4) for the block matrices and the
   output projection, plus causal-agnostic attention 12·layers·seq·q_dim per token.
@@ -19,13 +20,13 @@ from __future__ import annotations
 import math
 import resource
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from canzona.models.qwen3 import Qwen3Config, list_params
+from canzona.runtime.timers import TimingEvent, timing_event
 
 
 def summarize(values: Sequence[float]) -> dict[str, float | int]:
@@ -42,16 +43,28 @@ def summarize(values: Sequence[float]) -> dict[str, float | int]:
     return {"median": q(0.5), "p90": q(0.9), "n": len(xs)}
 
 
-class Clock:
-    """Wall-clock milliseconds, synchronising the GPU first when there is one (``sync``)."""
+class Marks:
+    """Time points of a loop, recorded in the device's stream and read once after it.
 
-    def __init__(self, sync: bool) -> None:
-        self.sync = sync
+    ``mark`` records a timing event (``canzona.runtime.timers.timing_event``: a CUDA event on the
+    current stream, no host sync; a host-clock event on CPU); ``read`` waits for the last one and
+    returns every mark's milliseconds since the first."""
 
-    def now_ms(self) -> float:
-        if self.sync:
-            torch.cuda.synchronize()
-        return time.perf_counter() * 1e3
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.events: list[TimingEvent] = []
+
+    def mark(self) -> None:
+        event = timing_event(self.device)
+        event.record()
+        self.events.append(event)
+
+    def read(self) -> list[float]:
+        if not self.events:
+            return []
+        first = self.events[0]
+        self.events[-1].synchronize()
+        return [first.elapsed_time(e) for e in self.events]  # type: ignore[arg-type]  # one kind of event
 
 
 @dataclass

@@ -37,7 +37,7 @@ from canzona.harness import cpu_shim
 from canzona.harness.model import build_model, causal_mask, init_weights
 from canzona.harness.params import NamedParam, named_params, replica_divergence, tp_partial_names
 from canzona.harness.record import append_checks, plan_section, stage_entry
-from canzona.harness.timing import Clock, IterationLog, aggregate, peak_memory_mb
+from canzona.harness.timing import IterationLog, Marks, aggregate, peak_memory_mb
 from canzona.models.qwen3 import get_transformer
 from canzona.spec import RunSpec
 
@@ -53,7 +53,8 @@ class StepOptimizer(Protocol):
     def no_sync(self) -> AbstractContextManager[Any]: ...
     def finish_grad_sync(self) -> None: ...
     def step(self) -> object: ...
-    def timings(self) -> dict[str, float]: ...
+    def end_iteration(self) -> None: ...
+    def iteration_timings(self) -> list[dict[str, float]]: ...
     def wait_param_sync(self) -> None: ...
     def zero_grad(self) -> None: ...
 
@@ -245,16 +246,24 @@ def _loop(
     device: torch.device,
     step_probe: Callable[[], AbstractContextManager[Any]] | None,
 ) -> IterationLog:
-    """Warm-up and measured iterations: fwd/bwd through megatron's schedule, the step, zero_grad,
-    each timed on its own; the optimizer's phase timers are read after the iteration."""
+    """Warm-up and measured iterations: fwd/bwd through megatron's schedule, the step, zero_grad.
+
+    Nothing here waits for the device between steps: the boundaries are timing events recorded
+    in the stream (``Marks``), the optimizer's phases close per iteration without a sync
+    (``end_iteration``), and each loss stays a device scalar. All three are read once, after the
+    loop. Why: a device synchronize after the step would complete the overlapped parameter
+    all-gathers inside ``step_ms`` and leave ``param_wait`` at about 0, so a run would measure no
+    overlap where the schedule has it. The one host sync of a step is the optimizer's own (the
+    grad norm). With overlap_param_sync, ``param_wait`` is what an iteration's forward waited for
+    the previous step's all-gathers (inside fwd_bwd and the iteration, never hidden)."""
     on_cpu = device.type == "cpu"
-    clock = Clock(sync=not on_cpu)
-    log = IterationLog()
+    marks = Marks(device)
+    losses: list[torch.Tensor] = []
     for it in range(run.loop.warmup + run.loop.iters):
         micro = data.microbatches(it, dp_rank, run.layout.dp, run.batch.micro_batch, device)
-        t0 = clock.now_ms()
+        marks.mark()
         with cpu_shim.cuda_literals_to_cpu():
-            losses = forward_backward(
+            out = forward_backward(
                 forward_step_func=forward_step,
                 data_iterator=iter(micro),
                 model=model,
@@ -265,18 +274,20 @@ def _loop(
             )
         if on_cpu:  # so that step_ms times the step, not the ranks' forward-backward skew
             dist.barrier()
-        t1 = clock.now_ms()
+        marks.mark()
         with step_probe() if step_probe else nullcontext():
             opt.step()
-        t2 = clock.now_ms()
+        marks.mark()
         opt.zero_grad()
-        t3 = clock.now_ms()
-        # after the iteration, outside every timed region: it syncs and max-reduces. With
-        # overlap_param_sync, ``param_wait`` is what THIS iteration's forward waited for the
-        # previous step's all-gathers (inside fwd_bwd and the iteration, never hidden).
-        phases = opt.timings()
-        loss = float(sum(float(x["loss"]) for x in losses) / len(losses)) if loss_rank else 0.0
-        log.add(t3 - t0, t1 - t0, t2 - t1, phases, loss)
+        marks.mark()
+        opt.end_iteration()
+        losses.append(torch.stack([x["loss"] for x in out]).mean() if loss_rank else torch.zeros((), device=device))
+    log = IterationLog()
+    ms = marks.read()
+    curve = torch.stack(losses).tolist()  # the run's one loss read
+    for i, phases in enumerate(opt.iteration_timings()):
+        t0, t1, t2, t3 = ms[4 * i : 4 * i + 4]
+        log.add(t3 - t0, t1 - t0, t2 - t1, phases, curve[i])
     return log
 
 

@@ -334,6 +334,21 @@ class DistributedOptimizer:
         ms["total"] += ms["grad_sync"]
         return ms
 
+    def end_iteration(self) -> None:
+        """Close this iteration's phase times without synchronising (a timed loop calls it between
+        iterations); ``iteration_timings`` reads them all after the loop."""
+        self.timer.end_record()
+
+    def iteration_timings(self) -> list[dict[str, float]]:
+        """``timings()`` of every iteration closed by ``end_iteration``, in order: one device wait
+        and one all-reduce for all of them, so a timed loop never synchronises between steps."""
+        if not self.config.timers:
+            raise ConfigError("phase timers are off; build the optimizer with DistConfig(timers=True)")
+        rows = self.timer.collect_records(self.stage_group)
+        for ms in rows:
+            ms["total"] += ms["grad_sync"]
+        return rows
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the main grads now and drop any ``.grad``; never waits on parameter all-gathers."""
         for bufs in self.sets.values():
