@@ -39,7 +39,7 @@ def run_cli(*argv: str) -> tuple[int, str, str]:
 def test_cpu_flavour_runs_the_whole_flow_and_says_so(tmp_path: Path) -> None:
     rc, out, _ = run_cli("--out", str(tmp_path))
     assert rc == 0
-    assert {p.name for p in tmp_path.iterdir()} == {"check.json", "ns.json", "train.json", "SUMMARY.md"}
+    assert {p.name for p in tmp_path.iterdir()} == {"check.json", "ns.json", "train.json", "cell.json", "SUMMARY.md"}
     check = json.loads((tmp_path / "check.json").read_text())
     assert check["flavour"] == "cpu" and check["provenance"] == "measured" and check["env"]["git_commit"]
     ns = json.loads((tmp_path / "ns.json").read_text())
@@ -62,12 +62,58 @@ def test_cpu_flavour_runs_the_whole_flow_and_says_so(tmp_path: Path) -> None:
     assert syncs["max_per_measured_step"] == 1 and syncs["sites"] == ["item in canzona.runtime.grad_norm"]
     assert "**met** — host syncs per training step ≤ 1" in summary
     assert train["memory"]["predicted"]["total_bytes"] > 0 and "activations" in train["memory"]["model_excludes"]
-    cell = train["cell_path"]  # the path a Slurm cell takes: torchrun around canzona train --results
-    assert cell["rc"] == 0, cell["stderr_tail"]
+    cell = json.loads((tmp_path / "cell.json").read_text())  # the path a Slurm cell takes
+    assert cell["status"] == "ok" and cell["rc"] == 0, cell["stderr_tail"]
     assert "torch.distributed.run" in cell["command"] and cell["record"]["cell"] == train["record"]["cell"]
     assert cell["record"]["loss"]["curve"] == train["record"]["loss"]["curve"]  # same run, same numbers
     assert cell["checks"] == {"replica_max_abs_diff": 0.0}
+    assert f"max |Δ| 0 over {len(cell['record']['loss']['curve'])} iterations" in summary
     assert out.rstrip().endswith(summary.rstrip().splitlines()[-1])  # the summary is printed last
+
+
+# A stand-in for torchrun that hangs: it starts a worker in a session of its own (as torchrun does)
+# that ignores SIGTERM, writes the worker's pid, and sleeps.
+HANGING_LAUNCHER = """
+import pathlib, subprocess, sys, time
+worker = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+child = subprocess.Popen([sys.executable, "-c", worker], start_new_session=True)
+pathlib.Path(sys.argv[1]).write_text(str(child.pid))
+time.sleep(600)
+"""
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or a zombie waiting for its reaper (it holds nothing)."""
+    stat = Path(f"/proc/{pid}/stat")
+    return not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+@pytest.mark.megatron
+@pytest.mark.multiproc
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU flavour runs where there is no CUDA")
+def test_a_hanging_cell_path_is_stopped_and_costs_no_other_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every part's result is written as it exists; the cell path past its limit is stopped with
+    the worker it started, and only its own part says so."""
+    import canzona.harness.gpu_train as gpu_train
+
+    pid_file = tmp_path / "worker.pid"
+    hang = [sys.executable, "-c", HANGING_LAUNCHER, str(pid_file)]
+    monkeypatch.setattr(gpu_train, "cell_command", lambda run, results, port: hang)
+    monkeypatch.setattr(gpu_train, "CELL_TIMEOUT_S", 15.0)
+    monkeypatch.setattr(gpu_train, "STOP_GRACE_S", 1.0)
+    out = tmp_path / "out"
+    rc, _, _ = run_cli("--out", str(out))
+    assert rc == 1  # a failed part
+    ns, train = (json.loads((out / f"{n}.json").read_text()) for n in ("ns", "train"))
+    assert ns["status"] == "ok" and train["status"] == "ok" and train["record"] is not None
+    cell = json.loads((out / "cell.json").read_text())
+    assert (cell["status"], cell["rc"], cell["timed_out"]) == ("failed", None, True), cell
+    assert "timed out after 15 s" in cell["reason"]
+    assert _gone(int(pid_file.read_text()))  # the worker in its own session went too
+    summary = (out / "SUMMARY.md").read_text()
+    assert "- cell: failed" in summary and "- train: ok" in summary and "## Training run" in summary
 
 
 def test_cpu_flavour_never_writes_into_results_gpu_unless_asked() -> None:

@@ -7,13 +7,15 @@ Parts, each written as soon as it finishes (``--out``, default results/gpu):
               `canzona bench-ns`, run in-process, plus a second peak measurement afterwards)
   train.json  (b) one megatron-core Qwen3 run (a few layers of Qwen3-1.7B) on one GPU with our
               optimizer in bf16 mixed precision: phases from CUDA events, host syncs per step,
-              memory against the memory model (canzona.harness.gpu_train); then the same run on
-              the path every Slurm cell takes, at world size 1 (torchrun around `canzona train
-              --results`, in its own process): its exit status, results line and replica check
+              memory against the memory model (canzona.harness.gpu_train)
+  cell.json   (c) the same run on the path every Slurm cell takes, at world size 1 (torchrun
+              around `canzona train --results`, in its own session): its exit status, results
+              line and replica check; past its time limit it is stopped with its workers and
+              the part says so, while ns.json and train.json stay as written
   check.json  provenance (device, torch/CUDA, commit), what was installed, each part's status,
               wall time and estimate
   SUMMARY.md  the hardware and the goals, computed from the JSON (canzona.harness.gpu_summary)
-Without CUDA the same flow runs on tiny sizes (qwen3-micro, gloo, CPU) and says so (c); it
+Without CUDA the same flow runs on tiny sizes (qwen3-micro, gloo, CPU) and says so; it
 refuses to write into results/gpu unless asked (--allow-cpu-results), so CPU numbers can never
 replace GPU ones by accident. A part that lacks a package says so and the others go on.
 
@@ -43,7 +45,7 @@ from canzona.errors import ConfigError
 from canzona.results.env import REPO_ROOT
 
 BUDGET_S = 480.0  # issue 10: the whole command in ≤ 8 minutes on one H200
-PARTS = ("ns", "train")
+PARTS = ("ns", "train", "cell")
 # Rates behind the time estimate, assumed below the H200 datasheet's 989 TFLOP/s dense bf16 (what a
 # bf16 8192³ matmul reaches is what the command measures, into results/gpu/ns.json). Newton–Schulz is
 # assumed at about a third of the peak (peers in tf32 slower), the float64 reference at 40 (H200 fp64
@@ -52,11 +54,10 @@ EST_NS_TFLOPS = 250.0
 EST_PEAK_TFLOPS = 700.0
 EST_FP64_TFLOPS = 40.0
 EST_CALL_S = 0.002  # launches + host sync per timed call
-EST_FIXED_S = {"ns": 20.0, "train": 90.0}  # imports, NCCL/cuBLAS handles, model build, planning
+EST_FIXED_S = {"ns": 20.0, "train": 90.0, "cell": 60.0}  # imports, NCCL/cuBLAS handles, model build, planning
 EST_ITER_S = 2.0  # one Qwen3-1.7B-4l iteration (2 × 2048 tokens) with its step, generously
 EST_INSTALL_S = 60.0
-EST_CELL_FIXED_S = 60.0  # the cell path's own process: torchrun, imports, NCCL init, model build, planning
-CPU_EST_S = {"ns": 10.0, "train": 40.0}
+CPU_EST_S = {"ns": 10.0, "train": 20.0, "cell": 20.0}
 
 
 @dataclass(frozen=True)
@@ -151,9 +152,10 @@ def estimate_s(gpu: bool, quick: bool, parts: tuple[str, ...], wheels: bool) -> 
         ns += (methods * (s.repeats + 1) + 1) * (flops / EST_NS_TFLOPS / 1e12 + EST_CALL_S)
         ns += flops / EST_FP64_TFLOPS / 1e12
     run = run_config(gpu, quick)
-    # the probed run in this process, then the same run on the cell path (torchrun, its own imports)
-    train = EST_FIXED_S["train"] + EST_CELL_FIXED_S + 2 * (run.loop.warmup + run.loop.iters) * EST_ITER_S
-    return out | {p: {"ns": ns, "train": train}[p] for p in parts}
+    # the probed run in this process, and the same run on the cell path (torchrun, its own imports)
+    iters = (run.loop.warmup + run.loop.iters) * EST_ITER_S
+    est = {"ns": ns, "train": EST_FIXED_S["train"] + iters, "cell": EST_FIXED_S["cell"] + iters}
+    return out | {p: est[p] for p in parts}
 
 
 # ---------------------------------------------------------------- parts
@@ -206,18 +208,15 @@ def run_part(name: str, fn: Callable[[], dict[str, Any]], path: Path, env: dict[
     from canzona.results.schema import write_atomic
 
     t0 = time.perf_counter()
-    reason = None
     try:
-        data = fn()
+        data = fn()  # a part may report its own failure and keep what it measured (the cell path's timeout)
     except PartUnavailable as exc:
-        reason, status = str(exc), "unavailable"
+        data = {"status": "unavailable", "reason": str(exc), "provenance": "not measured"}
     except Exception as exc:  # noqa: BLE001 - a failed part is reported and the next one runs
         traceback.print_exc()
-        reason, status = f"{type(exc).__name__}: {exc}", "failed"
-    else:
-        status = "ok"
+        data = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}", "provenance": "not measured"}
+    status, reason = data.setdefault("status", "ok"), data.get("reason")
     if status != "ok":
-        data = {"status": status, "reason": reason, "provenance": "not measured"}
         print(f"gpu-check: part {name} {status}: {reason}", file=sys.stderr, flush=True)
     data.setdefault("env", env)
     write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
@@ -256,7 +255,7 @@ def _write_check(out: Path, check: dict[str, Any]) -> None:
     write_atomic(out / "check.json", json.dumps(check, indent=2, sort_keys=True) + "\n")
     parts = {n: json.loads((out / f"{n}.json").read_text()) for n in PARTS if (out / f"{n}.json").exists()}
     ran = {n: parts.get(n) for n in PARTS if n in check["parts"]}
-    write_atomic(out / "SUMMARY.md", summary_markdown(check, ran.get("ns"), ran.get("train")))
+    write_atomic(out / "SUMMARY.md", summary_markdown(check, ran.get("ns"), ran.get("train"), ran.get("cell")))
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -307,9 +306,13 @@ def run(args: argparse.Namespace) -> int:
         "parts": {},
     }
     check["env"] = _environment(gpu, fallback_commit(args))
-    from canzona.harness.gpu_train import train_check
+    from canzona.harness.gpu_train import cell_check, train_check
 
-    fns = {"ns": lambda: ns_check(gpu, args.quick, out / "ns.json"), "train": lambda: train_check(gpu, args.quick)}
+    fns = {
+        "ns": lambda: ns_check(gpu, args.quick, out / "ns.json"),
+        "train": lambda: train_check(gpu, args.quick),
+        "cell": lambda: cell_check(gpu, args.quick),
+    }
     for name in parts:
         print(f"gpu-check: part {name} (estimate {est[name]:.0f} s)", flush=True)
         check["parts"][name] = run_part(name, fns[name], out / f"{name}.json", check["env"]) | {"estimate_s": est[name]}

@@ -187,7 +187,36 @@ def _train_section(train: dict[str, Any]) -> list[str]:
     return lines
 
 
-def summary_markdown(check: dict[str, Any], ns: dict[str, Any] | None, train: dict[str, Any] | None) -> str:
+def _cell_section(cell: dict[str, Any], train: dict[str, Any] | None) -> list[str]:
+    """The cell path's outcome, and whether it reproduced part (b)'s run number for number."""
+    status = "ok" if cell["status"] == "ok" else f"{cell['status']} ({cell.get('reason')})"
+    lines = [f"`{cell['command']}`", f"- {status}; exit {cell['rc']}"]
+    rec = cell.get("record")
+    if rec is None:
+        return [
+            *lines,
+            "- no results line was written",
+            *(f"  {x}" for x in cell.get("stderr_tail", "").splitlines()[-5:]),
+        ]
+    t = rec["timings"]
+    lines.append(
+        f"- iteration {t['iteration_ms']['median']:.1f} ms, step {t['step_ms']['median']:.2f} ms; "
+        f"loss {rec['loss']['first']:.4f} → {rec['loss']['last']:.4f}; checks {cell.get('checks')}"
+    )
+    mine = (train or {}).get("record")
+    if mine and train and train.get("status") == "ok":
+        a, b = rec["loss"]["curve"], mine["loss"]["curve"]
+        diff = max((abs(x - y) for x, y in zip(a, b, strict=True)), default=0.0) if len(a) == len(b) else None
+        lines.append(
+            "- loss curve against the in-process run: "
+            + (f"max |Δ| {diff:.3g} over {len(a)} iterations" if diff is not None else f"{len(a)} vs {len(b)} points")
+        )
+    return lines
+
+
+def summary_markdown(
+    check: dict[str, Any], ns: dict[str, Any] | None, train: dict[str, Any] | None, cell: dict[str, Any] | None = None
+) -> str:
     """The whole SUMMARY.md."""
     env = check["env"]
     cpu = check["flavour"] != "gpu"
@@ -213,6 +242,8 @@ def summary_markdown(check: dict[str, Any], ns: dict[str, Any] | None, train: di
         if train and train.get("status", "ok") == "ok"
         else [f"not run: {(train or {}).get('reason')}"]
     )
+    lines += ["", "## Cell path (torchrun around `canzona train --results`, world 1)", ""]
+    lines += _cell_section(cell, train) if cell and "command" in cell else [f"not run: {(cell or {}).get('reason')}"]
     lines += ["", "## Parts", ""]
     for name, p in check["parts"].items():
         why = f" — {p['reason']}" if p.get("reason") else ""

@@ -1,10 +1,11 @@
-"""Part (b) of `canzona gpu-check`: one megatron-core Qwen3 training run on ONE device.
+"""Parts (b) and (c) of `canzona gpu-check`: one megatron-core Qwen3 training run on ONE device,
+then the same run on the path a Slurm cell takes.
 
 The run is the harness's own loop (``canzona.harness.train.train``) on a world of one rank: this
 process with NCCL on a GPU, one forked gloo rank on CPU (``train_check`` says why). Around every ``opt.step()`` a
 ``StepProbe`` counts host syncs (``torch.cuda.set_sync_debug_mode``; host reads on CPU) and reads
 the allocator. The optimizer's phase timers are CUDA events on a GPU (the harness builds it with
-``timers=True`` and reads them after each iteration, outside the step).
+``timers=True`` and reads them once after the loop, outside every step).
 
 Memory: the memory model (canzona.plan.readers.memory) predicts the bytes the optimizer side holds for
 this model and layout — parameters, main grads, masters, state, staging and the transient
@@ -15,7 +16,10 @@ run's peak (``torch.cuda.max_memory_allocated``) includes activations and is rep
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -40,11 +44,23 @@ CPU_RUN = RunSpec(model="qwen3-micro").replace(
     seq_len=32, micro_batch=2, global_batch=4, warmup=1, iters=3, dtype="bf16", device="cpu"
 )
 CELL_TIMEOUT_S = 240.0  # the cell-path run: torchrun, imports, NCCL, model build, the iterations
+STOP_GRACE_S = 10.0  # after SIGTERM, what torchrun gets to stop its workers before SIGKILL
 MODEL_EXCLUDES = "activations, and megatron's own buffers (rotary tables, schedule tensors, allocator slack)"
 
 
 class PartUnavailable(Exception):
     """A part cannot run here because a package is missing; the message says which and the fix."""
+
+
+def need_megatron() -> None:
+    """PartUnavailable, saying how to install it, where megatron-core does not import."""
+    try:
+        import megatron.core.models.gpt  # noqa: F401 - the availability check
+    except ImportError as exc:
+        raise PartUnavailable(
+            f"megatron-core does not import ({exc}); on the GPU machine pass --wheels with the folder "
+            "`make gpu-wheels` builds"
+        ) from exc
 
 
 def run_config(gpu: bool, quick: bool) -> RunSpec:
@@ -133,10 +149,59 @@ def cell_command(run: RunSpec, results: Path, port: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", *torchrun, *tail, *train]
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc), children before grandchildren."""
+    parent: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended while we looked
+            continue
+        parent[int(stat.parent.name)] = int(fields[1])
+    out, frontier = [], [pid]
+    while frontier:
+        frontier = [c for c, p in parent.items() if p in frontier]
+        out += frontier
+    return out
+
+
+def run_in_session(argv: list[str], timeout_s: float) -> dict[str, Any]:
+    """Run ``argv`` in its own session; past ``timeout_s`` stop it and everything it started.
+
+    Why more than ``subprocess.run(timeout=...)``: that kills the direct child only, and the
+    direct child here is torchrun, whose workers run in sessions of their own
+    (torch.distributed.elastic starts them with ``start_new_session``) and would keep the GPU.
+    So on timeout: SIGTERM to the child's process group (torchrun then stops its workers), a few
+    seconds' grace, then SIGKILL to the process group of every process found below it.
+    Returns {"rc" (None when stopped), "timed_out", "stdout", "stderr"}; never raises on timeout."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+        return {"rc": proc.returncode, "timed_out": False, "stdout": out, "stderr": err}
+    except subprocess.TimeoutExpired:
+        below = _descendants(proc.pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=STOP_GRACE_S)
+        mine = os.getpgrp()
+        for pid in [proc.pid, *below]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                group = os.getpgid(pid)
+                if group == mine:  # never our own group
+                    os.kill(pid, signal.SIGKILL)
+                else:
+                    os.killpg(group, signal.SIGKILL)
+        out, err = proc.communicate()
+        return {"rc": None, "timed_out": True, "stdout": out, "stderr": err}
+
+
 def cell_path(run: RunSpec, timeout_s: float) -> dict[str, Any]:
     """Run ``cell_command`` in a subprocess; its exit status, the results line it appended and the
     replica check written after it (``<results>.checks``). Proves the path every sweep cell takes
-    (launcher variables, NCCL init from the environment, record, checks), not a special one."""
+    (launcher variables, NCCL init from the environment, record, checks), not a special one.
+    ``status`` is "failed" when the command failed or ran past ``timeout_s`` (then it and its
+    workers are stopped, ``run_in_session``); what it wrote before is kept either way."""
     from canzona.harness.record import checks_path
     from canzona.results.schema import iter_records
     from canzona.runtime.launch import free_port
@@ -144,17 +209,36 @@ def cell_path(run: RunSpec, timeout_s: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="canzona-cell-") as tmp:
         results = Path(tmp) / "cell.jsonl"
         argv = cell_command(run, results, free_port())
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+        got = run_in_session(argv, timeout_s)
         lines = [r for _, r in iter_records(results)] if results.exists() else []
         checks = checks_path(results)
         checked = [json.loads(x) for x in checks.read_text().splitlines()] if checks.exists() else []
+    ok = got["rc"] == 0
+    reason = (
+        None
+        if ok
+        else (
+            f"timed out after {timeout_s:.0f} s; stopped with its workers" if got["timed_out"] else f"exit {got['rc']}"
+        )
+    )
     return {
+        "status": "ok" if ok else "failed",
+        "reason": reason,
+        "provenance": "measured",
         "command": " ".join(argv),
-        "rc": proc.returncode,
-        "stderr_tail": proc.stderr[-2000:] if proc.returncode else "",
+        "rc": got["rc"],
+        "timed_out": got["timed_out"],
+        "stderr_tail": "" if ok else got["stderr"][-2000:],
         "record": lines[-1] if lines else None,
         "checks": checked[-1]["checks"] if checked else None,
     }
+
+
+def cell_check(gpu: bool, quick: bool) -> dict[str, Any]:
+    """Part (c), the cell path: the run of part (b) as a Slurm cell runs it (``cell_path``), its
+    own part so that its failure or timeout costs nothing that part (b) measured."""
+    need_megatron()
+    return cell_path(run_config(gpu, quick).resolve(gpu=gpu), timeout_s=CELL_TIMEOUT_S)
 
 
 def train_check(gpu: bool, quick: bool) -> dict[str, Any]:
@@ -164,13 +248,7 @@ def train_check(gpu: bool, quick: bool) -> dict[str, Any]:
     not survive a fork). On CPU it is one forked gloo rank, as `canzona train` runs it: a process
     that has held a gloo group and megatron's parallel state must not fork ranks later (the tests
     do, in the same worker), and the CPU shim stays in the child."""
-    try:
-        import megatron.core.models.gpt  # noqa: F401 - the availability check
-    except ImportError as exc:
-        raise PartUnavailable(
-            f"megatron-core does not import ({exc}); on the GPU machine pass --wheels with the folder "
-            "`make gpu-wheels` builds"
-        ) from exc
+    need_megatron()
     from canzona.runtime.launch import launch
 
     run = run_config(gpu, quick).resolve(gpu=gpu)
@@ -192,5 +270,4 @@ def train_check(gpu: bool, quick: bool) -> dict[str, Any]:
         "phase_clock": "CUDA events" if gpu else "wall clock (CPU)",
         "syncs": got["syncs"],
         "memory": memory_report(predicted_memory(run), got["memory"], got["record"]),
-        "cell_path": cell_path(run, timeout_s=CELL_TIMEOUT_S),
     }
