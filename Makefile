@@ -152,7 +152,7 @@ $(PEER_STAMP): pyproject.toml
 	@touch $(PEER_STAMP)
 
 
-# One GPU in <= 8 minutes (issue 10): results/gpu/{ns,train,check}.json + SUMMARY.md. The GPU machine
+# One GPU in <= 8 minutes (issue 10): GPU_OUT/{ns,train,cell,parity,check}.json, SUMMARY.md, gpu-check.log. The GPU machine
 # has Python 3.12 and a CUDA torch but no package index and no .venv: build the wheels here with
 # `make gpu-wheels` (megatron-core 0.19 is a cp312 x86-64 wheel, emerging-optimizers pure Python;
 # their other needs — torch, numpy, packaging, absl-py, triton — are on that machine), carry .whl,

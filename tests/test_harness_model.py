@@ -302,3 +302,25 @@ def test_gpu_configuration_with_transformer_engine(monkeypatch: pytest.MonkeyPat
         False,
     )
     assert config.bf16 and config.batch_p2p_comm
+
+
+def test_weights_are_drawn_on_the_cpu_and_moved() -> None:
+    """``init_weights`` draws every tensor from the CPU's generator and copies it to the parameter's
+    device (megatron's use_cpu_initialization), so a GPU run starts from the CPU run's weights.
+    Parameters on the meta device stand in for CUDA: a device generator there does not exist,
+    and a drawn-on-device initialisation fails."""
+    from canzona.harness.model import init_weights
+    from canzona.models.qwen3 import get_transformer
+
+    cfg = get_transformer("qwen3-micro")
+    specs = list_params(cfg)
+
+    def params(device: str) -> list[tuple[str, object, torch.nn.Parameter]]:
+        return [(s.name, s, torch.nn.Parameter(torch.empty(s.shape, device=device))) for s in specs]
+
+    on_meta, on_cpu = params("meta"), params("cpu")
+    with torch.no_grad():
+        init_weights(on_meta, cfg, seed=3, tp_rank=0, tp=1)  # type: ignore[arg-type]
+        init_weights(on_cpu, cfg, seed=3, tp_rank=0, tp=1)  # type: ignore[arg-type]
+    assert all(p.device.type == "meta" for _, _, p in on_meta)
+    assert any(p.std() > 0 for _, _, p in on_cpu)  # drawn, not left empty

@@ -12,9 +12,13 @@ Parts, each written as soon as it finishes (``--out``, default results/gpu):
               around `canzona train --results`, in its own session): its exit status, results
               line and replica check; past its time limit it is stopped with its workers and
               the part says so, while ns.json and train.json stay as written
+  parity.json (d) a small cell (qwen3-micro, seed fixed) in bf16 on the GPU and in bf16 and fp32
+              on the CPU, weights drawn on the CPU and moved: the GPU curve against the CPU one,
+              within a tolerance measured from the CPU's bf16-vs-fp32 distance (gpu_train.parity)
   check.json  provenance (device, torch/CUDA, commit), what was installed, each part's status,
               wall time and estimate
   SUMMARY.md  the hardware and the goals, computed from the JSON (canzona.harness.gpu_summary)
+  gpu-check.log  everything the command printed (stdout and stderr, tracebacks included)
 Without CUDA the same flow runs on tiny sizes (qwen3-micro, gloo, CPU) and says so; it
 refuses to write into results/gpu unless asked (--allow-cpu-results), so CPU numbers can never
 replace GPU ones by accident. A part that lacks a package says so and the others go on.
@@ -28,7 +32,9 @@ commands and the time budget and runs nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import io
 import json
 import subprocess
 import sys
@@ -37,7 +43,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 
@@ -45,7 +51,7 @@ from canzona.errors import ConfigError
 from canzona.results.env import REPO_ROOT
 
 BUDGET_S = 480.0  # issue 10: the whole command in ≤ 8 minutes on one H200
-PARTS = ("ns", "train", "cell")
+PARTS = ("ns", "train", "cell", "parity")
 # Rates behind the time estimate, assumed below the H200 datasheet's 989 TFLOP/s dense bf16 (what a
 # bf16 8192³ matmul reaches is what the command measures, into results/gpu/ns.json). Newton–Schulz is
 # assumed at about a third of the peak (peers in tf32 slower), the float64 reference at 40 (H200 fp64
@@ -54,10 +60,10 @@ EST_NS_TFLOPS = 250.0
 EST_PEAK_TFLOPS = 700.0
 EST_FP64_TFLOPS = 40.0
 EST_CALL_S = 0.002  # launches + host sync per timed call
-EST_FIXED_S = {"ns": 20.0, "train": 90.0, "cell": 60.0}  # imports, NCCL/cuBLAS handles, model build, planning
+EST_FIXED_S = {"ns": 20.0, "train": 90.0, "cell": 60.0, "parity": 90.0}  # imports, NCCL/cuBLAS, model build, planning
 EST_ITER_S = 2.0  # one Qwen3-1.7B-4l iteration (2 × 2048 tokens) with its step, generously
 EST_INSTALL_S = 60.0
-CPU_EST_S = {"ns": 10.0, "train": 20.0, "cell": 20.0}
+CPU_EST_S = {"ns": 10.0, "train": 20.0, "cell": 20.0, "parity": 30.0}
 
 
 @dataclass(frozen=True)
@@ -154,7 +160,9 @@ def estimate_s(gpu: bool, quick: bool, parts: tuple[str, ...], wheels: bool) -> 
     run = run_config(gpu, quick)
     # the probed run in this process, and the same run on the cell path (torchrun, its own imports)
     iters = (run.loop.warmup + run.loop.iters) * EST_ITER_S
+    # parity: three tiny runs, each its own `canzona train` process (imports and start-up dominate)
     est = {"ns": ns, "train": EST_FIXED_S["train"] + iters, "cell": EST_FIXED_S["cell"] + iters}
+    est["parity"] = EST_FIXED_S["parity"]
     return out | {p: est[p] for p in parts}
 
 
@@ -255,7 +263,8 @@ def _write_check(out: Path, check: dict[str, Any]) -> None:
     write_atomic(out / "check.json", json.dumps(check, indent=2, sort_keys=True) + "\n")
     parts = {n: json.loads((out / f"{n}.json").read_text()) for n in PARTS if (out / f"{n}.json").exists()}
     ran = {n: parts.get(n) for n in PARTS if n in check["parts"]}
-    write_atomic(out / "SUMMARY.md", summary_markdown(check, ran.get("ns"), ran.get("train"), ran.get("cell")))
+    md = summary_markdown(check, ran.get("ns"), ran.get("train"), ran.get("cell"), ran.get("parity"))
+    write_atomic(out / "SUMMARY.md", md)
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -280,10 +289,41 @@ def _parse(args: argparse.Namespace, gpu: bool) -> tuple[Path, tuple[str, ...]]:
     return out, parts
 
 
+class _Tee(io.TextIOBase):
+    """Writes to every stream it holds, flushing each write (a killed run keeps its log)."""
+
+    def __init__(self, *streams: TextIO) -> None:
+        self.streams = streams
+
+    def write(self, text: str) -> int:
+        for stream in self.streams:
+            stream.write(text)
+            stream.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        for stream in self.streams:
+            stream.flush()
+
+
 def run(args: argparse.Namespace) -> int:
+    """The check, its output also logged to ``<out>/gpu-check.log``: every file the command leaves
+    is under the one folder the caller names."""
     gpu = torch.cuda.is_available()
-    out, parts = _parse(args, gpu)
+    out, parts = _parse(args, gpu)  # bad input: nothing written
     wheels = check_wheels(args.wheels) if args.wheels else None
+    if args.dry_run:
+        return _run(args, gpu, out, parts, wheels)
+    out.mkdir(parents=True, exist_ok=True)
+    with (
+        open(out / "gpu-check.log", "w", encoding="utf-8") as log,
+        contextlib.redirect_stdout(_Tee(sys.stdout, log)),
+        contextlib.redirect_stderr(_Tee(sys.stderr, log)),
+    ):
+        return _run(args, gpu, out, parts, wheels)
+
+
+def _run(args: argparse.Namespace, gpu: bool, out: Path, parts: tuple[str, ...], wheels: Path | None) -> int:
     commands = install_commands(wheels) if wheels else []
     est = estimate_s(gpu, args.quick, parts, wheels is not None)
     flavour = "gpu" if gpu else "cpu (no CUDA: tiny sizes, gloo; not a GPU measurement)"
@@ -306,12 +346,13 @@ def run(args: argparse.Namespace) -> int:
         "parts": {},
     }
     check["env"] = _environment(gpu, fallback_commit(args))
-    from canzona.harness.gpu_train import cell_check, train_check
+    from canzona.harness.gpu_train import cell_check, parity_check, train_check
 
     fns = {
         "ns": lambda: ns_check(gpu, args.quick, out / "ns.json"),
         "train": lambda: train_check(gpu, args.quick),
         "cell": lambda: cell_check(gpu, args.quick),
+        "parity": lambda: parity_check(gpu),
     }
     for name in parts:
         print(f"gpu-check: part {name} (estimate {est[name]:.0f} s)", flush=True)

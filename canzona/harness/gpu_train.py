@@ -1,5 +1,5 @@
-"""Parts (b) and (c) of `canzona gpu-check`: one megatron-core Qwen3 training run on ONE device,
-then the same run on the path a Slurm cell takes.
+"""Parts (b), (c), (d) of `canzona gpu-check`: one megatron-core Qwen3 training run on ONE device,
+the same run on the path a Slurm cell takes, and a small cell on the GPU beside the CPU.
 
 The run is the harness's own loop (``canzona.harness.train.train``) on a world of one rank: this
 process with NCCL on a GPU, one forked gloo rank on CPU (``train_check`` says why). Around every ``opt.step()`` a
@@ -45,6 +45,13 @@ CPU_RUN = RunSpec(model="qwen3-micro").replace(
 )
 CELL_TIMEOUT_S = 240.0  # the cell-path run: torchrun, imports, NCCL, model build, the iterations
 STOP_GRACE_S = 10.0  # after SIGTERM, what torchrun gets to stop its workers before SIGKILL
+# GPU vs CPU (part d): a cell small enough for the CPU, the same on both; fixed Newton–Schulz format
+PARITY_RUN = RunSpec(model="qwen3-micro").replace(
+    seq_len=64, micro_batch=2, global_batch=4, warmup=0, iters=5, dtype="bf16", ns_dtype="bf16", attention="sdpa"
+)
+PARITY_MARGIN = 3.0  # ``parity``: the triangle bound with the GPU's rounding up to twice the CPU's
+BF16_ROUNDOFF = 2.0**-8
+PARITY_TIMEOUT_S = 180.0
 MODEL_EXCLUDES = "activations, and megatron's own buffers (rotary tables, schedule tensors, allocator slack)"
 
 
@@ -232,6 +239,64 @@ def cell_path(run: RunSpec, timeout_s: float) -> dict[str, Any]:
         "record": lines[-1] if lines else None,
         "checks": checked[-1]["checks"] if checked else None,
     }
+
+
+def train_curve(run: RunSpec, timeout_s: float) -> dict[str, Any]:
+    """`canzona train` of ``run`` on one local rank in a subprocess (``--json``): its loss curve."""
+    argv = [sys.executable, "-m", "canzona", "train", *to_argv(run), "--nproc", "1", "--json"]
+    got = run_in_session(argv, timeout_s)
+    lines = [x for x in got["stdout"].splitlines() if x.startswith("{")]
+    curve = json.loads(lines[-1])["loss"]["curve"] if got["rc"] == 0 and lines else None
+    return {
+        "command": " ".join(argv),
+        "rc": got["rc"],
+        "curve": curve,
+        "stderr_tail": "" if curve else got["stderr"][-2000:],
+    }
+
+
+def parity(curves: dict[str, list[float]]) -> dict[str, Any]:
+    """Does the GPU bf16 curve agree with the CPU bf16 curve of the same cell and seed? (pure)
+
+    The two differ by rounding only (the same weights, drawn on the CPU; the same batches; other
+    kernels and accumulation orders). How far bf16 rounding moves this cell's curve is measured,
+    not assumed: ``rounding`` = max relative distance of the CPU bf16 curve from the CPU fp32 one.
+    By the triangle inequality |gpu − cpu| ≤ |gpu − fp32| + |fp32 − cpu|, so if the GPU's bf16 path
+    is at most twice as far from fp32 as the CPU's, the two bf16 curves are within 3 × rounding;
+    the tolerance is that, floored at one bf16 unit roundoff (2⁻⁸) so that a cell whose bf16 and
+    fp32 curves agree by chance does not demand bit-equal GPU numbers. Beyond it, something other
+    than rounding differs (weights, data, a kernel that is wrong)."""
+
+    def rel(a: list[float], b: list[float]) -> float:
+        return max(abs(x - y) / abs(y) for x, y in zip(a, b, strict=True))
+
+    rounding = rel(curves["cpu_bf16"], curves["cpu_fp32"])
+    out: dict[str, Any] = {"cpu_bf16_vs_fp32": rounding, "tolerance": PARITY_MARGIN * max(rounding, BF16_ROUNDOFF)}
+    if "gpu_bf16" in curves:
+        out["gpu_vs_cpu_bf16"] = rel(curves["gpu_bf16"], curves["cpu_bf16"])
+        out["agrees"] = out["gpu_vs_cpu_bf16"] <= out["tolerance"]
+    return out
+
+
+def parity_check(gpu: bool) -> dict[str, Any]:
+    """Part (d): ``PARITY_RUN`` on the GPU in bf16 and on the CPU in bf16 and fp32 (``parity``).
+    Without a GPU the two CPU runs still run (the tolerance), and the comparison says why not."""
+    need_megatron()
+    runs = {
+        "cpu_bf16": PARITY_RUN.replace(device="cpu"),
+        "cpu_fp32": PARITY_RUN.replace(device="cpu", dtype="fp32", ns_dtype="fp32"),
+    }
+    if gpu:
+        runs = {"gpu_bf16": PARITY_RUN.replace(device="gpu"), **runs}
+    got = {k: train_curve(r, PARITY_TIMEOUT_S) for k, r in runs.items()}
+    failed = [k for k, g in got.items() if g["curve"] is None]
+    out: dict[str, Any] = {"provenance": "measured", "run": PARITY_RUN.record_config(), "runs": got}
+    if failed:
+        return out | {"status": "failed", "reason": f"no loss curve from {', '.join(failed)}"}
+    comparison = parity({k: g["curve"] for k, g in got.items()})
+    if not gpu:
+        comparison["not_evaluated"] = "no GPU here: the CPU curves give the tolerance only"
+    return out | {"status": "ok", "comparison": comparison}
 
 
 def cell_check(gpu: bool, quick: bool) -> dict[str, Any]:

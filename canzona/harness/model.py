@@ -208,14 +208,18 @@ def init_weights(
     makes every (TP, PP, DP) layout start from the same model, which is what lets the tests
     demand equal loss curves across layouts and methods. The distributions are megatron's, and
     so is the full->shard mapping (``tp_shard``, including fc1's stride-2 [gate, up] layout).
+
+    The draw is on the CPU's generator whatever the device, and the shard is moved (as megatron's
+    ``use_cpu_initialization``): CUDA's generator gives other numbers for the same seed, and a GPU
+    run could then not be compared with the CPU run of the same cell.
     """
     for name, spec, p in named:
         std = init_std(name, cfg)
         if std is None:
             p.fill_(1.0)
             continue
-        gen = torch.Generator(device=p.device).manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63)
-        full = torch.empty(spec.shape, dtype=torch.float32, device=p.device).normal_(0.0, std, generator=gen)
+        gen = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63)
+        full = torch.empty(spec.shape, dtype=torch.float32).normal_(0.0, std, generator=gen)
         if spec.partition_dim is not None:
             full = tp_shard(full, spec.partition_dim, int(getattr(p, "partition_stride", 1)), tp, tp_rank)
         if tuple(full.shape) != tuple(p.shape):
