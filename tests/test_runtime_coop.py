@@ -164,7 +164,7 @@ def _split_groups_rank(info, dp: int, tp: int, split: bool) -> dict:
     dist.new_group = new_group
     try:
         dp_group, tp_group = dp_tp_groups(info.rank, dp, tp)
-        comms = coop_comms(dp_group, tp_group, dp, tp)
+        comms = coop_comms(dp_group, tp_group, dp, tp, timeout_s=120.0)
     finally:
         dist.new_group = real
     sums = {}

@@ -149,6 +149,21 @@ def gather_end_of_run(run: RunSpec, opt: object, stage: int) -> tuple[list[str],
     return sorted({g["host"] for g in got}), plan_section(run, got)
 
 
+def megatron_group_options(run: RunSpec, initialize: Callable[..., Any]) -> dict[str, Any]:
+    """Keyword arguments for megatron's ``initialize_model_parallel``: the run spec's one timeout
+    for every group it creates (megatron's default is 30 min, the world's is the spec's), and no
+    gloo groups where the installed megatron-core can skip them (``create_gloo_process_groups``,
+    asked of its signature). Why no gloo groups: nothing of ours uses them (the peer's optimizer
+    is built with ``use_gloo_process_groups=False``), and at 256 ranks they are a TCP mesh built
+    at start-up, a known hang."""
+    import inspect
+
+    options: dict[str, Any] = {"distributed_timeout_minutes": run.comm.collective_timeout_s / 60}
+    if "create_gloo_process_groups" in inspect.signature(initialize).parameters:
+        options["create_gloo_process_groups"] = False
+    return options
+
+
 def make_forward_step(seq_len: int, device: torch.device) -> Callable[..., Any]:
     """megatron schedule ``forward_step_func``: model forward + loss function for one micro-batch."""
     mask = causal_mask(seq_len, device)
@@ -187,7 +202,11 @@ def train(
     if on_cpu:
         cpu_shim.install()
     backend = str(dist.get_backend())
-    ps.initialize_model_parallel(tensor_model_parallel_size=run.layout.tp, pipeline_model_parallel_size=run.layout.pp)
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=run.layout.tp,
+        pipeline_model_parallel_size=run.layout.pp,
+        **megatron_group_options(run, ps.initialize_model_parallel),
+    )
     try:
         # --- seeds, model, params ---------------------------------------------------------
         torch.manual_seed(run.loop.seed)

@@ -50,12 +50,17 @@ class CommConfig:
     overlap_grad_sync   launch each bucket's reduction from grad hooks while backward runs
     overlap_param_sync  step() returns with parameter all-gathers in flight; modules passed to
                         ``attach`` wait for their own buckets just before their forward
+    timeout_s           the timeout of every process group the optimizer creates (the cooperative
+                        sub-groups): give the one the world group was initialised with, so that
+                        no group waits longer or shorter than the others (torch's default for a
+                        new group is its backend's, not the world's)
     """
 
     collective_mode: str = "auto"
     cost_model: str | None = None
     overlap_grad_sync: bool = True
     overlap_param_sync: bool = False
+    timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
         if self.collective_mode not in REQUESTABLE_MODES:

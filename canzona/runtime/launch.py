@@ -115,28 +115,35 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> RankI
     return RankInfo(rank, world, local, device)
 
 
-def dp_tp_groups(rank: int, dp: int, tp: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
+def dp_tp_groups(
+    rank: int, dp: int, tp: int, *, timeout_s: float | None = None
+) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
     """This rank's DP and TP groups of a dp × tp world in Megatron's order (TP ranks contiguous:
     rank = d·tp + t). Every rank creates every group, as torch.distributed requires."""
-    dp_group, tp_group, _ = stage_groups(rank, dp, tp, 1)
+    dp_group, tp_group, _ = stage_groups(rank, dp, tp, 1, timeout_s=timeout_s)
     return dp_group, tp_group
 
 
 def stage_groups(
-    rank: int, dp: int, tp: int, pp: int
+    rank: int, dp: int, tp: int, pp: int, *, timeout_s: float | None = None
 ) -> tuple[dist.ProcessGroup, dist.ProcessGroup, dist.ProcessGroup]:
     """(DP, TP, stage) groups of this rank in a dp × tp × pp world, Megatron's order
-    (rank = s·dp·tp + d·tp + t); the stage group is the TP×DP ranks of one PP stage."""
+    (rank = s·dp·tp + d·tp + t); the stage group is the TP×DP ranks of one PP stage.
+
+    ``timeout_s``: every group's timeout; pass the one the world was initialised with (``launch``'s),
+    since torch's default for a new group is its backend's (NCCL 10 min), not the world's. None:
+    that default (tests)."""
+    timeout = timedelta(seconds=timeout_s) if timeout_s is not None else None
     dp_group = tp_group = stage_group = None
     for s in range(pp):
         base = s * dp * tp
         for t in range(tp):
-            g = dist.new_group([base + d * tp + t for d in range(dp)])
+            g = dist.new_group([base + d * tp + t for d in range(dp)], timeout=timeout)
             dp_group = g if (rank // (dp * tp), rank % tp) == (s, t) else dp_group
         for d in range(dp):
-            g = dist.new_group([base + d * tp + t for t in range(tp)])
+            g = dist.new_group([base + d * tp + t for t in range(tp)], timeout=timeout)
             tp_group = g if (rank // (dp * tp), rank % (dp * tp) // tp) == (s, d) else tp_group
-        g = dist.new_group(list(range(base, base + dp * tp)))
+        g = dist.new_group(list(range(base, base + dp * tp)), timeout=timeout)
         stage_group = g if rank // (dp * tp) == s else stage_group
     if dp_group is None or tp_group is None or stage_group is None:
         raise ValueError(f"rank {rank} is outside the dp {dp} × tp {tp} × pp {pp} world")

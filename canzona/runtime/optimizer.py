@@ -182,7 +182,7 @@ class DistributedOptimizer:
         coop = next((e.coop for e in s.executors if e.kind == "cooperative"), ())
         comms = {"tp": self.tp_group, "dp": self.dp_group}
         if self.plan is not None and self.plan.config.cooperative:
-            comms.update(coop_comms(self.dp_group, self.tp_group, self.dp, self.tp))
+            comms.update(coop_comms(self.dp_group, self.tp_group, self.dp, self.tp, self.config.comm.timeout_s))
         self.comms = comms
         self.executors = select_executors(s.executors, self.specs, comms, self.device)
         self.applied = [n for spec in s.executors for n in spec.names]

@@ -229,7 +229,11 @@ class RunSpec:
             optimizer=optimizer_config(o.optimizer, **opts),
             adamw=AdamWConfig(lr=o.adamw_lr, betas=(0.9, 0.95), weight_decay=o.adamw_weight_decay),
             plan=dataclasses.replace(self.plan_config(), optimizer=PlanConfig.optimizer),  # follows the optimizer
-            comm=CommConfig(collective_mode=self.comm.collective_mode, overlap_param_sync=self.comm.overlap_param_sync),
+            comm=CommConfig(
+                collective_mode=self.comm.collective_mode,
+                overlap_param_sync=self.comm.overlap_param_sync,
+                timeout_s=self.comm.collective_timeout_s,
+            ),
             timers=timers,
         )
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -342,7 +343,7 @@ def ns_rounds(plan: Plan | None, math: MatrixOptimizer | None, device: torch.dev
 
 
 def coop_comms(
-    dp_group: dist.ProcessGroup | None, tp_group: dist.ProcessGroup | None, dp: int, tp: int
+    dp_group: dist.ProcessGroup | None, tp_group: dist.ProcessGroup | None, dp: int, tp: int, timeout_s: float
 ) -> dict[str, dist.ProcessGroup]:
     """The cooperative sub-groups this rank belongs to, for every group size of canzona.plan.coop,
     created once whatever this stage's plan chose: at TP = 1 the aligned DP sub-groups, at TP > 1
@@ -356,7 +357,7 @@ def coop_comms(
     there. The parents' rank lists come from one ``all_gather_object`` over the world; the set of
     sub-groups does not depend on the plan (PP stages plan differently) and goes by increasing k.
     At 256 GPUs this is one small all-gather and, at DP 256 × TP 1, 128 + 64 + 32 ``new_group``
-    calls, once, at construction.
+    calls, once, at construction. Each gets ``timeout_s`` (the run's one timeout for every group).
     """
     group, size = (dp_group, dp) if tp == 1 else (tp_group, tp)
     mine = tuple(dist.get_process_group_ranks(group) if group is not None else range(dist.get_world_size()))
@@ -368,7 +369,7 @@ def coop_comms(
             continue
         for parent in sorted(set(every)):
             for key, ranks in _sub_groups(k, size, tp):
-                g = dist.new_group([parent[r] for r in ranks])
+                g = dist.new_group([parent[r] for r in ranks], timeout=timedelta(seconds=timeout_s))
                 if parent == mine and dist.get_rank() in (parent[r] for r in ranks):
                     out[key] = g
     return out

@@ -104,7 +104,7 @@ class FSDP2Optimizer:
         self.schedule = self._lower()
         comms = {"tp": self.group}
         if self.plan is not None and self.plan.config.cooperative:  # every rank, whatever its groups
-            comms.update(coop_comms(None, self.group, 1, self.shards))
+            comms.update(coop_comms(None, self.group, 1, self.shards, config.comm.timeout_s))
         self.executors = select_executors(self.schedule.executors, self.specs, comms, self.device)
         coop = next((e.coop for e in self.schedule.executors if e.kind == "cooperative"), ())
         applied = [n for e in self.schedule.executors for n in e.names]
