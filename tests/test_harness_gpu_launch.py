@@ -3,7 +3,7 @@
 
 Why: a rank forked after the parent asked CUDA fails at ``torch.cuda.set_device`` ("Cannot
 re-initialize CUDA in forked subprocess"), and libraries ask at import (megatron-core 0.19's
-``dist_checkpointing/strategies/torch.py``, torchtitan's ``tools/utils.py``). The check runs in a
+``megatron.core.dist_checkpointing.strategies.torch``, ``torchtitan.tools.utils``). The check runs in a
 FRESH interpreter that installs its CUDA traps before anything else is imported, then runs each
 command's parent path as the CLI does, on a node that "has" eight GPUs by NVML's count
 (``torch.cuda.device_count``, which does not initialise CUDA). The traps record instead of raising

@@ -69,9 +69,10 @@ def start_method(backend: str) -> str:
     Why spawn on GPUs: a CUDA query in the parent before the fork leaves children that fail at
     ``torch.cuda.set_device`` ("Cannot re-initialize CUDA in forked subprocess"), and libraries ask
     at import: megatron-core 0.19 calls ``torch.cuda.is_available()`` in
-    ``dist_checkpointing/strategies/torch.py``, torchtitan through ``torch._utils.
-    _get_available_device_type`` in ``tools/utils.py``. torch's ``PYTORCH_NVML_BASED_CUDA_CHECK=1``
-    would make ``is_available`` ask NVML instead, but it covers that one call only (not
+    ``megatron.core.dist_checkpointing.strategies.torch``, torchtitan through
+    ``torch._utils._get_available_device_type`` in ``torchtitan.tools.utils``. torch's
+    ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` would make ``is_available`` ask NVML instead, but it
+    covers that one call only (not
     ``get_device_capability`` or whatever a later release asks at import), and where NVML fails it
     falls back to ``cudaGetDeviceCount``, which poisons the fork again. A spawned rank is a fresh
     interpreter, so no import in the parent, today's or a future one, reaches it. The price is
