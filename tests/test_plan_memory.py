@@ -60,3 +60,29 @@ def test_cooperative_members_hold_blocks_not_matrices() -> None:
     alone, together = _peak("canzona"), _peak("canzona", cooperative=True)
     assert together.workspace < alone.workspace
     assert together.total_bytes < alone.total_bytes < 80e9
+
+
+def test_terms_beside_the_tensors_come_from_the_profile_with_their_sources(capsys: pytest.CaptureFixture[str]) -> None:
+    """NCCL buffers (bytes per communicator × the communicators the step uses), the CUDA context and
+    the allocator's fragmentation: named terms of the breakdown, priced from the profile's [memory]
+    section, and printed by `canzona plan --memory` with the profile's source for each."""
+    from canzona.cli import main
+    from canzona.hardware.profile import load_profile
+    from canzona.plan.readers.memory import SYSTEM, TENSORS, system_memory
+
+    system = system_memory(load_profile("H800"))
+    plans = plan_model("qwen3-32b", Layout(DP, TP, 1), PlanConfig(strategy="canzona", cooperative=False))
+    b = peak(
+        stage_memory(
+            plans[0], list_params(get_model("qwen3-32b")), LowerSettings(param_bytes=2), MemoryPrecision(), system
+        )
+    )
+    assert b.nccl_buffers == 3 * system.nccl_bytes_per_communicator  # the DP, TP and world groups
+    assert b.cuda_context == system.cuda_context_bytes == 500_000_000
+    assert b.fragmentation == round(0.05 * sum(getattr(b, t) for t in TENSORS))
+    assert b.total_bytes == sum(getattr(b, t) for t in TENSORS + SYSTEM)
+    assert main(["plan", "--model", "qwen3-32b", "--dp", "32", "--tp", "8", "--memory", "--no-cooperative"]) == 0
+    out = capsys.readouterr().out
+    for term in SYSTEM:
+        assert f"  {term} " in out and f"  {term}: " in out  # its row and its source
+    assert "NCCL_BUFFSIZE 4 MiB" in out and "expandable_segments:True" in out

@@ -36,6 +36,14 @@ def test_example_profile_loads_and_fits_256_gpus():
     assert p.nodes_for(256) == 32
 
 
+def test_gpu_profile_sets_the_allocator_the_memory_model_assumes():
+    """The fragmentation term of the GPU hardware profiles assumes expandable segments; the GPU
+    Slurm profile exports the setting before every srun step."""
+    p = load_profile(ROOT / "slurm/profiles/example.toml")
+    assert dict(p.env)["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in p.setup_lines()
+
+
 def test_missing_partition_is_a_clear_error():
     with pytest.raises(ConfigError, match="partition"):
         prof(partition=None)

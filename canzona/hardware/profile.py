@@ -65,6 +65,8 @@ class Profile:
     collectives: dict[str, CollectiveFit] = field(default_factory=dict)
     measured_ms: dict[tuple[int, int], float] = field(default_factory=dict)  # direction() per full shape
     shared_cores: float | None = None  # ranks share this many cores (CPU); None: one device per rank
+    # [memory]: bytes per GPU beside the tensors (MEMORY_KEYS; canzona.plan.readers.memory.system_memory)
+    memory: dict[str, float] = field(default_factory=dict)
     description: str = ""
     sources: dict[str, str] = field(default_factory=dict)
     path: str = ""
@@ -93,6 +95,8 @@ _COMPUTE_KEYS = (
     "grad_bytes",
 )
 _LINK_KEYS = ("bus_bw", "base_latency_us", "hop_latency_us")
+# an optional [memory] section, all three or none: what a GPU process holds beside its tensors
+MEMORY_KEYS = ("nccl_bytes_per_communicator", "cuda_context_bytes", "fragmentation")
 
 
 def profile_names() -> list[str]:
@@ -126,6 +130,8 @@ def load_profile(name_or_path: str | Path) -> Profile:
     cores = float(r.need(comp, "shared_cores", "compute")) if "shared_cores" in comp else None
     measured = r.measured_ms(comp.get("measured_ms"))
     fits = r.collective_fits(r.section(raw.get("collectives", {}), "collectives"))
+    mem = r.section(raw.get("memory", {}), "memory")
+    memory = {k: float(r.need(mem, k, "memory")) for k in MEMORY_KEYS} if mem else {}
     prof = Profile(
         name=str(top.get("name", p.stem)),
         kind=str(top.get("kind", "gpu")),
@@ -146,6 +152,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
         collectives=fits,
         measured_ms=measured,
         shared_cores=cores,
+        memory=memory,
         description=str(top.get("description", "")),
         sources=r.sources,
         path=str(p),

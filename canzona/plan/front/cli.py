@@ -240,15 +240,16 @@ def _extras(model, plans, args: argparse.Namespace, profile) -> dict:
     --memory, the per-GPU bytes of the GPU that holds the most (canzona.plan.readers.memory), both on
     ``profile`` (its parameter and gradient bytes unless --dtype says otherwise)."""
     from canzona.plan.readers.budget import summary
-    from canzona.plan.readers.memory import MemoryPrecision, plans_memory
+    from canzona.plan.readers.memory import MemoryPrecision, plans_memory, system_memory
     from canzona.plan.schedule import LowerSettings
 
     param_bytes = {"bf16": 2, "fp32": 4}.get(args.dtype, profile.param_bytes)
     settings = LowerSettings(param_bytes=param_bytes, grad_bytes=profile.grad_bytes)
     out = summary(model, plans, settings, profile)
     if args.memory and plans[0].dp.strategy != "zero":
-        b = plans_memory(model, plans, settings, MemoryPrecision(param_bytes=param_bytes, ns_bytes=param_bytes))
-        mem = b.to_dict()
+        system = system_memory(profile)
+        b = plans_memory(model, plans, settings, MemoryPrecision(param_bytes=param_bytes, ns_bytes=param_bytes), system)
+        mem = b.to_dict() | {"sources": dict(system.sources)}
         if args.hbm_gb is not None:
             mem["hbm_gb"] = args.hbm_gb
             mem["fits"] = b.fits(args.hbm_gb * 1e9)

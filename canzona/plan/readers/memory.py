@@ -17,6 +17,14 @@ Per GPU, in bytes:
                 duplicated all-gather's send + receive buffers
   workspace     the transient peak of one update: the assembled fp32 gradient and update of the
                 largest computed matrix plus its Newton–Schulz working set
+What the process holds beside the tensors, from the hardware profile's ``[memory]`` section
+(``SystemMemory``; zero where a profile has none, as the CPU one):
+  nccl_buffers  NCCL's own buffers: the profile's bytes per communicator × the communicators this
+                GPU uses (the distinct groups of its step's collectives, and TP for megatron's
+                layers); PP send/recv communicators are not counted
+  cuda_context  the CUDA context with its kernel images and library handles (cuBLAS, NCCL)
+  fragmentation the caching allocator's reserve beyond what tensors hold: the profile's fraction
+                of every tensor term above
 The extra copies ``sc`` and ``layerwise`` need show up as what they are: every matrix's state on
 every GPU (sc), the duplicated TP gather and state on every TP rank, the owner-gather staging.
 """
@@ -27,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from canzona.cost import CostModel
+from canzona.hardware.profile import MEMORY_KEYS, Profile
 from canzona.models import list_params
 from canzona.models.spec import ParamSpec
 from canzona.models.transformer import Model
@@ -34,8 +43,49 @@ from canzona.plan.build import adamw_buckets
 from canzona.plan.schedule import BucketLayout, LowerSettings, RankSchedule, stage_schedules
 from canzona.plan.types import Plan
 
-COMPONENTS = ("params", "main_grads", "master", "optimizer", "dp_staging", "tp_staging", "workspace")
+TENSORS = ("params", "main_grads", "master", "optimizer", "dp_staging", "tp_staging", "workspace")
+SYSTEM = ("nccl_buffers", "cuda_context", "fragmentation")
+COMPONENTS = TENSORS + SYSTEM
 FP32 = 4
+
+
+@dataclass(frozen=True)
+class SystemMemory:
+    """The per-GPU bytes beside the tensors (module docstring), each term with its source."""
+
+    nccl_bytes_per_communicator: int = 0
+    cuda_context_bytes: int = 0
+    fragmentation: float = 0.0
+    sources: tuple[tuple[str, str], ...] = ()  # (term, what and the profile's source)
+
+
+NO_SYSTEM = SystemMemory(sources=(("system", "not modelled: the profile has no [memory] section"),))
+
+
+def system_memory(profile: Profile) -> SystemMemory:
+    """The profile's ``[memory]`` terms with their sources (``NO_SYSTEM`` where it has none)."""
+    m = profile.memory
+    if not m:
+        return SystemMemory(sources=(("system", f"not modelled: profile {profile.name} has no [memory] section"),))
+    return SystemMemory(
+        nccl_bytes_per_communicator=int(m["nccl_bytes_per_communicator"]),
+        cuda_context_bytes=int(m["cuda_context_bytes"]),
+        fragmentation=m["fragmentation"],
+        sources=tuple(
+            (term, f"{what}; {profile.name}: {profile.sources[f'memory.{key}']}")
+            for term, key, what in (
+                ("nccl_buffers", "nccl_bytes_per_communicator", f"{m[MEMORY_KEYS[0]] / 1e9:.3g} GB per communicator"),
+                ("cuda_context", "cuda_context_bytes", f"{m['cuda_context_bytes'] / 1e9:.3g} GB"),
+                ("fragmentation", "fragmentation", f"{m['fragmentation']:.0%} of the tensor terms"),
+            )
+        ),
+    )
+
+
+def communicators(s: RankSchedule) -> int:
+    """Communicators one GPU's step uses: the distinct groups of its collectives, and the TP group
+    (megatron's layers all-reduce there) when TP > 1."""
+    return len({o.group for o in s.ops} | ({"tp"} if s.tp > 1 else set()))
 
 
 @dataclass(frozen=True)
@@ -58,6 +108,9 @@ class MemoryBreakdown:
     dp_staging: int
     tp_staging: int
     workspace: int
+    nccl_buffers: int = 0
+    cuda_context: int = 0
+    fragmentation: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -119,7 +172,13 @@ def _dp_staging(s: RankSchedule, plan: Plan | None, prec: MemoryPrecision) -> in
     return out
 
 
-def rank_memory(s: RankSchedule, plan: Plan | None, cost: CostModel | None, prec: MemoryPrecision) -> MemoryBreakdown:
+def rank_memory(
+    s: RankSchedule,
+    plan: Plan | None,
+    cost: CostModel | None,
+    prec: MemoryPrecision,
+    system: SystemMemory = NO_SYSTEM,
+) -> MemoryBreakdown:
     """One GPU's breakdown (see the module docstring)."""
     size = sum(b.size for b in s.buckets)
     owned = sum(_region(b, s.dp_rank) for b in s.buckets if b.regions)
@@ -134,26 +193,36 @@ def rank_memory(s: RankSchedule, plan: Plan | None, cost: CostModel | None, prec
     k = {g.name: g.k for g in plan.coop} if plan is not None else {}  # cooperative: blocks of 1/k
     state = sum(cost.state_bytes(items[n].shape) // k.get(n, 1) for n in s.computes) if cost is not None else 0
     work = max((_ns_workspace(items[n].shape, prec, k.get(n, 1)) for n in s.computes), default=0)
+    tensors = {
+        "params": size * prec.param_bytes,
+        "main_grads": size * prec.grad_bytes,
+        "master": master,
+        "optimizer": state + 2 * adam * FP32,
+        "dp_staging": _dp_staging(s, plan, prec),
+        "tp_staging": _tp_staging(s, plan) if plan is not None else 0,
+        "workspace": work,
+    }
     return MemoryBreakdown(
         dp_rank=s.dp_rank,
         tp_rank=s.tp_rank,
-        params=size * prec.param_bytes,
-        main_grads=size * prec.grad_bytes,
-        master=master,
-        optimizer=state + 2 * adam * FP32,
-        dp_staging=_dp_staging(s, plan, prec),
-        tp_staging=_tp_staging(s, plan) if plan is not None else 0,
-        workspace=work,
+        **tensors,
+        nccl_buffers=communicators(s) * system.nccl_bytes_per_communicator,
+        cuda_context=system.cuda_context_bytes,
+        fragmentation=round(system.fragmentation * sum(tensors.values())),
     )
 
 
 def stage_memory(
-    plan: Plan, specs: Sequence[ParamSpec], settings: LowerSettings, prec: MemoryPrecision
+    plan: Plan,
+    specs: Sequence[ParamSpec],
+    settings: LowerSettings,
+    prec: MemoryPrecision,
+    system: SystemMemory = NO_SYSTEM,
 ) -> list[MemoryBreakdown]:
     """Every GPU of one PP stage (``specs``: the stage's parameters, any route)."""
     adamw = adamw_buckets(specs, plan.layout, plan.config.bucket_size)
     cost = CostModel(plan.config.optimizer, "flops")
-    return [rank_memory(s, plan, cost, prec) for s in stage_schedules(plan, adamw, settings)]
+    return [rank_memory(s, plan, cost, prec, system) for s in stage_schedules(plan, adamw, settings)]
 
 
 def peak(breakdowns: Sequence[MemoryBreakdown]) -> MemoryBreakdown:
@@ -167,28 +236,36 @@ def gib(nbytes: float) -> float:
 
 def format_breakdown(b: MemoryBreakdown, hbm_gb: float | None = None) -> str:
     """One line per component, in GB (10^9 bytes, as GPU HBM is sold)."""
-    rows = [f"  {c:<11} {getattr(b, c) / 1e9:9.2f} GB" for c in COMPONENTS]
+    rows = [f"  {c:<13} {getattr(b, c) / 1e9:9.2f} GB" for c in COMPONENTS]
     verdict = ""
     if hbm_gb is not None:
         verdict = f"  -> {'fits' if b.fits(hbm_gb * 1e9) else 'does NOT fit'} {hbm_gb:g} GB (activations excluded)"
-    return "\n".join([*rows, f"  {'total':<11} {b.total_bytes / 1e9:9.2f} GB{verdict}"])
+    return "\n".join([*rows, f"  {'total':<13} {b.total_bytes / 1e9:9.2f} GB{verdict}"])
 
 
 __all__ = [
     "COMPONENTS",
+    "NO_SYSTEM",
     "MemoryBreakdown",
     "MemoryPrecision",
+    "SystemMemory",
+    "communicators",
     "format_breakdown",
     "gib",
     "peak",
     "plans_memory",
     "rank_memory",
     "stage_memory",
+    "system_memory",
 ]
 
 
 def plans_memory(
-    model: Model, plans: Sequence[Plan], settings: LowerSettings, prec: MemoryPrecision
+    model: Model,
+    plans: Sequence[Plan],
+    settings: LowerSettings,
+    prec: MemoryPrecision,
+    system: SystemMemory = NO_SYSTEM,
 ) -> MemoryBreakdown:
     """The GPU that holds the most over every PP stage of a model's plans."""
     lay = plans[0].layout
@@ -196,6 +273,6 @@ def plans_memory(
         [
             b
             for s, p in enumerate(plans)
-            for b in stage_memory(p, list_params(model, tp=lay.tp, pp=lay.pp, stage=s), settings, prec)
+            for b in stage_memory(p, list_params(model, tp=lay.tp, pp=lay.pp, stage=s), settings, prec, system)
         ]
     )
