@@ -324,3 +324,55 @@ def test_weights_are_drawn_on_the_cpu_and_moved() -> None:
         init_weights(on_cpu, cfg, seed=3, tp_rank=0, tp=1)  # type: ignore[arg-type]
     assert all(p.device.type == "meta" for _, _, p in on_meta)
     assert any(p.std() > 0 for _, _, p in on_cpu)  # drawn, not left empty
+
+
+def test_sdpa_groups_kv_heads_without_copying_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Grouped-query attention through SDPA's ``enable_gqa``: the same output and gradients as
+    K and V expanded by ``repeat_interleave`` (megatron's layout: head h reads group h // 4), and
+    no expanded copy of K or V is made."""
+    import types
+
+    import torch.nn.functional as F
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from canzona.harness.attention import SdpaAttention, sdpa_takes_gqa
+
+    if not sdpa_takes_gqa():
+        pytest.skip("this torch's scaled_dot_product_attention has no enable_gqa")
+    config = types.SimpleNamespace(
+        context_parallel_size=1,
+        apply_query_key_layer_scaling=False,
+        tensor_model_parallel_size=1,
+        num_attention_heads=8,
+        num_query_groups=2,
+        kv_channels=16,
+        attention_dropout=0.0,
+    )
+    attn = SdpaAttention(config, 1, AttnMaskType.causal, "self")
+    gen = torch.Generator().manual_seed(0)
+    s, b, d = 12, 2, 16
+    q, k, v = (torch.randn(s, b, h, d, generator=gen, requires_grad=True) for h in (8, 2, 2))
+    copies: list[int] = []
+    real = torch.Tensor.repeat_interleave
+    monkeypatch.setattr(torch.Tensor, "repeat_interleave", lambda t, *a, **kw: copies.append(1) or real(t, *a, **kw))
+    out = attn(q, k, v, None)
+    monkeypatch.undo()
+    assert copies == []
+    qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    ref = (
+        F.scaled_dot_product_attention(
+            qq.permute(1, 2, 0, 3),
+            kk.permute(1, 2, 0, 3).repeat_interleave(4, dim=1),
+            vv.permute(1, 2, 0, 3).repeat_interleave(4, dim=1),
+            is_causal=True,
+            scale=d**-0.5,
+        )
+        .permute(2, 0, 1, 3)
+        .reshape(s, b, 8 * d)
+    )
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    grad = torch.randn(out.shape, generator=gen)
+    out.backward(grad)
+    ref.backward(grad)
+    for mine, theirs in ((q, qq), (k, kk), (v, vv)):
+        torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-6, atol=1e-6)

@@ -93,3 +93,28 @@ def test_peak_on_cuda_is_timed_by_events_around_back_to_back_calls(monkeypatch: 
     ms = bench_ns.time_calls(lambda: trace.append("call"), torch.device("cuda"), bench_ns.PEAK_CALLS)
     assert trace == ["record"] + ["call"] * bench_ns.PEAK_CALLS + ["record", "wait"]
     assert ms == pytest.approx(40.0 / bench_ns.PEAK_CALLS)
+
+
+def test_newton_schulz_samples_are_back_to_back_calls_between_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every timed Newton–Schulz sample goes through ``time_calls`` (CUDA events around
+    ``NS_CALLS`` back-to-back calls on CUDA, the test above) and nothing else times a call: no host
+    timer with a device sync around a single orthogonalisation."""
+    import argparse
+
+    from canzona.optim.front import bench_ns
+
+    samples: list[int] = []
+    real = bench_ns.time_calls
+
+    def recorded(fn, device, calls):  # type: ignore[no-untyped-def]
+        samples.append(calls)
+        return real(fn, device, calls)
+
+    monkeypatch.setattr(bench_ns, "time_calls", recorded)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: pytest.fail("a host sync around a timed call"))
+    args = argparse.Namespace(
+        methods=["standard", "gram"], steps=5, coefficients="quintic", dtype="fp32", repeats=3, seed=0
+    )
+    row = bench_ns.bench_shape(args, (16, 64), (), torch.device("cpu"))
+    assert samples == [bench_ns.NS_CALLS] * (2 * 3)  # two methods, three samples each
+    assert all(row["methods"][m]["median_ms"] > 0 for m in ("standard", "gram"))

@@ -15,6 +15,7 @@ On CPU the harness keeps megatron's own path ("local") so the exactness tests st
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -23,12 +24,26 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 
 
+@functools.cache
+def sdpa_takes_gqa() -> bool:
+    """Whether this torch's ``scaled_dot_product_attention`` takes ``enable_gqa`` (asked once, on
+    two tiny tensors: a builtin's signature is not always inspectable)."""
+    q, kv = torch.zeros(1, 2, 1, 1), torch.zeros(1, 1, 1, 1)
+    try:
+        F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+    except TypeError:
+        return False
+    return True
+
+
 class SdpaAttention(MegatronModule):
     """megatron core attention computed by ``torch.nn.functional.scaled_dot_product_attention``.
 
     Shapes follow megatron: query [sq, b, heads/tp, d], key/value [sk, b, groups/tp, d], output
-    [sq, b, heads/tp · d]. Grouped KV heads are expanded exactly as ``DotProductAttention`` does
-    (``repeat_interleave`` over the head axis).
+    [sq, b, heads/tp · d]. Grouped KV heads: head h reads KV group h // (heads/groups), as
+    ``DotProductAttention``'s ``repeat_interleave`` lays them out; SDPA's ``enable_gqa`` does that
+    without the copy of K and V (heads/groups × their bytes, per layer, kept for backward) where
+    the installed torch has it (``sdpa_takes_gqa``: torch >= 2.5; the project allows 2.4).
     """
 
     def __init__(
@@ -68,7 +83,10 @@ class SdpaAttention(MegatronModule):
             raise ValueError("SdpaAttention supports neither attention bias nor packed sequences")
         sq, b = query.shape[0], query.shape[1]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, d]
-        if self.heads != self.groups:
+        gqa: dict[str, bool] = {}
+        if self.heads != self.groups and sdpa_takes_gqa():
+            gqa["enable_gqa"] = True
+        elif self.heads != self.groups:
             k = k.repeat_interleave(self.heads // self.groups, dim=1)
             v = v.repeat_interleave(self.heads // self.groups, dim=1)
         causal = (attn_mask_type or self.attn_mask_type) == AttnMaskType.causal
@@ -82,5 +100,6 @@ class SdpaAttention(MegatronModule):
             dropout_p=self.dropout if self.training else 0.0,
             is_causal=causal,
             scale=self.scale,
+            **gqa,
         )
         return out.permute(2, 0, 1, 3).reshape(sq, b, self.heads * q.shape[-1])

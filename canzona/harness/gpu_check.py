@@ -59,7 +59,8 @@ PARTS = ("ns", "train", "cell", "parity")
 EST_NS_TFLOPS = 250.0
 EST_PEAK_TFLOPS = 700.0
 EST_FP64_TFLOPS = 40.0
-EST_CALL_S = 0.002  # launches + host sync per timed call
+EST_CALL_S = 0.002  # launches + host sync of a call timed alone
+EST_LAUNCH_S = 0.00015  # one back-to-back Newton–Schulz call's ~30 kernel launches at 5 µs (overlapped: a bound)
 EST_FIXED_S = {"ns": 20.0, "train": 90.0, "cell": 60.0, "parity": 90.0}  # imports, NCCL/cuBLAS, model build, planning
 EST_ITER_S = 2.0  # one Qwen3-1.7B-4l iteration (2 × 2048 tokens) with its step, generously
 EST_INSTALL_S = 60.0
@@ -84,7 +85,7 @@ class NSSettings:
         ]  # fmt: skip
 
 
-NS_GPU = NSSettings("qwen3-32b", 8, 10, 8192)
+NS_GPU = NSSettings("qwen3-32b", 8, 5, 8192)  # 5 samples of NS_CALLS calls: 25 timed calls per method
 NS_GPU_QUICK = NSSettings("5120x25600,1280x5120", 8, 3, 8192)  # fc2 full and qkv TP-8 of Qwen3-32B
 NS_CPU = NSSettings("qwen3-micro", 2, 2, 256)
 
@@ -144,7 +145,7 @@ def estimate_s(gpu: bool, quick: bool, parts: tuple[str, ...], wheels: bool) -> 
     """Seconds per part on one H200 (or on this CPU), from the FLOPs each part does."""
     from canzona.cost import muon_ns_flops
     from canzona.harness.gpu_train import run_config
-    from canzona.optim.front.bench_ns import PEAK_CALLS, parse_shapes
+    from canzona.optim.front.bench_ns import NS_CALLS, PEAK_CALLS, parse_shapes
 
     out: dict[str, float] = {"install": EST_INSTALL_S if wheels else 0.0}
     if not gpu:
@@ -155,7 +156,9 @@ def estimate_s(gpu: bool, quick: bool, parts: tuple[str, ...], wheels: bool) -> 
     ns = EST_FIXED_S["ns"] + 2 * (s.repeats + 1) * peak_call
     for _, shape in parse_shapes(s.shapes, s.tp):
         flops = muon_ns_flops(shape, 5)
-        ns += (methods * (s.repeats + 1) + 1) * (flops / EST_NS_TFLOPS / 1e12 + EST_CALL_S)
+        # per method: repeats samples of NS_CALLS back-to-back calls, and one warm-up; one reference
+        call = flops / EST_NS_TFLOPS / 1e12
+        ns += methods * s.repeats * NS_CALLS * (call + EST_LAUNCH_S) + (methods + 1) * (call + EST_CALL_S)
         ns += flops / EST_FP64_TFLOPS / 1e12
     run = run_config(gpu, quick)
     # the probed run in this process, and the same run on the cell path (torchrun, its own imports)

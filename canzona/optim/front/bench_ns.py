@@ -43,7 +43,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--coefficients", default="quintic", help="quintic | polar_express")
     p.add_argument("--steps", type=positive_int, default=5, help="Newton–Schulz iterations")
     p.add_argument("--restarts", default=None, help="Gram restarts, e.g. '2' or 'none' (default: Muon's for --dtype)")
-    p.add_argument("--repeats", type=positive_int, default=5, help="timed calls per method (after one warm-up)")
+    p.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=5,
+        help="timed samples per method, each NS_CALLS back-to-back calls (after one warm-up)",
+    )
     p.add_argument("--threads", type=positive_int, default=None, help="torch.set_num_threads (CPU)")
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
     p.add_argument("--peak", action="store_true", help="also measure a bf16 matmul peak and report fractions of it")
@@ -118,21 +123,15 @@ def _runners(args: argparse.Namespace, shape: tuple[int, int], restarts: tuple[i
     return out
 
 
-def _timed(fn: Callable[[], Any], device: torch.device) -> tuple[float, Any]:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
-    out = fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return (time.perf_counter() - t0) * 1e3, out
-
-
 def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
     return ((x.double() - ref.double()).abs().max() / ref.double().abs().max().clamp_min(1e-300)).item()
 
 
 PEAK_CALLS = 10  # back-to-back matmuls per timed sample of the peak
+# back-to-back orthogonalisations per timed sample: a TP-8 shape's Newton–Schulz takes a fraction
+# of a millisecond on a GPU, where a host timer with a sync around ONE call adds its launch and
+# sync latency to the time
+NS_CALLS = 5
 
 
 def time_calls(fn: Callable[[], Any], device: torch.device, calls: int) -> float:
@@ -179,12 +178,11 @@ def bench_shape(args: argparse.Namespace, shape: tuple[int, int], restarts: tupl
     ref64 = newton_schulz(G.double(), args.steps, args.coefficients, torch.float64)
     std = newton_schulz(G, args.steps, args.coefficients, DTYPES[args.dtype])
     times: dict[str, list[float]] = {k: [] for k, r in runners.items() if r["fn"] is not None}
-    outputs: dict[str, torch.Tensor] = {}
-    for rep in range(args.repeats + 1):  # the first pass warms up and is not recorded
+    # one untimed pass warms up and gives the outputs the errors are measured on
+    outputs: dict[str, torch.Tensor] = {label: runners[label]["fn"](G) for label in times}
+    for _ in range(args.repeats):  # interleaved method by method; each sample NS_CALLS calls
         for label in times:
-            ms, outputs[label] = _timed(functools.partial(runners[label]["fn"], G), device)
-            if rep:
-                times[label].append(ms)
+            times[label].append(time_calls(functools.partial(runners[label]["fn"], G), device, NS_CALLS))
     methods = {}
     for label, r in runners.items():
         row: dict[str, Any] = {"dtype": r["dtype"], "note": r["note"], "flops": r["flops"], "available": False}
@@ -234,6 +232,8 @@ def run(args: argparse.Namespace) -> int:
         "steps": args.steps,
         "restarts": list(restarts),
         "repeats": args.repeats,
+        "timing": f"{'CUDA events' if device.type == 'cuda' else 'wall clock'} around {NS_CALLS} back-to-back calls "
+        f"per sample, median of {args.repeats} samples",
         "threads": torch.get_num_threads(),
         "peak": peak,
         "shapes": rows,
