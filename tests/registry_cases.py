@@ -14,7 +14,7 @@ from canzona.plan.comm import DP_MODES
 from canzona.plan.strategies import STRATEGIES, Strategy
 from canzona.plan.types import PlanConfig
 
-PADDED_MODES = tuple(m for m in DP_MODES if m != "per-root")
+GATHER_MODES = tuple(m for m in DP_MODES if m != "per-root")  # per-root is every strategy's own run
 
 
 def strategy_algos() -> list[tuple[str, str]]:
@@ -46,10 +46,10 @@ def exactness_runs() -> list[tuple[str, str, str]]:
     """(optimizer, strategy, collective mode) of the fp32 exactness test, per layout:
 
     * every matrix optimizer × every executable strategy in per-root (what auto picks on gloo);
-    * the padded modes move gradient and parameter bytes only, the same bytes whatever the
-      optimizer: the Newton–Schulz optimizer runs them through every strategy that gathers
-      parameters (``param_sync != "none"``: with none, every rank holds every matrix and the mode
-      changes nothing), and the other optimizers only through strategies that cut their own
+    * the other modes (native, uneven, all-reduce-broadcast) move gradient and parameter bytes
+      only, the same bytes whatever the optimizer: the Newton–Schulz optimizer runs them through
+      every strategy that gathers parameters (``param_sync != "none"``: with none, every rank holds
+      every matrix and the mode changes nothing), and the other optimizers only through strategies that cut their own
       matrix buckets in the padded layout (``chunked_algos``), the one place the cut depends on
       the optimizer's costs;
     * AdamW alone (the ZeRO-1 path) once, under the default strategy and auto.
@@ -59,8 +59,8 @@ def exactness_runs() -> list[tuple[str, str, str]]:
     chunked = [s.name for s in executable() if s.chunked_algos]
     return (
         [(o, s, "per-root") for o in matrix_optimizer_names() for s in executable_names()]
-        + [(ns, s, m) for s in gathers for m in PADDED_MODES]
-        + [(o, s, m) for o in matrix_optimizer_names() if o != ns for s in chunked for m in PADDED_MODES]
+        + [(ns, s, m) for s in gathers for m in GATHER_MODES]
+        + [(o, s, m) for o in matrix_optimizer_names() if o != ns for s in chunked for m in GATHER_MODES]
         + [(ADAMW, default_strategy(), "auto")]
     )
 

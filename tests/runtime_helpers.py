@@ -57,7 +57,7 @@ def dist_config(strategy: str, optimizer: str, **kw) -> DistConfig:
     # a null space is arbitrary and would differ between any two summation orders.
     opts = dict(OPTIONS.get(optimizer, {}))
     plan_fields = ("alpha", "dp_algo", "tp_mode", "capacity_bytes", "cooperative", "coop_force", "profile")
-    plan = {k: kw.pop(k) for k in plan_fields if k in kw}
+    plan = {"bucket_size": 20_000, **{k: kw.pop(k) for k in (*plan_fields, "bucket_size", "dp_layout") if k in kw}}
     comm = {k: kw.pop(k) for k in ("collective_mode", "overlap_grad_sync", "overlap_param_sync") if k in kw}
     prec = {k: kw.pop(k) for k in ("grad_dtype",) if k in kw}
     opts.update(kw.pop("optimizer_options", {}))
@@ -66,7 +66,7 @@ def dist_config(strategy: str, optimizer: str, **kw) -> DistConfig:
             optimizer, **({"lr": LR, "weight_decay": WD, **opts} if optimizer != "adamw" else {})
         ),
         adamw=AdamWConfig(lr=ADAMW_LR, betas=(0.9, 0.95), weight_decay=WD),
-        plan=PlanConfig(strategy=strategy, bucket_size=20_000, **plan),
+        plan=PlanConfig(strategy=strategy, **plan),
         comm=CommConfig(**comm),
         precision=PrecisionConfig(**prec),
         **kw,

@@ -91,6 +91,26 @@ def test_a_function_level_upward_import_is_caught() -> None:
     assert _layer("canzona.plan.readers.metrics") == "plan" and _layer("canzona.runtime.front.bench") == "front"
 
 
+def _deciding(module: str) -> bool:
+    """A module that decides a plan: under ``canzona.plan`` but not its readers, its front folders
+    or the package ``__init__`` (which re-exports readers for callers)."""
+    parts = module.split(".")
+    return parts[:2] == ["canzona", "plan"] and len(parts) > 2 and parts[2] not in ("readers", "front")
+
+
+def test_no_deciding_module_imports_the_readers() -> None:
+    """The readers (metrics, budget, memory, ...) read plans; a plan must not depend on a report, so
+    the planner's choice prices plans with its own step model (``canzona.plan.step``)."""
+    bad = {
+        m: sorted(i for i in _imports(ast.parse(p.read_text())) if i.startswith("canzona.plan.readers"))
+        for m, p in MODULES.items()
+        if _deciding(m)
+    }
+    assert {m: r for m, r in bad.items() if r} == {}
+    assert _deciding("canzona.plan.build") and _deciding("canzona.plan.dp.padded")
+    assert not any(map(_deciding, ("canzona.plan", "canzona.plan.readers.metrics", "canzona.plan.front.report")))
+
+
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components with more than one module (Tarjan)."""
     index: dict[str, int] = {}

@@ -24,9 +24,10 @@ from canzona.errors import ConfigError
 from canzona.hardware import load_profile
 from canzona.models.spec import ParamSpec
 from canzona.plan import Layout, PlanConfig, make_plan
-from canzona.plan.build import candidate_plans, step_seconds
+from canzona.plan.build import resolve_config
 from canzona.plan.coop import coop_settings
 from canzona.plan.readers.metrics import gpu_loads
+from canzona.plan.step import step_seconds
 from canzona.plan.types import ALPHA_GRID, DEFAULT_ALPHA, Plan
 from canzona.spec.flags import parse_argv, to_argv
 from canzona.spec.run import RunSpec
@@ -98,7 +99,7 @@ def test_the_plan_records_its_alpha_and_hashes_deterministically() -> None:
 
 def test_auto_is_resolved_by_make_plan_only_and_bad_values_are_named() -> None:
     with pytest.raises(ConfigError, match="chosen by make_plan"):
-        candidate_plans(PARAMS, LAYOUT, replace(CONFIG, alpha="auto"), profile=H800)
+        resolve_config(replace(CONFIG, alpha="auto"))
     for bad in ("fast", 1.5, float("nan"), True):
         with pytest.raises(ConfigError, match=r"alpha must be in \[0, 1\]"):
             make_plan(PARAMS, LAYOUT, replace(CONFIG, alpha=bad), profile=H800)

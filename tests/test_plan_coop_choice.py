@@ -17,10 +17,12 @@ from canzona.hardware import load_profile
 from canzona.models import get_model, list_params
 from canzona.models.spec import ParamSpec
 from canzona.plan import Layout, PlanConfig, make_plan, plan_model
-from canzona.plan.build import COOP_MIN_SAVING, candidate_plans, step_seconds
+from canzona.plan.build import stage_candidates
+from canzona.plan.choice import COOP_MIN_SAVING
 from canzona.plan.coop import coop_settings, load_bound, member_cost
 from canzona.plan.front.bench_coop import coop_cell
 from canzona.plan.readers.metrics import gpu_loads
+from canzona.plan.step import step_seconds
 from canzona.plan.types import PlanItem
 from tests.hypothesis_profiles import examples
 
@@ -69,10 +71,13 @@ def test_the_kept_plan_has_the_shortest_modelled_step(model: str, dp: int, tp: i
     no candidate it weighed has a shorter step, and cooperation is kept only for a 2% compute saving."""
     params = list_params(get_model(model))
     lay = Layout(dp=dp, tp=tp)
-    plain, coops = candidate_plans(params, lay, PlanConfig(cost="flops"), cost_model=CM)
+    cands = stage_candidates(params, lay, PlanConfig(cost="flops"), cost_model=CM)
     kept = make_plan(params, lay, PlanConfig(cost="flops"), cost_model=CM)
     nvlink = coop_settings(load_profile("H800"), lay)
-    assert coops and plain is not None
+    coops = [c.plan for c in cands if c.cooperative]
+    plain = min((c.plan for c in cands if not c.cooperative), key=lambda p: sum(step_seconds(p, nvlink)))
+    assert coops
+    assert all(c.price.seconds == pytest.approx(sum(step_seconds(c.plan, nvlink)), rel=1e-12) for c in cands)
     total = sum(step_seconds(kept, nvlink))
     assert all(total <= sum(step_seconds(p, nvlink)) * (1 + 1e-12) for p in coops)
     compute, comm = step_seconds(plain, nvlink)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -9,7 +10,18 @@ from canzona.models import get_model, list_params
 from canzona.models.spec import ParamSpec
 from canzona.plan import make_plan
 from canzona.plan.build import adamw_buckets
-from canzona.plan.comm import GLOO, NCCL, SLICE_ALIGN, choose_mode, mode_cost_us, padded_width
+from canzona.plan.comm import (
+    GLOO,
+    HOST_LAUNCH_US,
+    NCCL,
+    SLICE_ALIGN,
+    CommModel,
+    Link,
+    choose_mode,
+    mode_calls,
+    mode_cost_us,
+    padded_width,
+)
 from canzona.plan.schedule import LowerSettings, layout_bucket, lower, stage_schedules
 from canzona.plan.strategies import STRATEGIES
 from canzona.plan.types import Bucket, BucketEntry, Layout, PlanConfig
@@ -31,6 +43,36 @@ def test_mode_cost_counts_latency_per_call() -> None:
     # per-root pays one latency per non-empty slice and kind; native two calls whatever DP is
     tiny = [1] * 64
     assert mode_cost_us("per-root", tiny, 4, NCCL) > 20 * mode_cost_us("native", tiny, 4, NCCL)
+
+
+def test_few_matrices_at_large_dp_all_reduce_and_broadcast() -> None:
+    """Qwen3-1.7B's buckets at DP 256: ~21 matrices of ~12.6M elements each, every other slice
+    empty. Padding makes the native calls ~24x the bytes and per-root pays a 255-hop chain per
+    reduce; one all-reduce (log-depth tree) plus the broadcasts is cheapest on NCCL."""
+    sizes = [12_582_912] * 21 + [0] * 235
+    costs = {m: mode_cost_us(m, sizes, 4, NCCL) for m in ("native", "uneven", "per-root", "all-reduce-broadcast")}
+    assert choose_mode(sizes, "auto", NCCL, 4) == "all-reduce-broadcast"
+    assert costs["all-reduce-broadcast"] < costs["per-root"] < costs["native"] < costs["uneven"]
+    calls = mode_calls("all-reduce-broadcast", sizes, 4)
+    assert calls[0] == ("all_reduce", 21 * 12_582_912 * 4) and [k for k, _ in calls[1:]] == ["broadcast"] * 21
+
+
+def test_the_mode_choice_pays_a_host_launch_per_call() -> None:
+    """On a link without latency, 3 equal slices of 8 ranks: per-root moves the least (24 µs), but
+    issues 6 calls against the all-reduce-broadcast's 4 (33 µs) and native's 2 (57 µs, padded): at
+    10 µs a call per-root costs 84, all-reduce-broadcast 73, native 77."""
+    sizes = [1000] * 3 + [0] * 5
+
+    def model(launch: float) -> CommModel:
+        return CommModel("t", Link(bus_bw=1e9, base_latency_us=0.0), copy_bw=1e30, launch_us=launch)
+
+    assert mode_cost_us("per-root", sizes, 4, model(10.0)) == pytest.approx(
+        mode_cost_us("per-root", sizes, 4, model(0.0)) + 60
+    )
+    assert choose_mode(sizes, "auto", model(0.0), 4) == "per-root"
+    assert choose_mode(sizes, "auto", model(10.0), 4) == "all-reduce-broadcast"
+    assert NCCL.launch_us == HOST_LAUNCH_US > 0 and GLOO.launch_us == 0  # a calibrated fit includes it
+    assert NCCL.issued_us("broadcast", 1, 100) == 0  # no call on one rank
 
 
 def test_native_layout_is_owner_grouped_and_padded() -> None:

@@ -33,20 +33,18 @@ from canzona.errors import ConfigError
 from canzona.hardware import DEFAULT_GPU, Profile, load_profile
 from canzona.models import Model, ParamSpec, get_model, list_params
 from canzona.plan.buckets import build_buckets, matrix_chunks, packed_bucket, resolve_bucket_size
+from canzona.plan.choice import Candidate, choose, kept
 from canzona.plan.coop import CoopSettings, applies, candidates, check_ownership, coop_settings, plan_cooperative
-from canzona.plan.dp.problem import make_problem
-from canzona.plan.readers.bucket_metrics import padding_floor
-from canzona.plan.readers.metrics import gpu_loads, stage_bounds
-from canzona.plan.schedule import LowerSettings, matrix_dp_calls
+from canzona.plan.dp.problem import make_problem, padding_floor
+from canzona.plan.dp.replicate import replicate, replication_choices
+from canzona.plan.step import step_price
 from canzona.plan.strategies import STRATEGIES, get_strategy, resolve_algo
 from canzona.plan.tp import TP_MODES, check_tp_mode, schedule_tp
 from canzona.plan.types import (
     ALPHA_AUTO,
     ALPHA_GRID,
     AUTO_PADDING_LIMIT,
-    DEFAULT_ALPHA,
     DP_LAYOUTS,
-    Alternative,
     Bucket,
     Layout,
     Plan,
@@ -163,7 +161,7 @@ def matrix_buckets(
 def _layouts(params: Sequence[ParamSpec], items: Sequence[PlanItem], layout: Layout, cfg: PlanConfig) -> list[str]:
     """The DP buffer layouts a plan may use. Only the algorithms that plan the padded layout
     themselves (``chunked_algos``) are padded; ``auto`` weighs padded (unless its padding floor
-    exceeds AUTO_PADDING_LIMIT) and exact by modelled step (``_fastest_layout``); experts are
+    exceeds AUTO_PADDING_LIMIT) and exact by modelled step (``stage_candidates``); experts are
     planned in the padded layout only."""
     if cfg.dp_algo not in get_strategy(cfg.strategy).chunked_algos:
         return ["exact"]  # contiguous algorithms and baselines: exact cuts, the runtime picks each mode
@@ -184,38 +182,11 @@ def make_plan(
     profile: Profile | None = None,
 ) -> Plan:
     """Plan ONE PP stage. ``params`` in registration order (any routes); deterministic.
-    ``profile``: the hardware its choices are priced on (``hardware_for``). ``config.alpha`` "auto":
-    the stage is planned at each α of ALPHA_GRID and the shortest modelled step kept
-    (``_fastest_alpha``)."""
-    hw = hardware_for(config, profile)
-    if config.alpha == ALPHA_AUTO:
-        return _fastest_alpha(params, layout, config, cost_model, hw)
-    return keep_fastest(*candidate_plans(params, layout, config, cost_model=cost_model, profile=hw), hw)
-
-
-def _fastest_alpha(
-    params: Sequence[ParamSpec], layout: Layout, config: PlanConfig, cost_model: CostModel | None, hw: Profile
-) -> Plan:
-    """The stage's plan at the α of ALPHA_GRID whose kept plan (layout and cooperation chosen as
-    at a fixed α) has the shortest modelled step; ties go to DEFAULT_ALPHA, then to the lower α,
-    so "auto" gives the default's plan wherever α changes nothing. Why a grid: α trades busiest-GPU
-    compute against slice bytes (padding, uneven calls), and which weighs more depends on the
-    model, the layout and the profile (results/planner/held_out_goals.md). The plan records the α it
-    used, ``alpha_chosen`` True, and every α's alternatives."""
+    ``profile``: the hardware its choices are priced on (``hardware_for``). The plan is the one
+    ``choice.choose`` keeps among ``stage_candidates``, with every candidate as an alternative."""
     t0 = time.perf_counter()
-    kept = [
-        make_plan(params, layout, replace(config, alpha=a, alpha_chosen=True), cost_model=cost_model, profile=hw)
-        for a in ALPHA_GRID
-    ]
-    steps = [kept_step_ms(p) for p in kept]
-    best = min(range(len(kept)), key=lambda i: (steps[i], ALPHA_GRID[i] != DEFAULT_ALPHA, ALPHA_GRID[i]))
-    weighed = tuple(replace(a, chosen=a.chosen and i == best) for i, p in enumerate(kept) for a in p.alternatives)
-    return replace(kept[best], alternatives=weighed, planner_seconds=time.perf_counter() - t0)
-
-
-def kept_step_ms(plan: Plan) -> float:
-    """The modelled step (ms) of a plan ``make_plan`` kept, as it weighed it (``step_seconds``)."""
-    return next(a.step_ms for a in plan.alternatives if a.chosen)
+    cands = stage_candidates(params, layout, config, cost_model=cost_model, profile=profile)
+    return kept(cands, time.perf_counter() - t0)
 
 
 def hardware_for(config: PlanConfig, profile: Profile | None) -> Profile:
@@ -226,67 +197,46 @@ def hardware_for(config: PlanConfig, profile: Profile | None) -> Profile:
     return load_profile(config.profile or DEFAULT_GPU)
 
 
-def keep_fastest(plain: Plan | None, coops: Sequence[Plan], profile: Profile) -> Plan:
-    """The plan ``make_plan`` keeps among a stage's ``candidate_plans``, priced on ``profile``; its
-    ``alternatives`` list every plan weighed (the plain plan's layouts, then the cooperative ones),
-    the kept one marked."""
-    if coops and plain is None:  # forced groups
-        forced = replace(weigh(coops[0], coop_settings(profile, coops[0].layout)), chosen=True)
-        return replace(coops[0], alternatives=(forced,))
-    assert plain is not None
-    coop = coop_settings(profile, plain.layout)
-    weighed = list(plain.alternatives) or [weigh(plain, coop)]
-    best, at = plain, next((i for i, a in enumerate(weighed) if a.chosen), 0)
-    # Each group choice prices matrices alone; where the other matrices then land on the members the
-    # stage can end up worse (Qwen3-1.7B at TP 8: every TP group is a member of an fc1 group AND
-    # hosts an fc2), and at TP = 1 its block cuts add DP calls (Qwen3-1.7B at DP 256: groups of 4
-    # save Newton–Schulz time but add a per-slice call per block cut). Keep the choice with the shortest
-    # step, and cooperation only where it saves at least COOP_MIN_SAVING of the plain plan's compute.
-    compute, comm = step_seconds(plain, coop)
-    best_s = compute * (1 - COOP_MIN_SAVING) + comm
-    for plan in coops:
-        a = weigh(plan, coop)
-        weighed.append(a)
-        if a.step_ms * 1e-3 < best_s:
-            best, best_s, at = plan, a.step_ms * 1e-3, len(weighed) - 1
-    marked = tuple(replace(a, chosen=i == at) for i, a in enumerate(weighed))
-    return replace(best, alternatives=marked)
-
-
-def weigh(plan: Plan, coop: CoopSettings) -> Alternative:
-    """What the choice among a stage's plans reads of ``plan``: its modelled step and efficiency."""
-    fm_bound = stage_bounds(plan)[1]
-    busiest = max(gpu_loads(plan).flat_cost(), default=0.0)
-    return Alternative(
-        _label(plan),
-        float(plan.config.alpha),
-        sum(step_seconds(plan, coop)) * 1e3,
-        fm_bound / busiest if busiest else 1.0,
-    )
-
-
-def _label(plan: Plan) -> str:
-    """How a candidate differs from the others: its DP layout and algorithm, and how many matrices
-    it groups at which k (candidates differ in which matrices they group: coop.candidates)."""
-    by_k = Counter(g.k for g in plan.coop)
-    groups = ", ".join(f"{n} in groups of {k}" for k, n in sorted(by_k.items()))
-    coop = f"cooperative: {groups}" if groups else "one owner per matrix"
-    return f"{plan.config.dp_layout} {plan.dp.algo}, {coop}"
-
-
-def candidate_plans(
+def stage_candidates(
     params: Sequence[ParamSpec],
     layout: Layout,
     config: PlanConfig,
     *,
     cost_model: CostModel | None = None,
     profile: Profile | None = None,
-) -> tuple[Plan | None, list[Plan]]:
-    """(the plan with one owner per matrix, the cooperative plans) that ``make_plan`` chooses
-    among for one stage; the first is None when ``coop_force`` fixes the groups. For reports
-    that show what a choice by compute alone would give."""
-    t0 = time.perf_counter()
+) -> tuple[Candidate, ...]:
+    """Every plan the chooser weighs for one stage, over the knobs the config leaves to the planner:
+
+      α            each of ALPHA_GRID when the config says "auto" (which weighs more, busiest-GPU
+                   compute or slice bytes, depends on the model, layout and profile:
+                   results/planner/held_out_goals.md), else the config's;
+      DP layout    padded and exact under ``dp_layout = "auto"`` (``_layouts``): padded slices keep
+                   one native call per bucket but can cost compute balance, so neither wins
+                   everywhere (Llama-3-70B takes exact at TP4·DP32 and padded at TP8·PP2·DP8);
+      replication  for a strategy that ``replicates``: the best plain candidate of the α with each
+                   prefix of its buckets that save time computed on every rank after one
+                   all-reduce (``dp.replicate``: buckets with fewer matrices than ranks);
+      cooperation  one owner per matrix, and one plan per cooperative choice (``coop.candidates``),
+                   cut in the layout of the best plain candidate of the same α (the groups' plans
+                   are most of the planner's time, so they are not planned twice); only the first
+                   under ``coop_force``, and then no plain candidate.
+
+    Each is priced by the step model (``canzona.plan.step``) on ``profile`` (``hardware_for``)."""
     hw = hardware_for(config, profile)
+    if config.alpha != ALPHA_AUTO:
+        return _alpha_candidates(params, layout, config, cost_model, hw)
+    return tuple(
+        c
+        for a in ALPHA_GRID
+        for c in _alpha_candidates(params, layout, replace(config, alpha=a, alpha_chosen=True), cost_model, hw)
+    )
+
+
+def _alpha_candidates(
+    params: Sequence[ParamSpec], layout: Layout, config: PlanConfig, cost_model: CostModel | None, hw: Profile
+) -> tuple[Candidate, ...]:
+    """The candidates of ``stage_candidates`` at the config's α."""
+    t0 = time.perf_counter()
     cfg = replace(resolve_config(config), profile=hw.name)
     strategy = STRATEGIES[cfg.strategy]
     if cost_model is None:
@@ -313,63 +263,27 @@ def candidate_plans(
             "EP > 1 is planned only by the padded layout's own algorithms (canzona refine or lpt); "
             f"got {cfg.strategy} / {cfg.dp_algo} / {cfg.dp_layout}"
         )
-    plain, buckets = _fastest_layout(params, items, layout, cfg, coop, t0)
-    coops = _cooperative_plans(params, items, buckets, layout, plain.config, cost_model, coop, t0)
-    if coops and cfg.coop_force:
-        return None, coops[:1]
-    return plain, coops
-
-
-def _fastest_layout(
-    params: Sequence[ParamSpec],
-    items: tuple[PlanItem, ...],
-    layout: Layout,
-    cfg: PlanConfig,
-    coop: CoopSettings,
-    t0: float,
-) -> tuple[Plan, tuple[Bucket, ...]]:
-    """The plain plan in each DP buffer layout the config allows (``_layouts``), and the one with
-    the shortest modelled step (busiest-GPU compute + DP collectives on the profile), with its
-    buckets. Why by time: padded slices keep one native call per bucket but can cost compute
-    balance, so neither layout wins everywhere (Llama-3-70B takes exact at TP4·DP32 and padded at
-    TP8·PP2·DP8: results/planner/held_out_goals.md); the profile says which matters more."""
-    names = _layouts(params, items, layout, cfg)
-    if len(names) == 1:  # nothing to weigh
-        c = replace(cfg, dp_layout=names[0])
-        buckets = matrix_buckets(params, items, layout, c)
-        return _plain_plan(items, buckets, layout, c, t0), buckets
-    planned = []
-    for name in names:
+    plain = []
+    for name in _layouts(params, items, layout, cfg):
         c = replace(cfg, dp_layout=name)
         buckets = matrix_buckets(params, items, layout, c)
-        plan = _plain_plan(items, buckets, layout, c, t0)
-        planned.append((weigh(plan, coop), plan, buckets))
-    at = min(range(len(planned)), key=lambda i: planned[i][0].step_ms)
-    weighed = tuple(replace(a, chosen=i == at) for i, (a, _, _) in enumerate(planned))
-    return replace(planned[at][1], alternatives=weighed), planned[at][2]
-
-
-# A cooperative plan must save at least this share of the plain plan's busiest-GPU compute (net of
-# any DP time it adds) to be kept: a 2% gain is within the cost model's error.
-COOP_MIN_SAVING = 0.02
-
-
-def step_seconds(plan: Plan, coop: CoopSettings) -> tuple[float, float]:
-    """(compute, DP communication) in seconds, what the choice among a stage's plans minimises the
-    sum of: the busiest GPU's optimizer work at the profile's compute rate, and the α–β time of the
-    matrix buckets' DP collectives. The second counts because a group's block cuts add DP calls at
-    TP = 1, and at TP > 1 the DP planners' proxy for a group can widen the padded slices; with
-    every collective exposed (the runtime's step) both are paid."""
-    compute = max(gpu_loads(plan).flat_cost(), default=0.0) / coop.flops_rate
-    if plan.layout.dp == 1:
-        return compute, 0.0
-    settings = LowerSettings(model=coop.dp)
-    # under EP the busiest rank's: the dense buckets and the costliest EP rank's expert buckets
-    comm = max(
-        sum(coop.dp.call_us(op.kind, g, op.nbytes) for g, op in matrix_dp_calls(plan, settings, e))
-        for e in ([None] if plan.layout.ep == 1 else range(plan.layout.ep))
+        plain.append((_candidate(_plain_plan(items, buckets, layout, c, t0), coop), buckets))
+    base, buckets = plain[choose([c for c, _ in plain])]
+    shared = (
+        replication_choices(base.plan, coop.dp, coop.flops_rate) if strategy.replicates and not cfg.coop_force else []
     )
-    return compute, comm * 1e-6
+    replicated = [_candidate(replicate(base.plan, r), coop) for r in shared]
+    coops = [
+        _candidate(p, coop)
+        for p in _cooperative_plans(params, items, buckets, layout, base.plan.config, cost_model, coop, t0)
+    ]
+    if coops and cfg.coop_force:
+        return (coops[0],)
+    return (*(c for c, _ in plain), *replicated, *coops)
+
+
+def _candidate(plan: Plan, coop: CoopSettings) -> Candidate:
+    return Candidate(plan, float(plan.config.alpha), plan.config.dp_layout, bool(plan.coop), step_price(plan, coop))
 
 
 def _plain_plan(

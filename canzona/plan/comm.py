@@ -48,7 +48,8 @@ from canzona.errors import ConfigError
 from canzona.hardware import Profile
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "reduce", "broadcast", "all_to_all")
-DP_MODES = ("native", "uneven", "per-root")  # how a DP bucket's uneven slices are reduced and gathered
+# how a DP bucket's uneven slices are reduced and gathered (the order breaks ties: ``choose_mode``)
+DP_MODES = ("native", "uneven", "per-root", "all-reduce-broadcast")
 REQUESTABLE_MODES = ("auto", *DP_MODES)
 SLICE_ALIGN = 128  # elements: every padded slice starts 256-byte aligned for bf16 (Megatron's lcm(dp, 128))
 
@@ -90,6 +91,7 @@ class CommModel:
     per_kind: tuple[tuple[str, Link], ...] = ()
     copy_bw: float = 1e12  # bytes/s of a local staging copy (read + write)
     source: str = ""
+    launch_us: float = 0.0  # host time to issue one call (``HOST_LAUNCH_US``); 0 where a fit includes it
     _kinds: dict[str, Link] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -110,6 +112,21 @@ class CommModel:
     def copy_us(self, nbytes: float) -> float:
         return 2.0 * nbytes / self.copy_bw * 1e6
 
+    def issued_us(self, kind: str, n: int, nbytes: float) -> float:
+        """``call_us`` plus the host time to issue the call (``launch_us``): what choosing how
+        many calls a bucket takes must see (0 if n == 1: no call is made)."""
+        return self.call_us(kind, n, nbytes) + (self.launch_us if n > 1 else 0.0)
+
+
+# Host time to issue one NCCL collective from PyTorch (ProcessGroupNCCL: a Work object, CUDA events
+# on the communication stream, ncclGroupStart/End and the kernel launch). ASSUMPTION, not measured
+# here: about 10 us per call is the usual order for an eager c10d collective, and it is paid on the
+# one host thread that also launches the step's compute, so a mode issuing a call per slice (per-root:
+# up to 2 x DP calls per bucket, ~1.5k calls per direction per step at DP 256) pays it per call where
+# a native mode pays it once (NVIDIA/nccl issue #725: ~1000 grouped reduce-scatters far slower than
+# one concatenated call). Calibrated fits (the CPU profile, GLOO) measure whole calls and carry 0.
+HOST_LAUNCH_US = 10.0
+
 
 # Defaults the runtime uses to choose a DP collective mode when the caller gives no model.
 # NCCL: H800-class inter-node ring (DP groups of a 256-GPU job span nodes), numbers from the same
@@ -120,6 +137,7 @@ NCCL = CommModel(
     Link(bus_bw=50e9, base_latency_us=8.4, hop_latency_us=6.6),
     copy_bw=3.0e12,
     source="IB 50 GB/s per GPU (DeepSeek-V3 report sec. 3.2.2); NCCL tuning.cc Ring/Simple latencies 8.4 + 6.6 us/step",
+    launch_us=HOST_LAUNCH_US,
 )
 # gloo on one CPU host: per-kind fits of `canzona calibrate-cpu` (canzona/hardware/profiles/cpu-local.toml,
 # 2026-11-29, 2-core VM): broadcast and reduce move data faster than all_gather / reduce_scatter.
@@ -148,8 +166,9 @@ def profile_model(profile: Profile, span: int, name: str) -> CommModel:
     """The α–β model of a group whose ranks span ``span`` consecutive GPUs on ``profile``: the
     intra-node link when the span fits a node, else the inter-node link (Megatron rank order: TP
     fastest, then DP, then PP); a profile's calibrated per-kind fits (the CPU profile) carry over,
-    and a local staging copy moves at its memory bandwidth. The planner, the budget and the
-    projection all price calls with this, so they agree on the machine."""
+    and a local staging copy moves at its memory bandwidth; a GPU profile's calls pay
+    ``HOST_LAUNCH_US`` each to be issued (a calibrated CPU profile's fits already include it). The
+    planner, the budget and the projection all price calls with this, so they agree on the machine."""
     which = "intra" if span <= profile.gpus_per_node else "inter"
     link = profile.intra if which == "intra" else profile.inter
     return CommModel(
@@ -158,6 +177,7 @@ def profile_model(profile: Profile, span: int, name: str) -> CommModel:
         per_kind=tuple((kind, Link(f.bus_bw, f.latency_us)) for kind, f in sorted(profile.collectives.items())),
         copy_bw=profile.mem_bw,
         source=f"hardware profile {profile.name} [links.{which}]",
+        launch_us=0.0 if profile.collectives else HOST_LAUNCH_US,
     )
 
 
@@ -174,30 +194,50 @@ def padded_width(slice_sizes: Sequence[int]) -> int:
     return _round_up(max(slice_sizes), SLICE_ALIGN)
 
 
-def mode_cost_us(mode: str, slice_sizes: Sequence[int], elem_bytes: int, model: CommModel) -> float:
-    """Reduce-scatter + all-gather of one bucket in ``mode`` (µs, α–β model)."""
+def mode_calls(mode: str, slice_sizes: Sequence[int], elem_bytes: int) -> list[tuple[str, int]]:
+    """The calls (kind, buffer bytes) of one bucket's gradient reduction + parameter gather in
+    ``mode`` (``slice_sizes``: its DP ranks' exact slices), as ``schedule`` lowers them:
+
+      native / uneven       one reduce-scatter and one all-gather of the padded buffer (n · W);
+      per-root              one reduce and one broadcast per non-empty slice;
+      all-reduce-broadcast  ONE all-reduce of the exact bucket (each owner then reads its slice
+                            from the reduced buffer: no padding, and on NCCL a log-depth tree
+                            instead of one ring chain per slice) and per-root's broadcasts.
+
+    Why the last one: where a bucket holds fewer matrices than ranks (Qwen3-1.7B at DP 256: about
+    21 matrices per bucket) the padded buffer is ~24x the gradients, so any all-gather of it (the
+    uneven one included: 573 ms a bucket on H800) loses to the broadcasts (99 ms), while the
+    per-slice reduces pay a 255-step chain each that one all-reduce pays once."""
     n = len(slice_sizes)
+    rooted = [(k, w * elem_bytes) for w in slice_sizes if w for k in ("reduce", "broadcast")]
     if mode == "per-root":
-        return sum(
-            model.call_us("reduce", n, w * elem_bytes) + model.call_us("broadcast", n, w * elem_bytes)
-            for w in slice_sizes
-            if w
-        )
+        return rooted
+    if mode == "all-reduce-broadcast":
+        return [("all_reduce", sum(slice_sizes) * elem_bytes), *((k, b) for k, b in rooted if k == "broadcast")]
+    full = n * padded_width(slice_sizes) * elem_bytes
+    return [("reduce_scatter", full), ("all_gather", full)]
+
+
+def mode_cost_us(mode: str, slice_sizes: Sequence[int], elem_bytes: int, model: CommModel) -> float:
+    """Gradient reduction + parameter gather of one bucket in ``mode`` (µs, α–β model plus the
+    host time to issue each call, ``CommModel.issued_us``); uneven adds its staging copies."""
+    n = len(slice_sizes)
     if all(w == slice_sizes[0] for w in slice_sizes) and mode == "uneven":
         mode = "native"  # equal slices need no staging
-    full = n * padded_width(slice_sizes) * elem_bytes
-    t = model.call_us("reduce_scatter", n, full) + model.call_us("all_gather", n, full)
+    t = sum(model.issued_us(kind, n, nbytes) for kind, nbytes in mode_calls(mode, slice_sizes, elem_bytes))
     if mode == "uneven":
-        t += 2 * model.copy_us(full)
+        t += 2 * model.copy_us(n * padded_width(slice_sizes) * elem_bytes)
     return t
 
 
-def choose_mode(slice_sizes: Sequence[int], requested: str, model: CommModel, elem_bytes: int) -> str:
-    """The DP mode of one bucket: the request, or under ``auto`` the cheapest by the α–β model
-    (ties go to native: one call each way, in place, no staging)."""
+def choose_mode(
+    slice_sizes: Sequence[int], requested: str, model: CommModel, elem_bytes: int, modes: Sequence[str] = DP_MODES
+) -> str:
+    """The DP mode of one bucket: the request, or under ``auto`` the cheapest of ``modes`` by the
+    α–β model (ties go to the one listed first: native, one call each way, in place, no staging)."""
     if requested not in REQUESTABLE_MODES:
         raise ConfigError(f"unknown collective mode {requested!r}; choose one of {', '.join(REQUESTABLE_MODES)}")
     if requested != "auto":
         return requested
-    costs = {m: mode_cost_us(m, slice_sizes, elem_bytes, model) for m in DP_MODES}
-    return min(DP_MODES, key=lambda m: (costs[m], DP_MODES.index(m)))
+    costs = {m: mode_cost_us(m, slice_sizes, elem_bytes, model) for m in modes}
+    return min(modes, key=lambda m: (costs[m], list(modes).index(m)))

@@ -441,9 +441,10 @@ def check_ownership(plan: Plan) -> None:
         return
     groups = {g.name: g for g in plan.coop}
     where = {e.name: (b.index, e.start, e.numel) for b in plan.dp.buckets for e in b.entries}
+    everyone = tuple(range(plan.layout.dp))
     for name, owners in plan.dp.owners:
-        if len(owners) == 1:
-            continue
+        if len(owners) == 1 or (plan.dp.cuts and not plan.dp.cuts[where[name][0]] and owners == everyone):
+            continue  # one owner, or a replicated bucket (reduced whole: canzona.plan.dp.replicate)
         g = groups.get(name)
         if g is None or tuple(d for d, _ in g.members) != tuple(owners):
             raise ConfigError(

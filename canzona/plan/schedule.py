@@ -14,10 +14,14 @@ Per DP bucket the schedule fixes a MODE and the runtime buffer LAYOUT that goes 
   uneven     Megatron's layout with exact uneven slices, run through a padded staging copy and the
              same two native calls (extra copies, same bytes as native).
   per-root   exact slices, one ``reduce`` / ``broadcast`` per non-empty slice: no padding, DP calls.
+  all-reduce-broadcast  exact slices; the gradients all-reduced whole (ONE call, each owner reads
+             its slice from the reduced buffer) and the parameters broadcast per slice as ``per-root``
+             does: for buckets with fewer matrices than ranks, where padding and per-slice chains cost most.
   all-reduce the bucket reduced whole (sc, layer-wise): no cuts.
 
-``choose_mode`` picks among the first three with the α–β model of ``canzona.plan.comm`` (latency per
-call included, not bytes alone): native wins on NCCL unless padding is extreme; per-root wins on gloo,
+``choose_mode`` picks among the first four with the α–β model of ``canzona.plan.comm`` (latency and
+host launch per call included, not bytes alone): native wins on NCCL unless padding is extreme;
+all-reduce-broadcast where few matrices leave most slices empty at large DP; per-root wins on gloo,
 whose broadcast / reduce outrun its all-gather / reduce-scatter.
 
 Per rank the schedule lists executors (which matrices are computed how) and the collective calls
@@ -38,6 +42,7 @@ from canzona.plan.comm import NCCL, REQUESTABLE_MODES, CommModel, choose_mode, p
 from canzona.plan.types import Bucket, CoopGroup, Layout, Plan
 
 FP32_BYTES = 4  # cooperative Grams are reduced in fp32
+OWNER_GATHER_MODES = ("native", "uneven", "per-root")  # layer-wise's owner gather: a gather, no reduction
 TP_BLOCKS_TAG = "tp-blocks"  # the all-to-alls that gather / scatter the blocks of TP sub-groups
 
 
@@ -281,8 +286,10 @@ def _dp_calls(b: BucketLayout, phase: str, dp: int, elem: int) -> list[CommOp]:
         return []
     if b.mode == "all-reduce":
         return [CommOp(phase, "all_reduce", "dp", b.size * elem, b.tag)] if phase == "grad_sync" else []
+    if b.mode == "all-reduce-broadcast" and phase == "grad_sync":  # the exact bucket, reduced whole
+        return [CommOp(phase, "all_reduce", "dp", sum(hi - lo for lo, hi in b.regions) * elem, b.tag)]
     kind = "reduce_scatter" if phase == "grad_sync" else "all_gather"
-    if b.mode == "per-root":
+    if b.mode in ("per-root", "all-reduce-broadcast"):
         rooted = "reduce" if phase == "grad_sync" else "broadcast"
         return [
             CommOp(phase, rooted, "dp", (hi - lo) * elem, b.tag, r) for r, (lo, hi) in enumerate(b.regions) if hi > lo
@@ -370,8 +377,11 @@ def _owner_gather(plan: Plan, settings: LowerSettings) -> tuple[tuple[tuple[str,
     for it in plan.items:  # one pass, once per stage (stage_buffers)
         by_rank[owners[it.name][0]].append(it.name)
     sizes = [sum(local[n] for n in names) for names in by_rank]
-    requested = "uneven" if settings.collective_mode == "native" else settings.collective_mode
-    mode = choose_mode(sizes, requested, settings.model, settings.param_bytes)
+    # a gather alone (the gradients are all-reduced): a staged all-gather or per-root broadcasts
+    requested = {"native": "uneven", "all-reduce-broadcast": "per-root"}.get(
+        settings.collective_mode, settings.collective_mode
+    )
+    mode = choose_mode(sizes, requested, settings.model, settings.param_bytes, OWNER_GATHER_MODES)
     return tuple(map(tuple, by_rank)), ("uneven" if mode == "native" else mode)
 
 

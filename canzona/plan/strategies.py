@@ -8,7 +8,9 @@ A strategy is a planner function plus one ``register_strategy`` call. The regist
     and the parameter one (all-gather, all-gather-v, none),
   * whether the runtime can execute it, and which of its algorithms cut Canzona's own matrix
     buckets in the padded layout (``buckets.matrix_chunks``; every other one keeps Megatron's),
-  * whether it may give one matrix to a group of GPUs (``cooperative``, canzona.plan.coop).
+  * whether it may give one matrix to a group of GPUs (``cooperative``, canzona.plan.coop),
+  * whether it may replicate a bucket's matrices on every rank of its group (``replicates``,
+    canzona.plan.dp.replicate).
 CLI choices, config validation (``build.resolve_config``) and the comparison table derive from
 this table; docs/adding-a-strategy.md walks through adding one.
 
@@ -51,6 +53,7 @@ class Strategy:
     chunked_algos: tuple[str, ...] = ()
     help: str = ""
     cooperative: bool = False  # may give one matrix to a group of GPUs (canzona.plan.coop)
+    replicates: bool = False  # may compute a bucket's matrices on every rank after one all-reduce (dp.replicate)
 
     @property
     def default_algo(self) -> str:
@@ -215,6 +218,7 @@ register_strategy(
         chunked_algos=("refine", "lpt"),
         help="atomic bucket slices balancing compute against slice bytes (alpha)",
         cooperative=True,
+        replicates=True,
     )
 )
 register_strategy(

@@ -234,9 +234,9 @@ class PlanConfig:
 
 @dataclass(frozen=True)
 class Alternative:
-    """One plan ``make_plan`` weighed for a stage (``build.keep_fastest``): what sets it apart (its
+    """One plan ``make_plan`` weighed for a stage (a ``choice.Candidate``): what sets it apart (its
     DP layout and algorithm, its cooperation: ``label``; its ``alpha``), its modelled step in ms
-    (busiest-GPU compute + DP collectives on the profile, ``build.step_seconds``), its compute
+    (busiest-GPU compute + DP collectives on the profile, ``canzona.plan.step``), its compute
     efficiency (atomic bound / busiest GPU, as ``plan_metrics``) and whether it is the one kept."""
 
     label: str
@@ -257,7 +257,7 @@ class Plan:
     planner_seconds: float = field(default=0.0, compare=False)
     work: int = field(default=0, compare=False)  # planner work items (deterministic; tests bound it)
     coop: tuple[CoopGroup, ...] = ()  # cooperative matrices (canzona.plan.coop); empty: one owner each
-    # what make_plan weighed (build.keep_fastest): a report, not part of what a rank executes
+    # what make_plan weighed (build.stage_candidates): a report, not part of what a rank executes
     alternatives: tuple[Alternative, ...] = field(default=(), compare=False)
 
     def item(self, name: str) -> PlanItem:

@@ -8,6 +8,8 @@ the calls. Every call is async and returns a ``Pending``; nothing here synchroni
              reduce_scatter_tensor and ONE in-place all_gather_into_tensor, NCCL's fastest path
   uneven     exact uneven regions through a persistent padded staging buffer (allocated once)
   per-root   one reduce / broadcast per non-empty region (DP calls, no padding): what gloo does best
+  all-reduce-broadcast  ONE all-reduce of the exact bucket (owners read their regions), then
+             per-root's broadcasts: buckets with fewer matrices than ranks at large DP
   all-reduce the bucket reduced whole (sc, layer-wise), no parameter all-gather
 
 Everything avoids what breaks gloo (uneven list all_gather / all_to_all, uneven gather).
@@ -143,6 +145,17 @@ class PerRoot(Mode):
         )
 
 
+class AllReduceBroadcast(PerRoot):
+    """Gradients: ONE all-reduce of the whole exact bucket (its regions lie back to back), after
+    which each owner's region holds its reduced slice; parameters: per-root's broadcasts."""
+
+    name = "all-reduce-broadcast"
+
+    def reduce(self, chunks: Sequence[torch.Tensor], group: dist.ProcessGroup | None) -> Pending:
+        whole = torch.as_strided(chunks[0], (sum(c.numel() for c in chunks),), (1,))
+        return Pending([dist.all_reduce(whole, group=group, async_op=True)])
+
+
 def make_mode(
     name: str, sizes: Sequence[int], dp: int, dtypes: tuple[torch.dtype, torch.dtype], device: torch.device
 ) -> Mode:
@@ -153,4 +166,6 @@ def make_mode(
         return Uneven(sizes, dp, dtypes, device)
     if name == "per-root":
         return PerRoot()
+    if name == "all-reduce-broadcast":
+        return AllReduceBroadcast()
     raise ValueError(f"no executor for collective mode {name!r}")

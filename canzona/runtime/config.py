@@ -44,7 +44,8 @@ class CommConfig:
 
     collective_mode     per DP bucket: native (owner-grouped padded buffer, one native reduce-scatter
                         + one all-gather), uneven (exact slices through a padded staging copy),
-                        per-root (one reduce / broadcast per slice), or auto: the cheapest under the
+                        per-root (one reduce / broadcast per slice), all-reduce-broadcast (one all-reduce
+                        of the exact bucket, then a broadcast per slice), or auto: the cheapest under the
                         α–β model of ``cost_model`` (canzona.plan.comm.choose_mode)
     cost_model          nccl | gloo | None (= the process group's backend)
     overlap_grad_sync   launch each bucket's reduction from grad hooks while backward runs

@@ -44,7 +44,7 @@ Attention = Literal["auto", "te", "sdpa", "local"]
 Cost = Literal["flops", "numel"]
 DpLayout = Literal["auto", "padded", "exact"]
 Alpha = float | Literal["auto"]  # "auto": the planner chooses α by modelled step (canzona.plan.build.make_plan)
-CollectiveMode = Literal["auto", "native", "uneven", "per-root"]
+CollectiveMode = Literal["auto", "native", "uneven", "per-root", "all-reduce-broadcast"]
 MuonTpMode = Literal["duplicated", "distributed", "blockwise"]
 # Hard limits of a run (beyond them a value is a typo, and would fork or loop for hours before failing)
 MAX_TP = 1024

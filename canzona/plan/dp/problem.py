@@ -25,10 +25,11 @@ under the configured TP mode, from ``tp.slot_loads``) so what they balance is wh
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from canzona.plan.buckets import PARAM_ALIGN, padded_bucket
+from canzona.plan.buckets import BUCKET_ALIGN_BASE, PARAM_ALIGN, padded_bucket
 from canzona.plan.tp import slot_loads
 from canzona.plan.types import Bucket, DPPlan, Layout, PlanItem
 
@@ -91,6 +92,23 @@ def pigeonhole_bound(values: Sequence[float], bins: int) -> float:
         best = max(best, float(sum(v[k * bins - k : k * bins + 1])))
         k += 1
     return best
+
+
+def slice_floor(bucket: Bucket, group: int) -> int:
+    """L_b rounded to the slice alignment: the least slice any split of ``bucket`` over ``group``
+    ranks reaches when padded (every slice at least the mean, the widest item and the pigeonhole)."""
+    w = [-(-e.numel // PARAM_ALIGN) * PARAM_ALIGN for e in bucket.entries]
+    low = max(math.ceil(sum(w) / group), max(w, default=0), pigeonhole_bound(w, group), 1)
+    return -(-int(low) // BUCKET_ALIGN_BASE) * BUCKET_ALIGN_BASE
+
+
+def padding_floor(buckets: Sequence[Bucket], layout: Layout) -> float:
+    """The padding fraction no owner-grouped split of these buckets can beat (0 when empty)."""
+    floor = sum(
+        len(layout.group_ranks(b.ep_rank)) * slice_floor(b, len(layout.group_ranks(b.ep_rank))) for b in buckets
+    )
+    used = sum(b.used for b in buckets)
+    return (floor - used) / floor if floor else 0.0
 
 
 def forced_mean(cost: Sequence[float], sharded: Sequence[bool], dp: int, tp: int) -> float:

@@ -11,7 +11,7 @@ cell (worst PP stage):
 - ``compute_only``: the best ratio among the cooperative candidates the planner weighed (what a
   choice by compute alone would keep), and ``dp_ms_added``: the α–β time (IB) of DP collectives the
   kept plan adds over one owner per matrix; the planner minimises compute + DP time
-  (``build.step_seconds``), so the two ratios differ where a balance gain would cost more DP time;
+  (``step.step_seconds``), so the two ratios differ where a balance gain would cost more DP time;
 - ``bound``: ``coop.load_bound`` / the same mean: no plan with groups of the sizes the layout allows
   gets below it under the cost model, however it packs (each group's m³ terms and α–β calls make
   its members cost more than 1/k of the matrix, that extra work raises every GPU's share, and no
@@ -33,11 +33,13 @@ from typing import Any
 from canzona.cost import CostModel
 from canzona.hardware import DEFAULT_GPU, Profile, describe, load_profile
 from canzona.models import get_model, list_params
-from canzona.plan.build import candidate_plans, keep_fastest, plan_model, stage_adamw, step_seconds
+from canzona.plan.build import plan_model, stage_adamw, stage_candidates
+from canzona.plan.choice import kept
 from canzona.plan.coop import coop_settings, load_bound
 from canzona.plan.readers.budget import links
 from canzona.plan.readers.metrics import gpu_loads
 from canzona.plan.schedule import LowerSettings, stage_schedules
+from canzona.plan.step import step_seconds
 from canzona.plan.types import DEFAULT_ALPHA, Layout, Plan, PlanConfig
 
 GOAL_MAX_OVER_MEAN = 1.15
@@ -72,8 +74,9 @@ def coop_cell(model: str, layout: Layout, cost_model: CostModel, profile: Profil
     on = []
     for s, p_off in enumerate(off):
         params = list_params(get_model(model), tp=layout.tp, pp=layout.pp, stage=s)
-        plain, coops = candidate_plans(params, layout, cfg, cost_model=cost_model, profile=profile)
-        p_on = keep_fastest(plain, coops, profile)  # what plan_model gives, from the candidates weighed here
+        cands = stage_candidates(params, layout, cfg, cost_model=cost_model, profile=profile)
+        p_on = kept(cands, 0.0)  # what plan_model gives, from the candidates weighed here
+        coops = [c.plan for c in cands if c.cooperative]
         on.append(p_on)
         c_on, c_off = gpu_loads(p_on).flat_cost(), gpu_loads(p_off).flat_cost()
         mean = sum(c_off) / len(c_off)

@@ -182,7 +182,7 @@ def model_row(model: str, layout: Layout) -> dict[str, Any]:
 
     The packing comparisons plan with cooperation off: they ask how well each DP packer places
     whole matrices (issue #13). With cooperation on, the kept plan minimises modelled step time
-    (compute + DP calls, ``build.step_seconds``), so its compute max is no longer what either
+    (compute + DP calls, ``canzona.plan.step``), so its compute max is no longer what either
     packer optimises; ``plan-bench --suite coop`` reports cooperation against its own bound.
     The planner time is the default plan's, cooperation included (what a user waits for).
     """

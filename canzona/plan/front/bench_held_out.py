@@ -16,7 +16,7 @@ hardware profile (default H800) with Muon's FLOPs cost:
 
 Efficiency is the atomic bound over the busiest GPU (``plan_metrics``), mean/max the mean per-GPU
 load over the busiest; step is the modelled step (busiest-GPU compute + DP collectives,
-``build.step_seconds``) of the slowest stage.
+``canzona.plan.step``) of the slowest stage.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from statistics import median
 from typing import Any
 
 from canzona.hardware import DEFAULT_GPU, load_profile
-from canzona.plan.build import kept_step_ms, plan_model
+from canzona.plan.build import plan_model
+from canzona.plan.choice import kept_step_ms
 from canzona.plan.readers.metrics import plan_metrics
 from canzona.plan.types import ALPHA_AUTO, DEFAULT_ALPHA, Layout, Plan, PlanConfig
 

@@ -163,6 +163,9 @@ def format_budget(m: dict[str, Any]) -> str:
         f"  the step itself issues {m['step_calls']} call(s); {_fmt_bytes(m['bytes_per_gpu'])} per GPU; "
         f"alpha-beta {m['comm_ms']:.2f} ms (each group on its link of profile {m['profile']})",
     ]
+    if m.get("bucket_modes"):
+        modes = ", ".join(f"{n} {k}" for k, n in sorted(m["bucket_modes"].items()))
+        lines.append(f"  matrix buckets by DP mode (the cheapest by the α–β model and host launches): {modes}")
     if m["tp_compute_ms"]:
         lines.append(
             f"  TP micro-groups: exposed communication {m['exposed_tp_ms']:.2f} ms against "

@@ -23,20 +23,12 @@ Definitions (per PP stage; ``plan_metrics`` reports the worst stage):
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-from canzona.plan.buckets import (
-    BUCKET_ALIGN_BASE,
-    PARAM_ALIGN,
-    matrix_chunks,
-    packed_bucket,
-    resolve_bucket_size,
-)
+from canzona.plan.buckets import matrix_chunks, packed_bucket, resolve_bucket_size
 from canzona.plan.comm import padded_width
-from canzona.plan.dp.problem import pigeonhole_bound
-from canzona.plan.types import Bucket, Layout, Plan
+from canzona.plan.dp.problem import pigeonhole_bound, slice_floor
+from canzona.plan.types import Bucket, Plan
 
 
 def bucket_slices(plan: Plan) -> list[tuple[tuple[int, ...], list[int]]]:
@@ -45,14 +37,6 @@ def bucket_slices(plan: Plan) -> list[tuple[tuple[int, ...], list[int]]]:
     for b, c in zip(plan.dp.buckets, plan.dp.cuts, strict=True):
         out.append((plan.layout.group_ranks(b.ep_rank), [c[k + 1] - c[k] for k in range(len(c) - 1)]))
     return out
-
-
-def slice_floor(bucket: Bucket, group: int) -> int:
-    """L_b rounded to the slice alignment: the least slice any split of ``bucket`` over ``group``
-    ranks reaches when padded (every slice at least the mean, the widest item and the pigeonhole)."""
-    w = [-(-e.numel // PARAM_ALIGN) * PARAM_ALIGN for e in bucket.entries]
-    low = max(math.ceil(sum(w) / group), max(w, default=0), pigeonhole_bound(w, group), 1)
-    return -(-int(low) // BUCKET_ALIGN_BASE) * BUCKET_ALIGN_BASE
 
 
 def padded_buckets(plan: Plan) -> list[Bucket]:
@@ -65,15 +49,6 @@ def padded_buckets(plan: Plan) -> list[Bucket]:
         mine = [(it.name, local[it.name]) for it in plan.items if it.ep_rank == ep_rank]
         out += [packed_bucket(len(out), c, group, ep_rank) for c in matrix_chunks(mine, group, size)]
     return out
-
-
-def padding_floor(buckets: Sequence[Bucket], layout: Layout) -> float:
-    """The padding fraction no owner-grouped split of these buckets can beat (0 when empty)."""
-    floor = sum(
-        len(layout.group_ranks(b.ep_rank)) * slice_floor(b, len(layout.group_ranks(b.ep_rank))) for b in buckets
-    )
-    used = sum(b.used for b in buckets)
-    return (floor - used) / floor if floor else 0.0
 
 
 @dataclass(frozen=True)
@@ -124,6 +99,8 @@ def bucket_stats(plan: Plan) -> BucketStats:
         per_rank = [0] * plan.layout.dp
         widths = []
         for (ranks, w), b in zip(slices, bks, strict=True):
+            if not w:  # a replicated bucket (dp.replicate) has no slices
+                continue
             for k, d in enumerate(ranks):
                 per_rank[d] += w[k]
             ends = [e.start for e in b.entries[1:]] + [b.size]

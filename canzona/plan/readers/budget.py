@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from canzona.cost import CostModel
@@ -45,6 +45,7 @@ class Budget:
     min_micro_groups_per_host: int
     exposed_tp_ms: float
     tp_compute_ms: float
+    modes: dict[str, int] = field(default_factory=dict)  # matrix buckets per DP mode (schedule.lower's choice)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -110,6 +111,7 @@ def stage_budget(
         min_micro_groups_per_host=min((m for _, _, m in tps if m), default=0),
         exposed_tp_ms=max((e for e, _, _ in tps), default=0.0),
         tp_compute_ms=max((c for _, c, _ in tps), default=0.0),
+        modes=dict(Counter(b.mode for b in matrix)),
     )
 
 
@@ -126,7 +128,8 @@ def summary(model: Model, plans: Sequence[Plan], settings: LowerSettings, profil
     """The plan's communication budget and cooperation over every PP stage (the worst stage per
     number), as ``canzona plan --json`` reports it: ``collectives`` (calls per step by group and
     kind), ``buckets``, ``step_calls``, ``bytes_per_gpu``, ``comm_ms``, ``exposed_tp_ms`` against
-    ``tp_compute_ms``, ``max_over_mean`` and ``cooperative_groups``, all priced on ``profile``."""
+    ``tp_compute_ms``, ``bucket_modes`` (matrix buckets per DP mode, every stage), ``max_over_mean`` and
+    ``cooperative_groups``, all priced on ``profile``."""
     budgets = []
     for s, plan in enumerate(plans):
         adamw = stage_adamw(model, plan, s)
@@ -147,6 +150,7 @@ def summary(model: Model, plans: Sequence[Plan], settings: LowerSettings, profil
         "comm_ms": max(b.comm_ms for b in budgets),
         "exposed_tp_ms": max(b.exposed_tp_ms for b in budgets),
         "tp_compute_ms": max(b.tp_compute_ms for b in budgets),
+        "bucket_modes": dict(sum((Counter(b.modes) for b in budgets), Counter())),
         "max_over_mean": max(loads) / (sum(loads) / len(loads)) if loads and sum(loads) else 1.0,
         "alternatives": [[asdict(a) for a in p.alternatives] for p in plans],
         "cooperative_groups": [

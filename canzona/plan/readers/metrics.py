@@ -1,6 +1,7 @@
 """Per-GPU loads and THE metrics function: every report, plot, benchmark and test reads these.
 
-Compute. A GPU (dp rank d, TP rank t) carries the full-matrix cost of every matrix it computes:
+Compute (``canzona.plan.step.gpu_costs``: the step model the planner chooses by). A GPU (dp rank d,
+TP rank t) carries the full-matrix cost of every matrix it computes:
 the matrices it hosts (TP modes no/sorted/global), every matrix its DP rank owns (TP ``sc``,
 "duplicated"), replicated matrices of its DP rank (always, on every TP rank), or 1/tp of its DP
 rank's element share (``shard``, zero's element-wise reference). DP ``sc`` means every DP rank
@@ -10,7 +11,8 @@ cooperative updates) is shared by element overlap when the plan has cuts, else e
 Bytes (per GPU, element size ``grad_dtype_bytes``), as the plan's buckets lay them out (padded
 plans carry their padding in the slices, exact plans send their uneven slices unpadded):
   grad   reduce-scatter(-v): sends S_b − w_d, receives (G−1)·w_d per bucket (w_d = its slice, G the
-         bucket's group: all DP ranks, or the expert-DP group under EP);
+         bucket's group: all DP ranks, or the expert-DP group under EP); a replicated bucket
+         (``dp.replicate``, empty cuts): the all-reduce's volume, no parameter gather;
          all-reduce (ring): 2·(DP−1)/DP·S_b each way.
   param  all-gather(-v) with cuts: sends (DP−1)·w_d, receives S_b − w_d; layer-wise all-gather-v:
          the same with w_d = elements of the matrices d owns; ``none``: 0.
@@ -54,8 +56,9 @@ from typing import Any
 
 from canzona.plan.buckets import resolve_bucket_size
 from canzona.plan.dp import padded as dp_padded
-from canzona.plan.dp.problem import forced_mean, make_problem, pigeonhole_bound
+from canzona.plan.dp.problem import make_problem, pigeonhole_bound
 from canzona.plan.readers.bucket_metrics import bucket_slices, bucket_stats
+from canzona.plan.step import gpu_costs, matrix_shares, stage_bounds
 from canzona.plan.types import Bucket, BucketEntry, Plan
 
 PHASES = ("grad", "param", "tp_gather", "tp_scatter")
@@ -80,51 +83,6 @@ class GpuLoads:
         return [[sum(src[ph][d][t] for ph in PHASES) for t in range(self.tp)] for d in range(self.dp)]
 
 
-def _shares(plan: Plan, local: dict[str, int]) -> dict[str, list[tuple[int, float]]]:
-    """Per matrix: (DP rank, fraction of its compute) for every rank that computes it."""
-    dp = plan.layout.dp
-    where = {e.name: (b.index, e.start) for b in plan.dp.buckets for e in b.entries}
-    out = {}
-    for name, owners in plan.dp.owners:
-        if plan.dp.strategy == "sc":
-            out[name] = [(d, 1.0) for d in range(dp)]
-        elif len(owners) == 1:
-            out[name] = [(owners[0], 1.0)]
-        elif plan.dp.cuts:  # split by the cuts (zero's element shares)
-            bi, s = where[name]
-            e, c = s + local[name], plan.dp.cuts[bi]
-            out[name] = [(d, max(0, min(e, c[d + 1]) - max(s, c[d])) / local[name]) for d in owners]
-        else:
-            out[name] = [(d, 1.0 / len(owners)) for d in owners]
-    return out
-
-
-def _costs(plan: Plan, shares: dict[str, list[tuple[int, float]]]) -> list[list[float]]:
-    dp, tp, mode = plan.layout.dp, plan.layout.tp, plan.tp.mode
-    cost = [[0.0] * tp for _ in range(dp)]
-    hosts = [{n: h for g in per for n, h in g.hosts} for per in plan.tp.groups] if plan.tp.groups else [{}] * dp
-    in_tp = {g.name: g for g in plan.coop if tp > 1}  # cooperative over (part of) a TP group
-    for it in plan.items:
-        if it.name in in_tp:  # items carry the group's total: each member its share
-            g = in_tp[it.name]
-            for d, t in g.members:
-                cost[d][t] += it.cost / g.k
-            continue
-        for d, f in shares[it.name]:
-            c = it.cost * f
-            if tp == 1:
-                cost[d][0] += c
-            elif mode == "shard":
-                for t in range(tp):
-                    cost[d][t] += c / tp
-            elif it.partition_dim is None or mode == "sc":
-                for t in range(tp):
-                    cost[d][t] += c
-            else:
-                cost[d][hosts[d][it.name]] += c
-    return cost
-
-
 def _dp_elements(plan: Plan, local: dict[str, int]) -> tuple[list[int], list[list[int]]]:
     """Per DP rank: slice elements, and (grad sent, grad received, param sent, param received) elements."""
     dp = plan.layout.dp
@@ -136,6 +94,12 @@ def _dp_elements(plan: Plan, local: dict[str, int]) -> tuple[list[int], list[lis
     if plan.dp.cuts:
         for (ranks, w), S in zip(bucket_slices(plan), sizes, strict=True):
             G = len(ranks)
+            if not w:  # a replicated bucket (plan.dp.replicate): all-reduced, held whole, not gathered
+                for d in ranks:
+                    slice_elems[d] += S
+                    g_s[d] += round(2 * (G - 1) * S / G) if G > 1 else 0
+                    g_r[d] += round(2 * (G - 1) * S / G) if G > 1 else 0
+                continue
             for k, d in enumerate(ranks):
                 slice_elems[d] += w[k]
                 if G > 1:
@@ -198,8 +162,8 @@ def gpu_loads(plan: Plan) -> GpuLoads:
     dp, tp = plan.layout.dp, plan.layout.tp
     gb = plan.config.grad_dtype_bytes
     local = {e.name: e.numel for b in plan.dp.buckets for e in b.entries}
-    shares = _shares(plan, local)
-    cost = _costs(plan, shares)
+    shares = matrix_shares(plan)
+    cost = gpu_costs(plan, shares)
     slice_elems, (g_s, g_r, p_s, p_r) = _dp_elements(plan, local)
     zeros = lambda: [[0] * tp for _ in range(dp)]
     sent = {ph: zeros() for ph in PHASES}
@@ -218,24 +182,6 @@ def gpu_loads(plan: Plan) -> GpuLoads:
         {k: freeze(v) for k, v in sent.items()},
         {k: freeze(v) for k, v in recv.items()},
     )
-
-
-def stage_bounds(plan: Plan) -> tuple[float, float, float]:
-    """(forced mean per GPU, atomic bound, tight bound) of one stage, in cost units.
-
-    ``zero`` is not atomic (it cuts matrices), so its bound is the mean alone. A cooperative plan is
-    measured against the WHOLE-MATRIX bound of its matrices (single-owner costs), so its efficiency
-    exceeds 1 where the groups beat that bound.
-    """
-    tp = plan.layout.tp
-    solo = {g.name: g.solo for g in plan.coop}
-    costs = [solo.get(it.name, it.cost) for it in plan.items]
-    sharded = [it.partition_dim is not None and tp > 1 for it in plan.items]
-    fm = forced_mean(costs, sharded, plan.layout.dp, tp)
-    if plan.dp.strategy == "zero":
-        return fm, fm, fm
-    b = max(fm, max(costs, default=0.0))
-    return fm, b, max(b, pigeonhole_bound(costs, plan.layout.dp * tp))
 
 
 def unconstrained_gpu_max(plan: Plan) -> float:
