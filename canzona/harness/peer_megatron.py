@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from canzona.errors import ConfigError
 from canzona.spec import RunSpec
+from canzona.spec.methods import get_method
 
 MIN_VERSION = "0.19"
 # RunSpec.optim.ns_dtype -> Megatron's OptimizerConfig.muon_fp32_matmul_prec (megatron-core >= 0.19)
@@ -112,14 +113,16 @@ class MegatronMuonStep:
             ok, _, _ = self.optimizer.step()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        ms = torch.tensor([(time.perf_counter() - t0) * 1e3], dtype=torch.float64, device=self.device)
-        dist.all_reduce(ms, op=dist.ReduceOp.MAX)
+        self._ms = (time.perf_counter() - t0) * 1e3
         if not ok:
             raise FloatingPointError("megatron-muon: optimizer step unsuccessful (non-finite gradients)")
-        self._last = {"total": float(ms.item())}
 
     def timings(self) -> dict[str, float]:
-        return dict(self._last)
+        """The last step's time, max across ranks (reduced here, after the iteration, so the reduction
+        is not counted among the peer's own collectives)."""
+        ms = torch.tensor([self._ms], dtype=torch.float64, device=self.device)
+        dist.all_reduce(ms, op=dist.ReduceOp.MAX)
+        return {"total": float(ms.item())}
 
     def wait_param_sync(self) -> None:
         """Megatron's step returns with its parameters in place."""
@@ -141,20 +144,28 @@ def build(run: RunSpec, model: torch.nn.Module) -> tuple[torch.nn.Module, Megatr
     from canzona.harness import cpu_shim
 
     device = next(model.parameters()).device
-    layer_wise = layer_wise_supported(str(dist.get_backend()))
+    sharded = get_method(run.plan.method).sharded_update
+    layer_wise = sharded or layer_wise_supported(str(dist.get_backend()))
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,
         overlap_grad_reduce=True,
-        use_distributed_optimizer=False,
+        # the shard-aligned path reduce-scatters gradients into, and all-gathers parameters out of,
+        # DDP's buffers, as Megatron-LM's training loop sets it up for the layer-wise optimizer
+        use_distributed_optimizer=sharded,
         bucket_size=run.plan.bucket_size,
     )
+    layout = _shard_aligned_layout(model, ddp_config) if sharded else None
     bf16 = run.machine.dtype == "bf16"
     opt_config = OptimizerConfig(
         optimizer="muon",
         lr=run.optim.lr,
         min_lr=run.optim.lr,
         weight_decay=run.optim.weight_decay,
-        bf16=bf16,
+        # megatron-core 0.19.2 chains its layer-wise optimizer with a DistributedOptimizer (the Adam
+        # params) and asserts one config across them, which holds only when the layer-wise children
+        # are Megatron-wrapped, i.e. under bf16=True. With fp32 params that wrapper keeps them in
+        # its fp32 group (no master copy, the fp32 update), so the flag changes the wrapper only.
+        bf16=bf16 or sharded,
         params_dtype=torch.bfloat16 if bf16 else torch.float32,
         adam_beta1=0.9,
         adam_beta2=0.95,
@@ -180,11 +191,32 @@ def build(run: RunSpec, model: torch.nn.Module) -> tuple[torch.nn.Module, Megatr
     adam_routed = ParamKey(predicate=ParamPredicate(name="canzona_adam_routed", fn=_adam_routed))
     overrides = {adam_routed: {"max_lr": run.optim.adamw_lr, "min_lr": run.optim.adamw_lr}}
     with cpu_shim.cuda_literals_to_cpu():
-        ddp = DistributedDataParallel(model.config, ddp_config, model)
+        ddp = DistributedDataParallel(model.config, ddp_config, model, full_param_layout=layout)
         optimizer = get_megatron_optimizer(opt_config, [ddp], config_overrides=overrides, use_gloo_process_groups=False)
     for group in optimizer.param_groups:  # constant LR: what megatron's LR scheduler would set
         group["lr"] = group["max_lr"]
     return ddp, MegatronMuonStep(ddp, optimizer, device, layer_wise)
+
+
+def _shard_aligned_layout(model: torch.nn.Module, ddp_config: Any) -> Any:
+    """Megatron-LM's set-up of its layer-wise optimizer (``megatron/training/training.py``, the
+    default ``use_layer_wise_param_layout``): tag which params the layer-wise optimizer owns (its
+    own routing rule), then LPT-pack whole matrices into ``dp`` equal shards of every bucket."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.optimizer.layer_wise_optimizer import (
+        LayerWiseDistributedOptimizer,
+        tag_params_for_buffer_routing,
+    )
+
+    tag_params_for_buffer_routing([model])
+    params = [p for p in model.parameters() if p.requires_grad]
+    return LayerWiseDistributedOptimizer.compute_full_param_layout(
+        params,
+        ddp_config.bucket_size,
+        ps.get_data_parallel_world_size(with_context_parallel=True),
+        ddp_config,
+        expert_data_parallel_world_size=ps.get_expert_data_parallel_world_size(),
+    )
 
 
 def _adam_routed(param: torch.nn.Parameter) -> bool:

@@ -63,8 +63,18 @@ class IterationLog:
     step_ms: list[float] = field(default_factory=list)
     phases_ms: list[dict[str, float]] = field(default_factory=list)
     loss: list[float] = field(default_factory=list)  # this rank's DP-local loss, 0 where not a loss rank
+    collectives: list[dict[str, int]] = field(default_factory=list)  # this rank's calls, "role:kind" -> n
 
-    def add(self, iteration: float, fwd_bwd: float, step: float, phases: dict[str, float], loss: float) -> None:
+    def add(
+        self,
+        iteration: float,
+        fwd_bwd: float,
+        step: float,
+        phases: dict[str, float],
+        loss: float,
+        collectives: dict[str, int] | None = None,
+    ) -> None:
+        self.collectives.append(dict(collectives or {}))
         self.iteration_ms.append(iteration)
         self.fwd_bwd_ms.append(fwd_bwd)
         self.step_ms.append(step)
@@ -82,6 +92,14 @@ class RunTimings:
     phases_ms: dict[str, list[float]]
     loss_curve: list[float]
     peak_mem_mb: list[float]  # per rank
+    collectives: list[dict[str, int]] = field(default_factory=list)  # this rank's, per iteration
+
+
+def per_iteration(calls: list[dict[str, int]], warmup: int) -> dict[str, float]:
+    """Mean calls per measured iteration by "role:kind" (the warm-up iterations left out)."""
+    kept = calls[warmup:]
+    keys = sorted({k for c in kept for k in c})
+    return {k: sum(c.get(k, 0) for c in kept) / len(kept) for k in keys} if kept else {}
 
 
 def peak_memory_mb(device: torch.device) -> tuple[float, str]:
@@ -123,6 +141,7 @@ def aggregate(
         phases_ms={k: t[3 + i] for i, k in enumerate(keys)},
         loss_curve=[v / loss_divisor for v in losses.cpu().tolist()],
         peak_mem_mb=mems.cpu().tolist(),
+        collectives=log.collectives,
     )
 
 

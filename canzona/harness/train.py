@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from canzona.errors import ConfigError
-from canzona.harness import cpu_shim
+from canzona.harness import collectives, cpu_shim
 from canzona.harness.model import build_model, causal_mask, init_weights
 from canzona.harness.params import NamedParam, named_params, replica_divergence, tp_partial_names
 from canzona.harness.record import append_checks, plan_section, stage_entry
@@ -224,7 +224,14 @@ def train(
         loss_rank = ps.is_pipeline_last_stage() and tp_rank == 0
 
         # --- the loop -------------------------------------------------------------------------
-        log = _loop(run, model, opt, forward_backward, forward_step, data, dp_rank, loss_rank, device, step_probe)
+        ranks = [
+            dist.get_process_group_ranks(g)
+            for g in (ps.get_data_parallel_group(), ps.get_tensor_model_parallel_group())
+        ]
+        with collectives.counting(*ranks) as calls:
+            log = _loop(
+                run, model, opt, forward_backward, forward_step, data, dp_rank, loss_rank, device, step_probe, calls
+            )
 
         # --- aggregate, record, then check ------------------------------------------------------
         groups = ps.get_data_parallel_group(), ps.get_tensor_model_parallel_group()
@@ -244,6 +251,7 @@ def _loop(
     loss_rank: bool,
     device: torch.device,
     step_probe: Callable[[], AbstractContextManager[Any]] | None,
+    calls: collectives.CollectiveCounter,
 ) -> IterationLog:
     """Warm-up and measured iterations: fwd/bwd through megatron's schedule, the step, zero_grad,
     each timed on its own; the optimizer's phase timers are read after the iteration."""
@@ -252,6 +260,7 @@ def _loop(
     log = IterationLog()
     for it in range(run.loop.warmup + run.loop.iters):
         micro = data.microbatches(it, dp_rank, run.layout.dp, run.batch.micro_batch, device)
+        calls.take()  # the calls of this iteration alone
         t0 = clock.now_ms()
         with cpu_shim.cuda_literals_to_cpu():
             losses = forward_backward(
@@ -274,9 +283,10 @@ def _loop(
         # after the iteration, outside every timed region: it syncs and max-reduces. With
         # overlap_param_sync, ``param_wait`` is what THIS iteration's forward waited for the
         # previous step's all-gathers (inside fwd_bwd and the iteration, never hidden).
+        issued = calls.take()  # before the timers' reductions, which are the harness's, not the method's
         phases = opt.timings()
         loss = float(sum(float(x["loss"]) for x in losses) / len(losses)) if loss_rank else 0.0
-        log.add(t3 - t0, t1 - t0, t2 - t1, phases, loss)
+        log.add(t3 - t0, t1 - t0, t2 - t1, phases, loss, issued)
     return log
 
 
