@@ -112,10 +112,20 @@ QUICK_BENCH = ("dp2_tp2", "w16_dp2_tp2_nsfp32")
 
 
 def quick_cell(cell: Cell) -> bool:
-    """The reduced sweep's cells: DP2×TP2 (Canzona's DP partition and TP micro-groups both run), every
-    method, Newton–Schulz in bf16 (the format every method shares)."""
-    lay = cell.spec.layout
-    return lay.dp == 2 and lay.tp == 2 and cell.spec.optim.ns_dtype == "bf16"
+    """The reduced sweep's cells: qwen3-tiny at DP2×TP2 (Canzona's DP partition and TP micro-groups
+    both run), Newton–Schulz in bf16 (the format every method shares), every method but the peer
+    that leaves Megatron's distributed optimizer off on gloo: today's Megatron (megatron-layerwise)
+    is the peer a user compares with; the other runs with FULL=1."""
+    from canzona.spec.methods import get_method
+
+    lay, method = cell.spec.layout, get_method(cell.spec.plan.method)
+    return (
+        cell.spec.model == "qwen3-tiny"
+        and lay.dp == 2
+        and lay.tp == 2
+        and cell.spec.optim.ns_dtype == "bf16"
+        and (not method.peer or method.sharded_update)
+    )
 
 
 # Step budgets in seconds on our idle 2-core VM (README "Set up"): reduced from the CPU time each step
@@ -242,6 +252,37 @@ class Run:
     reused: list[str] = field(default_factory=list)
 
 
+PEER_BUILD_TIMEOUT_S = 900
+
+
+def peer_env() -> tuple[bool, str]:
+    """Build the optional peer environment when it is missing or stale (``make megatron-peer-env``:
+    megatron-core 0.19 and emerging-optimizers from the package index, nothing else), so the peer
+    rows are measured by default. (True, what was done) or (False, one line saying why not)."""
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(
+            ["make", "--no-print-directory", "megatron-peer-env", f"PYTHON={sys.executable}"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=PEER_BUILD_TIMEOUT_S,
+        )
+    except FileNotFoundError:
+        return False, "`make` is not on PATH, so `make megatron-peer-env` cannot build it"
+    except subprocess.TimeoutExpired:
+        return (
+            False,
+            f"`make megatron-peer-env` did not finish in {PEER_BUILD_TIMEOUT_S} s (package index unreachable?)",
+        )
+    took = time.monotonic() - t0
+    if proc.returncode != 0:
+        lines = [ln.strip() for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip() and "WARNING" not in ln]
+        return False, f"`make megatron-peer-env` failed: {lines[-1] if lines else f'exit code {proc.returncode}'}"
+    built = "is up to date" not in proc.stdout and "Nothing to be done" not in proc.stdout
+    return True, f"{PEER_PY.parent.parent.name} {'built' if built else 'present'} ({took:.0f} s)"
+
+
 def local_sweep(step: Step, run: Run) -> None:
     from canzona.sweep.definition import load_sweep
     from canzona.sweep.local import run_local
@@ -255,23 +296,23 @@ def local_sweep(step: Step, run: Run) -> None:
     defn = load_sweep(LOCAL_SWEEP)
     paths = SweepPaths.for_sweep(defn.name, ROOT / "runs", RESULTS)
     cells = defn.cells() if run.full else [c for c in defn.cells() if quick_cell(c)]
-    if not run.full and not PEER_PY.exists():
-        cells = [c for c in cells if not c.spec.is_peer]
-        print("megatron-muon: skipped (it needs the optional peer environment, make megatron-peer-env)")
+    peer_line = ""
+    if any(c.spec.is_peer for c in cells):
+        ok, why = peer_env()
+        peers = ", ".join(sorted({c.spec.plan.method for c in cells if c.spec.is_peer}))
+        peer_line = f"; peer environment: {why}" if ok else f"; {peers} left out: {why}"
+        if ok:
+            print(f"peer environment: {why}; {peers} run from it")
+        else:
+            cells = [c for c in cells if not c.spec.is_peer]
+            print(f"peer environment: not available, {peers} left out of this run: {why}")
+            run.reused.append(f"local-sweep: no {peers} row measured: {why}")
     print(
         f"sweep {defn.name}: {len(cells)} of {len(defn.cells())} cells, world {defn.world} (forked gloo ranks); "
         f"a cell counts as done only by a line of {paths.results.relative_to(ROOT)} measured on this machine "
         "at this commit",
         flush=True,
     )
-    if run.full:
-        peer = PEER_PY.relative_to(ROOT) if PEER_PY.exists() else None
-        print(
-            f"megatron-muon cells run with the peer environment {peer} (make megatron-peer-env)"
-            if peer
-            else "megatron-muon cells need the optional peer environment (make megatron-peer-env); "
-            "without it the harness reports them unavailable (exit 3)"
-        )
     t0 = time.monotonic()
     rep = run_local(
         defn,
@@ -292,7 +333,7 @@ def local_sweep(step: Step, run: Run) -> None:
     step.detail = (
         f"{len(rep.ok)} cell(s) measured now, {len(rep.skipped)} measured here earlier, "
         f"{len(unavailable)} unavailable here, {len(broken)} failed; "
-        f"`canzona sweep status {LOCAL_SWEEP.relative_to(ROOT)}` has the reasons"
+        f"`canzona sweep status {LOCAL_SWEEP.relative_to(ROOT)}` has the reasons{peer_line}"
     )
     step.status = "failed" if broken or not (rep.ok or rep.skipped) else "ok"
     step.outputs.append(str(paths.results.relative_to(ROOT)))
