@@ -251,6 +251,10 @@ def test_megatron_layer_wise_optimizer_on_gloo_is_megatrons_own_muon(tmp_path: P
     # the sharded path moves gradients and parameters with the bucket collectives, the other all-reduces
     calls = sharded["timings"]["collectives_per_iteration"]
     assert calls.get("dp:reduce_scatter_tensor", 0) > 0 and calls.get("dp:all_gather_into_tensor", 0) > 0
+    # each matrix orthogonalised by exactly one DP rank there, by every rank here
+    sharded_work, whole_work = sharded["timings"]["work_per_rank"], whole["timings"]["work_per_rank"]
+    assert sum(sharded_work) == pytest.approx(whole_work[0]) and whole_work[0] == whole_work[1]
+    assert min(sharded_work) > 0
     whole_calls = whole["timings"]["collectives_per_iteration"]
     assert whole_calls.get("dp:all_reduce", 0) > 0 and "dp:reduce_scatter_tensor" not in whole_calls
 

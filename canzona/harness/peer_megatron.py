@@ -35,6 +35,7 @@ from canzona.spec import RunSpec
 from canzona.spec.methods import get_method
 
 MIN_VERSION = "0.19"
+NS_STEPS = 5  # Canzona's Muon's Newton–Schulz iterations, set on Megatron's too
 # RunSpec.optim.ns_dtype -> Megatron's OptimizerConfig.muon_fp32_matmul_prec (megatron-core >= 0.19)
 FP32_MATMUL_PREC = {"bf16": "medium", "fp32": "highest"}
 HOW_TO = (
@@ -87,8 +88,9 @@ def validate(run: RunSpec, *, gpu: bool) -> None:
 class MegatronMuonStep:
     """megatron DDP + Muon behind the harness's optimizer protocol."""
 
-    def __init__(self, ddp_model: Any, optimizer: Any, device: torch.device, layer_wise: bool) -> None:
+    def __init__(self, ddp_model: Any, optimizer: Any, device: torch.device, layer_wise: bool, tp_mode: str) -> None:
         self.ddp, self.optimizer, self.device, self.layer_wise = ddp_model, optimizer, device, layer_wise
+        self.tp_mode = tp_mode
 
     def no_sync(self) -> AbstractContextManager[Any]:
         return self.ddp.no_sync()
@@ -123,6 +125,23 @@ class MegatronMuonStep:
         ms = torch.tensor([self._ms], dtype=torch.float64, device=self.device)
         dist.all_reduce(ms, op=dist.ReduceOp.MAX)
         return {"total": float(ms.item())}
+
+    def work(self) -> float:
+        """Newton–Schulz FLOPs of the matrices THIS rank orthogonalises per step (``canzona.cost``):
+        the Muon params its optimizer holds after Megatron's sharding, each at the shape Megatron
+        orthogonalises (``duplicated``: the whole TP-gathered matrix; otherwise the local block)."""
+        from megatron.core import parallel_state as ps
+
+        from canzona.cost import muon_ns_flops
+
+        tp = ps.get_tensor_model_parallel_world_size()
+        total = 0.0
+        for p in _muon_params(self.optimizer):
+            shape = list(p.shape)
+            if self.tp_mode == "duplicated" and getattr(p, "tensor_model_parallel", False):
+                shape[p.partition_dim] *= tp  # type: ignore[attr-defined]  # megatron sets it on TP params
+            total += muon_ns_flops(shape, NS_STEPS)
+        return total
 
     def wait_param_sync(self) -> None:
         """Megatron's step returns with its parameters in place."""
@@ -181,7 +200,7 @@ def build(run: RunSpec, model: torch.nn.Module) -> tuple[torch.nn.Module, Megatr
         muon_scale_mode="spectral",
         muon_extra_scale_factor=0.2,
         muon_split_qkv=False,
-        muon_num_ns_steps=5,
+        muon_num_ns_steps=NS_STEPS,
         # the recorded Newton-Schulz format: emerging-optimizers casts to bf16 under "medium"
         # (Megatron's default) and stays in fp32 under "highest" (no TF32 either)
         muon_fp32_matmul_prec=FP32_MATMUL_PREC[run.optim.ns_dtype],
@@ -195,7 +214,7 @@ def build(run: RunSpec, model: torch.nn.Module) -> tuple[torch.nn.Module, Megatr
         optimizer = get_megatron_optimizer(opt_config, [ddp], config_overrides=overrides, use_gloo_process_groups=False)
     for group in optimizer.param_groups:  # constant LR: what megatron's LR scheduler would set
         group["lr"] = group["max_lr"]
-    return ddp, MegatronMuonStep(ddp, optimizer, device, layer_wise)
+    return ddp, MegatronMuonStep(ddp, optimizer, device, layer_wise, run.peer.muon_tp_mode)
 
 
 def _shard_aligned_layout(model: torch.nn.Module, ddp_config: Any) -> Any:
@@ -217,6 +236,23 @@ def _shard_aligned_layout(model: torch.nn.Module, ddp_config: Any) -> Any:
         ddp_config,
         expert_data_parallel_world_size=ps.get_expert_data_parallel_world_size(),
     )
+
+
+def _muon_params(optimizer: Any) -> list[torch.nn.Parameter]:
+    """The params this rank's Muon updates: Megatron's optimizer tree (chained, layer-wise, wrapped)
+    walked down to its torch optimizers, the Muon ones kept (emerging-optimizers' class)."""
+    from emerging_optimizers.orthogonalized_optimizers.orthogonalized_optimizer import OrthogonalizedOptimizer
+
+    stack, out = [optimizer], []
+    while stack:
+        o = stack.pop()
+        if isinstance(o, OrthogonalizedOptimizer):
+            out += [p for g in o.param_groups for p in g["params"]]
+        elif hasattr(o, "chained_optimizers"):
+            stack += list(o.chained_optimizers)
+        elif hasattr(o, "optimizer"):
+            stack.append(o.optimizer)
+    return out
 
 
 def _adam_routed(param: torch.nn.Parameter) -> bool:

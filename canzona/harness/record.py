@@ -100,6 +100,7 @@ def build_record(
             # the metrics this field compares (results.schema: optional, absent on older lines)
             "optimizer_share": step["median"] / it["median"] if it["median"] > 0 else None,
             "collectives_per_iteration": per_iteration(timings.collectives, warmup),
+            "work_per_rank": timings.work_per_rank,
             "phases_ms": dict(iter_phases(timings, warmup)),
             **tput,
             "peak_mem_mb": max(timings.peak_mem_mb),

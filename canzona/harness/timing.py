@@ -93,6 +93,7 @@ class RunTimings:
     loss_curve: list[float]
     peak_mem_mb: list[float]  # per rank
     collectives: list[dict[str, int]] = field(default_factory=list)  # this rank's, per iteration
+    work_per_rank: list[float] | None = None  # the matrix optimizer's work per step, per rank
 
 
 def per_iteration(calls: list[dict[str, int]], warmup: int) -> dict[str, float]:
@@ -111,7 +112,12 @@ def peak_memory_mb(device: torch.device) -> tuple[float, str]:
 
 
 def aggregate(
-    log: IterationLog, *, loss_divisor: int, device: torch.device, group: torch.distributed.ProcessGroup | None = None
+    log: IterationLog,
+    *,
+    loss_divisor: int,
+    device: torch.device,
+    group: torch.distributed.ProcessGroup | None = None,
+    work: float | None = None,
 ) -> RunTimings:
     """Reduce every rank's log over ``group`` (all ranks): times by MAX, losses by SUM / ``loss_divisor``.
 
@@ -128,11 +134,16 @@ def aggregate(
     world = dist.get_world_size(group)
     mems = torch.zeros(world, dtype=torch.float64)
     mems[dist.get_rank(group)] = mem
+    # per rank: peak memory, and the matrix optimizer's work (-1: not known on that rank)
+    works = torch.zeros(world, dtype=torch.float64)
+    works[dist.get_rank(group)] = work if work is not None else -1.0
     if device.type == "cuda":
-        times, losses, mems = times.to(device), losses.to(device), mems.to(device)
+        times, losses, mems, works = times.to(device), losses.to(device), mems.to(device), works.to(device)
     dist.all_reduce(times, op=dist.ReduceOp.MAX, group=group)
     dist.all_reduce(losses, op=dist.ReduceOp.SUM, group=group)
     dist.all_reduce(mems, op=dist.ReduceOp.SUM, group=group)
+    dist.all_reduce(works, op=dist.ReduceOp.SUM, group=group)
+    per_rank_work = works.cpu().tolist()
     t = times.cpu().tolist()
     return RunTimings(
         iteration_ms=t[0],
@@ -142,6 +153,7 @@ def aggregate(
         loss_curve=[v / loss_divisor for v in losses.cpu().tolist()],
         peak_mem_mb=mems.cpu().tolist(),
         collectives=log.collectives,
+        work_per_rank=per_rank_work if min(per_rank_work, default=-1.0) >= 0 else None,
     )
 
 

@@ -319,7 +319,7 @@ def finish(
     device = ri.device
     if run.comm.overlap_param_sync:
         opt.wait_param_sync()  # the last step's all-gathers are still in flight
-    timings = aggregate(log, loss_divisor=run.layout.dp, device=device)
+    timings = aggregate(log, loss_divisor=run.layout.dp, device=device, work=optimizer_work(opt))
     # every rank takes part: the record names all nodes and every stage's plan, not rank 0's
     hosts, plan = gather_end_of_run(run, opt, stage)
     record = None
@@ -331,6 +331,24 @@ def finish(
         if results:
             append_checks(results, record, checks)
     return {"rank": ri.rank, "loss_curve": timings.loss_curve, "checks": checks, "record": record}
+
+
+def optimizer_work(opt: StepOptimizer) -> float | None:
+    """The matrix optimizer's work on THIS rank per step: the peer counts it from what Megatron
+    gave the rank (``work()``); a Canzona plan prices it (``gpu_loads``, the plan's cost units:
+    its cost model); None where neither exists (every parameter on AdamW)."""
+    from megatron.core import parallel_state as ps
+
+    from canzona.plan.readers.metrics import gpu_loads
+
+    own = getattr(opt, "work", None)
+    if callable(own):
+        return float(own())
+    plan = getattr(opt, "plan", None)
+    if plan is None:
+        return None
+    cost = gpu_loads(plan).cost
+    return float(cost[ps.get_data_parallel_rank()][ps.get_tensor_model_parallel_rank()])
 
 
 def replica_check(
