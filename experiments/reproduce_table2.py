@@ -12,7 +12,10 @@ default a reduced run (a few minutes on 2 cores) that still writes every artifac
 ``--full`` (``make reproduce-table2 FULL=1``) runs every cell, bench run and planner suite:
 
   1. local-sweep  MEASURED on this CPU: the scaled-down sweep (slurm/sweeps/local.toml,
-                  qwen3-tiny, 4 forked gloo ranks; reduced: DP2xTP2, one number format)
+                  qwen3-tiny and qwen3-32b-w16, 4 forked gloo ranks; reduced: qwen3-tiny
+                  DP2xTP2, one number format), today's Megatron (megatron-layerwise) beside
+                  every strategy, its peer environment built first when missing
+                  (make megatron-peer-env; on failure one line says why, the rest runs)
                   -> results/table2-local.jsonl
   2. bench-step   MEASURED on this CPU: optimizer-step latency (BENCH_RUNS; reduced: QUICK_BENCH)
                   -> results/bench_step/
@@ -131,10 +134,12 @@ def quick_cell(cell: Cell) -> bool:
 # Step budgets in seconds on our idle 2-core VM (README "Set up"): reduced from the CPU time each step
 # took at 413d765 (the 4-rank steps' halved for two cores), full from the step times measured before.
 # They are what the progress line's estimate of the rest is made of, scaled by how fast this run has
-# gone so far against them (a loaded machine finishes later, and the estimate says so).
+# gone so far against them (a loaded machine finishes later, and the estimate says so). The reduced
+# sweep's budget adds its fifth cell (megatron-layerwise) at the others' pace; building the peer
+# environment when it is missing (the CPU time of its pip installs, 100 s on a loaded VM) is on top.
 BUDGET_S: dict[str, dict[str, float]] = {
     "reduced": {
-        "local-sweep": 40,
+        "local-sweep": 50,
         "bench-step": 50,
         "planner": 10,
         "projection": 75,
@@ -601,7 +606,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def default_steps(full: bool) -> list[Step]:
     """The embedded default's steps, each labelled with what its numbers are."""
-    sweep = "every cell: layouts DPxTP 2x2 and 4x1, NS bf16 and fp32" if full else "DPxTP 2x2, NS bf16"
+    sweep = (
+        "every cell: qwen3-tiny at DPxTP 2x2 and 4x1, NS bf16 and fp32, qwen3-32b-w16 at 2x2, NS fp32"
+        if full
+        else "DPxTP 2x2, NS bf16, every strategy and today's Megatron (megatron-layerwise, peer environment)"
+    )
     bench = (
         "every run of BENCH_RUNS: qwen3-tiny and qwen3-32b-w16 (Qwen3-32B's structure at 1/16 width) at DPxTP 2x2 "
         "and 4x1, bf16 parameters, cooperative Newton–Schulz on qwen3-tiny-widefc1"
@@ -611,7 +620,7 @@ def default_steps(full: bool) -> list[Step]:
     return [
         Step(
             "local-sweep",
-            f"MEASURED on this CPU, scaled down: qwen3-tiny, 4 forked gloo ranks, {sweep} "
+            f"MEASURED on this CPU, scaled down: 4 forked gloo ranks, {sweep} "
             "(CPU times; method order only, not GPU numbers)",
         ),
         Step("bench-step", f"MEASURED on this CPU: optimizer-step latency side by side, 4 forked gloo ranks, {bench}"),
