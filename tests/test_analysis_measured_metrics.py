@@ -22,7 +22,7 @@ def test_a_line_with_the_metrics_gives_every_column():
     )
     assert cols["optimizer_share"] == 0.25
     assert cols["collectives"] == "dp:reduce_scatter_tensor 2, tp:all_reduce 4" and cols["collective_calls"] == 6
-    assert cols["load_max_over_mean"] == 1.5  # the busiest GPU over the mean of 2
+    assert (cols["work_max"], cols["work_mean"], cols["load_max_over_mean"]) == (3.0, 2.0, 1.5)
     assert (cols["mem_max_mb"], cols["mem_mean_mb"]) == (30.0, 20.0)
 
 

@@ -22,6 +22,8 @@ METRIC_COLUMNS = (
     "optimizer_share",
     "collectives",
     "collective_calls",
+    "work_max",
+    "work_mean",
     "load_max_over_mean",
     "mem_max_mb",
     "mem_mean_mb",
@@ -40,7 +42,10 @@ def metric_columns(record: dict[str, Any]) -> dict[str, Any]:
         out["collectives"] = ", ".join(f"{k} {v:g}" for k, v in sorted(calls.items()))
         out["collective_calls"] = float(sum(calls.values()))
     if isinstance(work, list) and work and sum(work) > 0:
-        out["load_max_over_mean"] = max(work) / (sum(work) / len(work))
+        # the max itself as well as the ratio: a method that computes each matrix once has less work
+        # in all, so a lumpier spread of it can still leave its busiest GPU with less to do
+        out["work_max"], out["work_mean"] = max(work), sum(work) / len(work)
+        out["load_max_over_mean"] = out["work_max"] / out["work_mean"]
     if isinstance(mem, list) and mem:
         out["mem_max_mb"], out["mem_mean_mb"] = max(mem), sum(mem) / len(mem)
     return out
@@ -57,6 +62,7 @@ def metrics_markdown(cells: pd.DataFrame) -> str:
     rows = rows.sort_values(["model", "dp", "tp", "ns_dtype", "step_ms"], kind="stable")
     share = lambda x: f"{100 * x:.0f}%" if x is not None and x == x else "–"
     ratio = lambda x: f"{x:.2f}" if x is not None and x == x else "–"
+    gflop = lambda x: f"{x / 1e9:.3g}" if x is not None and x == x else "–"
     body = [
         [
             r["model"],
@@ -66,7 +72,7 @@ def metrics_markdown(cells: pd.DataFrame) -> str:
             f"{fmt_ms(r['step_ms'])} / {fmt_ms(r['iteration_ms'])}",
             share(r["optimizer_share"]),
             f"{r['collective_calls']:g}: {r['collectives']}" if r["collectives"] else "0",
-            ratio(r["load_max_over_mean"]),
+            f"{gflop(r['work_max'])} / {gflop(r['work_mean'])} ({ratio(r['load_max_over_mean'])})",
             f"{fmt_ms(r['mem_max_mb'])} / {fmt_ms(r['mem_mean_mb'])}",
         ]
         for r in rows.to_dict("records")
@@ -79,7 +85,7 @@ def metrics_markdown(cells: pd.DataFrame) -> str:
         "step / iter ms",
         "optimizer share of the iteration",
         "collectives per iteration (role:kind calls)",
-        "work max / mean per GPU",
+        "work per GPU, max / mean (GFLOP; max/mean)",
         "peak memory max / mean per GPU (MB)",
     ]
     return "\n".join(
@@ -89,8 +95,9 @@ def metrics_markdown(cells: pd.DataFrame) -> str:
             "From the measured train lines (first run of each cell): the optimizer step's share of the iteration "
             "(step / iteration medians, nothing of it hidden), the collective calls rank 0 issued per iteration by "
             "group role and kind (forward/backward's TP all-reduces included: the same model for every method), "
-            "the matrix optimizer's work on the busiest GPU over the mean (Newton–Schulz FLOPs for the Megatron "
-            "peers, the plan's cost for Canzona's strategies), and peak memory per GPU (CPU: max RSS of each rank).",
+            "the matrix optimizer's work per step on the busiest GPU and on average (Newton–Schulz FLOPs for the "
+            "Megatron peers, the plan's cost for Canzona's strategies: FLOPs under `--cost flops`), "
+            "and peak memory per GPU (CPU: max RSS of each rank).",
             "",
             markdown_table(header, body),
             "",
