@@ -1,4 +1,5 @@
-"""Peer method ``megatron-muon``: Megatron's OWN Muon on the same model in the same harness.
+"""Peer methods ``megatron-muon`` and ``megatron-layerwise``: Megatron's OWN Muon on the same model
+in the same harness.
 
 Why: the paper's baseline lineage is Megatron's layer-wise distributed optimizer with Muon
 (megatron-core >= 0.19, math from NVIDIA's ``emerging-optimizers``). Running it behind the same
@@ -8,13 +9,21 @@ independent of ``canzona.runtime``: it wraps the model in megatron's DDP and bui
 optimizer with ``get_megatron_optimizer``.
 
 What runs:
-* matrix weights -> Megatron's Muon with ``muon_tp_mode`` (duplicated | distributed | blockwise)
-  at ``lr``; embedding, output layer, norms -> Megatron's Adam (``muon_scalar_optimizer``), as
-  Megatron does, at ``adamw_lr`` (set through a param-group override, constant LR);
-* gradient sync -> megatron DDP (bucketed all-reduce) + ``finalize_model_grads``;
-* the layer-wise distributed optimizer (each DP rank updates whole matrices, then params are
-  all-gathered) on NCCL only: it relies on an uneven all_gather that gloo lacks, so on gloo
-  every DP rank updates every matrix. The record says which (``peer_layer_wise``).
+* matrix weights -> Megatron's Muon with ``muon_tp_mode`` (duplicated | distributed | blockwise;
+  0.19.x has no layer-sharded TP mode) at ``lr``; embedding, output layer, norms -> Megatron's
+  Adam (``muon_scalar_optimizer``), as Megatron does, at ``adamw_lr`` (a param-group override,
+  constant LR);
+* ``megatron-layerwise`` (``Method.sharded_update``), today's Megatron on every backend: the
+  layer-wise distributed optimizer as Megatron-LM's training loop sets it up (its routing tags,
+  ``compute_full_param_layout``'s LPT shard-aligned buckets, DDP with ``use_distributed_optimizer``):
+  gradients reduce-scattered into DDP's buffers, each DP rank updating the whole matrices of its
+  shard, parameters all-gathered back, the Adam params under a byte-sharded DistributedOptimizer.
+  gloo has those collectives, so no transport shim is needed (see ``build`` for the two CPU-only
+  adjustments, neither of which changes the math);
+* ``megatron-muon``: DDP with a bucketed all-reduce; the legacy ping-pong layer-wise optimizer on
+  NCCL only, because its parameter all-gather is an uneven ``all_gather`` that gloo lacks, so on
+  gloo every DP rank updates every matrix (Megatron's Muon without a distributed optimizer).
+  The record says which (``megatron_muon_layer_wise``).
 
 Availability: megatron-core 0.16.1 (what pip resolves on Python 3.11) has no Muon. The optional
 environment built by ``make megatron-peer-env`` installs 0.19.x; anywhere else ``available()``
