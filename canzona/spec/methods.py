@@ -92,7 +92,8 @@ register_peer(
         optimizers=("muon",),
         lineage="layerwise",
         peer_options=("muon_tp_mode",),
-        help="megatron-core's own distributed Muon (DDP + layer-wise optimizer), the peer we compare against",
+        help="megatron-core's own Muon behind DDP's all-reduce; its legacy layer-wise optimizer on NCCL only "
+        "(on gloo every DP rank updates every matrix)",
     )
 )
 register_peer(
