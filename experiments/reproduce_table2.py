@@ -12,7 +12,10 @@ default a reduced run (a few minutes on 2 cores) that still writes every artifac
 ``--full`` (``make reproduce-table2 FULL=1``) runs every cell, bench run and planner suite:
 
   1. local-sweep  MEASURED on this CPU: the scaled-down sweep (slurm/sweeps/local.toml,
-                  qwen3-tiny, 4 forked gloo ranks; reduced: DP2xTP2, one number format)
+                  qwen3-tiny and qwen3-32b-w16, 4 forked gloo ranks; reduced: qwen3-tiny
+                  DP2xTP2, one number format), today's Megatron (megatron-layerwise) beside
+                  every strategy, its peer environment built first when missing
+                  (make megatron-peer-env; on failure one line says why, the rest runs)
                   -> results/table2-local.jsonl
   2. bench-step   MEASURED on this CPU: optimizer-step latency (BENCH_RUNS; reduced: QUICK_BENCH)
                   -> results/bench_step/
@@ -112,19 +115,31 @@ QUICK_BENCH = ("dp2_tp2", "w16_dp2_tp2_nsfp32")
 
 
 def quick_cell(cell: Cell) -> bool:
-    """The reduced sweep's cells: DP2×TP2 (Canzona's DP partition and TP micro-groups both run), every
-    method, Newton–Schulz in bf16 (the format every method shares)."""
-    lay = cell.spec.layout
-    return lay.dp == 2 and lay.tp == 2 and cell.spec.optim.ns_dtype == "bf16"
+    """The reduced sweep's cells: qwen3-tiny at DP2×TP2 (Canzona's DP partition and TP micro-groups
+    both run), Newton–Schulz in bf16 (the format every method shares), every method but the peer
+    that leaves Megatron's distributed optimizer off on gloo: today's Megatron (megatron-layerwise)
+    is the peer a user compares with; the other runs with FULL=1."""
+    from canzona.spec.methods import get_method
+
+    lay, method = cell.spec.layout, get_method(cell.spec.plan.method)
+    return (
+        cell.spec.model == "qwen3-tiny"
+        and lay.dp == 2
+        and lay.tp == 2
+        and cell.spec.optim.ns_dtype == "bf16"
+        and (not method.peer or method.sharded_update)
+    )
 
 
 # Step budgets in seconds on our idle 2-core VM (README "Set up"): reduced from the CPU time each step
 # took at 413d765 (the 4-rank steps' halved for two cores), full from the step times measured before.
 # They are what the progress line's estimate of the rest is made of, scaled by how fast this run has
-# gone so far against them (a loaded machine finishes later, and the estimate says so).
+# gone so far against them (a loaded machine finishes later, and the estimate says so). The reduced
+# sweep's budget adds its fifth cell (megatron-layerwise) at the others' pace; building the peer
+# environment when it is missing (the CPU time of its pip installs, 100 s on a loaded VM) is on top.
 BUDGET_S: dict[str, dict[str, float]] = {
     "reduced": {
-        "local-sweep": 40,
+        "local-sweep": 50,
         "bench-step": 50,
         "planner": 10,
         "projection": 75,
@@ -242,6 +257,37 @@ class Run:
     reused: list[str] = field(default_factory=list)
 
 
+PEER_BUILD_TIMEOUT_S = 900
+
+
+def peer_env() -> tuple[bool, str]:
+    """Build the optional peer environment when it is missing or stale (``make megatron-peer-env``:
+    megatron-core 0.19 and emerging-optimizers from the package index, nothing else), so the peer
+    rows are measured by default. (True, what was done) or (False, one line saying why not)."""
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(
+            ["make", "--no-print-directory", "megatron-peer-env", f"PYTHON={sys.executable}"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=PEER_BUILD_TIMEOUT_S,
+        )
+    except FileNotFoundError:
+        return False, "`make` is not on PATH, so `make megatron-peer-env` cannot build it"
+    except subprocess.TimeoutExpired:
+        return (
+            False,
+            f"`make megatron-peer-env` did not finish in {PEER_BUILD_TIMEOUT_S} s (package index unreachable?)",
+        )
+    took = time.monotonic() - t0
+    if proc.returncode != 0:
+        lines = [ln.strip() for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip() and "WARNING" not in ln]
+        return False, f"`make megatron-peer-env` failed: {lines[-1] if lines else f'exit code {proc.returncode}'}"
+    built = "is up to date" not in proc.stdout and "Nothing to be done" not in proc.stdout
+    return True, f"{PEER_PY.parent.parent.name} {'built' if built else 'present'} ({took:.0f} s)"
+
+
 def local_sweep(step: Step, run: Run) -> None:
     from canzona.sweep.definition import load_sweep
     from canzona.sweep.local import run_local
@@ -255,23 +301,23 @@ def local_sweep(step: Step, run: Run) -> None:
     defn = load_sweep(LOCAL_SWEEP)
     paths = SweepPaths.for_sweep(defn.name, ROOT / "runs", RESULTS)
     cells = defn.cells() if run.full else [c for c in defn.cells() if quick_cell(c)]
-    if not run.full and not PEER_PY.exists():
-        cells = [c for c in cells if not c.spec.is_peer]
-        print("megatron-muon: skipped (it needs the optional peer environment, make megatron-peer-env)")
+    peer_line = ""
+    if any(c.spec.is_peer for c in cells):
+        ok, why = peer_env()
+        peers = ", ".join(sorted({c.spec.plan.method for c in cells if c.spec.is_peer}))
+        peer_line = f"; peer environment: {why}" if ok else f"; {peers} left out: {why}"
+        if ok:
+            print(f"peer environment: {why}; {peers} run from it")
+        else:
+            cells = [c for c in cells if not c.spec.is_peer]
+            print(f"peer environment: not available, {peers} left out of this run: {why}")
+            run.reused.append(f"local-sweep: no {peers} row measured: {why}")
     print(
         f"sweep {defn.name}: {len(cells)} of {len(defn.cells())} cells, world {defn.world} (forked gloo ranks); "
         f"a cell counts as done only by a line of {paths.results.relative_to(ROOT)} measured on this machine "
         "at this commit",
         flush=True,
     )
-    if run.full:
-        peer = PEER_PY.relative_to(ROOT) if PEER_PY.exists() else None
-        print(
-            f"megatron-muon cells run with the peer environment {peer} (make megatron-peer-env)"
-            if peer
-            else "megatron-muon cells need the optional peer environment (make megatron-peer-env); "
-            "without it the harness reports them unavailable (exit 3)"
-        )
     t0 = time.monotonic()
     rep = run_local(
         defn,
@@ -292,7 +338,7 @@ def local_sweep(step: Step, run: Run) -> None:
     step.detail = (
         f"{len(rep.ok)} cell(s) measured now, {len(rep.skipped)} measured here earlier, "
         f"{len(unavailable)} unavailable here, {len(broken)} failed; "
-        f"`canzona sweep status {LOCAL_SWEEP.relative_to(ROOT)}` has the reasons"
+        f"`canzona sweep status {LOCAL_SWEEP.relative_to(ROOT)}` has the reasons{peer_line}"
     )
     step.status = "failed" if broken or not (rep.ok or rep.skipped) else "ok"
     step.outputs.append(str(paths.results.relative_to(ROOT)))
@@ -560,7 +606,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def default_steps(full: bool) -> list[Step]:
     """The embedded default's steps, each labelled with what its numbers are."""
-    sweep = "every cell: layouts DPxTP 2x2 and 4x1, NS bf16 and fp32" if full else "DPxTP 2x2, NS bf16"
+    sweep = (
+        "every cell: qwen3-tiny at DPxTP 2x2 and 4x1, NS bf16 and fp32, qwen3-32b-w16 at 2x2, NS fp32"
+        if full
+        else "DPxTP 2x2, NS bf16, every strategy and today's Megatron (megatron-layerwise, peer environment)"
+    )
     bench = (
         "every run of BENCH_RUNS: qwen3-tiny and qwen3-32b-w16 (Qwen3-32B's structure at 1/16 width) at DPxTP 2x2 "
         "and 4x1, bf16 parameters, cooperative Newton–Schulz on qwen3-tiny-widefc1"
@@ -570,7 +620,7 @@ def default_steps(full: bool) -> list[Step]:
     return [
         Step(
             "local-sweep",
-            f"MEASURED on this CPU, scaled down: qwen3-tiny, 4 forked gloo ranks, {sweep} "
+            f"MEASURED on this CPU, scaled down: 4 forked gloo ranks, {sweep} "
             "(CPU times; method order only, not GPU numbers)",
         ),
         Step("bench-step", f"MEASURED on this CPU: optimizer-step latency side by side, 4 forked gloo ranks, {bench}"),

@@ -24,6 +24,7 @@ from canzona.cli import main as canzona_main
 from canzona.hardware import DEFAULT_CPU
 from canzona.harness.record import checks_path
 from canzona.results import schema
+from canzona.spec.methods import get_method
 
 pytestmark = [pytest.mark.megatron, pytest.mark.multiproc]
 
@@ -111,7 +112,7 @@ def _train(
     assert len(rec["loss"]["curve"]) == 4
     assert "checks" not in rec, "the results line is written before the checks run"
     stages = rec["plan"]["stages"]  # every line says which plan ran, or why it has none
-    if method == "megatron-muon" or optimizer == "adamw":
+    if get_method(method).peer or optimizer == "adamw":
         assert stages is None and rec["plan"]["missing"]
     else:
         assert len(stages) == pp and all(st["profile"] == DEFAULT_CPU for st in stages)
@@ -225,6 +226,37 @@ def test_megatron_muon_peer_tracks_canzona(tmp_path: Path) -> None:
     assert peer32["config"]["ns_dtype"] == "fp32" and peer32["cell"] != peer["cell"]
     assert peer32["loss"]["curve"] != peer["loss"]["curve"]
     assert peer32["loss"]["curve"] == pytest.approx(peer["loss"]["curve"], rel=1e-2)
+
+
+def test_megatron_layer_wise_optimizer_on_gloo_is_megatrons_own_muon(tmp_path: Path) -> None:
+    """Megatron's layer-wise distributed optimizer (megatron-layerwise: each DP rank updates the
+    whole matrices its shard of every bucket holds, gradients reduce-scattered into and parameters
+    all-gathered out of DDP's buffers) on 2 gloo ranks gives the update of Megatron's own Muon
+    without it (megatron-muon on gloo: every rank updates every matrix): same loss curve to fp32
+    rounding, replicas identical, so what the CPU run changes (devices, transport) changes no math.
+    Runs only where the optional peer environment is installed (`make megatron-peer-env`)."""
+    from canzona.harness import peer_megatron
+
+    ok, why = peer_megatron.available()
+    if not ok:
+        pytest.skip(why)
+    results = tmp_path / "peer.jsonl"
+    fp32 = ("--ns-dtype", "fp32")
+    sharded = _train(results, tp=1, pp=1, dp=2, method="megatron-layerwise", extra=fp32)
+    whole = _train(results, tp=1, pp=1, dp=2, method="megatron-muon", extra=fp32)
+    assert sharded["env"]["megatron_muon_layer_wise"] is True
+    assert whole["env"]["megatron_muon_layer_wise"] is False
+    assert sharded["loss"]["curve"][-1] < sharded["loss"]["curve"][0]  # it trains
+    _same_curve(sharded, whole)
+    # the sharded path moves gradients and parameters with the bucket collectives, the other all-reduces
+    calls = sharded["timings"]["collectives_per_iteration"]
+    assert calls.get("dp:reduce_scatter_tensor", 0) > 0 and calls.get("dp:all_gather_into_tensor", 0) > 0
+    # each matrix orthogonalised by exactly one DP rank there, by every rank here
+    sharded_work, whole_work = sharded["timings"]["work_per_rank"], whole["timings"]["work_per_rank"]
+    assert sum(sharded_work) == pytest.approx(whole_work[0]) and whole_work[0] == whole_work[1]
+    assert min(sharded_work) > 0
+    whole_calls = whole["timings"]["collectives_per_iteration"]
+    assert whole_calls.get("dp:all_reduce", 0) > 0 and "dp:reduce_scatter_tensor" not in whole_calls
 
 
 def _plans_for(rec: dict) -> list:

@@ -219,3 +219,33 @@ def test_progress_counts_the_steps_that_run_and_estimates_the_rest(capsys):
     progress.finish(steps[0])
     progress.start(steps[5])  # validation: the 6th step, 5th that runs
     assert "step 5 of 7 [validation]" in capsys.readouterr().out
+
+
+@pytest.mark.multiproc  # the repro fixture runs git
+@pytest.mark.parametrize("built", [True, False])
+def test_the_peer_rows_are_measured_by_default_or_left_out_with_one_line(repro, monkeypatch, built):
+    """A sweep with today's Megatron builds the peer environment first; where that fails the peer
+    cells are left out, the others still run, and the step and the summary say why."""
+    mod, here, counter = repro
+    mod.LOCAL_SWEEP.write_text(SWEEP_TOML.replace('["sc", "canzona"]', '["sc", "canzona", "megatron-layerwise"]'))
+    why = "`make megatron-peer-env` failed: no route to the package index"
+    calls: list[int] = []
+    monkeypatch.setattr(mod, "peer_env", lambda: calls.append(1) or ((True, "built (1 s)") if built else (False, why)))
+    run = mod.Run(full=True, here=here, progress=False)
+    step = _sweep(mod, run)
+    assert calls == [1] and step.status == "ok"
+    measured = sorted(counter.read_text().split())
+    if built:
+        assert measured == ["canzona", "megatron-layerwise", "sc"] and "peer environment: built" in step.detail
+    else:
+        assert measured == ["canzona", "sc"]
+        assert why in step.detail and any(why in r and "megatron-layerwise" in r for r in run.reused)
+
+
+def test_the_reduced_run_measures_todays_megatron_beside_every_strategy():
+    from canzona.sweep.definition import load_sweep
+
+    mod = reproduce_module()
+    quick = [c.config() for c in load_sweep(mod.LOCAL_SWEEP).cells() if mod.quick_cell(c)]
+    assert {c["method"] for c in quick} == {"sc", "layerwise", "asc", "canzona", "megatron-layerwise"}
+    assert {(c["model"], c["dp"], c["tp"], c["ns_dtype"]) for c in quick} == {("qwen3-tiny", 2, 2, "bf16")}

@@ -136,23 +136,25 @@ def test_memory_estimate_moves_the_right_way():
 def test_local_sweep_is_the_scaled_down_table2():
     d = load_sweep(ROOT / "slurm/sweeps/local.toml")
     cells = d.cells()
-    assert {(c.config()["model"], c.config()["dp"], c.config()["tp"]) for c in cells} == {
+    cfg = [c.config() for c in cells]
+    assert {(c["model"], c["dp"], c["tp"]) for c in cfg} == {
         ("qwen3-tiny", 2, 2),
         ("qwen3-tiny", 4, 1),
+        ("qwen3-32b-w16", 2, 2),
     }
     assert all(c.world == 4 and c.config()["optimizer"] == "muon" for c in cells)
-    assert {c.config()["method"] for c in cells} == {"sc", "layerwise", "asc", "canzona", "megatron-muon"}
-    # every method with bf16 Newton-Schulz (the peer's own default), ours and the peer also in fp32
-    assert {c.config()["method"] for c in cells if c.config()["ns_dtype"] == "bf16"} == {
-        "sc",
-        "layerwise",
-        "asc",
-        "canzona",
-        "megatron-muon",
+    peers = {"megatron-muon", "megatron-layerwise"}
+    tiny = [c for c in cfg if c["model"] == "qwen3-tiny"]
+    # every method with bf16 Newton-Schulz (the peer's own default), ours and the peers also in fp32
+    assert {c["method"] for c in tiny if c["ns_dtype"] == "bf16"} == {"sc", "layerwise", "asc", "canzona", *peers}
+    assert {c["method"] for c in tiny if c["ns_dtype"] == "fp32"} == {"canzona", *peers}
+    # Qwen3-32B's structure: Canzona, its paper's baseline and today's Megatron, fp32 Newton-Schulz
+    w16 = [c for c in cfg if c["model"] == "qwen3-32b-w16"]
+    assert {(c["method"], c["ns_dtype"]) for c in w16} == {
+        (m, "fp32") for m in ("layerwise", "canzona", "megatron-layerwise")
     }
-    assert {c.config()["method"] for c in cells if c.config()["ns_dtype"] == "fp32"} == {"canzona", "megatron-muon"}
     assert all(c.config()["device"] == "cpu" and c.config()["dtype"] == "fp32" and c.time_min == 4 for c in cells)
-    assert len(cells) == 14 and len({c.key for c in cells}) == 14
+    assert len(cells) == 21 and len({c.key for c in cells}) == 21
 
 
 GOOD = {

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from canzona.analysis.load import ROW_CONFIG_FIELDS
+from canzona.analysis.measured_metrics import METRIC_COLUMNS
 from canzona.analysis.plans import PLAN_COLUMNS
 from canzona.results.schema import CELL_FIELDS
 
@@ -42,6 +43,7 @@ TIMINGS = ("iteration", "fwd_bwd", "step")
 ROW_RECORD_FIELDS = (
     *("provenance_label", "provenance_detail", "peer_layer_wise", "peer_tp_mode", "loss_curve"),
     *PLAN_COLUMNS,
+    *METRIC_COLUMNS,
 )
 
 

@@ -41,6 +41,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from canzona.analysis.measured_metrics import metric_columns
 from canzona.analysis.plans import plan_columns
 from canzona.results.env import measurement_key
 from canzona.results.schema import CELL_FIELDS, ResultsError, iter_records
@@ -165,6 +166,7 @@ def _row(record: dict[str, Any], file: str, line: int) -> dict[str, Any]:
     for k in ROW_CONFIG_FIELDS:
         row[k] = cfg.get(k)
     row.update(plan_columns(record))
+    row.update(metric_columns(record))
     for key in TIMING_KEYS:
         med, p90, n = _timing(record, key, where)
         base = key[: -len("_ms")]

@@ -26,6 +26,7 @@ from canzona.analysis.aggregate import (
     speedups,
 )
 from canzona.analysis.markdown import fmt_ms, fmt_speedup, human_tokens, markdown_table
+from canzona.analysis.measured_metrics import metrics_markdown
 from canzona.analysis.pairs import config_text
 
 if TYPE_CHECKING:
@@ -58,7 +59,8 @@ def build_table2(cells: pd.DataFrame) -> pd.DataFrame:
     if cells.empty:
         return pd.DataFrame()
     methods = methods_present(cells)
-    bases = [b for b in BASELINES] + [b for b in ("layerwise-2026", "asc") if b in methods]
+    # today's Megatron beside the paper's lineage: projected (layerwise-2026) and measured (the peer)
+    bases = [b for b in BASELINES] + [b for b in ("layerwise-2026", "megatron-layerwise", "asc") if b in methods]
     sp = speedups(cells, OURS, bases)
     rows: list[dict[str, Any]] = []
     for key, g in cells.groupby(list(ROW_KEY), sort=False, dropna=False):
@@ -445,6 +447,9 @@ def write_table2(
     if structure:
         parts.append(structure)
     parts += table2_sections(table, headline_profile)
+    metrics = metrics_markdown(cells)
+    if metrics:
+        parts.append(metrics)
     if sensitivity is not None and not sensitivity.empty:
         parts.append(sensitivity_markdown(sensitivity))
     if beyond is not None and not beyond.empty:

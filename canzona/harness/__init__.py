@@ -8,7 +8,8 @@ distributed optimizer (or Megatron's own Muon as a peer), timed, and recorded as
   train.py         the loop, top to bottom
   timing.py        per-iteration timers, cross-rank max, median/p90, tokens/s, model TFLOP/s
   record.py        the results record
-  peer_megatron.py the megatron-muon peer
+  collectives.py   the collective calls an iteration issues, by group role and kind
+  peer_megatron.py the Megatron peers: megatron-muon, megatron-layerwise (its layer-wise optimizer)
   cli.py           `canzona train` (torchrun/srun rank, or forked local gloo ranks)
   gpu_check.py     `canzona gpu-check`: one GPU in <= 8 min (wheels install, parts, budget)
   gpu_train.py     its training part: one in-process rank, step probe, memory-model prediction

@@ -131,7 +131,8 @@ class _CudaLiteralsToCpu(torch.overrides.TorchFunctionMode):
 
     Needed for the few literals that no function patch can reach (megatron's pipeline schedules
     create ``torch.zeros([], device="cuda")`` token counters; megatron's DDP allocates its grad
-    buffers with ``device=torch.cuda.current_device()`` and checks ``param.type()``). It is a
+    buffers with ``device=torch.cuda.current_device()``; its distributed optimizer checks
+    ``param.type() == "torch.cuda.FloatTensor"``, answered with the GPU name). It is a
     context, entered only around the code that needs it, because a function mode adds Python
     overhead to every forward op.
     """
@@ -143,6 +144,11 @@ class _CudaLiteralsToCpu(torch.overrides.TorchFunctionMode):
             kwargs = dict(kwargs, device="cpu")
         if func in _TO_FUNCS and args[1:] and _is_cuda(args[1]):
             args = (args[0], "cpu", *tuple(args[2:]))
+        if func is torch.Tensor.type and not args[1:] and not kwargs:
+            # the type check of megatron's distributed optimizer ("torch.cuda.FloatTensor"), answered
+            # with the name the same tensor has on a GPU; a conversion (an argument) passes through
+            name = str(func(*args))
+            return name.replace("torch.", "torch.cuda.", 1) if args[0].device.type == "cpu" else name
         return func(*args, **kwargs)
 
 

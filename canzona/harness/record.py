@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from canzona.harness.timing import RunTimings, iter_phases, measured, summarize, throughput
+from canzona.harness.timing import RunTimings, iter_phases, measured, per_iteration, summarize, throughput
 from canzona.plan.readers.summary import plan_summary
 from canzona.results import schema
 from canzona.results.env import environment
@@ -84,6 +84,7 @@ def build_record(
         iteration_ms=it["median"],
         world=run.world,
     )
+    step = summarize(measured(timings.step_ms, warmup))
     config = run.record_config()
     record = {
         "schema_version": schema.SCHEMA_VERSION,
@@ -95,7 +96,11 @@ def build_record(
         "timings": {
             "iteration_ms": it,
             "fwd_bwd_ms": summarize(measured(timings.fwd_bwd_ms, warmup)),
-            "step_ms": summarize(measured(timings.step_ms, warmup)),
+            "step_ms": step,
+            # the metrics this field compares (results.schema: optional, absent on older lines)
+            "optimizer_share": step["median"] / it["median"] if it["median"] > 0 else None,
+            "collectives_per_iteration": per_iteration(timings.collectives, warmup),
+            "work_per_rank": timings.work_per_rank,
             "phases_ms": dict(iter_phases(timings, warmup)),
             **tput,
             "peak_mem_mb": max(timings.peak_mem_mb),

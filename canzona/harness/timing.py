@@ -76,8 +76,18 @@ class IterationLog:
     step_ms: list[float] = field(default_factory=list)
     phases_ms: list[dict[str, float]] = field(default_factory=list)
     loss: list[float] = field(default_factory=list)  # this rank's DP-local loss, 0 where not a loss rank
+    collectives: list[dict[str, int]] = field(default_factory=list)  # this rank's calls, "role:kind" -> n
 
-    def add(self, iteration: float, fwd_bwd: float, step: float, phases: dict[str, float], loss: float) -> None:
+    def add(
+        self,
+        iteration: float,
+        fwd_bwd: float,
+        step: float,
+        phases: dict[str, float],
+        loss: float,
+        collectives: dict[str, int] | None = None,
+    ) -> None:
+        self.collectives.append(dict(collectives or {}))
         self.iteration_ms.append(iteration)
         self.fwd_bwd_ms.append(fwd_bwd)
         self.step_ms.append(step)
@@ -95,6 +105,15 @@ class RunTimings:
     phases_ms: dict[str, list[float]]
     loss_curve: list[float]
     peak_mem_mb: list[float]  # per rank
+    collectives: list[dict[str, int]] = field(default_factory=list)  # this rank's, per iteration
+    work_per_rank: list[float] | None = None  # the matrix optimizer's work per step, per rank
+
+
+def per_iteration(calls: list[dict[str, int]], warmup: int) -> dict[str, float]:
+    """Mean calls per measured iteration by "role:kind" (the warm-up iterations left out)."""
+    kept = calls[warmup:]
+    keys = sorted({k for c in kept for k in c})
+    return {k: sum(c.get(k, 0) for c in kept) / len(kept) for k in keys} if kept else {}
 
 
 def peak_memory_mb(device: torch.device) -> tuple[float, str]:
@@ -106,7 +125,12 @@ def peak_memory_mb(device: torch.device) -> tuple[float, str]:
 
 
 def aggregate(
-    log: IterationLog, *, loss_divisor: int, device: torch.device, group: torch.distributed.ProcessGroup | None = None
+    log: IterationLog,
+    *,
+    loss_divisor: int,
+    device: torch.device,
+    group: torch.distributed.ProcessGroup | None = None,
+    work: float | None = None,
 ) -> RunTimings:
     """Reduce every rank's log over ``group`` (all ranks): times by MAX, losses by SUM / ``loss_divisor``.
 
@@ -123,11 +147,16 @@ def aggregate(
     world = dist.get_world_size(group)
     mems = torch.zeros(world, dtype=torch.float64)
     mems[dist.get_rank(group)] = mem
+    # per rank: peak memory, and the matrix optimizer's work (-1: not known on that rank)
+    works = torch.zeros(world, dtype=torch.float64)
+    works[dist.get_rank(group)] = work if work is not None else -1.0
     if device.type == "cuda":
-        times, losses, mems = times.to(device), losses.to(device), mems.to(device)
+        times, losses, mems, works = times.to(device), losses.to(device), mems.to(device), works.to(device)
     dist.all_reduce(times, op=dist.ReduceOp.MAX, group=group)
     dist.all_reduce(losses, op=dist.ReduceOp.SUM, group=group)
     dist.all_reduce(mems, op=dist.ReduceOp.SUM, group=group)
+    dist.all_reduce(works, op=dist.ReduceOp.SUM, group=group)
+    per_rank_work = works.cpu().tolist()
     t = times.cpu().tolist()
     return RunTimings(
         iteration_ms=t[0],
@@ -136,6 +165,8 @@ def aggregate(
         phases_ms={k: t[3 + i] for i, k in enumerate(keys)},
         loss_curve=[v / loss_divisor for v in losses.cpu().tolist()],
         peak_mem_mb=mems.cpu().tolist(),
+        collectives=log.collectives,
+        work_per_rank=per_rank_work if min(per_rank_work, default=-1.0) >= 0 else None,
     )
 
 

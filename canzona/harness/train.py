@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from canzona.errors import ConfigError
-from canzona.harness import cpu_shim
+from canzona.harness import collectives, cpu_shim
 from canzona.harness.model import build_model, causal_mask, init_weights
 from canzona.harness.params import NamedParam, named_params, replica_divergence, tp_partial_names
 from canzona.harness.record import append_checks, plan_section, stage_entry
@@ -244,7 +244,14 @@ def train(
         loss_rank = ps.is_pipeline_last_stage() and tp_rank == 0
 
         # --- the loop -------------------------------------------------------------------------
-        log = _loop(run, model, opt, forward_backward, forward_step, data, dp_rank, loss_rank, device, step_probe)
+        ranks = [
+            dist.get_process_group_ranks(g)
+            for g in (ps.get_data_parallel_group(), ps.get_tensor_model_parallel_group())
+        ]
+        with collectives.counting(*ranks) as calls:
+            log = _loop(
+                run, model, opt, forward_backward, forward_step, data, dp_rank, loss_rank, device, step_probe, calls
+            )
 
         # --- aggregate, record, then check ------------------------------------------------------
         groups = ps.get_data_parallel_group(), ps.get_tensor_model_parallel_group()
@@ -264,6 +271,7 @@ def _loop(
     loss_rank: bool,
     device: torch.device,
     step_probe: Callable[[], AbstractContextManager[Any]] | None,
+    calls: collectives.CollectiveCounter,
 ) -> IterationLog:
     """Warm-up and measured iterations: fwd/bwd through megatron's schedule, the step, zero_grad.
 
@@ -278,8 +286,10 @@ def _loop(
     on_cpu = device.type == "cpu"
     marks = Marks(device)
     losses: list[torch.Tensor] = []
+    issued: list[dict[str, int]] = []
     for it in range(run.loop.warmup + run.loop.iters):
         micro = data.microbatches(it, dp_rank, run.layout.dp, run.batch.micro_batch, device)
+        calls.take()  # the calls of this iteration alone
         marks.mark()
         with cpu_shim.cuda_literals_to_cpu():
             out = forward_backward(
@@ -300,13 +310,14 @@ def _loop(
         opt.zero_grad()
         marks.mark()
         opt.end_iteration()
+        issued.append(calls.take())  # before any read-out after the loop, which is the harness's, not the method's
         losses.append(torch.stack([x["loss"] for x in out]).mean() if loss_rank else torch.zeros((), device=device))
     log = IterationLog()
     ms = marks.read()
     curve = torch.stack(losses).tolist()  # the run's one loss read
     for i, phases in enumerate(opt.iteration_timings()):
         t0, t1, t2, t3 = ms[4 * i : 4 * i + 4]
-        log.add(t3 - t0, t1 - t0, t2 - t1, phases, curve[i])
+        log.add(t3 - t0, t1 - t0, t2 - t1, phases, curve[i], issued[i])
     return log
 
 
@@ -339,7 +350,7 @@ def finish(
     device = ri.device
     if run.comm.overlap_param_sync:
         opt.wait_param_sync()  # the last step's all-gathers are still in flight
-    timings = aggregate(log, loss_divisor=run.layout.dp, device=device)
+    timings = aggregate(log, loss_divisor=run.layout.dp, device=device, work=optimizer_work(opt))
     # every rank takes part: the record names all nodes and every stage's plan, not rank 0's
     hosts, plan = gather_end_of_run(run, opt, stage)
     record = None
@@ -351,6 +362,24 @@ def finish(
         if results:
             append_checks(results, record, checks)
     return {"rank": ri.rank, "loss_curve": timings.loss_curve, "checks": checks, "record": record}
+
+
+def optimizer_work(opt: StepOptimizer) -> float | None:
+    """The matrix optimizer's work on THIS rank per step: the peer counts it from what Megatron
+    gave the rank (``work()``); a Canzona plan prices it (``gpu_loads``, the plan's cost units:
+    its cost model); None where neither exists (every parameter on AdamW)."""
+    from megatron.core import parallel_state as ps
+
+    from canzona.plan.readers.metrics import gpu_loads
+
+    own = getattr(opt, "work", None)
+    if callable(own):
+        return float(own())
+    plan = getattr(opt, "plan", None)
+    if plan is None:
+        return None
+    cost = gpu_loads(plan).cost
+    return float(cost[ps.get_data_parallel_rank()][ps.get_tensor_model_parallel_rank()])
 
 
 def replica_check(

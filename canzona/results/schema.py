@@ -14,6 +14,12 @@ A record (schema_version 3):
   env             git_commit, torch, megatron, device, backend, hostname, python, timestamp (ISO 8601 UTC)
   timings         iteration_ms, fwd_bwd_ms, step_ms: {"median", "p90", "n"};
                   phases_ms: {phase: median}; tokens_per_s; model_tflops; peak_mem_mb
+                  optional on "train" lines (absent on older ones: not recorded, so no version bump):
+                    optimizer_share            step_ms / iteration_ms (medians): the exposed optimizer share
+                    collectives_per_iteration  {"role:kind": calls per measured iteration} that rank 0
+                                               issued (role dp | tp | world | other; canzona.harness.collectives)
+                    work_per_rank              the matrix optimizer's work per step on each rank (Newton–Schulz
+                                               FLOPs for the Megatron peers; the plan's cost units for Canzona)
   loss            {"first", "last"} (null for kind "step")
   cell            the cell key (see ``cell_key``) so sweeps can tell which cell a line belongs to
   plan            the plan that ran (required on measured "train" lines, checked wherever present):

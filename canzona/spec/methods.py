@@ -23,6 +23,8 @@ class Method:
     cooperative     may split one matrix's update over a group of GPUs (strategy capability)
     lineage         the planner strategy the projection and the budget model it with
     peer_options    spec fields only this peer reads (recorded None for every other method)
+    sharded_update  a peer whose own distributed optimizer deals whole matrices to DP ranks on every
+                    backend (Megatron's layer-wise optimizer with its shard-aligned bucket layout)
     """
 
     name: str
@@ -31,6 +33,7 @@ class Method:
     cooperative: bool = False
     lineage: str = ""
     peer_options: tuple[str, ...] = ()
+    sharded_update: bool = False
     help: str = ""
 
     def runs(self, optimizer: str) -> bool:
@@ -89,6 +92,19 @@ register_peer(
         optimizers=("muon",),
         lineage="layerwise",
         peer_options=("muon_tp_mode",),
-        help="megatron-core's own distributed Muon (DDP + layer-wise optimizer), the peer we compare against",
+        help="megatron-core's own Muon behind DDP's all-reduce; its legacy layer-wise optimizer on NCCL only "
+        "(on gloo every DP rank updates every matrix)",
+    )
+)
+register_peer(
+    Method(
+        "megatron-layerwise",
+        peer=True,
+        optimizers=("muon",),
+        lineage="layerwise",
+        peer_options=("muon_tp_mode",),
+        sharded_update=True,
+        help="today's Megatron: its Muon under its layer-wise distributed optimizer (whole matrices "
+        "LPT-packed into shard-aligned reduce-scatter / all-gather buckets), on every backend",
     )
 )
