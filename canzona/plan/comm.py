@@ -161,6 +161,19 @@ def profile_model(profile: Profile, span: int, name: str) -> CommModel:
     )
 
 
+def coalesced_us(model: CommModel, kind: str, n: int, sizes: Sequence[float]) -> float:
+    """Microseconds of calls of ``kind`` on one ``n``-rank group issued as ONE NCCL group
+    (ncclGroupStart / ncclGroupEnd). That is what ProcessGroupNCCL does with an ``all_gather`` of
+    uneven tensors (a broadcast per root inside one coalesced group), the call Megatron's layer-wise
+    optimizer issues: the calls' latencies overlap, so the group pays one latency and every call's
+    bandwidth term. Canzona's per-root calls are separate calls and pay ``call_us`` each."""
+    live = [w for w in sizes if w > 0]
+    if n <= 1 or not live:
+        return 0.0
+    latency = model.call_us(kind, n, 0.0)
+    return latency + sum(model.call_us(kind, n, w) - latency for w in live)
+
+
 # ----------------------------------------------------------------------------- a DP bucket's mode
 def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m

@@ -14,6 +14,8 @@ calibrated by ``canzona calibrate-cpu``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from canzona.cost import CostSettings, matrix_flops, ns_member_flops, ns_method_for, runs_newton_schulz
 from canzona.errors import ConfigError
 from canzona.hardware.profile import (  # noqa: F401  (re-exported: the projection's names)
@@ -59,6 +61,12 @@ class Comm:
         if span not in self._models:
             self._models[span] = plan_comm.profile_model(self.profile, span, f"span{span}")
         return self._models[span].call_us(kind, n, nbytes) / 1e3
+
+    def coalesced(self, kind: str, group: str, sizes: Sequence[float]) -> float:
+        """Calls of ``kind`` with these buffers issued as one NCCL group (``plan.comm.coalesced_us``)."""
+        n, span = _group(self.layout, group)
+        self.sized(kind, n, span, 0.0)  # builds the span's model
+        return plan_comm.coalesced_us(self._models[span], kind, n, sizes) / 1e3
 
 
 def comm_model(profile: Profile, layout: Layout) -> plan_comm.CommModel:

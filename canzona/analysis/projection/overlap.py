@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from canzona.analysis.projection.hardware import Profile
-from canzona.analysis.projection.phases import StageProjection
+from canzona.analysis.projection.stage import StageProjection
 from canzona.errors import ConfigError
 
 if TYPE_CHECKING:
