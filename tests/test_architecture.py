@@ -176,7 +176,7 @@ def _reach(start: str) -> set[str]:
 
 
 def _planner(module: str) -> bool:
-    return any(module == p or module.startswith(p + ".") and p != "canzona.plan" for p in PLANNERS)
+    return any(module == p or (module.startswith(p + ".") and p != "canzona.plan") for p in PLANNERS)
 
 
 @pytest.mark.parametrize("module", BASELINE_MODULES)

@@ -27,6 +27,7 @@ from canzona.analysis.aggregate import (
 )
 from canzona.analysis.markdown import fmt_ms, fmt_speedup, human_tokens, markdown_table
 from canzona.analysis.pairs import config_text
+from canzona.analysis.projection.baselines import BASELINES as MODELLED
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -58,7 +59,7 @@ def build_table2(cells: pd.DataFrame) -> pd.DataFrame:
     if cells.empty:
         return pd.DataFrame()
     methods = methods_present(cells)
-    bases = [b for b in BASELINES] + [b for b in ("layerwise-2026", "asc") if b in methods]
+    bases = [b for b in BASELINES] + [b for b in (*MODELLED, "asc") if b in methods]
     sp = speedups(cells, OURS, bases)
     rows: list[dict[str, Any]] = []
     for key, g in cells.groupby(list(ROW_KEY), sort=False, dropna=False):
@@ -268,7 +269,8 @@ def sensitivity_markdown(sens: pd.DataFrame) -> str:
             "## Projection sensitivity (Qwen3-32B, 256 GPUs)",
             "",
             "Canzona's projected speedup (paper-compatible: no cooperation, standard Newton–Schulz) over the "
-            "paper's layer-wise baseline (TP duplicated) and today's Megatron (`layerwise-2026`, TP layer-sharded) "
+            "paper's layer-wise baseline (TP duplicated), Megatron at the paper's date (`megatron-2602`, TP blockwise, "
+            "its default then) and Megatron main (`megatron-main`, TP duplicated) "
             "as single assumptions change; `pinned_by` names the measurement that would fix each one "
             "(written by `canzona project --preset paper`, `projection_sensitivity.csv`).",
             "",

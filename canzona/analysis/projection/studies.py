@@ -84,19 +84,21 @@ def _variants(base_prof: Profile) -> list[tuple[str, str, dict[str, Any], Profil
 
 def sensitivity(profile_name: str = "H800") -> list[dict[str, Any]]:
     """Qwen3-32B at 256 GPUs, paper-compatible Canzona (no cooperation, standard Newton–Schulz)
-    against the paper's layer-wise baseline and today's Megatron (``layerwise-2026``), as one
+    against the paper's layer-wise baseline, Megatron at the paper's date (``megatron-2602``, TP
+    blockwise) and Megatron main (``megatron-main``), as one
     assumption changes at a time; ``pinned_by`` names the measurement that would fix it."""
     base_prof = load_profile(profile_name)
     lay = PAPER_LAYOUTS["qwen3-32b"]
     rows = []
-    methods = ("layerwise", "layerwise-2026", "canzona")
+    methods = ("layerwise", "megatron-2602", "megatron-main", "canzona")
     for label, varies, kw, prof in _variants(base_prof):
         scen = [
             replace(Scenario("qwen3-32b", lay, m, overlap=ov, cooperative=False), **kw) for ov in VIEWS for m in methods
         ]
         projs = {(p.scenario.overlap, p.scenario.method): p for p in project_grid(scen, [prof])}
         for ov in VIEWS:
-            c, b, b26 = projs[(ov, "canzona")], projs[(ov, "layerwise")], projs[(ov, "layerwise-2026")]
+            c, b = projs[(ov, "canzona")], projs[(ov, "layerwise")]
+            b26, bm = projs[(ov, "megatron-2602")], projs[(ov, "megatron-main")]
             rows.append(
                 {
                     "profile": profile_name,
@@ -106,15 +108,19 @@ def sensitivity(profile_name: str = "H800") -> list[dict[str, Any]]:
                     "ib_gb_s": prof.inter.bus_bw / 1e9,
                     "canzona step ms": round(c.step_ms, 1),
                     "layerwise step ms": round(b.step_ms, 1),
-                    "layerwise-2026 step ms": round(b26.step_ms, 1),
+                    "megatron-2602 step ms": round(b26.step_ms, 1),
+                    "megatron-main step ms": round(bm.step_ms, 1),
                     "canzona iter ms": round(c.iteration_ms, 1),
                     "layerwise iter ms": round(b.iteration_ms, 1),
                     "speedup step": speedup(b.step_ms, c.step_ms),
                     "speedup iteration": speedup(b.iteration_ms, c.iteration_ms),
-                    "speedup step vs layerwise-2026": speedup(b26.step_ms, c.step_ms),
+                    "speedup step vs megatron-2602": speedup(b26.step_ms, c.step_ms),
+                    "speedup iteration vs megatron-2602": speedup(b26.iteration_ms, c.iteration_ms),
+                    "speedup step vs megatron-main": speedup(bm.step_ms, c.step_ms),
+                    "speedup iteration vs megatron-main": speedup(bm.iteration_ms, c.iteration_ms),
                     "pinned_by": PINNED_BY.get(varies, ""),
                     "configuration": "canzona coop off, NS standard, cost flops; layerwise TP duplicated; "
-                    "layerwise-2026 TP layer-sharded",
+                    "megatron-2602 TP blockwise; megatron-main TP duplicated",
                 }
             )
     return rows
