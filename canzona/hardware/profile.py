@@ -27,11 +27,13 @@ COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broa
 
 @dataclass(frozen=True)
 class Link:
-    """One interconnect: effective bus bandwidth (bytes/s) and ring latencies (µs)."""
+    """One interconnect: effective bus bandwidth (bytes/s) and latencies (µs): NCCL's base latency,
+    its Ring/Simple hop and its Tree/Simple hop (``tree_hop_latency_us``; None: the ring hop)."""
 
     bus_bw: float
     base_latency_us: float
     hop_latency_us: float
+    tree_hop_latency_us: float | None = None
 
 
 @dataclass(frozen=True)
@@ -205,7 +207,11 @@ class _SourcedReader:
         if t is None:
             raise ConfigError(f"hardware profile {self.path}: [links.{which}] is missing")
         where = f"links.{which}"
-        return Link(*(float(self.need(self.section(t, where), k, where)) for k in _LINK_KEYS))
+        sec = self.section(t, where)
+        tree = sec.get("tree_hop_latency_us")
+        tree_us = None if tree is None else float(self.need(sec, "tree_hop_latency_us", where))
+        bw, base, hop = (float(self.need(sec, k, where)) for k in _LINK_KEYS)
+        return Link(bw, base, hop, tree_us)
 
     def measured_ms(self, table: Any) -> dict[tuple[int, int], float]:
         """[compute.measured_ms]: ``"MxN" = ms`` entries under one source."""
