@@ -162,8 +162,14 @@ def _speedup_values(cells: pd.DataFrame, claim: Claim, optimizer: str) -> list[d
 
 def _reason(base: dict[str, Any], mine: dict[str, Any], timing: str) -> str:
     """Why two rows differ: the phase (of the step) or fwd/bwd + step (of the iteration) whose
-    milliseconds differ the most between the baseline and Canzona."""
-    cols = [c for c in base if c.startswith("phase_") and finite(base.get(c)) and finite(mine.get(c))]
+    milliseconds differ the most between the baseline and Canzona. In the ``megatron`` view the
+    gradient reductions are exposed outside the step (overlap.Projection), so they cannot explain a
+    step's overshoot and are not ranked for one."""
+    megatron = base.get("overlap", source_tokens(base).get("overlap")) == "megatron"
+    outside = {"phase_grad_sync"} if timing == "step" and megatron else set()
+    cols = [
+        c for c in base if c.startswith("phase_") and c not in outside and finite(base.get(c)) and finite(mine.get(c))
+    ]
     if timing == "iteration" or not cols:
         cols = [c for c in ("step_ms", "fwd_bwd_ms") if finite(base.get(c)) and finite(mine.get(c))] + cols
     if not cols:
