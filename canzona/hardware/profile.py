@@ -128,10 +128,13 @@ def load_profile(name_or_path: str | Path) -> Profile:
     cores = float(r.need(comp, "shared_cores", "compute")) if "shared_cores" in comp else None
     measured = r.measured_ms(comp.get("measured_ms"))
     fits = r.collective_fits(r.section(raw.get("collectives", {}), "collectives"))
+    gpn = r.need(top, "gpus_per_node", "profile")
+    if not float(gpn).is_integer() or gpn < 1:  # the rail pricing divides a group by it
+        raise ConfigError(f"hardware profile {p}: gpus_per_node must be a whole number >= 1, got {gpn!r}")
     prof = Profile(
         name=str(top.get("name", p.stem)),
         kind=str(top.get("kind", "gpu")),
-        gpus_per_node=int(r.need(top, "gpus_per_node", "profile")),
+        gpus_per_node=int(gpn),
         peak_flops=cvals["peak_flops"],
         matmul_efficiency=cvals["matmul_efficiency"],
         per_matrix_overhead_us=cvals["per_matrix_overhead_us"],
