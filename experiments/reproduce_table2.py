@@ -439,9 +439,9 @@ def table2_step(step: Step, collected: list[Path] | None = None) -> None:
         step.status, step.detail = "skipped", "no results file to build the table from"
         print(step.detail)
         return
-    # table2 picks up results/projection_{validation,sensitivity,batch,beyond}.csv by itself
-    # and results/planner/efficiency.csv: the full 256-GPU grid (a reduced run reuses the committed one)
-    run_command(step, ["table2", "--results", *[_rel(f) for f in files], "--out", "results/"])
+    # --sections results/: the study CSVs canzona project writes there (projection_*.csv) and
+    # results/planner/efficiency.csv, the full 256-GPU grid (a reduced run reuses the committed one)
+    run_command(step, ["table2", "--results", *[_rel(f) for f in files], "--out", "results/", "--sections", "results/"])
     if step.status == "ok":
         step.outputs += [
             _rel(p)

@@ -326,3 +326,12 @@ def test_structure_preserving_benchmark_beside_the_256_gpu_prediction(tmp_path: 
     (row,) = structure_rows(cells, skipped)
     assert "not projected here (NS bf16)" in row[3]
     assert row[4] == "ordering as predicted; no projection of this cell to compare the ratios with"
+
+
+def test_a_step_overshoot_in_the_megatron_view_is_not_blamed_on_reductions_outside_the_step() -> None:
+    from canzona.analysis.report import _reason
+
+    base = {"phase_grad_sync": 470.0, "phase_compute": 160.0, "phase_param_sync": 150.0}
+    mine = {"phase_grad_sync": 190.0, "phase_compute": 40.0, "phase_param_sync": 0.0}
+    assert _reason(dict(base, overlap="megatron"), mine, "step") == "param_sync 150 vs 0 ms"
+    assert _reason(dict(base, overlap="none"), mine, "step") == "grad_sync 470 vs 190 ms"

@@ -173,3 +173,41 @@ def test_module_and_function_sizes() -> None:
                 long_functions.append(f"{p.relative_to(PKG)}::{n.name} ({n.end_lineno - n.lineno + 1} lines)")
     assert not long_modules, f"modules over 500 lines: {long_modules}"
     assert not long_functions, f"functions over 80 lines without a why in the docstring: {long_functions}"
+
+
+# Canzona's planners: what a baseline model may not reach (its package __init__ re-exports them).
+PLANNERS = ("canzona.plan", "canzona.plan.build", "canzona.plan.dp", "canzona.plan.tp", "canzona.plan.coop")
+PLANNERS += ("canzona.plan.schedule",)
+BASELINE_MODULES = sorted(m for m in MODULES if m.startswith("canzona.analysis.projection.baselines"))
+
+
+def _reach(start: str) -> set[str]:
+    """Every canzona module ``start`` imports, directly or through the modules it imports (their
+    runtime imports; a package's own __init__ counts only where it is imported by name)."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        m = todo.pop()
+        if m in seen or m not in MODULES:
+            continue
+        seen.add(m)
+        todo += sorted(_imports(ast.parse(MODULES[m].read_text()), runtime_only=True))
+    return seen - {start}
+
+
+def _planner(module: str) -> bool:
+    return any(module == p or (module.startswith(p + ".") and p != "canzona.plan") for p in PLANNERS)
+
+
+@pytest.mark.parametrize("module", BASELINE_MODULES)
+def test_no_baseline_reaches_a_canzona_planner(module: str) -> None:
+    """A baseline is modelled from the peer's code, never from ours: no import path from a baseline
+    module leads to a planner (it may use the inventory, the cost function and plan.comm's prices)."""
+    bad = sorted(m for m in _reach(module) if _planner(m))
+    assert not bad, f"{module} reaches Canzona's planners {bad}"
+
+
+def test_the_planner_check_sees_a_planner_behind_a_helper() -> None:
+    assert BASELINE_MODULES, "no baseline modules found"
+    assert _planner("canzona.plan.dp.refine") and _planner("canzona.plan") and not _planner("canzona.plan.comm")
+    assert any(_planner(m) for m in _reach("canzona.analysis.projection.phases"))

@@ -69,6 +69,6 @@ def test_planner_and_projection_price_a_call_alike(profile: str, layout: Layout)
                 want = planner[group].call_us(kind, n, nbytes)
                 assert projection(kind, names[group], nbytes) * 1e3 == pytest.approx(want, rel=1e-12), (group, kind)
     span = layout.tp * layout.dp
-    assert projection.sized("all_reduce", 4, span, MB) * 1e3 == profile_model(prof, span, "x").call_us(
+    assert projection.sized("all_reduce", 4, span, MB) * 1e3 == profile_model(prof, span, "x", members=4).call_us(
         "all_reduce", 4, MB
     )

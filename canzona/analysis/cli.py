@@ -1,25 +1,33 @@
 """`canzona table2`: results JSON lines -> results/table2.{csv,md}, cells.csv and figures/*.png.
 
-    canzona table2 --results results/ --out results/
+    canzona table2 --results results/*.jsonl --sections results/ --out results/
     canzona table2 --results a.jsonl b.jsonl --out /tmp/t2 --no-plots
 
-Folders are searched for *.jsonl; named files are read whatever their suffix. If ``--out``
-already holds ``projection_validation.csv`` / ``projection_sensitivity.csv`` /
-``projection_batch.csv`` / ``projection_beyond.csv`` (written by ``canzona project``) or
-``planner/efficiency.csv`` (``canzona plan-bench``) they become sections of table2.md, unless
-other files are named.
+Folders are searched for *.jsonl; named files are read whatever their suffix. Every other file the
+table reads is an input too, never looked up in ``--out``: ``--sections DIR`` names the folder
+holding all of the study CSVs under their standard names (``SECTIONS``: what ``canzona project``
+and ``canzona plan-bench`` write), and each one must be there, or the command stops naming the
+missing file and the command that writes it; a section's own flag (``--sensitivity FILE``, ...)
+names one file instead. A section no input names is left out, and table2.md says which.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from canzona.argtypes import existing_path, output_dir, readable_file
 
-if TYPE_CHECKING:
-    pass
+# Every study CSV table2.md has a section for: (flag, file name under --sections, what writes it).
+SECTIONS = (
+    ("validation", "projection_validation.csv", "canzona project --validate RESULTS --profile cpu-local --out DIR"),
+    ("sensitivity", "projection_sensitivity.csv", "canzona project --preset paper --out DIR"),
+    ("batch", "projection_batch.csv", "canzona project --preset paper --out DIR"),
+    ("beyond", "projection_beyond.csv", "canzona project --preset paper --out DIR"),
+    ("lineages", "projection_lineages.csv", "canzona project --preset paper --out DIR"),
+    ("authors_sensitivity", "projection_authors.csv", "canzona project --preset authors --out DIR"),
+    ("planner", "planner/efficiency.csv", "canzona plan-bench --out DIR/planner"),
+)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -32,57 +40,70 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--out", type=output_dir, default="results", help="output folder (default: results)")
     p.add_argument(
-        "--validation",
-        type=readable_file(".csv"),
-        help="projection-vs-measurement CSV (default: OUT/projection_validation.csv if present)",
+        "--sections",
+        type=existing_path,
+        metavar="DIR",
+        help="folder holding every study CSV under its standard name (each must exist; see SECTIONS)",
     )
-    p.add_argument(
-        "--sensitivity",
-        type=readable_file(".csv"),
-        help="projection sensitivity CSV (default: OUT/projection_sensitivity.csv if present)",
-    )
-    p.add_argument("--batch", help="iteration speedup vs batch CSV (default: OUT/projection_batch.csv if present)")
-    p.add_argument("--planner", help="planner efficiency CSV (default: OUT/planner/efficiency.csv if present)")
-    p.add_argument(
-        "--beyond",
-        help="cooperative / Gram Newton–Schulz variants CSV (default: OUT/projection_beyond.csv if present)",
-    )
+    for name, file, writer in SECTIONS:
+        flag = "--" + name.replace("_", "-")
+        p.add_argument(flag, type=readable_file(".csv"), help=f"the {file} section's CSV (written by `{writer}`)")
     p.add_argument("--no-plots", action="store_true", help="skip the figures")
     p.add_argument("--plot-model", default="qwen3-32b", help="model of the per-GPU load and alpha figures")
     p.add_argument("--plot-layout", default="32,8,1", help="dp,tp,pp of those figures (default 32,8,1 = 256 GPUs)")
     p.add_argument("--plot-profile", default="H800", help="profile whose projected rows the speedup figure shows")
 
 
-def _read_csv(path: Path | None):
-    import pandas as pd
+def section_files(args: argparse.Namespace) -> dict[str, Path]:
+    """The study CSVs this command reads, by section: ``--sections DIR``'s standard names, each one
+    required, then any file a section's own flag names."""
+    from canzona.errors import ConfigError
 
-    if path is None or not path.is_file() or path.stat().st_size == 0:
-        return None
-    return pd.read_csv(path)
+    files: dict[str, Path] = {}
+    if args.sections:
+        for name, file, writer in SECTIONS:
+            path = Path(args.sections) / file
+            if not path.is_file() or path.stat().st_size == 0:
+                raise ConfigError(
+                    f"--sections {args.sections}: {path} is missing or empty; write it with `{writer}` "
+                    f"or name the sections you have with their own flags"
+                )
+            files[name] = path
+    for name, _, _ in SECTIONS:
+        if getattr(args, name):
+            files[name] = Path(getattr(args, name))
+    return files
 
 
 def run(args: argparse.Namespace) -> int:
+    import pandas as pd
+
     from canzona.analysis.aggregate import aggregate_cells
     from canzona.analysis.load import load_results
     from canzona.analysis.table2 import build_table2, write_table2
     from canzona.errors import ConfigError
 
     out = Path(args.out)
-    named = lambda opt, default: Path(opt) if opt else out / default
-    validation = _read_csv(named(args.validation, "projection_validation.csv"))
-    if args.validation and validation is None:
-        raise ConfigError(f"--validation {args.validation}: no such (non-empty) file; run `canzona project --validate`")
+    inputs = section_files(args)
+    frames = {name: pd.read_csv(path) for name, path in inputs.items()}
     cmd = "canzona table2 --results " + " ".join(args.results) + f" --out {args.out}"
-    batch = _read_csv(named(args.batch, "projection_batch.csv"))
+    cmd += f" --sections {args.sections}" if args.sections else ""
+    cmd += "".join(f" --{n.replace('_', '-')} {getattr(args, n)}" for n, _, _ in SECTIONS if getattr(args, n))
+    left_out = [file for name, file, _ in SECTIONS if name not in inputs]
+    batch = frames.get("batch")
     files = write_table2(
         args.results,
         out,
-        validation=validation,
+        validation=frames.get("validation"),
         batch=batch,
-        sensitivity=_read_csv(named(args.sensitivity, "projection_sensitivity.csv")),
-        planner=_read_csv(named(args.planner, "planner/efficiency.csv")),
-        beyond=_read_csv(named(args.beyond, "projection_beyond.csv")),
+        sensitivity=frames.get("sensitivity"),
+        planner=frames.get("planner"),
+        beyond=frames.get("beyond"),
+        authors_sensitivity=frames.get("authors_sensitivity"),
+        lineages=frames.get("lineages"),
         command=cmd,
+        section_inputs=[str(p) for p in inputs.values()],
+        left_out=left_out,
     )
     for f in files.values():
         print(f"wrote {f}")

@@ -15,7 +15,10 @@ Qwen3-32B configuration) -> ``projected_authors.jsonl``. ``paper`` also writes
 constants change), ``OUT/projection_batch.csv`` (iteration speedup against tokens per
 iteration, per GPU profile and view, marking where the paper's 1.57× is reached) and
 ``OUT/projection_beyond.csv`` (Qwen3-32B on H800: Canzona with and without cooperative
-Newton–Schulz and with Gram Newton–Schulz, against layer-wise, both views).
+Newton–Schulz and with Gram Newton–Schulz, against layer-wise, both views) and
+``OUT/projection_lineages.csv`` (the headline: Canzona against each baseline lineage, with issue
+#34's metrics); ``authors`` also writes ``OUT/projection_authors.csv`` (the authors' batch as
+micro-batch, MFU and Newton–Schulz rate range over their plausible values, against every baseline).
 ``--cooperative/--no-cooperative`` and ``--ns-method`` set the planner's cooperation and Muon's
 Newton–Schulz method of a custom projection.
 ``--validate`` writes ``OUT/projection_validation.csv``.
@@ -280,7 +283,13 @@ def _write_preset(name: str, out: Path, profiles: list[Any] | None) -> int:
     from canzona.analysis.aggregate import PAPER_OPTIMIZER
     from canzona.analysis.projection import load_profile, project_grid, projected_env, to_record
     from canzona.analysis.projection.presets import get_preset
-    from canzona.analysis.projection.studies import batch_study, beyond_study, sensitivity
+    from canzona.analysis.projection.studies import (
+        authors_sensitivity,
+        batch_study,
+        beyond_study,
+        lineage_study,
+        sensitivity,
+    )
     from canzona.results.schema import write_atomic
 
     preset = get_preset(name)
@@ -290,12 +299,17 @@ def _write_preset(name: str, out: Path, profiles: list[Any] | None) -> int:
     text = "".join(json.dumps(to_record(p, env), sort_keys=True) + "\n" for p in projs)
     written = [out / preset.out_file]
     write_atomic(written[0], text)
+    studies: dict[str, list[dict[str, Any]]] = {}
     if name == "paper":
         studies = {
             "projection_sensitivity.csv": sensitivity("H800"),
             "projection_batch.csv": batch_study(profs),
             "projection_beyond.csv": beyond_study([load_profile("H800")]),
+            "projection_lineages.csv": lineage_study("H800"),
         }
+    if name == "authors":
+        studies = {"projection_authors.csv": authors_sensitivity("H800")}
+    if studies:
         for fname, rows in studies.items():
             write_atomic(out / fname, pd.DataFrame(rows).to_csv(index=False))
             written.append(out / fname)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from canzona.analysis.aggregate import OURS, ROW_KEY
+from canzona.analysis.projection.baselines import BASELINES, TP_DESCRIPTIONS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -26,10 +27,10 @@ def source_tokens(row: dict[str, Any]) -> dict[str, str]:
 
 
 # The TP mode of each baseline, stated next to every number that uses it (the layer-wise TP mode
-# is our assumption for the paper's baseline; today's Megatron's is its layer-sharded Muon).
+# is our assumption for the paper's baseline; a modelled peer's is the default of the code it models).
 BASELINE_TP = {
     "layerwise": "TP duplicated: all-gather, every TP rank computes (assumed)",
-    "layerwise-2026": "TP layer-sharded: one home per matrix by all-to-all",
+    **{name: TP_DESCRIPTIONS[b.tp_mode] for name, b in BASELINES.items()},
     "sc": "TP duplicated",
 }
 

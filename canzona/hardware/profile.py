@@ -27,11 +27,13 @@ COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broa
 
 @dataclass(frozen=True)
 class Link:
-    """One interconnect: effective bus bandwidth (bytes/s) and ring latencies (µs)."""
+    """One interconnect: effective bus bandwidth (bytes/s) and latencies (µs): NCCL's base latency,
+    its Ring/Simple hop and its Tree/Simple hop (``tree_hop_latency_us``; None: the ring hop)."""
 
     bus_bw: float
     base_latency_us: float
     hop_latency_us: float
+    tree_hop_latency_us: float | None = None
 
 
 @dataclass(frozen=True)
@@ -130,12 +132,15 @@ def load_profile(name_or_path: str | Path) -> Profile:
     cores = float(r.need(comp, "shared_cores", "compute")) if "shared_cores" in comp else None
     measured = r.measured_ms(comp.get("measured_ms"))
     fits = r.collective_fits(r.section(raw.get("collectives", {}), "collectives"))
+    gpn = r.need(top, "gpus_per_node", "profile")
+    if not float(gpn).is_integer() or gpn < 1:  # the rail pricing divides a group by it
+        raise ConfigError(f"hardware profile {p}: gpus_per_node must be a whole number >= 1, got {gpn!r}")
     mem = r.section(raw.get("memory", {}), "memory")
     memory = {k: float(r.need(mem, k, "memory")) for k in MEMORY_KEYS} if mem else {}
     prof = Profile(
         name=str(top.get("name", p.stem)),
         kind=str(top.get("kind", "gpu")),
-        gpus_per_node=int(r.need(top, "gpus_per_node", "profile")),
+        gpus_per_node=int(gpn),
         peak_flops=cvals["peak_flops"],
         matmul_efficiency=cvals["matmul_efficiency"],
         per_matrix_overhead_us=cvals["per_matrix_overhead_us"],
@@ -212,7 +217,11 @@ class _SourcedReader:
         if t is None:
             raise ConfigError(f"hardware profile {self.path}: [links.{which}] is missing")
         where = f"links.{which}"
-        return Link(*(float(self.need(self.section(t, where), k, where)) for k in _LINK_KEYS))
+        sec = self.section(t, where)
+        tree = sec.get("tree_hop_latency_us")
+        tree_us = None if tree is None else float(self.need(sec, "tree_hop_latency_us", where))
+        bw, base, hop = (float(self.need(sec, k, where)) for k in _LINK_KEYS)
+        return Link(bw, base, hop, tree_us)
 
     def measured_ms(self, table: Any) -> dict[tuple[int, int], float]:
         """[compute.measured_ms]: ``"MxN" = ms`` entries under one source."""

@@ -61,10 +61,66 @@ class Link:
     bus_bw: float
     base_latency_us: float
     hop_latency_us: float = 0.0
+    tree_hop_latency_us: float | None = None  # NCCL's Tree/Simple hop; None: the ring hop
 
     def __post_init__(self) -> None:
         if not self.bus_bw > 0 or self.base_latency_us < 0 or self.hop_latency_us < 0:
             raise ConfigError(f"link needs bus_bw > 0 and latencies >= 0, got {self}")
+
+    @property
+    def tree_hop_us(self) -> float:
+        return self.hop_latency_us if self.tree_hop_latency_us is None else self.tree_hop_latency_us
+
+
+@dataclass(frozen=True)
+class Span:
+    """Where a group's ranks sit: ``nodes`` nodes with ``per_node`` members each, the intra-node
+    link (NVLink) and the inter-node link (one NIC per GPU). ``rail_bus_bw`` and ``nccl_latency_us``
+    price a group that spans nodes the way NCCL runs it."""
+
+    nodes: int
+    per_node: int
+    intra: Link
+    inter: Link
+
+    @property
+    def bus_bw(self) -> float:
+        """NVLink inside one node; across nodes the rail-aware ``rail_bus_bw``."""
+        if self.nodes <= 1:
+            return self.intra.bus_bw
+        return rail_bus_bw(self.per_node, self.inter.bus_bw, self.intra.bus_bw)
+
+
+def rail_bus_bw(per_node: int, nic_bw: float, nvlink_bw: float) -> float:
+    """Bus bandwidth of a ring over nodes with ``per_node`` members each: NCCL builds rings (channels)
+    through as many NICs as the node has members (rail-aligned), so the inter-node part moves at
+    per_node · NIC, while every rank's traffic also crosses NVLink: min(per_node · NIC, NVLink)
+    (NVIDIA/nccl #412; nccl-tests #309: 366 GB/s busBw on 4 nodes × 8 H100, one 400 Gb/s NIC per GPU)."""
+    return min(max(1, per_node) * nic_bw, nvlink_bw)
+
+
+def nccl_latency_us(kind: str, n: int, span: Span) -> float:
+    """NCCL's latency model for a call on ``n`` ranks placed as ``span`` (NVIDIA/nccl
+    src/graph/tuning.cc at 5067397c, ``ncclTopoTuneModel``): base + per-step hops, a ring's steps
+    split into inter-node steps (nodes − 1; all-reduce twice that) at the NET hop and the rest at
+    the NVLink hop; all-reduce may instead take the double binary tree, 2·((per_node − 1) NVLink
+    tree hops + log2(nodes) NET tree hops), whichever is less. Broadcast and reduce are priced as
+    rings (n − 1 steps); an all-to-all as one step."""
+    ring_terms(kind, n)  # checks the kind
+    if n <= 1:
+        return 0.0
+    nodes = max(1, span.nodes)
+    intra, inter = span.intra.hop_latency_us, span.inter.hop_latency_us
+    base = span.inter.base_latency_us if nodes > 1 else span.intra.base_latency_us
+    if kind == "all_to_all":
+        return base + (inter if nodes > 1 else intra)
+    ring_steps = 2 * (n - 1) if kind == "all_reduce" else n - 1
+    inter_steps = (2 if kind == "all_reduce" else 1) * (nodes - 1)
+    ring = (ring_steps - inter_steps) * intra + inter_steps * inter
+    if kind != "all_reduce":
+        return base + ring
+    tree = 2 * ((n // nodes - 1) * span.intra.tree_hop_us + math.floor(math.log2(nodes)) * span.inter.tree_hop_us)
+    return base + min(ring, tree)
 
 
 def ring_terms(kind: str, n: int) -> tuple[float, int]:
@@ -92,6 +148,7 @@ class CommModel:
     copy_bw: float = 1e12  # bytes/s of a local staging copy (read + write)
     source: str = ""
     launch_us: float = 0.0  # host time to issue one call (``HOST_LAUNCH_US``); 0 where a fit includes it
+    span: Span | None = None  # where the group's ranks sit: NCCL's latency model and rail busBw
     _kinds: dict[str, Link] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -102,6 +159,8 @@ class CommModel:
         factor, steps = ring_terms(kind, n)
         if n <= 1:
             return 0.0
+        if kind not in self._kinds and self.span is not None:
+            return nccl_latency_us(kind, n, self.span) + factor * nbytes / self.span.bus_bw * 1e6
         link = self._kinds.get(kind, self.link)
         return link.base_latency_us + steps * link.hop_latency_us + factor * nbytes / link.bus_bw * 1e6
 
@@ -162,23 +221,45 @@ def model_for_backend(backend: str) -> CommModel:
     return MODELS.get(str(backend).lower(), NCCL)
 
 
-def profile_model(profile: Profile, span: int, name: str) -> CommModel:
-    """The α–β model of a group whose ranks span ``span`` consecutive GPUs on ``profile``: the
-    intra-node link when the span fits a node, else the inter-node link (Megatron rank order: TP
-    fastest, then DP, then PP); a profile's calibrated per-kind fits (the CPU profile) carry over,
-    and a local staging copy moves at its memory bandwidth; a GPU profile's calls pay
-    ``HOST_LAUNCH_US`` each to be issued (a calibrated CPU profile's fits already include it). The
-    planner, the budget and the projection all price calls with this, so they agree on the machine."""
+def profile_model(profile: Profile, span: int, name: str, members: int | None = None) -> CommModel:
+    """The α–β model of a group of ``members`` ranks spanning ``span`` consecutive GPUs on
+    ``profile`` (Megatron rank order: TP fastest, then DP, then PP): inside a node, the intra-node
+    link; across nodes, ``members`` spread evenly over span / gpus_per_node nodes, priced by NCCL's
+    latency model (``nccl_latency_us``) at the rail-aware bus bandwidth min(per-node members · NIC,
+    NVLink) (``rail_bus_bw``; without ``members``, one member per node: one NIC). A profile's
+    calibrated per-kind fits (the CPU profile) carry over, and a local staging copy moves at its
+    memory bandwidth; a GPU profile's calls pay ``HOST_LAUNCH_US`` each to be issued (a calibrated
+    CPU profile's fits already include it). The planner, the budget and the projection all price
+    calls with this, so they agree on the machine."""
     which = "intra" if span <= profile.gpus_per_node else "inter"
     link = profile.intra if which == "intra" else profile.inter
+    nodes = max(1, -(-span // profile.gpus_per_node))
+    per_node = max(1, (members or nodes) // nodes)
+    as_link = lambda lk: Link(lk.bus_bw, lk.base_latency_us, lk.hop_latency_us, lk.tree_hop_latency_us)
+    where = Span(nodes, per_node, as_link(profile.intra), as_link(profile.inter))
     return CommModel(
         f"profile:{profile.name}:{name}",
-        Link(link.bus_bw, link.base_latency_us, link.hop_latency_us),
+        Link(where.bus_bw if nodes > 1 else link.bus_bw, link.base_latency_us, link.hop_latency_us),
         per_kind=tuple((kind, Link(f.bus_bw, f.latency_us)) for kind, f in sorted(profile.collectives.items())),
         copy_bw=profile.mem_bw,
-        source=f"hardware profile {profile.name} [links.{which}]",
+        source=f"hardware profile {profile.name} [links.{which}]"
+        + (f", {nodes} nodes × {per_node}" if nodes > 1 else ""),
         launch_us=0.0 if profile.collectives else HOST_LAUNCH_US,
+        span=where,
     )
+
+
+def coalesced_us(model: CommModel, kind: str, n: int, sizes: Sequence[float]) -> float:
+    """Microseconds of calls of ``kind`` on one ``n``-rank group issued as ONE NCCL group
+    (ncclGroupStart / ncclGroupEnd). That is what ProcessGroupNCCL does with an ``all_gather`` of
+    uneven tensors (a broadcast per root inside one coalesced group), the call Megatron's layer-wise
+    optimizer issues: the calls' latencies overlap, so the group pays one latency and every call's
+    bandwidth term. Canzona's per-root calls are separate calls and pay ``call_us`` each."""
+    live = [w for w in sizes if w > 0]
+    if n <= 1 or not live:
+        return 0.0
+    latency = model.call_us(kind, n, 0.0)
+    return latency + sum(model.call_us(kind, n, w) - latency for w in live)
 
 
 # ----------------------------------------------------------------------------- a DP bucket's mode

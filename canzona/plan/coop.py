@@ -72,8 +72,8 @@ def coop_settings(profile: Profile, layout: Layout) -> CoopSettings:
     (sub-)group, strided over the whole TP group (``tp.block_slots``), so inside a node for Megatron's
     TP <= 8 and across nodes for an FSDP2 shard group planned as a TP group of 256
     (``canzona.plan.engines``), where the inter-node link prices its Grams."""
-    link = profile_model(profile, layout.tp, "coop").link_for("all_reduce")
-    dp = profile_model(profile, layout.tp * layout.dp, "dp")
+    link = profile_model(profile, layout.tp, "coop", members=layout.tp).link_for("all_reduce")
+    dp = profile_model(profile, layout.tp * layout.dp, "dp", members=layout.dp)
     return CoopSettings(flops_rate=profile.flops_rate, link=link, dp=dp)
 
 

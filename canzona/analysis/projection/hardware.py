@@ -14,6 +14,8 @@ calibrated by ``canzona calibrate-cpu``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from canzona.cost import CostSettings, matrix_flops, ns_member_flops, ns_method_for, runs_newton_schulz
 from canzona.errors import ConfigError
 from canzona.hardware.profile import (  # noqa: F401  (re-exported: the projection's names)
@@ -47,7 +49,7 @@ class Comm:
 
     def __init__(self, profile: Profile, layout: Layout) -> None:
         self.profile, self.layout = profile, layout
-        self._models: dict[int, plan_comm.CommModel] = {}
+        self._models: dict[tuple[int, int], plan_comm.CommModel] = {}
 
     def __call__(self, kind: str, group: str, nbytes: float) -> float:
         n, span = _group(self.layout, group)
@@ -56,16 +58,26 @@ class Comm:
     def sized(self, kind: str, n: int, span: int, nbytes: float) -> float:
         """A call on a group of ``n`` ranks whose GPUs span ``span`` consecutive ranks (a DP
         sub-group); an all-to-all's ``nbytes`` is what one rank sends (``plan.comm`` convention)."""
-        if span not in self._models:
-            self._models[span] = plan_comm.profile_model(self.profile, span, f"span{span}")
-        return self._models[span].call_us(kind, n, nbytes) / 1e3
+        return self._model(n, span).call_us(kind, n, nbytes) / 1e3
+
+    def _model(self, n: int, span: int) -> plan_comm.CommModel:
+        """The model of an ``n``-rank group over ``span`` GPUs (its members per node set the rail
+        bandwidth)."""
+        if (n, span) not in self._models:
+            self._models[(n, span)] = plan_comm.profile_model(self.profile, span, f"span{span}", members=n)
+        return self._models[(n, span)]
+
+    def coalesced(self, kind: str, group: str, sizes: Sequence[float]) -> float:
+        """Calls of ``kind`` with these buffers issued as one NCCL group (``plan.comm.coalesced_us``)."""
+        n, span = _group(self.layout, group)
+        return plan_comm.coalesced_us(self._model(n, span), kind, n, sizes) / 1e3
 
 
 def comm_model(profile: Profile, layout: Layout) -> plan_comm.CommModel:
     """The α–β model the schedule's DP mode choice uses (``LowerSettings.model``): the profile's
     DP group (``canzona.plan.comm.profile_model``), so the projected modes are the ones the
     runtime would pick on this hardware."""
-    return plan_comm.profile_model(profile, layout.tp * layout.dp, "dp")
+    return plan_comm.profile_model(profile, layout.tp * layout.dp, "dp", members=layout.dp)
 
 
 def _resolved_method(optimizer: str, shape: tuple[int, int], settings: CostSettings) -> str:

@@ -12,7 +12,9 @@ the plan. The same phase times give both views; ``Projection`` documents them.
 Windows (``Windows``), the part a reviewer checks first: with gradient accumulation Megatron runs
 the first m-1 micro-batches without gradient sync, so bucket reductions start in the LAST
 micro-batch's backward, and the overlapped parameter all-gathers must be done by the FIRST
-micro-batch's forward. Under 1F1B with pp stages (stage 0 first) one micro-batch takes
+micro-batch's forward. Inside those windows a per-bucket timeline (``grad_timeline``,
+``param_timeline``): a bucket is ready only after its share of the last backward, and each gather
+must land before its own segment of the first forward. Under 1F1B with pp stages (stage 0 first) one micro-batch takes
 t = fwd_bwd / (m + pp - 1) on a stage (forward t/3, backward 2t/3); stage s runs its last backward
 s backward slots before the iteration's end and its first forward s forward slots after the start,
 and is idle in between (the bubble), so its reductions also have s·t_b after its last backward and
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from canzona.analysis.projection.hardware import Profile
-from canzona.analysis.projection.phases import StageProjection
+from canzona.analysis.projection.stage import StageProjection
 from canzona.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -56,18 +58,45 @@ class Windows:
         return cls(backward=bwd, forward=fwd, after=stage * bwd, before=stage * fwd)
 
     def grad_exposed(self, bucket_ms: tuple[float, ...]) -> float:
-        """Exposed gradient reduction: the buckets run one after another from the last backward on;
-        the last bucket can only start when that backward ends; the bubble after it hides more."""
-        if not bucket_ms:
-            return 0.0
-        return max(0.0, max(sum(bucket_ms) - self.backward, max(bucket_ms)) - self.after)
+        """Exposed gradient reduction (``grad_timeline``): what runs past the end of the last
+        backward and the bubble after it."""
+        return max(0.0, grad_timeline(bucket_ms, self.backward) - self.backward - self.after)
 
     def param_exposed(self, bucket_ms: tuple[float, ...]) -> float:
-        """Exposed parameter gathers: the first bucket is needed when the first forward starts,
-        all of them by its end; the bubble before it hides more."""
-        if not bucket_ms:
-            return 0.0
-        return max(0.0, max(sum(bucket_ms) - self.forward, max(bucket_ms)) - self.before)
+        """Exposed parameter gathers (``param_timeline``): how much later the first forward ends
+        than it would without them, the bubble before it hiding the first gathers."""
+        return max(0.0, param_timeline(bucket_ms, self.forward, self.before) - self.before - self.forward)
+
+
+def _shares(bucket_ms: tuple[float, ...], span: float) -> list[float]:
+    """Each bucket's share of a fwd or bwd pass of ``span`` ms, in proportion to its call time (the
+    calls of one view run on one link, so their times follow their bucket sizes)."""
+    total = sum(bucket_ms)
+    return [span * ms / total if total > 0 else span / len(bucket_ms) for ms in bucket_ms]
+
+
+def grad_timeline(bucket_ms: tuple[float, ...], backward: float) -> float:
+    """When the last gradient bucket's reduction ends, from the start of the last backward: bucket i
+    (reduction order) is ready once its share of that backward is done, and the reductions run one
+    after another on one communicator, so reduction i starts at max(ready_i, end of reduction i−1)."""
+    end = ready = 0.0
+    for ms, share in zip(bucket_ms, _shares(bucket_ms, backward), strict=True):
+        ready += share
+        end = max(ready, end) + ms
+    return end
+
+
+def param_timeline(bucket_ms: tuple[float, ...], forward: float, before: float = 0.0) -> float:
+    """When the first forward ends, from the start of the iteration: the gathers (in the order the
+    forward needs them) run back to back from the start; the stage's first forward begins after its
+    bubble ``before``, and its segment i (its share of the forward) starts once gather i has landed
+    and segment i−1 is done."""
+    landed = 0.0
+    end = before
+    for ms, share in zip(bucket_ms, _shares(bucket_ms, forward), strict=True):
+        landed += ms
+        end = max(landed, end) + share
+    return end if bucket_ms else before + forward
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,6 @@ For a CPU profile (``shared_cores``) the rank timelines are run by ``timeline.si
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from canzona.analysis.projection.hardware import Comm, Profile, coop_member_flops, coop_member_ms, matrix_ms
 from canzona.analysis.projection.lowering import (
@@ -42,7 +41,8 @@ from canzona.analysis.projection.lowering import (
     lower_stage,
     tp_partial_names,
 )
-from canzona.analysis.projection.timeline import PHASES, Task, simulate
+from canzona.analysis.projection.stage import RankTimes, StageProjection
+from canzona.analysis.projection.timeline import Task, simulate
 from canzona.cost import CostSettings, matrix_flops
 from canzona.errors import ConfigError
 from canzona.models.spec import ParamSpec
@@ -50,57 +50,6 @@ from canzona.plan.schedule import TP_BLOCKS_TAG, CommOp, ExecSpec, RankSchedule
 from canzona.plan.types import Layout, Plan
 
 GROUPS = {"dp": "dp", "tp": "tp", "global": "world"}  # schedule group -> hardware.Comm group
-
-
-@dataclass
-class RankTimes:
-    """Milliseconds per phase for one (dp, tp) rank of one stage, plus its optimizer FLOPs and
-    every collective of its schedule with the milliseconds charged for it (schedule order)."""
-
-    phases: dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in PHASES})
-    flops: float = 0.0
-    matrices: int = 0
-    charged: tuple[tuple[CommOp, float], ...] = ()
-
-    @property
-    def total(self) -> float:
-        return sum(self.phases.values())
-
-
-@dataclass(frozen=True)
-class StageProjection:
-    """One PP stage: per-rank phase times plus the bucket-level DP collectives.
-
-    ``grad_bucket_ms``: each gradient bucket's reduction (matrix then AdamW buckets; the TP sum of
-    partial gradients last, when there is one).
-    ``param_bucket_ms``: parameter all-gathers that follow the buckets (AdamW buckets always; matrix
-    buckets when the plan's cuts follow them), so they can run bucket by bucket under the next
-    forward (Megatron's overlap_param_gather).
-    ``param_fixed_ms``: the gather that ignores bucket geometry (layer-wise owners) and must run
-    inside the step.
-    """
-
-    stage: int
-    ranks: dict[tuple[int, int], RankTimes]
-    modes: dict[str, str]
-    lower_bound_flops: float
-    total_flops: float
-    grad_bucket_ms: tuple[float, ...] = ()
-    param_bucket_ms: tuple[float, ...] = ()
-    param_fixed_ms: float = 0.0
-    tasks: dict[tuple[int, int], tuple[Task, ...]] = field(default_factory=dict, compare=False)
-
-    @property
-    def step_ms(self) -> float:
-        return max(r.total for r in self.ranks.values())
-
-    def phase_ms(self) -> dict[str, float]:
-        return {p: max(r.phases[p] for r in self.ranks.values()) for p in PHASES}
-
-    @property
-    def optimizer_core_ms(self) -> float:
-        """check + TP + compute + cooperation of the slowest rank (no DP collectives)."""
-        return max(r.total - r.phases["grad_sync"] - r.phases["param_sync"] for r in self.ranks.values())
 
 
 def project_stage(

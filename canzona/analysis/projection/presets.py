@@ -10,8 +10,9 @@ profiles they are projected on, and the file it writes; adding one is one entry 
            with numel balancing (App. F.2, also without cooperation, so the pair differs in the
            cost alone), with Shampoo and SOAP (the secondary >30x claim), and with cooperative
            Newton–Schulz (beyond the paper: its own rows, never the row a claim is judged on).
-           Every row has two baselines: the paper's layer-wise optimizer and today's Megatron
-           (``layerwise-2026``, see ``scenario.LAYERWISE_2026``). Every model on H800; the other
+           Every row has the paper's layer-wise optimizer and the modelled peers (``baselines``:
+           Megatron at the paper's date, Megatron main, main + layer-sharded TP) as baselines.
+           Every model on H800; the other
            GPU profiles (H100, A100, H200) project Qwen3-32B's paper-compatible rows only: each
            profile prices the planner's choices, so each one plans anew.
   authors  the authors' public Qwen3-32B configuration (their scripts), for verdicts beside ours:

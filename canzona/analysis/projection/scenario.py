@@ -10,9 +10,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from canzona.analysis.projection.baselines import BASELINES
 from canzona.analysis.projection.hardware import Profile
 from canzona.analysis.projection.overlap import OVERLAPS, Projection, fwd_bwd_ms
-from canzona.analysis.projection.phases import StageProjection, project_stage
+from canzona.analysis.projection.phases import project_stage
+from canzona.analysis.projection.stage import StageProjection
 from canzona.cost import CostModel, CostSettings
 from canzona.errors import ConfigError
 from canzona.plan.types import Layout, Plan, PlanConfig
@@ -23,23 +25,11 @@ if TYPE_CHECKING:
     from canzona.optim.base import MatrixOptimizer
 
 # The methods the projection models: the runtime's strategies (the strategy registry through
-# canzona.spec; a peer is projected as the strategy of its lineage), and today's Megatron
-# (``layerwise-2026``, a configuration of the canzona strategy, below) beside the paper's layerwise.
+# canzona.spec; a peer is projected as the strategy of its lineage) and, beside the paper's
+# layerwise, the independent models of the peers' shipped code (``baselines``: Megatron at the
+# paper's date, Megatron main, main + layer-sharded TP), none of which runs Canzona's planner.
 _RUNTIME = method_names(peers=False)
-METHODS = (*_RUNTIME[:2], "layerwise-2026", *_RUNTIME[2:])
-# Megatron-LM's layer-wise distributed optimizer as of 2026 (megatron/core/optimizer/
-# layer_wise_optimizer.py, layer_sharded_muon.py): per backprop-contiguous bucket (grown to at
-# least 0.9·DP·its largest parameter), whole matrices packed into DP shards largest-first by numel
-# and padded to the largest shard, so gradients are reduce-scattered and parameters all-gathered
-# bucket by bucket (overlapped with backward and the next forward); TP "layer-sharded": each matrix
-# gets one home in its TP group, all-to-alls bring its shards there and the update back (no
-# duplicated Newton–Schulz). In planner terms: Canzona's padded layout (same bucket rule,
-# buckets.matrix_chunks) balancing slice widths only (α = 0: the shard sizes, i.e. numel; our
-# search stands in for its per-bucket LPT and is never worse on that key), no cooperation, TP mode
-# global (homes by all-to-all). Not modelled: Megatron issues one all-to-all per direction for all
-# matrices of a parameter group; ours pipelines micro-groups of bounded capacity.
-LAYERWISE_2026 = {"method": "canzona", "dp_algo": "refine", "dp_layout": "padded", "cost": "numel",
-                  "cooperative": False, "tp_mode": "global", "alpha": 0.0}  # fmt: skip
+METHODS = (*_RUNTIME[:2], *BASELINES, *_RUNTIME[2:])
 
 
 # The batch a projection defaults to, as a section of the run spec: the paper's Qwen3 setting, the
@@ -60,7 +50,7 @@ class Scenario:
     taken from its sections and their values checked against its choices; ``of`` builds one from
     the spec's leaves. The batch defaults to ``PAPER_BATCH``. Only ``OWN_FIELDS`` are the
     projection's own. Why typed fields and not the spec itself: the projection also models a method
-    no run executes (``layerwise-2026``) and takes no loop, learning rates or peers; the fields are
+    no run executes (the ``baselines``) and takes no loop, learning rates or peers; the fields are
     spelled out for the type checker, and a test holds them to the spec.
     """
 
@@ -113,8 +103,6 @@ def plan_config_for(s: Scenario, profile: Profile | None = None) -> PlanConfig:
     ``RunSpec.plan_config``), its choices priced on the profile the scenario is projected on (one
     machine for both)."""
     knobs: dict[str, Any] = {f.name: getattr(s, f.name) for f in dataclasses.fields(s)}
-    if s.method == "layerwise-2026":
-        knobs |= LAYERWISE_2026
     return plan_config_of(knobs | {"profile": profile.name if profile is not None else None})
 
 
@@ -140,7 +128,8 @@ def cost_settings_for(s: Scenario, profile: Profile | None = None) -> CostSettin
 
 def make_plans(s: Scenario, profile: Profile | None = None) -> list[Plan]:
     """One plan per PP stage from the planner (``canzona.plan.plan_model``), priced with the
-    scenario's optimizer settings (``cost_settings_for``)."""
+    scenario's optimizer settings (``cost_settings_for``); none for a baseline, which is modelled
+    from the peer's code (``baselines``), not planned."""
     import canzona.plan as cplan
     from canzona.models import get_model
 
@@ -150,6 +139,8 @@ def make_plans(s: Scenario, profile: Profile | None = None) -> list[Plan]:
             f"the projection models {', '.join(METHODS)}, not {s.method!r}"
             + (f" ({s.method} is the {lineage} lineage: project {lineage!r})" if lineage else "")
         )
+    if s.method in BASELINES:
+        return []
     pc = plan_config_for(s, profile)
     cost = CostModel(s.optimizer, pc.cost, cost_settings_for(s, profile))  # type: ignore[arg-type]
     return list(cplan.plan_model(get_model(s.model), s.layout, pc, views=s.views, cost_model=cost, profile=profile))
@@ -176,6 +167,9 @@ def project(
 
     cfg = get_model(s.model)
     cfg.validate_layout(tp=s.layout.tp, pp=s.layout.pp)
+    if stages is None and s.method in BASELINES:
+        settings = settings or cost_settings_for(s, profile)
+        stages = BASELINES[s.method].stages(s.model, s.layout, profile, s.optimizer, settings)
     if stages is None:
         plans = list(plans) if plans is not None else make_plans(s, profile)
         settings = settings or cost_settings_for(s, profile)

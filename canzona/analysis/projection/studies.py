@@ -14,7 +14,7 @@ from typing import Any
 
 from canzona.analysis.projection.hardware import Profile, load_profile, with_profile_overrides
 from canzona.analysis.projection.overlap import Projection
-from canzona.analysis.projection.presets import PAPER_GLOBAL_BATCH, PAPER_LAYOUTS, VIEWS
+from canzona.analysis.projection.presets import AUTHORS, PAPER_GLOBAL_BATCH, PAPER_LAYOUTS, VIEWS
 from canzona.analysis.projection.records import speedup
 from canzona.analysis.projection.scenario import Scenario, at_tokens, make_plans, plan_key, project
 from canzona.plan.types import Layout
@@ -84,19 +84,21 @@ def _variants(base_prof: Profile) -> list[tuple[str, str, dict[str, Any], Profil
 
 def sensitivity(profile_name: str = "H800") -> list[dict[str, Any]]:
     """Qwen3-32B at 256 GPUs, paper-compatible Canzona (no cooperation, standard Newton–Schulz)
-    against the paper's layer-wise baseline and today's Megatron (``layerwise-2026``), as one
+    against the paper's layer-wise baseline, Megatron at the paper's date (``megatron-2602``, TP
+    blockwise) and Megatron main (``megatron-main``), as one
     assumption changes at a time; ``pinned_by`` names the measurement that would fix it."""
     base_prof = load_profile(profile_name)
     lay = PAPER_LAYOUTS["qwen3-32b"]
     rows = []
-    methods = ("layerwise", "layerwise-2026", "canzona")
+    methods = ("layerwise", "megatron-2602", "megatron-main", "canzona")
     for label, varies, kw, prof in _variants(base_prof):
         scen = [
             replace(Scenario("qwen3-32b", lay, m, overlap=ov, cooperative=False), **kw) for ov in VIEWS for m in methods
         ]
         projs = {(p.scenario.overlap, p.scenario.method): p for p in project_grid(scen, [prof])}
         for ov in VIEWS:
-            c, b, b26 = projs[(ov, "canzona")], projs[(ov, "layerwise")], projs[(ov, "layerwise-2026")]
+            c, b = projs[(ov, "canzona")], projs[(ov, "layerwise")]
+            b26, bm = projs[(ov, "megatron-2602")], projs[(ov, "megatron-main")]
             rows.append(
                 {
                     "profile": profile_name,
@@ -106,17 +108,145 @@ def sensitivity(profile_name: str = "H800") -> list[dict[str, Any]]:
                     "ib_gb_s": prof.inter.bus_bw / 1e9,
                     "canzona step ms": round(c.step_ms, 1),
                     "layerwise step ms": round(b.step_ms, 1),
-                    "layerwise-2026 step ms": round(b26.step_ms, 1),
+                    "megatron-2602 step ms": round(b26.step_ms, 1),
+                    "megatron-main step ms": round(bm.step_ms, 1),
                     "canzona iter ms": round(c.iteration_ms, 1),
                     "layerwise iter ms": round(b.iteration_ms, 1),
                     "speedup step": speedup(b.step_ms, c.step_ms),
                     "speedup iteration": speedup(b.iteration_ms, c.iteration_ms),
-                    "speedup step vs layerwise-2026": speedup(b26.step_ms, c.step_ms),
+                    "speedup step vs megatron-2602": speedup(b26.step_ms, c.step_ms),
+                    "speedup iteration vs megatron-2602": speedup(b26.iteration_ms, c.iteration_ms),
+                    "speedup step vs megatron-main": speedup(bm.step_ms, c.step_ms),
+                    "speedup iteration vs megatron-main": speedup(bm.iteration_ms, c.iteration_ms),
                     "pinned_by": PINNED_BY.get(varies, ""),
                     "configuration": "canzona coop off, NS standard, cost flops; layerwise TP duplicated; "
-                    "layerwise-2026 TP layer-sharded",
+                    "megatron-2602 TP blockwise; megatron-main TP duplicated",
                 }
             )
+    return rows
+
+
+# The authors' setting is our extrapolation of their public script (32 GPUs, TP4·DP8, micro-batch 4)
+# to DP32·TP8: its micro-batch, the MFU and the Newton–Schulz rate are ranges, not numbers.
+AUTHORS_MICRO_BATCHES = (1, 2, 4)
+AUTHORS_MFU = {
+    0.35: "low end",
+    0.37: "TP 8 on H800 with SP off (nearer its NVLink)",
+    0.47: "Megatron's H100 figure: an upper bound on H800",
+}
+AUTHORS_NS_EFFICIENCY = {
+    0.527: "calibrated to App. F.2's 71.7 ms (the paper's own Canzona step)",
+    0.65: "mid",
+    0.797: "788.6 TFLOP/s, an H200 GEMM burst: an upper bound",
+}
+AUTHORS_BASELINES = ("megatron-2602+duplicated", "megatron-2602", "megatron-main", "megatron-main+6683", "layerwise")
+AUTHORS_COMMAND = "canzona project --preset authors --out results/"
+
+
+def authors_sensitivity(profile_name: str = "H800") -> list[dict[str, Any]]:
+    """Canzona (paper-compatible) against each baseline at the authors' batch as the micro-batch,
+    the MFU and the Newton–Schulz rate range over ``AUTHORS_*``: one row per (rate, MFU,
+    micro-batch). Plans and charged stages depend on the rate only (the profile the planner prices
+    on), so each rate plans once; MFU and micro-batch change fwd/bwd and the overlap windows."""
+    base_prof = load_profile(profile_name)
+    methods = (*AUTHORS_BASELINES, "canzona")
+    rows: list[dict[str, Any]] = []
+    for eff, eff_label in AUTHORS_NS_EFFICIENCY.items():
+        prof = with_profile_overrides(base_prof, matmul_efficiency=eff)
+        base = {m: project(Scenario(method=m, **AUTHORS), prof) for m in methods}
+        for mfu, mfu_label in AUTHORS_MFU.items():
+            prof_m = with_profile_overrides(prof, mfu=mfu)
+            for mb in AUTHORS_MICRO_BATCHES:
+                p = {m: project(replace(b.scenario, micro_batch=mb), prof_m, stages=b.stages) for m, b in base.items()}
+                c = p["canzona"]
+                row: dict[str, Any] = {
+                    "profile": profile_name,
+                    "ns_efficiency": eff,
+                    "ns_tflops": round(prof.flops_rate / 1e12, 1),
+                    "ns_rate": eff_label,
+                    "mfu": mfu,
+                    "mfu_note": mfu_label,
+                    "micro_batch": mb,
+                    "canzona step ms": round(c.step_ms, 1),
+                    "canzona iter ms": round(c.iteration_ms, 1),
+                }
+                for m in AUTHORS_BASELINES:
+                    row[f"speedup step vs {m}"] = speedup(p[m].step_ms, c.step_ms)
+                    row[f"speedup iteration vs {m}"] = speedup(p[m].iteration_ms, c.iteration_ms)
+                row["command"] = AUTHORS_COMMAND
+                rows.append(row)
+    return rows
+
+
+# (lineage, baseline): Canzona against the paper's baseline (in its default TP mode and in the one
+# the paper's 5.8x needs), against Megatron main as merged, and against main + layer-sharded TP.
+LINEAGES = (
+    ("paper's baseline (TP blockwise, its default then)", "megatron-2602"),
+    ("paper's baseline (TP duplicated, what 5.8x needs)", "megatron-2602+duplicated"),
+    ("Megatron main", "megatron-main"),
+    ("Megatron main + #6683", "megatron-main+6683"),
+)
+SETTINGS = (("paper-compatible", False), ("beyond the paper: cooperation", True))
+
+
+def _metrics(p: Projection, prefix: str) -> dict[str, Any]:
+    """Issue #34's metrics of one projection: exposed optimizer time as a share of the iteration,
+    NCCL calls per step by kind (one rank's, the busiest), per-GPU optimizer load max / mean, and the
+    per-GPU memory estimate of the layout (``canzona.models.memory``: the same for every method
+    here, all of which shard optimizer state over DP)."""
+    from canzona.models.memory import estimate_memory_gb
+
+    s = p.scenario
+    exposed = p.iteration_ms - p.fwd_bwd_ms
+    calls: dict[str, int] = {}
+    for st in p.stages:
+        for k, v in st.calls_by_kind().items():
+            calls[k] = max(calls.get(k, 0), v)
+    lay = s.layout
+    return {
+        f"{prefix} exposed share": exposed / p.iteration_ms,
+        f"{prefix} NCCL calls": " ".join(f"{k}:{v}" for k, v in sorted(calls.items())),
+        f"{prefix} load max/mean": max(st.load_ratio() for st in p.stages),
+        f"{prefix} memory GB/GPU": round(
+            estimate_memory_gb(s.model, lay.tp, lay.pp, lay.dp, s.seq_len, s.micro_batch), 1
+        ),
+    }
+
+
+def lineage_study(profile_name: str = "H800") -> list[dict[str, Any]]:
+    """The headline: Qwen3-32B at 256 GPUs, Canzona against each lineage (``LINEAGES``), paper-
+    compatible and with cooperation, at our batch in both views and at the authors' setting, with
+    issue #34's metrics for Canzona and the baseline. One pure projection per cell."""
+    prof = load_profile(profile_name)
+    lay = PAPER_LAYOUTS["qwen3-32b"]
+    cells = [("ours", ov, Scenario("qwen3-32b", lay, "canzona", overlap=ov)) for ov in VIEWS]
+    cells.append(("authors", "megatron", Scenario(method="canzona", **AUTHORS)))
+    rows: list[dict[str, Any]] = []
+    for batch, ov, base in cells:
+        bases = {b: project(replace(base, method=b), prof) for _, b in LINEAGES}
+        for setting, coop in SETTINGS:
+            c = project(replace(base, cooperative=coop), prof)
+            for lineage, b in LINEAGES:
+                p = bases[b]
+                rows.append(
+                    {
+                        "profile": profile_name,
+                        "batch": f"{batch}: {base.global_batch}×{base.seq_len}",
+                        "overlap": ov,
+                        "setting": setting,
+                        "lineage": lineage,
+                        "baseline": b,
+                        "baseline step ms": round(p.step_ms, 1),
+                        "baseline iter ms": round(p.iteration_ms, 1),
+                        "canzona step ms": round(c.step_ms, 1),
+                        "canzona iter ms": round(c.iteration_ms, 1),
+                        "speedup step": speedup(p.step_ms, c.step_ms),
+                        "speedup iteration": speedup(p.iteration_ms, c.iteration_ms),
+                        **_metrics(c, "canzona"),
+                        **_metrics(p, "baseline"),
+                        "command": BEYOND_COMMAND,
+                    }
+                )
     return rows
 
 

@@ -117,11 +117,13 @@ def stage_budget(
 
 def links(profile: Profile, plan: Plan) -> dict[str, CommModel]:
     """The links a budget prices each group's calls on, from ``profile`` (``comm.profile_model``):
-    a group inside a node on the intra-node link, one spanning nodes on the inter-node link."""
+    a group inside a node on the intra-node link, one spanning nodes on the inter-node link at the
+    bandwidth of its members per node."""
     lay = plan.layout
     k = max((g.k for g in plan.coop), default=1)
     spans = {"dp": lay.tp * lay.dp, "global": lay.world, "tp": lay.tp, "coop": lay.tp if lay.tp > 1 else k}
-    return {g: profile_model(profile, span, g) for g, span in spans.items()}
+    members = {"dp": lay.dp, "global": lay.world, "tp": lay.tp, "coop": lay.tp if lay.tp > 1 else k}
+    return {g: profile_model(profile, span, g, members=members[g]) for g, span in spans.items()}
 
 
 def summary(model: Model, plans: Sequence[Plan], settings: LowerSettings, profile: Profile) -> dict[str, Any]:

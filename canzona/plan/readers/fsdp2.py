@@ -235,7 +235,7 @@ def compare(
     layout = plans["canzona"].layout
     group = layout.tp
     settings = LowerSettings(
-        model=profile_model(profile, group, "tp"),
+        model=profile_model(profile, group, "tp", members=group),
         grad_bytes=profile.grad_bytes,
         param_bytes=profile.param_bytes,
         global_world=group,

@@ -1,0 +1,82 @@
+"""Independent models of the peers' optimizers as they ship, one small module per baseline, each
+written from the code it names (its docstring cites file, commit and rule) and tested against that
+rule on inventories small enough to check by hand (tests/test_projection_baselines.py).
+
+Why not Canzona's planner with other settings: a baseline built from our own planner cannot differ
+from us where it matters (at the paper's cell it returned our very plan). These modules import no
+Canzona planner (tests/test_architecture.py checks it); they share the inventory, the cost function
+and the collective prices with Canzona, so the comparison differs only in what the peers do.
+
+  megatron-2602             the paper's baseline at the paper's date (#2241), TP ``blockwise``
+                            (its default then), owner all-gather inside the step
+  megatron-2602+duplicated  the same with TP ``duplicated``: the mode the paper's 5.8× needs
+  megatron-main             Megatron main as merged: RS/AG buckets balanced by max·min², overlapped
+                            gathers, TP ``duplicated`` (its default since #6380)
+  megatron-main+6683        main with the layer-sharded TP Muon of the unmerged #6683
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from canzona.analysis.projection.baselines import megatron_2602, megatron_6683, megatron_main
+from canzona.analysis.projection.baselines.common import Cell
+from canzona.analysis.projection.hardware import Profile
+from canzona.analysis.projection.stage import StageProjection
+from canzona.cost import CostSettings
+from canzona.plan.types import Layout
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """One modelled peer: how it charges a stage, its TP mode, which lineage a comparison with it
+    belongs to, and the code it models."""
+
+    name: str
+    charge: Callable[[Cell, str], StageProjection]
+    tp_mode: str
+    lineage: str
+    source: str
+
+    def stages(
+        self, model: str, layout: Layout, profile: Profile, optimizer: str, settings: CostSettings
+    ) -> list[StageProjection]:
+        """The baseline's charged stages for ``model`` at ``layout`` (one per PP stage)."""
+        from canzona.models import get_model, list_params
+
+        cfg = get_model(model)
+        return [
+            self.charge(
+                Cell(
+                    tuple(list_params(cfg, tp=layout.tp, pp=layout.pp, stage=st)),
+                    layout,
+                    profile,
+                    optimizer,
+                    settings,
+                    st,
+                ),
+                self.tp_mode,
+            )
+            for st in range(layout.pp)
+        ]
+
+
+BASELINES = {
+    b.name: b
+    for b in (
+        Baseline("megatron-2602", megatron_2602.project, megatron_2602.DEFAULT_TP_MODE, "paper",
+                 "Megatron-LM #2241 (5548cdc57b) layer_wise_optimizer.py, muon_tp_mode default blockwise"),
+        Baseline("megatron-2602+duplicated", megatron_2602.project, "duplicated", "paper",
+                 "Megatron-LM #2241 (5548cdc57b) with --muon-tp-mode duplicated"),
+        Baseline("megatron-main", megatron_main.project, megatron_main.DEFAULT_TP_MODE, "main",
+                 "Megatron-LM main (d98e8a64dd) layer_wise_optimizer.py #5415/#6379, muon_tp_mode duplicated (#6380)"),
+        Baseline("megatron-main+6683", megatron_6683.project, megatron_6683.DEFAULT_TP_MODE, "main+6683",
+                 "Megatron-LM main + #6683 layer-sharded Muon (146840af9e)"),
+    )
+}  # fmt: skip
+TP_DESCRIPTIONS = {
+    "blockwise": "TP blockwise: each TP rank orthogonalises its own shard",
+    "duplicated": "TP duplicated: all-gather, every TP rank computes",
+    "layer-sharded": "TP layer-sharded: one home per matrix by all-to-all",
+}

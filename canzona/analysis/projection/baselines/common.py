@@ -1,0 +1,175 @@
+"""What every baseline model shares: the cell it is given, the peers' Newton–Schulz cost rule,
+Megatron DDP's gradient buckets, and a builder that turns per-rank phase times into the
+``StageProjection`` the overlap views read.
+
+Why a builder and not Canzona's lowering: a baseline is modelled from the code it names, never
+from ours, so it may not reach Canzona's planners or their schedule (``canzona.plan.build``,
+``plan.dp``, ``plan.tp``, ``plan.coop``, ``plan.schedule``; tests/test_architecture.py checks the
+imports). It may use the pure inventory (``canzona.models``), the cost function
+(``hardware.matrix_ms``) and the collective prices (``hardware.Comm`` over ``canzona.plan.comm``),
+so a baseline and Canzona pay the same for the same call or the same matrix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from canzona.analysis.projection.hardware import Comm, Profile, matrix_ms
+from canzona.analysis.projection.stage import RankTimes, StageProjection
+from canzona.cost import CostSettings, matrix_flops
+from canzona.models.spec import ParamSpec
+from canzona.plan.types import Layout
+
+ALIGN = 64  # elements: Megatron's pad_param_start aligns every parameter start to 64 elements
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One PP stage of a projected cell as a baseline sees it: the stage's parameters (Megatron
+    registration order, FULL shapes), the layout, the profile and the optimizer's cost settings."""
+
+    params: tuple[ParamSpec, ...]
+    layout: Layout
+    profile: Profile
+    optimizer: str
+    settings: CostSettings
+    stage: int = 0
+
+    @property
+    def matrices(self) -> list[ParamSpec]:
+        return [p for p in self.params if p.route == "matrix"]
+
+    @property
+    def adamw(self) -> list[ParamSpec]:
+        return [p for p in self.params if p.route != "matrix"]
+
+    def ms(self, shape: tuple[int, ...]) -> float:
+        """One matrix update of ``shape`` (the cost function Canzona is priced with)."""
+        return matrix_ms(self.profile, self.optimizer, (shape[0], shape[1]), self.settings)
+
+    def flops(self, shape: tuple[int, ...]) -> float:
+        return matrix_flops(self.optimizer, (shape[0], shape[1]), self.settings)
+
+    def adamw_ms(self, elems: float) -> float:
+        """AdamW over ``elems`` fp32 elements: memory bound, the profile's passes."""
+        return elems * self.profile.adamw_passes * 4 / self.profile.mem_bw * 1e3
+
+
+def ns_cost(shape: Sequence[int]) -> int:
+    """Megatron's Newton–Schulz cost estimate, max(M,N)·min(M,N)² for a matrix, numel otherwise
+    (megatron/core/optimizer/layer_wise_optimizer.py ``_ns_compute_cost``, #6379, and
+    ``_assign_ns_homes._ns_cost`` of the layer-sharded branch, #6683)."""
+    if len(shape) != 2:
+        n = 1
+        for d in shape:
+            n *= d
+        return n
+    big, small = max(shape), min(shape)
+    return big * small * small
+
+
+def pad(x: int, m: int = ALIGN) -> int:
+    return -(-x // m) * m
+
+
+def ddp_bucket_size(dp: int) -> int:
+    """Megatron DDP's default bucket size, max(40M, 1M·dp) elements
+    (megatron/core/distributed/distributed_data_parallel.py, ``ddp_config.bucket_size``)."""
+    return max(40_000_000, 1_000_000 * dp)
+
+
+def ddp_buckets(numels: Sequence[int], bucket_size: int) -> list[list[int]]:
+    """Megatron DDP's buckets: parameters in backprop order (reverse registration), a bucket
+    closed as soon as it holds ``bucket_size`` elements or more (``_ParamAndGradBuffer``).
+    Returns the registration indices of each bucket, first reduced first."""
+    buckets: list[list[int]] = [[]]
+    filled = 0
+    for i in reversed(range(len(numels))):
+        buckets[-1].append(i)
+        filled += numels[i]
+        if filled >= bucket_size:
+            buckets.append([])
+            filled = 0
+    return [b for b in buckets if b]
+
+
+@dataclass
+class StepBuilder:
+    """Per-rank phase times of one stage, the bucket-level DP calls the overlap views hide, and the
+    NCCL calls per step by kind; ``build`` makes the ``StageProjection``."""
+
+    cell: Cell
+    ranks: dict[tuple[int, int], RankTimes] = field(init=False)
+    grad_buckets: list[float] = field(default_factory=list)
+    param_buckets: list[float] = field(default_factory=list)
+    param_fixed: float = 0.0
+    calls: dict[tuple[int, int], dict[str, int]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        lay = self.cell.layout
+        self.ranks = {(d, t): RankTimes() for d in range(lay.dp) for t in range(lay.tp)}
+        self.calls = {k: {} for k in self.ranks}
+        self.comm = Comm(self.cell.profile, Layout(lay.dp, lay.tp, lay.pp))
+
+    def call(
+        self, kind: str, group: str, nbytes: float, *, on: Iterable[tuple[int, int]] | None = None, count: int = 1
+    ) -> float:
+        """Price one call (ms) and count it ``count`` times on the ranks that issue it (``on``,
+        default every rank)."""
+        self.count(kind, on, count)
+        return self.comm(kind, group, nbytes)
+
+    def count(self, kind: str, on: Iterable[tuple[int, int]] | None = None, count: int = 1) -> None:
+        for k in self.ranks if on is None else on:
+            self.calls[k][kind] = self.calls[k].get(kind, 0) + count
+
+    def everywhere(self, phase: str, ms: float) -> None:
+        for r in self.ranks.values():
+            r.phases[phase] += ms
+
+    def grad_bucket(self, ms: float) -> None:
+        """A DP gradient bucket: on every rank's grad_sync, hideable under the last backward."""
+        self.grad_buckets.append(ms)
+        self.everywhere("grad_sync", ms)
+
+    def param_bucket(self, ms: float, *, overlapped: bool) -> None:
+        """A DP parameter gather: bucket by bucket under the next forward when ``overlapped``
+        (overlap_param_gather), else inside the step."""
+        if overlapped:
+            self.param_buckets.append(ms)
+        else:
+            self.param_fixed += ms
+        self.everywhere("param_sync", ms)
+
+    def check(self, owned_grad_elems: Callable[[int], float]) -> None:
+        """The step's norm: one all-reduce over the world (get_grad_norm_fp32 with no stats group)
+        and one read of the gradients each DP rank owns."""
+        ar = self.call("all_reduce", "world", 8)
+        prof = self.cell.profile
+        for (d, _), r in self.ranks.items():
+            r.phases["check"] += ar + owned_grad_elems(d) * prof.grad_bytes / prof.mem_bw * 1e3
+
+    def compute(self, rank: tuple[int, int], shapes: Sequence[tuple[int, ...]]) -> None:
+        """Whole-matrix updates on one rank, one after the other."""
+        r = self.ranks[rank]
+        r.phases["compute"] += sum(self.cell.ms(s) for s in shapes)
+        r.flops += sum(self.cell.flops(s) for s in shapes)
+        r.matrices += len(shapes)
+
+    def build(self) -> StageProjection:
+        lay = self.cell.layout
+        total = sum(self.cell.flops(p.shape) for p in self.cell.matrices)
+        atom = max((self.cell.flops(p.shape) for p in self.cell.matrices), default=0.0)
+        lb = max(total / (lay.dp * lay.tp), atom)  # the atomic lower bound, as Canzona's stages report it
+        return StageProjection(
+            self.cell.stage,
+            self.ranks,
+            {},
+            lb,
+            total,
+            tuple(self.grad_buckets),
+            tuple(self.param_buckets),
+            self.param_fixed,
+            calls=max(self.calls.values(), key=lambda c: sum(c.values()), default={}),
+        )

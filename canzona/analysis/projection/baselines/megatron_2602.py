@@ -1,0 +1,74 @@
+"""``megatron-2602``: Megatron-LM's layer-wise distributed optimizer as the paper met it (#2241,
+5548cdc57b, 2026-01-14; megatron-core 0.16.1 ships the same file), the paper's baseline.
+
+Rules modelled, each from megatron/core/optimizer/layer_wise_optimizer.py at that commit:
+  owners      ``shard_params``: every parameter of the chained optimizers (Muon's matrices AND the
+              AdamW rest) sorted by numel ascending (a stable sort: ties keep registration order)
+              and dealt to the DP ranks in a ping-pong loop 0, 1, …, dp−1, dp−1, …, 0; expert
+              parameters by their own loop. Numel of the TP-local shard (``p.numel()``).
+  gradients   "Megatron DDP handle allreduce grad": DDP all-reduces fp32 gradients bucket by
+              bucket (``ddp_buckets``, bucket size max(40M, 1M·dp)); the distributed-optimizer
+              options stay off.
+  parameters  ``allgather_params`` after ``step``: ONE ``all_gather`` of each rank's flattened
+              owned parameters, uneven sizes, inside the step (overlapped gathers came with #3524,
+              2026-03-04). ProcessGroupNCCL runs it as one coalesced group of broadcasts.
+  TP          ``muon_tp_mode`` default ``blockwise`` (optimizer_config.py at 5548cdc57b); the
+              ``+duplicated`` variant is the mode the paper's numbers need (``tp_modes``).
+Not modelled: count_zeros (off by default), the norm's extra model-parallel reduction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from canzona.analysis.projection.baselines.common import Cell, StepBuilder, ddp_bucket_size, ddp_buckets
+from canzona.analysis.projection.baselines.tp_modes import run_tp_mode
+from canzona.analysis.projection.stage import StageProjection
+
+DEFAULT_TP_MODE = "blockwise"
+
+
+def ping_pong_owners(numels: Sequence[int], dp: int) -> list[int]:
+    """The owner DP rank of each parameter (``shard_params``): sorted by numel ascending, dealt
+    0..dp−1 then dp−1..0, repeating."""
+    loop = [*range(dp), *reversed(range(dp))]
+    owner = [0] * len(numels)
+    for k, i in enumerate(sorted(range(len(numels)), key=lambda i: numels[i])):
+        owner[i] = loop[k % len(loop)]
+    return owner
+
+
+def owners(cell: Cell) -> list[int]:
+    """Owners of the cell's parameters, dense and expert parameters dealt by separate loops."""
+    tp, dp = cell.layout.tp, cell.layout.dp
+    out = [0] * len(cell.params)
+    for expert in (False, True):
+        idx = [i for i, p in enumerate(cell.params) if (p.expert is not None) == expert]
+        for i, o in zip(idx, ping_pong_owners([cell.params[i].shard_numel(tp) for i in idx], dp), strict=True):
+            out[i] = o
+    return out
+
+
+def project(cell: Cell, tp_mode: str = DEFAULT_TP_MODE) -> StageProjection:
+    b = StepBuilder(cell)
+    lay, prof = cell.layout, cell.profile
+    numels = [p.shard_numel(lay.tp) for p in cell.params]
+    for bucket in ddp_buckets(numels, ddp_bucket_size(lay.dp)):
+        b.grad_bucket(b.call("all_reduce", "dp", sum(numels[i] for i in bucket) * prof.grad_bytes))
+    owner = owners(cell)
+    owned = [[i for i, o in enumerate(owner) if o == d] for d in range(lay.dp)]
+    b.check(lambda d: sum(numels[i] for i in owned[d]))
+    for d in range(lay.dp):
+        run_tp_mode(b, tp_mode, d, [cell.params[i] for i in owned[d] if cell.params[i].route == "matrix"])
+        adamw = sum(numels[i] for i in owned[d] if cell.params[i].route != "matrix")
+        for t in range(lay.tp):
+            b.ranks[(d, t)].phases["compute"] += cell.adamw_ms(adamw)
+    for expert in (False, True):
+        sizes = [
+            sum(numels[i] for i in owned[d] if (cell.params[i].expert is not None) == expert) * prof.param_bytes
+            for d in range(lay.dp)
+        ]
+        if any(sizes):
+            b.count("broadcast", count=sum(1 for s in sizes if s))  # one coalesced group of broadcasts
+            b.param_bucket(b.comm.coalesced("broadcast", "dp", sizes), overlapped=False)
+    return b.build()

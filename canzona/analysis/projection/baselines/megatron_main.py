@@ -1,0 +1,119 @@
+"""``megatron-main``: Megatron-LM's layer-wise distributed optimizer as merged on main (d98e8a64dd,
+2026-08-22): reduce-scatter / all-gather buckets of whole matrices balanced by Newton–Schulz cost,
+overlapped gathers, TP ``duplicated``.
+
+Rules modelled, each from megatron/core/optimizer/layer_wise_optimizer.py at that commit:
+  buckets     ``_compute_per_buffer_param_layout`` (#5415, #6379): parameters in backprop order;
+              a bucket closes once it holds max(bucket_size, 0.9·dp·its largest parameter)
+              elements AND the next parameter would grow the padded bucket (``_absorbs``, judged
+              on a numel-greedy placement); bucket_size is DDP's default max(40M, 1M·dp).
+  shards      inside a bucket, matrices by ``max·min²`` descending, each to the shard with the
+              least accumulated cost among those under the numel cap total/dp·(1 + 0.3) (else
+              the emptiest shard); costs carry across buckets, numel cursors reset per bucket;
+              every start 64-element aligned, shards padded to the largest.
+  collectives fp32 gradients reduce-scattered and bf16 parameters all-gathered per bucket over the
+              padded bucket (``use_distributed_optimizer`` buffers, #4509), the gathers bucket by
+              bucket under the next forward (``overlap_param_gather``, #3524).
+  AdamW       the non-Muon parameters go through the standard distributed optimizer (#4771):
+              DDP buckets, each reduce-scattered and all-gathered in equal 1/dp slices.
+  TP          ``muon_tp_mode`` default ``duplicated`` since #6380 (optimizer_config.py).
+The shard divisor is taken as 64 elements (Megatron also rounds a shard to its bucket-end divisor,
+a few hundred elements at most). ``megatron_6683`` reuses this DP layout with layer-sharded TP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from canzona.analysis.projection.baselines.common import (
+    Cell,
+    StepBuilder,
+    ddp_bucket_size,
+    ddp_buckets,
+    ns_cost,
+    pad,
+)
+from canzona.analysis.projection.baselines.tp_modes import run_tp_mode
+from canzona.analysis.projection.stage import StageProjection
+
+DEFAULT_TP_MODE = "duplicated"
+PADDING_FLOOR = 0.9
+NUMEL_EPSILON = 0.3
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One layer-wise bucket: its parameters' indices (backprop order), each one's shard, and the
+    padded shard size (the bucket moves dp · shard elements)."""
+
+    params: tuple[int, ...]
+    shard_of: tuple[int, ...]
+    shard: int
+
+
+def chunks(numels: Sequence[int], dp: int, bucket_size: int) -> list[list[int]]:
+    """The bucket boundaries: indices in backprop order, grouped (see the module docstring)."""
+    out: list[list[int]] = []
+    chunk: list[int] = []
+    filled = largest = 0
+    loads = [0] * dp
+    for i in reversed(range(len(numels))):
+        n = numels[i]
+        if chunk:
+            absorbs = pad(min(loads)) + n <= pad(max(loads))
+            if filled >= max(bucket_size, int(dp * largest * PADDING_FLOOR)) and not absorbs:
+                out.append(chunk)
+                chunk, filled, largest, loads = [], 0, 0, [0] * dp
+        s = min(range(dp), key=lambda r: loads[r])
+        loads[s] = pad(loads[s]) + n
+        chunk.append(i)
+        filled += n
+        largest = max(largest, n)
+    return [*out, chunk] if chunk else out
+
+
+def layout(numels: Sequence[int], costs: Sequence[int], dp: int, bucket_size: int) -> list[Bucket]:
+    """Megatron main's buckets and shards for parameters of these numels and Newton–Schulz costs."""
+    loads = [0] * dp  # carried across buckets
+    out = []
+    for chunk in chunks(numels, dp, bucket_size):
+        cursors = [0] * dp
+        cap = sum(numels[i] for i in chunk) / dp * (1 + NUMEL_EPSILON)
+        shard_of = {}
+        for i in sorted(chunk, key=lambda i: -costs[i]):
+            fits = [s for s in range(dp) if pad(cursors[s]) + numels[i] <= cap]
+            s = min(fits, key=lambda s: loads[s]) if fits else min(range(dp), key=lambda s: cursors[s])
+            cursors[s] = pad(cursors[s]) + numels[i]
+            loads[s] += costs[i]
+            shard_of[i] = s
+        out.append(Bucket(tuple(chunk), tuple(shard_of[i] for i in chunk), pad(max(cursors))))
+    return out
+
+
+def project(cell: Cell, tp_mode: str = DEFAULT_TP_MODE) -> StageProjection:
+    b = StepBuilder(cell)
+    lay, prof = cell.layout, cell.profile
+    mats, adamw = cell.matrices, cell.adamw
+    numels = [p.shard_numel(lay.tp) for p in mats]
+    buckets = layout(numels, [ns_cost(p.shard_shape(lay.tp)) for p in mats], lay.dp, ddp_bucket_size(lay.dp))
+    a_numels = [p.shard_numel(lay.tp) for p in adamw]
+    a_buckets = [pad(sum(a_numels[i] for i in bk), lay.dp) for bk in ddp_buckets(a_numels, ddp_bucket_size(lay.dp))]
+    for bk in buckets:
+        b.grad_bucket(b.call("reduce_scatter", "dp", lay.dp * bk.shard * prof.grad_bytes))
+    for full in a_buckets:
+        b.grad_bucket(b.call("reduce_scatter", "dp", full * prof.grad_bytes))
+    owned = [
+        [i for bk in buckets for i, s in zip(bk.params, bk.shard_of, strict=True) if s == d] for d in range(lay.dp)
+    ]
+    adamw_owned = sum(a_buckets) / lay.dp
+    b.check(lambda d: sum(numels[i] for i in owned[d]) + adamw_owned)
+    for d in range(lay.dp):
+        run_tp_mode(b, tp_mode, d, [mats[i] for i in owned[d]])
+        for t in range(lay.tp):
+            b.ranks[(d, t)].phases["compute"] += cell.adamw_ms(adamw_owned)
+    for bk in reversed(buckets):  # the next forward needs the first layers first
+        b.param_bucket(b.call("all_gather", "dp", lay.dp * bk.shard * prof.param_bytes), overlapped=True)
+    for full in reversed(a_buckets):
+        b.param_bucket(b.call("all_gather", "dp", full * prof.param_bytes), overlapped=True)
+    return b.build()
