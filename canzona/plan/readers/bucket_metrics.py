@@ -81,7 +81,8 @@ def bucket_stats(plan: Plan) -> BucketStats:
     if not plan.dp.cuts:
         return BucketStats(used, size, size, size, size / used if used else 1.0, 1.0, per_gpu)
     slices = bucket_slices(plan)
-    padded = sum(len(r) * padded_width(w) for r, w in slices)
+    # a replicated bucket (dp.replicate, no slices) is reduced whole: its buffer is the bucket
+    padded = sum(len(r) * padded_width(w) if w else b.size for (r, w), b in zip(slices, bks, strict=True))
     worst = max(
         (len(r) * padded_width(w) / b.used for (r, w), b in zip(slices, bks, strict=True) if b.used), default=1.0
     )
