@@ -193,7 +193,7 @@ def test_blend_accepts_only_improvements() -> None:
     worse (in DP-rank sums) than first-element ownership, for any alpha."""
     params = [ParamSpec(f"decoder.layers.{k}.w", (16 * (1 + k % 5), 32), 0, "matrix", k) for k in range(40)]
     for alpha in (0.0, 0.5, 1.0):
-        base = PlanConfig(alpha=alpha, bucket_size=2000)
+        base = PlanConfig(alpha=alpha, bucket_size=2000, replicate=False)  # the DP algorithms alone
         loads = {}
         for algo in ("blend", "first-element"):
             plan = make_plan(params, Layout(dp=6), replace(base, dp_algo=algo))
@@ -281,7 +281,7 @@ def test_planner_slot_estimate_matches_schedule(prob: tuple, mode: str) -> None:
     params, layout, bucket = prob
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        plan = make_plan(params, layout, PlanConfig(tp_mode=mode, bucket_size=bucket))
+        plan = make_plan(params, layout, PlanConfig(tp_mode=mode, bucket_size=bucket, replicate=False))
     loads = gpu_loads(plan)
     om = plan.dp.owner_map()
     for d in range(layout.dp):

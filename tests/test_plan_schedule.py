@@ -146,9 +146,10 @@ def test_every_matrix_is_computed_once_per_stage() -> None:
     bucket=st.integers(200, 3000),
 )
 def test_native_layout_properties(shapes: list[tuple[int, int]], dp: int, bucket: int) -> None:
-    """Each matrix owned once and never split; regions equal; padding exactly DP·W − used."""
+    """Each matrix owned once and never split; regions equal; padding exactly DP·W − used (owned
+    buckets: a replicated one is reduced whole, ``test_runtime_replicated``)."""
     specs = [ParamSpec(f"layers.{i}.w", s, None, "matrix", i) for i, s in enumerate(shapes)]
-    plan = make_plan(specs, Layout(dp), PlanConfig(bucket_size=bucket))
+    plan = make_plan(specs, Layout(dp), PlanConfig(bucket_size=bucket, replicate=False))
     s = lower(plan, (), 0, 0, LowerSettings(collective_mode="native"))
     seen = []
     for b in s.buckets:

@@ -269,9 +269,9 @@ def _alpha_candidates(
         buckets = matrix_buckets(params, items, layout, c)
         plain.append((_candidate(_plain_plan(items, buckets, layout, c, t0), coop), buckets))
     base, buckets = plain[choose([c for c, _ in plain])]
-    shared = (
-        replication_choices(base.plan, coop.dp, coop.flops_rate) if strategy.replicates and not cfg.coop_force else []
-    )
+    # replication trades compute for calls, which only a FLOPs cost can weigh against each other
+    replicating = strategy.replicates and cfg.replicate and cfg.cost == "flops" and not cfg.coop_force
+    shared = replication_choices(base.plan, coop.dp, coop.flops_rate) if replicating else []
     replicated = [_candidate(replicate(base.plan, r), coop) for r in shared]
     coops = [
         _candidate(p, coop)

@@ -218,6 +218,9 @@ class PlanConfig:
     grad_dtype_bytes: int = 4
     dp_layout: str = "auto"
     cooperative: bool = True  # canzona + Muon + FLOPs cost: groups for matrices above the mean
+    # canzona + FLOPs cost: a bucket with fewer matrices than DP ranks may be computed on every rank
+    # after one all-reduce where that is cheaper than gathering it (``plan.dp.replicate``)
+    replicate: bool = True
     # the hardware profile (canzona.hardware) the planner's choices are priced on, by name or path;
     # None: H800 offline, the backend's at run time (cpu-local on gloo)
     profile: str | None = None
@@ -352,11 +355,13 @@ _OLD_COOP_PROFILES = {"nvlink": "H800", "cpu": "cpu-local"}
 
 
 def _hashed_config(config: PlanConfig) -> dict[str, Any]:
-    """The config as the hashes see it: ``alpha_chosen`` only when set, so a plan of a given α
-    hashes as it did before the planner could choose α."""
+    """The config as the hashes see it: ``alpha_chosen`` only when set and ``replicate`` only when
+    off, so a plan hashes as it did before the planner could choose α or replicate buckets."""
     d = asdict(config)
     if not config.alpha_chosen:
         del d["alpha_chosen"]
+    if config.replicate:
+        del d["replicate"]
     return d
 
 
