@@ -196,6 +196,6 @@ def plans_memory(
         [
             b
             for s, p in enumerate(plans)
-            for b in stage_memory(p, list_params(model, tp=lay.tp, pp=lay.pp, stage=s), settings, prec)
+            for b in stage_memory(p, list_params(model, tp=lay.tp, pp=lay.pipeline, stage=s), settings, prec)
         ]
     )
