@@ -126,3 +126,13 @@ def test_the_cli_reports_the_lowered_expert_calls_and_memory_counts_only_own_buf
         want.setdefault(o.group, Counter())[o.kind] += 1
     assert got["collectives"] == {g: dict(c) for g, c in want.items()} and "edp" in got["collectives"]
     assert got["bytes_per_gpu"] == max(sum(o.nbytes for o in s.ops) for s in scheds)
+
+
+def test_the_input_hash_serialises_items_as_asdict_does(moe_file: str) -> None:
+    from dataclasses import asdict
+
+    from canzona.plan.types import _item_dict
+
+    plan, _ = _lowered(moe_file, Layout(dp=4, ep=2))
+    assert any(it.ep_rank is not None for it in plan.items)
+    assert all(_item_dict(it) == asdict(it) for it in plan.items)  # same JSON, same hashes as before

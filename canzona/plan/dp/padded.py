@@ -34,6 +34,7 @@ work budget proportional to the number of items.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -73,7 +74,9 @@ class _State:
         self.simple = p.tp == 1 or p.tp_mode == "sc"
         self.G = np.zeros(p.dp)
         self.low = np.zeros(p.dp)
-        self.slots = np.zeros((p.dp, max(p.tp, 1)))
+        # per rank its TP slots' loads as a list: a placement touches TP (≤ 8) numbers, where numpy's
+        # per-call overhead outweighs the arithmetic (the 235B-class inventory places ~150k items)
+        self.slots = [[0.0] * max(p.tp, 1) for _ in range(p.dp)]
         self.S = np.zeros((len(p.buckets), p.dp))
 
     def landing(self, ranks: slice | np.ndarray, i: int) -> tuple[np.ndarray, np.ndarray]:
@@ -94,11 +97,11 @@ class _State:
             return
         slots = self.slots[r]
         if p.sharded[i]:
-            slots[int(np.argmin(slots))] += c
+            slots[slots.index(min(slots))] += c  # the first least loaded slot, as np.argmin
         else:
-            slots += c
-        self.G[r] = slots.max()
-        self.low[r] = slots.min()
+            slots[:] = [x + c for x in slots]
+        self.G[r] = max(slots)
+        self.low[r] = min(slots)
 
 
 def pack(p: DPProblem, alpha: float, slack: float | None) -> list[int]:
@@ -113,8 +116,9 @@ def pack(p: DPProblem, alpha: float, slack: float | None) -> list[int]:
     a = 1.0 if slack is None else alpha
     weight = [a * p.cost[i] / tc + (1 - a) * p.width[i] / tw for i in range(n)]
     order = sorted(range(n), key=lambda i: (-weight[i], -p.cost[i], i))
-    # a group of every DP rank in order is indexed by a slice (a view), others by their rank array
-    groups = [slice(None) if g == tuple(range(p.dp)) else np.asarray(g) for g in p.groups]
+    # a group of evenly spaced DP ranks (all of DP; an expert-DP group: every EP-th rank) is indexed
+    # by a slice, a view, instead of a copy per placement; others by their rank array
+    groups = [_as_slice(g) for g in p.groups]
     sizes = [len(g) for g in p.groups]
     st = _State(p)
     owner = [-1] * n
@@ -138,9 +142,17 @@ def pack(p: DPProblem, alpha: float, slack: float | None) -> list[int]:
         best = key.min()
         tied = key <= best + REL_EPS * max(1.0, abs(best))
         k = int(np.argmin(land if tied.all() else np.where(tied, land, np.inf)))
-        owner[i] = k if isinstance(ranks, slice) else int(ranks[k])
+        owner[i] = ranks.start + k * ranks.step if isinstance(ranks, slice) else int(ranks[k])
         st.place(i, owner[i])
     return owner
+
+
+def _as_slice(g: Sequence[int]) -> slice | np.ndarray:
+    """``g`` as slice(start, stop, step) when its ranks are evenly spaced, else as an index array."""
+    step = g[1] - g[0] if len(g) > 1 else 1
+    if step > 0 and all(b - a == step for a, b in itertools.pairwise(g)):
+        return slice(g[0], g[-1] + 1, step)
+    return np.asarray(g)
 
 
 def lpt(p: DPProblem, alpha: float = 1.0) -> list[int]:
