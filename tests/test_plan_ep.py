@@ -136,3 +136,20 @@ def test_the_input_hash_serialises_items_as_asdict_does(moe_file: str) -> None:
     plan, _ = _lowered(moe_file, Layout(dp=4, ep=2))
     assert any(it.ep_rank is not None for it in plan.items)
     assert all(_item_dict(it) == asdict(it) for it in plan.items)  # same JSON, same hashes as before
+
+
+def test_the_projection_prices_expert_dp_calls_on_their_group(moe_file: str) -> None:
+    from canzona.analysis.projection.hardware import Comm, load_profile
+    from canzona.analysis.projection.phases import project_stage
+
+    layout = Layout(dp=8, tp=2, ep=4)
+    plan, _ = _lowered(moe_file, layout)
+    prof = load_profile("H800")
+    adamw = [p for p in list_params(get_model(moe_file), tp=2) if p.route != "matrix"]
+    st = project_stage(plan, adamw, prof, bucket_size=2000)
+    comm = Comm(prof, layout)
+    expert = [(o, ms) for r in st.ranks.values() for o, ms in r.charged if o.group == "edp"]
+    assert expert  # every rank reduces and gathers its EP rank's experts over 2 ranks, not 8
+    for o, ms in expert:
+        assert ms == pytest.approx(comm.sized(o.kind, 2, 16, o.nbytes))
+        assert ms != pytest.approx(comm.sized(o.kind, 8, 16, o.nbytes))

@@ -17,13 +17,15 @@ per 235B plan of every stage.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
+from canzona.cost import CostModel
 from canzona.models import get_transformer
 from canzona.plan.build import plan_model
 from canzona.plan.front.report import md_table
 from canzona.plan.readers.metrics import plan_metrics
-from canzona.plan.types import Layout, PlanConfig
+from canzona.plan.types import Layout, Plan, PlanConfig
 
 BIG = "qwen3-235b-a22b"
 CELLS = (
@@ -92,3 +94,49 @@ def moe_suite() -> tuple[list[dict[str, Any]], str]:
 
 def _cell(r: dict[str, Any]) -> str:
     return f"{r['model']} {r['world']} GPUs tp{r['tp']} pp{r['pp']} ep{r['ep']}"
+
+
+# numel vs FLOPs balancing (the paper's reviewers: numel balancing is an "architecture-dependency
+# trap" for MoE, whose mixed shapes cost cubically): each MoE model at 256 GPUs planned by each cost,
+# cooperation off on both sides, and BOTH plans priced by the Newton–Schulz FLOPs the step spends.
+BALANCE_CELLS = (("qwen3-30b-a3b", Layout(dp=128, tp=2, ep=8)), (BIG, Layout(dp=64, tp=4, ep=8)))
+
+
+def flops_priced(plan: Plan) -> Plan:
+    """``plan`` with its items re-priced by Muon's FLOPs (owners, cuts and hosts unchanged)."""
+    flops = CostModel(plan.config.optimizer, "flops")
+    return replace(plan, items=tuple(replace(it, cost=float(flops(it.shape))) for it in plan.items))
+
+
+def balance_suite() -> tuple[list[dict[str, Any]], str]:
+    """(rows, markdown): per MoE cell the FLOPs efficiency of the numel- and the FLOPs-balanced plan."""
+    rows = []
+    for model, layout in BALANCE_CELLS:
+        for cost in ("numel", "flops"):
+            plans = plan_model(model, layout, PlanConfig(cost=cost, cooperative=False))
+            m = plan_metrics([flops_priced(p) for p in plans], model=model)
+            rows.append(
+                {
+                    "model": model,
+                    "world": layout.world,
+                    "tp": layout.tp,
+                    "dp": layout.dp,
+                    "ep": layout.ep,
+                    "balanced_by": cost,
+                    "cooperative": False,
+                    "flops_efficiency": m["efficiency"],
+                    "max_gpu_tflop": m["max_gpu_cost"] / 1e12,
+                    "mean_gpu_tflop": m["mean_gpu_cost"] / 1e12,
+                    "optimizer": "muon",
+                }
+            )
+    cols = ["model", "world", "tp", "dp", "ep", "balanced_by", "flops_efficiency", "max_gpu_tflop", "mean_gpu_tflop"]
+    verdict = []
+    for model, _ in BALANCE_CELLS:
+        n, f = (next(r for r in rows if r["model"] == model and r["balanced_by"] == c) for c in ("numel", "flops"))
+        verdict.append(
+            f"- {model}: the busiest GPU's Newton–Schulz work is {n['max_gpu_tflop'] / f['max_gpu_tflop']:.3f}x "
+            f"under numel balancing what it is under FLOPs balancing (efficiency {n['flops_efficiency']:.3f} vs "
+            f"{f['flops_efficiency']:.3f})"
+        )
+    return rows, md_table(rows, cols) + "\n\n" + "\n".join(verdict)
