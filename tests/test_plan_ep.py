@@ -153,3 +153,15 @@ def test_the_projection_prices_expert_dp_calls_on_their_group(moe_file: str) -> 
     for o, ms in expert:
         assert ms == pytest.approx(comm.sized(o.kind, 2, 16, o.nbytes))
         assert ms != pytest.approx(comm.sized(o.kind, 8, 16, o.nbytes))
+
+
+def test_a_numel_plan_repriced_by_flops_keeps_its_owners(moe_file: str) -> None:
+    from canzona.cost import CostModel
+    from canzona.plan.front.bench_moe import flops_priced
+
+    (plan,) = plan_model(get_model(moe_file), Layout(dp=4, ep=2), PlanConfig(cost="numel", cooperative=False))
+    priced = flops_priced(plan)
+    flops = CostModel("muon", "flops")
+    assert [it.cost for it in priced.items] == [float(flops(it.shape)) for it in plan.items]
+    assert [it.cost for it in plan.items] == [float(it.numel) for it in plan.items]
+    assert priced.dp == plan.dp and priced.tp == plan.tp
