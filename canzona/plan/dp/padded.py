@@ -187,9 +187,11 @@ def _improving(J: np.ndarray, T: np.ndarray, F: np.ndarray, cur: Key) -> np.ndar
     return (cur[0] - tj > J) | (tie_j & ((cur[1] - tt > T) | (tie_t & (cur[2] - tf > F))))
 
 
-def _excl_max(arr: np.ndarray, a: int, others: np.ndarray) -> np.ndarray:
-    """max(arr over indices not in {a, others[k]}) for every k (0 when nothing is left)."""
-    order = np.argsort(-arr, kind="stable")[:3]
+def _excl_max(arr: np.ndarray, a: int, others: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
+    """max(arr over indices not in {a, others[k]}) for every k (0 when nothing is left); ``order``:
+    arr's three largest indices (``np.argsort(-arr, kind="stable")[:3]``) when the caller has them."""
+    if order is None:
+        order = np.argsort(-arr, kind="stable")[:3]
     rest = [*[int(r) for r in order if r != a][:2], -1, -1]
     v1 = arr[rest[0]] if rest[0] >= 0 else 0.0
     v2 = arr[rest[1]] if rest[1] >= 0 else 0.0
@@ -228,6 +230,11 @@ class Search:
         np.add.at(self.H, self.owner, np.where(self.sh, self.c, 0.0))
         self.G = np.array([self.exact_g(m) for m in self.members])
         self._donor: dict[tuple[object, ...], float] = {}  # _donor_g's values, per step
+        # what _score reads of the state, fixed while a step scores (a tried move is undone exactly,
+        # integer widths and recomputed G, and a kept one ends the step): the widest slice per bucket,
+        # their sum, G's three largest ranks, and per bucket its three widest slices
+        self._fixed: tuple[np.ndarray, float, np.ndarray] = (np.zeros(0), 0.0, np.zeros(0, dtype=int))
+        self._s_top: dict[int, np.ndarray] = {}
 
     def exact_g(self, members: list[int]) -> float:
         if self.simple:
@@ -258,10 +265,12 @@ class Search:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(J, T, Φ) after rank a becomes (ga, sa) and ranks q become (gq, sq) in bucket b."""
         al = self.alpha
-        wmax = self.S.max(axis=1)
-        gm = np.maximum(_excl_max(self.G, a, q), np.maximum(ga, gq))
-        wb = np.maximum(_excl_max(self.S[b], a, q), np.maximum(sa, sq))
-        wsum = float(wmax.sum()) - wmax[b] + wb
+        wmax, wtotal, g_top = self._fixed
+        if b not in self._s_top:
+            self._s_top[b] = np.argsort(-self.S[b], kind="stable")[:3]
+        gm = np.maximum(_excl_max(self.G, a, q, g_top), np.maximum(ga, gq))
+        wb = np.maximum(_excl_max(self.S[b], a, q, self._s_top[b]), np.maximum(sa, sq))
+        wsum = wtotal - wmax[b] + wb
         J = al * gm / self.gs + (1 - al) * wsum / self.lsum
         T = gm / self.gs + wsum / self.lsum
         base = self.phi - self._phi_g(self.G[a]) - self._phi_s(self.S[b, a], b)
@@ -341,6 +350,9 @@ class Search:
         cur = self.key()
         self.phi = cur[2]
         self._donor.clear()  # moves tried below are undone unless kept, and a kept one ends the step
+        wmax = self.S.max(axis=1)
+        self._fixed = (wmax, float(wmax.sum()), np.argsort(-self.G, kind="stable")[:3])
+        self._s_top.clear()
         for a, bucket in self._critical():
             cols: list[list[np.ndarray]] = [[], [], [], [], [], []]
             for i in self.members[a]:
