@@ -10,7 +10,9 @@ import pytest
 from canzona.errors import ConfigError
 from canzona.models import MODELS, ParamSpec, count_params, get_model, list_params, split_stages
 from canzona.models.hf import from_hf_config
+from canzona.models.memory import activation_bytes, estimate_memory_gb
 from canzona.models.qwen3 import apply_view
+from canzona.models.stages import Pipeline
 
 # Public parameter counts (model cards / safetensors); 0.6B–4B tie the embedding and output.
 PUBLIC = {
@@ -309,3 +311,73 @@ def test_models_cli_prints_a_file_inventory_and_its_count(tmp_path, capsys) -> N
     assert "expert=3" in out and f"{count_params(from_hf_config(HF['mixtral'], 'x')):,}" in out
     assert main(["models", "qwen3-30b-a3b", "--tp", "8"]) == 2
     assert "KV heads" in capsys.readouterr().err
+
+
+def test_qwen3_235b_a22b_is_its_public_config() -> None:
+    big = get_model("qwen3-235b-a22b")  # Qwen/Qwen3-235B-A22B: 94 layers, 128 experts top-8, 64/4 heads
+    assert (big.layers, big.hidden, big.heads, big.kv_heads, big.experts, big.expert_ffn) == (
+        94,
+        4096,
+        64,
+        4,
+        128,
+        1536,
+    )
+    # by hand: per layer q 8192·4096 + k,v 2·512·4096 + o 4096·8192 + 2 QK norms of 128 + 2 norms + router
+    # 128·4096 + 128 experts × 3·1536·4096; plus embedding and output 151936·4096 and the final norm
+    layer = 2 * 8192 * 4096 + 2 * 512 * 4096 + 2 * 128 + 2 * 4096 + 128 * 4096 + 128 * 3 * 1536 * 4096
+    assert count_params(big) == 94 * layer + 2 * 151936 * 4096 + 4096 == 235_093_634_560
+    assert sum(s.route == "matrix" for s in list_params(big)) == 94 * (2 + 1 + 2 * 128) == 24_346
+
+
+@pytest.mark.parametrize(
+    "pp, first, last, want",
+    [
+        (4, 22, 22, (22, 25, 25, 22)),
+        (8, 11, 11, (11, *[12] * 6, 11)),
+        (16, 5, 5, (5, *[6] * 14, 5)),
+        (4, None, 19, (25, 25, 25, 19)),
+        (2, 40, 54, (40, 54)),
+    ],
+)
+def test_uneven_stages_split_as_megatron_does(pp: int, first: int | None, last: int | None, want: tuple) -> None:
+    big = get_model("qwen3-235b-a22b")
+    pipe = Pipeline(pp, first, last)
+    assert pipe.layers(94) == want
+    stages = split_stages(list_params(big), pipe)
+    layers = [sorted({s.layer for s in st if s.layer is not None}) for st in stages]
+    assert [len(ls) for ls in layers] == list(want) and [x for ls in layers for x in ls] == list(
+        range(94)
+    )  # in order, all
+    assert stages[0][0].name.startswith("embedding") and stages[-1][-1].name == "output_layer.weight"
+    assert list_params(big, pp=pipe, stage=pp - 1) == stages[-1]
+
+
+@pytest.mark.parametrize(
+    "pipe, needle",
+    [
+        (Pipeline(4), "PP=4 does not divide the 94 layers.*--first-stage-layers"),
+        (Pipeline(4, 20, 21), "94 - first - last divides by the 2 stage"),
+        (Pipeline(2, 40, 50), "first \\+ last = 94"),
+        (Pipeline(8, 47, 47), "94 - first - last"),
+    ],
+)
+def test_a_pp_split_that_does_not_add_up_names_the_fix(pipe: Pipeline, needle: str) -> None:
+    with pytest.raises(ConfigError, match=f"qwen3-235b-a22b: .*{needle}"):
+        get_model("qwen3-235b-a22b").validate_layout(pp=pipe)
+    with pytest.raises(ConfigError, match="need PP > 1"):
+        Pipeline(1, first=2)
+    with pytest.raises(ConfigError, match="positive integer"):
+        Pipeline(4, first=0)
+
+
+def test_the_memory_model_counts_each_end_stage_with_its_own_layers() -> None:
+    even = activation_bytes("qwen3-32b", 8, 4, 0, 4096, 1)  # 64 layers: 16 per stage
+    short = activation_bytes("qwen3-32b", 8, Pipeline(4, 10, 10), 0, 4096, 1)  # 10 first, 22 between, 10 last
+    assert short == even * 10 / 16
+    assert activation_bytes("qwen3-32b", 8, Pipeline(4, 10, 10), 1, 4096, 1) == even * 22 / 16 * 3 / 4
+    # stage 1 holds 22 layers x 3 micro-batches (66 layer-activations) against the even first
+    # stage's 16 x 4: the estimate is the busiest stage's, not the first's
+    assert estimate_memory_gb("qwen3-32b", 8, Pipeline(4, 10, 10), 8, 4096, 1) > estimate_memory_gb(
+        "qwen3-32b", 8, 4, 8, 4096, 1
+    )

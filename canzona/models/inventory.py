@@ -30,7 +30,7 @@ import tomllib
 from canzona.errors import ConfigError
 from canzona.models.routing import DEFAULT_ROUTING, RoutingRule
 from canzona.models.spec import ParamSpec
-from canzona.models.stages import layer_count
+from canzona.models.stages import Pipeline, layer_count
 
 MODEL_KEYS = {"name", "heads", "kv_heads", "head_dim", "source"}
 PARAM_KEYS = {"name", "shape", "partition_dim", "route", "layer", "expert"}
@@ -79,7 +79,9 @@ class Inventory:
         """The file's shapes are what the layout holds (padding, if any, is written in them)."""
         return self
 
-    def validate_layout(self, tp: int = 1, pp: int = 1, ep: int = 1) -> None:
+    def validate_layout(self, tp: int = 1, pp: int | Pipeline = 1, ep: int = 1) -> None:
+        pipe = pp if isinstance(pp, Pipeline) else None
+        pp = pp.pp if isinstance(pp, Pipeline) else pp
         for k, v in (("tp", tp), ("pp", pp), ("ep", ep)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{k} must be an integer >= 1 (got tp={tp}, pp={pp}, ep={ep})")
@@ -88,10 +90,10 @@ class Inventory:
                 raise ConfigError(f"{self.name}: TP={tp} does not divide its {what} ({n}); pick TP dividing {n}")
         for s in self.params:
             s.shard_shape(tp)  # raises naming the parameter and the fix
-        if self.layers % pp:
-            raise ConfigError(
-                f"{self.name}: PP={pp} does not divide its {self.layers} layers; pick PP dividing {self.layers}"
-            )
+        try:
+            (pipe or Pipeline(pp)).layers(self.layers)
+        except ConfigError as exc:
+            raise ConfigError(f"{self.name}: {exc}") from None
         e = self.experts
         if ep > 1 and not e:
             raise ConfigError(f"{self.name}: EP={ep} shards routed experts and this model has none; use EP=1")

@@ -7,6 +7,7 @@ but the model."""
 from __future__ import annotations
 
 from canzona.models import get_transformer, list_params
+from canzona.models.stages import Pipeline, pipeline
 
 # Bytes per parameter element held on every model-parallel replica (bf16 weight + fp32 main grad,
 # Megatron's default accumulate-in-fp32) and per element of ZeRO-1-sharded optimizer state
@@ -15,45 +16,37 @@ _REPLICA_BYTES = 2 + 4
 _SHARDED_BYTES = {"matrix": 4 + 4, "adamw": 4 + 8}
 
 
-def estimate_memory_gb(model: str, tp: int, pp: int, dp: int, seq_len: int, micro_batch: int) -> float:
+def estimate_memory_gb(model: str, tp: int, pp: int | Pipeline, dp: int, seq_len: int, micro_batch: int) -> float:
     """Rough per-GPU peak memory (GB = 1e9 bytes) of Megatron mixed-precision training with ZeRO-1.
 
     Why it exists: the Table-2 layouts are chosen by one written rule (smallest TP inside a node
     whose estimate fits the budget), and the rule is only checkable if the estimate is code.
-    It counts the first pipeline stage (it holds the embedding and, under 1F1B, ``pp``
-    micro-batches of activations), activations per layer ``s·b·h·(10 + 24/tp)`` bytes
+    It counts the busiest pipeline stage (the first holds the embedding and, under 1F1B, ``pp``
+    micro-batches of activations; stage s holds pp - s), activations per layer ``s·b·h·(10 + 24/tp)`` bytes
     (Korthikanti et al. 2022, selective recompute, no sequence parallelism), and fp32 logits
     plus their gradient on the last stage. Allocator slack, NCCL buffers and the CUDA context
-    are what the budget's headroom is for; this is an estimate, not a measurement.
+    are what the budget's headroom is for; this is an estimate, not a measurement. ``pp`` a
+    Pipeline: each end stage with its own layer count.
     """
     cfg = get_transformer(model)
     cfg.validate_layout(tp=tp, pp=pp)
     cfg = cfg.for_tp(tp)  # the padded vocabulary: embedding, output layer and logits
-    first = list_params(cfg, pp=pp, stage=0)
-    replica = sum(p.shard_numel(tp) for p in first)
-    sharded = sum(p.shard_numel(tp) * _SHARDED_BYTES[p.route] for p in first) / dp
-    static = replica * _REPLICA_BYTES + sharded
-    sbh = seq_len * micro_batch * cfg.hidden
-    activations = sbh * (10 + 24 / tp) * (cfg.layers // pp) * pp
-    logits = 2 * 4 * seq_len * micro_batch * cfg.vocab / tp if pp == 1 else 0.0
-    if pp > 1:  # the last stage holds the logits but only one micro-batch of activations in flight
-        last = list_params(cfg, pp=pp, stage=pp - 1)
-        last_static = (
-            sum(p.shard_numel(tp) for p in last) * _REPLICA_BYTES
-            + sum(p.shard_numel(tp) * _SHARDED_BYTES[p.route] for p in last) / dp
-        )
-        last_total = (
-            last_static + sbh * (10 + 24 / tp) * (cfg.layers // pp) + 2 * 4 * seq_len * micro_batch * cfg.vocab / tp
-        )
-        return max(static + activations, last_total) / 1e9
-    return (static + activations + logits) / 1e9
+    peak = 0.0
+    for stage in range(pipeline(pp).pp):  # uneven stages: a middle stage may hold the most
+        params = list_params(cfg, pp=pp, stage=stage)
+        static = float(sum(p.shard_numel(tp) for p in params) * _REPLICA_BYTES)
+        static += sum(p.shard_numel(tp) * _SHARDED_BYTES[p.route] for p in params) / dp
+        peak = max(peak, static + activation_bytes(model, tp, pp, stage, seq_len, micro_batch))
+    return peak / 1e9
 
 
-def activation_bytes(model: str, tp: int, pp: int, stage: int, seq_len: int, micro_batch: int) -> float:
+def activation_bytes(model: str, tp: int, pp: int | Pipeline, stage: int, seq_len: int, micro_batch: int) -> float:
     """Activations a stage holds at its 1F1B peak (the terms of ``estimate_memory_gb``): ``pp``
-    micro-batches on the first stage, one on the last, which also holds fp32 logits and their grad."""
+    micro-batches on the first stage, one on the last, which also holds fp32 logits and their grad;
+    per layer of this stage (``Pipeline.layers``)."""
     cfg = get_transformer(model).for_tp(tp)
+    layers = pipeline(pp).layers(cfg.layers)
     sbh = seq_len * micro_batch * cfg.hidden
-    in_flight = pp - stage
-    logits = 2 * 4 * seq_len * micro_batch * cfg.vocab / tp if stage == pp - 1 else 0.0
-    return sbh * (10 + 24 / tp) * (cfg.layers // pp) * in_flight + logits
+    in_flight = len(layers) - stage
+    logits = 2 * 4 * seq_len * micro_batch * cfg.vocab / tp if stage == len(layers) - 1 else 0.0
+    return sbh * (10 + 24 / tp) * layers[stage] * in_flight + logits

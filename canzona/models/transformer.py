@@ -19,7 +19,7 @@ from typing import Protocol
 from canzona.errors import ConfigError
 from canzona.models.routing import DEFAULT_ROUTING, RoutingRule
 from canzona.models.spec import ParamSpec
-from canzona.models.stages import stage_params
+from canzona.models.stages import Pipeline, stage_params
 
 Raw = tuple[str, tuple[int, ...], int | None, int | None, int | None]  # name, shape, tp dim, layer, expert
 
@@ -98,8 +98,11 @@ class TransformerConfig:
     def is_moe(self, layer: int) -> bool:
         return self.experts > 0 and (self.moe_layers is None or layer in self.moe_layers)
 
-    def validate_layout(self, tp: int = 1, pp: int = 1, ep: int = 1) -> None:
-        """Raise ConfigError when TP/PP/EP cannot split this model (Megatron's own constraints)."""
+    def validate_layout(self, tp: int = 1, pp: int | Pipeline = 1, ep: int = 1) -> None:
+        """Raise ConfigError when TP/PP/EP cannot split this model (Megatron's own constraints);
+        ``pp`` a Pipeline: its first/last stage layer counts must add up to the layers."""
+        pipe = pp if isinstance(pp, Pipeline) else None
+        pp = pp.pp if isinstance(pp, Pipeline) else pp
         for k, v in (("tp", tp), ("pp", pp), ("ep", ep)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{k} must be an integer >= 1 (got tp={tp}, pp={pp}, ep={ep})")
@@ -113,10 +116,10 @@ class TransformerConfig:
         for what, n in checks:
             if n % tp:
                 raise ConfigError(f"{self.name}: TP={tp} does not divide its {what} ({n}); pick TP dividing {n}")
-        if self.layers % pp:
-            raise ConfigError(
-                f"{self.name}: PP={pp} does not divide its {self.layers} layers; pick PP dividing {self.layers}"
-            )
+        try:
+            (pipe or Pipeline(pp)).layers(self.layers)
+        except ConfigError as exc:
+            raise ConfigError(f"{self.name}: {exc}") from None
         if ep > 1 and not self.experts:
             raise ConfigError(f"{self.name}: EP={ep} shards routed experts and this model has none; use EP=1")
         if ep > 1 and self.experts % ep:
@@ -187,7 +190,7 @@ class Model(Protocol):
 
     def specs(self, routing: RoutingRule = ...) -> list[ParamSpec]: ...
 
-    def validate_layout(self, tp: int = 1, pp: int = 1, ep: int = 1) -> None: ...
+    def validate_layout(self, tp: int = 1, pp: int | Pipeline = 1, ep: int = 1) -> None: ...
 
     def for_tp(self, tp: int) -> Model: ...
 
@@ -196,7 +199,7 @@ def list_params(
     cfg: Model,
     *,
     tp: int = 1,
-    pp: int = 1,
+    pp: int | Pipeline = 1,
     stage: int | None = None,
     routing: RoutingRule = DEFAULT_ROUTING,
     views: Iterable[str] = (),
@@ -205,7 +208,8 @@ def list_params(
     (``canzona.models.stages``: embedding first stage, output last), with the vocabulary rows a
     layout of TP ``tp`` gives the embedding and output layer (``for_tp``: Megatron's padding).
 
-    ``views`` names split transforms applied to matrix params (see ``VIEWS``), off by default.
+    ``views`` names split transforms applied to matrix params (see ``VIEWS``), off by default;
+    ``pp`` a Pipeline: uneven first/last stages (``canzona.models.stages``).
     """
     cfg.validate_layout(tp=tp, pp=pp)
     cfg = cfg.for_tp(tp)

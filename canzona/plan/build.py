@@ -136,7 +136,7 @@ def stage_adamw(model: Model, plan: Plan, stage: int) -> tuple[Bucket, ...]:
     """The AdamW buffer of PP stage ``stage`` of ``model`` under ``plan``'s layout and bucket size:
     what the lowering (``canzona.plan.schedule.stage_schedules``) needs beside the plan."""
     lay = plan.layout
-    return adamw_buckets(list_params(model, tp=lay.tp, pp=lay.pp, stage=stage), lay, plan.config.bucket_size)
+    return adamw_buckets(list_params(model, tp=lay.tp, pp=lay.pipeline, stage=stage), lay, plan.config.bucket_size)
 
 
 def matrix_buckets(
@@ -358,11 +358,11 @@ def plan_model(
     """One plan per PP stage of a model (a name, a model file or a model object; ``views``: split
     views such as qkv, gate_up), priced on ``profile`` (``hardware_for``)."""
     cfg = get_model(model) if isinstance(model, str) else model
-    cfg.validate_layout(tp=layout.tp, pp=layout.pp, ep=layout.ep)
+    cfg.validate_layout(tp=layout.tp, pp=layout.pipeline, ep=layout.ep)
     hw = hardware_for(config, profile)
     return [
         make_plan(
-            list_params(cfg, tp=layout.tp, pp=layout.pp, stage=s, views=views),
+            list_params(cfg, tp=layout.tp, pp=layout.pipeline, stage=s, views=views),
             layout,
             config,
             cost_model=cost_model,

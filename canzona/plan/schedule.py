@@ -38,66 +38,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from canzona.errors import ConfigError
-from canzona.plan.comm import NCCL, REQUESTABLE_MODES, CommModel, choose_mode, padded_width
-from canzona.plan.types import Bucket, CoopGroup, Layout, Plan
+from canzona.plan.bucket_layout import (
+    BucketLayout,
+    LowerSettings,
+    bucket_layouts,
+    equal_cuts,
+    layout_bucket,
+    layout_with_cuts,
+)
+from canzona.plan.comm import choose_mode, padded_width
+from canzona.plan.types import Bucket, CoopGroup, Layout, Plan, PlanItem
 
 FP32_BYTES = 4  # cooperative Grams are reduced in fp32
 OWNER_GATHER_MODES = ("native", "uneven", "per-root")  # layer-wise's owner gather: a gather, no reduction
 TP_BLOCKS_TAG = "tp-blocks"  # the all-to-alls that gather / scatter the blocks of TP sub-groups
-
-
-@dataclass(frozen=True)
-class LowerSettings:
-    """What lowering needs beyond the plan: element sizes, the mode request and the cost model."""
-
-    collective_mode: str = "auto"
-    model: CommModel = NCCL
-    grad_bytes: int = 4  # main-grad element (fp32; 2 when gradients are reduced in bf16)
-    param_bytes: int = 4  # parameter element (2 for bf16 params)
-    tp_bytes: int = 4  # TP staging element: full-matrix gradients and updates travel in fp32
-    tp_partial: frozenset[str] = frozenset()  # replicated params whose grad is a partial sum per TP rank
-    norm_check: bool = True  # one global all-reduce per step (grad norm + non-finite flag)
-    global_world: int | None = None  # ranks of the norm's group (every stage); None: this stage's dp·tp
-    ns_steps: int = 5  # cooperative Newton–Schulz rounds: the Muon config's iterations ...
-    ns_restarts: tuple[int, ...] = ()  # ... and Gram restarts (one Gram all-reduce each)
-
-    def __post_init__(self) -> None:
-        if self.collective_mode not in REQUESTABLE_MODES:
-            raise ConfigError(
-                f"unknown collective mode {self.collective_mode!r}; choose one of {', '.join(REQUESTABLE_MODES)}"
-            )
-
-
-@dataclass(frozen=True)
-class BucketLayout:
-    """One DP bucket as the runtime allocates it.
-
-    ``entries``: (name, offset in this buffer, numel). ``regions``: per DP rank the [lo, hi) range it
-    reduces into and gathers from (its slice; padding included in native mode), () when the bucket
-    is reduced whole. ``used``: elements that hold a parameter.
-    """
-
-    kind: str  # matrix | adamw
-    index: int
-    size: int
-    entries: tuple[tuple[str, int, int], ...]
-    regions: tuple[tuple[int, int], ...]
-    mode: str
-
-    @property
-    def used(self) -> int:
-        return sum(n for _, _, n in self.entries)
-
-    @property
-    def padding(self) -> int:
-        return self.size - self.used
-
-    @property
-    def tag(self) -> str:
-        return f"{self.kind}{self.index}"
-
-    def where(self) -> dict[str, tuple[int, int]]:
-        return {n: (o, k) for n, o, k in self.entries}
 
 
 @dataclass(frozen=True)
@@ -139,7 +93,7 @@ class CommOp:
 
     phase: str  # grad_sync | tp_partial | norm | tp_gather | tp_scatter | param_sync
     kind: str
-    group: str  # dp | tp | global
+    group: str  # dp | edp (expert-DP) | tp | global
     nbytes: int
     tag: str
     root: int | None = None
@@ -168,81 +122,59 @@ class RankSchedule:
         return dict(Counter(o.kind for o in self.ops if group is None or o.group == group))
 
 
-# ----------------------------------------------------------------------------- DP buckets
-def layout_bucket(kind: str, bucket: Bucket, cuts: Sequence[int], dp: int, mode: str) -> BucketLayout:
-    """The runtime buffer of ``bucket`` under ``mode`` (cuts: DP+1 offsets, or () for all-reduce)."""
-    entries = tuple((e.name, e.start, e.numel) for e in bucket.entries)
-    if not cuts:
-        return BucketLayout(kind, bucket.index, bucket.size, entries, (), "all-reduce")
-    exact = tuple((cuts[r], cuts[r + 1]) for r in range(dp))
-    sizes = [b - a for a, b in exact]
-    if mode != "native" or all(w == sizes[0] for w in sizes):
-        return BucketLayout(kind, bucket.index, bucket.size, entries, exact, mode)
-    w = padded_width(sizes)
-    moved = []
-    for name, start, numel in entries:
-        r = next(r for r, (a, b) in enumerate(exact) if a <= start < b)
-        moved.append((name, r * w + start - exact[r][0], numel))
-    return BucketLayout(kind, bucket.index, dp * w, tuple(moved), tuple((r * w, (r + 1) * w) for r in range(dp)), mode)
-
-
-def equal_cuts(bucket: Bucket, dp: int) -> tuple[int, ...]:
-    """ZeRO-1's equal slices (bucket sizes are multiples of lcm(dp, 128))."""
-    return tuple(bucket.size * r // dp for r in range(dp + 1))
-
-
-def _layout_with_cuts(kind: str, b: Bucket, cuts: Sequence[int], dp: int, settings: LowerSettings) -> BucketLayout:
-    if not cuts:
-        return layout_bucket(kind, b, (), dp, "all-reduce")
-    sizes = [cuts[r + 1] - cuts[r] for r in range(dp)]
-    return layout_bucket(
-        kind, b, cuts, dp, choose_mode(sizes, settings.collective_mode, settings.model, settings.grad_bytes)
-    )
-
-
-def bucket_layouts(
-    plan: Plan | None, adamw: Sequence[Bucket], dp: int, settings: LowerSettings
-) -> tuple[tuple[BucketLayout, ...], tuple[BucketLayout, ...]]:
-    """(matrix, AdamW) buffers of one stage; identical on every rank of the stage. AdamW buckets are
-    ZeRO-1's equal slices; matrix buckets follow the plan's cuts (or are reduced whole)."""
-    matrix: tuple[BucketLayout, ...] = ()
-    if plan is not None:
-        reduce_scatter = plan.dp.grad_sync == "reduce-scatter"
-        matrix = tuple(
-            _layout_with_cuts("matrix", b, plan.dp.cuts[i] if reduce_scatter else (), dp, settings)
-            for i, b in enumerate(plan.dp.buckets)
-        )
-    return matrix, tuple(_layout_with_cuts("adamw", b, equal_cuts(b, dp), dp, settings) for b in adamw)
-
-
 @dataclass(frozen=True)
 class StageBuffers:
-    """A stage's buffers and their DP calls, which are the same on every rank of the stage: computed
-    once per stage, not once per rank (a per-root bucket has DP calls, so lowering 256 ranks would
-    otherwise build DP² calls per bucket)."""
+    """A stage's buffers and their DP calls, which are the same on every rank of one EP rank of the
+    stage: computed once per stage, not once per rank (a per-root bucket has DP calls, so lowering
+    256 ranks would otherwise build DP² calls per bucket). Matrix buffers and calls are listed per
+    EP rank (one entry when EP = 1): the dense buckets, then that EP rank's expert buckets."""
 
-    matrix: tuple[BucketLayout, ...]
+    matrix: tuple[tuple[BucketLayout, ...], ...]
     adam: tuple[BucketLayout, ...]
-    grad_calls: tuple[CommOp, ...]  # every bucket's gradient reduction, matrix buckets first
-    matrix_param_calls: tuple[CommOp, ...]  # the matrix buckets' parameter gathers, last bucket first
+    grad_calls: tuple[tuple[CommOp, ...], ...]  # per EP rank: every bucket's gradient reduction, matrix first
+    matrix_param_calls: tuple[tuple[CommOp, ...], ...]  # per EP rank: the matrix gathers, last bucket first
     adam_param_calls: tuple[CommOp, ...]
     owner_gather: tuple[tuple[tuple[str, ...], ...], str] | None  # layer-wise: (owned names by DP rank, mode)
     owner_gather_calls: tuple[CommOp, ...]
+    owned: tuple[tuple[PlanItem, ...], ...] = ()  # per DP rank the items it owns, in registration order
+    shard: dict[str, int] = field(default_factory=dict)  # a matrix's TP shard (numel // TP)
 
 
 def stage_buffers(plan: Plan | None, adamw: Sequence[Bucket], dp: int, settings: LowerSettings) -> StageBuffers:
     matrix, adam = bucket_layouts(plan, adamw, dp, settings)
     g, p = settings.grad_bytes, settings.param_bytes
     gather = _owner_gather(plan, settings) if plan is not None else None
+    ep = plan.layout.ep if plan is not None else 1
+    calls = {b.tag: _dp_calls(b, "grad_sync", _group_size(b, dp), g) for b in (*matrix, *adam)}
+    params = {b.tag: _dp_calls(b, "param_sync", _group_size(b, dp), p) for b in (*matrix, *adam)}
+    mine = tuple(tuple(b for b in matrix if b.ep_rank in (None, e)) for e in range(ep))
     return StageBuffers(
-        matrix,
+        mine,
         adam,
-        tuple(op for b in (*matrix, *adam) for op in _dp_calls(b, "grad_sync", dp, g)),
-        tuple(op for b in reversed(matrix) for op in _dp_calls(b, "param_sync", dp, p)),
-        tuple(op for b in reversed(adam) for op in _dp_calls(b, "param_sync", dp, p)),
+        tuple(tuple(op for b in (*m, *adam) for op in calls[b.tag]) for m in mine),
+        tuple(tuple(op for b in reversed(m) for op in params[b.tag]) for m in mine),
+        tuple(op for b in reversed(adam) for op in params[b.tag]),
         gather,
         tuple(_owner_gather_calls(plan, gather, p)) if plan is not None and gather is not None else (),
+        _owned(plan) if plan is not None else (),
+        {it.name: it.numel // plan.layout.tp for it in plan.items} if plan is not None else {},
     )
+
+
+def _owned(plan: Plan) -> tuple[tuple[PlanItem, ...], ...]:
+    """Per DP rank the items it owns (every owner of a cooperative one): one pass over the items,
+    so lowering a stage's ranks is not O(ranks × matrices)."""
+    out: tuple[list[PlanItem], ...] = tuple([] for _ in range(plan.layout.dp))
+    owners = plan.dp.owner_map()
+    for it in plan.items:
+        for d in owners[it.name]:
+            out[d].append(it)
+    return tuple(map(tuple, out))
+
+
+def _group_size(b: BucketLayout, dp: int) -> int:
+    """Ranks of ``b``'s reduce group: DP, or DP / EP for an expert bucket."""
+    return dp if b.ep_rank is None else dp // b.ep
 
 
 # ----------------------------------------------------------------------------- executors
@@ -254,13 +186,16 @@ def coop_comm_key(g: CoopGroup, tp: int) -> str:
     return f"dp{g.members[0][0]}+{g.k}"
 
 
-def executor_specs(plan: Plan, dp_rank: int) -> tuple[ExecSpec, ...]:
-    """The one mapping from a plan to executors, for the matrices DP rank ``dp_rank`` owns."""
+def executor_specs(plan: Plan, dp_rank: int, owned: Sequence[PlanItem] | None = None) -> tuple[ExecSpec, ...]:
+    """The one mapping from a plan to executors, for the matrices DP rank ``dp_rank`` owns
+    (``owned``: those items, in registration order, when the caller has them)."""
     tp = plan.layout.tp
-    owners = plan.dp.owner_map()
+    if owned is None:
+        owners = plan.dp.owner_map()
+        owned = [it for it in plan.items if dp_rank in owners[it.name]]
     coop = tuple(g for g in plan.coop if any(d == dp_rank for d, _ in g.members))
     together = {g.name for g in coop}
-    mine = [it for it in plan.items if dp_rank in owners[it.name] and it.name not in together]
+    mine = [it for it in owned if it.name not in together]
     split = [it.name for it in mine if tp > 1 and it.partition_dim is not None]
     local = tuple(it.name for it in mine if it.name not in set(split))
     specs = [ExecSpec("local", local)] if local else []
@@ -281,27 +216,30 @@ def executor_specs(plan: Plan, dp_rank: int) -> tuple[ExecSpec, ...]:
 
 
 # ----------------------------------------------------------------------------- calls
-def _dp_calls(b: BucketLayout, phase: str, dp: int, elem: int) -> list[CommOp]:
-    if dp == 1 or not b.used:
+def _dp_calls(b: BucketLayout, phase: str, group: int, elem: int) -> list[CommOp]:
+    """``b``'s calls of ``phase`` over its group of ``group`` ranks (roots: positions in the group)."""
+    if group == 1 or not b.used:
         return []
     if b.mode == "all-reduce":
-        return [CommOp(phase, "all_reduce", "dp", b.size * elem, b.tag)] if phase == "grad_sync" else []
+        return [CommOp(phase, "all_reduce", b.group, b.size * elem, b.tag)] if phase == "grad_sync" else []
     if b.mode == "all-reduce-broadcast" and phase == "grad_sync":  # the exact bucket, reduced whole
-        return [CommOp(phase, "all_reduce", "dp", sum(hi - lo for lo, hi in b.regions) * elem, b.tag)]
+        return [CommOp(phase, "all_reduce", b.group, sum(hi - lo for lo, hi in b.regions) * elem, b.tag)]
     kind = "reduce_scatter" if phase == "grad_sync" else "all_gather"
     if b.mode in ("per-root", "all-reduce-broadcast"):
         rooted = "reduce" if phase == "grad_sync" else "broadcast"
         return [
-            CommOp(phase, rooted, "dp", (hi - lo) * elem, b.tag, r) for r, (lo, hi) in enumerate(b.regions) if hi > lo
+            CommOp(phase, rooted, b.group, (hi - lo) * elem, b.tag, r)
+            for r, (lo, hi) in enumerate(b.regions)
+            if hi > lo
         ]
     width = b.regions[0][1] - b.regions[0][0] if b.mode == "native" else padded_width([hi - lo for lo, hi in b.regions])
-    return [CommOp(phase, kind, "dp", dp * width * elem, b.tag)]
+    return [CommOp(phase, kind, b.group, group * width * elem, b.tag)]
 
 
 Calls = tuple[list[CommOp], list[CommOp], list[CommOp]]  # an executor's (start, run, finish) calls
 
 
-def _coop_calls(spec: ExecSpec, plan: Plan, settings: LowerSettings, tp_rank: int) -> Calls:
+def _coop_calls(spec: ExecSpec, plan: Plan, settings: LowerSettings, tp_rank: int, shard: dict[str, int]) -> Calls:
     """As canzona.runtime.executors.coop runs them: at start, the blocks of TP sub-groups gathered (ONE
     all-to-all over the TP group: this rank's shards of all of them); in run, per (communicator,
     form) of the groups this rank is a member of, the re-blocking all-to-all when needed, the Gram
@@ -316,7 +254,7 @@ def _coop_calls(spec: ExecSpec, plan: Plan, settings: LowerSettings, tp_rank: in
         classes.setdefault((coop_comm_key(g, tp), g.form), []).append(g)
     blocks = spec.tp_blocks(tp)
     mine = [g for g in blocks if g in member]
-    shards = sum(items[g.name].numel // tp for g in blocks) * settings.tp_bytes
+    shards = sum(shard[g.name] for g in blocks) * settings.tp_bytes
     first = [CommOp("coop", "all_to_all", "tp", shards, TP_BLOCKS_TAG)] if blocks else []
     ops: list[CommOp] = []
     for (key, form), gs in sorted(classes.items()):
@@ -332,11 +270,10 @@ def _coop_calls(spec: ExecSpec, plan: Plan, settings: LowerSettings, tp_rank: in
     return first, ops, last
 
 
-def _tp_calls(spec: ExecSpec, plan: Plan, settings: LowerSettings, tp_rank: int) -> Calls:
+def _tp_calls(spec: ExecSpec, plan: Plan, settings: LowerSettings, tp_rank: int, shard: dict[str, int]) -> Calls:
     """As canzona.runtime.executors.tp runs them: the micro-groups' first gather at start, the rest of
-    the pipeline in run."""
+    the pipeline in run (``shard``: each matrix's TP shard)."""
     tp, elem = plan.layout.tp, settings.tp_bytes
-    shard = {it.name: it.numel // tp for it in plan.items}
     if spec.kind == "all-gather":
         total = tp * sum(shard[n] for n in spec.names) * elem
         return [], [CommOp("tp_gather", "all_gather", "tp", total, "all-gather")], []
@@ -404,19 +341,24 @@ def lower(
     if not (0 <= dp_rank < dp and 0 <= tp_rank < tp):
         raise ConfigError(f"rank (dp {dp_rank}, tp {tp_rank}) outside the layout dp{dp}×tp{tp}")
     buf = stage if stage is not None else stage_buffers(plan, adamw, dp, settings)
-    matrix, adam = buf.matrix, buf.adam
-    execs = executor_specs(plan, dp_rank) if plan is not None else ()
-    ops: list[CommOp] = [*buf.grad_calls]
+    e = dp_rank % len(buf.matrix)  # this rank's EP rank (rank order tp-ep-dp, Layout)
+    matrix, adam = buf.matrix[e], buf.adam
+    execs = executor_specs(plan, dp_rank, buf.owned[dp_rank]) if plan is not None else ()
+    ops: list[CommOp] = [*buf.grad_calls[e]]
     partial = _tp_partial_elems(adam, dp_rank, settings.tp_partial) if tp > 1 else 0
     if partial:
         ops.append(CommOp("tp_partial", "all_reduce", "tp", partial * settings.grad_bytes, "tp-partial"))
     if settings.norm_check and (settings.global_world or dp * tp) > 1:
         ops.append(CommOp("norm", "all_reduce", "global", 8, "norm"))
-    calls = [(_coop_calls if e.kind == "cooperative" else _tp_calls)(e, plan, settings, tp_rank) for e in execs if plan]
+    calls = [
+        (_coop_calls if e.kind == "cooperative" else _tp_calls)(e, plan, settings, tp_rank, buf.shard)
+        for e in execs
+        if plan
+    ]
     for part in range(3):  # every executor's start, then run, then finish (canzona.runtime.executors.base)
         for c in calls:
             ops += c[part]
-    ops += (*buf.matrix_param_calls, *buf.owner_gather_calls, *buf.adam_param_calls)
+    ops += (*buf.matrix_param_calls[e], *buf.owner_gather_calls, *buf.adam_param_calls)
     computes = tuple(n for s in execs for n in s.computed_by(tp_rank))
     return RankSchedule(dp_rank, tp_rank, dp, tp, (*matrix, *adam), execs, tuple(ops), buf.owner_gather, computes)
 
@@ -434,7 +376,8 @@ def matrix_dp_calls(plan: Plan, settings: LowerSettings, ep_rank: int | None = N
         if b.ep_rank not in (None, ep_rank):
             continue
         g = len(lay.group_ranks(b.ep_rank))
-        matrix.append((g, _layout_with_cuts("matrix", b, plan.dp.cuts[i] if reduce_scatter else (), g, settings)))
+        cuts = plan.dp.cuts[i] if reduce_scatter else ()
+        matrix.append((g, layout_with_cuts("matrix", b, cuts, g, settings, lay.ep)))
     ops = [(g, op) for g, b in matrix for op in _dp_calls(b, "grad_sync", g, settings.grad_bytes)]
     return ops + [(g, op) for g, b in reversed(matrix) for op in _dp_calls(b, "param_sync", g, settings.param_bytes)]
 

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from canzona.errors import ConfigError
+from canzona.models.stages import Pipeline
 
 MAX_DP = 1 << 16  # DP groups beyond 65,536 ranks are typos, not clusters (and would take minutes to plan)
 
@@ -27,12 +28,17 @@ class Layout:
     ``ep`` (expert parallelism) is carved out of DP as in Megatron (rank order tp-ep-dp-pp, expert
     TP = TP): DP rank d holds the experts of EP rank ``d % ep`` and shares them with the other
     ``dp / ep`` DP ranks of that EP rank (its expert-DP group). Dense parameters see all of DP.
+
+    ``first_stage_layers`` / ``last_stage_layers``: Megatron's num_layers_in_first/last_pipeline_stage
+    (None: even stages; canzona.models.stages.Pipeline).
     """
 
     dp: int
     tp: int = 1
     pp: int = 1
     ep: int = 1
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
 
     def __post_init__(self) -> None:
         for k in ("dp", "tp", "pp", "ep"):
@@ -43,6 +49,12 @@ class Layout:
             raise ConfigError(f"dp={self.dp} is more than {MAX_DP:,} ranks; check the DP size (or --world)")
         if self.dp % self.ep:
             raise ConfigError(f"EP={self.ep} must divide DP={self.dp} (experts are sharded inside DP); pick EP | DP")
+        self.pipeline  # noqa: B018 - its checks (positive counts, PP > 1)
+
+    @property
+    def pipeline(self) -> Pipeline:
+        """The PP stages as ``list_params`` splits the layers."""
+        return Pipeline(self.pp, self.first_stage_layers, self.last_stage_layers)
 
     def group_ranks(self, ep_rank: int | None) -> tuple[int, ...]:
         """DP ranks of a buffer's reduce group: all of DP (dense) or EP rank ``ep_rank``'s expert-DP group."""
@@ -342,11 +354,18 @@ class Plan:
 
 def input_hash(layout: Layout, config: PlanConfig, items: tuple[PlanItem, ...]) -> str:
     """SHA-256 over every planning input, so ranks can check they hold the same plan."""
+    lay = {k: v for k, v in asdict(layout).items() if v is not None}  # even stages hash as before they had a name
     payload = json.dumps(
-        {"layout": asdict(layout), "config": _hashed_config(config), "items": [asdict(i) for i in items]},
+        {"layout": lay, "config": _hashed_config(config), "items": [_item_dict(i) for i in items]},
         sort_keys=True,
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _item_dict(i: PlanItem) -> dict[str, Any]:
+    """``asdict(i)`` without its deep copies: the hash is taken once per weighed plan, and on a
+    24k-matrix MoE inventory ``asdict`` alone cost a second per plan."""
+    return {"name": i.name, "shape": i.shape, "partition_dim": i.partition_dim, "cost": i.cost, "ep_rank": i.ep_rank}
 
 
 # Plans saved before the hardware profile named the pricing: coop_profile "nvlink" was priced at

@@ -32,15 +32,16 @@ from canzona.plan import comm as plan_comm
 from canzona.plan.types import Layout
 
 # ----------------------------------------------------------------------------- collectives
-GROUP_SIZES = ("tp", "dp", "world")
+GROUP_SIZES = ("tp", "dp", "edp", "world")  # edp: an EP rank's expert-DP group (every EP-th DP rank)
 
 
 def _group(layout: Layout, group: str) -> tuple[int, int]:
-    """(ranks, span of consecutive GPUs) of a DP, TP or world group (Megatron order: TP, then DP, then PP)."""
+    """(ranks, span of consecutive GPUs) of a DP, expert-DP, TP or world group (Megatron order: TP,
+    then DP, then PP; an expert-DP group strides over its DP group's GPUs)."""
     if group not in GROUP_SIZES:
         raise ConfigError(f"unknown group {group!r}; known: {', '.join(GROUP_SIZES)}")
-    n = {"tp": layout.tp, "dp": layout.dp, "world": layout.world}[group]
-    span = {"tp": layout.tp, "dp": layout.tp * layout.dp, "world": layout.world}[group]
+    n = {"tp": layout.tp, "dp": layout.dp, "edp": layout.dp // layout.ep, "world": layout.world}[group]
+    span = {"tp": layout.tp, "dp": layout.tp * layout.dp, "edp": layout.tp * layout.dp, "world": layout.world}[group]
     return n, span
 
 

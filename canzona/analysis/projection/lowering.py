@@ -102,7 +102,7 @@ class StageOps:
 
     def adamw_owned(self, s: RankSchedule) -> int:
         """AdamW elements this rank updates: its slices of the AdamW buckets (padding included)."""
-        return sum(b.regions[s.dp_rank][1] - b.regions[s.dp_rank][0] for b in s.buckets if b.kind == "adamw")
+        return sum(b.region(s.dp_rank)[1] - b.region(s.dp_rank)[0] for b in s.buckets if b.kind == "adamw")
 
     def micro_group_bytes(self, dp_rank: int, tag: str) -> float:
         """Off-rank bytes of the busiest TP rank in micro-group ``tag`` of DP rank ``dp_rank``: the

@@ -49,7 +49,7 @@ from canzona.models.spec import ParamSpec
 from canzona.plan.schedule import TP_BLOCKS_TAG, CommOp, ExecSpec, RankSchedule
 from canzona.plan.types import Layout, Plan
 
-GROUPS = {"dp": "dp", "tp": "tp", "global": "world"}  # schedule group -> hardware.Comm group
+GROUPS = {"dp": "dp", "edp": "edp", "tp": "tp", "global": "world"}  # schedule group -> hardware.Comm group
 
 
 def project_stage(
@@ -69,7 +69,7 @@ def project_stage(
     ``settings``: the optimizer's cost settings (Newton–Schulz method, iterations and restarts).
     """
     lay = plan.layout
-    layout = Layout(lay.dp, lay.tp, (world or lay.world) // (lay.dp * lay.tp))
+    layout = Layout(lay.dp, lay.tp, (world or lay.world) // (lay.dp * lay.tp), lay.ep)  # EP: expert-DP groups
     cs = settings or CostSettings()
     lset = lower_settings(
         profile,
@@ -187,7 +187,8 @@ class _Charger:
             phase.setdefault(o.phase, []).append((o, ms))
         of = lambda *ph: [x for p in ph for x in phase.get(p, ())]
         grad = of("grad_sync", "tp_partial")
-        tl = [Task("grad_sync", ms, ("dp", t) if o.group == "dp" else ("tp", d)) for o, ms in grad]
+        # dense and expert-DP reductions of a rank share its links: one stream per TP rank
+        tl = [Task("grad_sync", ms, ("dp", t) if o.group in ("dp", "edp") else ("tp", d)) for o, ms in grad]
         r.phases["grad_sync"] = sum(ms for _, ms in grad)
         read_ms = self.ops.owned_elems(s) * self.profile.grad_bytes / self.profile.mem_bw * 1e3
         norm = of("norm")

@@ -166,7 +166,7 @@ def project(
     from canzona.models import get_model, list_params
 
     cfg = get_model(s.model)
-    cfg.validate_layout(tp=s.layout.tp, pp=s.layout.pp)
+    cfg.validate_layout(tp=s.layout.tp, pp=s.layout.pipeline)
     if stages is None and s.method in BASELINES:
         settings = settings or cost_settings_for(s, profile)
         stages = BASELINES[s.method].stages(s.model, s.layout, profile, s.optimizer, settings)
@@ -177,7 +177,7 @@ def project(
             raise ConfigError(f"expected {s.layout.pp} stage plans, got {len(plans)}")
         stages = []
         for st, plan in enumerate(plans):
-            adamw = [p for p in list_params(cfg, tp=s.layout.tp, pp=s.layout.pp, stage=st) if p.route != "matrix"]
+            adamw = [p for p in list_params(cfg, tp=s.layout.tp, pp=s.layout.pipeline, stage=st) if p.route != "matrix"]
             world, bucket = s.layout.world, s.bucket_size
             stages.append(
                 project_stage(plan, adamw, profile, stage=st, world=world, settings=settings, bucket_size=bucket)

@@ -34,6 +34,7 @@ work budget proportional to the number of items.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -73,7 +74,9 @@ class _State:
         self.simple = p.tp == 1 or p.tp_mode == "sc"
         self.G = np.zeros(p.dp)
         self.low = np.zeros(p.dp)
-        self.slots = np.zeros((p.dp, max(p.tp, 1)))
+        # per rank its TP slots' loads as a list: a placement touches TP (≤ 8) numbers, where numpy's
+        # per-call overhead outweighs the arithmetic (the 235B-class inventory places ~150k items)
+        self.slots = [[0.0] * max(p.tp, 1) for _ in range(p.dp)]
         self.S = np.zeros((len(p.buckets), p.dp))
 
     def landing(self, ranks: slice | np.ndarray, i: int) -> tuple[np.ndarray, np.ndarray]:
@@ -94,11 +97,11 @@ class _State:
             return
         slots = self.slots[r]
         if p.sharded[i]:
-            slots[int(np.argmin(slots))] += c
+            slots[slots.index(min(slots))] += c  # the first least loaded slot, as np.argmin
         else:
-            slots += c
-        self.G[r] = slots.max()
-        self.low[r] = slots.min()
+            slots[:] = [x + c for x in slots]
+        self.G[r] = max(slots)
+        self.low[r] = min(slots)
 
 
 def pack(p: DPProblem, alpha: float, slack: float | None) -> list[int]:
@@ -113,8 +116,9 @@ def pack(p: DPProblem, alpha: float, slack: float | None) -> list[int]:
     a = 1.0 if slack is None else alpha
     weight = [a * p.cost[i] / tc + (1 - a) * p.width[i] / tw for i in range(n)]
     order = sorted(range(n), key=lambda i: (-weight[i], -p.cost[i], i))
-    # a group of every DP rank in order is indexed by a slice (a view), others by their rank array
-    groups = [slice(None) if g == tuple(range(p.dp)) else np.asarray(g) for g in p.groups]
+    # a group of evenly spaced DP ranks (all of DP; an expert-DP group: every EP-th rank) is indexed
+    # by a slice, a view, instead of a copy per placement; others by their rank array
+    groups = [_as_slice(g) for g in p.groups]
     sizes = [len(g) for g in p.groups]
     st = _State(p)
     owner = [-1] * n
@@ -138,9 +142,17 @@ def pack(p: DPProblem, alpha: float, slack: float | None) -> list[int]:
         best = key.min()
         tied = key <= best + REL_EPS * max(1.0, abs(best))
         k = int(np.argmin(land if tied.all() else np.where(tied, land, np.inf)))
-        owner[i] = k if isinstance(ranks, slice) else int(ranks[k])
+        owner[i] = ranks.start + k * ranks.step if isinstance(ranks, slice) else int(ranks[k])
         st.place(i, owner[i])
     return owner
+
+
+def _as_slice(g: Sequence[int]) -> slice | np.ndarray:
+    """``g`` as slice(start, stop, step) when its ranks are evenly spaced, else as an index array."""
+    step = g[1] - g[0] if len(g) > 1 else 1
+    if step > 0 and all(b - a == step for a, b in itertools.pairwise(g)):
+        return slice(g[0], g[-1] + 1, step)
+    return np.asarray(g)
 
 
 def lpt(p: DPProblem, alpha: float = 1.0) -> list[int]:
@@ -175,9 +187,11 @@ def _improving(J: np.ndarray, T: np.ndarray, F: np.ndarray, cur: Key) -> np.ndar
     return (cur[0] - tj > J) | (tie_j & ((cur[1] - tt > T) | (tie_t & (cur[2] - tf > F))))
 
 
-def _excl_max(arr: np.ndarray, a: int, others: np.ndarray) -> np.ndarray:
-    """max(arr over indices not in {a, others[k]}) for every k (0 when nothing is left)."""
-    order = np.argsort(-arr, kind="stable")[:3]
+def _excl_max(arr: np.ndarray, a: int, others: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
+    """max(arr over indices not in {a, others[k]}) for every k (0 when nothing is left); ``order``:
+    arr's three largest indices (``np.argsort(-arr, kind="stable")[:3]``) when the caller has them."""
+    if order is None:
+        order = np.argsort(-arr, kind="stable")[:3]
     rest = [*[int(r) for r in order if r != a][:2], -1, -1]
     v1 = arr[rest[0]] if rest[0] >= 0 else 0.0
     v2 = arr[rest[1]] if rest[1] >= 0 else 0.0
@@ -216,6 +230,11 @@ class Search:
         np.add.at(self.H, self.owner, np.where(self.sh, self.c, 0.0))
         self.G = np.array([self.exact_g(m) for m in self.members])
         self._donor: dict[tuple[object, ...], float] = {}  # _donor_g's values, per step
+        # what _score reads of the state, fixed while a step scores (a tried move is undone exactly,
+        # integer widths and recomputed G, and a kept one ends the step): the widest slice per bucket,
+        # their sum, G's three largest ranks, and per bucket its three widest slices
+        self._fixed: tuple[np.ndarray, float, np.ndarray] = (np.zeros(0), 0.0, np.zeros(0, dtype=int))
+        self._s_top: dict[int, np.ndarray] = {}
 
     def exact_g(self, members: list[int]) -> float:
         if self.simple:
@@ -246,10 +265,12 @@ class Search:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(J, T, Φ) after rank a becomes (ga, sa) and ranks q become (gq, sq) in bucket b."""
         al = self.alpha
-        wmax = self.S.max(axis=1)
-        gm = np.maximum(_excl_max(self.G, a, q), np.maximum(ga, gq))
-        wb = np.maximum(_excl_max(self.S[b], a, q), np.maximum(sa, sq))
-        wsum = float(wmax.sum()) - wmax[b] + wb
+        wmax, wtotal, g_top = self._fixed
+        if b not in self._s_top:
+            self._s_top[b] = np.argsort(-self.S[b], kind="stable")[:3]
+        gm = np.maximum(_excl_max(self.G, a, q, g_top), np.maximum(ga, gq))
+        wb = np.maximum(_excl_max(self.S[b], a, q, self._s_top[b]), np.maximum(sa, sq))
+        wsum = wtotal - wmax[b] + wb
         J = al * gm / self.gs + (1 - al) * wsum / self.lsum
         T = gm / self.gs + wsum / self.lsum
         base = self.phi - self._phi_g(self.G[a]) - self._phi_s(self.S[b, a], b)
@@ -329,6 +350,9 @@ class Search:
         cur = self.key()
         self.phi = cur[2]
         self._donor.clear()  # moves tried below are undone unless kept, and a kept one ends the step
+        wmax = self.S.max(axis=1)
+        self._fixed = (wmax, float(wmax.sum()), np.argsort(-self.G, kind="stable")[:3])
+        self._s_top.clear()
         for a, bucket in self._critical():
             cols: list[list[np.ndarray]] = [[], [], [], [], [], []]
             for i in self.members[a]:

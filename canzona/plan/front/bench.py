@@ -9,6 +9,10 @@ provenance "computed by planner"; nothing here is measured on hardware):
                        and α chosen by modelled step (``bench_held_out``)
   fsdp2_goals.csv/.md  issue #27's FSDP2 owners beside the peers' and the bound (``fsdp2_report``; not in
                        the default suites: ``--suite fsdp2 --out results/fsdp2_plan``)
+  moe_goals.csv/.md    issue #36's MoE planning: Qwen3-235B-A22B at 256 and 1024 GPUs, EP, uneven PP
+                       stages, and Qwen3-30B-A3B (``bench_moe``; not in the default suites: ``--suite moe``)
+  moe_balance_goals.csv/.md  numel vs FLOPs balancing on both MoE models, cooperation off, both priced
+                       in FLOPs (``--suite moe-balance``)
 qwen3 suite (``--layouts M:TP:PP,...``: those layouts only, no α sweeps; `make reproduce-table2` plans
 Table 2's five this way in seconds):
   efficiency.csv/.md   every model × layout (TP∈{1,2,4,8}, PP∈{1,2,4}, DP=256/(TP·PP)), fused
@@ -66,8 +70,8 @@ METRIC_COLS = (
 )
 
 
-SUITES = ("qwen3", "comm", "models", "coop", "held-out", "fsdp2")
-DEFAULT_SUITES = SUITES[:5]  # fsdp2 writes its own folder: --suite fsdp2 --out results/fsdp2_plan
+SUITES = ("qwen3", "comm", "models", "coop", "held-out", "fsdp2", "moe", "moe-balance")
+DEFAULT_SUITES = SUITES[:5]  # fsdp2 writes its own folder: --suite fsdp2 --out results/fsdp2_plan; moe: --suite moe
 BOUND_COLS = (
     "model",
     "tp",
@@ -105,7 +109,9 @@ def configure(p: argparse.ArgumentParser) -> None:
         "issue #13's quality and speed goals on every model; coop: issue #12's cooperative Newton–Schulz goal; "
         "held-out: issue #26's held-out models (Llama-3-70B, Mistral-Nemo-12B, Mixtral-8x7B) against "
         "largest-first, exact and α chosen by modelled step; "
-        "fsdp2: issue #27's FSDP2 owners vs round-robin and the whole-matrix bound, with --out results/fsdp2_plan "
+        "fsdp2: issue #27's FSDP2 owners vs round-robin and the whole-matrix bound, with --out results/fsdp2_plan; "
+        "moe: issue #36's Qwen3-235B-A22B at 256 and 1024 GPUs (EP, uneven PP) and Qwen3-30B-A3B; moe-balance: "
+        "numel vs FLOPs balancing on both, cooperation off, priced in FLOPs "
         "(repeatable; default: the first five)",
     )
     p.add_argument("--no-plots", action="store_true")
@@ -284,6 +290,7 @@ def _goal_suite(b: _Bench, out: Path, name: str) -> str:
     from canzona.plan.front import bench_goals
     from canzona.plan.front.bench_coop import coop_suite
     from canzona.plan.front.bench_held_out import held_out_suite
+    from canzona.plan.front.bench_moe import balance_suite, moe_suite
     from canzona.plan.front.fsdp2_report import suite as fsdp2_suite
     from canzona.results.schema import write_atomic
 
@@ -293,6 +300,8 @@ def _goal_suite(b: _Bench, out: Path, name: str) -> str:
         "coop": coop_suite,
         "held-out": held_out_suite,
         "fsdp2": fsdp2_suite,
+        "moe": moe_suite,
+        "moe-balance": balance_suite,
     }
     rows, md = suites[name]()
     rows = [{**r, **b.tag} for r in rows]

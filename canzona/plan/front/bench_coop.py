@@ -73,7 +73,7 @@ def coop_cell(model: str, layout: Layout, cost_model: CostModel, profile: Profil
     ratio, ratio_off, extra, bound, compute_only, dp_ms = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
     on = []
     for s, p_off in enumerate(off):
-        params = list_params(get_model(model), tp=layout.tp, pp=layout.pp, stage=s)
+        params = list_params(get_model(model), tp=layout.tp, pp=layout.pipeline, stage=s)
         cands = stage_candidates(params, layout, cfg, cost_model=cost_model, profile=profile)
         p_on = kept(cands, 0.0)  # what plan_model gives, from the candidates weighed here
         coops = [c.plan for c in cands if c.cooperative]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 
 from canzona.argtypes import int_in, output_file, positive_float, readable_file
 from canzona.errors import ConfigError
@@ -63,6 +64,8 @@ KNOBS = Knobs(
         "shard_group": "--engine fsdp2's FSDP shard group (HSDP replicas)",
         "world": "a check: dp·tp·pp must equal it (and --dp defaults to world / (tp·pp))",
         "ep": "expert parallelism inside DP, priced for MoE inventories; the harness trains dense Qwen3 only",
+        "first_stage_layers": "uneven PP stages (Megatron's num_layers_in_first_pipeline_stage), planned and priced",
+        "last_stage_layers": "uneven PP stages (Megatron's num_layers_in_last_pipeline_stage), planned and priced",
         "cost_table": "input file of --cost measured",
         "strict": "--cost measured: a shape missing from the table is an error",
         "view": "split views of fused parameters (qkv, gate_up); a run registers them fused, as Megatron does",
@@ -95,6 +98,14 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="fsdp2: the FSDP shard group (HSDP with dp / shard-group replicas; default: all of --dp)",
     )
     p.add_argument("--ep", type=int_in(1, MAX_DP), default=1, help="expert parallelism inside DP (MoE models)")
+    for end in ("first", "last"):
+        p.add_argument(
+            f"--{end}-stage-layers",
+            type=int_in(1, 1 << 20),
+            default=None,
+            help=f"layers of the {end} PP stage (Megatron's num_layers_in_{end}_pipeline_stage; the other stages "
+            "share the rest evenly; default: even stages)",
+        )
     p.add_argument("--world", type=int_in(1, MAX_DP * 1024), default=None, help="check dp·tp·pp against this")
     p.add_argument(
         "--cost-table", type=readable_file(".json"), default=None, help="measured µs per shape for --cost measured"
@@ -121,6 +132,8 @@ def _layout(args: argparse.Namespace):
             raise ConfigError(f"--world {args.world} is not divisible by tp·pp = {args.tp * args.pp}")
         args.dp = args.world // (args.tp * args.pp)
     layout = get_engine(args.engine).planner_layout(args.dp, args.tp, args.pp, args.ep, args.shard_group)
+    if args.first_stage_layers is not None or args.last_stage_layers is not None:
+        layout = replace(layout, first_stage_layers=args.first_stage_layers, last_stage_layers=args.last_stage_layers)
     if args.world is not None:
         layout.check_world(args.world)
     return layout
@@ -177,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
         )
     cfg = get_model(args.model)
     layout = _layout(args)
-    cfg.validate_layout(tp=layout.tp, pp=layout.pp, ep=layout.ep)
+    cfg.validate_layout(tp=layout.tp, pp=layout.pipeline, ep=layout.ep)
     cost_model = _cost_model(args, list_params(cfg, tp=layout.tp))
     config, profile = _config(args)
     plans = plan_model(cfg, layout, config, args.view, cost_model=cost_model, profile=profile)

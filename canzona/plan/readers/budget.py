@@ -28,7 +28,7 @@ from canzona.plan.readers.metrics import gpu_loads
 from canzona.plan.schedule import LowerSettings, RankSchedule, padding_fraction, stage_schedules
 from canzona.plan.types import Plan
 
-GROUPS = ("dp", "tp", "coop", "global")
+GROUPS = ("dp", "edp", "tp", "coop", "global")  # edp: the expert-DP group of an EP rank (EP > 1)
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,8 @@ def stage_budget(
     each group's calls (dp / tp / coop / global), ``flops_rate`` the TP hosts' compute (FLOP/s),
     ``grad_bytes`` the padding."""
     lay = plan.layout
-    sizes = {"dp": lay.dp, "tp": lay.tp, "global": lay.world, "coop": max((g.k for g in plan.coop), default=1)}
+    coop = max((g.k for g in plan.coop), default=1)
+    sizes = {"dp": lay.dp, "edp": lay.dp // lay.ep, "tp": lay.tp, "global": lay.world, "coop": coop}
     worst = max(schedules, key=lambda s: (len(s.ops), sum(o.nbytes for o in s.ops)))
     counts = {g: dict(Counter(o.kind for o in worst.ops if o.group == g)) for g in GROUPS}
     matrix = [b for b in worst.buckets if b.kind == "matrix"]
@@ -118,11 +119,13 @@ def stage_budget(
 def links(profile: Profile, plan: Plan) -> dict[str, CommModel]:
     """The links a budget prices each group's calls on, from ``profile`` (``comm.profile_model``):
     a group inside a node on the intra-node link, one spanning nodes on the inter-node link at the
-    bandwidth of its members per node."""
+    bandwidth of its members per node (an expert-DP group, every EP-th DP rank, spans as many GPUs
+    as its DP group)."""
     lay = plan.layout
     k = max((g.k for g in plan.coop), default=1)
-    spans = {"dp": lay.tp * lay.dp, "global": lay.world, "tp": lay.tp, "coop": lay.tp if lay.tp > 1 else k}
-    members = {"dp": lay.dp, "global": lay.world, "tp": lay.tp, "coop": lay.tp if lay.tp > 1 else k}
+    dp = lay.tp * lay.dp
+    spans = {"dp": dp, "edp": dp, "global": lay.world, "tp": lay.tp, "coop": lay.tp if lay.tp > 1 else k}
+    members = {"dp": lay.dp, "edp": lay.dp // lay.ep, "global": lay.world, "tp": lay.tp, "coop": spans["coop"]}
     return {g: profile_model(profile, span, g, members=members[g]) for g, span in spans.items()}
 
 

@@ -124,7 +124,7 @@ class MemoryBreakdown:
 
 
 def _region(b: BucketLayout, dp_rank: int) -> int:
-    lo, hi = b.regions[dp_rank]
+    lo, hi = b.region(dp_rank)
     return hi - lo
 
 
@@ -162,7 +162,7 @@ def _dp_staging(s: RankSchedule, plan: Plan | None, prec: MemoryPrecision) -> in
     for b in s.buckets:
         if b.mode == "uneven":
             width = max(hi - lo for lo, hi in b.regions)
-            out += s.dp * width * (prec.grad_bytes + prec.param_bytes)
+            out += len(b.regions) * width * (prec.grad_bytes + prec.param_bytes)  # the group's staging copy
     if s.owner_gather is not None and plan is not None:
         by_rank, mode = s.owner_gather
         tp = plan.layout.tp
@@ -273,6 +273,6 @@ def plans_memory(
         [
             b
             for s, p in enumerate(plans)
-            for b in stage_memory(p, list_params(model, tp=lay.tp, pp=lay.pp, stage=s), settings, prec, system)
+            for b in stage_memory(p, list_params(model, tp=lay.tp, pp=lay.pipeline, stage=s), settings, prec, system)
         ]
     )

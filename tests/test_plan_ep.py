@@ -1,0 +1,167 @@
+"""Expert parallelism in the planner end to end: the README's MoE commands through the CLI at 256
+and 1024 GPUs, and the lowering of an EP plan — each rank holds the dense buckets and its EP rank's
+expert buckets, reduced over that EP rank's expert-DP group (``edp``), never over all of DP."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from canzona.cli import main
+from canzona.models import get_model, list_params
+from canzona.plan import Layout, PlanConfig, plan_model
+from canzona.plan.build import adamw_buckets
+from canzona.plan.readers.memory import MemoryPrecision, stage_memory
+from canzona.plan.schedule import LowerSettings, stage_schedules
+from canzona.plan.types import Plan
+
+# a HuggingFace-style Qwen3 MoE config small enough to lower every rank of a stage by hand
+MOE_TINY = {
+    "model_type": "qwen3_moe",
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 256,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "tie_word_embeddings": False,
+}
+
+# The README's MoE commands (section Usage and the issue that found them broken), world 256, and
+# two layouts of 1024 GPUs.
+README_256 = (
+    "--tp 2 --dp 128 --ep 8",
+    "--tp 4 --pp 2 --dp 32 --ep 8",
+    "--tp 4 --dp 64 --ep 8",
+)
+AT_1024 = ("--tp 4 --dp 256 --ep 8", "--tp 2 --dp 512 --ep 16")
+
+
+def _plan(argv: str, capsys: pytest.CaptureFixture[str], *extra: str) -> str:
+    assert main(["plan", "--model", "qwen3-30b-a3b", *argv.split(), *extra]) == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [*README_256, *AT_1024])
+def test_the_moe_commands_plan_and_report_their_expert_dp_calls(argv: str, capsys) -> None:
+    got = json.loads(_plan(argv, capsys, "--json"))
+    flags = dict(zip(argv.split()[::2], map(int, argv.split()[1::2]), strict=True))
+    assert got["world"] == flags["--tp"] * flags.get("--pp", 1) * flags["--dp"] in (256, 1024)
+    assert got["ep"] == flags["--ep"] and got["matrices"] == 12432
+    edp = got["collectives"]["edp"]  # 128 experts per layer: every EP rank has expert buckets
+    assert edp["reduce_scatter"] == edp["all_gather"] >= 1
+    # the dense matrix buckets and this EP rank's expert buckets are the GPU's matrix buckets
+    assert edp["reduce_scatter"] < got["buckets"] <= edp["reduce_scatter"] + got["collectives"]["dp"]["reduce_scatter"]
+    assert got["efficiency"] >= 0.9 and got["efficiency"] <= got["tight_efficiency"] + 1e-9
+
+
+def test_the_readme_moe_example_prints_its_report(capsys) -> None:
+    out = _plan(README_256[0], capsys)
+    assert "layout dp=128 tp=2 pp=1 ep=8 (world 256)" in out
+    assert "edp: " in out and "reduce_scatter" in out
+
+
+@pytest.fixture
+def moe_file(tmp_path) -> str:
+    path = tmp_path / "moe-tiny.json"
+    path.write_text(json.dumps(MOE_TINY))
+    return str(path)
+
+
+def _lowered(model: str, layout: Layout) -> tuple[Plan, list]:
+    moe = get_model(model)
+    (plan,) = plan_model(moe, layout, PlanConfig(bucket_size=2000))
+    adamw = adamw_buckets(list_params(moe, tp=layout.tp), layout, 2000)
+    return plan, stage_schedules(plan, adamw, LowerSettings(param_bytes=2))
+
+
+@pytest.mark.parametrize("layout", [Layout(dp=8, ep=2), Layout(dp=8, tp=2, ep=4)])
+def test_each_rank_holds_the_dense_and_its_own_expert_buckets(layout: Layout, moe_file: str) -> None:
+    plan, scheds = _lowered(moe_file, layout)
+    owners = plan.dp.owner_map()
+    by_index = {b.index: b for b in plan.dp.buckets}
+    assert {b.ep_rank for b in plan.dp.buckets} == {None, *range(layout.ep)}
+    for s in scheds:
+        e = s.dp_rank % layout.ep
+        matrix = [b for b in s.buckets if b.kind == "matrix"]
+        assert {b.index for b in matrix} == {b.index for b in plan.dp.buckets if b.ep_rank in (None, e)}
+        for b in matrix:
+            group = layout.group_ranks(b.ep_rank)
+            assert b.ep_rank == by_index[b.index].ep_rank and len(b.regions) == len(group)
+            lo, hi = b.region(s.dp_rank)
+            for name, off, numel in b.entries:  # what this rank owns lies in its slice, and only that
+                assert (lo <= off and off + numel <= hi) == (s.dp_rank in owners[name])
+        mine = sum(1 for b in matrix if b.ep_rank == e and b.used)
+        expert = [o for o in s.ops if o.group == "edp"]
+        assert Counter(o.kind for o in expert) == {"reduce_scatter": mine, "all_gather": mine}
+        width = {b.tag: b.regions[0][1] - b.regions[0][0] for b in matrix}
+        size = len(layout.group_ranks(e))
+        elem = {"reduce_scatter": 4, "all_gather": 2}  # fp32 main grads, bf16 params
+        assert all(o.nbytes == size * width[o.tag] * elem[o.kind] for o in expert)  # the group's buffer
+
+
+def test_the_cli_reports_the_lowered_expert_calls_and_memory_counts_only_own_buffers(moe_file, capsys) -> None:
+    layout = Layout(dp=8, tp=2, ep=4)
+    plan, scheds = _lowered(moe_file, layout)
+    prec = MemoryPrecision(param_bytes=2, grad_bytes=4, ns_bytes=4)
+    mem = stage_memory(plan, list_params(get_model(moe_file), tp=2), LowerSettings(param_bytes=2), prec)
+    for s, m in zip(scheds, mem, strict=True):
+        assert m.params == sum(b.size for b in s.buckets) * prec.param_bytes
+    total = sum(b.size for b in plan.dp.buckets)
+    assert all(m.params < total * prec.param_bytes for m in mem)  # no rank holds every EP rank's experts
+    argv = ["plan", "--model", moe_file, "--tp", "2", "--dp", "8", "--ep", "4", "--bucket-size", "2000", "--json"]
+    assert main(argv) == 0
+    got = json.loads(capsys.readouterr().out)
+    worst = max(scheds, key=lambda s: (len(s.ops), sum(o.nbytes for o in s.ops)))
+    want: dict[str, Counter] = {}
+    for o in worst.ops:
+        want.setdefault(o.group, Counter())[o.kind] += 1
+    assert got["collectives"] == {g: dict(c) for g, c in want.items()} and "edp" in got["collectives"]
+    assert got["bytes_per_gpu"] == max(sum(o.nbytes for o in s.ops) for s in scheds)
+
+
+def test_the_input_hash_serialises_items_as_asdict_does(moe_file: str) -> None:
+    from dataclasses import asdict
+
+    from canzona.plan.types import _item_dict
+
+    plan, _ = _lowered(moe_file, Layout(dp=4, ep=2))
+    assert any(it.ep_rank is not None for it in plan.items)
+    assert all(_item_dict(it) == asdict(it) for it in plan.items)  # same JSON, same hashes as before
+
+
+def test_the_projection_prices_expert_dp_calls_on_their_group(moe_file: str) -> None:
+    from canzona.analysis.projection.hardware import Comm, load_profile
+    from canzona.analysis.projection.phases import project_stage
+
+    layout = Layout(dp=8, tp=2, ep=4)
+    plan, _ = _lowered(moe_file, layout)
+    prof = load_profile("H800")
+    adamw = [p for p in list_params(get_model(moe_file), tp=2) if p.route != "matrix"]
+    st = project_stage(plan, adamw, prof, bucket_size=2000)
+    comm = Comm(prof, layout)
+    expert = [(o, ms) for r in st.ranks.values() for o, ms in r.charged if o.group == "edp"]
+    assert expert  # every rank reduces and gathers its EP rank's experts over 2 ranks, not 8
+    for o, ms in expert:
+        assert ms == pytest.approx(comm.sized(o.kind, 2, 16, o.nbytes))
+        assert ms != pytest.approx(comm.sized(o.kind, 8, 16, o.nbytes))
+
+
+def test_a_numel_plan_repriced_by_flops_keeps_its_owners(moe_file: str) -> None:
+    from canzona.cost import CostModel
+    from canzona.plan.front.bench_moe import flops_priced
+
+    (plan,) = plan_model(get_model(moe_file), Layout(dp=4, ep=2), PlanConfig(cost="numel", cooperative=False))
+    priced = flops_priced(plan)
+    flops = CostModel("muon", "flops")
+    assert [it.cost for it in priced.items] == [float(flops(it.shape)) for it in plan.items]
+    assert [it.cost for it in plan.items] == [float(it.numel) for it in plan.items]
+    assert priced.dp == plan.dp and priced.tp == plan.tp
