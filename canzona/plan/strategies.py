@@ -53,6 +53,12 @@ class Strategy:
     cooperative: bool = False  # may give one matrix to a group of GPUs (canzona.plan.coop)
 
     @property
+    def replicates(self) -> bool:
+        """Every DP rank updates every matrix itself (no parameter sync), so each DP rank is a
+        replica of the matrices' updates (the plan attestation's ownership count)."""
+        return self.param_sync == "none"
+
+    @property
     def default_algo(self) -> str:
         return self.algos[0]
 
