@@ -10,7 +10,7 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.canzona-installed
 PYTEST_ARGS ?= -n 2 -q
 
-.PHONY: help install lint test test-fast test-hypothesis test-slurm slurm-up slurm-down mutants reproduce-table2 table2 notebook planner-bench bench-step bench-ns clean-venv megatron-peer-env gpu-check gpu-wheels
+.PHONY: help install lint test test-fast test-hypothesis test-slurm slurm-up slurm-down mutants reproduce-table2 table2 notebook planner-bench bench-step bench-ns soak clean-venv megatron-peer-env gpu-check gpu-wheels
 
 help:
 	@echo "make reproduce-table2   run the Table-2 reproduction (Slurm if present, else the embedded local default; FULL=1: every suite)"
@@ -26,6 +26,7 @@ help:
 	@echo "make bench-step         optimizer-step benchmark, 4 gloo ranks (qwen3-tiny, -32b-w16, -tiny-widefc1) -> results/bench_step/"
 	@echo "make bench-fsdp2        FSDP2 step on torchtitan's Qwen3: canzona / round-robin / all-gather vs muon-fsdp2, DistMuon; 4 gloo ranks -> results/bench_fsdp2/"
 	@echo "make bench-ns           Newton–Schulz methods side by side, fp32, one thread -> results/bench_ns/"
+	@echo "make soak               qwen3-micro, 4 gloo ranks, 2000 steps per engine: step time and RSS per rank -> results/soak/ (tens of minutes)"
 	@echo "make megatron-peer-env  optional .venv-peer with megatron-core 0.19.x for the megatron-muon peer"
 	@echo "make gpu-wheels         wheels for the GPU machine (no package index there) -> .whl/"
 	@echo "make gpu-check          one GPU, <= 8 min: NS vs peers, a bf16 run's syncs and memory -> results/gpu/"
@@ -122,6 +123,13 @@ bench-fsdp2: $(STAMP)
 NS_SHAPES ?= 512x5120,1024x5120,512x2560,1024x2048,1024x1024,512x512
 NS_PY ?= $(VPY)
 NS_OUT ?= results/bench_ns/cpu_fp32.json
+# Long-run flatness: per-step time and each rank's RSS over 2000 steps, on each engine (a leak or a
+# drift shows here; tests/test_soak.py runs a short version in the suite).
+SOAK_STEPS ?= 2000
+soak: $(STAMP)
+	$(VPY) -m canzona.runtime.front.soak --engine megatron --nproc 4 --steps $(SOAK_STEPS) --out results/soak/megatron_qwen3-micro_4gloo.json
+	$(VPY) -m canzona.runtime.front.soak --engine fsdp2 --nproc 4 --steps $(SOAK_STEPS) --out results/soak/fsdp2_qwen3-micro_4gloo.json
+
 bench-ns: $(STAMP)
 	$(NS_PY) -m canzona bench-ns --shapes $(NS_SHAPES) --methods standard,gram,auto,torch,emerging --dtype fp32 --threads 1 --repeats 7 --out $(NS_OUT)
 

@@ -2,6 +2,11 @@
 FSDP2's MixedPrecisionPolicy, Muon for the block matrices and AdamW for the rest, global clipping.
 
     python examples/fsdp2_loop.py --nproc 4          # 4 gloo ranks on CPU
+    python examples/fsdp2_loop.py --nproc 4 --checkpoint /tmp/fsdp2-ckpt --every 5   # resumable
+
+With ``--checkpoint`` it saves the optimizer and the model (its fp32 shards are the masters) every
+``--every`` steps and, run again after a kill, resumes from the last committed checkpoint to the
+weights an uninterrupted run reaches (tests/test_checkpoint_faults.py).
 
 tests/test_examples.py runs it.
 """
@@ -9,6 +14,8 @@ tests/test_examples.py runs it.
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +24,8 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from canzona.plan import PlanConfig
 from canzona.runtime import DistConfig, optimizer_config
-from canzona.runtime.fsdp2 import FSDP2Optimizer
+from canzona.runtime import checkpoint as ckpt_io
+from canzona.runtime.fsdp2 import FSDP2Optimizer, checkpoint
 from canzona.runtime.launch import launch
 
 VOCAB, DIM = 64, 32
@@ -49,9 +57,11 @@ class TinyLM(torch.nn.Module):
         return self.output(self.norm(x))
 
 
-def train(info, steps: int) -> list[float]:
-    """Train on a fixed repeating sequence (so the loss must fall); returns the per-step loss,
-    averaged over ranks."""
+def train(info, steps: int, ckpt: str | None = None, every: int = 0, weights: str | None = None) -> list[float]:
+    """Train on a fixed repeating sequence (so the loss must fall) up to step ``steps``, resuming
+    from the last checkpoint in ``ckpt`` and saving one there every ``every`` steps; returns the
+    per-step loss of the steps this run took, averaged over ranks (``weights``: a file for the
+    final full weights, from rank 0)."""
     torch.manual_seed(0)
     model = TinyLM()
     mesh = init_device_mesh("cpu", (info.world,))
@@ -65,9 +75,12 @@ def train(info, steps: int) -> list[float]:
         max_grad_norm=1.0,
     )
     opt = FSDP2Optimizer(model, config)  # 2-D block weights -> Muon; embeddings, output, norms -> AdamW
-    g = torch.Generator().manual_seed(1 + info.rank)
+    last = ckpt_io.latest(ckpt) if ckpt else None
+    if last is not None:
+        checkpoint.load(opt, last, extra={"model": model.state_dict()})
     losses = []
-    for _ in range(steps):
+    for step in range(opt.step_count, steps):
+        g = torch.Generator().manual_seed(1000 * step + info.rank)  # the batch of a step, whenever it runs
         tokens = (torch.arange(17).repeat(4, 1) + torch.randint(0, 4, (4, 1), generator=g)) % VOCAB
         logits = model(tokens[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, VOCAB).float(), tokens[:, 1:].reshape(-1))
@@ -77,6 +90,13 @@ def train(info, steps: int) -> list[float]:
         mean = loss.detach().clone()
         torch.distributed.all_reduce(mean)
         losses.append(mean.item() / info.world)
+        if info.rank == 0:
+            print(f"step {step:3d}  loss {losses[-1]:.4f}", flush=True)
+        if ckpt and every and (step + 1) % every == 0:
+            checkpoint.save(opt, Path(ckpt) / f"step-{step + 1:06d}", extra={"model": model.state_dict()})
+    full = {n: p.full_tensor() for n, p in model.named_parameters()}  # a collective: every rank
+    if weights and info.rank == 0:
+        torch.save(full, weights)
     return losses
 
 
@@ -84,9 +104,13 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nproc", type=int, default=4)
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--checkpoint", default=None, help="folder of the DCP checkpoints; resumes from its last one")
+    p.add_argument("--every", type=int, default=5, help="steps between checkpoints (with --checkpoint)")
+    p.add_argument("--weights", default=None, help="file for the final full weights (torch.save)")
     args = p.parse_args(argv)
-    losses = launch(train, args.nproc, args.steps)[0]
+    losses = launch(train, args.nproc, args.steps, args.checkpoint, args.every, args.weights)[0]
     print(" ".join(f"{x:.3f}" for x in losses))
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

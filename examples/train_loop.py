@@ -1,12 +1,15 @@
 """A complete training loop on Canzona's runtime: the lines a user writes, runnable on CPU.
 
-    python examples/train_loop.py --nproc 2 --steps 20 --checkpoint /tmp/canzona-ckpt
+    python examples/train_loop.py --nproc 2 --steps 20 --checkpoint /tmp/canzona-ckpt --every 5
 
 It forks ``--nproc`` gloo ranks (data parallel, TP = 1) and trains a small bf16 MLP with Muon on its
 matrices and AdamW on the rest, the way a GPU job runs: fp32 main grads filled by backward hooks,
 fp32 master weights of what each rank owns, global grad-norm clipping, parameter all-gathers
 overlapped with the next forward (``attach``), ``model.zero_grad(set_to_none=True)`` as torch loops
-do, and a DCP checkpoint written, reloaded and resumed. Under torchrun, call ``train`` with the
+do, and a DCP checkpoint every ``--every`` steps: run the same command again after a kill and it
+resumes from the last committed one (``checkpoint.latest``; a save the kill interrupted is never
+loaded), reaching bit-identical weights to a run never killed (tests/test_checkpoint_faults.py
+kills it at a random step). Under torchrun, call ``train`` with the
 ``RankInfo`` of ``canzona.runtime.launch.init_from_env()``; with TP > 1 pass each parameter's FULL
 shape and its ``partition_dim`` in its ParamSpec (``canzona.harness.params`` does that for Megatron
 models). Prints one line per step from rank 0 and the final loss.
@@ -55,8 +58,13 @@ def batch(rank: int, step: int, width: int) -> tuple[torch.Tensor, torch.Tensor]
     return x.bfloat16(), torch.roll(x, 1, dims=1).bfloat16()
 
 
-def train(info: RankInfo, steps: int, width: int, ckpt: str | None) -> dict[str, list[float]]:
-    """Train for ``steps`` steps; returns the DP-mean loss and the clip coefficient of every step."""
+def train(
+    info: RankInfo, steps: int, width: int, ckpt: str | None, every: int = 0, weights: str | None = None
+) -> dict[str, object]:
+    """Train up to step ``steps``, resuming from the last checkpoint in ``ckpt`` if there is one, and
+    saving one there every ``every`` steps; returns the first step this run took, the DP-mean loss
+    and the clip coefficient of every step it took, and (rank 0, to ``weights`` too) the final
+    weights."""
     torch.manual_seed(0)  # every rank starts from the same weights
     model = MLP(width).to(torch.bfloat16)
     dp_group, tp_group = dp_tp_groups(info.rank, info.world, 1)
@@ -68,11 +76,12 @@ def train(info: RankInfo, steps: int, width: int, ckpt: str | None) -> dict[str,
     )
     opt = DistributedOptimizer(named_params(model), dp_group, tp_group, config)
     opt.attach(model)  # each module waits for its own parameters' all-gather before its forward
+    last = checkpoint.latest(ckpt) if ckpt else None
+    if last is not None:  # a restarted job: masters, moments and step count; parameters all-gathered
+        checkpoint.load(opt, last)
+    start = opt.step_count
     losses, clips = [], []
-    for step in range(steps):
-        if ckpt and step == steps // 2:  # save, then resume from the checkpoint as a restarted job would
-            checkpoint.save(opt, ckpt)
-            checkpoint.load(opt, ckpt)
+    for step in range(start, steps):
         model.zero_grad(set_to_none=True)
         x, y = batch(info.rank, step, width)
         loss = torch.nn.functional.mse_loss(model(x).float(), y.float())
@@ -84,8 +93,14 @@ def train(info: RankInfo, steps: int, width: int, ckpt: str | None) -> dict[str,
         clips.append(info_.clip_coef)
         if info.rank == 0:
             print(f"step {step:3d}  loss {losses[-1]:.4f}  grad norm {info_.grad_norm:.3f}  clip {info_.clip_coef:.3f}")
+            sys.stdout.flush()
+        if ckpt and every and (step + 1) % every == 0:
+            checkpoint.save(opt, Path(ckpt) / f"step-{step + 1:06d}")
     opt.wait_param_sync()
-    return {"loss": losses, "clip": clips}
+    final = {n: p.detach().clone() for n, p in model.named_parameters()}
+    if weights and info.rank == 0:
+        torch.save(final, weights)
+    return {"start": start, "loss": losses, "clip": clips, "weights": final}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,12 +108,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nproc", type=int, default=2, help="DP ranks to fork (gloo, CPU)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--width", type=int, default=64)
-    p.add_argument("--checkpoint", default=None, help="folder for the mid-run DCP checkpoint (off if not given)")
+    p.add_argument("--checkpoint", default=None, help="folder of the DCP checkpoints; resumes from its last one")
+    p.add_argument("--every", type=int, default=5, help="steps between checkpoints (with --checkpoint)")
+    p.add_argument("--weights", default=None, help="file for rank 0's final weights (torch.save)")
     args = p.parse_args(argv)
-    if args.checkpoint and Path(args.checkpoint).exists() and any(Path(args.checkpoint).iterdir()):
-        p.error(f"--checkpoint {args.checkpoint} is not empty; give a new folder")
-    losses = launch(train, args.nproc, args.steps, args.width, args.checkpoint)[0]["loss"]
-    print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f} over {args.steps} steps on {args.nproc} ranks")
+    folder = Path(args.checkpoint) if args.checkpoint else None
+    if folder is not None and folder.is_dir() and any(folder.iterdir()) and checkpoint.latest(folder) is None:
+        p.error(f"--checkpoint {folder} is not empty and holds no checkpoint to resume from; give a new folder")
+    out = launch(train, args.nproc, args.steps, args.width, args.checkpoint, args.every, args.weights)[0]
+    losses = out["loss"]
+    if losses:
+        took = f"steps {out['start']}..{args.steps - 1}"
+        print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f} over {took} on {args.nproc} ranks")
     sys.stdout.flush()
     return 0
 

@@ -42,9 +42,11 @@ def make_record(
     seq_len: int = 256,
     global_batch: int = 8,
     plan: dict[str, Any] | None = None,
+    attestation: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One schema record with the given timings (median, p90, n). ``plan``: its plan section (a
-    measured train line without one says the fixture gives none)."""
+    measured train line without one says the fixture gives none); ``attestation`` likewise, for a
+    line whose plan has stages."""
     cfg: dict[str, Any] = {
         "model": model,
         "tp": tp,
@@ -94,6 +96,10 @@ def make_record(
         rec["plan"] = plan
     elif kind == "train" and provenance == "measured":
         rec["plan"] = plan_missing("fixture line: no plan given")
+    if attestation is not None:
+        rec["attestation"] = attestation
+    elif kind == "train" and provenance == "measured" and rec["plan"].get("stages") is not None:
+        rec["attestation"] = plan_missing("fixture line: no attestation given")
     return rec
 
 

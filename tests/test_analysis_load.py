@@ -114,7 +114,7 @@ def test_folder_reads_jsonl_below_it(tmp_path) -> None:
     "name, err, needle",
     [
         ("bad_missing_field.jsonl", ResultsError, "bad_missing_field.jsonl:2: missing field(s) timings"),
-        ("bad_mixed_versions.jsonl", ResultsError, "bad_mixed_versions.jsonl:3: schema_version 4"),
+        ("bad_mixed_versions.jsonl", ResultsError, "bad_mixed_versions.jsonl:3: schema_version 5"),
         ("bad_duplicate_run.jsonl", DuplicateRunError, "bad_duplicate_run.jsonl:3: the same run"),
         ("bad_conflicting_config.jsonl", ConflictingCellError, "bad_conflicting_config.jsonl:2:"),
         ("bad_train_without_iteration.jsonl", ResultsError, "bad_train_without_iteration.jsonl:1: kind 'train' needs"),

@@ -9,6 +9,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import torch
 
 from canzona.runtime.launch import launch
 
@@ -26,10 +27,13 @@ def _example():
 def test_train_loop_learns_and_resumes_identically(tmp_path: Path) -> None:
     ex = _example()
     plain = launch(ex.train, 2, 8, 32, None)
-    resumed = launch(ex.train, 2, 8, 32, str(tmp_path / "ckpt"))
-    assert (tmp_path / "ckpt" / ".metadata").is_file()
-    assert plain[0] == plain[1]  # every rank logs the same DP-mean loss
-    assert resumed[0] == plain[0]  # save + load in the middle changes nothing
+    ckpt = str(tmp_path / "ckpt")
+    first = launch(ex.train, 2, 4, 32, ckpt, 2)  # a job stopped after step 4, checkpoints at 2 and 4
+    resumed = launch(ex.train, 2, 8, 32, ckpt, 2)  # the same command again: resumes at step 4
+    assert (tmp_path / "ckpt" / "step-000004" / ".metadata").is_file() and resumed[0]["start"] == 4
+    assert plain[0]["loss"] == plain[1]["loss"]  # every rank logs the same DP-mean loss
+    assert first[0]["loss"] + resumed[0]["loss"] == plain[0]["loss"]  # save, stop, load change nothing
+    assert all(torch.equal(resumed[0]["weights"][n], w) for n, w in plain[0]["weights"].items())
     loss, clip = plain[0]["loss"], plain[0]["clip"]
     assert loss[-1] < 0.9 * loss[0]
     assert clip[0] < 1.0  # max_grad_norm 0.3 clips the first steps
@@ -40,7 +44,7 @@ def test_train_loop_cli_refuses_a_used_checkpoint_folder(tmp_path: Path, capsys)
     (tmp_path / "old" / "x").write_text("")
     with pytest.raises(SystemExit):
         _example().main(["--checkpoint", str(tmp_path / "old")])
-    assert "not empty" in capsys.readouterr().err
+    assert "not empty and holds no checkpoint" in capsys.readouterr().err
 
 
 @pytest.mark.multiproc

@@ -79,7 +79,14 @@ def test_record_is_schema_valid_and_excludes_warmup(tmp_path) -> None:
         peak_mem_mb=[10.0, 30.0, 20.0, 5.0],
     )
     env = environment(torch.device("cpu"), "gloo")
-    rec = build_record(run, env, timings, mem_kind="cpu_max_rss", plan=schema.plan_missing("unit test: no plan"))
+    rec = build_record(
+        run,
+        env,
+        timings,
+        mem_kind="cpu_max_rss",
+        plan=schema.plan_missing("unit test: no plan"),
+        attestation=schema.plan_missing("unit test: no optimizer"),
+    )
     assert rec["kind"] == "train" and rec["provenance"] == "measured"
     assert "gloo" in rec["provenance_detail"] and "cpu" in rec["provenance_detail"]
     assert rec["cell"] == schema.cell_key(rec["config"])
@@ -117,5 +124,6 @@ def test_records_carry_the_cluster_provenance(monkeypatch) -> None:
         timings,
         mem_kind="cpu_max_rss",
         plan=schema.plan_missing("unit test: no plan"),
+        attestation=schema.plan_missing("unit test: no optimizer"),
     )
     assert rec["env"]["slurm_job_id"] == "4242" and rec["config"]["ns_dtype"] in ("fp32", "bf16")

@@ -35,7 +35,9 @@ def _run(**fields: Any) -> RunSpec:
 
 
 def _record(run: RunSpec, plan: dict[str, Any]) -> dict[str, Any]:
-    return build_record(run, ENV, TIMINGS, mem_kind="cpu_max_rss", plan=plan)
+    return build_record(
+        run, ENV, TIMINGS, mem_kind="cpu_max_rss", plan=plan, attestation=schema.plan_missing("unit test: no optimizer")
+    )
 
 
 def test_summary_names_the_chosen_alpha_layout_groups_and_profile() -> None:

@@ -38,6 +38,8 @@ LAYOUT_COL = "layout (dp·tp·pp = GPUs)"
 MEASURED_AT_COL = "measured at (host @ commit)"
 # the plan Canzona's line ran: with alpha "auto" the only place a reader sees which α was chosen
 PLAN_COL = f"{OURS} plan (α · DP layout · groups · profile · hash)"
+# what Canzona's line attests ran (canzona.analysis.plans.attest_text): routes, owners, Newton–Schulz
+ATTEST_COL = f"{OURS} attestation"
 
 
 def _model_rank(name: Any) -> int:
@@ -96,6 +98,7 @@ def build_table2(cells: pd.DataFrame) -> pd.DataFrame:
                 row[f"{OURS} vs {b} ({label})"] = float(srow[col]) if srow is not None and col in srow else math.nan
         ours = by.get(OURS)
         row[PLAN_COL] = ours.get("plan") if ours is not None else None
+        row[ATTEST_COL] = ours.get("attest") if ours is not None else None
         row["runs (min)"] = int(g["runs"].min())
         row["provenance"] = first["provenance_label"]
         row[MEASURED_AT_COL] = k["measured_at"] or math.nan
@@ -108,8 +111,9 @@ def build_table2(cells: pd.DataFrame) -> pd.DataFrame:
         )
         rows.append(row)
     df = pd.DataFrame(rows).sort_values("_sort", kind="stable").drop(columns="_sort").reset_index(drop=True)
-    if df[PLAN_COL].isna().all():  # no line records its plan (peers, projections, lines before schema 3)
-        df = df.drop(columns=PLAN_COL)
+    for col in (PLAN_COL, ATTEST_COL):  # no line records it (peers, projections, lines before schema 3 / 4)
+        if df[col].isna().all():
+            df = df.drop(columns=col)
     return df
 
 

@@ -6,7 +6,9 @@ timings, so it can be built and validated in a unit test without launching ranks
 only calls ``build_record`` + ``append_record`` on rank 0.
 Provenance is always "measured" with a detail naming device and backend: a CPU gloo line and an
 H100 NCCL line must never be confused by the analysis. The line's ``plan`` section ties it to the
-plan every PP stage ran (``plan_section``, from one entry per rank: ``stage_entry``).
+plan every PP stage ran (``plan_section``, from one entry per rank: ``stage_entry``), and its
+``attestation`` section to what that optimizer showed it ran (``attestation_section``,
+canzona.runtime.attest), from the same entries.
 """
 
 from __future__ import annotations
@@ -21,20 +23,85 @@ from canzona.results import schema
 from canzona.results.env import environment
 from canzona.spec import RunSpec
 
-__all__ = ["append_checks", "build_record", "checks_path", "environment", "plan_section", "stage_entry"]
+__all__ = [
+    "append_checks",
+    "attestation_section",
+    "build_record",
+    "checks_path",
+    "environment",
+    "plan_section",
+    "stage_entry",
+]
 
 
 def stage_entry(opt: object, stage: int) -> dict[str, Any]:
     """What one rank contributes to the plan section: its PP stage and the summary of the plan its
     optimizer executes (None: it has no matrix plan, e.g. a peer or every parameter on AdamW), or
     the error summarising it raised. Never raises: every rank must reach the end-of-run gather."""
+    out: dict[str, Any] = {"stage": stage, **_attest_entry(opt)}
     plan = getattr(opt, "plan", None)
     if plan is None:
-        return {"stage": stage, "plan": None}
+        return out | {"plan": None}
     try:
-        return {"stage": stage, "plan": plan_summary(plan, stage)}
+        return out | {"plan": plan_summary(plan, stage)}
     except Exception as exc:  # noqa: BLE001 - reported in the record, never fatal to it
-        return {"stage": stage, "error": f"{type(exc).__name__}: {exc}"}
+        return out | {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def _attest_entry(opt: object) -> dict[str, Any]:
+    """``{"attest": the optimizer's attestation entry}``, ``{}`` for an optimizer without one (a
+    peer), or ``{"attest_error": why}``; never raises."""
+    entry = getattr(opt, "attest_entry", None)
+    if entry is None:
+        return {}
+    try:
+        return {"attest": entry()}
+    except Exception as exc:  # noqa: BLE001 - reported in the record, never fatal to it
+        return {"attest_error": f"{type(exc).__name__}: {exc}"}
+
+
+# what a stage's attestation keeps of its ranks' entries: the set-up facts (alike on every rank of
+# a stage), and the unions of what each rank ran
+_SETUP = ("engine", "plan_hash", "matrix", "adamw", "not_matrix_2d", "owner_ranks", "split_views")
+
+
+def attestation_section(run: RunSpec, entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The record's ``attestation`` section from every rank's ``stage_entry``: per PP stage the
+    set-up facts, the executor kinds and Newton-Schulz runs of all its ranks; whether every rank's
+    step digest agrees (the scalars each step derived); and every problem any rank saw."""
+    if run.is_peer:
+        return schema.plan_missing(f"method {run.plan.method} is a peer: it runs its own optimizer, nothing to attest")
+    failed = next((e for e in entries if "attest" not in e), None)
+    if failed is not None:
+        why = failed.get("attest_error", "its optimizer keeps no attestation")
+        return schema.plan_missing(f"a rank of stage {failed['stage']} reported no attestation ({why})")
+    problems = sorted({p for e in entries for p in e["attest"]["problems"]})
+    stages = []
+    for s in range(run.layout.pp):
+        got = [e["attest"] for e in entries if e["stage"] == s]
+        if not got:
+            return schema.plan_missing(f"no rank reported the attestation of stage {s}")
+        setup = {k: got[0][k] for k in _SETUP}
+        if any({k: a[k] for k in _SETUP} != setup for a in got):
+            problems.append(f"the ranks of stage {s} attest different routes, owners or plans")
+        ns = None if got[0]["ns"] is None else sorted({json.dumps(r, sort_keys=True) for a in got for r in a["ns"]})
+        stages.append(
+            {
+                "stage": s,
+                **setup,
+                "executors": sorted({k for a in got for k in a["executors"]}),
+                "ns": None if ns is None else [json.loads(r) for r in ns],
+            }
+        )
+    digests = {e["attest"]["step_digest"] for e in entries}
+    steps = {e["attest"]["steps"] for e in entries}
+    agree = len(digests) == 1 and len(steps) == 1
+    if not agree:
+        problems.append(
+            f"the ranks derived different step scalars (grad norm, clip coefficient, skip): {len(digests)} "
+            f"distinct digests over {len(entries)} ranks"
+        )
+    return {"stages": stages, "steps": max(steps), "step_scalars_agree": agree, "problems": problems}
 
 
 def plan_section(run: RunSpec, entries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -65,10 +132,17 @@ def plan_section(run: RunSpec, entries: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def build_record(
-    run: RunSpec, env: dict[str, Any], timings: RunTimings, *, mem_kind: str, plan: dict[str, Any]
+    run: RunSpec,
+    env: dict[str, Any],
+    timings: RunTimings,
+    *,
+    mem_kind: str,
+    plan: dict[str, Any],
+    attestation: dict[str, Any],
 ) -> dict[str, Any]:
     """The schema-valid record of a finished run (validated here, so a bad record fails loudly).
-    ``plan``: its plan section (``plan_section``, or ``schema.plan_missing(why)``).
+    ``plan``: its plan section (``plan_section``, or ``schema.plan_missing(why)``); ``attestation``:
+    its attestation section (``attestation_section``, or ``schema.plan_missing(why)``).
 
     End-of-run consistency checks are not part of it: they run after the line is written
     (``append_checks``), so a failing check can never cost the measurement.
@@ -112,6 +186,7 @@ def build_record(
         "loss": {"first": timings.loss_curve[0], "last": timings.loss_curve[-1], "curve": timings.loss_curve},
         "cell": schema.cell_key(config),
         "plan": plan,
+        "attestation": attestation,
     }
     return schema.validate(record)
 

@@ -36,7 +36,7 @@ from canzona.errors import ConfigError
 from canzona.harness import collectives, cpu_shim
 from canzona.harness.model import build_model, causal_mask, init_weights
 from canzona.harness.params import NamedParam, named_params, replica_divergence, tp_partial_names
-from canzona.harness.record import append_checks, plan_section, stage_entry
+from canzona.harness.record import append_checks, attestation_section, plan_section, stage_entry
 from canzona.harness.timing import IterationLog, Marks, aggregate, peak_memory_mb
 from canzona.models.qwen3 import get_transformer
 from canzona.spec import RunSpec
@@ -118,16 +118,19 @@ def build_optimizer(
         stage_group=ps.get_tensor_and_data_parallel_group(),
         tp_partial=tp_partial_names(named, run.layout.tp),
     )
+    if dist.get_rank() == 0:  # the plan attestation of stage 0, at build (every stage's goes into the record)
+        print(opt.attestation.line(), flush=True)
     if run.comm.overlap_param_sync:  # each module waits for its own params' all-gather before its forward
         opt.attach(model)
     return model, opt
 
 
-def gather_end_of_run(run: RunSpec, opt: object, stage: int) -> tuple[list[str], dict[str, Any]]:
-    """(sorted distinct hostnames of every rank, the record's plan section): each rank's host and
-    its stage's plan summary (``stage_entry``, a few hundred bytes) in ONE all_gather_object, once
-    at the end of the run, outside every timed region. Rank 0 holds only its own stage's plan, so
-    the other stages' come this way; at 256 ranks that is one collective of ~100 KB.
+def gather_end_of_run(run: RunSpec, opt: object, stage: int) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
+    """(sorted distinct hostnames of every rank, the record's plan and attestation sections): each
+    rank's host, its stage's plan summary and its attestation (``stage_entry``, a few hundred
+    bytes) in ONE all_gather_object, once at the end of the run, outside every timed region. Rank 0
+    holds only its own stage's plan, so the other stages' come this way; at 256 ranks that is one
+    collective of ~100 KB.
 
     Never raises: if the gather fails, the line is still written, with rank 0's host alone and a
     plan section saying why it is missing (a lost record would cost the measurement)."""
@@ -143,10 +146,11 @@ def gather_end_of_run(run: RunSpec, opt: object, stage: int) -> tuple[list[str],
     except Exception as exc:  # noqa: BLE001 - the record is written without what the gather would have added
         why = f"{type(exc).__name__}: {exc}"
         print(f"canzona train: end-of-run gather failed (the results line is kept): {why}", file=sys.stderr)
-        return [mine["host"]], plan_missing(
+        lost = plan_missing(
             f"the end-of-run gather of every rank's host and plan failed ({why}); env.hostnames names rank 0's only"
         )
-    return sorted({g["host"] for g in got}), plan_section(run, got)
+        return [mine["host"]], lost, lost
+    return sorted({g["host"] for g in got}), plan_section(run, got), attestation_section(run, got)
 
 
 def megatron_group_options(run: RunSpec, initialize: Callable[..., Any]) -> dict[str, Any]:
@@ -352,10 +356,11 @@ def finish(
         opt.wait_param_sync()  # the last step's all-gathers are still in flight
     timings = aggregate(log, loss_divisor=run.layout.dp, device=device, work=optimizer_work(opt))
     # every rank takes part: the record names all nodes and every stage's plan, not rank 0's
-    hosts, plan = gather_end_of_run(run, opt, stage)
+    hosts, plan, attestation = gather_end_of_run(run, opt, stage)
     record = None
     if ri.rank == 0:
-        record = _record(run, results, device, backend, timings, hosts, plan, getattr(opt, "layer_wise", None))
+        sections = {"plan": plan, "attestation": attestation}
+        record = _record(run, results, device, backend, timings, hosts, sections, getattr(opt, "layer_wise", None))
     checks = replica_check(named, dp_group, tp_group)
     if record is not None:
         record["checks"] = checks
@@ -404,11 +409,11 @@ def _record(
     backend: str,
     timings: Any,
     hosts: Any,
-    plan: dict[str, Any],
+    sections: dict[str, dict[str, Any]],
     layer_wise: bool | None,
 ) -> dict[str, Any]:
     """Rank 0's results line (appended to ``results`` when set): config, environment of every
-    node, timings and the plan section."""
+    node, timings and the plan and attestation sections."""
     from canzona.harness.record import build_record, environment
     from canzona.results.env import cluster_environment
     from canzona.results.schema import append_record
@@ -423,7 +428,7 @@ def _record(
         extra["megatron_muon_layer_wise"] = layer_wise
         extra["megatron_muon_tp_mode"] = run.peer.muon_tp_mode
     env = environment(device, backend, extra=extra)
-    record = build_record(run, env, timings, mem_kind=mem_kind, plan=plan)
+    record = build_record(run, env, timings, mem_kind=mem_kind, **sections)
     if results:
         try:
             append_record(results, record)

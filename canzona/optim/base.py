@@ -12,7 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -66,6 +66,15 @@ class MatrixOptimizer(ABC):
             raise ConfigError(
                 f"{self.name} state is for shape {tuple(state_like.shape)}, gradient is {tuple(grad.shape)}"
             )
+
+    def ns_planned(self, device: torch.device | str) -> dict[str, Any] | None:
+        """The Newton–Schulz this config plans on ``device`` (None: this optimizer runs none)."""
+        return None
+
+    def ns_ran(self) -> list[dict[str, Any]] | None:
+        """Every distinct Newton–Schulz the steps so far ran (None: this optimizer runs none).
+        Read by the plan attestation (canzona.runtime.attest), which compares it with ``ns_planned``."""
+        return None
 
     def cost_settings(self) -> CostSettings:
         return CostSettings()

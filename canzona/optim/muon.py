@@ -101,6 +101,7 @@ class Muon(MatrixOptimizer):
         dtype = compute_dtype_for(c.compute_dtype, device)
         restarts = self.ns_restarts_for(dtype)
         method = ns_method_for(full_shape, c.ns_steps, restarts) if c.ns_method == "auto" else c.ns_method
+        self._ran.add((method, c.ns_steps, c.coefficients, dtype_name(dtype)))
         return {
             "steps": c.ns_steps,
             "coefficients": c.coefficients,
@@ -108,6 +109,25 @@ class Muon(MatrixOptimizer):
             "method": method,
             "restarts": restarts if method == "gram" else (),
         }
+
+    def __init__(self, config: MuonConfig | None = None) -> None:
+        super().__init__(config)
+        # what ns_options handed out (every Newton–Schulz goes through it): a set add per matrix per
+        # step on the host, so the attestation reports what ran, not what the config says
+        self._ran: set[tuple[str, int, str, str]] = set()
+
+    def ns_planned(self, device: torch.device | str) -> dict[str, Any]:
+        c = self.config
+        return {
+            "method": c.ns_method,
+            "steps": c.ns_steps,
+            "coefficients": c.coefficients,
+            "compute_dtype": dtype_name(compute_dtype_for(c.compute_dtype, device)),
+        }
+
+    def ns_ran(self) -> list[dict[str, Any]]:
+        keys = ("method", "steps", "coefficients", "compute_dtype")
+        return [dict(zip(keys, r, strict=True)) for r in sorted(self._ran)]
 
     def ns_record(self, device: torch.device | str) -> dict[str, Any]:
         """What a results record should say about Newton–Schulz on ``device`` ("auto"s resolved)."""

@@ -56,6 +56,12 @@ class Strategy:
     replicates: bool = False  # may compute a bucket's matrices on every rank after one all-reduce (dp.replicate)
 
     @property
+    def replicates(self) -> bool:
+        """Every DP rank updates every matrix itself (no parameter sync), so each DP rank is a
+        replica of the matrices' updates (the plan attestation's ownership count)."""
+        return self.param_sync == "none"
+
+    @property
     def default_algo(self) -> str:
         return self.algos[0]
 

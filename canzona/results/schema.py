@@ -1,6 +1,6 @@
 """One JSON line per run. Versioned; validated on read; written atomically.
 
-A record (schema_version 3):
+A record (schema_version 4):
   schema_version  int, this module's SCHEMA_VERSION
   kind            "train" (harness iteration timings) | "step" (optimizer-step benchmark)
   provenance      "measured" | "projected"
@@ -32,6 +32,18 @@ A record (schema_version 3):
                     kept plan's modelled step, null where the plan did not weigh one);
                   or {"stages": null, "missing": why} (a peer, which runs no Canzona plan; every
                   parameter on AdamW; the end-of-run gather failed; a line written before version 3)
+  attestation     what the optimizer that ran can show (canzona.runtime.attest; required on measured
+                  "train" lines whose plan has stages, checked wherever present):
+                  {"stages": [one per PP stage, stage 0 first], "steps": steps every rank took,
+                   "step_scalars_agree": every rank derived the same grad norm, clip coefficient and
+                   skip decision on every step, "problems": [what went against the plan]}, each stage
+                    stage, engine, plan_hash (null without a matrix plan), matrix {params, numel} and
+                    adamw {params, numel, why: {reason: count}} (the routes), not_matrix_2d (names of
+                    the 2-D parameters not on the matrix optimizer), owner_ranks (the group the
+                    set-up check found every parameter updated exactly once over), executors (the
+                    kinds built), ns (every distinct Newton-Schulz the steps ran: method, steps,
+                    coefficients, compute_dtype; null for optimizers without one), split_views;
+                  or {"stages": null, "missing": why}
 
 Version 2 added dtype and ns_dtype to the cell key: a bf16 line and an fp32 line are different
 cells, so an fp32 line can never mark a bf16 cell done (or be pooled with it). Version-1 lines
@@ -41,6 +53,8 @@ fix. Version 3 added the ``plan`` section: a measured row is tied to the plan th
 (with ``--alpha auto`` the config says "auto" and only the plan says which α, DP layout and groups
 ran, priced on which profile). Version-2 lines are upgraded on read by ``upgrade_v2``: nothing can
 be recovered, so a measured train line gets a plan section saying it was not recorded.
+Version 4 added the ``attestation`` section; version-3 lines are upgraded on read by ``upgrade_v3``
+(a measured train line with a plan gets an attestation saying it was not recorded).
 ``validate`` is the single reader: every consumer (sweeps, analysis) sees upgraded lines.
 """
 
@@ -59,7 +73,7 @@ from typing import Any
 from canzona.cost import runs_newton_schulz
 from canzona.errors import ConfigError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 CELL_FIELDS = ("model", "tp", "pp", "dp", "method", "optimizer", "seq_len", "global_batch", "dtype", "ns_dtype")
 CELL_FIELDS_V1 = ("model", "tp", "pp", "dp", "method", "optimizer", "seq_len", "global_batch")
 REQUIRED_CONFIG = ("model", "tp", "pp", "dp", "world", "method", "optimizer", "dtype", "ns_dtype")
@@ -90,6 +104,31 @@ _PLAN_STAGE: dict[str, tuple[Callable[[Any], bool], str]] = {
     ),
     "profile": _IS_TEXT,
     "modelled_step_ms": (lambda v: v is None or (_is_number(v) and v >= 0), "null or a number >= 0 (ms)"),
+}
+
+
+_ROUTE = (
+    lambda v: isinstance(v, dict) and all(_is_int(v.get(k)) and v[k] >= 0 for k in ("params", "numel")),
+    "an object with counts params and numel",
+)
+_NS_RUN = ("method", "steps", "coefficients", "compute_dtype")
+_ATTEST_STAGE: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "stage": (lambda v: _is_int(v) and v >= 0, "a stage index >= 0"),
+    "engine": _IS_TEXT,
+    "plan_hash": (lambda v: v is None or (isinstance(v, str) and bool(_HASH.fullmatch(v))), "null or 16 hex digits"),
+    "matrix": _ROUTE,
+    "adamw": (
+        lambda v: _ROUTE[0](v) and isinstance(v.get("why"), dict) and all(_is_int(n) for n in v["why"].values()),
+        "an object with counts params, numel and why {reason: count}",
+    ),
+    "not_matrix_2d": (lambda v: isinstance(v, list) and all(isinstance(n, str) for n in v), "a list of names"),
+    "owner_ranks": (lambda v: _is_int(v) and v >= 1, "a rank count >= 1"),
+    "executors": (lambda v: isinstance(v, list) and all(isinstance(k, str) for k in v), "a list of executor kinds"),
+    "ns": (
+        lambda v: v is None or (isinstance(v, list) and all(isinstance(r, dict) and set(r) == set(_NS_RUN) for r in v)),
+        f"null or a list of objects with exactly {list(_NS_RUN)}",
+    ),
+    "split_views": (lambda v: isinstance(v, list) and all(isinstance(k, str) for k in v), "a list of view names"),
 }
 
 
@@ -165,10 +204,56 @@ def upgrade_v2(record: dict[str, Any]) -> dict[str, Any]:
     """A copy of a version-2 (or upgraded version-1) record as version 3: a measured train line gets
     a plan section saying its plan was not recorded (version 2 did not record it), so every reader
     sees one shape; ``schema_upgraded_from`` keeps the version the line was written in."""
-    out = dict(record, schema_version=SCHEMA_VERSION, schema_upgraded_from=record.get("schema_upgraded_from", 2))
+    out = dict(record, schema_version=3, schema_upgraded_from=record.get("schema_upgraded_from", 2))
     if _needs_plan(out) and "plan" not in out:
         out["plan"] = plan_missing("not recorded: the line was written by results schema version 2")
     return out
+
+
+def upgrade_v3(record: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a version-3 (or upgraded older) record as version 4: a measured train line with a
+    plan gets an attestation section saying it was not recorded (version 3 did not record one)."""
+    out = dict(record, schema_version=4, schema_upgraded_from=record.get("schema_upgraded_from", 3))
+    if _needs_attestation(out) and "attestation" not in out:
+        out["attestation"] = plan_missing("not recorded: the line was written by results schema version 3")
+    return out
+
+
+def _needs_attestation(record: dict[str, Any]) -> bool:
+    plan = record.get("plan")
+    return _needs_plan(record) and isinstance(plan, dict) and plan.get("stages") is not None
+
+
+def validate_attestation(att: Any, pp: Any, where: str = "record") -> None:
+    """Raise ResultsError unless ``att`` is an attestation section (module docstring) of a run with
+    ``pp`` pipeline stages."""
+    if not isinstance(att, dict) or "stages" not in att:
+        raise ResultsError(f"{where}: attestation must be an object with 'stages' (a list, or null with 'missing')")
+    stages = att["stages"]
+    if stages is None:
+        if not isinstance(att.get("missing"), str) or not att["missing"]:
+            raise ResultsError(f"{where}: attestation.stages is null, so attestation.missing must say why")
+        return
+    want = {"stages", "steps", "step_scalars_agree", "problems"}
+    if set(att) != want:
+        raise ResultsError(f"{where}: attestation must have exactly {sorted(want)}, got {sorted(att)}")
+    if not _is_int(att["steps"]) or att["steps"] < 0:
+        raise ResultsError(f"{where}: attestation.steps must be a count >= 0, got {att['steps']!r}")
+    if not isinstance(att["step_scalars_agree"], bool):
+        raise ResultsError(f"{where}: attestation.step_scalars_agree must be true or false")
+    if not isinstance(att["problems"], list) or not all(isinstance(p, str) and p for p in att["problems"]):
+        raise ResultsError(f"{where}: attestation.problems must be a list of non-empty strings")
+    if not isinstance(stages, list) or not stages or (_is_int(pp) and len(stages) != pp):
+        raise ResultsError(f"{where}: attestation.stages must list one entry per pipeline stage ({pp})")
+    for i, st in enumerate(stages):
+        if not isinstance(st, dict) or set(st) != set(_ATTEST_STAGE):
+            got = sorted(st) if isinstance(st, dict) else type(st).__name__
+            raise ResultsError(f"{where}: attestation.stages[{i}] must have exactly {sorted(_ATTEST_STAGE)}, got {got}")
+        for key, (ok, what) in _ATTEST_STAGE.items():
+            if not ok(st[key]):
+                raise ResultsError(f"{where}: attestation.stages[{i}].{key} must be {what}, got {st[key]!r}")
+        if st["stage"] != i:
+            raise ResultsError(f"{where}: attestation.stages[{i}] is stage {st['stage']}; list the stages from 0")
 
 
 def plan_missing(why: str) -> dict[str, Any]:
@@ -218,7 +303,7 @@ def validate_plan(plan: Any, pp: Any, where: str = "record") -> None:
 
 
 def validate(record: dict[str, Any], where: str = "record") -> dict[str, Any]:
-    """Return ``record`` (a version-3 copy if it was a version-1 or -2 line) if it follows the
+    """Return ``record`` (a version-4 copy if it was a version-1, -2 or -3 line) if it follows the
     schema, else raise ResultsError naming ``where``."""
     if not isinstance(record, dict):
         raise ResultsError(f"{where}: expected a JSON object, got {type(record).__name__}")
@@ -229,10 +314,12 @@ def validate(record: dict[str, Any], where: str = "record") -> dict[str, Any]:
         record = upgrade_v1(record, where)
     if record["schema_version"] == 2:
         record = upgrade_v2(record)
+    if record["schema_version"] == 3:
+        record = upgrade_v3(record)
     if record["schema_version"] != SCHEMA_VERSION:
         raise ResultsError(
             f"{where}: schema_version {record['schema_version']!r}, this Canzona reads {SCHEMA_VERSION} "
-            "(and upgrades 1 and 2); rerun the cell or convert the file"
+            "(and upgrades 1 to 3); rerun the cell or convert the file"
         )
     if record["provenance"] not in PROVENANCES:
         raise ResultsError(f"{where}: provenance must be one of {PROVENANCES}, got {record['provenance']!r}")
@@ -253,11 +340,23 @@ def validate(record: dict[str, Any], where: str = "record") -> dict[str, Any]:
     step = record["timings"].get("step_ms")
     if not isinstance(step, dict) or "median" not in step:
         raise ResultsError(f"{where}: timings.step_ms.median is required")
+    _validate_sections(record, cfg.get("pp"), where)
+    return record
+
+
+def _validate_sections(record: dict[str, Any], pp: Any, where: str) -> None:
+    """The plan and attestation sections: checked wherever present, required where they must be."""
     if "plan" in record:
-        validate_plan(record["plan"], cfg.get("pp"), where)
+        validate_plan(record["plan"], pp, where)
     elif _needs_plan(record):
         raise ResultsError(f"{where}: a measured train line needs its plan section (null stages with 'missing': why)")
-    return record
+    if "attestation" in record:
+        validate_attestation(record["attestation"], pp, where)
+    elif _needs_attestation(record):
+        raise ResultsError(
+            f"{where}: a measured train line with a plan needs its attestation section "
+            "(null stages with 'missing': why)"
+        )
 
 
 def append_record(path: str | Path, record: dict[str, Any]) -> None:

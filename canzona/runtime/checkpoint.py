@@ -15,6 +15,15 @@ the chunks cover every tensor exactly, and on load reads each rank's chunks from
 were saved. No rank gathers anything: saving and loading hold this rank's own state plus DCP's
 per-item buffers. Chunks are views of the optimizer's own tensors, so a load writes in place.
 
+Faults: a save writes into ``<path>.partial`` and rank 0 commits it, after DCP's ``.metadata``, by
+writing ``.canzona-commit`` (format, optimizer, step) and renaming the folder to ``<path>``. A rank
+killed mid-save leaves ``<path>.partial`` without the marker, which no load accepts, and every
+earlier checkpoint untouched. Before DCP writes anything into this run's tensors, a load checks
+(``check_loadable``, the same files on every rank, so every rank decides alike) the marker, the
+format and optimizer, every key this rank needs and its logical shape, and that every shard file
+exists at its full length; any failure is one line naming the file and the fix, and leaves the
+optimizer as it was.
+
 The chunk objects plug into DCP through its checkpointable hooks (``__create_write_items__`` /
 ``__create_chunk_list__``) and the planners' documented ``lookup_object`` / ``lookup_tensor``
 extension points (``SavePlanner`` / ``LoadPlanner`` below). Pass them when combining the optimizer
@@ -23,13 +32,17 @@ with other state in one ``dcp.save`` / ``dcp.load`` call.
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Iterator
+import os
+import shutil
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import create_default_local_load_plan
 from torch.distributed.checkpoint.metadata import (
@@ -40,12 +53,15 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
 
 from canzona.errors import ConfigError
+from canzona.models.spec import ParamSpec
 from canzona.runtime.zero_adamw import MOMENTS
 
 if TYPE_CHECKING:
     from canzona.runtime.optimizer import DistributedOptimizer
 
-FORMAT = 1
+FORMAT = 2  # 2: committed saves (``COMMIT``, written last); a format-1 folder has no marker
+COMMIT = ".canzona-commit"
+PARTIAL = ".partial"
 
 
 @dataclass
@@ -221,36 +237,184 @@ def apply_state(opt: DistributedOptimizer, state: dict[str, Any]) -> None:
         bb.publish_master()
 
 
-def save(opt: DistributedOptimizer, path: str | Path) -> None:
-    """Write this optimizer's state (collective over the default group: every rank calls it)."""
+def save(opt: DistributedOptimizer, path: str | Path, *, extra: dict[str, Any] | None = None) -> None:
+    """Write this optimizer's state (collective over the default group: every rank calls it),
+    committed atomically (module docstring). ``extra``: more DCP state saved in the same commit,
+    e.g. ``{"model": model.state_dict()}``."""
     opt.wait_param_sync()
-    dcp.save({"optimizer": opt}, checkpoint_id=str(path), planner=SavePlanner())
+    state = {"optimizer": opt, **(extra or {})}
+    mark = marker(opt.config.optimizer_name, opt.step_count, opt.specs, opt.matrix_names)
+    save_committed(state, path, SavePlanner(), mark)
 
 
-def load(opt: DistributedOptimizer, path: str | Path) -> None:
-    """Read a checkpoint saved under any layout or strategy into this optimizer (collective)."""
+def load(opt: DistributedOptimizer, path: str | Path, *, extra: dict[str, Any] | None = None) -> None:
+    """Read a checkpoint saved under any layout or strategy into this optimizer (collective), and
+    every tensor of ``extra`` in place; then the parameter all-gathers, so every rank's parameters
+    hold the loaded masters of the regions other ranks own."""
     opt.wait_param_sync()
-    meta = load_tree(local_state(opt), path)
+    mark = marker(opt.config.optimizer_name, opt.step_count, opt.specs, opt.matrix_names)
+    meta = load_tree(local_state(opt), path, mark, extra)
     apply_state(opt, {"meta": meta})
+    opt.dps.launch_param_sync()
+    opt.dps.wait_params()
 
 
-def load_tree(tree: dict[str, Any], path: str | Path) -> dict[str, Any]:
-    """Fill ``tree`` (this rank's holdings, as ``local_state`` builds them) in place from the DCP
-    checkpoint at ``path``; returns the saved ``meta``. Shared by the FSDP2 engine's checkpoints."""
+def latest(folder: str | Path) -> Path | None:
+    """The committed checkpoint in ``folder`` whose marker names the highest step (None if none):
+    what a job restarted after a kill resumes from. Unfinished saves (``<name>.partial``, no
+    marker) are never candidates."""
+    found = []
+    for d in Path(folder).iterdir() if Path(folder).is_dir() else ():
+        try:
+            found.append((int(json.loads((d / COMMIT).read_text())["step"]), d.name, d))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return max(found)[2] if found else None
+
+
+def marker(optimizer: str, step: int, specs: Mapping[str, ParamSpec], on_matrix: Iterable[str]) -> dict[str, Any]:
+    """What ``COMMIT`` says of a checkpoint: format, optimizer, step, and the model (every
+    parameter's full shape and route). Every rank knows all of it, so a load checks it on every
+    rank alike, before anything is read."""
+    matrix = set(on_matrix)
+    model = {n: [*s.shape, "matrix" if n in matrix else "adamw"] for n, s in specs.items()}
+    return {"format": FORMAT, "optimizer": optimizer, "step": step, "model": model}
+
+
+def save_committed(state: dict[str, Any], path: str | Path, planner: dcp.SavePlanner, mark: dict[str, Any]) -> None:
+    """``dcp.save`` of ``state`` into ``<path>.partial``, then rank 0 writes ``COMMIT`` and renames
+    the folder to ``path`` (a checkpoint already at ``path`` is replaced only then). Two barriers
+    on the default group, at save time only."""
     p = Path(path)
-    if not (p / ".metadata").is_file():
-        raise ConfigError(f"{p} is not a DCP checkpoint (no .metadata); pass the folder checkpoint.save wrote")
-    have = set(dcp.FileSystemReader(str(p)).read_metadata().state_dict_metadata)
+    tmp = p.with_name(p.name + PARTIAL)
+    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    if rank0 and tmp.exists():  # left by a save that was killed: never loadable, so never kept
+        shutil.rmtree(tmp)
+    _barrier()
+    dcp.save(state, checkpoint_id=str(tmp), planner=planner)
+    if rank0:  # dcp.save returns once the coordinator wrote .metadata: every shard is on disk
+        _write_synced(tmp / COMMIT, json.dumps(mark, sort_keys=True))
+        old = p.with_name(p.name + ".replaced")
+        if p.exists():
+            os.replace(p, old)
+        os.replace(tmp, p)
+        shutil.rmtree(old, ignore_errors=True)
+    _barrier()
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _write_synced(path: Path, text: str) -> None:
+    with path.open("w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def check_loadable(p: Path, want: dict[str, Any]) -> set[str]:
+    """Raise ConfigError (one line naming the file and the fix) unless ``p`` is a committed
+    checkpoint in this format, of the optimizer and model ``want`` (this run's ``marker``), whose
+    every shard file is whole; returns its keys. Reads only what every rank reads alike (the marker,
+    the metadata, the files' sizes), so every rank raises or none does."""
+    if not p.is_dir():
+        partial = p.with_name(p.name + PARTIAL)
+        if partial.is_dir():
+            raise ConfigError(
+                f"{p}: no checkpoint here; {partial} is a save that did not finish (a rank died in "
+                "checkpoint.save): load an earlier checkpoint and delete that folder"
+            )
+        raise ConfigError(f"{p}: no such checkpoint folder; pass a folder checkpoint.save wrote")
+    commit = p / COMMIT
+    if not commit.is_file():
+        raise ConfigError(
+            f"{p}: incomplete checkpoint (no {COMMIT}): its save did not finish, or it predates checkpoint format "
+            f"{FORMAT}; load an earlier checkpoint"
+        )
+    try:
+        mark = json.loads(commit.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{commit}: unreadable ({exc}); the checkpoint is damaged: load an earlier one") from exc
+    if not isinstance(mark, dict) or mark.get("format") != FORMAT:
+        got = mark.get("format") if isinstance(mark, dict) else mark
+        raise ConfigError(
+            f"{commit}: checkpoint format {got!r}, this Canzona reads format {FORMAT}; "
+            "load it with the Canzona that wrote it, or load an earlier checkpoint"
+        )
+    if mark.get("optimizer") != want["optimizer"]:
+        raise ConfigError(
+            f"{commit}: checkpoint is for optimizer {mark.get('optimizer')!r}, this run uses {want['optimizer']!r}; "
+            "build the optimizer the checkpoint was saved with"
+        )
+    _check_model(commit, mark.get("model"), want["model"])
+    try:
+        md = dcp.FileSystemReader(str(p)).read_metadata()
+    except Exception as exc:  # any reader failure is a damaged file, named
+        raise ConfigError(
+            f"{p / '.metadata'}: unreadable ({exc}); the checkpoint is damaged: load an earlier one"
+        ) from exc
+    _check_files(p, md)
+    return set(md.state_dict_metadata)
+
+
+def _check_model(commit: Path, saved: Any, mine: dict[str, list[Any]]) -> None:
+    """The checkpoint's parameters (names, full shapes, routes) are this run's."""
+    if not isinstance(saved, dict):
+        raise ConfigError(f"{commit}: no model description; the checkpoint is damaged: load an earlier one")
+    fix = "load a checkpoint of this model"
+    for name, desc in mine.items():
+        if name not in saved:
+            raise ConfigError(f"{commit}: checkpoint of another model: it has no parameter {name}; {fix}")
+        if list(saved[name]) != desc:
+            raise ConfigError(
+                f"{commit}: checkpoint of another model: {name} was saved as {_desc(saved[name])}, "
+                f"this run's is {_desc(desc)}; {fix}"
+            )
+    extra = sorted(set(saved) - set(mine))
+    if extra:
+        raise ConfigError(f"{commit}: checkpoint of another model: this run has no parameter {extra[0]}; {fix}")
+
+
+def _desc(d: list[Any]) -> str:
+    return f"{tuple(d[:-1])} on {d[-1]}"
+
+
+def _check_files(p: Path, md: Any) -> None:
+    """Every shard file the metadata points into exists and is as long as its last item."""
+    ends: dict[str, int] = {}
+    for info in md.storage_data.values():
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    for rel, end in sorted(ends.items()):
+        f = p / rel
+        if not f.is_file():
+            raise ConfigError(f"{f}: missing (deleted?); the checkpoint is incomplete: load an earlier one")
+        size = f.stat().st_size
+        if size < end:
+            raise ConfigError(f"{f}: truncated ({size} of {end} bytes); the checkpoint is damaged: load an earlier one")
+
+
+def load_tree(
+    tree: dict[str, Any], path: str | Path, want: dict[str, Any], extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Fill ``tree`` (this rank's holdings, as ``local_state`` builds them) and ``extra`` in place
+    from the committed checkpoint at ``path``, after ``check_loadable`` against ``want`` (this run's
+    ``marker``); returns the saved ``meta``. Shared by the FSDP2 engine's checkpoints."""
+    p = Path(path)
+    have = check_loadable(p, want)
+    state = dict(flatten(tree, "optimizer."))
     if not any(k.startswith("optimizer.master.") for k in have):  # saved with fp32 params: masters = model params
         tree.pop("master", None)
-    state = dict(flatten(tree, "optimizer."))
+        state = dict(flatten(tree, "optimizer."))
     missing = sorted(set(state) - have)
     if missing:
         raise ConfigError(
             f"checkpoint {p} lacks {len(missing)} entries this run needs, e.g. {missing[0]}; "
             "was it saved from the same model with the same optimizer?"
         )
-    dcp.load(state, checkpoint_id=str(p), planner=LoadPlanner())
+    state |= dict(flatten(extra or {}))  # the nested dicts DCP flattened on save
+    dcp.load(state, checkpoint_id=str(p), planner=LoadPlanner())  # sets the non-tensor values (meta) in ``state``
     return {k.rsplit(".", 1)[1]: v for k, v in state.items() if k.startswith("optimizer.meta.")}
 
 

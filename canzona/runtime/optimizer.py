@@ -38,8 +38,10 @@ from canzona.plan import make_plan
 from canzona.plan.buckets import build_buckets, resolve_bucket_size
 from canzona.plan.comm import MODELS, model_for_backend
 from canzona.plan.schedule import LowerSettings, RankSchedule, lower
+from canzona.plan.strategies import get_strategy
 from canzona.plan.types import Layout, Plan
 from canzona.runtime import checkpoint, grad_norm
+from canzona.runtime.attest import Attestation, attest, check_known, check_ownership
 from canzona.runtime.buffers import DTYPES, FlatBuffers
 from canzona.runtime.config import DistConfig
 from canzona.runtime.dp_sync import DPSync
@@ -122,6 +124,8 @@ class DistributedOptimizer:
         self.plan = self._make_plan() if self.matrix_names else None
         self.schedule = self._lower()
         self._build()
+        self._model: torch.nn.Module | None = None
+        self.attestation = self._attest()
 
     # ---------------------------------------------------------------- set-up
     def _check_param(self, name: str, spec: ParamSpec, p: torch.Tensor) -> None:
@@ -240,6 +244,42 @@ class DistributedOptimizer:
                     out.append(bb.grad[a:b])
         return out
 
+    def _attest(self) -> Attestation:
+        """The plan attestation (canzona.runtime.attest), with its ownership check: ONE all-reduce
+        over the stage. Each rank counts the elements it updates: its matrices' held pieces and
+        its ZeRO regions of the AdamW buckets. A stage updates every element of a TP shard once per
+        TP rank (a TP-replicated parameter once on each), and every matrix once per DP rank under a
+        strategy whose DP ranks all update it (``Strategy.replicates``)."""
+        mine = dict.fromkeys(self.params, 0)
+        for n in self.applied:
+            mine[n] += self.held[n].b - self.held[n].a
+        for bb in self.adamw.buckets:
+            lo, hi = bb.region
+            for n, (off, numel) in bb.where.items():
+                mine[n] += max(0, min(off + numel, hi) - max(off, lo))
+        reps = self.dp if self.plan is not None and get_strategy(self.plan.config.strategy).replicates else 1
+        on_matrix = set(self.matrix_names)
+        owned = [
+            (n, mine[n], s.shard_numel(self.tp) * self.tp * (reps if n in on_matrix else 1))
+            for n, s in self.specs.items()
+        ]
+        ranks = check_ownership(owned, self.stage_group, self.device)
+        return attest(
+            "megatron",
+            self.specs,
+            self.matrix_names,
+            self.config.optimizer is not None,
+            ranks,
+            [(sp.kind, ex.kind) for sp, ex in zip(self.schedule.executors, self.executors, strict=True)],
+            None if self.plan is None else self.plan.plan_hash,
+            self.math.ns_planned(self.device) if self.matrix_names else None,
+        )
+
+    def attest_entry(self) -> dict[str, object]:
+        """This rank's attestation as the results line records it (after the run)."""
+        ns = self.math.ns_ran() if self.matrix_names else None
+        return self.attestation.entry(ns, len(self.schedule.computes))
+
     def _check_agreement(self, h: str) -> None:
         check_plan_agreement(h, self.stage_group, self.device, "pass the same parameter names, shapes, layout")
 
@@ -298,10 +338,13 @@ class DistributedOptimizer:
 
     def step(self) -> StepInfo:
         """One optimizer step. Issues the schedule's calls; ONE host sync (the global norm)."""
+        if self.attestation.digest.steps == 0:  # once: a trainable parameter nobody holds is never stepped
+            check_known(self._model, self.params.values(), "the DistributedOptimizer")
         if not self._synced:
             self.finish_grad_sync()
         with self.timer.phase("total"):
             info = self._check()
+            self.attestation.digest.add(info.grad_norm, info.clip_coef, info.skipped)
             if not info.skipped:
                 grad_norm.scale_(self.scaled_tensors, info.clip_coef)
                 self.step_count += 1
@@ -363,7 +406,9 @@ class DistributedOptimizer:
 
     def attach(self, model: torch.nn.Module) -> None:
         """With ``overlap_param_sync``: each module waits, just before its forward, for the
-        all-gathers of the buckets holding its own parameters (the rest keep flowing)."""
+        all-gathers of the buckets holding its own parameters (the rest keep flowing). The first
+        step checks that the optimizer holds every trainable parameter of ``model``."""
+        self._model = model
         self._attached = self.dps.attach(model, self.params)
 
     # ---------------------------------------------------------------- checkpoints

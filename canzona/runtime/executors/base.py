@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import torch
 
@@ -49,6 +49,7 @@ class MatrixExecutor(Protocol):
     lists the calls in the same order."""
 
     names: list[str]
+    kind: ClassVar[str]  # the spec kind this class executes (the plan attestation compares it with the spec's)
 
     def start(self, ctx: StepContext) -> None: ...
 

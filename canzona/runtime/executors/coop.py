@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -187,6 +187,8 @@ class CooperativeTP:
     asynchronously, first on the TP stream), one lock-step run per (communicator, form) of the
     groups this rank is a member of (``run``), the blocks' updates scattered back (``finish``, after
     the micro-group pipeline's transfers, so members' Newton–Schulz overlaps the hosts')."""
+
+    kind: ClassVar[str] = "cooperative"
 
     def __init__(
         self,

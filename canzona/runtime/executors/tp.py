@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.distributed as dist
@@ -45,6 +46,8 @@ def _assemble(pieces: Sequence[torch.Tensor], spec: ParamSpec, tp: int) -> torch
 class LocalTP(NoTransfers):
     """Owned matrices that need no TP communication (TP = 1 or not TP-split)."""
 
+    kind: ClassVar[str] = "local"
+
     def __init__(
         self,
         spec: ExecSpec,
@@ -64,6 +67,8 @@ class LocalTP(NoTransfers):
 
 class AllGatherTP(NoTransfers):
     """TP mode sc: all TP ranks gather all owned shards and compute everything."""
+
+    kind: ClassVar[str] = "all-gather"
 
     def __init__(
         self,
@@ -115,6 +120,8 @@ class _GroupLayout:
 
 class MicroGroupTP(NoTransfers):
     """Canzona / ASC: host-per-matrix micro-groups with fused, pipelined all-to-alls."""
+
+    kind: ClassVar[str] = "micro-group"
 
     def __init__(
         self,

@@ -9,6 +9,7 @@ The keys and logical shapes are canzona.runtime.checkpoint's (full-matrix space)
   adamw/<name>/<moment>   AdamW moments as DTensors in the parameter's own placements (Shard(0),
                           Replicate() on the HSDP replicate dimension), FSDP2's state-dict convention;
   master/<name>           fp32 masters (only for a model whose shards are not fp32), likewise.
+Saves are committed and loads checked before anything is written, as on the Megatron path.
 On load each rank asks for its own pieces in its own layout: a new owner reads a whole matrix state
 wherever it was written, and a DTensor reads its rows from whatever shards were saved.
 """
@@ -19,11 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch.distributed.tensor import DTensor
 
 from canzona.errors import ConfigError
-from canzona.runtime.checkpoint import FORMAT, Chunks, SavePlanner, flatten, load_tree
+from canzona.runtime.checkpoint import FORMAT, Chunks, SavePlanner, flatten, load_tree, marker, save_committed
 from canzona.runtime.fsdp2.layout import as_dtensor
 from canzona.runtime.zero_adamw import MOMENTS
 
@@ -84,11 +84,19 @@ def apply_state(opt: FSDP2Optimizer, meta: dict[str, Any]) -> None:
             opt._publish(name)
 
 
-def save(opt: FSDP2Optimizer, path: str | Path) -> None:
-    """Write this optimizer's state (collective: every rank calls it)."""
-    dcp.save(dict(flatten(local_state(opt), "optimizer.")), checkpoint_id=str(path), planner=SavePlanner())
+def save(opt: FSDP2Optimizer, path: str | Path, *, extra: dict[str, Any] | None = None) -> None:
+    """Write this optimizer's state (collective: every rank calls it), committed atomically as the
+    Megatron path's (canzona.runtime.checkpoint). ``extra``: more DCP state saved in the same commit,
+    e.g. ``{"model": model.state_dict()}`` (a model whose shards are fp32 keeps its weights there)."""
+    state = {**dict(flatten(local_state(opt), "optimizer.")), **(extra or {})}
+    save_committed(state, path, SavePlanner(), _marker(opt))
 
 
-def load(opt: FSDP2Optimizer, path: str | Path) -> None:
-    """Read a checkpoint saved at any shard count or strategy into this optimizer (collective)."""
-    apply_state(opt, load_tree(local_state(opt), path))
+def load(opt: FSDP2Optimizer, path: str | Path, *, extra: dict[str, Any] | None = None) -> None:
+    """Read a checkpoint saved at any shard count or strategy into this optimizer (collective),
+    and every tensor of ``extra`` in place."""
+    apply_state(opt, load_tree(local_state(opt), path, _marker(opt), extra))
+
+
+def _marker(opt: FSDP2Optimizer) -> dict[str, Any]:
+    return marker(opt.config.optimizer_name, opt.step_count, opt.all_specs, opt.matrix_names)

@@ -50,9 +50,10 @@ from canzona.plan.engines import FSDP2
 from canzona.plan.schedule import LowerSettings, RankSchedule, lower
 from canzona.plan.types import Plan
 from canzona.runtime import grad_norm
+from canzona.runtime.attest import Attestation, attest, check_known, check_ownership
 from canzona.runtime.config import DistConfig
 from canzona.runtime.executors.base import StepContext, run_executors
-from canzona.runtime.executors.coop import coop_comms, held_pieces, ns_rounds
+from canzona.runtime.executors.coop import Held, coop_comms, held_pieces, ns_rounds
 from canzona.runtime.executors.tp import select_executors
 from canzona.runtime.fsdp2.layout import as_dtensor, default_route, param_specs, shard_mesh
 from canzona.runtime.optimizer import StepInfo, check_plan_agreement
@@ -78,7 +79,11 @@ class FSDP2Optimizer:
     ) -> None:
         if not isinstance(config, DistConfig):
             raise ConfigError(f"FSDP2Optimizer needs a DistConfig, got {type(config).__name__}")
-        named = list(model.named_parameters()) if isinstance(model, torch.nn.Module) else list(model)
+        # a frozen parameter is no trainable one: it gets no update (not even weight decay), and
+        # unfreezing it later raises at the next first step (check_known)
+        self._model = model if isinstance(model, torch.nn.Module) else None
+        everything = model.named_parameters() if isinstance(model, torch.nn.Module) else model
+        named = [(n, p) for n, p in everything if p.requires_grad or self._model is None]
         if not named:
             raise ConfigError("FSDP2Optimizer got no parameters")
         FSDP2.check_strategy(config.plan.strategy)
@@ -90,6 +95,7 @@ class FSDP2Optimizer:
             FSDP2.planner_layout(self.shards * self.mesh.replicas, shard=self.shards)  # the engine runs HSDP
         self.params = dict(named)
         specs = param_specs(named, self.shards, route)
+        self.all_specs = {s.name: s for s in specs}
         use_matrix = config.optimizer is not None
         self.matrix_names = [s.name for s in specs if use_matrix and s.route == "matrix"]
         self.adamw_names = [s.name for s in specs if s.name not in set(self.matrix_names)]
@@ -115,6 +121,7 @@ class FSDP2Optimizer:
         self.masters = {n: self._master(t) for n, t in self.local.items()}
         adam = [self.masters[n] for n in self.adamw_names]
         self.adamw = make_adamw(adam, config.adamw) if adam else None
+        self.attestation = self._attest(applied, held)
 
     # ---------------------------------------------------------------- set-up
     def _make_plan(self) -> Plan:
@@ -135,6 +142,32 @@ class FSDP2Optimizer:
         )
         check_plan_agreement(plan.input_hash, self.group, self.device, "build the optimizer on the same model")
         return plan
+
+    def _attest(self, applied: Sequence[str], held: dict[str, Held]) -> Attestation:
+        """The plan attestation (canzona.runtime.attest) with its ownership check: ONE all-reduce
+        over the shard group, where every element of every parameter is updated once (a matrix's
+        held piece of its row slice, an AdamW parameter's local shard); HSDP replicas repeat it."""
+        mine = {n: (0 if n in set(self.matrix_names) else t.numel()) for n, t in self.local.items()}
+        for n in applied:
+            mine[n] += held[n].b - held[n].a
+        owned = [(n, mine[n], s.numel) for n, s in self.all_specs.items()]
+        ranks = check_ownership(owned, self.group, self.device)
+        math = getattr(self, "math", None)
+        return attest(
+            "fsdp2",
+            self.all_specs,
+            self.matrix_names,
+            self.config.optimizer is not None,
+            ranks,
+            [(sp.kind, ex.kind) for sp, ex in zip(self.schedule.executors, self.executors, strict=True)],
+            None if self.plan is None else self.plan.plan_hash,
+            None if math is None else math.ns_planned(self.device),
+        )
+
+    def attest_entry(self) -> dict[str, object]:
+        """This rank's attestation as the results line records it (after the run)."""
+        math = getattr(self, "math", None)
+        return self.attestation.entry(None if math is None else math.ns_ran(), len(self.schedule.computes))
 
     def _lower(self) -> RankSchedule:
         comm = self.config.comm
@@ -197,9 +230,12 @@ class FSDP2Optimizer:
     @torch.no_grad()
     def step(self) -> StepInfo:
         """One optimizer step: the schedule's calls and ONE host sync (the global norm)."""
+        if self.attestation.digest.steps == 0:  # once: a trainable parameter nobody holds is never stepped
+            check_known(self._model, self.params.values(), "the FSDP2Optimizer")
         with self.timer.phase("total"):
             grads = self._grads()
             info = self._check(grads)
+            self.attestation.digest.add(info.grad_norm, info.clip_coef, info.skipped)
             if not info.skipped:
                 grad_norm.scale_(list(grads.values()), info.clip_coef)
                 self.step_count += 1
