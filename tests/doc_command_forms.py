@@ -12,7 +12,8 @@ Placeholders in a form: ``{tmp}`` an empty folder, ``{wheels}`` a folder holding
 ``*.whl`` file (a ``gpu-check --dry-run`` lists the wheels it would install and reads nothing else
 of them), ``{py}`` this interpreter (``canzona`` at the
 start of a form runs this checkout's CLI in the test process; ``make`` and the others run in a
-shell). ``marks`` are the pytest markers the forms need (tests/conftest.py enforces them)."""
+shell). ``marks`` are the pytest markers the forms need (tests/conftest.py enforces them; a command that
+records the environment runs `git rev-parse`, a subprocess)."""
 
 from __future__ import annotations
 
@@ -74,11 +75,13 @@ FORMS: dict[str, Forms] = {
         ),
         "every suite takes minutes at 256 GPUs: the qwen3 suite on one model and layout, the suite names"
         " checked in --help (`make planner-bench` runs them all)",
+        ("multiproc",),
         dropped={"--suite": "comm, models, coop, held-out take minutes each; --help lists them (checked)"},
     ),
     "canzona plan-bench --suite fsdp2 --out results/fsdp2_plan": Forms(
         ("canzona plan-bench --suite fsdp2 --models qwen3-1.7b --out {tmp}/fsdp2_plan --no-plots",),
         "one model instead of Qwen3 1.7B-32B",
+        ("multiproc",),
     ),
     "canzona bench-step --nproc 4 --dp 2 --tp 2 --model qwen3-tiny --optimizer muon --steps 20 --json "
     "[--strategies sc,layerwise,asc,canzona,canzona:cooperative=false] [--dtype bf16] [--ns-dtype fp32]": Forms(
@@ -101,6 +104,7 @@ FORMS: dict[str, Forms] = {
             " --methods standard,gram,auto,torch,emerging --dtype fp32",
         ),
         "the same long and square aspect at 1/8 the size, one timed call",
+        ("multiproc",),
     ),
     "canzona train --model qwen3-tiny --tp 2 --pp 1 --dp 2 --method canzona --optimizer muon --seq-len 128 "
     "--micro-batch 1 --global-batch 8 --warmup 2 --iters 8 --results results/train.jsonl --nproc 4": Forms(
@@ -124,9 +128,12 @@ FORMS: dict[str, Forms] = {
     "canzona project --preset paper --out results/": Forms(
         ("canzona project --preset paper --profile H800 --out {tmp}",),
         "the paper preset on its headline profile only (every profile: ~1 min)",
+        ("multiproc",),
     ),
     "canzona project --preset authors --out results/": Forms(
-        ("canzona project --preset authors --out {tmp}",), "into a fresh folder, not the committed results"
+        ("canzona project --preset authors --out {tmp}",),
+        "into a fresh folder, not the committed results",
+        ("multiproc",),
     ),
     "canzona table2 --results results/ --out results/": Forms(
         ("canzona table2 --results results/ --out {tmp} --no-plots",),
