@@ -24,7 +24,9 @@ default a reduced run (a few minutes on 2 cores) that still writes every artifac
   4. projection   PROJECTED 256-GPU times from the plans + GPU hardware profiles:
                   `canzona project --preset paper` -> results/projected.jsonl (+ the sensitivity,
                   batch and beyond-the-paper studies), `--preset authors` -> results/projected_authors.jsonl
-  5. calibration  MEASURED: this CPU's cpu-local profile (full only; reduced reuses the committed one)
+  5. calibration  MEASURED: this CPU's profile: reduced, a short calibration (cpu-here, results/calibration/;
+                 reused by a rerun on this host); full, the cpu-local one. The committed cpu-local
+                 profile (another VM) is only a reference for the reduced run
   6. validation   the projection against this run's measured steps
   7. table2       `canzona table2` over every results file -> results/table2.csv, table2.md, PNGs
   8. notebook     analysis/table2.ipynb executed headless -> results/table2.ipynb
@@ -64,6 +66,11 @@ RESULTS = ROOT / "results"
 PY = sys.executable
 PEER_PY = ROOT / ".venv-peer" / "bin" / "python"
 BENCH = RESULTS / "bench_step" / "bench_step.jsonl"
+# The reduced run's calibration of this machine (git-ignored: a clone never carries another
+# machine's): fewer repetitions and one round, so it fits the main job's budget (BUDGET_S).
+HERE_PROFILE = RESULTS / "calibration" / "cpu-here.toml"
+HERE_RAW = RESULTS / "calibration" / "cpu-here.json"
+SHORT_CALIBRATION = ("--reps", "3", "--rounds", "1")
 PLANNER_QUICK = RESULTS / "planner" / "table2"  # the reduced planner's folder: Table 2's layouts only
 STEP_NAMES = (
     "local-sweep",
@@ -143,7 +150,7 @@ BUDGET_S: dict[str, dict[str, float]] = {
         "bench-step": 50,
         "planner": 10,
         "projection": 75,
-        "calibration": 0,
+        "calibration": 30,
         "validation": 5,
         "table2": 40,
         "notebook": 40,
@@ -632,9 +639,11 @@ def default_steps(full: bool) -> list[Step]:
         Step("projection", "PROJECTED 256-GPU iteration/step times from plans + hardware profile (canzona project)"),
         Step(
             "calibration",
-            "MEASURED on this CPU: matmul rate and gloo collective costs -> cpu-local profile (canzona calibrate-cpu)",
+            "MEASURED on this CPU: matmul rate and gloo collective costs -> "
+            + ("the cpu-local profile" if full else "a short calibration, the cpu-here profile")
+            + " (canzona calibrate-cpu)",
         ),
-        Step("validation", "CHECK of the projection against this run's measured step times (cpu-local profile)"),
+        Step("validation", "CHECK of the projection against this run's measured step times (this CPU's calibration)"),
         Step("table2", "TABLE: canzona table2 over every results file (CSV, Markdown, PNG plots)"),
         Step("notebook", "NOTEBOOK: analysis/table2.ipynb executed headless -> results/table2.ipynb"),
     ]
@@ -647,9 +656,6 @@ def embedded_default(args: argparse.Namespace) -> int:
     for step in steps:
         if step.name in args.skip or (args.only and step.name not in args.only):
             step.status, step.detail = "skipped", "--skip / --only"
-        elif step.name == "calibration" and not run.full:
-            step.status, step.detail = "skipped", "reduced run: the committed cpu-local profile is used"
-            run.reused.append(_calibration_reused())
     print(
         f"No Slurm here: the embedded default, {'FULL' if run.full else 'reduced (FULL=1 runs every suite)'}, "
         f"on {host} ({device}) at commit {commit}. Measured lines count as this machine's only with this host, "
@@ -672,16 +678,6 @@ def embedded_default(args: argparse.Namespace) -> int:
     return summary(steps, progress.t0, run.reused)
 
 
-def _calibration_reused() -> str:
-    cal = RESULTS / "calibration" / "cpu-local.json"
-    try:
-        info = json.loads(cal.read_text())
-        where = f"measured on {info.get('host')} at {info.get('timestamp')}"
-    except (OSError, ValueError):
-        where = "no record of where it was measured"
-    return f"calibration: canzona/hardware/profiles/cpu-local.toml ({_rel(cal)}: {where}; FULL=1 re-measures it)"
-
-
 def _projection(step: Step, run: Run) -> None:
     for preset in ("paper", "authors"):
         run_command(step, ["project", "--preset", preset, "--out", "results/"])
@@ -701,9 +697,32 @@ def _projection(step: Step, run: Run) -> None:
 
 
 def _calibration(step: Step, run: Run) -> None:
-    run_command(step, ["calibrate-cpu"])
+    """Full: the cpu-local profile. Reduced: a short calibration into cpu-here, unless this host
+    made one already (a rerun measures nothing again); the validation uses what this step made."""
+    if run.full:
+        run_command(step, ["calibrate-cpu"])
+        if step.status == "ok":
+            step.outputs.append("results/calibration/cpu-local.json")
+        return
+    if _calibrated_here(run):
+        step.status, step.detail = "ok", f"reused: {_rel(HERE_PROFILE)} was calibrated on this host"
+        run.reused.append(f"calibration: {_rel(HERE_PROFILE)}, made on this host by an earlier run")
+    else:
+        run_command(step, ["calibrate-cpu", *SHORT_CALIBRATION, "--out", _rel(HERE_PROFILE), "--raw", _rel(HERE_RAW)])
     if step.status == "ok":
-        step.outputs.append("results/calibration/cpu-local.json")
+        step.outputs += [_rel(HERE_PROFILE), _rel(HERE_RAW)]
+
+
+def _calibrated_here(run: Run) -> bool:
+    try:
+        return HERE_PROFILE.is_file() and json.loads(HERE_RAW.read_text()).get("host") == run.here[0]
+    except (OSError, ValueError):
+        return False
+
+
+def validation_profile(run: Run) -> str:
+    """The profile this run calibrated (cpu-here in a reduced run), else the committed cpu-local."""
+    return _rel(HERE_PROFILE) if not run.full and HERE_PROFILE.is_file() else "cpu-local"
 
 
 def _validation(step: Step, run: Run) -> None:
@@ -711,7 +730,8 @@ def _validation(step: Step, run: Run) -> None:
     if not measured:
         step.status, step.detail = "skipped", "no measured CPU results to validate against"
         return
-    run_command(step, ["project", "--validate", *measured, "--profile", "cpu-local", "--out", "results/"])
+    profile = validation_profile(run)
+    run_command(step, ["project", "--validate", *measured, "--profile", profile, "--out", "results/"])
     if step.status == "ok":
         step.outputs.append("results/projection_validation.csv")
 

@@ -210,7 +210,7 @@ def test_measured_lines_of_two_commits_are_never_pooled(tmp_path):
 def test_progress_counts_the_steps_that_run_and_estimates_the_rest(capsys):
     mod = reproduce_module()
     steps = mod.default_steps(full=False)
-    steps[4].status = "skipped"  # calibration, in a reduced run
+    steps[4].status = "skipped"  # calibration, left out by --skip
     progress = mod.Progress(steps, mod.BUDGET_S["reduced"])
     progress.start(steps[0])
     out = capsys.readouterr().out
@@ -249,3 +249,36 @@ def test_the_reduced_run_measures_todays_megatron_beside_every_strategy():
     quick = [c.config() for c in load_sweep(mod.LOCAL_SWEEP).cells() if mod.quick_cell(c)]
     assert {c["method"] for c in quick} == {"sc", "layerwise", "asc", "canzona", "megatron-layerwise"}
     assert {(c["model"], c["dp"], c["tp"], c["ns_dtype"]) for c in quick} == {("qwen3-tiny", 2, 2, "bf16")}
+
+
+def test_the_reduced_run_calibrates_this_machine_and_validates_with_it(tmp_path, monkeypatch):
+    """The default run calibrates here (a short calibrate-cpu into cpu-here), validates the
+    projection with that profile, and a rerun on the same host reuses it instead of measuring."""
+    mod = reproduce_module()
+    cal = tmp_path / "results" / "calibration"
+    monkeypatch.setattr(mod, "ROOT", tmp_path)
+    monkeypatch.setattr(mod, "HERE_PROFILE", cal / "cpu-here.toml")
+    monkeypatch.setattr(mod, "HERE_RAW", cal / "cpu-here.json")
+    calls: list[list[str]] = []
+
+    def command(step, argv, module="canzona"):
+        calls.append(argv)
+        step.status = "ok"
+        if argv[0] == "calibrate-cpu":
+            cal.mkdir(parents=True, exist_ok=True)
+            (cal / "cpu-here.toml").write_text('name = "cpu-here"\n')
+            (cal / "cpu-here.json").write_text(json.dumps({"host": "vm"}))
+
+    monkeypatch.setattr(mod, "run_command", command)
+    run = mod.Run(full=False, here=("vm", "cpu", "c" * 40), progress=False)
+    mod._calibration(mod.Step("calibration", ""), run)
+    assert calls == [["calibrate-cpu", *mod.SHORT_CALIBRATION, "--out", "results/calibration/cpu-here.toml",
+                      "--raw", "results/calibration/cpu-here.json"]]  # fmt: skip
+    assert mod.validation_profile(run) == "results/calibration/cpu-here.toml"
+    again = mod.Step("calibration", "")
+    mod._calibration(again, run)
+    assert len(calls) == 1 and again.status == "ok" and "reused" in again.detail
+    elsewhere = mod.Run(full=False, here=("other-host", "cpu", "c" * 40), progress=False)
+    mod._calibration(mod.Step("calibration", ""), elsewhere)
+    assert len(calls) == 2  # another host's calibration is never this machine's
+    assert mod.validation_profile(mod.Run(full=True, here=run.here, progress=False)) == "cpu-local"

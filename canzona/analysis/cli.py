@@ -114,7 +114,10 @@ def run(args: argparse.Namespace) -> int:
             dp, tp, pp = (int(x) for x in args.plot_layout.split(","))
         except ValueError as exc:
             raise ConfigError(f"--plot-layout must be dp,tp,pp (e.g. 32,8,1), got {args.plot_layout!r}") from exc
-        cells = aggregate_cells(load_results(args.results))
+        from canzona.analysis.load import split_latest
+
+        here, _ = split_latest(load_results(args.results))  # measured figures: this machine's newest lines only
+        cells = aggregate_cells(here)
         table = build_table2(cells)
         keep = lambda prov: prov.startswith(("measured", f"projected on {args.plot_profile} "))
         if not table.empty:

@@ -1,8 +1,9 @@
 """Figures for Table 2 (matplotlib, Agg backend, PNG): readable at a glance, titled with units.
 
-  speedups.png     Canzona's speedup over each baseline, per table row (iteration and step)
+  headline.png     Canzona's speedup over each baseline, Qwen3 at 256 GPUs (canzona.analysis.speedup_plots)
+  measured.png     the same for this machine's measured cells only
   phases.png       stacked step-time phases per method, one panel per table row
-  gpu_load.png     per-GPU optimizer load of each method's plan, sorted, against the lower bound
+  gpu_load.png     per-GPU optimizer load of each method's plan, sorted, against what bounds it
   alpha.png        the α trade-off: compute imbalance vs communication imbalance vs α
 
 Why these four: they are the paper's argument in pictures -- where the step time goes, that
@@ -12,12 +13,12 @@ the planner (``gpu_load_data``, ``alpha_curve``), the first two from aggregated 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from canzona.analysis.aggregate import OURS, PAPER_OPTIMIZER, finite, method_order
+from canzona.analysis.aggregate import PAPER_OPTIMIZER, finite, method_order
+from canzona.analysis.speedup_plots import machine_of, method_color, plot_headline, plot_measured
 from canzona.results.figures import pyplot, save_figure
 
 if TYPE_CHECKING:
@@ -35,7 +36,6 @@ PHASE_COLORS = {
     "tp_scatter": "#d62728",
     "param_sync": "#9467bd",
 }
-COLORS = {"sc": "#7f7f7f", "layerwise": "#1f77b4", "asc": "#ff7f0e", "megatron-muon": "#9467bd", "canzona": "#2ca02c"}
 
 
 def _source_title(prov: str) -> str:
@@ -47,74 +47,6 @@ def _source_title(prov: str) -> str:
     extra = "".join(f", {k}={tok[k]}" for k in ("cost", "views") if k in tok and tok[k] not in ("flops", "none"))
     extra = ", authors' setting" if tok.get("variant") == "authors" else extra
     return f"projected: {prof}, overlap={tok.get('overlap', '?')}{extra}"
-
-
-def _speedup_panels(table: pd.DataFrame) -> list[tuple[str, str, str, list[dict]]]:
-    """(provenance, column suffix, label, rows) for every panel that has at least one value."""
-    sp_cols = [c for c in table.columns if c.startswith(f"{OURS} vs ")]
-    if table.empty or not sp_cols:
-        return []
-    panels = []
-    for src in dict.fromkeys(table["provenance"]):
-        t = table[table["provenance"] == src]
-        for col, label in (("iter", "iteration"), ("step", "optimizer step")):
-            cols = [c for c in sp_cols if c.endswith(f"({col})")]
-            rows = [r for r in t.to_dict("records") if any(finite(r.get(c)) for c in cols)]
-            if rows:
-                panels.append((str(src), col, label, rows))
-    return panels
-
-
-def _xlabel(r: dict) -> str:
-    """model, dp·tp·pp, and what else distinguishes the row (optimizer, step benchmark)."""
-    extra = [str(r["optimizer"])] if r.get("optimizer") not in (None, PAPER_OPTIMIZER) else []
-    extra += ["bench-step"] if r.get("kind") == "step" else []
-    return "\n".join([str(r["model"]).replace("qwen3-", ""), r["layout (dp·tp·pp = GPUs)"].split(" =")[0], *extra])
-
-
-def plot_speedups(table: pd.DataFrame, path: str | Path) -> Path:
-    """Canzona's speedup over each baseline: one panel per (provenance, timing) that has values
-    (a step benchmark has no iteration panel), x = the rows with a value, bars = baselines (log y)."""
-    plt = pyplot()
-    panels = _speedup_panels(table)
-    bases = [
-        c.split(" vs ")[1].split(" (")[0] for c in table.columns if c.startswith(f"{OURS} vs ") and c.endswith("(step)")
-    ]
-    n = max(1, len(panels))
-    ncol = min(n, 4)
-    nrow = math.ceil(n / ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(max(6.0, 4.6 * ncol), 4.2 * nrow), squeeze=False)
-    handles = None
-    for ax in axes.flat[len(panels) :]:
-        ax.set_visible(False)
-    if not panels:
-        axes[0][0].set_visible(True)
-        axes[0][0].text(0.5, 0.5, "no rows with canzona and a baseline", ha="center", transform=axes[0][0].transAxes)
-    for ax, (src, col, label, rows) in zip(axes.flat, panels, strict=False):
-        present = [b for b in bases if any(finite(r.get(f"{OURS} vs {b} ({col})")) for r in rows)]
-        width = 0.8 / max(1, len(present))
-        for k, b in enumerate(present):
-            pts = [
-                (x + (k - (len(present) - 1) / 2) * width, r[f"{OURS} vs {b} ({col})"])
-                for x, r in enumerate(rows)
-                if finite(r.get(f"{OURS} vs {b} ({col})"))
-            ]
-            bars = ax.bar([x for x, _ in pts], [v for _, v in pts], width, label=f"vs {b}", color=COLORS.get(b))
-            ax.bar_label(bars, labels=[f"{v:.1f}" if v >= 10 else f"{v:.2f}" for _, v in pts], fontsize=6, padding=1)
-        ax.axhline(1.0, color="black", lw=0.8)
-        ax.set_xticks(range(len(rows)))
-        ax.set_xticklabels([_xlabel(r) for r in rows], fontsize=7)
-        ax.set_ylabel(f"{label} speedup (×, log)")
-        ax.set_yscale("log")
-        ax.set_title(f"{_source_title(src)}\n{label}: baseline ms / canzona ms", fontsize=8)
-        got = ax.get_legend_handles_labels()
-        if handles is None or len(got[0]) > len(handles[0]):
-            handles = got
-    fig.suptitle("Canzona speedup over each baseline (×, higher is better; x: model, dp·tp·pp)")
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
-    if handles and handles[0]:
-        fig.legend(*handles, loc="upper right", ncol=len(handles[0]), fontsize=8)
-    return save_figure(fig, path)
 
 
 def plot_phases(cells: pd.DataFrame, path: str | Path, max_panels: int = 6) -> Path:
@@ -169,23 +101,38 @@ def plot_phases(cells: pd.DataFrame, path: str | Path, max_panels: int = 6) -> P
     return save_figure(fig, path)
 
 
-def plot_gpu_load(loads: Mapping[str, Sequence[float]], lower_bound: float, path: str | Path, title: str) -> Path:
-    """Each method's per-GPU optimizer FLOPs, sorted descending, with the atomic lower bound."""
+# what each horizontal line of gpu_load.png is, in the legend: a plan with one owner per matrix
+# cannot go below the largest matrix, a plan with cooperative groups cannot go below the load bound
+BOUND_STYLES = {
+    "largest matrix": ("whole-matrix bound: the largest matrix (one owner per matrix)", "red", "--"),
+    "load bound": ("cooperative load bound (coop.load_bound: no plan with groups goes below)", "purple", "-."),
+    "mean": ("mean per GPU (total / GPUs)", "black", ":"),
+}
+
+
+def plot_gpu_load(
+    loads: Mapping[str, Sequence[float]], bounds: Mapping[str, float], path: str | Path, title: str
+) -> Path:
+    return save_figure(gpu_load_figure(loads, bounds, title), path)
+
+
+def gpu_load_figure(loads: Mapping[str, Sequence[float]], bounds: Mapping[str, float], title: str) -> Any:
+    """Each method's per-GPU optimizer FLOPs, sorted descending, with each bound labelled for what it is."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     for m, vals in loads.items():
         v = sorted((x / 1e12 for x in vals), reverse=True)
-        ax.plot(range(len(v)), v, label=f"{m} (max {v[0]:.3g})", color=COLORS.get(m), lw=1.8)
-    ax.axhline(
-        lower_bound / 1e12, color="red", ls="--", label=f"lower bound max(mean, largest) = {lower_bound / 1e12:.3g}"
-    )
+        ax.plot(range(len(v)), v, label=f"{m} (max {v[0]:.3g})", color=method_color(m), lw=1.8)
+    for key, value in bounds.items():
+        label, color, style = BOUND_STYLES[key]
+        ax.axhline(value / 1e12, color=color, ls=style, lw=1, label=f"{label} = {value / 1e12:.3g}")
     ax.set_yscale("log")
     ax.set_xlabel("GPUs, sorted by load (GPUs with no optimizer work are off the log axis)")
     ax.set_ylabel("optimizer TFLOP per step per GPU (log)")
     ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    return save_figure(fig, path)
+    return fig
 
 
 PROFILE_COLORS = {"H800": "#1f77b4", "H100": "#ff7f0e", "A100": "#2ca02c", "H200": "#d62728"}
@@ -269,24 +216,36 @@ def gpu_load_data(
     methods: Sequence[str] | None = None,
     optimizer: str = PAPER_OPTIMIZER,
     alpha: float | None = None,
-) -> tuple[dict[str, list[float]], float]:
+    profile: str = "H800",
+) -> tuple[dict[str, list[float]], dict[str, float]]:
     """Per-GPU optimizer FLOPs of each method's plan (all stages; ``methods`` default to the runtime's
-    strategies) and the atomic lower bound."""
-    from canzona.analysis.projection import Scenario, make_plans
+    strategies) and the lines that bound them, each the max over stages: the largest matrix (what a
+    plan with one owner per matrix cannot beat), the mean per GPU, and, where cooperation is
+    possible (Muon), ``coop.load_bound`` on ``profile`` (what a plan with groups cannot beat; above
+    the mean, below the largest matrix where groups pay)."""
+    from canzona.analysis.projection import Scenario, load_profile, make_plans
+    from canzona.cost import CostModel
     from canzona.plan import gpu_loads
+    from canzona.plan.coop import coop_settings, load_bound
     from canzona.plan.types import DEFAULT_ALPHA, Layout
     from canzona.spec import method_names
 
+    layout = Layout(dp, tp, pp)
     loads: dict[str, list[float]] = {}
-    bound = 0.0
+    bounds = {"largest matrix": 0.0, "mean": 0.0}
     for m in methods if methods is not None else method_names(peers=False):
         a = DEFAULT_ALPHA if alpha is None else alpha
-        plans = make_plans(Scenario(model, Layout(dp, tp, pp), m, optimizer=optimizer, alpha=a))
+        plans = make_plans(Scenario(model, layout, m, optimizer=optimizer, alpha=a))
         loads[m] = [c for p in plans for c in gpu_loads(p).flat_cost()]
         for p in plans:
             costs = [it.cost for it in p.items]
-            bound = max(bound, max(sum(costs) / (dp * tp), max(costs, default=0.0)))
-    return loads, bound
+            bounds["largest matrix"] = max(bounds["largest matrix"], max(costs, default=0.0))
+            bounds["mean"] = max(bounds["mean"], sum(costs) / (dp * tp))
+    if optimizer == "muon":
+        settings, hw = CostModel(optimizer, "flops").settings, coop_settings(load_profile(profile), layout)
+        plans = make_plans(Scenario(model, layout, "canzona", optimizer=optimizer, cooperative=False))
+        bounds["load bound"] = max(load_bound(p.items, dp, tp, settings, hw) for p in plans)
+    return loads, bounds
 
 
 def worst_bucket_padding(plans: Sequence[Plan]) -> float:
@@ -363,20 +322,21 @@ def write_figures(
     profile: str | None = "H800",
     batch: pd.DataFrame | None = None,
 ) -> dict[str, Path]:
-    """The figures into ``out_dir``: speedups, phases, gpu_load, alpha, and batch when ``batch``
+    """The figures into ``out_dir``: headline, measured, phases, gpu_load, alpha, and batch when ``batch``
     (``projection_batch.csv``) is given; the planner figures use (model, dp, tp, pp)."""
     out = Path(out_dir)
     if not cells.empty:  # phase panels: measured rows first, then the figure's model, then the rest
         order = cells.apply(lambda r: (r["provenance"] != "measured", r["model"] != model), axis=1)
         cells = cells.assign(_o=order).sort_values("_o", kind="stable").drop(columns="_o")
     files = {
-        "speedups": plot_speedups(table, out / "speedups.png"),
+        "headline": plot_headline(table, out / "headline.png", profile=profile or "H800"),
+        "measured": plot_measured(table, out / "measured.png", machine_of(table) or "no measured rows"),
         "phases": plot_phases(cells, out / "phases.png"),
     }
-    loads, bound = gpu_load_data(model, dp, tp, pp)
+    loads, bounds = gpu_load_data(model, dp, tp, pp, profile=profile or "H800")
     files["gpu_load"] = plot_gpu_load(
         loads,
-        bound,
+        bounds,
         out / "gpu_load.png",
         f"Per-GPU optimizer load, {model} dp{dp}·tp{tp}·pp{pp} (Muon, TFLOP per step)",
     )

@@ -429,6 +429,7 @@ def write_table2(
     from canzona.analysis.load import load_results, split_latest
     from canzona.analysis.local_structure import structure_markdown
     from canzona.analysis.report import claims_report
+    from canzona.analysis.report_page import report_page
     from canzona.results.schema import write_atomic
 
     out = Path(out_dir)
@@ -475,4 +476,8 @@ def write_table2(
     parts += reference_sections(build_table2(ref_cells))
     parts += HOW_MADE
     write_atomic(files["table2.md"], "\n".join(parts))
+    files["REPORT.md"] = out / "REPORT.md"  # the one page a reader opens first (canzona.analysis.report_page)
+    note = measured_here_note(df, reference)
+    page = report_page(table, command=command, measured_note=note, validation=validation, profile=headline_profile)
+    write_atomic(files["REPORT.md"], page)
     return files

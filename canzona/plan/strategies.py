@@ -56,7 +56,7 @@ class Strategy:
     replicates: bool = False  # may compute a bucket's matrices on every rank after one all-reduce (dp.replicate)
 
     @property
-    def replicates(self) -> bool:
+    def updates_everywhere(self) -> bool:
         """Every DP rank updates every matrix itself (no parameter sync), so each DP rank is a
         replica of the matrices' updates (the plan attestation's ownership count)."""
         return self.param_sync == "none"

@@ -249,7 +249,8 @@ class DistributedOptimizer:
         over the stage. Each rank counts the elements it updates: its matrices' held pieces and
         its ZeRO regions of the AdamW buckets. A stage updates every element of a TP shard once per
         TP rank (a TP-replicated parameter once on each), and every matrix once per DP rank under a
-        strategy whose DP ranks all update it (``Strategy.replicates``)."""
+        strategy whose DP ranks all update it (``Strategy.updates_everywhere``) or in a bucket the plan
+        replicated (empty cuts: ``plan.dp.replicate``)."""
         mine = dict.fromkeys(self.params, 0)
         for n in self.applied:
             mine[n] += self.held[n].b - self.held[n].a
@@ -257,10 +258,18 @@ class DistributedOptimizer:
             lo, hi = bb.region
             for n, (off, numel) in bb.where.items():
                 mine[n] += max(0, min(off + numel, hi) - max(off, lo))
-        reps = self.dp if self.plan is not None and get_strategy(self.plan.config.strategy).replicates else 1
+        plan = self.plan
+        everywhere = plan is not None and get_strategy(plan.config.strategy).updates_everywhere
+        shared = (
+            set()
+            if plan is None
+            else {e.name for b, c in zip(plan.dp.buckets, plan.dp.cuts, strict=False) if not c for e in b.entries}
+        )
         on_matrix = set(self.matrix_names)
         owned = [
-            (n, mine[n], s.shard_numel(self.tp) * self.tp * (reps if n in on_matrix else 1))
+            (n, mine[n], s.shard_numel(self.tp) * self.tp * (self.dp if everywhere or n in shared else 1))
+            if n in on_matrix
+            else (n, mine[n], s.shard_numel(self.tp) * self.tp)
             for n, s in self.specs.items()
         ]
         ranks = check_ownership(owned, self.stage_group, self.device)
