@@ -70,13 +70,19 @@ FORMS: dict[str, Forms] = {
     ),
     "canzona plan-bench --out results/planner [--suite qwen3|comm|models|coop|held-out]": Forms(
         (
-            "canzona plan-bench --out {tmp}/planner --models qwen3-1.7b --layouts qwen3-1.7b:8:1 --no-plots",
+            "canzona plan-bench --out {tmp}/planner --suite qwen3 --models qwen3-1.7b --layouts qwen3-1.7b:8:1"
+            " --no-plots",
             "canzona plan-bench --help",
         ),
-        "every suite takes minutes at 256 GPUs: the qwen3 suite on one model and layout, the suite names"
+        "every suite takes minutes at 256 GPUs: the qwen3 suite on one model and layout, the other suite names"
         " checked in --help (`make planner-bench` runs them all)",
         ("multiproc",),
-        dropped={"--suite": "comm, models, coop, held-out take minutes each; --help lists them (checked)"},
+    ),
+    "canzona plan-bench --suite moe --suite moe-balance --out results/planner": Forms(
+        ("canzona plan-bench --help",),
+        "the MoE suites plan Qwen3-235B-A22B (24k matrices) at 256 and 1024 GPUs: minutes; tests/test_plan_ep.py"
+        " plans the README's MoE layouts, --help lists the suites",
+        dropped={"--suite": "moe and moe-balance take minutes (see why)", "--out": "nothing is written by --help"},
     ),
     "canzona plan-bench --suite fsdp2 --out results/fsdp2_plan": Forms(
         ("canzona plan-bench --suite fsdp2 --models qwen3-1.7b --out {tmp}/fsdp2_plan --no-plots",),
