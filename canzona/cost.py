@@ -133,10 +133,15 @@ class MatrixCost(ABC):
       newton_schulz  its step orthogonalises with Newton–Schulz (it has an ns_dtype and ns_method)
       cooperative    a group of GPUs can share one matrix's update (canzona.plan.coop splits NS)
       dtypes         the parameter number formats it supports
+      replicable     its state is small enough that every DP rank may hold it for a replicated
+                     bucket (``plan.dp.replicate``): Muon's one m×n momentum; Shampoo's and SOAP's
+                     d×d factors per side would multiply each rank's memory (a replicated Qwen3-4B
+                     at DP 256 no longer fits 80 GB: ``canzona sweep show slurm/sweeps/table2.toml``)
     """
 
     newton_schulz: ClassVar[bool] = False
     cooperative: ClassVar[bool] = False
+    replicable: ClassVar[bool] = False
     dtypes: ClassVar[tuple[str, ...]] = ("fp32", "bf16")
 
     @abstractmethod
@@ -151,6 +156,7 @@ class MatrixCost(ABC):
 class MuonCost(MatrixCost):
     newton_schulz = True
     cooperative = True
+    replicable = True
 
     def flops(self, m: int, n: int, settings: CostSettings) -> float:
         # momentum (2), nesterov blend (2), normalise (3), scale + decay + apply (3)

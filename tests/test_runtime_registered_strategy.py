@@ -58,7 +58,7 @@ def test_unregistered_strategy_leaves_the_run_lists(toy: str) -> None:
 @pytest.mark.multiproc
 def test_registered_strategy_passes_the_exactness_check(toy: str) -> None:
     runs = [r for r in exactness_runs() if r[1] == toy]
-    assert len(runs) == 5  # three optimizers in per-root, Muon in the two padded modes
+    assert len(runs) == 6  # three optimizers in per-root, Muon in the two padded modes and all-reduce-broadcast
     assert_exact(runs, 2, 2, range(3), 11)
 
 

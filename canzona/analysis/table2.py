@@ -467,9 +467,7 @@ def write_table2(
     if structure:
         parts.append(structure)
     parts += table2_sections(table, headline_profile)
-    metrics = metrics_markdown(cells)
-    if metrics:
-        parts.append(metrics)
+    parts += [m for m in (metrics_markdown(cells),) if m]
     studies = ((sensitivity, sensitivity_markdown), (authors_sensitivity, authors_markdown), (beyond, beyond_markdown))
     parts += [render(frame) for frame, render in studies if frame is not None and not frame.empty]
     parts.extend(extra_sections)

@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 
-from canzona.cost import CostModel
+from canzona.cost import CostModel, cost_for
 from canzona.errors import ConfigError
 from canzona.hardware import DEFAULT_GPU, Profile, load_profile
 from canzona.models import Model, ParamSpec, get_model, list_params
@@ -270,7 +270,13 @@ def _alpha_candidates(
         plain.append((_candidate(_plain_plan(items, buckets, layout, c, t0), coop), buckets))
     base, buckets = plain[choose([c for c, _ in plain])]
     # replication trades compute for calls, which only a FLOPs cost can weigh against each other
-    replicating = strategy.replicates and cfg.replicate and cfg.cost == "flops" and not cfg.coop_force
+    replicating = (
+        strategy.replicates
+        and cfg.replicate
+        and cfg.cost == "flops"
+        and cost_for(cfg.optimizer).replicable
+        and not cfg.coop_force
+    )
     shared = replication_choices(base.plan, coop.dp, coop.flops_rate) if replicating else []
     replicated = [_candidate(replicate(base.plan, r), coop) for r in shared]
     coops = [

@@ -72,7 +72,8 @@ def coop_settings(profile: Profile, layout: Layout) -> CoopSettings:
     (sub-)group, strided over the whole TP group (``tp.block_slots``), so inside a node for Megatron's
     TP <= 8 and across nodes for an FSDP2 shard group planned as a TP group of 256
     (``canzona.plan.engines``), where the inter-node link prices its Grams."""
-    link = profile_model(profile, layout.tp, "coop", members=layout.tp).link_for("all_reduce")
+    # a group has at most max(GROUP_SIZES) members strided over the TP group: across nodes, one a node
+    link = profile_model(profile, layout.tp, "coop", members=min(layout.tp, max(GROUP_SIZES))).link_for("all_reduce")
     dp = profile_model(profile, layout.tp * layout.dp, "dp", members=layout.dp)
     return CoopSettings(flops_rate=profile.flops_rate, link=link, dp=dp)
 
