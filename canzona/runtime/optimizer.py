@@ -266,12 +266,8 @@ class DistributedOptimizer:
             else {e.name for b, c in zip(plan.dp.buckets, plan.dp.cuts, strict=False) if not c for e in b.entries}
         )
         on_matrix = set(self.matrix_names)
-        owned = [
-            (n, mine[n], s.shard_numel(self.tp) * self.tp * (self.dp if everywhere or n in shared else 1))
-            if n in on_matrix
-            else (n, mine[n], s.shard_numel(self.tp) * self.tp)
-            for n, s in self.specs.items()
-        ]
+        replicas = lambda n: self.dp if n in on_matrix and (everywhere or n in shared) else 1
+        owned = [(n, mine[n], s.shard_numel(self.tp) * self.tp * replicas(n)) for n, s in self.specs.items()]
         ranks = check_ownership(owned, self.stage_group, self.device)
         return attest(
             "megatron",
