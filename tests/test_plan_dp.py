@@ -18,6 +18,7 @@ from canzona.plan.buckets import build_buckets
 from canzona.plan.build import make_items
 from canzona.plan.dp.canzona import exact_contiguous
 from canzona.plan.dp.problem import make_problem
+from canzona.plan.strategies import get_strategy
 from canzona.plan.tp import slot_loads
 from tests.hypothesis_profiles import examples
 from tests.registry_cases import strategy_algos
@@ -55,6 +56,10 @@ def check_plan(plan: Plan, params: list[ParamSpec]) -> None:
     if plan.dp.cuts:
         assert len(plan.dp.cuts) == len(plan.dp.buckets)
         for b, c in zip(plan.dp.buckets, plan.dp.cuts, strict=True):
+            if not c:  # a replicated bucket (plan.dp.replicate): reduced whole, every rank computes it
+                assert get_strategy(strategy).replicates and len(b.entries) < dp
+                assert all(om[e.name] == tuple(range(dp)) for e in b.entries)
+                continue
             assert len(c) == dp + 1 and c[0] == 0 and c[-1] == b.size
             assert all(x <= y for x, y in itertools.pairwise(c)), "cuts must be monotone"
             for e in b.entries:
@@ -94,8 +99,11 @@ def check_plan(plan: Plan, params: list[ParamSpec]) -> None:
     # per-GPU cost conservation: every matrix computed once (hosted) or on each TP rank
     loads = gpu_loads(plan)
     total = sum(loads.flat_cost())
-    sh = sum(it.cost for it in plan.items if it.partition_dim is not None)
-    rep = sum(it.cost for it in plan.items if it.partition_dim is None)
+    # a replicated bucket's matrices are computed by every DP rank (TP 1 only, ``dp.replicate``)
+    cuts = plan.dp.cuts or ((0,),) * len(plan.dp.buckets)
+    copies = {e.name: dp for b, c in zip(plan.dp.buckets, cuts, strict=True) if not c for e in b.entries}
+    sh = sum(it.cost * copies.get(it.name, 1) for it in plan.items if it.partition_dim is not None)
+    rep = sum(it.cost * copies.get(it.name, 1) for it in plan.items if it.partition_dim is None)
     if strategy == "sc":
         expect = dp * ((sh if hosted_mode else tp * sh) + tp * rep) if tp > 1 else dp * (sh + rep)
     elif plan.tp.mode == "shard" or tp == 1:
@@ -107,8 +115,14 @@ def check_plan(plan: Plan, params: list[ParamSpec]) -> None:
     assert total == pytest.approx(expect, rel=1e-9)
 
 
+# Found by CI's draws: one 1x1 matrix at DP 3 under a FLOPs cost, which canzona replicates (a bucket
+# with fewer matrices than ranks, reduced whole and computed on every rank, ``plan.dp.replicate``).
+_REPLICATED_BUCKET = ([ParamSpec("decoder.layers.0.w", (1, 1), 0, "matrix", 0)], Layout(dp=3), 64)
+
+
 @SETTINGS
 @given(problems(), st.floats(0, 1), st.sampled_from(["numel", "flops"]))
+@example(_REPLICATED_BUCKET, 0.0, "flops")
 def test_invariants_every_strategy(prob: tuple, alpha: float, cost: str) -> None:
     params, layout, bucket = prob
     for strategy, algo in strategy_algos():
@@ -139,10 +153,20 @@ _PADDED_BELOW_BLEND = (
 @SETTINGS
 @given(problems())
 @example(_PADDED_BELOW_BLEND)
+@example(_REPLICATED_BUCKET)
+@example(([ParamSpec(f"decoder.layers.{k}.w", (1, 1), 0, "matrix", k) for k in range(2)], Layout(dp=3), 64))
+@example(
+    (
+        [ParamSpec(f"decoder.layers.{k}.w", (4, 16) if k == 1 else (1, 1), 0, "matrix", k) for k in range(4)],
+        Layout(dp=3),
+        64,
+    )
+)
 def test_alpha1_compute_never_worse_than_zero_atomic(prob: tuple) -> None:
     params, layout, bucket = prob
-    # one owner per matrix: these are properties of the DP partitioners (cooperation: test_plan_coop_choice)
-    base = PlanConfig(strategy="canzona", alpha=1.0, bucket_size=bucket, cooperative=False)
+    # one owner per matrix: these are properties of the DP partitioners (cooperation: test_plan_coop_choice,
+    # replicated buckets: test_runtime_replicated)
+    base = PlanConfig(strategy="canzona", alpha=1.0, bucket_size=bucket, cooperative=False, replicate=False)
     ours = plan_metrics([make_plan(params, layout, base)])
     fe = plan_metrics([make_plan(params, layout, replace(base, dp_algo="first-element"))])
     assert ours["compute_balance"] <= fe["compute_balance"] * (1 + 1e-9)
