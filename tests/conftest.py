@@ -31,6 +31,13 @@ from tests import hypothesis_profiles  # noqa: F401 - registers and loads the hy
 AREAS = ("plan", "runtime", "analysis", "sweep", "harness", "optim", "models", "cost", "fsdp2")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Build matplotlib's font cache before any test runs: on a fresh machine its first use runs
+    ``fc-list`` in a subprocess, which the process guard below would pin on whichever figure test
+    came first (the cache is written once per machine, so the suite passed or failed by order)."""
+    import matplotlib.font_manager  # noqa: F401 - importing it loads or builds the cache
+
+
 def area_of(path: Path) -> str | None:
     """The area a test file belongs to by its name: ``test_plan_dp.py`` -> plan."""
     stem = path.stem.removeprefix("test_")

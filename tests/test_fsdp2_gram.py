@@ -22,6 +22,12 @@ STEPS, SEED, CLIP = 3, 7, 0.5
 TOLERANCE = 1e-5  # fp32: the ranks' gradient-average order only, as tests/test_fsdp2_exactness.py
 GRAM = (("ns_method", "gram"), ("ns_restarts", (2,)))
 AUTO = (("ns_method", "auto"),)
+# ``auto`` runs Gram WITHOUT a restart on the long-thin matrices: that iteration carries the fp32
+# rounding of the averaged gradient (the only difference from the reference) about 10x further than
+# Gram with a restart. Measured worst relative errors (3 steps): 5.8e-7-1.0e-6 with restarts (2,),
+# 5.7e-6-1.26e-5 for auto (meshes 2x2, 4, 2; 1.26e-5 on a CPU without AVX-512, under 1e-5 with it);
+# a wrong owner, a skipped step or a missing reduction moves them by orders of magnitude.
+TOLERANCES = {GRAM: TOLERANCE, AUTO: 3e-5}
 CASES = [(s, GRAM) for s in FSDP2.strategies or ()] + [("canzona", AUTO)]
 MESHES = [(2,), (4,), (2, 2)]
 
@@ -66,7 +72,7 @@ def test_gram_and_auto_match_single_device(mesh: tuple[int, ...]) -> None:
             ran |= calls
             for name, w in want.items():
                 err = ((got[name] - w).norm() / w.norm()).item()
-                assert err < TOLERANCE, f"{case} mesh {mesh} rank {r}: {name} rel err {err:.2e}"
+                assert err < TOLERANCES[opts], f"{case} mesh {mesh} rank {r}: {name} rel err {err:.2e}"
         method = dict(opts)["ns_method"]
         expected = {(s, "gram" if method == "gram" else ns_method_for(s, 5)) for s, _ in ran}
         assert ran == expected and {m for _, m in ran} >= {"gram"}, f"{case} mesh {mesh}: ran {sorted(ran)}"
