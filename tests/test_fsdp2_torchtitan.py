@@ -68,31 +68,53 @@ def _run(ex: Any, folder: Path, *overrides: str) -> dict[str, Any]:
     return launch(ex.run, 2, ["--dump_folder", str(folder), *overrides], timeout_s=300)[0]
 
 
-@pytest.mark.multiproc
-def test_a_resumed_checkpoint_continues_bit_identically(tmp_path: Path) -> None:
-    """The job on 2 gloo ranks: 6 steps uninterrupted, against 3 steps, a checkpoint written by
-    torchtitan's CheckpointManager (model, CanzonaOptimizers, LR schedulers, dataloader, train
-    state), and a new run that loads it and steps 4 to 6. The losses of steps 4-6 and the final
-    weights are equal bit for bit. The LR schedule spans 6 steps in both (``total_steps``): the
-    resume lands in its decay, where the lr differs from the one a fresh scheduler starts with.
+SCHEDULE = ("--lr_scheduler.total_steps", "6")  # the LR schedule spans 6 steps in every run
 
-    The control: the same resume without the optimizer's state (``exclude_from_loading``) does not
-    match, so the check sees whether Canzona's state came back."""
-    ex = _example()
-    schedule = ("--lr_scheduler.total_steps", "6")
-    whole = _run(ex, tmp_path / "whole", "--training.steps", "6", *schedule)
-    first = _run(ex, tmp_path / "resumed", "--training.steps", "3", *schedule)
-    assert (tmp_path / "resumed" / "checkpoint" / "step-3" / ".metadata").exists()
-    shutil.copytree(tmp_path / "resumed", tmp_path / "cold")
-    rest = _run(ex, tmp_path / "resumed", "--training.steps", "6", *schedule)
+
+def _resumed(ex: Any, tmp: Path, *options: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """6 steps uninterrupted, and 3 steps + a new run resumed from their checkpoint to step 6
+    (a copy of the checkpoint folder is left in ``tmp / "cold"``)."""
+    whole = _run(ex, tmp / "whole", "--training.steps", "6", *SCHEDULE, *options)
+    first = _run(ex, tmp / "resumed", "--training.steps", "3", *SCHEDULE, *options)
+    assert (tmp / "resumed" / "checkpoint" / "step-3" / ".metadata").exists()
     assert first["loss"] == whole["loss"][:3]
-    assert rest["step"] == 6 and rest["loss"] == whole["loss"][3:], (rest["loss"], whole["loss"])
+    shutil.copytree(tmp / "resumed", tmp / "cold")
+    rest = _run(ex, tmp / "resumed", "--training.steps", "6", *SCHEDULE, *options)
+    assert rest["step"] == 6
+    return whole, rest
+
+
+def _assert_identical(whole: dict[str, Any], rest: dict[str, Any]) -> None:
+    assert rest["loss"] == whole["loss"][3:], (rest["loss"], whole["loss"])
     for name, w in whole["weights"].items():
         assert torch.equal(rest["weights"][name], w), name
     assert whole["loss"][-1] < whole["loss"][0]  # it trains
 
+
+@pytest.mark.multiproc
+def test_a_resumed_checkpoint_continues_bit_identically(tmp_path: Path) -> None:
+    """The job (Muon) on 2 gloo ranks: 6 steps uninterrupted, against 3 steps, a checkpoint written
+    by torchtitan's CheckpointManager (model, CanzonaOptimizers, LR schedulers, dataloader, train
+    state), and a new run that loads it and steps 4 to 6. The losses of steps 4-6 and the final
+    weights are equal bit for bit. The resume lands in the LR schedule's decay, where the lr
+    differs from the one a fresh scheduler starts with.
+
+    The control: the same resume without the optimizer's state (``exclude_from_loading``) does not
+    match, so the check sees whether Canzona's state came back."""
+    ex = _example()
+    whole, rest = _resumed(ex, tmp_path)
+    _assert_identical(whole, rest)
     cold = _run(
-        ex, tmp_path / "cold", "--training.steps", "6", *schedule, "--checkpoint.exclude_from_loading", "optimizer"
+        ex, tmp_path / "cold", "--training.steps", "6", *SCHEDULE, "--checkpoint.exclude_from_loading", "optimizer"
     )
     assert cold["loss"][0] == whole["loss"][3]  # same weights and batch at step 4 ...
     assert cold["loss"][1:] != whole["loss"][4:]  # ... but not the same optimizer
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize(("name", "lr"), [("soap", "3e-3"), ("shampoo", "1e-3")])
+def test_shampoo_and_soap_resume_bit_identically(name: str, lr: str, tmp_path: Path) -> None:
+    """The same resume with the preconditioned optimizers, whose states are more than a momentum
+    (factors, eigenbases) and whose updates depend on the step count."""
+    whole, rest = _resumed(_example(), tmp_path, "--optimizer.name", name, "--optimizer.lr", lr)
+    _assert_identical(whole, rest)
