@@ -12,7 +12,7 @@ line. This module is that job file:
         --config canzona_qwen3_micro --optimizer.lr 0.01
     # on CPU gloo ranks: torchtitan's trainer machinery (canzona.runtime.fsdp2.torchtitan_cpu says
     # which torchtitan calls refuse a CPU-only torch, and what runs instead)
-    python examples/torchtitan_canzona.py --nproc 2 --steps 4
+    python examples/torchtitan_canzona.py --nproc 2 --steps 4 --optimizer.name soap --optimizer.lr 3e-3
 
 tests/test_fsdp2_torchtitan.py runs this job on gloo ranks and resumes it from a checkpoint.
 """
@@ -20,6 +20,7 @@ tests/test_fsdp2_torchtitan.py runs this job on gloo ranks and resumes it from a
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from torchtitan.models.qwen3.parallelize import parallelize_qwen3
 from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.trainer import Trainer
 
+from canzona.errors import ConfigError
 from canzona.models import get_transformer
 from canzona.runtime.fsdp2.torchtitan_qwen3 import qwen3_config
 from canzona.runtime.fsdp2.torchtitan_trainer import CanzonaOptimizers
@@ -79,13 +81,22 @@ def run(info: Any, overrides: list[str]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Any other argument is a torchtitan override (``--optimizer.name soap``); the job is parsed
+    and Canzona's part of it checked here, so bad input stops before a rank starts (exit 2)."""
+    from canzona.runtime.fsdp2.torchtitan_cpu import parse
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--dump-folder", default=None, help="torchtitan's dump_folder (default: a temporary one)")
-    args = p.parse_args(argv)
+    args, titan = p.parse_known_args(argv)
+    try:
+        parse("examples.torchtitan_canzona", "canzona_qwen3_micro", *titan).optimizer.dist_config()
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     with tempfile.TemporaryDirectory() as tmp:
-        overrides = ["--training.steps", str(args.steps), "--dump_folder", args.dump_folder or tmp]
+        overrides = [*titan, "--training.steps", str(args.steps), "--dump_folder", args.dump_folder or tmp]
         losses = launch(run, args.nproc, overrides, timeout_s=300)[0]["loss"]
     print(" ".join(f"{x:.4f}" for x in losses))
 

@@ -56,6 +56,17 @@ def test_param_groups_are_refused_with_the_fix() -> None:
         CanzonaOptimizers.Config(param_groups=groups).dist_config()
 
 
+def test_bad_input_stops_before_any_rank_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    """An unknown matrix optimizer in a torchtitan override: one line naming it and the choices,
+    exit 2, from the parent (this test is not multiproc: starting a rank would fail it)."""
+    ex = _example()
+    with pytest.raises(SystemExit) as stop:
+        ex.main(["--nproc", "2", "--optimizer.name", "lion"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: unknown optimizer 'lion'; choose one of"), err
+
+
 @pytest.mark.multiproc
 def test_importing_canzona_imports_no_torchtitan() -> None:
     """The integration is optional: canzona, its CLI and the FSDP2 engine load without torchtitan."""
