@@ -43,6 +43,25 @@ def test_the_job_selects_canzona_through_torchtitans_config_manager() -> None:
     assert (dist.optimizer_name, dist.plan.strategy, dist.max_grad_norm) == ("soap", "asc", None)
 
 
+def test_torchtitans_trainer_refuses_a_cpu_only_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Why canzona.runtime.fsdp2.torchtitan_cpu exists: on a CPU-only torch, torchtitan 0.3.0's
+    ``Trainer.__init__`` stops at ``device_module.set_device`` (torch.cuda's: torchtitan falls back to
+    "cuda" without an accelerator). When a torchtitan release starts here, this fails, and the CPU
+    path should become ``Trainer`` itself."""
+    _example()
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA torch: torchtitan's Trainer starts here")
+    from torchtitan.trainer import Trainer
+
+    from canzona.runtime.fsdp2.torchtitan_cpu import parse
+
+    monkeypatch.setenv("LOCAL_RANK", "0")  # torchtitan reads its device index from the launcher's env
+    with pytest.raises(AttributeError, match="_cuda_setDevice") as refused:
+        Trainer(parse(*JOB))
+    frames = [f for f in refused.traceback if Path(str(f.path)).parts[-2:] == ("torchtitan", "trainer.py")]
+    assert frames and "device_module.set_device" in str(frames[-1].statement), refused.traceback
+
+
 def test_param_groups_are_refused_with_the_fix() -> None:
     """Canzona routes parameters itself; torchtitan's regex groups would be silently ignored."""
     _example()
