@@ -6,6 +6,7 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 TORCHTITAN_SPEC ?= torchtitan==0.3.0
+TORCHDATA_SPEC ?= torchdata==0.11.0
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.canzona-installed
 PYTEST_ARGS ?= -n 2 -q
@@ -40,7 +41,7 @@ $(STAMP): pyproject.toml | $(VPY)
 	$(VPY) -m pip install -q -e ".[test,megatron,fsdp2-peers,torchtitan]"
 	@# torchtitan pins torch and more (its imports' needs are the torchtitan extra); it needs Python >= 3.11
 	if $(VPY) -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then \
-		$(VPY) -m pip install -q --no-deps "$(TORCHTITAN_SPEC)"; \
+		$(VPY) -m pip install -q --no-deps "$(TORCHTITAN_SPEC)" "$(TORCHDATA_SPEC)"; \
 	else echo "Python < 3.11: no torchtitan (its example and bench model are skipped)"; fi
 	@touch $(STAMP)
 

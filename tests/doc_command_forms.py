@@ -155,6 +155,15 @@ FORMS: dict[str, Forms] = {
         ("canzona gpu-check --out {tmp}/gpu --wheels {wheels} --quick --dry-run",),
         "needs a GPU and 8 minutes: its dry run prints the install commands and the budget",
     ),
+    # --- FSDP2, In torchtitan
+    "torchrun --nproc-per-node 8 -m torchtitan.train --module examples.torchtitan_canzona "
+    "--config canzona_qwen3_micro": Forms(
+        ("{py} -m torchtitan.config.manager --module examples.torchtitan_canzona --config canzona_qwen3_micro",),
+        "torchtitan's Trainer needs a GPU per rank (it calls torch.cuda.set_device, trainer.py:301): its config "
+        "manager parses the same job; the CPU command beside it runs the job through the trainer's builders",
+        ("multiproc",),
+        dropped={"--nproc-per-node": "8 ranks of torchtitan.train need 8 GPUs"},
+    ),
     # --- GPU check
     "timeout -k 10 470 python3 -m canzona gpu-check --wheels .whl --out results/gpu": Forms(
         ("timeout -k 10 120 {py} -m canzona gpu-check --wheels {wheels} --out {tmp}/gpu --dry-run",),

@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # The README sections whose commands run (issue #38); the others hold no command block, or a
 # directory tree that `NOT_SHELL` names.
-README_SECTIONS = ("Set up", "Usage", "FSDP2", "GPU check", "Results")
+README_SECTIONS = ("Set up", "Usage", "FSDP2", "In torchtitan", "GPU check", "Results")
 DOCS = ("slurm/README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")))
 SHELL_TAGS = frozenset({"bash", "sh", "shell", "console"})
 # First lines of untagged blocks that are not commands, each with why.

@@ -1,10 +1,10 @@
 """What the README shows is what the tests run (issue #38): every command line of the README's
-Set-up, Usage, FSDP2, GPU-check and Results sections, of slurm/README.md and of docs/*.md runs
-here, as printed or in the reduced form tests/doc_command_forms.py gives it, and fails when it
-exits non-zero. A printed command the table does not list runs as printed, so a new README
-command cannot escape: one with ``[options]`` or placeholders fails until the table says how it
-runs. The flags a command prints must exist (its ``--help`` lists them) and its reduced forms keep
-them all."""
+Set-up, Usage, FSDP2 (with its In-torchtitan part), GPU-check and Results sections, of
+slurm/README.md and of docs/*.md runs here, as printed or in the reduced form
+tests/doc_command_forms.py gives it, and fails when it exits non-zero. A printed command the table
+does not list runs as printed, so a new README command cannot escape: one with ``[options]`` or
+placeholders fails until the table says how it runs. The flags a command prints must exist (its
+``--help`` lists them) and its reduced forms keep them all."""
 
 from __future__ import annotations
 

@@ -84,12 +84,18 @@ def qwen3(t: TransformerConfig, layers: int | None = None, seq: int = 64, seed: 
     return model
 
 
-def apply_fsdp(model: Qwen3Model, mesh: DeviceMesh) -> None:
-    """torchtitan's FSDP2 wrapping (fp32; embedding/norm/output as one unit when tied, one unit per
-    block). torchtitan turns FSDP's gradient division off (divide factor 1: ``loss`` divides by the
-    global token count instead), for which FSDP2 reduce-scatters with ``ReduceOp.PREMUL_SUM(1.0)``;
-    NCCL has it, gloo does not, so on gloo the FSDP modules are told to use SUM, the same reduction."""
-    apply_fsdp_to_decoder(model, mesh, param_dtype=torch.float32, reduce_dtype=torch.float32, pp_enabled=False)
+def apply_fsdp(
+    model: Qwen3Model,
+    mesh: DeviceMesh,
+    param_dtype: torch.dtype = torch.float32,
+    reduce_dtype: torch.dtype = torch.float32,
+) -> None:
+    """torchtitan's FSDP2 wrapping (fp32 by default; embedding/norm/output as one unit when tied, one
+    unit per block). torchtitan turns FSDP's gradient division off (divide factor 1: ``loss`` divides
+    by the global token count instead), for which FSDP2 reduce-scatters with
+    ``ReduceOp.PREMUL_SUM(1.0)``; NCCL has it, gloo does not, so on gloo the FSDP modules are told to
+    use SUM, the same reduction."""
+    apply_fsdp_to_decoder(model, mesh, param_dtype=param_dtype, reduce_dtype=reduce_dtype, pp_enabled=False)
     if dist.get_backend(mesh.get_group()) == "gloo":
         for m in model.modules():
             if isinstance(m, FSDPModule):
