@@ -436,10 +436,12 @@ def write_table2(
     df, reference = split_latest(load_results(results))
     cells, ref_cells = aggregate_cells(df), aggregate_cells(reference)
     table = build_table2(cells)
-    files = {"table2.csv": out / "table2.csv", "table2.md": out / "table2.md", "cells.csv": out / "cells.csv"}
-    write_atomic(files["table2.csv"], table.to_csv(index=False) if not table.empty else "")
     every = pd.concat([cells, ref_cells], ignore_index=True)
-    write_atomic(files["cells.csv"], every.to_csv(index=False) if not every.empty else "")
+    # every text first, then the files: an input that fails half-way leaves the old outputs whole
+    texts = {
+        "table2.csv": table.to_csv(index=False) if not table.empty else "",
+        "cells.csv": every.to_csv(index=False) if not every.empty else "",
+    }
     parts = [
         "# Canzona Table 2 reproduction",
         "",
@@ -473,9 +475,13 @@ def write_table2(
     parts.extend(extra_sections)
     parts += reference_sections(build_table2(ref_cells))
     parts += HOW_MADE
-    write_atomic(files["table2.md"], "\n".join(parts))
-    files["REPORT.md"] = out / "REPORT.md"  # the one page a reader opens first (canzona.analysis.report_page)
+    texts["table2.md"] = "\n".join(parts)
     note = measured_here_note(df, reference)
-    page = report_page(table, command=command, measured_note=note, validation=validation, profile=headline_profile)
-    write_atomic(files["REPORT.md"], page)
+    # the one page a reader opens first (canzona.analysis.report_page)
+    texts["REPORT.md"] = report_page(
+        table, command=command, measured_note=note, validation=validation, profile=headline_profile
+    )
+    files = {name: out / name for name in ("table2.csv", "table2.md", "cells.csv", "REPORT.md")}
+    for name, path in files.items():
+        write_atomic(path, texts[name])
     return files
