@@ -430,18 +430,14 @@ def write_table2(
     from canzona.analysis.local_structure import structure_markdown
     from canzona.analysis.report import claims_report
     from canzona.analysis.report_page import report_page
-    from canzona.results.schema import write_atomic
 
     out = Path(out_dir)
     df, reference = split_latest(load_results(results))
     cells, ref_cells = aggregate_cells(df), aggregate_cells(reference)
     table = build_table2(cells)
     every = pd.concat([cells, ref_cells], ignore_index=True)
-    # every text first, then the files: an input that fails half-way leaves the old outputs whole
-    texts = {
-        "table2.csv": table.to_csv(index=False) if not table.empty else "",
-        "cells.csv": every.to_csv(index=False) if not every.empty else "",
-    }
+    texts = {"table2.csv": table.to_csv(index=False) if not table.empty else ""}
+    texts["cells.csv"] = every.to_csv(index=False) if not every.empty else ""
     parts = [
         "# Canzona Table 2 reproduction",
         "",
@@ -476,12 +472,17 @@ def write_table2(
     parts += reference_sections(build_table2(ref_cells))
     parts += HOW_MADE
     texts["table2.md"] = "\n".join(parts)
-    note = measured_here_note(df, reference)
-    # the one page a reader opens first (canzona.analysis.report_page)
+    note = measured_here_note(df, reference)  # REPORT.md: the one page a reader opens first
     texts["REPORT.md"] = report_page(
         table, command=command, measured_note=note, validation=validation, profile=headline_profile
     )
-    files = {name: out / name for name in ("table2.csv", "table2.md", "cells.csv", "REPORT.md")}
-    for name, path in files.items():
-        write_atomic(path, texts[name])
-    return files
+    return _write_all(out, texts)
+
+
+def _write_all(out: Path, texts: dict[str, str]) -> dict[str, Path]:
+    """Write the outputs once every one is built: an input that fails half-way leaves the old ones whole."""
+    from canzona.results.schema import write_atomic
+
+    for name, text in texts.items():
+        write_atomic(out / name, text)
+    return {name: out / name for name in texts}
