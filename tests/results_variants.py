@@ -16,6 +16,8 @@ Each variant is tagged so it is its own run and its own group: a measured line g
 name (``env.hostname``), a projected one its own ``provenance_detail`` token, so no two variants
 are the same run twice or two experiments pooled under one cell (errors of a whole file, not of
 one line). The tag goes on before the mutation, so a variant of that field itself still tests it.
+A variant of a config field the cell key holds gets the cell key of its config, so the reader
+judges the field itself, not only the cell that no longer matches.
 """
 
 from __future__ import annotations
@@ -203,6 +205,8 @@ def variants() -> list[Variant]:
                 continue
             for kind, wrong in field_values(value, n):
                 rec = with_field(_tag(seed, len(out)), path, wrong)
+                if path[0] == "config" and path[-1] in _cell_fields():  # the cell follows, so the field is judged
+                    rec["cell"] = "|".join(f"{k}={rec['config'].get(k)}" for k in _cell_fields())
                 add(name, kind, path, rec, "(removed)" if wrong is MISSING else wrong)
         for n, path in enumerate(objects(seed)):
             if fuzzed and path[:1] and path[0] not in fuzzed:
