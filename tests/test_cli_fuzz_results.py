@@ -192,3 +192,22 @@ def test_table2_that_fails_half_way_leaves_every_old_output_whole(
     assert [(tmp_path / n).read_text() for n in names] == ["old\n"] * 4
     monkeypatch.undo()
     assert main(argv) == 0 and all((tmp_path / n).read_text() != "old\n" for n in names)
+
+
+def test_input_of_only_bad_lines_is_one_error_and_writes_nothing(
+    fuzzed: tuple[Path, list[Variant], set[int]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing to keep: exit 2 with one line naming the first bad line, no table of nothing."""
+    path, _, bad = fuzzed
+    lines = path.read_text().splitlines()
+    only_bad = tmp_path / "bad.jsonl"
+    only_bad.write_text("".join(lines[no - 1] + "\n" for no in sorted(bad)[:40]))
+    out = tmp_path / "out"
+    for argv in (
+        ["table2", "--results", str(only_bad), "--out", str(out)],
+        ["project", "--validate", str(only_bad), "--out", str(out)],
+    ):
+        assert main(argv) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert f"no valid results line in {only_bad}: {only_bad}:1:" in line and "and 39 more" in line
+    assert not out.exists()

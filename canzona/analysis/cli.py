@@ -117,6 +117,9 @@ def run(args: argparse.Namespace) -> int:
 
         # measured figures: this machine's newest lines only; the bad lines were reported by write_table2
         here, _ = split_latest(load_results(args.results, report=lambda _: None))
+        if here.empty:  # an empty results file: a table of nothing, and no figure to draw
+            print("no results lines: no figures")
+            return 0
         cells = aggregate_cells(here)
         table = build_table2(cells)
         keep = lambda prov: prov.startswith(("measured", f"projected on {args.plot_profile} "))

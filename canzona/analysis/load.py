@@ -231,7 +231,7 @@ def check_duplicates(rows: Sequence[dict[str, Any]]) -> None:
 
 
 def _warn(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr)
+    print(f"warning: {message}: skipped, the other lines are kept", file=sys.stderr)
 
 
 def records_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
@@ -249,13 +249,21 @@ def records_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
 
 def load_rows(paths: Iterable[str | Path] | str | Path, report: Callable[[str], None] = _warn) -> list[dict[str, Any]]:
     """Validated rows from every file (folders: every *.jsonl below them), duplicates checked; each
-    bad line is passed to ``report`` (one message naming file:line) and left out."""
+    bad line is passed to ``report`` (one message naming file:line) and left out. Input of only
+    bad lines raises, naming the first."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
     rows: list[dict[str, Any]] = []
-    for f in _expand(paths):
-        for no, rec in iter_records(f, report=report):
+    bad: list[str] = []
+    files = _expand(paths)
+    for f in files:
+        for no, rec in iter_records(f, report=bad.append):
             rows.append(_row(rec, str(f), no))
+    if bad and not rows:  # nothing to keep: one error, not a table of nothing after a page of warnings
+        more = f" and {len(bad) - 1} more bad line(s)" if len(bad) > 1 else ""
+        raise ResultsError(f"no valid results line in {', '.join(map(str, files))}: {bad[0]}{more}")
+    for message in bad:
+        report(message)
     check_duplicates(rows)
     return rows
 

@@ -417,7 +417,7 @@ def iter_records(
         elif skip_invalid:
             continue
         elif report is not None:
-            report(f"{error}: skipped, the other lines are kept")
+            report(error)
         else:
             raise ResultsError(error)
 
