@@ -84,6 +84,10 @@ def run(args: argparse.Namespace) -> int:
     from canzona.errors import ConfigError
 
     out = Path(args.out)
+    try:  # checked before anything is written
+        dp, tp, pp = (int(x) for x in args.plot_layout.split(","))
+    except ValueError as exc:
+        raise ConfigError(f"--plot-layout must be dp,tp,pp (e.g. 32,8,1), got {args.plot_layout!r}") from exc
     inputs = section_files(args)
     frames = {name: pd.read_csv(path) for name, path in inputs.items()}
     cmd = "canzona table2 --results " + " ".join(args.results) + f" --out {args.out}"
@@ -108,15 +112,14 @@ def run(args: argparse.Namespace) -> int:
     for f in files.values():
         print(f"wrote {f}")
     if not args.no_plots:
+        from canzona.analysis.load import split_latest
         from canzona.analysis.plots import write_figures
 
-        try:
-            dp, tp, pp = (int(x) for x in args.plot_layout.split(","))
-        except ValueError as exc:
-            raise ConfigError(f"--plot-layout must be dp,tp,pp (e.g. 32,8,1), got {args.plot_layout!r}") from exc
-        from canzona.analysis.load import split_latest
-
-        here, _ = split_latest(load_results(args.results))  # measured figures: this machine's newest lines only
+        # measured figures: this machine's newest lines only; the bad lines were reported by write_table2
+        here, _ = split_latest(load_results(args.results, report=lambda _: None))
+        if here.empty:  # an empty results file: a table of nothing, and no figure to draw
+            print("no results lines: no figures")
+            return 0
         cells = aggregate_cells(here)
         table = build_table2(cells)
         keep = lambda prov: prov.startswith(("measured", f"projected on {args.plot_profile} "))

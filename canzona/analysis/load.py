@@ -1,14 +1,12 @@
 """Read result JSON lines into a pandas DataFrame, one row per run, with schema validation.
 
-Why a loader of our own on top of ``schema.iter_records``: the analysis must refuse input that
-would silently corrupt a median. Three classes of bad input are rejected with an error that
-names file and line:
-
-* a line that does not follow the schema (missing fields, wrong or mixed ``schema_version``,
-  truncated JSON) -- delegated to ``schema.validate``;
-* a ``kind: "train"`` line without ``timings.iteration_ms.median`` (a training record that
-  cannot fill the iteration column is a broken writer, not a step benchmark);
-* duplicates that are not repetitions (see below).
+Why a loader of our own on top of ``schema.iter_records``: the analysis must never let input
+silently corrupt a median. A line that breaks the schema (a missing or ill-typed field, a NaN
+or an infinity in a timing, an unreadable ``schema_version``, truncated JSON; checked by the
+shared reader, ``schema.validate`` and ``canzona.results.fields``, which also upgrades older
+lines) is reported on stderr as one line naming file:line and the problem, and left out: the good
+lines are kept, as they are by every command that reads results. What no single line shows is an
+error of the whole input, raised naming file and line: duplicates that are not repetitions.
 
 Repetition versus duplicate (the contract, tested in tests/test_analysis_load.py):
 
@@ -37,7 +35,7 @@ run that just finished) from the reference lines beside it.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -120,27 +118,19 @@ def run_identity(record: dict[str, Any]) -> tuple[Any, ...]:
     return ("env", env.get("hostname"), env.get("timestamp"), record["cell"], record["kind"], source_of(record))
 
 
-def _timing(record: dict[str, Any], key: str, where: str) -> tuple[float | None, float | None, int | None]:
+def _timing(record: dict[str, Any], key: str) -> tuple[float | None, float | None, int | None]:
+    """(median, p90, n) of one timing of a validated line (``canzona.results.fields`` checked
+    them: finite, >= 0); p90 defaults to the median and n to 1 where a writer left them out."""
     t = record["timings"].get(key)
     if t is None:
         return None, None, None
-    if not isinstance(t, dict) or "median" not in t:
-        raise ResultsError(f"{where}: timings.{key} must be an object with a 'median' (got {t!r})")
-    try:
-        med = float(t["median"])
-        p90 = float(t["p90"]) if t.get("p90") is not None else med
-        n = int(t["n"]) if t.get("n") is not None else 1
-    except (TypeError, ValueError) as exc:
-        raise ResultsError(f"{where}: timings.{key} holds a non-number ({t!r})") from exc
-    if med < 0 or p90 < 0 or n < 0:
-        raise ResultsError(f"{where}: timings.{key} has a negative value ({t!r})")
-    return med, p90, n
+    med = float(t["median"])
+    p90 = float(t["p90"]) if t.get("p90") is not None else med
+    return med, p90, int(t["n"]) if t.get("n") is not None else 1
 
 
 def _row(record: dict[str, Any], file: str, line: int) -> dict[str, Any]:
-    where = f"{file}:{line}"
-    if record["kind"] not in ("train", "step"):
-        raise ResultsError(f"{where}: kind must be 'train' or 'step', got {record['kind']!r}")
+    """One table row of a line the shared reader validated (every field it reads was checked there)."""
     cfg = record["config"]
     env = record.get("env") or {}
     row: dict[str, Any] = {
@@ -168,19 +158,11 @@ def _row(record: dict[str, Any], file: str, line: int) -> dict[str, Any]:
     row.update(plan_columns(record))
     row.update(metric_columns(record))
     for key in TIMING_KEYS:
-        med, p90, n = _timing(record, key, where)
+        med, p90, n = _timing(record, key)
         base = key[: -len("_ms")]
         row[f"{base}_ms"], row[f"{base}_p90"], row[f"{base}_n"] = med, p90, n
-    if record["kind"] == "train" and row["iteration_ms"] is None:
-        raise ResultsError(f"{where}: kind 'train' needs timings.iteration_ms.median (the harness always writes it)")
-    phases = record["timings"].get("phases_ms") or {}
-    if not isinstance(phases, dict):
-        raise ResultsError(f"{where}: timings.phases_ms must be an object of phase -> ms")
-    for name, ms in phases.items():
-        try:
-            row[f"phase_{name}"] = float(ms)
-        except (TypeError, ValueError) as exc:
-            raise ResultsError(f"{where}: timings.phases_ms.{name} is not a number ({ms!r})") from exc
+    for name, ms in (record["timings"].get("phases_ms") or {}).items():
+        row[f"phase_{name}"] = float(ms)
     row["tokens_per_s"] = record["timings"].get("tokens_per_s")
     loss = record.get("loss") or {}
     curve = loss.get("curve") if isinstance(loss, dict) else None
@@ -249,7 +231,7 @@ def check_duplicates(rows: Sequence[dict[str, Any]]) -> None:
 
 
 def _warn(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr)
+    print(f"warning: {message}: skipped, the other lines are kept", file=sys.stderr)
 
 
 def records_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
@@ -265,14 +247,23 @@ def records_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     return df
 
 
-def load_rows(paths: Iterable[str | Path] | str | Path) -> list[dict[str, Any]]:
-    """Validated rows from every file (folders: every *.jsonl below them), duplicates checked."""
+def load_rows(paths: Iterable[str | Path] | str | Path, report: Callable[[str], None] = _warn) -> list[dict[str, Any]]:
+    """Validated rows from every file (folders: every *.jsonl below them), duplicates checked; each
+    bad line is passed to ``report`` (one message naming file:line) and left out. Input of only
+    bad lines raises, naming the first."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
     rows: list[dict[str, Any]] = []
-    for f in _expand(paths):
-        for no, rec in iter_records(f, report=_warn):
+    bad: list[str] = []
+    files = _expand(paths)
+    for f in files:
+        for no, rec in iter_records(f, report=bad.append):
             rows.append(_row(rec, str(f), no))
+    if bad and not rows:  # nothing to keep: one error, not a table of nothing after a page of warnings
+        more = f" and {len(bad) - 1} more bad line(s)" if len(bad) > 1 else ""
+        raise ResultsError(f"no valid results line in {', '.join(map(str, files))}: {bad[0]}{more}")
+    for message in bad:
+        report(message)
     check_duplicates(rows)
     return rows
 
@@ -294,7 +285,7 @@ def split_latest(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return df[mine].reset_index(drop=True), df[~mine].reset_index(drop=True)
 
 
-def load_results(paths: Iterable[str | Path] | str | Path) -> pd.DataFrame:
+def load_results(paths: Iterable[str | Path] | str | Path, report: Callable[[str], None] = _warn) -> pd.DataFrame:
     """One row per result line from files and/or folders; raises ResultsError naming file:line.
 
     Columns: file, line, cell, kind, provenance, source, provenance_label, the config fields
@@ -302,4 +293,4 @@ def load_results(paths: Iterable[str | Path] | str | Path) -> pd.DataFrame:
     dtype, bucket_size, cost), ``<t>_ms`` / ``<t>_p90`` / ``<t>_n`` for t in iteration, fwd_bwd,
     step, ``phase_<name>`` per phase, tokens_per_s and env fields.
     """
-    return records_frame(load_rows(paths))
+    return records_frame(load_rows(paths, report))

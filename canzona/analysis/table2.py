@@ -430,16 +430,14 @@ def write_table2(
     from canzona.analysis.local_structure import structure_markdown
     from canzona.analysis.report import claims_report
     from canzona.analysis.report_page import report_page
-    from canzona.results.schema import write_atomic
 
     out = Path(out_dir)
     df, reference = split_latest(load_results(results))
     cells, ref_cells = aggregate_cells(df), aggregate_cells(reference)
     table = build_table2(cells)
-    files = {"table2.csv": out / "table2.csv", "table2.md": out / "table2.md", "cells.csv": out / "cells.csv"}
-    write_atomic(files["table2.csv"], table.to_csv(index=False) if not table.empty else "")
     every = pd.concat([cells, ref_cells], ignore_index=True)
-    write_atomic(files["cells.csv"], every.to_csv(index=False) if not every.empty else "")
+    texts = {"table2.csv": table.to_csv(index=False) if not table.empty else ""}
+    texts["cells.csv"] = every.to_csv(index=False) if not every.empty else ""
     parts = [
         "# Canzona Table 2 reproduction",
         "",
@@ -473,9 +471,18 @@ def write_table2(
     parts.extend(extra_sections)
     parts += reference_sections(build_table2(ref_cells))
     parts += HOW_MADE
-    write_atomic(files["table2.md"], "\n".join(parts))
-    files["REPORT.md"] = out / "REPORT.md"  # the one page a reader opens first (canzona.analysis.report_page)
-    note = measured_here_note(df, reference)
-    page = report_page(table, command=command, measured_note=note, validation=validation, profile=headline_profile)
-    write_atomic(files["REPORT.md"], page)
-    return files
+    texts["table2.md"] = "\n".join(parts)
+    note = measured_here_note(df, reference)  # REPORT.md: the one page a reader opens first
+    texts["REPORT.md"] = report_page(
+        table, command=command, measured_note=note, validation=validation, profile=headline_profile
+    )
+    return _write_all(out, texts)
+
+
+def _write_all(out: Path, texts: dict[str, str]) -> dict[str, Path]:
+    """Write the outputs once every one is built: an input that fails half-way leaves the old ones whole."""
+    from canzona.results.schema import write_atomic
+
+    for name, text in texts.items():
+        write_atomic(out / name, text)
+    return {name: out / name for name in texts}

@@ -61,7 +61,6 @@ Version 4 added the ``attestation`` section; version-3 lines are upgraded on rea
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import sys
@@ -72,6 +71,8 @@ from typing import Any
 
 from canzona.cost import runs_newton_schulz
 from canzona.errors import ConfigError
+from canzona.results.fields import FieldError, check_fields, check_shape, is_finite, shown
+from canzona.results.fields import is_int as _is_int
 
 SCHEMA_VERSION = 4
 CELL_FIELDS = ("model", "tp", "pp", "dp", "method", "optimizer", "seq_len", "global_batch", "dtype", "ns_dtype")
@@ -92,7 +93,7 @@ _PLAN_STAGE: dict[str, tuple[Callable[[Any], bool], str]] = {
     "plan_hash": (lambda v: isinstance(v, str) and bool(_HASH.fullmatch(v)), "16 lowercase hex digits"),
     "input_hash": (lambda v: isinstance(v, str) and bool(_HASH.fullmatch(v)), "16 lowercase hex digits"),
     "strategy": _IS_TEXT,
-    "alpha": (lambda v: _is_number(v) and 0.0 <= v <= 1.0, "a number in [0, 1]"),
+    "alpha": (lambda v: is_finite(v) and 0.0 <= v <= 1.0, "a number in [0, 1]"),
     "alpha_chosen": (lambda v: isinstance(v, bool), "true or false"),
     "dp_layout": (lambda v: v in PLAN_LAYOUTS, f"one of {PLAN_LAYOUTS}"),
     "dp_algo": _IS_TEXT,
@@ -103,7 +104,7 @@ _PLAN_STAGE: dict[str, tuple[Callable[[Any], bool], str]] = {
         "a sorted list of distinct group sizes >= 2",
     ),
     "profile": _IS_TEXT,
-    "modelled_step_ms": (lambda v: v is None or (_is_number(v) and v >= 0), "null or a number >= 0 (ms)"),
+    "modelled_step_ms": (lambda v: v is None or (is_finite(v) and v >= 0), "null or a number >= 0 (ms)"),
 }
 
 
@@ -238,7 +239,7 @@ def validate_attestation(att: Any, pp: Any, where: str = "record") -> None:
     if set(att) != want:
         raise ResultsError(f"{where}: attestation must have exactly {sorted(want)}, got {sorted(att)}")
     if not _is_int(att["steps"]) or att["steps"] < 0:
-        raise ResultsError(f"{where}: attestation.steps must be a count >= 0, got {att['steps']!r}")
+        raise ResultsError(f"{where}: attestation.steps must be a count >= 0, got {shown(att['steps'])}")
     if not isinstance(att["step_scalars_agree"], bool):
         raise ResultsError(f"{where}: attestation.step_scalars_agree must be true or false")
     if not isinstance(att["problems"], list) or not all(isinstance(p, str) and p for p in att["problems"]):
@@ -251,7 +252,7 @@ def validate_attestation(att: Any, pp: Any, where: str = "record") -> None:
             raise ResultsError(f"{where}: attestation.stages[{i}] must have exactly {sorted(_ATTEST_STAGE)}, got {got}")
         for key, (ok, what) in _ATTEST_STAGE.items():
             if not ok(st[key]):
-                raise ResultsError(f"{where}: attestation.stages[{i}].{key} must be {what}, got {st[key]!r}")
+                raise ResultsError(f"{where}: attestation.stages[{i}].{key} must be {what}, got {shown(st[key])}")
         if st["stage"] != i:
             raise ResultsError(f"{where}: attestation.stages[{i}] is stage {st['stage']}; list the stages from 0")
 
@@ -259,14 +260,6 @@ def validate_attestation(att: Any, pp: Any, where: str = "record") -> None:
 def plan_missing(why: str) -> dict[str, Any]:
     """The plan section of a line that has no plan summary, saying why."""
     return {"stages": None, "missing": why}
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _needs_plan(record: dict[str, Any]) -> bool:
@@ -284,7 +277,7 @@ def validate_plan(plan: Any, pp: Any, where: str = "record") -> None:
             raise ResultsError(f"{where}: plan.stages is null, so plan.missing must say why")
         return
     if "missing" in plan:
-        raise ResultsError(f"{where}: plan has stages and says they are missing ({plan['missing']!r})")
+        raise ResultsError(f"{where}: plan has stages and says they are missing ({shown(plan['missing'])})")
     if not isinstance(stages, list) or not stages or (_is_int(pp) and len(stages) != pp):
         raise ResultsError(f"{where}: plan.stages must list one summary per pipeline stage ({pp})")
     for i, st in enumerate(stages):
@@ -293,7 +286,7 @@ def validate_plan(plan: Any, pp: Any, where: str = "record") -> None:
             raise ResultsError(f"{where}: plan.stages[{i}] must have exactly {sorted(_PLAN_STAGE)}, got {got}")
         for key, (ok, what) in _PLAN_STAGE.items():
             if not ok(st[key]):
-                raise ResultsError(f"{where}: plan.stages[{i}].{key} must be {what}, got {st[key]!r}")
+                raise ResultsError(f"{where}: plan.stages[{i}].{key} must be {what}, got {shown(st[key])}")
         if st["stage"] != i:
             raise ResultsError(f"{where}: plan.stages[{i}] is stage {st['stage']}; list the stages in order from 0")
         if (st["coop_groups"] == 0) != (not st["coop_k"]):
@@ -310,6 +303,7 @@ def validate(record: dict[str, Any], where: str = "record") -> dict[str, Any]:
     missing = [k for k in REQUIRED_TOP if k not in record]
     if missing:
         raise ResultsError(f"{where}: missing field(s) {', '.join(missing)}")
+    _fields(check_shape, record, where)
     if record["schema_version"] == 1:
         record = upgrade_v1(record, where)
     if record["schema_version"] == 2:
@@ -318,30 +312,36 @@ def validate(record: dict[str, Any], where: str = "record") -> dict[str, Any]:
         record = upgrade_v3(record)
     if record["schema_version"] != SCHEMA_VERSION:
         raise ResultsError(
-            f"{where}: schema_version {record['schema_version']!r}, this Canzona reads {SCHEMA_VERSION} "
+            f"{where}: schema_version {shown(record['schema_version'])}, this Canzona reads {SCHEMA_VERSION} "
             "(and upgrades 1 to 3); rerun the cell or convert the file"
         )
     if record["provenance"] not in PROVENANCES:
-        raise ResultsError(f"{where}: provenance must be one of {PROVENANCES}, got {record['provenance']!r}")
+        raise ResultsError(f"{where}: provenance must be one of {PROVENANCES}, got {shown(record['provenance'])}")
     cfg = record["config"]
     missing = [k for k in REQUIRED_CONFIG if k not in cfg]
     if missing:
         raise ResultsError(f"{where}: config lacks {', '.join(missing)}")
     if cfg["dtype"] not in DTYPES:
-        raise ResultsError(f"{where}: config.dtype must be one of {DTYPES}, got {cfg['dtype']!r}")
+        raise ResultsError(f"{where}: config.dtype must be one of {DTYPES}, got {shown(cfg['dtype'])}")
     want_ns = DTYPES if runs_newton_schulz(cfg["optimizer"]) else (None,)
     if cfg["ns_dtype"] not in want_ns:
         raise ResultsError(
-            f"{where}: config.ns_dtype must be one of {want_ns} for optimizer {cfg['optimizer']!r}, "
-            f"got {cfg['ns_dtype']!r}"
+            f"{where}: config.ns_dtype must be one of {want_ns} for optimizer {shown(cfg['optimizer'])}, "
+            f"got {shown(cfg['ns_dtype'])}"
         )
     if record["cell"] != cell_key(cfg):
-        raise ResultsError(f"{where}: cell {record['cell']!r} does not match its config ({cell_key(cfg)!r})")
-    step = record["timings"].get("step_ms")
-    if not isinstance(step, dict) or "median" not in step:
-        raise ResultsError(f"{where}: timings.step_ms.median is required")
+        raise ResultsError(f"{where}: cell {shown(record['cell'])} does not match its config ({shown(cell_key(cfg))})")
+    _fields(check_fields, record, where)
     _validate_sections(record, cfg.get("pp"), where)
     return record
+
+
+def _fields(check: Callable[[dict[str, Any]], None], record: dict[str, Any], where: str) -> None:
+    """Run one of canzona.results.fields' checks, its FieldError as a ResultsError naming ``where``."""
+    try:
+        check(record)
+    except FieldError as exc:
+        raise ResultsError(f"{where}: {exc}") from None
 
 
 def _validate_sections(record: dict[str, Any], pp: Any, where: str) -> None:
@@ -405,27 +405,37 @@ def write_atomic(path: str | Path, text: str | bytes) -> None:
 def iter_records(
     path: str | Path, *, skip_invalid: bool = False, report: Callable[[str], None] | None = None
 ) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield (line number, record). Invalid lines raise (naming file:line) unless ``skip_invalid``,
-    which the sweep's resume uses to treat a truncated line as a cell to rerun. With ``report``,
-    a line that is not JSON at all (cut off mid-write, or garbled) is passed to it as one message
-    naming file:line and skipped, and the good lines are kept: the analysis reads on, a line that
-    is JSON but breaks the schema still raises (a broken writer, not a lost write)."""
+    """Yield (line number, upgraded record). An invalid line raises (naming file:line) unless
+    ``skip_invalid`` (the sweep's resume: a truncated line is a cell to rerun) or ``report``: then
+    each bad line, cut off mid-write, garbled or against the schema, is passed to ``report`` as one
+    message naming file:line and the problem, and skipped; the good lines are read on. Every
+    command that reads results files reports so (``canzona table2``, ``project --validate``, ``sweep
+    collect``): one bad line costs that line, never the others nor a traceback."""
+    for no, rec, _raw, error in classified_lines(path):
+        if error is None:
+            yield no, rec
+        elif skip_invalid:
+            continue
+        elif report is not None:
+            report(error)
+        else:
+            raise ResultsError(error)
+
+
+def classified_lines(path: str | Path) -> Iterator[tuple[int, dict[str, Any], str, str | None]]:
+    """(line number, upgraded record or {}, the raw line, None or the problem naming file:line) of
+    every non-blank line: the one place a results file is parsed and validated. Bytes that are not
+    UTF-8 are a garbled line, not an unreadable file."""
     p = Path(path)
-    with p.open() as f:
-        for no, raw in enumerate(f, 1):
+    with p.open("rb") as f:
+        for no, raw_b in enumerate(f, 1):
+            raw = raw_b.decode(errors="replace")
             if not raw.strip():
                 continue
             where = f"{p}:{no}"
             try:
-                rec = json.loads(raw)
-                yield no, validate(rec, where)
-            except (json.JSONDecodeError, ResultsError) as exc:
-                if skip_invalid:
-                    continue
-                if isinstance(exc, json.JSONDecodeError):
-                    msg = f"{where}: not valid JSON ({exc.msg}); the line is truncated or corrupt"
-                    if report is not None:
-                        report(f"{msg}: skipped, the other lines are kept")
-                        continue
-                    raise ResultsError(msg) from exc
-                raise
+                yield no, validate(json.loads(raw), where), raw, None
+            except json.JSONDecodeError as exc:
+                yield no, {}, raw, f"{where}: not valid JSON ({exc.msg}); the line is truncated or corrupt"
+            except ResultsError as exc:
+                yield no, {}, raw, str(exc)

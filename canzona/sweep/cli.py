@@ -11,6 +11,7 @@ canzona sweep collect SWEEP.toml                          merge per-cell lines i
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +129,9 @@ def run(args: argparse.Namespace) -> int:
     if action == "collect":
         rep = collect(paths)
         for q in rep.quarantined:
-            print(f"quarantined {q}")
+            print(f"quarantined {q}", file=sys.stderr)
+        for q in rep.skipped:
+            print(f"skipped {q}", file=sys.stderr)
         print(f"{rep.results}: {rep.records} record(s), {rep.added} new")
         return 0
 
@@ -153,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     for o in ran.ended_orphans:
         print(o)
     for q in ran.quarantined:
-        print(f"quarantined {q}")
+        print(f"quarantined {q}", file=sys.stderr)
     print(
         f"sweep {defn.name}: {len(ran.ok)} ran ok, {len(ran.failed)} failed, {len(ran.skipped)} already done; "
         f"results: {ran.results}"

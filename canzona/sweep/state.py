@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from canzona.results.schema import ResultsError, validate, write_atomic
+from canzona.results.schema import classified_lines, write_atomic
 from canzona.sweep.definition import Cell, SweepDefinition
 from canzona.sweep.slurm_state import IN_FLIGHT, sacct_states, slurm_cell_state, step_exit
 
@@ -76,7 +76,8 @@ class Lines:
 
 
 def read_lines(path: Path) -> Lines:
-    """Every line of ``path`` classified; invalid ones keep their raw text and the reason.
+    """Every line of ``path`` classified by the shared reader (``schema.classified_lines``);
+    invalid ones keep their raw text and the problem, which names file:line.
 
     Unlike ``iter_records(skip_invalid=True)`` this keeps the invalid text, because collect
     moves it aside rather than deleting a line someone may want to inspect.
@@ -84,20 +85,11 @@ def read_lines(path: Path) -> Lines:
     out = Lines()
     if not path.is_file():
         return out
-    with path.open("rb") as f:
-        for no, raw_b in enumerate(f, 1):
-            raw = raw_b.decode(errors="replace")
-            if not raw.strip():
-                continue
-            try:
-                rec = validate(json.loads(raw), f"{path}:{no}")
-            except json.JSONDecodeError as exc:
-                out.invalid.append((no, raw, f"not valid JSON ({exc.msg}): truncated or corrupt"))
-                continue
-            except (ResultsError, AttributeError, TypeError, KeyError) as exc:
-                out.invalid.append((no, raw, str(exc)))
-                continue
+    for no, rec, raw, error in classified_lines(path):
+        if error is None:
             out.valid.append((no, rec, json.dumps(rec, sort_keys=True)))
+        else:
+            out.invalid.append((no, raw, error))
     return out
 
 
@@ -122,12 +114,15 @@ def done_records(
 
 @dataclass
 class CollectReport:
-    """Outcome of ``collect``: total distinct lines, lines added now, invalid lines moved aside."""
+    """Outcome of ``collect``: total distinct lines, lines added now, invalid lines moved aside (of
+    the collected file) and invalid lines left where they are (of the per-cell files, whose cells
+    a rerun of the sweep runs again); one message each, naming file:line and the problem."""
 
     results: Path
     records: int
     added: int
     quarantined: list[str]
+    skipped: list[str] = field(default_factory=list)
 
 
 def collect(paths: SweepPaths) -> CollectReport:
@@ -141,8 +136,11 @@ def collect(paths: SweepPaths) -> CollectReport:
     texts = [t for _, _, t in current.valid]
     seen = set(texts)
     added = 0
+    skipped: list[str] = []
     for f in sorted(paths.cells_dir.glob("*.jsonl")):
-        for _, _, t in read_lines(f).valid:
+        lines = read_lines(f)
+        skipped += [f"{why}: not collected; the sweep reruns its cell" for _, _, why in lines.invalid]
+        for _, _, t in lines.valid:
             if t not in seen:
                 seen.add(t)
                 texts.append(t)
@@ -151,15 +149,12 @@ def collect(paths: SweepPaths) -> CollectReport:
     if current.invalid:
         stamp = time.strftime("%Y%m%dT%H%M%S")
         dest = paths.corrupt_dir / f"{paths.results.name}.{stamp}.{os.getpid()}.txt"
-        body = "".join(
-            f"# {paths.results}:{no}: {why}\n{raw if raw.endswith(chr(10)) else raw + chr(10)}"
-            for no, raw, why in current.invalid
-        )
+        body = "".join(f"# {why}\n{raw if raw.endswith(chr(10)) else raw + chr(10)}" for _, raw, why in current.invalid)
         write_atomic(dest, body)
-        quarantined = [f"{paths.results}:{no}: {why} (moved to {dest})" for no, _, why in current.invalid]
+        quarantined = [f"{why} (moved to {dest})" for _, _, why in current.invalid]
     if added or current.invalid:
         write_atomic(paths.results, "".join(t + "\n" for t in texts))
-    return CollectReport(paths.results, len(texts), added, quarantined)
+    return CollectReport(paths.results, len(texts), added, quarantined, skipped)
 
 
 # ----------------------------------------------------------------------------- job book
