@@ -175,6 +175,7 @@ def test_cli_rejects_unknown_method_choice(no_launch, capsys) -> None:
     assert len(err) == 1 and "--method" in err[0]  # argparse errors are one line too (canzona.cli.Parser)
 
 
+@pytest.mark.megatron  # peer_megatron.available() imports megatron-core to read its version
 def test_megatron_muon_unavailable_says_so_and_exits_3(no_launch, capsys) -> None:
     from canzona.harness import peer_megatron
 
