@@ -126,11 +126,13 @@ def test_memory_counts_activations_with_sequence_parallelism(capsys) -> None:
 @pytest.mark.parametrize(
     "argv,needle",
     [
-        (("--tp", "1", "--dp", "2", "--seq-len", "64", "--sequence-parallel"), "tp is 1: drop it, or set --tp 2"),
-        (("--tp", "2", "--dp", "2", "--seq-len", "63"), "use a seq-len that is a multiple of 2"),
+        (("--tp", "1", "--dp", "2", "--seq-len", "64", "--sequence-parallel", "--memory"), "tp is 1: drop it"),
+        (("--tp", "2", "--dp", "2", "--seq-len", "63", "--memory"), "use a seq-len that is a multiple of 2"),
+        (("--tp", "2", "--dp", "2", "--micro-batch", "2", "--memory"), "add --memory --seq-len N, or drop them"),
+        (("--tp", "2", "--dp", "2", "--seq-len", "64"), "--seq-len size the activations of --memory"),
     ],
 )
 def test_memory_activations_refuse_what_a_run_refuses(capsys, argv: tuple[str, ...], needle: str) -> None:
-    assert main(["plan", "--model", "qwen3-micro", "--memory", *argv]) == 2
+    assert main(["plan", "--model", "qwen3-micro", *argv]) == 2
     err = capsys.readouterr().err
     assert needle in err and len(err.strip().splitlines()) == 1, err

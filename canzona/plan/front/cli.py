@@ -183,17 +183,11 @@ def run(args: argparse.Namespace) -> int:
     from canzona.plan.engines import get_engine
     from canzona.plan.front.report import compare, format_budget, format_compare, format_memory, format_report
     from canzona.plan.readers.metrics import plan_metrics
-    from canzona.plan.strategies import get_strategy
     from canzona.results.schema import write_atomic
 
     if not get_engine(args.engine).dp_buckets:  # Shard(0) owners: no buckets to report, owners vs peers
         return _run_fsdp2(args)
-    if args.hbm_gb is not None:
-        args.memory = True
-    if args.memory and not get_strategy(args.method).executable:
-        raise ConfigError(
-            f"--memory prices a matrix-optimizer plan; --strategy {args.method} is a reference geometry only"
-        )
+    _memory_flags(args)
     cfg = get_model(args.model)
     layout = _layout(args)
     cfg.validate_layout(tp=layout.tp, pp=layout.pipeline, ep=layout.ep)
@@ -244,6 +238,28 @@ def run(args: argparse.Namespace) -> int:
         print(f"plot written to {args.plot}")
     sys.stdout.flush()
     return 0
+
+
+def _memory_flags(args: argparse.Namespace) -> None:
+    """--hbm-gb implies --memory; --memory prices an executable plan; the batch flags size its
+    activations, so they need --memory and --seq-len."""
+    from canzona.plan.strategies import get_strategy
+
+    if args.hbm_gb is not None:
+        args.memory = True
+    sizing = [
+        f"--{f.replace('_', '-')}"
+        for f in ("seq_len", "micro_batch", "sequence_parallel")
+        if getattr(args, f) is not None
+    ]
+    if sizing and not (args.memory and args.seq_len is not None):
+        raise ConfigError(
+            f"{', '.join(sizing)} size the activations of --memory: add --memory --seq-len N, or drop them"
+        )
+    if args.memory and not get_strategy(args.method).executable:
+        raise ConfigError(
+            f"--memory prices a matrix-optimizer plan; --strategy {args.method} is a reference geometry only"
+        )
 
 
 def _config(args: argparse.Namespace):
@@ -313,6 +329,9 @@ FSDP2_REFUSES: dict[str, object] = {
     "save": None,
     "memory": False,
     "hbm_gb": None,
+    "seq_len": None,
+    "micro_batch": None,
+    "sequence_parallel": None,
     "view": [],
     "dp_algo": None,
     "dp_layout": "auto",
