@@ -402,3 +402,31 @@ def test_sdpa_groups_kv_heads_without_copying_them(monkeypatch: pytest.MonkeyPat
     ref.backward(grad)
     for mine, theirs in ((q, qq), (k, kk), (v, vv)):
         torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-6, atol=1e-6)
+
+
+def test_partial_grads_must_match_megatrons_sequence_parallel_marks() -> None:
+    """The harness sums across TP exactly the norm weights megatron marks ``sequence_parallel`` under
+    SP (QK norms always): a parameter marked but not in the rule, or a norm the rule sums but
+    megatron did not mark, stops the run instead of training on unsummed or doubled gradients."""
+    from canzona.errors import ConfigError
+    from canzona.harness.params import tp_partial_names
+
+    specs = list_params(get_model("qwen3-micro"), tp=2)
+    norms = {s.name for s in specs if s.name.endswith("layernorm.weight")}
+
+    def named(marked: set[str]) -> list:
+        out = []
+        for s in specs:
+            p = torch.nn.Parameter(torch.empty(0))
+            p.sequence_parallel = s.name in marked
+            out.append((s.name, s, p))
+        return out
+
+    assert set(tp_partial_names(named(norms), 2, sequence_parallel=True)) == norms
+    qk = set(tp_partial_names(named(set()), 2, sequence_parallel=False))
+    assert qk and all(".q_layernorm." in n or ".k_layernorm." in n for n in qk)
+    assert tp_partial_names(named(set()), 1, sequence_parallel=False) == []
+    fc2 = next(s.name for s in specs if s.name.endswith("linear_fc2.weight"))
+    for marked, sp in ((norms - {min(norms)}, True), (norms | {fc2}, True), (norms, False)):
+        with pytest.raises(ConfigError, match="sequence-parallel"):
+            tp_partial_names(named(marked), 2, sequence_parallel=sp)
