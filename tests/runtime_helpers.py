@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 
+from canzona.harness.params import partial_grad
 from canzona.models import get_model, list_params
 from canzona.models.spec import ParamSpec
 from canzona.optim import make_matrix_optimizer
@@ -19,6 +20,14 @@ from canzona.runtime import CommConfig, DistConfig, DistributedOptimizer, Precis
 from canzona.runtime.launch import dp_tp_groups, launch
 
 SPECS: list[ParamSpec] = list_params(get_model("qwen3-micro"))
+
+
+def sp_partial(tp: int) -> list[str]:
+    """The parameters a sequence-parallel run at ``tp`` registers as TP-partial (every norm weight,
+    QK norms included; canzona.harness.params.partial_grad): the budget runs sum them across TP."""
+    return [s.name for s in SPECS if partial_grad(s, tp, sequence_parallel=True)]
+
+
 LR, WD, ADAMW_LR = 0.02, 0.01, 1e-3
 
 
@@ -212,7 +221,8 @@ def budget_grads(params: dict, rank: int, tp: int, step: int) -> None:
 
 def issued_rank(info, dp: int, tp: int, runs: list[tuple[str, str, tuple]]) -> dict:
     """Per (strategy, collective mode, forced groups?): the collectives one step issued, and the
-    lowered schedule's list of them (kind, group, bytes, root), in order."""
+    lowered schedule's list of them (kind, group, bytes, root), in order; norms registered as a
+    sequence-parallel run registers them, so the TP all-reduce of their partial grads is counted."""
     from tests.registry_cases import ns_optimizer
 
     optimizer = ns_optimizer()
@@ -220,23 +230,32 @@ def issued_rank(info, dp: int, tp: int, runs: list[tuple[str, str, tuple]]) -> d
     out = {}
     for strategy, mode, force in runs:
         cfg = dist_config(strategy, optimizer, collective_mode=mode, coop_force=force)
-        opt, params = build(info.rank, dp, tp, cfg, BUDGET_SEED, groups)
+        opt, params = build(info.rank, dp, tp, cfg, BUDGET_SEED, groups, tp_partial=sp_partial(tp))
         names = {"dp": opt.dp_group, "tp": opt.tp_group, "global": None}
         budget_grads(params, info.rank, tp, 0)
         with recorded(names) as calls:
             opt.finish_grad_sync()
             opt.step()
         want = [(o.kind, o.group, o.nbytes, o.root) for o in opt.schedule.ops]
-        out[(strategy, mode, bool(force))] = (calls, want)
+        partial = sum(o.nbytes for o in opt.schedule.ops if o.phase == "tp_partial")
+        out[(strategy, mode, bool(force))] = (calls, want, partial)
     return out
 
 
 def assert_issues_the_lowered_schedule(runs: list[tuple[str, str, tuple]], dp: int, tp: int) -> None:
     """Fork dp×tp gloo ranks; every rank issues exactly the collectives the lowered schedule lists."""
+    partial: dict[tuple, int] = {}
     for rank, res in enumerate(launch(issued_rank, dp * tp, dp, tp, runs)):
         assert len(res) == len({(s, m, bool(f)) for s, m, f in runs}), (rank, sorted(res))
-        for key, (calls, want) in res.items():
+        for key, (calls, want, nbytes) in res.items():
             assert calls == want, f"rank {rank} {key}:\n issued {calls}\n lowered {want}"
+            if rank % tp == 0:  # the DP ranks of TP rank 0 hold one region each of every partial grad
+                partial[key] = partial.get(key, 0) + nbytes
+    # the schedule's TP-partial all-reduces (one per rank, at most) cover every partial grad once, in fp32
+    numel = {s.name: s.numel for s in SPECS}
+    want_bytes = sum(numel[n] for n in sp_partial(tp)) * 4
+    assert want_bytes > 0 or tp == 1
+    assert all(b == want_bytes for b in partial.values()), (partial, want_bytes)
 
 
 def host_reads_rank(info, dp: int, tp: int, optimizers: list[str], strategies: list[str]) -> dict:
@@ -248,7 +267,7 @@ def host_reads_rank(info, dp: int, tp: int, optimizers: list[str], strategies: l
     for optimizer in optimizers:
         for strategy in strategies:
             cfg = dist_config(strategy, optimizer, max_grad_norm=1.0, collective_mode="native")
-            opt, params = build(info.rank, dp, tp, cfg, BUDGET_SEED, groups)
+            opt, params = build(info.rank, dp, tp, cfg, BUDGET_SEED, groups, tp_partial=sp_partial(tp))
             for step in range(3):
                 budget_grads(params, info.rank, tp, step)
                 opt.finish_grad_sync()

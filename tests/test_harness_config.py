@@ -73,6 +73,20 @@ def test_resolve_makes_every_auto_concrete() -> None:
     assert (rec["dtype"], rec["ns_dtype"], rec["device"], rec["attention"]) == ("fp32", "bf16", "cpu", "local")
 
 
+@pytest.mark.parametrize("gpu", [False, True])
+def test_sequence_parallel_defaults_to_on_where_tp_is_above_1(gpu: bool) -> None:
+    """The knob's default is SP wherever TP > 1 (what a GPU run trains with), on CPU as on GPU;
+    ``resolve`` makes it concrete, so every record says which; a record written before the knob
+    existed ran SP off."""
+    tp2 = dict(MICRO, tp=2, dp=1)
+    assert spec(**MICRO).resolve(gpu=gpu).record_config()["sequence_parallel"] is False
+    assert spec(**tp2).resolve(gpu=gpu).record_config()["sequence_parallel"] is True
+    off = spec(**tp2, sequence_parallel=False).resolve(gpu=gpu)
+    assert off.record_config()["sequence_parallel"] is False and not off.uses_sequence_parallel
+    old = {k: v for k, v in spec(**tp2).resolve(gpu=gpu).record_config().items() if k != "sequence_parallel"}
+    assert RunSpec.from_record(old).uses_sequence_parallel is False
+
+
 def test_derived_fields() -> None:
     cfg = spec(model="qwen3-micro", tp=2, pp=1, dp=2, micro_batch=2, global_batch=12, seq_len=16).validate(4)
     assert cfg.world == 4 and cfg.num_microbatches == 3
@@ -162,11 +176,20 @@ BASE = [
         (["--tp", "2", "--pp", "1", "--dp", "2", "--global-batch", "4", "--nproc", "2"], "world size 2"),
         (["--tp", "1", "--pp", "1", "--dp", "2", "--global-batch", "5"], "does not divide global batch"),
         (["--tp", "1", "--pp", "1", "--dp", "1", "--global-batch", "4", "--model", "gpt-2"], "unknown model"),
+        (
+            ["--tp", "1", "--pp", "1", "--dp", "1", "--global-batch", "4", "--sequence-parallel"],
+            "--sequence-parallel splits the sequence across TP ranks and tp is 1: drop it, or set --tp 2 or more",
+        ),
+        (
+            ["--tp", "2", "--pp", "1", "--dp", "1", "--global-batch", "4", "--seq-len", "33"],
+            "use a seq-len that is a multiple of 2, or --no-sequence-parallel",
+        ),
     ],
 )
 def test_cli_bad_config_exits_2_before_launch(no_launch, capsys, extra: list[str], needle: str) -> None:
     assert canzona_main(BASE + extra) == 2
-    assert needle in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert needle in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_cli_rejects_unknown_method_choice(no_launch, capsys) -> None:

@@ -103,6 +103,7 @@ def _fwd_bwd_rank(info, run: RunSpec, gpu: bool = False) -> dict:
             seq_len=run.batch.seq_len,
             dtype=dtype,
             device=info.device,
+            sequence_parallel=run.uses_sequence_parallel,
             attention=attention,
             gpu=gpu,
         )
@@ -120,12 +121,15 @@ def _fwd_bwd_rank(info, run: RunSpec, gpu: bool = False) -> dict:
                 micro_batch_size=run.batch.micro_batch,
                 forward_only=False,
             )
-        partial = set(tp_partial_names(named, run.layout.tp))  # QK-norm grads: summed across TP, as the optimizer does
+        # QK-norm grads, and every norm's under SP: summed across TP, as the optimizer does
+        partial = set(tp_partial_names(named, run.layout.tp, sequence_parallel=run.uses_sequence_parallel))
         for n, _, p in named:
             if n in partial:
                 dist.all_reduce(p.grad, group=ps.get_tensor_model_parallel_group())
         return {
             "config": {k: getattr(model.config, k) for k in GPU_FLAGS},
+            "sequence_parallel": model.config.sequence_parallel,
+            "partial": sorted(partial),
             "stage": stage,
             "tp_rank": tp_rank,
             "loss": sum(float(x["loss"]) for x in out) / len(out) if out else None,
@@ -181,15 +185,26 @@ def test_param_specs_match_inventory() -> None:
     assert any(n.startswith("decoder.layers.1.") for n, *_ in outs[-1]["specs"])
 
 
-@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2), (2, 2)])
-def test_layouts_give_tp1_loss_and_grads(tp: int, pp: int) -> None:
-    """Same seed, same global batch: every TP/PP layout computes TP=1's loss and FULL gradients."""
-    common = dict(model="qwen3-micro", seq_len=16, micro_batch=1, global_batch=4, dp=1)
+@pytest.mark.parametrize(
+    "tp,pp,sp", [(2, 1, True), (2, 1, False), (1, 2, False), (2, 2, True), (4, 1, True)], ids=lambda v: str(v)
+)
+def test_layouts_give_tp1_loss_and_grads(tp: int, pp: int, sp: bool) -> None:
+    """Same seed, same global batch: every TP/PP layout, with sequence parallelism (the default at
+    TP > 1) or without, computes TP=1's loss and FULL gradients; under SP every norm weight's
+    gradient is a partial sum per TP rank, and summing exactly those (and nothing else) gives it."""
+    model = "qwen3-tiny" if tp == 4 else "qwen3-micro"  # qwen3-micro's 2 KV heads do not split 4 ways
+    common = dict(model=model, seq_len=16, micro_batch=1, global_batch=4, dp=1)
     ref = launch(_fwd_bwd_rank, 1, spec(**common).validate(1), timeout_s=120)[0]
-    outs = launch(_fwd_bwd_rank, tp * pp, spec(**common, tp=tp, pp=pp).validate(tp * pp), timeout_s=120)
+    run = spec(**common, tp=tp, pp=pp, **({"sequence_parallel": sp} if tp > 1 else {})).validate(tp * pp)
+    assert run.uses_sequence_parallel == sp
+    outs = launch(_fwd_bwd_rank, tp * pp, run, timeout_s=120)
+    assert {o["sequence_parallel"] for o in outs} == {sp}
+    norms = {n for n, *_ in ref["specs"] if n.endswith("layernorm.weight")}
+    qk = {n for n in norms if ".q_layernorm." in n or ".k_layernorm." in n}
+    assert set().union(*(o["partial"] for o in outs)) == (norms if sp else qk if tp > 1 else set())
     last = [o for o in outs if o["stage"] == pp - 1]
     assert all(o["loss"] == pytest.approx(ref["loss"], rel=1e-6) for o in last)
-    assert 4.0 < ref["loss"] < 7.0  # ~ln(256) at initialisation
+    assert abs(ref["loss"] - math.log(get_model(model).vocab)) < 1.5  # ~ln(vocab) at initialisation
     want = _full_grads([ref], 1)
     got: dict[str, torch.Tensor] = {}
     for stage in range(pp):
@@ -235,18 +250,22 @@ def _gpu_shaped_rank(info, run: RunSpec) -> dict:
         out = _fwd_bwd_rank(info, run, gpu=True)
     finally:
         harness_model.log.removeHandler(lines)
-    return {"loss": out["loss"], "config": out["config"], "log": lines.lines}
+    return {k: out[k] for k in ("loss", "config", "sequence_parallel")} | {"log": lines.lines}
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "local"])
 def test_gpu_configuration_without_transformer_engine_builds_and_trains(attention: str) -> None:
-    """What a bf16 GPU run without Transformer Engine builds (every flag of the GPU branch, the local
-    layer spec), built and run forward-backward on CPU: no assert at construction (the local spec's
-    WrappedTorchNorm refuses persist_layer_norm), no import error at the first forward (the fused
-    softmax kernel is not installed here: masked_softmax_fusion goes off with ONE logged line)."""
-    run = spec(model="qwen3-micro", seq_len=32, micro_batch=2, global_batch=2, dtype="bf16", attention=attention)
-    (out,) = launch(_gpu_shaped_rank, 1, run, timeout_s=120)
-    assert out["loss"] is not None and math.isfinite(out["loss"])
+    """What a bf16 GPU run without Transformer Engine builds at TP 2 (every flag of the GPU branch,
+    sequence parallelism on, the local layer spec), built and run forward-backward on CPU: no
+    assert at construction (the local spec's WrappedTorchNorm refuses persist_layer_norm and SP; the
+    harness's norm takes SP), no import error at the first forward (the fused softmax kernel is not
+    installed here: masked_softmax_fusion goes off with ONE logged line)."""
+    run = spec(model="qwen3-micro", seq_len=32, micro_batch=2, global_batch=2, dtype="bf16", attention=attention, tp=2)
+    assert run.resolve(gpu=True).layout.sequence_parallel is True  # a GPU run at TP > 1 defaults to SP
+    outs = launch(_gpu_shaped_rank, 2, run, timeout_s=120)
+    out = outs[0]
+    assert all(o["loss"] is not None and math.isfinite(o["loss"]) for o in outs)
+    assert {o["sequence_parallel"] for o in outs} == {True}
     assert out["config"] == {
         "masked_softmax_fusion": False,
         "persist_layer_norm": False,
@@ -254,20 +273,21 @@ def test_gpu_configuration_without_transformer_engine_builds_and_trains(attentio
         "use_cpu_initialization": False,
         "bf16": True,
     }
-    want = 1 if attention == "local" else 0
+    want = 1 if attention == "local" else 0  # rank 0 logs it
     assert len(out["log"]) == want and all("masked_softmax_fusion off" in x for x in out["log"]), out["log"]
 
 
 def test_gpu_configuration_with_transformer_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     """With Transformer Engine importable (simulated: megatron-core's availability checks and ours
-    patched), a GPU run resolves to the TE layer spec and its TransformerConfig builds with the GPU
-    flags; without it, to megatron's local spec with SDPA (built and run above)."""
+    patched), a GPU run at TP 2 resolves to the TE layer spec, TE's final norm and sequence
+    parallelism, and its TransformerConfig builds with the GPU flags and SP; without it, to
+    megatron's local spec with SDPA (built and run above)."""
     from packaging.version import Version
 
     from canzona.harness import model as harness_model
 
     real_find_spec = importlib.util.find_spec
-    run = spec(model="qwen3-micro", dtype="bf16", device="gpu")
+    run = spec(model="qwen3-micro", dtype="bf16", device="gpu", tp=2)
     monkeypatch.setattr(
         importlib.util,
         "find_spec",
@@ -295,7 +315,13 @@ def test_gpu_configuration_with_transformer_engine(monkeypatch: pytest.MonkeyPat
     cfg = get_model(resolved.model)
     layer = harness_model.layer_spec(cfg, resolved.machine.attention)
     assert layer.submodules.self_attention.submodules.q_layernorm is mte.TENorm
-    config = harness_model.transformer_config(cfg, tp=1, pp=1, dtype=torch.bfloat16, gpu=True, attention="te")
+    block = harness_model.block_spec(cfg, resolved.machine.attention, cfg.layers)
+    assert block.layer_norm is mte.TENorm and block.layer_specs == [layer] * cfg.layers  # TE's final norm too
+    assert resolved.layout.sequence_parallel is True  # the default at TP > 1, concrete in the record
+    config = harness_model.transformer_config(
+        cfg, tp=2, pp=1, dtype=torch.bfloat16, gpu=True, attention="te", sequence_parallel=True
+    )
+    assert config.sequence_parallel and config.tensor_model_parallel_size == 2
     assert (config.persist_layer_norm, config.masked_softmax_fusion, config.use_cpu_initialization) == (
         False,
         False,
@@ -376,3 +402,31 @@ def test_sdpa_groups_kv_heads_without_copying_them(monkeypatch: pytest.MonkeyPat
     ref.backward(grad)
     for mine, theirs in ((q, qq), (k, kk), (v, vv)):
         torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-6, atol=1e-6)
+
+
+def test_partial_grads_must_match_megatrons_sequence_parallel_marks() -> None:
+    """The harness sums across TP exactly the norm weights megatron marks ``sequence_parallel`` under
+    SP (QK norms always): a parameter marked but not in the rule, or a norm the rule sums but
+    megatron did not mark, stops the run instead of training on unsummed or doubled gradients."""
+    from canzona.errors import ConfigError
+    from canzona.harness.params import tp_partial_names
+
+    specs = list_params(get_model("qwen3-micro"), tp=2)
+    norms = {s.name for s in specs if s.name.endswith("layernorm.weight")}
+
+    def named(marked: set[str]) -> list:
+        out = []
+        for s in specs:
+            p = torch.nn.Parameter(torch.empty(0))
+            p.sequence_parallel = s.name in marked
+            out.append((s.name, s, p))
+        return out
+
+    assert set(tp_partial_names(named(norms), 2, sequence_parallel=True)) == norms
+    qk = set(tp_partial_names(named(set()), 2, sequence_parallel=False))
+    assert qk and all(".q_layernorm." in n or ".k_layernorm." in n for n in qk)
+    assert tp_partial_names(named(set()), 1, sequence_parallel=False) == []
+    fc2 = next(s.name for s in specs if s.name.endswith("linear_fc2.weight"))
+    for marked, sp in ((norms - {min(norms)}, True), (norms | {fc2}, True), (norms, False)):
+        with pytest.raises(ConfigError, match="sequence-parallel"):
+            tp_partial_names(named(marked), 2, sequence_parallel=sp)

@@ -155,6 +155,22 @@ def test_pipeline_parallel_matches_single_rank(tmp_path: Path) -> None:
         _same_curve(_train(results, tp=2, pp=2, dp=1, method=m), ref)
 
 
+def test_sequence_parallel_matches_single_rank_and_sp_off(tmp_path: Path) -> None:
+    """`canzona train --sequence-parallel` at TP 2 × DP 2 and TP 4 × DP 1 (qwen3-tiny: 4 KV heads)
+    gives the single-rank loss curve and SP off's: the norm weights' gradients, partial per TP rank
+    under SP, are summed across TP inside the optimizer's reduction (the replica check of
+    ``_train`` also holds every norm identical across TP). Each record says whether SP ran."""
+    results = tmp_path / "sp.jsonl"
+    for model, tp, dp in (("qwen3-micro", 2, 2), ("qwen3-tiny", 4, 1)):
+        pick = ("--model", model)
+        ref = _train(results, tp=1, pp=1, dp=1, method="canzona", extra=pick)
+        on = _train(results, tp=tp, pp=1, dp=dp, method="canzona", extra=(*pick, "--sequence-parallel"))
+        off = _train(results, tp=tp, pp=1, dp=dp, method="canzona", extra=(*pick, "--no-sequence-parallel"))
+        assert [r["config"]["sequence_parallel"] for r in (ref, on, off)] == [False, True, False]
+        _same_curve(on, ref)
+        _same_curve(on, off)
+
+
 def test_adamw_everywhere_matches_single_rank(tmp_path: Path) -> None:
     """--optimizer adamw routes every parameter through ZeRO-1 AdamW; layout must not matter."""
     results = tmp_path / "adamw.jsonl"

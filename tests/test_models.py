@@ -372,12 +372,13 @@ def test_a_pp_split_that_does_not_add_up_names_the_fix(pipe: Pipeline, needle: s
 
 
 def test_the_memory_model_counts_each_end_stage_with_its_own_layers() -> None:
-    even = activation_bytes("qwen3-32b", 8, 4, 0, 4096, 1)  # 64 layers: 16 per stage
-    short = activation_bytes("qwen3-32b", 8, Pipeline(4, 10, 10), 0, 4096, 1)  # 10 first, 22 between, 10 last
+    sp = {"sequence_parallel": True}
+    even = activation_bytes("qwen3-32b", 8, 4, 0, 4096, 1, **sp)  # 64 layers: 16 per stage
+    short = activation_bytes("qwen3-32b", 8, Pipeline(4, 10, 10), 0, 4096, 1, **sp)  # 10 first, 22 between, 10 last
     assert short == even * 10 / 16
-    assert activation_bytes("qwen3-32b", 8, Pipeline(4, 10, 10), 1, 4096, 1) == even * 22 / 16 * 3 / 4
+    assert activation_bytes("qwen3-32b", 8, Pipeline(4, 10, 10), 1, 4096, 1, **sp) == even * 22 / 16 * 3 / 4
     # stage 1 holds 22 layers x 3 micro-batches (66 layer-activations) against the even first
     # stage's 16 x 4: the estimate is the busiest stage's, not the first's
-    assert estimate_memory_gb("qwen3-32b", 8, Pipeline(4, 10, 10), 8, 4096, 1) > estimate_memory_gb(
-        "qwen3-32b", 8, 4, 8, 4096, 1
+    assert estimate_memory_gb("qwen3-32b", 8, Pipeline(4, 10, 10), 8, 4096, 1, **sp) > estimate_memory_gb(
+        "qwen3-32b", 8, 4, 8, 4096, 1, **sp
     )

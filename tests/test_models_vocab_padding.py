@@ -67,7 +67,7 @@ def test_memory_model_counts_the_padded_rows(tmp_path: Path) -> None:
     padded = tmp_path / "padded.json"
     path.write_text(json.dumps(QWEN_1001))
     padded.write_text(json.dumps({**QWEN_1001, "vocab_size": 1024}))
-    args = dict(tp=2, pp=1, dp=1, seq_len=16, micro_batch=1)
+    args = dict(tp=2, pp=1, dp=1, seq_len=16, micro_batch=1, sequence_parallel=True)
     assert estimate_memory_gb(str(path), **args) == estimate_memory_gb(str(padded), **args)
 
 

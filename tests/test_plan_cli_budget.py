@@ -103,3 +103,36 @@ def test_compare_with_memory_shows_each_strategy_and_what_does_not_fit(capsys) -
     rows = {ln.split()[0]: ln for ln in out.splitlines() if ln.startswith(("sc ", "layerwise ", "zero "))}
     assert "GB/GPU" in out and rows["sc"].endswith("!")  # sc holds every matrix whole on every GPU
     assert rows["zero"].rstrip().endswith("-")  # the reference geometry has no matrix-optimizer memory
+
+
+def test_memory_counts_activations_with_sequence_parallelism(capsys) -> None:
+    """--memory --seq-len adds the stage's activations (canzona.models.memory.activation_bytes), with
+    sequence parallelism by default at TP > 1; the fragmentation term grows with them; SP off holds
+    the norms' and dropout's 10·s·b·h per layer whole on every TP rank."""
+    from canzona.models.memory import activation_bytes
+
+    argv = ("--model", "qwen3-micro", "--tp", "2", "--dp", "2", "--memory")
+    base = run_json(capsys, *argv)["memory"]
+    sp = run_json(capsys, *argv, "--seq-len", "64", "--micro-batch", "2")["memory"]
+    off = run_json(capsys, *argv, "--seq-len", "64", "--micro-batch", "2", "--no-sequence-parallel")["memory"]
+    assert base["activations"] == 0
+    want = activation_bytes("qwen3-micro", 2, 1, 0, 64, 2, sequence_parallel=True)
+    assert sp["activations"] == round(want) > 0
+    assert sp["total_bytes"] - base["total_bytes"] == sp["activations"] + sp["fragmentation"] - base["fragmentation"]
+    assert off["activations"] - sp["activations"] == 64 * 2 * 64 * 10 * (1 - 1 / 2) * 2  # s·b·h·10·(1 - 1/TP)·layers
+    assert "sequence parallelism on" in sp["sources"]["activations"]
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (("--tp", "1", "--dp", "2", "--seq-len", "64", "--sequence-parallel", "--memory"), "tp is 1: drop it"),
+        (("--tp", "2", "--dp", "2", "--seq-len", "63", "--memory"), "use a seq-len that is a multiple of 2"),
+        (("--tp", "2", "--dp", "2", "--micro-batch", "2", "--memory"), "add --memory --seq-len N, or drop them"),
+        (("--tp", "2", "--dp", "2", "--seq-len", "64"), "--seq-len size the activations of --memory"),
+    ],
+)
+def test_memory_activations_refuse_what_a_run_refuses(capsys, argv: tuple[str, ...], needle: str) -> None:
+    assert main(["plan", "--model", "qwen3-micro", *argv]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and len(err.strip().splitlines()) == 1, err

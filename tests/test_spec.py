@@ -24,6 +24,7 @@ NON_DEFAULT = {
     "tp": 1,
     "pp": 2,
     "dp": 4,
+    "sequence_parallel": False,
     "seq_len": 64,
     "micro_batch": 2,
     "global_batch": 16,

@@ -111,24 +111,33 @@ def test_a_cell_over_the_profiles_hbm_is_refused_naming_the_fix():
 
 
 def test_table2_layouts_follow_the_stated_rule():
-    """PP = 1 and TP = the smallest power of two <= 8 whose estimate fits the 60 GB budget."""
+    """PP = 1 and TP = the smallest power of two <= 8 whose estimate fits the 60 GB budget, with
+    sequence parallelism wherever TP > 1 (the sweep leaves it at its default)."""
     d = load_sweep(ROOT / "slurm/sweeps/table2.toml")
     for lay in d.layouts:
         assert lay.pp == 1 and len(lay.reason) > 40
         fits = [
             tp
             for tp in (1, 2, 4, 8)
-            if estimate_memory_gb(lay.model, tp, 1, 256 // tp, d.setting("seq_len"), d.setting("micro_batch"))
+            if estimate_memory_gb(
+                lay.model, tp, 1, 256 // tp, d.setting("seq_len"), d.setting("micro_batch"), sequence_parallel=tp > 1
+            )
             <= BUDGET_GB
         ]
         assert lay.tp == fits[0], (lay.model, fits)
 
 
 def test_memory_estimate_moves_the_right_way():
-    base = estimate_memory_gb("qwen3-8b", 1, 1, 256, 4096, 1)
-    assert estimate_memory_gb("qwen3-8b", 2, 1, 128, 4096, 1) < base  # TP shards weights
-    assert estimate_memory_gb("qwen3-8b", 1, 1, 256, 8192, 1) > base  # longer sequences
-    assert estimate_memory_gb("qwen3-32b", 8, 1, 32, 4096, 1) > estimate_memory_gb("qwen3-14b", 8, 1, 32, 4096, 1)
+    off = {"sequence_parallel": False}
+    base = estimate_memory_gb("qwen3-8b", 1, 1, 256, 4096, 1, **off)
+    assert estimate_memory_gb("qwen3-8b", 2, 1, 128, 4096, 1, **off) < base  # TP shards weights
+    assert estimate_memory_gb("qwen3-8b", 1, 1, 256, 8192, 1, **off) > base  # longer sequences
+    assert estimate_memory_gb("qwen3-32b", 8, 1, 32, 4096, 1, **off) > estimate_memory_gb(
+        "qwen3-14b", 8, 1, 32, 4096, 1, **off
+    )
+    # sequence parallelism: the norms' and dropout's 10·s·b·h per layer become 10·s·b·h/TP
+    sp, nosp = (estimate_memory_gb("qwen3-32b", 8, 1, 32, 4096, 1, sequence_parallel=v) for v in (True, False))
+    assert (nosp - sp) * 1e9 == pytest.approx(4096 * 5120 * 10 * (1 - 1 / 8) * 64)
     # static part alone: 8.19e9 params * 6 bytes on one replica is ~49 GB
     assert 49 < base < 80
 

@@ -41,6 +41,8 @@ from canzona.spec.flags import MATRIX_OPTIMIZERS, NOT_PRICED, Derived, Knobs, ad
 KNOBS = Knobs(
     not_taken={
         "method": "--methods: the projection sets methods side by side, with today's Megatron layer-wise",
+        "sequence_parallel": "fwd/bwd is priced by MFU (no TP activation traffic modelled); the step's TP "
+        "all-reduce of partial norm grads is charged for the QK-norm weights alone (SP off)",
         **NOT_PRICED,
         "comm": "the overlap view (--overlap) stands for what the runtime overlaps; the α–β model picks collectives",
         "machine": "priced on the profile: its parameter format (Profile.param_bytes), no device or kernel choice",

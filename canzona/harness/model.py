@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from canzona.errors import ConfigError
+from canzona.harness.norm import SequenceParallelRMSNorm
 from canzona.harness.params import tp_shard
 from canzona.models.qwen3 import Qwen3Config
 from canzona.models.spec import ParamSpec
@@ -74,8 +75,12 @@ def kernel_flags(*, gpu: bool, attention: str) -> dict[str, bool]:
     return {"masked_softmax_fusion": softmax, "persist_layer_norm": False, "batch_p2p_comm": gpu, "batch_p2p_sync": gpu}
 
 
-def transformer_config(cfg: Qwen3Config, *, tp: int, pp: int, dtype: torch.dtype, gpu: bool, attention: str) -> Any:
-    """megatron TransformerConfig for ``cfg`` on a GPU (``gpu``) or CPU run of ``attention``.
+def transformer_config(
+    cfg: Qwen3Config, *, tp: int, pp: int, dtype: torch.dtype, gpu: bool, attention: str, sequence_parallel: bool
+) -> Any:
+    """megatron TransformerConfig for ``cfg`` on a GPU (``gpu``) or CPU run of ``attention``, with
+    or without sequence parallelism (``RunSpec.uses_sequence_parallel``; the norms of both layer
+    specs support it: Transformer Engine's, and ``SequenceParallelRMSNorm`` in the local one).
 
     Kernel flags come from ``kernel_flags``; the other fusions stay off (bias-free Qwen3 has no
     bias fusions to gain, and RoPE/gradient-accumulation fusion need TE or apex kernels).
@@ -102,7 +107,7 @@ def transformer_config(cfg: Qwen3Config, *, tp: int, pp: int, dtype: torch.dtype
         attention_dropout=0.0,
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
-        sequence_parallel=False,  # non-TE norms cannot do SP on CPU; replicated norm grads stay identical across TP
+        sequence_parallel=sequence_parallel,
         params_dtype=dtype,
         pipeline_dtype=dtype,
         bf16=dtype == torch.bfloat16,
@@ -126,6 +131,8 @@ def layer_spec(cfg: Qwen3Config, attention: str) -> Any:
     te     Transformer-Engine spec (fused attention, norms and linears; CUDA only)
     sdpa   megatron's local spec with ``SdpaAttention`` (torch's fused kernels) as core attention
     local  megatron's local spec as is (``DotProductAttention``: builds the s×s score matrix)
+
+    The local spec's norms are ``SequenceParallelRMSNorm`` (WrappedTorchNorm's math, SP allowed).
     """
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
@@ -137,6 +144,9 @@ def layer_spec(cfg: Qwen3Config, attention: str) -> Any:
             )
         return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=True)
     spec = specs.get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
+    attn = spec.submodules.self_attention.submodules
+    spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = SequenceParallelRMSNorm
+    attn.q_layernorm = attn.k_layernorm = SequenceParallelRMSNorm
     if attention == "sdpa":
         from canzona.harness.attention import SdpaAttention
 
@@ -144,6 +154,25 @@ def layer_spec(cfg: Qwen3Config, attention: str) -> Any:
     elif attention != "local":
         raise ValueError(f"unknown attention backend {attention!r}")
     return spec
+
+
+def block_spec(cfg: Qwen3Config, attention: str, layers: int) -> Any:
+    """A TransformerBlock of ``layers`` layers (this stage's): ``layer_spec``'s layers and the final
+    norm of the same family.
+
+    Why not hand GPTModel the layer spec alone: megatron then picks the final norm by what imports
+    (TENorm, apex's FusedLayerNorm, else WrappedTorchNorm, which refuses sequence parallelism), not
+    by the layer spec the run chose."""
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+
+    if attention == "te":
+        from megatron.core.extensions.transformer_engine import TENorm
+
+        final: type = TENorm
+    else:
+        final = SequenceParallelRMSNorm
+    layer = layer_spec(cfg, attention)
+    return TransformerBlockSubmodules(layer_specs=[layer] * layers, layer_norm=final)
 
 
 def build_model(
@@ -154,6 +183,7 @@ def build_model(
     seq_len: int,
     dtype: torch.dtype,
     device: torch.device,
+    sequence_parallel: bool,
     attention: str | None = None,
     gpu: bool | None = None,
 ) -> torch.nn.Module:
@@ -164,17 +194,22 @@ def build_model(
     GPU run builds, flags and layer spec, minus the CUDA kernels (the GPU-shaped CPU tests).
     Megatron's initial values depend on the layout; call ``init_weights`` next. The vocabulary is
     padded for ``tp`` as Megatron-LM pads it (``TransformerConfig.for_tp``); the tokens stay in the real one.
+    ``sequence_parallel``: the run's (``RunSpec.uses_sequence_parallel``); its norm weights then hold
+    partial gradients per TP rank, which the optimizer sums (``params.tp_partial_names``).
     """
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
 
     gpu = device.type == "cuda" if gpu is None else gpu
     if attention is None:
         attention = "te" if gpu and te_available() else "local"
-    config = transformer_config(cfg, tp=tp, pp=pp, dtype=dtype, gpu=gpu, attention=attention)
+    config = transformer_config(
+        cfg, tp=tp, pp=pp, dtype=dtype, gpu=gpu, attention=attention, sequence_parallel=sequence_parallel
+    )
     model = GPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(cfg, attention),
+        transformer_layer_spec=block_spec(cfg, attention, get_num_layers_to_build(config)),
         vocab_size=cfg.for_tp(tp).vocab,  # megatron-core takes the padded size: it does not pad
         max_sequence_length=seq_len,
         pre_process=ps.is_pipeline_first_stage(),

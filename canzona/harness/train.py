@@ -13,9 +13,11 @@ How the pieces fit megatron:
   the optimizer's ``finish_grad_sync``. So Canzona's DistributedOptimizer does the DP gradient
   reduction for EVERY parameter: matrix params with the chosen strategy, AdamW-routed params
   (embedding, output layer, norms) with its ZeRO-1 AdamW path; TP communication stays inside
-  megatron's layers. Replicated norm grads are identical across TP ranks (sequence parallelism
-  is off) EXCEPT the QK-layernorm weights: each TP rank only sees its own heads, so the loop
-  sums those grads across TP after the DP reduction, as megatron's finalize_model_grads does.
+  megatron's layers. Some replicated grads are partial sums per TP rank: the QK-layernorm
+  weights (each TP rank sees only its own heads) and, under sequence parallelism (on by default
+  at TP > 1), every norm weight (each TP rank normalises its part of the sequence). The optimizer
+  sums exactly those (``params.tp_partial_names``) across TP after the DP reduction, in ONE
+  all-reduce, as megatron's finalize_model_grads does.
 * Tied embeddings with PP>1 are rejected by config validation (their cross-stage gradient
   all-reduce is not implemented); PP otherwise runs through megatron's own schedules.
 * The megatron-muon peer swaps in megatron's DDP + Muon (``peer_megatron.py``) behind the same
@@ -116,7 +118,7 @@ def build_optimizer(
         ps.get_tensor_model_parallel_group(),
         cfg,
         stage_group=ps.get_tensor_and_data_parallel_group(),
-        tp_partial=tp_partial_names(named, run.layout.tp),
+        tp_partial=tp_partial_names(named, run.layout.tp, sequence_parallel=run.uses_sequence_parallel),
     )
     if dist.get_rank() == 0:  # the plan attestation of stage 0, at build (every stage's goes into the record)
         print(opt.attestation.line(), flush=True)
@@ -225,6 +227,7 @@ def train(
             seq_len=run.batch.seq_len,
             dtype=DTYPES[run.machine.dtype],
             device=device,
+            sequence_parallel=run.uses_sequence_parallel,
             attention=run.machine.attention,
         )
         named = named_params(model, mcfg, tp=run.layout.tp, pp=run.layout.pp, stage=stage)
@@ -235,7 +238,7 @@ def train(
 
         def finalize_model_grads(*_: Any, **__: Any) -> None:
             """Replaces megatron's finalize_model_grads: the optimizer's DP reduction, which also sums
-            the QK-layernorm grads (partial per TP rank) across TP, as megatron does."""
+            the grads that are partial per TP rank (QK norms; every norm under SP), as megatron does."""
             opt.finish_grad_sync()
 
         mconfig = get_model_config(model)

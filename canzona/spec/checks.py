@@ -101,3 +101,19 @@ def device(spec: RunSpec, world: int | None, gpu: bool | None) -> None:
         raise ConfigError(f"this is a GPU run (--device gpu) but torch {torch.__version__} sees no CUDA; {NO_CUDA_FIX}")
     if gpu is False and spec.machine.attention == "te":
         raise ConfigError("--attention te needs Transformer Engine on a GPU; use --attention local on CPU")
+
+
+@add_check
+def sequence_parallel(spec: RunSpec, world: int | None, gpu: bool | None) -> None:
+    """Sequence parallelism cuts the sequence across the TP group: it needs TP > 1, and a sequence
+    the TP size divides (megatron's scatter to the sequence-parallel region cuts equal parts)."""
+    tp = spec.layout.tp
+    if spec.layout.sequence_parallel and tp == 1:
+        raise ConfigError(
+            "--sequence-parallel splits the sequence across TP ranks and tp is 1: drop it, or set --tp 2 or more"
+        )
+    if spec.uses_sequence_parallel and spec.batch.seq_len % tp:
+        raise ConfigError(
+            f"sequence parallelism cuts seq-len {spec.batch.seq_len} into tp = {tp} equal parts: use a seq-len "
+            f"that is a multiple of {tp}, or --no-sequence-parallel"
+        )

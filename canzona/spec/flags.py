@@ -35,6 +35,11 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def _is_bool(t: Any) -> bool:
+    """A true/false knob: ``bool``, or ``bool | None`` (None: the default the spec works out)."""
+    return t is bool or (type(None) in typing.get_args(t) and bool in typing.get_args(t))
+
+
 def _parser(name: str) -> Callable[[str], Any] | None:
     _, f, t = leaves()[name]
     base = next((a for a in typing.get_args(t) if a is not type(None)), t) if type(None) in typing.get_args(t) else t
@@ -64,12 +69,12 @@ def parse_value(name: str, text: str, where: str = "") -> Any:
             f"{where}: unknown field {name!r}; known: {', '.join(n for n in leaves() if n not in NOT_FLAGS)}"
         )
     t = leaves()[name][2]
-    if t is bool:
+    if type(None) in typing.get_args(t) and text.lower() == "none":
+        return None
+    if _is_bool(t):
         if text.lower() not in ("true", "false"):
             raise ConfigError(f"{where}: {name} takes true or false, got {text!r}")
         return text.lower() == "true"
-    if type(None) in typing.get_args(t) and text.lower() == "none":
-        return None
     parse = _parser(name)
     try:
         value = parse(text) if parse is not None else text
@@ -140,7 +145,7 @@ def _add_flag(p: argparse.ArgumentParser, name: str, knobs: Knobs, fill: bool) -
         help_text += f" (default {shown})"
     opts = knobs.names.get(name, (flag(name),))
     value = None if isinstance(default, Derived) or not fill else default
-    if t is bool:
+    if _is_bool(t):
         p.add_argument(*opts, action=argparse.BooleanOptionalAction, default=value, help=help_text, dest=name)
         return
     kw: dict[str, Any] = {"default": value, "help": help_text, "dest": name}

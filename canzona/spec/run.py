@@ -78,6 +78,13 @@ class LayoutSpec:
     tp: int = knob(1, "tensor-parallel size", lo=1, hi=MAX_TP)
     pp: int = knob(1, "pipeline-parallel size", lo=1, hi=MAX_PP)
     dp: int = knob(1, "data-parallel size", lo=1, hi=MAX_DP)
+    # None: on where tp > 1 (what a GPU run at TP > 1 trains with); ``resolve`` makes it concrete, so
+    # every record says which (``RunSpec.uses_sequence_parallel``).
+    sequence_parallel: bool | None = knob(
+        None,
+        "sequence parallelism: norms and dropout on 1/TP of the sequence, their weight grads summed across TP "
+        "(default: on where tp > 1)",
+    )
 
 
 @dataclass(frozen=True)
@@ -192,6 +199,12 @@ class RunSpec:
         return self.layout.tp * self.layout.pp * self.layout.dp
 
     @property
+    def uses_sequence_parallel(self) -> bool:
+        """Whether the run uses sequence parallelism: the knob, or by default wherever TP > 1."""
+        sp = self.layout.sequence_parallel
+        return self.layout.tp > 1 if sp is None else sp
+
+    @property
     def num_microbatches(self) -> int:
         return self.batch.global_batch // (self.batch.micro_batch * self.layout.dp)
 
@@ -295,6 +308,8 @@ class RunSpec:
         """The spec of a record's ``config`` (None: the field did not apply; a field a record
         written before it existed lacks takes its default)."""
         data = {k: v for k, v in config.items() if k in leaves() and v is not None}
+        if "sequence_parallel" not in config:  # written before the knob: every run then had SP off
+            data["sequence_parallel"] = False
         spec = cls.from_flat(data, where)
         if config.get("world") not in (None, spec.world):
             raise ConfigError(f"{where}: world {config['world']} != tp·pp·dp of its config ({spec.world})")
@@ -317,9 +332,9 @@ class RunSpec:
 
     def resolve(self, *, gpu: bool) -> RunSpec:
         """A copy with every "auto" made concrete for a machine with (``gpu``) or without CUDA: the
-        ONE place ``device``, ``ns_dtype`` and ``attention`` "auto" are resolved. Why before launch:
-        the record and the cell key carry the concrete formats, and the parent must reject a GPU run
-        on a CUDA-less torch before forking or joining any group."""
+        ONE place ``device``, ``ns_dtype`` and ``attention`` "auto" and ``sequence_parallel``'s default
+        are resolved. Why before launch: the record and the cell key carry the concrete formats, and
+        the parent must reject a GPU run on a CUDA-less torch before forking or joining any group."""
         import importlib.util
 
         self.validate(gpu=gpu)
@@ -333,7 +348,9 @@ class RunSpec:
             # find_spec, not import: importing TE may initialise CUDA, and forked ranks follow
             te = importlib.util.find_spec("transformer_engine") is not None
             attention = ("te" if te else "sdpa") if on_gpu else "local"
-        return self.replace(device="gpu" if on_gpu else "cpu", ns_dtype=ns, attention=attention)
+        device = "gpu" if on_gpu else "cpu"
+        sp = self.uses_sequence_parallel
+        return self.replace(device=device, ns_dtype=ns, attention=attention, sequence_parallel=sp)
 
 
 def plan_config_of(values: Mapping[str, Any]) -> PlanConfig:

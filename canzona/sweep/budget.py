@@ -29,13 +29,15 @@ from canzona.sweep.profile import ClusterProfile
 def cell_memory_gb(cell: Cell) -> float:
     """Per-GPU memory estimate of ``cell`` (GB): the memory model of what its method allocates
     (canzona.plan.readers.memory: buffers, masters, optimizer state, staging, update workspace of the
-    GPU that holds the most) plus the stage's activations, maximised over PP stages. Peers and
+    GPU that holds the most) plus the stage's activations (1/TP of the norms' and dropout's under
+    sequence parallelism), maximised over PP stages. Peers and
     AdamW-only cells keep the Megatron-style estimate of ``estimate_memory_gb`` (the memory model
     describes Canzona's runtime)."""
     run = cell.spec
     if run.is_peer or run.optim.optimizer not in matrix_optimizer_names():
         lay, b = run.layout, run.batch
-        return estimate_memory_gb(run.model, lay.tp, lay.pp, lay.dp, b.seq_len, b.micro_batch)
+        sp = run.uses_sequence_parallel
+        return estimate_memory_gb(run.model, lay.tp, lay.pp, lay.dp, b.seq_len, b.micro_batch, sequence_parallel=sp)
     return _canzona_memory_gb(run)
 
 
@@ -47,7 +49,7 @@ def _canzona_memory_gb(run: RunSpec) -> float:
     from canzona.plan.types import Layout
 
     model, (tp, pp, dp) = run.model, (run.layout.tp, run.layout.pp, run.layout.dp)
-    seq_len, micro_batch = run.batch.seq_len, run.batch.micro_batch
+    seq_len, micro_batch, sp = run.batch.seq_len, run.batch.micro_batch, run.uses_sequence_parallel
     plans = plan_model(model, Layout(dp, tp, pp), run.plan_config())
     param_bytes = 2 if run.machine.dtype == "bf16" else 4
     prec = MemoryPrecision(param_bytes=param_bytes, ns_bytes=2 if run.optim.ns_dtype == "bf16" else 4)
@@ -56,7 +58,8 @@ def _canzona_memory_gb(run: RunSpec) -> float:
     for stage, plan in enumerate(plans):
         specs = list_params(get_model(model), tp=tp, pp=pp, stage=stage)
         held = peak(stage_memory(plan, specs, settings, prec)).total_bytes
-        worst = max(worst, held + activation_bytes(model, tp, pp, stage, seq_len, micro_batch))
+        acts = activation_bytes(model, tp, pp, stage, seq_len, micro_batch, sequence_parallel=sp)
+        worst = max(worst, held + acts)
     return worst / 1e9
 
 

@@ -89,9 +89,14 @@ def configure(p: argparse.ArgumentParser) -> None:
     common(q)
 
 
+def _on(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
 def run(args: argparse.Namespace) -> int:
     """Dispatch; run returns 1 when a local cell failed so scripts can tell, else 0."""
     from canzona.errors import ConfigError
+    from canzona.spec import RunSpec
     from canzona.sweep.budget import cell_memory_gb, cell_timeout_min, check_fits, estimate_memory_gb
     from canzona.sweep.definition import load_sweep
     from canzona.sweep.local import run_local, select_cells
@@ -114,16 +119,20 @@ def run(args: argparse.Namespace) -> int:
             print(defn.description.strip())
         for lay in defn.layouts:
             seq_len, micro_batch = defn.setting("seq_len"), defn.setting("micro_batch")
-            est = estimate_memory_gb(lay.model, lay.tp, lay.pp, lay.dp, seq_len, micro_batch)
+            run = RunSpec(model=lay.model).replace(tp=lay.tp, sequence_parallel=defn.setting("sequence_parallel"))
+            sp = run.uses_sequence_parallel
+            est = estimate_memory_gb(lay.model, lay.tp, lay.pp, lay.dp, seq_len, micro_batch, sequence_parallel=sp)
             nodes = f", {profile.nodes_for(lay.world)} nodes" if profile else ""
-            print(f"\n{lay.model}: TP={lay.tp} PP={lay.pp} DP={lay.dp}{nodes}, est. {est:.1f} GB/GPU\n  {lay.reason}")
+            head = f"{lay.model}: TP={lay.tp} PP={lay.pp} DP={lay.dp}{nodes}, SP {_on(sp)}"
+            print(f"\n{head}, est. {est:.1f} GB/GPU\n  {lay.reason}")
         print()
         if profile is not None and defn.device == "gpu":
             check_fits(cells, profile)  # exit 2 naming the fix when a cell cannot fit
         for c in cells:
             t = cell_timeout_min(c, profile) if profile is not None or c.time_min is not None else None
             timing = f", timeout {t} min" if t is not None else ""
-            print(f"[{c.grid}] {c.key}  (est. {cell_memory_gb(c):.1f} GB/GPU{timing})")
+            on = _on(c.spec.uses_sequence_parallel)
+            print(f"[{c.grid}] {c.key}  (SP {on}, est. {cell_memory_gb(c):.1f} GB/GPU{timing})")
         return 0
 
     if action == "collect":

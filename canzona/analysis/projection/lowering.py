@@ -32,12 +32,11 @@ MICRO_GROUP_TAG = "mg"  # canzona.plan.schedule tags the i-th micro-group's all-
 
 def tp_partial_names(specs: Sequence[ParamSpec], tp: int) -> frozenset[str]:
     """Replicated parameters whose gradient is a partial sum per TP rank (the harness's rule,
-    canzona.harness.params.tp_partial_names, read from specs instead of live parameters)."""
-    from canzona.harness.params import TP_PARTIAL_GRAD
+    canzona.harness.params.partial_grad, read from specs instead of live parameters), without
+    sequence parallelism: the projection does not take it (canzona.analysis.cli_project.KNOBS)."""
+    from canzona.harness.params import partial_grad
 
-    if tp == 1:
-        return frozenset()
-    return frozenset(s.name for s in specs if s.partition_dim is None and TP_PARTIAL_GRAD.search(s.name))
+    return frozenset(s.name for s in specs if partial_grad(s, tp, sequence_parallel=False))
 
 
 def lower_settings(

@@ -208,7 +208,9 @@ def _metrics(p: Projection, prefix: str) -> dict[str, Any]:
         f"{prefix} NCCL calls": " ".join(f"{k}:{v}" for k, v in sorted(calls.items())),
         f"{prefix} load max/mean": max(st.load_ratio() for st in p.stages),
         f"{prefix} memory GB/GPU": round(
-            estimate_memory_gb(s.model, lay.tp, lay.pp, lay.dp, s.seq_len, s.micro_batch), 1
+            # SP off: the projection does not take it (canzona.analysis.cli_project.KNOBS)
+            estimate_memory_gb(s.model, lay.tp, lay.pp, lay.dp, s.seq_len, s.micro_batch, sequence_parallel=False),
+            1,
         ),
     }
 

@@ -38,7 +38,7 @@ def _cost_kinds() -> tuple[str, ...]:
 KNOBS = Knobs(
     not_taken={
         **NOT_PRICED,
-        "batch": "a plan does not depend on the batch",
+        "global_batch": "a plan does not depend on the batch; --memory counts one stage's micro-batches in flight",
         "comm": "the runtime's: a plan lists the buckets, the runtime issues and times their collectives",
         "device": "a plan is priced on --profile, not run",
         "attention": "a plan is priced on --profile, not run",
@@ -48,6 +48,8 @@ KNOBS = Knobs(
         "dp": Derived("world / (tp·pp) with --world"),
         "bucket_size": Derived("Megatron's max(40M, 1M·DP)"),
         "dtype": Derived("the profile's; used by --memory"),
+        "seq_len": Derived("none: --memory counts activations only with --seq-len"),
+        "micro_batch": Derived("1 where --seq-len is given"),
         "ns_method": Derived("standard, where the optimizer runs Newton–Schulz"),
     },
     names={"method": ("--strategy", "--method")},
@@ -116,7 +118,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", type=output_file, default=None, metavar="FILE.png", help="per-GPU load and slice sizes")
     p.add_argument("--compare", action="store_true", help="every strategy side by side")
     p.add_argument("--save", type=output_file, default=None, metavar="FILE.json", help="write the plans as JSON")
-    p.add_argument("--memory", action="store_true", help="per-GPU bytes by component (activations excluded)")
+    p.add_argument(
+        "--memory",
+        action="store_true",
+        help="per-GPU bytes by component (activations with --seq-len [--micro-batch] [--sequence-parallel])",
+    )
     p.add_argument(
         "--hbm-gb", type=positive_float, default=None, help="say whether it fits this HBM (GB); implies --memory"
     )
@@ -177,17 +183,11 @@ def run(args: argparse.Namespace) -> int:
     from canzona.plan.engines import get_engine
     from canzona.plan.front.report import compare, format_budget, format_compare, format_memory, format_report
     from canzona.plan.readers.metrics import plan_metrics
-    from canzona.plan.strategies import get_strategy
     from canzona.results.schema import write_atomic
 
     if not get_engine(args.engine).dp_buckets:  # Shard(0) owners: no buckets to report, owners vs peers
         return _run_fsdp2(args)
-    if args.hbm_gb is not None:
-        args.memory = True
-    if args.memory and not get_strategy(args.method).executable:
-        raise ConfigError(
-            f"--memory prices a matrix-optimizer plan; --strategy {args.method} is a reference geometry only"
-        )
+    _memory_flags(args)
     cfg = get_model(args.model)
     layout = _layout(args)
     cfg.validate_layout(tp=layout.tp, pp=layout.pipeline, ep=layout.ep)
@@ -240,6 +240,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _memory_flags(args: argparse.Namespace) -> None:
+    """--hbm-gb implies --memory; --memory prices an executable plan; the batch flags size its
+    activations, so they need --memory and --seq-len."""
+    from canzona.plan.strategies import get_strategy
+
+    if args.hbm_gb is not None:
+        args.memory = True
+    sizing = [
+        f"--{f.replace('_', '-')}"
+        for f in ("seq_len", "micro_batch", "sequence_parallel")
+        if getattr(args, f) is not None
+    ]
+    if sizing and not (args.memory and args.seq_len is not None):
+        raise ConfigError(
+            f"{', '.join(sizing)} size the activations of --memory: add --memory --seq-len N, or drop them"
+        )
+    if args.memory and not get_strategy(args.method).executable:
+        raise ConfigError(
+            f"--memory prices a matrix-optimizer plan; --strategy {args.method} is a reference geometry only"
+        )
+
+
 def _config(args: argparse.Namespace):
     """(the PlanConfig of the flags, the hardware profile it is priced on)."""
     from canzona.plan.build import hardware_for
@@ -261,13 +283,42 @@ def _extras(model, plans, args: argparse.Namespace, profile) -> dict:
     out = summary(model, plans, settings, profile)
     if args.memory and plans[0].dp.strategy != "zero":
         system = system_memory(profile)
-        b = plans_memory(model, plans, settings, MemoryPrecision(param_bytes=param_bytes, ns_bytes=param_bytes), system)
-        mem = b.to_dict() | {"sources": dict(system.sources)}
+        acts, sources = _activations(model, plans, args)
+        prec = MemoryPrecision(param_bytes=param_bytes, ns_bytes=param_bytes)
+        b = plans_memory(model, plans, settings, prec, system, acts)
+        mem = b.to_dict() | {"sources": dict(system.sources) | sources}
         if args.hbm_gb is not None:
             mem["hbm_gb"] = args.hbm_gb
             mem["fits"] = b.fits(args.hbm_gb * 1e9)
         out["memory"] = mem
     return out
+
+
+def _activations(model, plans, args: argparse.Namespace) -> tuple[list[int], dict[str, str]]:
+    """--memory's activations per PP stage (``canzona.models.memory.activation_bytes``) and what they
+    are; none without --seq-len. Sequence parallelism: the flag, else the default (on where TP > 1)."""
+    from canzona.models.memory import activation_bytes
+    from canzona.spec import RunSpec
+    from canzona.spec.checks import sequence_parallel
+
+    if args.seq_len is None:
+        return [], {}
+    lay = plans[0].layout
+    micro = args.micro_batch or 1
+    run = RunSpec(model=model.name).replace(
+        tp=lay.tp, seq_len=args.seq_len, micro_batch=micro, sequence_parallel=args.sequence_parallel
+    )
+    sequence_parallel(run, None, None)  # SP at TP 1, a sequence TP does not divide: one line naming the fix
+    sp = run.uses_sequence_parallel
+    acts = [
+        round(activation_bytes(args.model, lay.tp, lay.pipeline, s, args.seq_len, micro, sequence_parallel=sp))
+        for s in range(len(plans))
+    ]
+    what = (
+        f"seq {args.seq_len} × micro-batch {micro}, sequence parallelism {'on' if sp else 'off'}, 1F1B in flight "
+        "(Korthikanti et al. 2022, selective recompute: canzona.models.memory.activation_bytes)"
+    )
+    return acts, {"activations": what}
 
 
 # flags of the Megatron report that an FSDP2 owner report does not take (no DP buckets, no stages), with
@@ -278,6 +329,9 @@ FSDP2_REFUSES: dict[str, object] = {
     "save": None,
     "memory": False,
     "hbm_gb": None,
+    "seq_len": None,
+    "micro_batch": None,
+    "sequence_parallel": None,
     "view": [],
     "dp_algo": None,
     "dp_layout": "auto",

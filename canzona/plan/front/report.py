@@ -193,16 +193,16 @@ def format_budget(m: dict[str, Any]) -> str:
 
 
 def format_memory(mem: dict[str, Any], hbm_gb: float | None) -> str:
-    from canzona.plan.readers.memory import COMPONENTS
+    from canzona.plan.readers.memory import COMPONENTS, excluded
 
     rows = [f"  {c:<13} {mem[c] / 1e9:9.2f} GB" for c in COMPONENTS]
     verdict = ""
     if hbm_gb is not None:
-        verdict = f"  -> {'fits' if mem['fits'] else 'does NOT fit'} {hbm_gb:g} GB (activations excluded)"
+        verdict = f"  -> {'fits' if mem['fits'] else 'does NOT fit'} {hbm_gb:g} GB{excluded(mem['activations'])}"
     head = f"memory per GPU (dp {mem['dp_rank']}, tp {mem['tp_rank']}: the one that holds the most)"
     sources = [f"  {term}: {src}" for term, src in mem.get("sources", {}).items()]
     total = f"  {'total':<13} {mem['total_bytes'] / 1e9:9.2f} GB{verdict}"
-    return "\n".join([head, *rows, total, *(["sources of the terms beside the tensors:", *sources] if sources else [])])
+    return "\n".join([head, *rows, total, *(["sources of the modelled terms:", *sources] if sources else [])])
 
 
 def format_report(

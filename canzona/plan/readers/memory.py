@@ -2,8 +2,10 @@
 
 Why from the schedule: the runtime allocates exactly the buffers the lowering describes (bucket
 layouts with their padding, staging of the chosen collective modes, executors), so the model and
-the runtime cannot disagree about what a strategy costs in memory. Activations are not counted
-(they depend on the model code, recomputation and micro-batch, not on the optimizer).
+the runtime cannot disagree about what a strategy costs in memory. Activations depend on the model
+code, recomputation, micro-batch and sequence parallelism, not on the optimizer: the caller passes
+a stage's (``canzona.models.memory.activation_bytes``), or they are zero and the report says
+"activations excluded".
 
 Per GPU, in bytes:
   params        every parameter's buffer (param dtype), padding of its bucket layout included
@@ -17,6 +19,7 @@ Per GPU, in bytes:
                 duplicated all-gather's send + receive buffers
   workspace     the transient peak of one update: the assembled fp32 gradient and update of the
                 largest computed matrix plus its Newton–Schulz working set
+  activations   what the caller says the stage holds at its 1F1B peak (zero when not given)
 What the process holds beside the tensors, from the hardware profile's ``[memory]`` section
 (``SystemMemory``; zero where a profile has none, as the CPU one):
   nccl_buffers  NCCL's own buffers: the profile's bytes per communicator × the communicators this
@@ -43,7 +46,7 @@ from canzona.plan.build import adamw_buckets
 from canzona.plan.schedule import BucketLayout, LowerSettings, RankSchedule, stage_schedules
 from canzona.plan.types import Plan
 
-TENSORS = ("params", "main_grads", "master", "optimizer", "dp_staging", "tp_staging", "workspace")
+TENSORS = ("params", "main_grads", "master", "optimizer", "dp_staging", "tp_staging", "workspace", "activations")
 SYSTEM = ("nccl_buffers", "cuda_context", "fragmentation")
 COMPONENTS = TENSORS + SYSTEM
 FP32 = 4
@@ -108,6 +111,7 @@ class MemoryBreakdown:
     dp_staging: int
     tp_staging: int
     workspace: int
+    activations: int = 0
     nccl_buffers: int = 0
     cuda_context: int = 0
     fragmentation: int = 0
@@ -178,8 +182,9 @@ def rank_memory(
     cost: CostModel | None,
     prec: MemoryPrecision,
     system: SystemMemory = NO_SYSTEM,
+    activations: int = 0,
 ) -> MemoryBreakdown:
-    """One GPU's breakdown (see the module docstring)."""
+    """One GPU's breakdown (see the module docstring); ``activations``: its stage's bytes, if counted."""
     size = sum(b.size for b in s.buckets)
     owned = sum(_region(b, s.dp_rank) for b in s.buckets if b.regions)
     items = {it.name: it for it in plan.items} if plan is not None else {}
@@ -201,6 +206,7 @@ def rank_memory(
         "dp_staging": _dp_staging(s, plan, prec),
         "tp_staging": _tp_staging(s, plan) if plan is not None else 0,
         "workspace": work,
+        "activations": activations,
     }
     return MemoryBreakdown(
         dp_rank=s.dp_rank,
@@ -218,16 +224,23 @@ def stage_memory(
     settings: LowerSettings,
     prec: MemoryPrecision,
     system: SystemMemory = NO_SYSTEM,
+    activations: int = 0,
 ) -> list[MemoryBreakdown]:
-    """Every GPU of one PP stage (``specs``: the stage's parameters, any route)."""
+    """Every GPU of one PP stage (``specs``: the stage's parameters, any route; ``activations``: what
+    each of its GPUs holds, if counted)."""
     adamw = adamw_buckets(specs, plan.layout, plan.config.bucket_size)
     cost = CostModel(plan.config.optimizer, "flops")
-    return [rank_memory(s, plan, cost, prec, system) for s in stage_schedules(plan, adamw, settings)]
+    return [rank_memory(s, plan, cost, prec, system, activations) for s in stage_schedules(plan, adamw, settings)]
 
 
 def peak(breakdowns: Sequence[MemoryBreakdown]) -> MemoryBreakdown:
     """The GPU with the largest total (the one that decides whether a layout fits)."""
     return max(breakdowns, key=lambda b: (b.total_bytes, -b.dp_rank, -b.tp_rank))
+
+
+def excluded(activations: float) -> str:
+    """What a fit verdict says about activations: that they are left out, where they are."""
+    return "" if activations else " (activations excluded)"
 
 
 def gib(nbytes: float) -> float:
@@ -239,7 +252,7 @@ def format_breakdown(b: MemoryBreakdown, hbm_gb: float | None = None) -> str:
     rows = [f"  {c:<13} {getattr(b, c) / 1e9:9.2f} GB" for c in COMPONENTS]
     verdict = ""
     if hbm_gb is not None:
-        verdict = f"  -> {'fits' if b.fits(hbm_gb * 1e9) else 'does NOT fit'} {hbm_gb:g} GB (activations excluded)"
+        verdict = f"  -> {'fits' if b.fits(hbm_gb * 1e9) else 'does NOT fit'} {hbm_gb:g} GB{excluded(b.activations)}"
     return "\n".join([*rows, f"  {'total':<13} {b.total_bytes / 1e9:9.2f} GB{verdict}"])
 
 
@@ -250,6 +263,7 @@ __all__ = [
     "MemoryPrecision",
     "SystemMemory",
     "communicators",
+    "excluded",
     "format_breakdown",
     "gib",
     "peak",
@@ -266,13 +280,18 @@ def plans_memory(
     settings: LowerSettings,
     prec: MemoryPrecision,
     system: SystemMemory = NO_SYSTEM,
+    activations: Sequence[int] = (),
 ) -> MemoryBreakdown:
-    """The GPU that holds the most over every PP stage of a model's plans."""
+    """The GPU that holds the most over every PP stage of a model's plans (``activations``: each
+    stage's, if counted)."""
     lay = plans[0].layout
+    acts = list(activations) or [0] * len(plans)
     return peak(
         [
             b
             for s, p in enumerate(plans)
-            for b in stage_memory(p, list_params(model, tp=lay.tp, pp=lay.pipeline, stage=s), settings, prec, system)
+            for b in stage_memory(
+                p, list_params(model, tp=lay.tp, pp=lay.pipeline, stage=s), settings, prec, system, acts[s]
+            )
         ]
     )

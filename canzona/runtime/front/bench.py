@@ -26,10 +26,14 @@ from canzona.spec.flags import Knobs, add_flags, from_args, parse_value
 
 STRATEGIES = strategies()
 PARAM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# What a step record holds None for: an optimizer step has no batch and no activations to split
+NO_STEP_FIELDS = ("seq_len", "micro_batch", "global_batch", "num_microbatches", "sequence_parallel")
 KNOBS = Knobs(
     not_taken={
         "method": "set per entry by --strategies: the strategies are timed side by side in one run",
         "pp": "one stage: the benchmark builds every matrix of the model on dp·tp ranks",
+        "sequence_parallel": "an optimizer step has no activations to split, and the benchmark registers "
+        "matrices only, so no norm gradient to sum across TP (its records hold None)",
         "batch": "an optimizer step has no batch (its records hold None)",
         "seed": "fixed, so every strategy steps from the same weights on the same gradients",
         "adamw_lr": "only the matrix optimizer's step is timed: no parameter goes to AdamW",
@@ -221,14 +225,15 @@ def _text(args: argparse.Namespace, out: dict[str, Any]) -> str:
 
 
 def _append_records(args: argparse.Namespace, runs: dict[str, RunSpec], out: dict) -> None:
-    """One kind-"step" record per plain strategy entry: the spec's config, with the batch fields a
-    step benchmark does not have set to None (entries with overrides share a cell key: JSON only)."""
+    """One kind-"step" record per plain strategy entry: the spec's config, with the fields a step
+    benchmark does not have set to None (``NO_STEP_FIELDS``; entries with overrides share a cell
+    key: JSON only)."""
     from canzona.results.schema import SCHEMA_VERSION, append_record, cell_key
 
     for entry, spec in runs.items():
         if ":" in entry:
             continue
-        config = spec.record_config() | dict.fromkeys(("seq_len", "micro_batch", "global_batch", "num_microbatches"))
+        config = spec.record_config() | dict.fromkeys(NO_STEP_FIELDS)
         append_record(
             args.results,
             {
