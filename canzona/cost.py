@@ -14,6 +14,15 @@ lists every CLI and config validates against come from here, so they cannot drif
 Muon's Newton–Schulz FLOPs follow the selected method (standard / gram / auto) through
 ``muon_ns_flops``; ``ns_member_flops`` gives one member's share when a group splits a matrix.
 
+Decompositions are kept apart from matmuls. Shampoo's refresh runs ``torch.linalg.eigh`` in
+float64 and SOAP's runs ``torch.linalg.qr`` in fp32 (canzona/optim/shampoo.py, soap.py); a GPU
+does neither at its bf16 matmul rate (an H800's FP64 peak is about 1/1000 of it). So a cost
+object says how many of its FLOPs are matmuls (``MatrixCost.flops``) and how many are each
+decomposition (``MatrixCost.solver_flops``), and ``matrix_flops`` adds the decompositions'
+FLOPs weighted by ``SolverWeights``: matmul-rate FLOPs per decomposition FLOP, i.e. the
+profile's matmul rate over its eigh or QR rate (``priced_on``). The sum is therefore
+"FLOPs at the matmul rate", and ``flops / profile.flops_rate`` is time on that profile.
+
 All functions are pure and deterministic; shapes are FULL 2-D shapes.
 """
 
@@ -23,11 +32,14 @@ import json
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from canzona.errors import ConfigError
+
+if TYPE_CHECKING:
+    from canzona.hardware import Profile
 
 COST_KINDS = ("numel", "flops", "measured")
 CostKind = Literal["numel", "flops", "measured"]
@@ -36,7 +48,8 @@ CostKind = Literal["numel", "flops", "measured"]
 ADAMW = "adamw"
 
 EIGH_FLOPS_PER_D3 = 22.0 / 3.0  # symmetric eigendecomposition ~ (22/3)·d³ (tridiagonalise + QR sweeps)
-QR_FLOPS_PER_D3 = 4.0 / 3.0  # Householder QR of a d×d matrix
+# torch.linalg.qr returns Q: Householder factorisation (geqrf, 4/3·d³) and forming Q (orgqr, 4/3·d³)
+QR_FLOPS_PER_D3 = 8.0 / 3.0
 
 NS_METHODS = ("standard", "gram", "auto")
 NS_FORMS = ("standard", "standard_no_cube", "gram")
@@ -50,14 +63,55 @@ GRAM_MIN_ASPECT = 2.0
 
 
 @dataclass(frozen=True)
+class SolverWeights:
+    """What one decomposition FLOP costs in matmul-rate FLOPs: the matmul rate over the rate of
+
+      eigh   float64 ``torch.linalg.eigh`` and the float64 work around it (Shampoo's refresh)
+      qr     fp32 ``torch.linalg.qr`` (SOAP's refresh)
+
+    1.0 prices a decomposition at the matmul rate; that is only the fallback of a cost asked for
+    without hardware. The planner and the projection set both from the profile they price on
+    (``priced_on``), so a large-matrix refresh weighs what it costs there.
+    """
+
+    eigh: float = 1.0
+    qr: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not all(math.isfinite(w) and w > 0 for w in (self.eigh, self.qr)):
+            raise ConfigError(f"solver weights must be finite and > 0, got eigh={self.eigh}, qr={self.qr}")
+
+
+def priced_on(profile: Profile, settings: CostSettings | None = None) -> CostSettings:
+    """``settings`` (default: the defaults) with ``profile``'s decomposition weights, its matmul
+    rate over its eigh and QR rates: what every cost priced on that profile uses (Muon has no
+    decomposition, so its costs do not change)."""
+    w = SolverWeights(eigh=profile.flops_rate / profile.eigh_flops, qr=profile.flops_rate / profile.qr_flops)
+    return replace(settings or CostSettings(), solver_weights=w)
+
+
+@dataclass(frozen=True)
+class SolverFlops:
+    """Decomposition FLOPs of one step (refreshes amortised), per kind of ``SolverWeights``."""
+
+    eigh: float = 0.0
+    qr: float = 0.0
+
+    def weighted(self, w: SolverWeights) -> float:
+        return self.eigh * w.eigh + self.qr * w.qr
+
+
+@dataclass(frozen=True)
 class CostSettings:
-    """Hyper-parameters that change an optimizer's per-step cost (mirrors the optimizer configs)."""
+    """What changes an optimizer's per-step cost: its hyper-parameters (mirroring the optimizer
+    configs) and the hardware's decomposition weights (``solver_weights``)."""
 
     ns_steps: int = 5  # Muon Newton–Schulz iterations
     precondition_frequency: int = 10  # Shampoo inverse-root / SOAP eigenbasis refresh interval
     max_precond_dim: int = 8192  # Shampoo/SOAP: sides larger than this use identity
     ns_method: str = "standard"  # Muon: standard | gram | auto (per shape, ns_method_for)
     ns_restarts: tuple[int, ...] = ()  # Muon Gram NS: iterations before which R is recomputed from X
+    solver_weights: SolverWeights = SolverWeights()  # Shampoo/SOAP: matmul FLOPs per eigh / QR FLOP
 
 
 def _dims(shape: Sequence[int]) -> tuple[int, int]:
@@ -121,6 +175,11 @@ def _side_flops(d: int, settings: CostSettings, refresh_d3: float) -> float:
     return refresh_d3 * d**3 / settings.precondition_frequency
 
 
+def _refresh_flops(m: int, n: int, settings: CostSettings, refresh_d3: float) -> float:
+    """``_side_flops`` of both sides of an m×n matrix."""
+    return _side_flops(m, settings, refresh_d3) + _side_flops(n, settings, refresh_d3)
+
+
 def _precond_sides(m: int, n: int, settings: CostSettings) -> tuple[bool, bool]:
     return m <= settings.max_precond_dim, n <= settings.max_precond_dim
 
@@ -146,7 +205,11 @@ class MatrixCost(ABC):
 
     @abstractmethod
     def flops(self, m: int, n: int, settings: CostSettings) -> float:
-        """FLOPs of one step, refreshes amortised over their interval."""
+        """Matmul and elementwise FLOPs of one step, refreshes amortised over their interval."""
+
+    def solver_flops(self, m: int, n: int, settings: CostSettings) -> SolverFlops:
+        """Decomposition FLOPs of one step (amortised), priced at their own rates; none by default."""
+        return SolverFlops()
 
     @abstractmethod
     def state_elements(self, m: int, n: int, settings: CostSettings) -> int:
@@ -172,10 +235,13 @@ class ShampooCost(MatrixCost):
         lm, ln = _precond_sides(m, n, settings)
         mn = m * n
         # factor accumulation G·Gᵀ, Gᵀ·G; preconditioning L^-1/4·G·R^-1/4; Adam graft (~10/elt)
-        per_step = (4.0 * m * mn if lm else 0.0) + (4.0 * n * mn if ln else 0.0) + 12.0 * mn
-        # refresh: eigh + rebuild Q·diag·Qᵀ (2d³) per side
-        refresh = EIGH_FLOPS_PER_D3 + 2
-        return per_step + _side_flops(m, settings, refresh) + _side_flops(n, settings, refresh)
+        return (4.0 * m * mn if lm else 0.0) + (4.0 * n * mn if ln else 0.0) + 12.0 * mn
+
+    def solver_flops(self, m: int, n: int, settings: CostSettings) -> SolverFlops:
+        # refresh, all in float64 (shampoo.inverse_root): eigh + rebuild Q·diag·Qᵀ (2d³) per side.
+        # The rebuild is a float64 GEMM, at least as fast as eigh: pricing it at the eigh rate
+        # overstates it by at most its share, 2 of 28/3 d³.
+        return SolverFlops(eigh=_refresh_flops(m, n, settings, EIGH_FLOPS_PER_D3 + 2))
 
     def state_elements(self, m: int, n: int, settings: CostSettings) -> int:
         lm, ln = _precond_sides(m, n, settings)
@@ -186,11 +252,17 @@ class SOAPCost(MatrixCost):
     def flops(self, m: int, n: int, settings: CostSettings) -> float:
         lm, ln = _precond_sides(m, n, settings)
         mn = m * n
-        # GG factors (2·d·mn per side), project in and out (4·d·mn per side), Adam (~12/elt);
-        # steady-state refresh is one power iteration (2d³) + QR per side.
+        # GG factors (2·d·mn per side), project in and out (4·d·mn per side), Adam (~12/elt)
         per_step = (6.0 * m * mn if lm else 0.0) + (6.0 * n * mn if ln else 0.0) + 12.0 * mn
-        refresh = 2 + QR_FLOPS_PER_D3
-        return per_step + _side_flops(m, settings, refresh) + _side_flops(n, settings, refresh)
+        # steady-state refresh (soap.SOAP._refresh_basis), fp32 matmuls: per side the sort keys
+        # diag(Qᵀ·GG·Q) as two full products (4d³) and the power iteration GG·Q (2d³); m is
+        # rotated back and in again (4·d·mn per side), so 6d³ + 4·d·mn per side every f steps.
+        rotate = ((4.0 * m * mn if lm else 0.0) + (4.0 * n * mn if ln else 0.0)) / settings.precondition_frequency
+        return per_step + _refresh_flops(m, n, settings, 6.0) + rotate
+
+    def solver_flops(self, m: int, n: int, settings: CostSettings) -> SolverFlops:
+        # fp32 QR per side at each refresh; step 1's float64 eigh runs once per run: 0 per step
+        return SolverFlops(qr=_refresh_flops(m, n, settings, QR_FLOPS_PER_D3))
 
     def state_elements(self, m: int, n: int, settings: CostSettings) -> int:
         lm, ln = _precond_sides(m, n, settings)
@@ -239,9 +311,17 @@ def optimizer_names() -> tuple[str, ...]:
 
 
 def matrix_flops(optimizer: str, shape: Sequence[int], settings: CostSettings = CostSettings()) -> float:
-    """FLOPs of one step on a full m×n matrix, refreshes amortised over their interval."""
+    """Matmul-rate FLOPs of one step on a full m×n matrix, refreshes amortised over their interval:
+    the matmul FLOPs plus each decomposition's FLOPs times its ``settings.solver_weights``."""
     m, n = _dims(shape)
-    return cost_for(optimizer).flops(m, n, settings)
+    cost = cost_for(optimizer)
+    return cost.flops(m, n, settings) + cost.solver_flops(m, n, settings).weighted(settings.solver_weights)
+
+
+def solver_flops(optimizer: str, shape: Sequence[int], settings: CostSettings = CostSettings()) -> SolverFlops:
+    """The decomposition FLOPs of one step on a full matrix, unweighted (``MatrixCost.solver_flops``)."""
+    m, n = _dims(shape)
+    return cost_for(optimizer).solver_flops(m, n, settings)
 
 
 def state_bytes(

@@ -53,6 +53,10 @@ param_bytes = 2
 param_bytes_source = "toy"
 grad_bytes = 4
 grad_bytes_source = "toy"
+eigh_flops = 1e7
+eigh_flops_source = "toy"
+qr_flops = 1e8
+qr_flops_source = "toy"
 [links.intra]
 bus_bw = 1e6
 bus_bw_source = "toy"
@@ -351,7 +355,17 @@ def test_calibrate_cpu_writes_a_loadable_sourced_profile(tmp_path: Path) -> None
     from canzona.analysis.calibrate import calibrate, write_profile
     from canzona.analysis.projection import COLLECTIVES
 
-    c = calibrate(model="qwen3-micro", nproc=2, dp=2, tp=1, sizes=(1 << 12, 1 << 14), reps=1, rounds=1, fwd_bwd=False)
+    c = calibrate(
+        model="qwen3-micro",
+        nproc=2,
+        dp=2,
+        tp=1,
+        sizes=(1 << 12, 1 << 14),
+        reps=1,
+        rounds=1,
+        fwd_bwd=False,
+        solver_dims=(16, 32),
+    )
     path = write_profile(c, tmp_path / "cpu-test.toml", tmp_path / "raw.json")
     prof = load_profile(path)
     assert prof.kind == "cpu" and prof.mfu is None and not prof.comm_compute_overlap
@@ -359,6 +373,7 @@ def test_calibrate_cpu_writes_a_loadable_sourced_profile(tmp_path: Path) -> None
     assert 0 < prof.shared_cores <= 2
     assert set(prof.collectives) == set(COLLECTIVES)
     assert all(f.bus_bw > 0 for f in prof.collectives.values())
+    assert prof.eigh_flops > 0 and prof.qr_flops > 0 and "d=32" in prof.sources["compute.eigh_flops"]
     p = project(Scenario("qwen3-micro", Layout(2, 1, 1), "canzona", seq_len=1, global_batch=2), prof)
     assert p.step_ms > 0 and math.isnan(p.fwd_bwd_ms)
     assert json.loads((tmp_path / "raw.json").read_text())["nproc"] == 2
@@ -375,6 +390,8 @@ def test_cpu_mfu_from_a_one_rank_fwd_bwd_run(tmp_path: Path) -> None:
         "model": "qwen3-micro", "optimizer": "muon", "nproc": 4, "dp": 2, "tp": 2, "reps": 1, "rounds": 1,
         "host": "h", "cpu": "x86_64", "timestamp": "t", "torch": "2", "rate": 1e9, "overhead_us": 0.0,
         "mem_bw": 1e10, "shared_cores": 2.0, "compute_s": {"256x64": 1e-3},
+        "solver_dims": [16], "solver_s": {"eigh": {"16": 1e-3}, "qr": {"16": 1e-3}},
+        "eigh_flops": 1e8, "qr_flops": 2e8,
         "collectives": {k: {"latency_us": 100.0, "bus_bw": 1e9} for k in ("all_reduce", "reduce_scatter",
                         "all_gather", "all_to_all", "broadcast", "reduce")},
         # one rank: 6·N·1024 tokens FLOPs in 2 s at a 1 GFLOP/s peak -> mfu = 6·N·1024 / 2e9

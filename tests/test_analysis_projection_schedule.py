@@ -11,7 +11,7 @@ import pytest
 from canzona.analysis.projection import Layout, Scenario, load_profile, make_plans, project
 from canzona.analysis.projection.hardware import comm_model, coop_member_ms, with_profile_overrides
 from canzona.analysis.projection.scenario import cost_settings_for, plan_config_for
-from canzona.cost import CostModel, CostSettings, matrix_flops, ns_member_flops
+from canzona.cost import CostModel, CostSettings, matrix_flops, ns_member_flops, priced_on
 from canzona.errors import ConfigError
 from canzona.models import get_model, list_params
 from canzona.plan import plan_model
@@ -154,7 +154,9 @@ def test_gram_flops_follow_the_method() -> None:
     cooperative Gram member pays R₀ plus one all-reduce per restart instead of one per iteration."""
     name = "decoder.layers.0.mlp.linear_fc1.weight"
     s, prof, settings, plans, st = _toy_coop(((name, 2),), Layout(2, 2, 1), ns_method="gram")
-    assert settings == CostSettings(ns_method="gram", ns_restarts=(2,))
+    assert settings == priced_on(
+        prof, CostSettings(ns_method="gram", ns_restarts=(2,))
+    )  # the profile's eigh/QR weights
     items = plans[0].items
     assert st.total_flops == pytest.approx(sum(matrix_flops("muon", it.shape, settings) for it in items))
     standard = sum(matrix_flops("muon", it.shape) for it in items)

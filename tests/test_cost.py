@@ -21,7 +21,7 @@ from canzona.cost import (
 )
 from canzona.errors import ConfigError
 
-EIGH, QR = 22 / 3, 4 / 3  # d³ coefficients of a symmetric eigh and a Householder QR
+EIGH, QR = 22 / 3, 8 / 3  # d³ coefficients of a symmetric eigh and a Householder QR that forms Q
 
 
 def test_numel() -> None:
@@ -99,15 +99,16 @@ def test_shampoo_flops_amortise_refresh() -> None:
 def test_soap_flops_amortise_refresh() -> None:
     m, n, f = 96, 200, 4
     per_step = 6 * m * m * n + 6 * n * m * n + 12 * m * n
-    refresh = (2 + QR) * (m**3 + n**3) / f
+    # per refresh and side: diag(Qᵀ·GG·Q) 4d³, GG·Q 2d³, QR; m rotated back and in: 4·d·mn
+    refresh = ((6 + QR) * (m**3 + n**3) + 4 * (m + n) * m * n) / f
     got = matrix_flops("soap", (m, n), CostSettings(precondition_frequency=f))
     assert got == pytest.approx(per_step + refresh, rel=1e-12)
 
 
-@pytest.mark.parametrize("opt,side,d3", [("shampoo", 4, EIGH + 2), ("soap", 6, 2 + QR)])
-def test_max_precond_dim_excludes_large_sides(opt: str, side: int, d3: float) -> None:
+@pytest.mark.parametrize("opt,side,d3", [("shampoo", 4.0, EIGH + 2), ("soap", 6 + 4 / 10, 6 + QR)])
+def test_max_precond_dim_excludes_large_sides(opt: str, side: float, d3: float) -> None:
     s = CostSettings(precondition_frequency=10, max_precond_dim=1000)
-    m, n = 5000, 300  # the 5000 side uses identity: no factor matmul, no refresh
+    m, n = 5000, 300  # the 5000 side uses identity: no factor matmul, no refresh, no rotation
     want = side * n * m * n + 12 * m * n + d3 * n**3 / 10
     assert matrix_flops(opt, (m, n), s) == pytest.approx(want, rel=1e-12)
     assert matrix_flops(opt, (n, m), s) == pytest.approx(want, rel=1e-12)

@@ -166,7 +166,9 @@ def test_registry_and_reexports() -> None:
     assert optimizer_names() == ("muon", "shampoo", "soap", "adamw")
     assert matrix_optimizer_names() == tuple(registered_optimizers()) == optimizer_names()[:3]
     for n, entry in registered_optimizers().items():
-        assert entry.cls.name == n and entry.cost.flops(6, 4, CostSettings()) == matrix_flops(n, (6, 4))
+        s = CostSettings()  # matrix_flops: the entry's matmul FLOPs plus its decompositions', weighted
+        priced = entry.cost.flops(6, 4, s) + entry.cost.solver_flops(6, 4, s).weighted(s.solver_weights)
+        assert entry.cls.name == n and priced == matrix_flops(n, (6, 4))
     for sym in (
         "MatrixOptimizer",
         "apply_update",

@@ -14,6 +14,11 @@ measurements of the same conditions, never from the runs it will be compared wit
   min(1, cores / k) of solo speed). The times cover the elementwise work inside
   ``direction()``, so the profile sets ``direction_passes = 0``.
 * memory: rank 0 copies a 32 MiB buffer alone: bytes moved / s.
+* decompositions: the parent, on one thread like each rank, times float64 ``torch.linalg.eigh``
+  (Shampoo's refresh) and fp32 ``torch.linalg.qr`` (SOAP's) on d×d matrices of SOLVER_DIMS; the
+  rate is the FLOPs canzona.cost counts for them over the median time, the largest d's kept
+  (``eigh_flops``, ``qr_flops``: what ``canzona.cost.priced_on`` weighs the refreshes by).
+  ``--solvers-only`` measures just these and rewrites those two numbers of an existing profile.
 * collectives: the ranks form the DP groups of a dp×tp layout (as bench-step does) and time
   every collective kind at several sizes, all groups at once; a fit
   ``t = latency + factor(kind, n) · bytes / bus_bw`` per kind gives the profile's
@@ -39,6 +44,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from canzona.analysis.calibrate_solvers import SOLVER_DIMS, measure_solvers, median_time, run_solvers_only, solver_lines
 from canzona.analysis.projection import COLLECTIVES, PROFILE_DIR
 from canzona.argtypes import int_in, output_file, positive_int
 from canzona.cost import matrix_flops, matrix_optimizer_names, runs_newton_schulz
@@ -55,16 +61,6 @@ def _shapes(model: str) -> list[tuple[int, int]]:
         if p.route == "matrix" and tuple(p.shape) not in seen:
             seen.append(tuple(p.shape))  # type: ignore[arg-type]
     return seen
-
-
-def _time(fn: Any, reps: int) -> float:
-    fn()  # warm-up
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
 
 
 def _rank(info: Any, model: str, optimizer: str, dp: int, tp: int, sizes: Sequence[int], reps: int) -> dict[str, Any]:
@@ -134,7 +130,7 @@ def _rank(info: Any, model: str, optimizer: str, dp: int, tp: int, sizes: Sequen
                 "reduce": partial(dist.reduce, buf, dst=root, group=mine),
             }
             dist.barrier()
-            out["coll"][f"{kind}:{elems * 4}"] = _time(ops[kind], reps)
+            out["coll"][f"{kind}:{elems * 4}"] = median_time(ops[kind], reps)
     return out
 
 
@@ -202,9 +198,11 @@ def calibrate(
     reps: int = 5,
     rounds: int = 1,
     fwd_bwd: bool = True,
+    solver_dims: Sequence[int] = SOLVER_DIMS,
 ) -> dict[str, Any]:
     """Run the measurements on ``nproc`` forked gloo ranks ``rounds`` times (median over rounds),
-    and with ``fwd_bwd`` the one-rank fwd/bwd run; return raw medians and fitted constants."""
+    with ``fwd_bwd`` the one-rank fwd/bwd run, and the decompositions on ``solver_dims``; return raw
+    medians and fitted constants."""
     import torch
 
     from canzona.runtime.launch import launch
@@ -246,6 +244,7 @@ def calibrate(
     if fb is not None:
         fb["mfu"] = fb["flops_per_token"] * fb["tokens"] / (fb["ms"] * 1e-3 * (1.0 / inv_rate))
     return {
+        **measure_solvers(solver_dims, reps),
         "fwd_bwd": fb,
         "model": model,
         "optimizer": optimizer,
@@ -315,6 +314,7 @@ def profile_toml(c: dict[str, Any], name: str = "cpu-local") -> str:
         'param_bytes_source = "fp32 parameters on CPU (bench-step and the CPU harness run fp32)"',
         "grad_bytes = 4",
         'grad_bytes_source = "fp32 gradients on CPU"',
+        *solver_lines(c, how),
         *_mfu_lines(c.get("fwd_bwd"), how),
         "",
         "[compute.measured_ms]",
@@ -390,9 +390,17 @@ def configure(p: Any) -> None:
     p.add_argument(
         "--no-fwd-bwd", action="store_true", help="skip the one-rank fwd/bwd run (no mfu: no CPU iterations)"
     )
+    p.add_argument(
+        "--solvers-only",
+        action="store_true",
+        help="time only float64 eigh and fp32 QR (one thread) and rewrite eigh_flops / qr_flops of the "
+        "existing profile (--out), keeping its other numbers",
+    )
 
 
 def run(args: Any) -> int:
+    if args.solvers_only:
+        return run_solvers_only(args)
     c = calibrate(
         model=args.model,
         optimizer=args.optimizer,
@@ -407,7 +415,8 @@ def run(args: Any) -> int:
     print(
         f"achieved {c['optimizer']} rate {c['rate'] / 1e9:.2f} GFLOP/s per rank, "
         f"overhead {c['overhead_us']:.0f} us/matrix, "
-        f"memory {c['mem_bw'] / 1e9:.2f} GB/s per rank"
+        f"memory {c['mem_bw'] / 1e9:.2f} GB/s per rank, "
+        f"float64 eigh {c['eigh_flops'] / 1e9:.2f} GFLOP/s, fp32 QR {c['qr_flops'] / 1e9:.2f} GFLOP/s"
     )
     fb = c["fwd_bwd"]
     if fb:

@@ -61,6 +61,8 @@ class Profile:
     mfu: float | None
     param_bytes: int
     grad_bytes: int
+    eigh_flops: float  # achieved FLOP/s of float64 torch.linalg.eigh (Shampoo's refresh)
+    qr_flops: float  # achieved FLOP/s of fp32 torch.linalg.qr (SOAP's refresh)
     intra: Link
     inter: Link
     comm_compute_overlap: bool = True
@@ -95,6 +97,8 @@ _COMPUTE_KEYS = (
     "adamw_passes",
     "param_bytes",
     "grad_bytes",
+    "eigh_flops",
+    "qr_flops",
 )
 _LINK_KEYS = ("bus_bw", "base_latency_us", "hop_latency_us")
 # an optional [memory] section, all three or none: what a GPU process holds beside its tensors
@@ -151,6 +155,8 @@ def load_profile(name_or_path: str | Path) -> Profile:
         mfu=mfu,
         param_bytes=int(cvals["param_bytes"]),
         grad_bytes=int(cvals["grad_bytes"]),
+        eigh_flops=cvals["eigh_flops"],
+        qr_flops=cvals["qr_flops"],
         intra=r.link(links, "intra"),
         inter=r.link(links, "inter"),
         comm_compute_overlap=bool(r.need(top, "comm_compute_overlap", "profile")),
@@ -271,5 +277,6 @@ def describe(profile: Profile) -> str:
     return (
         f"profile {profile.name}: Newton–Schulz rate {profile.flops_rate / 1e12:.1f} TFLOP/s "
         f"({profile.peak_flops / 1e12:.1f} peak x {profile.matmul_efficiency:g}), "
+        f"eigh fp64 {profile.eigh_flops / 1e12:.3g} TFLOP/s, QR fp32 {profile.qr_flops / 1e12:.3g} TFLOP/s, "
         f"intra-node {profile.intra.bus_bw / 1e9:g} GB/s, inter-node {profile.inter.bus_bw / 1e9:g} GB/s"
     )

@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 
-from canzona.cost import CostModel, cost_for
+from canzona.cost import CostModel, cost_for, priced_on
 from canzona.errors import ConfigError
 from canzona.hardware import DEFAULT_GPU, Profile, load_profile
 from canzona.models import Model, ParamSpec, get_model, list_params
@@ -246,6 +246,8 @@ def _alpha_candidates(
             f"cost model is {cost_model.optimizer}/{cost_model.kind} but the config says {cfg.optimizer}/{cfg.cost}; "
             "make them agree"
         )
+    # decompositions (Shampoo's eigh, SOAP's QR) weigh their time on the machine the plan is priced on
+    cost_model = replace(cost_model, settings=priced_on(hw, cost_model.settings))
     dup = sorted(n for n, k in Counter(s.name for s in params).items() if k > 1)
     if dup:
         raise ConfigError(f"duplicate parameter names: {', '.join(dup[:3])}")

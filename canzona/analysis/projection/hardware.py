@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from canzona.cost import CostSettings, matrix_flops, ns_member_flops, ns_method_for, runs_newton_schulz
+from canzona.cost import CostSettings, matrix_flops, ns_member_flops, ns_method_for, priced_on, runs_newton_schulz
 from canzona.errors import ConfigError
 from canzona.hardware.profile import (  # noqa: F401  (re-exported: the projection's names)
     COLLECTIVES,
@@ -89,7 +89,8 @@ def _resolved_method(optimizer: str, shape: tuple[int, int], settings: CostSetti
 
 
 def matrix_ms(profile: Profile, optimizer: str, shape: tuple[int, int], settings: CostSettings) -> float:
-    """One full-matrix update: matmul FLOPs at the achieved rate + elementwise passes + overhead.
+    """One full-matrix update: matmul FLOPs at the achieved rate + elementwise passes + overhead;
+    decompositions (Shampoo's eigh, SOAP's QR) at the profile's own rates for them (``priced_on``).
 
     A profile that measured ``direction()`` for this exact shape (``[compute.measured_ms]``, standard
     Newton–Schulz) is charged that time plus the runtime's copy passes instead of the FLOPs model,
@@ -100,7 +101,7 @@ def matrix_ms(profile: Profile, optimizer: str, shape: tuple[int, int], settings
     measured = key in profile.measured_ms and _resolved_method(optimizer, shape, settings) == "standard"
     if measured:
         return profile.measured_ms[key] + profile.copy_passes * numel * 4 / profile.mem_bw * 1e3
-    flops_s = matrix_flops(optimizer, shape, settings) / profile.flops_rate
+    flops_s = matrix_flops(optimizer, shape, priced_on(profile, settings)) / profile.flops_rate
     mem_s = (profile.direction_passes + profile.copy_passes) * numel * 4 / profile.mem_bw
     return (flops_s + mem_s) * 1e3 + profile.per_matrix_overhead_us * 1e-3
 

@@ -43,7 +43,7 @@ from canzona.analysis.projection.lowering import (
 )
 from canzona.analysis.projection.stage import RankTimes, StageProjection
 from canzona.analysis.projection.timeline import Task, simulate
-from canzona.cost import CostSettings, matrix_flops
+from canzona.cost import CostSettings, matrix_flops, priced_on
 from canzona.errors import ConfigError
 from canzona.models.spec import ParamSpec
 from canzona.plan.schedule import TP_BLOCKS_TAG, CommOp, ExecSpec, RankSchedule
@@ -130,6 +130,7 @@ class _Charger:
     KNOWN = ("grad_sync", "tp_partial", "norm", "coop", "tp_gather", "tp_scatter", "param_sync")
 
     def __init__(self, ops: StageOps, profile: Profile, layout: Layout, settings: CostSettings) -> None:
+        settings = priced_on(profile, settings)  # decompositions at this profile's rates for them
         self.ops, self.profile, self.layout, self.settings = ops, profile, layout, settings
         self.comm = Comm(profile, layout)
         opt = ops.plan.config.optimizer

@@ -15,7 +15,7 @@ from canzona.analysis.projection.hardware import Profile
 from canzona.analysis.projection.overlap import OVERLAPS, Projection, fwd_bwd_ms
 from canzona.analysis.projection.phases import project_stage
 from canzona.analysis.projection.stage import StageProjection
-from canzona.cost import CostModel, CostSettings
+from canzona.cost import CostModel, CostSettings, priced_on
 from canzona.errors import ConfigError
 from canzona.plan.types import Layout, Plan, PlanConfig
 from canzona.spec import BatchSpec, OptimSpec, PlanSpec, get_method, method_names
@@ -123,7 +123,10 @@ def optimizer_for(s: Scenario, profile: Profile | None = None) -> MatrixOptimize
 
 
 def cost_settings_for(s: Scenario, profile: Profile | None = None) -> CostSettings:
-    return optimizer_for(s, profile).cost_settings()
+    """The scenario optimizer's cost settings, with ``profile``'s decomposition weights when given
+    (the planner applies its own profile's in any case: ``canzona.plan.build``)."""
+    settings = optimizer_for(s, profile).cost_settings()
+    return priced_on(profile, settings) if profile is not None else settings
 
 
 def make_plans(s: Scenario, profile: Profile | None = None) -> list[Plan]:

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from canzona.cost import CostModel
+from canzona.cost import CostModel, priced_on
 from canzona.hardware import Profile
 from canzona.models.transformer import Model
 from canzona.plan.build import stage_adamw
@@ -86,21 +86,21 @@ def stage_budget(
     schedules: Sequence[RankSchedule],
     plan: Plan,
     models: Mapping[str, CommModel],
-    flops_rate: float,
+    profile: Profile,
     grad_bytes: int = 4,
 ) -> Budget:
     """The budget of one stage from its ranks' schedules (``stage_schedules``): ``models`` prices
-    each group's calls (dp / tp / coop / global), ``flops_rate`` the TP hosts' compute (FLOP/s),
-    ``grad_bytes`` the padding."""
+    each group's calls (dp / tp / coop / global), ``profile`` the TP hosts' compute (its matmul
+    rate, decompositions weighted by ``canzona.cost.priced_on``), ``grad_bytes`` the padding."""
     lay = plan.layout
     coop = max((g.k for g in plan.coop), default=1)
     sizes = {"dp": lay.dp, "edp": lay.dp // lay.ep, "tp": lay.tp, "global": lay.world, "coop": coop}
     worst = max(schedules, key=lambda s: (len(s.ops), sum(o.nbytes for o in s.ops)))
     counts = {g: dict(Counter(o.kind for o in worst.ops if o.group == g)) for g in GROUPS}
     matrix = [b for b in worst.buckets if b.kind == "matrix"]
-    flops = CostModel(plan.config.optimizer, "flops")
+    flops = CostModel(plan.config.optimizer, "flops", priced_on(profile))
     cost = {it.name: flops(it.shape) for it in plan.items}
-    tps = [_exposed_tp(s, plan, models["tp"], flops_rate, cost) for s in schedules]
+    tps = [_exposed_tp(s, plan, models["tp"], profile.flops_rate, cost) for s in schedules]
     return Budget(
         collectives={g: c for g, c in counts.items() if c},
         buckets=len(matrix),
@@ -142,7 +142,7 @@ def summary(model: Model, plans: Sequence[Plan], settings: LowerSettings, profil
             budgets.append(_zero_budget(plan, adamw, settings, links(profile, plan)["dp"]))
             continue
         scheds = stage_schedules(plan, adamw, settings)
-        budgets.append(stage_budget(scheds, plan, links(profile, plan), profile.flops_rate, settings.grad_bytes))
+        budgets.append(stage_budget(scheds, plan, links(profile, plan), profile, settings.grad_bytes))
     worst = max(budgets, key=lambda b: (b.step_calls, b.comm_ms))
     loads = [c for p in plans for c in gpu_loads(p).flat_cost()]
     return {

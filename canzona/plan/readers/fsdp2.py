@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from canzona.cost import CostModel
+from canzona.cost import CostModel, priced_on
 from canzona.hardware import Profile
 from canzona.models.spec import ParamSpec
 from canzona.models.transformer import Model, list_params
@@ -115,7 +115,7 @@ def _coop_ms(plan: Plan, scheds: Sequence[RankSchedule], models: dict[str, CommM
     micro-group pipeline (no overlap modelled: an upper bound on what cooperation adds)."""
     if not plan.coop:
         return 0.0
-    flops = CostModel(plan.config.optimizer, "flops")
+    flops = CostModel(plan.config.optimizer, "flops", priced_on(profile))
     shapes = {it.name: it.shape for it in plan.items}
     sizes = {"tp": plan.layout.tp, "global": plan.layout.tp, "coop": max(g.k for g in plan.coop)}
     member = [0.0] * plan.layout.tp
@@ -138,7 +138,7 @@ def _planned_row(method: str, plan: Plan, profile: Profile, settings: LowerSetti
     group = plan.layout.tp
     models = links(profile, plan)
     scheds = stage_schedules(plan, (), settings)
-    budget = stage_budget(scheds, plan, models, profile.flops_rate, settings.grad_bytes)
+    budget = stage_budget(scheds, plan, models, profile, settings.grad_bytes)
     norm_ms = max(
         sum(models[o.group].call_us(o.kind, group, o.nbytes) for o in s.ops if o.phase == "norm") / 1e3 for s in scheds
     )
@@ -203,6 +203,7 @@ def fsdp2_plans(
         base, optimizer=optimizer, cooperative=FSDP2.cooperative and base.cooperative, profile=profile.name
     )
     cm = cost_model or CostModel(optimizer, base.cost)  # type: ignore[arg-type]
+    cm = dataclasses.replace(cm, settings=priced_on(profile, cm.settings))
     plans = {
         "canzona": make_plan(
             specs, layout, dataclasses.replace(base, strategy="canzona"), cost_model=cm, profile=profile

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from canzona.analysis.projection.hardware import Comm, Profile, matrix_ms
 from canzona.analysis.projection.stage import RankTimes, StageProjection
-from canzona.cost import CostSettings, matrix_flops
+from canzona.cost import CostSettings, matrix_flops, priced_on
 from canzona.models.spec import ParamSpec
 from canzona.plan.types import Layout
 
@@ -49,7 +49,7 @@ class Cell:
         return matrix_ms(self.profile, self.optimizer, (shape[0], shape[1]), self.settings)
 
     def flops(self, shape: tuple[int, ...]) -> float:
-        return matrix_flops(self.optimizer, (shape[0], shape[1]), self.settings)
+        return matrix_flops(self.optimizer, (shape[0], shape[1]), priced_on(self.profile, self.settings))
 
     def adamw_ms(self, elems: float) -> float:
         """AdamW over ``elems`` fp32 elements: memory bound, the profile's passes."""
