@@ -184,6 +184,9 @@ BASE = [
             ["--tp", "2", "--pp", "1", "--dp", "1", "--global-batch", "4", "--seq-len", "33"],
             "use a seq-len that is a multiple of 2, or --no-sequence-parallel",
         ),
+        # split views: the peer has no gate/up split; TP must cut whole query groups (2 in qwen3-micro)
+        (["--dp", "1", "--global-batch", "4", "--method", "megatron-muon", "--split-gate-up"], "--no-split-gate-up"),
+        (["--tp", "4", "--dp", "1", "--global-batch", "4"], "KV heads (2); pick TP dividing 2"),
     ],
 )
 def test_cli_bad_config_exits_2_before_launch(no_launch, capsys, extra: list[str], needle: str) -> None:

@@ -143,3 +143,22 @@ def test_version_2_lines_are_upgraded_with_a_plan_section_saying_why() -> None:
     assert up["plan"] == {"stages": None, "missing": "not recorded: the line was written by results schema version 2"}
     step = schema.validate(old | {"kind": "step"})  # other lines may carry a plan, none is made up
     assert "plan" not in step
+
+
+def test_lines_from_before_split_views_read_as_fused_and_a_bad_value_is_refused() -> None:
+    """Every line's config says whether Q/K/V (gate/up) were updated apart; a line written before
+    split views ran lacks the fields and ran fused (Canzona, and the peer's muon_split_qkv=False)."""
+    rec = _good()
+    assert (rec["config"]["split_qkv"], rec["config"]["split_gate_up"]) == (True, False)  # the defaults, recorded
+    old = copy.deepcopy(rec)
+    del old["config"]["split_qkv"], old["config"]["split_gate_up"]
+    up = schema.validate(old)
+    assert (up["config"]["split_qkv"], up["config"]["split_gate_up"]) == (False, False) and up["cell"] == rec["cell"]
+    assert RunSpec.from_record(up["config"]).splits == ()  # the spec it rebuilds ran fused
+    adamw = copy.deepcopy(old)
+    adamw["config"]["optimizer"], adamw["config"]["ns_dtype"] = "adamw", None
+    adamw["cell"] = schema.cell_key(adamw["config"])
+    assert schema.validate(adamw)["config"]["split_qkv"] is None
+    rec["config"]["split_qkv"] = "yes"
+    with pytest.raises(ResultsError, match=r"config\.split_qkv must be true or false"):
+        schema.validate(rec)

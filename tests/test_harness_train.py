@@ -238,6 +238,14 @@ def test_megatron_muon_peer_tracks_canzona(tmp_path: Path) -> None:
     # the peer's Newton-Schulz format follows --ns-dtype (Megatron's muon_fp32_matmul_prec):
     # "auto" is Megatron's default "medium" = bf16; fp32 ("highest") changes its numbers
     assert peer["config"]["ns_dtype"] == "bf16"
+    # the same split view on both sides, and the record says which: QKV split by default (Megatron's
+    # muon_split_qkv); fused on both with --no-split-qkv, which changes the curve and still agrees
+    assert peer["config"]["split_qkv"] is ours["config"]["split_qkv"] is True
+    fused = ("--no-split-qkv",)
+    ours_fused = _train(results, tp=2, pp=1, dp=2, method="canzona", extra=fused)
+    peer_fused = _train(results, tp=2, pp=1, dp=2, method="megatron-muon", extra=fused)
+    assert peer_fused["config"]["split_qkv"] is False and ours_fused["loss"]["curve"] != ours["loss"]["curve"]
+    assert peer_fused["loss"]["curve"] == pytest.approx(ours_fused["loss"]["curve"], rel=1e-2)
     peer32 = _train(results, tp=2, pp=1, dp=2, method="megatron-muon", extra=("--ns-dtype", "fp32"))
     assert peer32["config"]["ns_dtype"] == "fp32" and peer32["cell"] != peer["cell"]
     assert peer32["loss"]["curve"] != peer["loss"]["curve"]
@@ -277,8 +285,8 @@ def test_megatron_layer_wise_optimizer_on_gloo_is_megatrons_own_muon(tmp_path: P
 
 def _plans_for(rec: dict) -> list:
     """make_plan of every stage of the record's run, on the inputs the runtime plans from (the
-    model's parameter inventory, the run's PlanConfig with its bucket size resolved, the optimizer's
-    cost model) and the profile the runtime prices on over gloo."""
+    model's parameter inventory with the run's split views, the run's PlanConfig with its bucket
+    size resolved, the optimizer's cost model) and the profile the runtime prices on over gloo."""
     from dataclasses import replace
 
     from canzona.models import get_model, list_params
@@ -293,7 +301,12 @@ def _plans_for(rec: dict) -> list:
     cost = cfg.make_math().cost_model(pc.cost)
     model = get_model(spec.model)
     return [
-        make_plan(list_params(model, tp=lay.tp, pp=lay.pp, stage=s), Layout(lay.dp, lay.tp, 1), pc, cost_model=cost)
+        make_plan(
+            list_params(model, tp=lay.tp, pp=lay.pp, stage=s, split=spec.splits),
+            Layout(lay.dp, lay.tp, 1),
+            pc,
+            cost_model=cost,
+        )
         for s in range(lay.pp)
     ]
 

@@ -46,6 +46,10 @@ KNOBS = Knobs(
         **NOT_PRICED,
         "comm": "the overlap view (--overlap) stands for what the runtime overlaps; the α–β model picks collectives",
         "machine": "priced on the profile: its parameter format (Profile.param_bytes), no device or kernel choice",
+        "split_qkv": "a projection prices fused matrices whole (or as separate pieces with --views), not yet by the "
+        "parts of a run's split view",
+        "split_gate_up": "a projection prices fused matrices whole (or as separate pieces with --views), not yet by "
+        "the parts of a run's split view",
     },
     defaults={
         "model": "qwen3-32b",

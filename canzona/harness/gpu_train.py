@@ -91,8 +91,8 @@ def predicted_memory(run: RunSpec) -> MemoryBreakdown:
     prec = MemoryPrecision(param_bytes=param_bytes, grad_bytes=4, ns_bytes=2 if run.optim.ns_dtype == "bf16" else 4)
     settings = LowerSettings(model=MODELS["nccl" if machine.device == "gpu" else "gloo"], param_bytes=param_bytes)
     worst = []
-    for stage, plan in enumerate(plan_model(run.model, layout, run.plan_config())):
-        specs = list_params(get_model(run.model), tp=lay.tp, pp=lay.pp, stage=stage)
+    for stage, plan in enumerate(plan_model(run.model, layout, run.plan_config(), split=run.splits)):
+        specs = list_params(get_model(run.model), tp=lay.tp, pp=lay.pp, stage=stage, split=run.splits)
         worst.append(peak(stage_memory(plan, specs, settings, prec)))
     return peak(worst)
 

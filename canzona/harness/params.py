@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 
 import torch
 
@@ -80,9 +81,17 @@ def full_shape(param: torch.Tensor, tp: int) -> tuple[tuple[int, ...], int | Non
 
 
 def named_params(
-    model: torch.nn.Module, cfg: Qwen3Config, *, tp: int, pp: int, stage: int, routing: RoutingRule = DEFAULT_ROUTING
+    model: torch.nn.Module,
+    cfg: Qwen3Config,
+    *,
+    tp: int,
+    pp: int,
+    stage: int,
+    routing: RoutingRule = DEFAULT_ROUTING,
+    split: tuple[str, ...] = (),
 ) -> list[NamedParam]:
-    """This stage's trainable params as ``(name, full-shape ParamSpec, local parameter)``.
+    """This stage's trainable params as ``(name, full-shape ParamSpec, local parameter)``; ``split``:
+    the split views the optimizer executes, marked on the specs (``canzona.models.split``).
 
     Raises ConfigError when megatron's model and the inventory of ``cfg`` disagree in names or
     shapes (a wrong config, or a megatron version that renamed something).
@@ -95,7 +104,7 @@ def named_params(
         name, layer = global_name(canonical_name(strip_wrappers(raw)), offset)
         shape, dim = full_shape(p, tp)
         got[name] = (ParamSpec(name, shape, dim, routing.route(name, len(shape)), layer), p)
-    expected = list_params(cfg, tp=tp, pp=pp, stage=stage, routing=routing)
+    expected = list_params(cfg, tp=tp, pp=pp, stage=stage, routing=routing, split=split)
     exp_names = [s.name for s in expected]
     missing, extra = sorted(set(exp_names) - set(got)), sorted(set(got) - set(exp_names))
     if missing or extra:
@@ -111,7 +120,7 @@ def named_params(
                 f"{spec.name}: megatron gives full shape {mine.shape} (tp dim {mine.partition_dim}), "
                 f"the {cfg.name} inventory says {spec.shape} (tp dim {spec.partition_dim})"
             )
-        out.append((spec.name, mine, p))
+        out.append((spec.name, replace(mine, split=spec.split), p))
     return out
 
 

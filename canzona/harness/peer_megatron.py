@@ -210,12 +210,13 @@ def build(run: RunSpec, model: torch.nn.Module) -> tuple[torch.nn.Module, Megatr
         use_layer_wise_distributed_optimizer=layer_wise,
         # the same update as Canzona's Muon, so --lr means the same step and the work per matrix is
         # the same: Nesterov momentum 0.95, U = 0.2·sqrt(max(m, n))·NS(M) ("spectral" scale is
-        # sqrt(max(m, n))), the fused QKV orthogonalised as ONE matrix (Megatron splits by default)
+        # sqrt(max(m, n))), and the same split view: Q, K and V orthogonalised apart (each scaled by
+        # its own shape) under --split-qkv, Megatron's default and ours, the fused QKV whole without
         muon_momentum=0.95,
         muon_nesterov=True,
         muon_scale_mode="spectral",
         muon_extra_scale_factor=0.2,
-        muon_split_qkv=False,
+        muon_split_qkv=run.optim.split_qkv,
         muon_num_ns_steps=NS_STEPS,
         # the recorded Newton-Schulz format: emerging-optimizers casts to bf16 under "medium"
         # (Megatron's default) and stays in fp32 under "highest" (no TF32 either)

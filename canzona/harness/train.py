@@ -230,7 +230,7 @@ def train(
             sequence_parallel=run.uses_sequence_parallel,
             attention=run.machine.attention,
         )
-        named = named_params(model, mcfg, tp=run.layout.tp, pp=run.layout.pp, stage=stage)
+        named = named_params(model, mcfg, tp=run.layout.tp, pp=run.layout.pp, stage=stage, split=run.splits)
         init_weights(named, mcfg, seed=run.loop.seed, tp_rank=tp_rank, tp=run.layout.tp)
 
         # --- optimizer, hooked into megatron's schedule -------------------------------------

@@ -8,12 +8,56 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from math import prod
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from canzona.errors import ConfigError
 
+if TYPE_CHECKING:
+    import torch
+
 Route = Literal["matrix", "adamw"]
 ROUTES: tuple[str, ...] = ("matrix", "adamw")
+
+
+@dataclass(frozen=True)
+class RowSplit:
+    """The parts of a fused matrix that a split view orthogonalises separately.
+
+    The rows of the FULL matrix (as the runtime assembles it: TP shards concatenated along dim 0)
+    are ``groups`` repeats of one block of ``sum(widths)`` rows; part ``i`` is the ``i``-th
+    ``widths[i]`` rows of every block, stacked in block order. Why a group count: Megatron lays
+    ``linear_qkv`` out per query group ([q heads of group g; k_g; v_g] for each g; its Muon splits
+    by ``view(groups, -1, cols)`` for the same reason), and a TP-split SwiGLU ``fc1`` is
+    [gate_r; up_r] per TP rank, so the assembled matrix is a row permutation of [gate; up].
+    """
+
+    tags: tuple[str, ...]
+    widths: tuple[int, ...]
+    groups: int = 1
+
+    def __post_init__(self) -> None:
+        if len(self.tags) != len(self.widths) or len(self.tags) < 2 or min(self.widths) < 1 or self.groups < 1:
+            raise ConfigError(f"a row split needs two or more named parts of positive width, got {self}")
+
+    @property
+    def rows(self) -> int:
+        return self.groups * sum(self.widths)
+
+    def shapes(self, cols: int) -> tuple[tuple[int, int], ...]:
+        """The parts' shapes for a fused matrix of ``cols`` columns."""
+        return tuple((self.groups * w, cols) for w in self.widths)
+
+    def split(self, m: torch.Tensor) -> list[torch.Tensor]:
+        """The parts of the full matrix ``m`` (copies when ``groups`` > 1)."""
+        blocks = m.view(self.groups, self.rows // self.groups, m.shape[1]).split(list(self.widths), dim=1)
+        return [b.reshape(-1, m.shape[1]) for b in blocks]
+
+    def merge(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        """The full matrix of its parts (the inverse of ``split``)."""
+        import torch
+
+        cols = parts[0].shape[1]
+        return torch.cat([p.view(self.groups, -1, cols) for p in parts], dim=1).view(self.rows, cols)
 
 
 @dataclass(frozen=True)
@@ -27,6 +71,8 @@ class ParamSpec:
     layer:          transformer layer index, None outside the blocks (embedding, output, final norm).
     expert:         routed-expert index inside its layer (MoE), None for dense parameters; expert
                     parallelism shards a layer's experts in contiguous blocks over the EP ranks.
+    split:          the parts a split view orthogonalises separately (``RowSplit``), None: the
+                    matrix is one matrix to its optimizer (``canzona.models.split``).
     """
 
     name: str
@@ -35,6 +81,7 @@ class ParamSpec:
     route: Route
     layer: int | None = None
     expert: int | None = None
+    split: RowSplit | None = None
 
     def __post_init__(self) -> None:
         if self.route not in ROUTES:
@@ -47,6 +94,8 @@ class ParamSpec:
             raise ConfigError(
                 f"parameter {self.name!r}: partition_dim {self.partition_dim} out of range for shape {self.shape}"
             )
+        if self.split is not None and (len(self.shape) != 2 or self.split.rows != self.shape[0]):
+            raise ConfigError(f"parameter {self.name!r}: split {self.split} does not cover its shape {self.shape}")
 
     @property
     def numel(self) -> int:

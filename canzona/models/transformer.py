@@ -19,6 +19,7 @@ from typing import Protocol
 from canzona.errors import ConfigError
 from canzona.models.routing import DEFAULT_ROUTING, RoutingRule
 from canzona.models.spec import ParamSpec
+from canzona.models.split import attach_splits
 from canzona.models.stages import Pipeline, stage_params
 
 Raw = tuple[str, tuple[int, ...], int | None, int | None, int | None]  # name, shape, tp dim, layer, expert
@@ -203,17 +204,20 @@ def list_params(
     stage: int | None = None,
     routing: RoutingRule = DEFAULT_ROUTING,
     views: Iterable[str] = (),
+    split: Iterable[str] = (),
 ) -> list[ParamSpec]:
     """Every parameter in Megatron registration order, for the whole model or one PP stage
     (``canzona.models.stages``: embedding first stage, output last), with the vocabulary rows a
     layout of TP ``tp`` gives the embedding and output layer (``for_tp``: Megatron's padding).
 
     ``views`` names split transforms applied to matrix params (see ``VIEWS``), off by default;
+    ``split`` marks fused matrices with the parts a run orthogonalises separately, keeping them one
+    parameter each (``canzona.models.split``);
     ``pp`` a Pipeline: uneven first/last stages (``canzona.models.stages``).
     """
     cfg.validate_layout(tp=tp, pp=pp)
     cfg = cfg.for_tp(tp)
-    specs = stage_params(cfg.specs(routing), pp, stage)
+    specs = attach_splits(cfg, stage_params(cfg.specs(routing), pp, stage), tp, split)
     for v in views:
         specs = apply_view(cfg, specs, v)
     return specs

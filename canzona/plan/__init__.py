@@ -2,7 +2,7 @@
 
 Public API (what the runtime and the analysis call):
   make_plan(params, layout, config, *, cost_model=None) -> Plan     one PP stage
-  plan_model(model, layout, config, views=(), *, cost_model=None) -> list[Plan]   every stage
+  plan_model(model, layout, config, views=(), *, cost_model=None, split=()) -> list[Plan]   every stage
   gpu_loads(plan) -> GpuLoads                                       per (dp, tp) cost and bytes
   plan_metrics(plans, *, model=None) -> dict                        THE metrics function
   lower(plan, adamw_buckets, dp_rank, tp_rank, settings) -> RankSchedule   one rank's step, lowered

@@ -104,7 +104,9 @@ def resolve_config(config: PlanConfig) -> PlanConfig:
 
 def make_items(params: Sequence[ParamSpec], cost_model: CostModel, ep: int = 1) -> tuple[PlanItem, ...]:
     """PlanItems (full shape, full-matrix cost, EP rank of experts) of the matrix-routed params, in
-    registration order. Experts go to EP ranks in contiguous blocks, as Megatron shards them."""
+    registration order; a matrix under a split view costs the sum of its parts (three smaller
+    Newton–Schulz are cheaper than one fused) and stays one item, as the run registers it.
+    Experts go to EP ranks in contiguous blocks, as Megatron shards them."""
     experts = 1 + max((s.expert for s in params if s.expert is not None), default=-1)
     if ep > 1 and not experts:
         raise ConfigError(f"EP={ep} shards routed experts and these parameters have none; use EP=1")
@@ -117,9 +119,9 @@ def make_items(params: Sequence[ParamSpec], cost_model: CostModel, ep: int = 1) 
         if len(s.shape) != 2:
             raise ConfigError(f"{s.name}: routed to the matrix optimizer but has shape {s.shape}; route it to adamw")
         ep_rank = s.expert // (experts // ep) if ep > 1 and s.expert is not None else None
-        items.append(
-            PlanItem(s.name, (int(s.shape[0]), int(s.shape[1])), s.partition_dim, float(cost_model(s.shape)), ep_rank)
-        )
+        parts = s.split.shapes(s.shape[1]) if s.split is not None else ()
+        cost = sum(float(cost_model(p)) for p in parts) if parts else float(cost_model(s.shape))
+        items.append(PlanItem(s.name, (int(s.shape[0]), int(s.shape[1])), s.partition_dim, cost, ep_rank, parts))
     return tuple(items)
 
 
@@ -362,15 +364,18 @@ def plan_model(
     *,
     cost_model: CostModel | None = None,
     profile: Profile | None = None,
+    split: Sequence[str] = (),
 ) -> list[Plan]:
-    """One plan per PP stage of a model (a name, a model file or a model object; ``views``: split
-    views such as qkv, gate_up), priced on ``profile`` (``hardware_for``)."""
+    """One plan per PP stage of a model (a name, a model file or a model object; ``views``: fused
+    matrices planned as separate pieces, such as qkv, gate_up; ``split``: fused matrices planned
+    whole and priced by their parts, as a run executes its split views), priced on ``profile``
+    (``hardware_for``)."""
     cfg = get_model(model) if isinstance(model, str) else model
     cfg.validate_layout(tp=layout.tp, pp=layout.pipeline, ep=layout.ep)
     hw = hardware_for(config, profile)
     return [
         make_plan(
-            list_params(cfg, tp=layout.tp, pp=layout.pipeline, stage=s, views=views),
+            list_params(cfg, tp=layout.tp, pp=layout.pipeline, stage=s, views=views, split=split),
             layout,
             config,
             cost_model=cost_model,

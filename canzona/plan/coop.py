@@ -83,7 +83,11 @@ def long_side_is_rows(shape: Sequence[int]) -> bool:
 
 
 def eligible(item: PlanItem, tp: int) -> bool:
-    """TP > 1: the TP split must run along the long side (shards are long-side blocks)."""
+    """TP > 1: the TP split must run along the long side (shards are long-side blocks). A matrix
+    under a split view never gets a group: its blocks would cut across its parts, whose
+    Newton–Schulz the owner runs one after another on the whole matrix."""
+    if item.parts:
+        return False
     if tp == 1:
         return True
     if item.partition_dim is None or item.shape[0] == item.shape[1]:

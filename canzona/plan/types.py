@@ -79,6 +79,8 @@ class PlanItem:
     """One unit of optimizer work: a full matrix (or a split view of one) and its cost.
 
     ``ep_rank``: the EP rank holding it (expert matrices under EP > 1), None for dense matrices.
+    ``parts``: the shapes of the parts a split view orthogonalises separately (``cost`` is their
+    sum); empty for a matrix updated whole. A split matrix keeps one owner: no cooperative group.
     """
 
     name: str
@@ -86,6 +88,7 @@ class PlanItem:
     partition_dim: int | None
     cost: float
     ep_rank: int | None = None
+    parts: tuple[tuple[int, int], ...] = ()
 
     @property
     def numel(self) -> int:
@@ -285,7 +288,11 @@ class Plan:
         return iter(self.items)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        for it in d["items"]:  # an unsplit item serialises (and hashes) as before items had parts
+            if not it["parts"]:
+                del it["parts"]
+        return d
 
     @property
     def plan_hash(self) -> str:
@@ -315,7 +322,9 @@ class Plan:
             layout=Layout(**d["layout"]),
             config=PlanConfig(**_config_fields(d["config"])),
             items=tuple(
-                PlanItem(i["name"], tup(i["shape"]), i["partition_dim"], i["cost"], i.get("ep_rank"))
+                PlanItem(
+                    i["name"], tup(i["shape"]), i["partition_dim"], i["cost"], i.get("ep_rank"), tup(i.get("parts", []))
+                )
                 for i in d["items"]
             ),
             dp=DPPlan(
@@ -365,7 +374,8 @@ def input_hash(layout: Layout, config: PlanConfig, items: tuple[PlanItem, ...]) 
 def _item_dict(i: PlanItem) -> dict[str, Any]:
     """``asdict(i)`` without its deep copies: the hash is taken once per weighed plan, and on a
     24k-matrix MoE inventory ``asdict`` alone cost a second per plan."""
-    return {"name": i.name, "shape": i.shape, "partition_dim": i.partition_dim, "cost": i.cost, "ep_rank": i.ep_rank}
+    d = {"name": i.name, "shape": i.shape, "partition_dim": i.partition_dim, "cost": i.cost, "ep_rank": i.ep_rank}
+    return d | {"parts": i.parts} if i.parts else d  # an unsplit item hashes as before items had parts
 
 
 # Plans saved before the hardware profile named the pricing: coop_profile "nvlink" was priced at

@@ -6,7 +6,12 @@ A record (schema_version 4):
   provenance      "measured" | "projected"
   provenance_detail  where measured (device/backend) or which model + hardware profile projected it
   config          model, tp, pp, dp, world, method, optimizer, seq_len, micro_batch, global_batch,
-                  alpha, dtype, ns_dtype, bucket_size, warmup, iters
+                  alpha, dtype, ns_dtype, bucket_size, warmup, iters, split_qkv, split_gate_up (every
+                  RunSpec leaf, canzona.spec.run.RunSpec.record_config)
+                  split_qkv, split_gate_up  true | false: whether the matrix optimizer updated Q, K, V
+                            (gate, up) of the fused matrices as separate matrices (the megatron-muon
+                            peer: its muon_split_qkv); null for adamw. Lines written before split
+                            views ran lack them and are read as false (``upgrade_splits``)
                   dtype     "fp32" | "bf16": the parameters' number format
                   ns_dtype  "fp32" | "bf16": the number format Newton-Schulz ran in (Muon's
                             compute_dtype; Megatron's muon_fp32_matmul_prec "highest" | "medium");
@@ -55,6 +60,10 @@ ran, priced on which profile). Version-2 lines are upgraded on read by ``upgrade
 be recovered, so a measured train line gets a plan section saying it was not recorded.
 Version 4 added the ``attestation`` section; version-3 lines are upgraded on read by ``upgrade_v3``
 (a measured train line with a plan gets an attestation saying it was not recorded).
+Within version 4, ``split_qkv`` and ``split_gate_up`` joined the config when split views began to
+run; a line without them is read with both false (null for adamw), what every method ran before:
+Canzona updated the fused matrices whole and the megatron-muon peer set ``muon_split_qkv=False``
+(``upgrade_splits``; no version bump: nothing else changed, and the cell key is the same).
 ``validate`` is the single reader: every consumer (sweeps, analysis) sees upgraded lines.
 """
 
@@ -220,6 +229,19 @@ def upgrade_v3(record: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+SPLIT_FIELDS = ("split_qkv", "split_gate_up")
+
+
+def upgrade_splits(record: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a record whose config predates split views, with them as they ran: off (null for
+    adamw, which has no matrix optimizer to split for); the record itself when it has them."""
+    cfg = record["config"]
+    if not isinstance(cfg, dict) or all(k in cfg for k in SPLIT_FIELDS):
+        return record
+    off = None if cfg.get("optimizer") == "adamw" else False
+    return dict(record, config={**cfg, **{k: cfg.get(k, off) for k in SPLIT_FIELDS}})
+
+
 def _needs_attestation(record: dict[str, Any]) -> bool:
     plan = record.get("plan")
     return _needs_plan(record) and isinstance(plan, dict) and plan.get("stages") is not None
@@ -317,6 +339,7 @@ def validate(record: dict[str, Any], where: str = "record") -> dict[str, Any]:
         )
     if record["provenance"] not in PROVENANCES:
         raise ResultsError(f"{where}: provenance must be one of {PROVENANCES}, got {shown(record['provenance'])}")
+    record = upgrade_splits(record)
     cfg = record["config"]
     missing = [k for k in REQUIRED_CONFIG if k not in cfg]
     if missing:
@@ -329,6 +352,9 @@ def validate(record: dict[str, Any], where: str = "record") -> dict[str, Any]:
             f"{where}: config.ns_dtype must be one of {want_ns} for optimizer {shown(cfg['optimizer'])}, "
             f"got {shown(cfg['ns_dtype'])}"
         )
+    bad = [k for k in SPLIT_FIELDS if cfg[k] not in ((None,) if cfg["optimizer"] == "adamw" else (True, False))]
+    if bad:
+        raise ResultsError(f"{where}: config.{bad[0]} must be true or false (null for adamw), got {cfg[bad[0]]!r}")
     if record["cell"] != cell_key(cfg):
         raise ResultsError(f"{where}: cell {shown(record['cell'])} does not match its config ({shown(cell_key(cfg))})")
     _fields(check_fields, record, where)

@@ -12,6 +12,8 @@ the config alone:
                 counts the elements it updates per parameter, and ONE all-reduce at set-up checks
                 the sums (``check_ownership``; a failure raises naming the parameters)
   executors     the executor kind each lowered spec asked for against the kind of the object built
+  split views   the fused matrices whose parts the optimizer updates separately (qkv, gate_up),
+                read from the specs the optimizer was built with
   Newton–Schulz what the matrix optimizer's steps ran (method, steps, coefficients, format), against
                 what its config planned
   step scalars  a digest of every step's grad norm, clip coefficient and skip decision, compared
@@ -34,6 +36,7 @@ import torch.distributed as dist
 
 from canzona.errors import ConfigError
 from canzona.models.spec import ParamSpec
+from canzona.models.split import views_of
 
 # why a parameter is on AdamW (the keys of ``Attestation.adamw_why``)
 NO_MATRIX_OPTIMIZER = "no matrix optimizer"
@@ -150,6 +153,7 @@ class Attestation:
         ns = self.ns_planned
         ns_txt = f"{ns['method']} NS, {ns['steps']} steps of {ns['coefficients']}" if ns else "no Newton-Schulz"
         off = f"; 2-D not on it: {', '.join(self.not_matrix_2d)}" if self.not_matrix_2d else ""
+        off += f"; split views {', '.join(self.split_views)}" if self.split_views else ""
         return (
             f"canzona attest [{self.engine}]: {self.matrix_params} parameters on the matrix optimizer, "
             f"{self.adamw_params} on AdamW ({why or 'none'}){off}; {ns_txt}; each owned once over "
@@ -194,4 +198,5 @@ def attest(
         owner_ranks=owner_ranks,
         executors=kinds,
         ns_planned=ns_planned,
+        split_views=views_of(specs[n] for n in on_matrix),
     )

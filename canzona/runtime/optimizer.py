@@ -33,7 +33,8 @@ import torch.distributed as dist
 from canzona.errors import ConfigError, NonFiniteGradientError
 from canzona.hardware import DEFAULT_CPU, DEFAULT_GPU
 from canzona.models.spec import ParamSpec
-from canzona.optim.base import apply_update, matrix_shape
+from canzona.optim.base import State, apply_update, matrix_shape
+from canzona.optim.split import init_split_state, split_direction
 from canzona.plan import make_plan
 from canzona.plan.buckets import build_buckets, resolve_bucket_size
 from canzona.plan.comm import MODELS, model_for_backend
@@ -192,9 +193,7 @@ class DistributedOptimizer:
         self.applied = [n for spec in s.executors for n in spec.names]
         self.held = held_pieces(self.specs, coop, (self.dp_rank, self.tp_rank), self.applied, self.tp)
         self.masters = self._masters()
-        self.states = {
-            n: self.math.init_state(matrix_shape(self.held[n].shape), device=self.device) for n in s.computes
-        }
+        self.states = {n: self._init_state(n) for n in s.computes}
         self.adamw = ZeroAdamW(self.sets["adamw"].buckets if "adamw" in self.sets else [], self.config.adamw)
         self.norm_tensors = self._canonical_grads()
         self.scaled_tensors = [*(self._grad_piece(n) for n in self.applied), *self.adamw.grads()]
@@ -202,6 +201,14 @@ class DistributedOptimizer:
         self._hooks = [
             h for k, bufs in self.sets.items() for h in bufs.register_hooks(*self.dps.hook_callbacks(k, overlap))
         ]
+
+    def _init_state(self, name: str) -> State:
+        """Fresh state of what this rank computes of ``name``: per part under a split view (a split
+        matrix is never a cooperative one, ``canzona.plan.coop.eligible``, so it is held whole)."""
+        split = self.specs[name].split
+        if split is not None:
+            return init_split_state(self.math, split, self.specs[name].shape[1], self.device)
+        return self.math.init_state(matrix_shape(self.held[name].shape), device=self.device)
 
     def _masters(self) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
         """name -> (fp32 master of the held piece, param view to publish into, or None when the
@@ -315,6 +322,11 @@ class DistributedOptimizer:
 
     # ---------------------------------------------------------------- step
     def _compute(self, name: str, full_grad: torch.Tensor) -> torch.Tensor:
+        """The update of a whole matrix on the rank that holds it; a split view splits it here, after
+        the gather, so splitting adds no collective."""
+        split = self.specs[name].split
+        if split is not None:
+            return split_direction(self.math, split, full_grad, self.states[name], self.step_count)
         return self.math.direction(full_grad, self.states[name], self.step_count)
 
     def _apply(self, name: str, update_shard: torch.Tensor) -> None:

@@ -37,7 +37,13 @@ def method_and_optimizer(spec: RunSpec, world: int | None, gpu: bool | None) -> 
         value = spec.flat()[name]
         if not spec.applies(name) and value != f.default and name != "ns_dtype":
             flag = "--" + name.replace("_", "-")
-            whose = "Newton–Schulz's" if name == "ns_method" else f"not an option of method {method.name}"
+            whose = (
+                "Newton–Schulz's"
+                if name == "ns_method"
+                else "a split view of a matrix optimizer"
+                if name.startswith("split_")
+                else f"not an option of method {method.name}"
+            )
             raise ConfigError(f"{flag} is {whose}; drop it for {spec.plan.method}/{spec.optim.optimizer}")
     if not spec.runs_newton_schulz and spec.optim.ns_dtype != "auto":
         raise ConfigError(
@@ -117,3 +123,21 @@ def sequence_parallel(spec: RunSpec, world: int | None, gpu: bool | None) -> Non
             f"sequence parallelism cuts seq-len {spec.batch.seq_len} into tp = {tp} equal parts: use a seq-len "
             f"that is a multiple of {tp}, or --no-sequence-parallel"
         )
+
+
+@add_check
+def split_views(spec: RunSpec, world: int | None, gpu: bool | None) -> None:
+    """A split view names a fused matrix the model has, split in a way TP can shard; a peer runs
+    only the splits its own optimizer has (Megatron's Muon: QKV)."""
+    from canzona.models import get_model, list_params
+    from canzona.spec.methods import get_method
+
+    method = get_method(spec.plan.method)
+    missing = [v for v in spec.splits if v not in method.splits]
+    if missing:
+        raise ConfigError(
+            f"method {method.name} cannot split {', '.join(missing)} (its optimizer has no such split); "
+            f"use --no-split-{missing[0].replace('_', '-')}"
+        )
+    if spec.splits:
+        list_params(get_model(spec.model), tp=spec.layout.tp, split=spec.splits)

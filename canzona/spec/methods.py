@@ -25,6 +25,8 @@ class Method:
     peer_options    spec fields only this peer reads (recorded None for every other method)
     sharded_update  a peer whose own distributed optimizer deals whole matrices to DP ranks on every
                     backend (Megatron's layer-wise optimizer with its shard-aligned bucket layout)
+    splits          the split views it executes (``canzona.models.split``); Megatron's Muon has
+                    QKV only (``muon_split_qkv``)
     """
 
     name: str
@@ -34,6 +36,7 @@ class Method:
     lineage: str = ""
     peer_options: tuple[str, ...] = ()
     sharded_update: bool = False
+    splits: tuple[str, ...] = ("qkv", "gate_up")
     help: str = ""
 
     def runs(self, optimizer: str) -> bool:
@@ -92,6 +95,7 @@ register_peer(
         optimizers=("muon",),
         lineage="layerwise",
         peer_options=("muon_tp_mode",),
+        splits=("qkv",),
         help="megatron-core's own Muon behind DDP's all-reduce; its legacy layer-wise optimizer on NCCL only "
         "(on gloo every DP rank updates every matrix)",
     )
@@ -104,6 +108,7 @@ register_peer(
         lineage="layerwise",
         peer_options=("muon_tp_mode",),
         sharded_update=True,
+        splits=("qkv",),
         help="today's Megatron: its Muon under its layer-wise distributed optimizer (whole matrices "
         "LPT-packed into shard-aligned reduce-scatter / all-gather buckets), on every backend",
     )

@@ -117,6 +117,20 @@ class OptimSpec:
         "auto: bf16 where the device computes it natively, bf16 for the peer; the record holds the concrete one",
     )
     ns_method: NsMethod = knob("standard", "Newton–Schulz method (auto: Gram on long-thin shapes, per shape)")
+    # Split views (canzona.models.split): the defaults are Megatron's Muon's. megatron-core's
+    # OptimizerConfig.muon_split_qkv = True, and its Muon splits only the parameters it tags is_qkv
+    # (linear_qkv, per query group); linear_fc1 is orthogonalised whole. Read in megatron-core 0.16.1
+    # (megatron/core/optimizer/muon.py) and 0.19.2, the peer's pin (megatron/core/optimizer/
+    # emerging_optimizers.py, TensorParallelMuon).
+    split_qkv: bool = knob(
+        True,
+        "update Q, K and V of each fused linear_qkv as separate matrices (per query group, GQA-aware), as "
+        "Megatron's Muon does by default (OptimizerConfig.muon_split_qkv)",
+    )
+    split_gate_up: bool = knob(
+        False,
+        "update gate and up of each SwiGLU linear_fc1 as separate matrices (off: Megatron's Muon updates fc1 whole)",
+    )
 
 
 @dataclass(frozen=True)
@@ -213,6 +227,13 @@ class RunSpec:
         return runs_newton_schulz(self.optim.optimizer)
 
     @property
+    def splits(self) -> tuple[str, ...]:
+        """The split views this run's matrix optimizer executes (``canzona.models.split``)."""
+        from canzona.models.split import split_names
+
+        return split_names(self.optim.split_qkv, self.optim.split_gate_up) if self.applies("split_qkv") else ()
+
+    @property
     def is_peer(self) -> bool:
         from canzona.spec.methods import get_method
 
@@ -297,6 +318,8 @@ class RunSpec:
         method = get_method(self.plan.method)
         if name in ("ns_dtype", "ns_method"):
             return self.runs_newton_schulz
+        if name in ("split_qkv", "split_gate_up"):
+            return self.optim.optimizer != "adamw"  # views of a matrix optimizer's matrices
         if f.metadata.get("canzona"):
             return not method.peer
         if name in peer_options():

@@ -51,6 +51,9 @@ KNOBS = Knobs(
         "seq_len": Derived("none: --memory counts activations only with --seq-len"),
         "micro_batch": Derived("1 where --seq-len is given"),
         "ns_method": Derived("standard, where the optimizer runs Newton–Schulz"),
+        # off here, unlike a run: the planner's tables and goals (results/planner) price fused matrices,
+        # and inventories need not have heads; --split-qkv plans what `canzona train` runs by default
+        "split_qkv": False,
     },
     names={"method": ("--strategy", "--method")},
     values={
@@ -70,7 +73,8 @@ KNOBS = Knobs(
         "last_stage_layers": "uneven PP stages (Megatron's num_layers_in_last_pipeline_stage), planned and priced",
         "cost_table": "input file of --cost measured",
         "strict": "--cost measured: a shape missing from the table is an error",
-        "view": "split views of fused parameters (qkv, gate_up); a run registers them fused, as Megatron does",
+        "view": "fused parameters planned as separate pieces (qkv, gate_up), an analysis: a run registers them "
+        "fused, and --split-qkv / --split-gate-up plan them so, priced by their parts",
         "json": "output form",
         "plot": "output file",
         "compare": "output: every strategy side by side",
@@ -179,6 +183,7 @@ def _cost_model(args: argparse.Namespace, specs):
 def run(args: argparse.Namespace) -> int:
     from canzona.hardware import describe
     from canzona.models import get_model, list_params
+    from canzona.models.split import split_names
     from canzona.plan.build import plan_model, plans_to_json, stage_adamw
     from canzona.plan.engines import get_engine
     from canzona.plan.front.report import compare, format_budget, format_compare, format_memory, format_report
@@ -193,12 +198,18 @@ def run(args: argparse.Namespace) -> int:
     cfg.validate_layout(tp=layout.tp, pp=layout.pipeline, ep=layout.ep)
     cost_model = _cost_model(args, list_params(cfg, tp=layout.tp))
     config, profile = _config(args)
-    plans = plan_model(cfg, layout, config, args.view, cost_model=cost_model, profile=profile)
+    split = split_names(args.split_qkv, args.split_gate_up)
+    plans = plan_model(cfg, layout, config, args.view, cost_model=cost_model, profile=profile, split=split)
     metrics = plan_metrics(plans, model=cfg.name)
     metrics["views"] = list(args.view)
+    metrics["split_views"] = list(split)
     metrics["plan_hashes"] = [p.plan_hash for p in plans]
     metrics.update(_extras(cfg, plans, args, profile))
-    compared = compare(cfg, layout, config, args.view, cost_model=cost_model, profile=profile) if args.compare else None
+    compared = (
+        compare(cfg, layout, config, args.view, cost_model=cost_model, profile=profile, split=split)
+        if args.compare
+        else None
+    )
     for row, row_plans in compared or []:
         row.update(_extras(cfg, row_plans, args, profile))
     rows = [r for r, _ in compared] if compared is not None else None

@@ -45,6 +45,7 @@ def compare(
     *,
     cost_model: CostModel | None = None,
     profile: Profile | None = None,
+    split: Sequence[str] = (),
 ) -> list[tuple[dict[str, Any], list[Plan]]]:
     """(plan_metrics, plans) of every strategy on the same model/layout/cost/buffer layout (canzona
     rows keep config's α and TP mode; Canzona with and without cooperation where it applies; zero is
@@ -65,7 +66,7 @@ def compare(
             tp_mode=config.tp_mode if strategy == "canzona" else PlanConfig.tp_mode,
             cooperative=lab.endswith("cooperative"),
         )
-        plans = plan_model(model, layout, cfg, views, cost_model=cost_model, profile=profile)
+        plans = plan_model(model, layout, cfg, views, cost_model=cost_model, profile=profile, split=split)
         m = plan_metrics(plans, model=name)
         m["label"] = lab
         rows.append((m, plans))

@@ -101,12 +101,13 @@ def _rank(info: Any, runs_by_entry: dict[str, RunSpec], steps: int, warmup: int)
     dp, tp = first.layout.dp, first.layout.tp
     # the model's matrices only: the step under test is the matrix optimizer's (AdamW's ZeRO-1
     # part is the same code for every strategy and is exercised by the harness)
-    specs = [s for s in list_params(get_model(first.model), tp=tp) if s.route == "matrix"]
+    model = get_model(first.model)
     groups = dp_tp_groups(info.rank, dp, tp, timeout_s=first.comm.collective_timeout_s)
     gen = torch.Generator().manual_seed(1234 + info.rank // tp)
     runs = {}
     for entry, spec in runs_by_entry.items():
         dtype = PARAM_DTYPES[spec.machine.dtype]
+        specs = [s for s in list_params(model, tp=tp, split=spec.splits) if s.route == "matrix"]  # an entry's views
         params = [
             (
                 s.name,
