@@ -10,6 +10,11 @@ Parameters: ``launch_param_sync`` issues every bucket's all-gather last bucket f
 bucket holds the first layers, which the next forward needs first). With ``attach``, each module
 waits just before its forward for the buckets holding its own parameters; nothing else waits, so
 ``zero_grad`` and unrelated modules never stall on all-gathers they do not need.
+
+Under expert parallelism a bucket of expert matrices runs the same calls over its expert-DP group
+(``BucketLayout.group``: ``edp``), dense buckets over DP; every gradient is divided by DP, since
+an expert's gradient on one rank already sums the tokens its EP group's ranks routed to it
+(megatron-core scales expert gradients by 1 / DP as well).
 """
 
 from __future__ import annotations
@@ -32,21 +37,23 @@ class DPSync:
         self,
         schedule: RankSchedule,
         sets: dict[str, FlatBuffers],
-        dp_group: dist.ProcessGroup | None,
-        tp_group: dist.ProcessGroup | None,
+        groups: dict[str, dist.ProcessGroup | None],
         tp_partial: frozenset[str],
         device: torch.device,
         timer: PhaseTimer,
     ) -> None:
-        self.schedule, self.sets, self.dp_group, self.tp_group = schedule, sets, dp_group, tp_group
+        self.schedule, self.sets, self.groups = schedule, sets, groups
+        self.dp_group, self.tp_group = groups["dp"], groups["tp"]
+        self.group_size = {k: dist.get_world_size(g) for k, g in groups.items()}  # edp only under EP
         self.dp, self.device, self.timer = schedule.dp, device, timer
         self.modes = {}
         for kind, bufs in sets.items():
             for i, bb in enumerate(bufs.buckets):
                 lay = bb.layout
-                if lay.regions and self.dp > 1:
+                if lay.regions and len(lay.regions) > 1:
                     sizes = [hi - lo for lo, hi in lay.regions]
-                    self.modes[(kind, i)] = make_mode(lay.mode, sizes, self.dp, (bb.grad.dtype, bb.param.dtype), device)
+                    dtypes = (bb.grad.dtype, bb.param.dtype)
+                    self.modes[(kind, i)] = make_mode(lay.mode, sizes, len(sizes), dtypes, device)
         self.pending: dict[Key, Pending] = {}
         self.param_pending: dict[Key, Pending] = {}
         self.partial = self._partial_views(sets.get("adamw"), tp_partial) if schedule.tp > 1 else []
@@ -79,12 +86,13 @@ class DPSync:
             return
         bb = self.sets[kind].buckets[b]
         bb.grad.div_(self.dp)  # mean over DP, applied before the sum (bf16 buffers stay in range)
-        if self.dp == 1 or not bb.layout.used:
+        group = self.groups[bb.layout.group]
+        if self.group_size[bb.layout.group] == 1 or not bb.layout.used:
             self.pending[(kind, b)] = Pending()
         elif not bb.layout.regions:
-            self.pending[(kind, b)] = Pending([dist.all_reduce(bb.grad, group=self.dp_group, async_op=True)])
+            self.pending[(kind, b)] = Pending([dist.all_reduce(bb.grad, group=group, async_op=True)])
         else:
-            self.pending[(kind, b)] = self.modes[(kind, b)].reduce(bb.chunks("grad"), self.dp_group)
+            self.pending[(kind, b)] = self.modes[(kind, b)].reduce(bb.chunks("grad"), group)
 
     def hook_callbacks(self, kind: str, overlap: bool) -> tuple[Callable, Callable, Callable]:
         return (lambda b: self.launch(kind, b), lambda: overlap and self.sync_enabled, self.zero_if_needed)
@@ -182,8 +190,9 @@ class DPSync:
                 continue
             for i in reversed(range(len(bufs.buckets))):
                 bb = bufs.buckets[i]
-                if bb.layout.regions and bb.layout.used:
-                    self.param_pending[(kind, i)] = self.modes[(kind, i)].gather(bb.chunks("param"), self.dp_group)
+                if (kind, i) in self.modes and bb.layout.used:
+                    group = self.groups[bb.layout.group]
+                    self.param_pending[(kind, i)] = self.modes[(kind, i)].gather(bb.chunks("param"), group)
             if kind == "matrix" and self.owner is not None:
                 self.param_pending[("owner", 0)] = self._owner_gather()
 

@@ -1,0 +1,158 @@
+"""Expert parallelism in the runtime (gloo, EP 2 · DP 4 at world 4): each rank holds the dense
+parameters and its EP rank's experts; expert buckets are reduced and gathered over the expert-DP
+group (megatron-core's ``expert_data_parallel``), dense ones over DP, in the one step with the one
+host read. Checked against an independent single-process reference: a dense matrix's gradient is
+the mean over DP of every rank's gradient; an expert's is the sum over the DP ranks that hold it
+(each already sums the tokens of its EP group), divided by DP, as megatron-core scales it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from canzona.errors import ConfigError
+from canzona.models import list_params
+from canzona.models.spec import ParamSpec
+from canzona.models.transformer import TransformerConfig
+from canzona.optim import make_matrix_optimizer
+from canzona.optim.adamw import AdamWConfig, make_adamw
+from canzona.optim.base import apply_update
+from canzona.runtime import DistributedOptimizer
+from canzona.runtime.experts import ExpertParallel, ep_rank_of, experts_per_layer
+from canzona.runtime.launch import dp_tp_groups, expert_dp_group, launch
+from tests.runtime_helpers import ADAMW_LR, LR, OPTIONS, WD, dist_config, full_grad, init_param, recorded
+
+MOE = TransformerConfig("moe-test", 2, 32, 64, 4, 2, head_dim=8, vocab=128, experts=4, expert_ffn=16)
+STAGE = tuple(list_params(MOE))
+DP, EP, SEED, STEPS = 4, 2, 21, 3
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def holders(spec: ParamSpec) -> list[int]:
+    """The DP ranks holding ``spec``: every rank for a dense parameter, its EP rank's expert-DP group."""
+    e = ep_rank_of(spec, experts_per_layer(STAGE), EP)
+    return list(range(DP)) if e is None else list(range(e, DP, EP))
+
+
+def _build(rank: int, cfg, dtype: torch.dtype) -> tuple[DistributedOptimizer, dict, dict]:
+    dp_group, tp_group = dp_tp_groups(rank, DP, 1)
+    edp = expert_dp_group(rank, DP, 1, 1, EP)
+    mine = [s for s in STAGE if rank in holders(s)]
+    params = {s.name: torch.nn.Parameter(init_param(s, SEED).to(dtype)) for s in mine}
+    opt = DistributedOptimizer(
+        [(s.name, s, params[s.name]) for s in mine],
+        dp_group,
+        tp_group,
+        cfg,
+        experts=ExpertParallel(EP, edp, STAGE),
+    )
+    return opt, params, {"dp": dp_group, "edp": edp, "tp": tp_group, "global": None}
+
+
+def _grads(params: dict, rank: int, step: int) -> None:
+    for s in STAGE:
+        if s.name in params:
+            params[s.name].grad = full_grad(s, step, rank, SEED).to(params[s.name].dtype)
+
+
+def _exact_rank(info, runs: list[tuple[str, str, str]]) -> dict:
+    out = {}
+    for optimizer, strategy, precision in runs:
+        opt, params, _ = _build(info.rank, dist_config(strategy, optimizer), DTYPES[precision])
+        for step in range(STEPS):
+            _grads(params, info.rank, step)
+            opt.finish_grad_sync()
+            opt.step()
+            opt.zero_grad()
+        out[(optimizer, strategy, precision)] = {n: p.detach().clone() for n, p in params.items()}
+    return out
+
+
+def _reference(optimizer: str, precision: str) -> dict[str, torch.Tensor]:
+    """One process, full matrices, the same casts as the runtime (fp32 masters of the parameters'
+    dtype, gradients cast to it); each gradient summed over its holders and divided by DP."""
+    dtype = DTYPES[precision]
+    master = {s.name: init_param(s, SEED).to(dtype).float() for s in STAGE}
+    mats = [s for s in STAGE if s.route == "matrix"]
+    rest = [s for s in STAGE if s.route != "matrix"]
+    math = make_matrix_optimizer(optimizer, lr=LR, weight_decay=WD, **OPTIONS[optimizer])
+    states = {s.name: math.init_state(s.shape) for s in mats}
+    leaves = {s.name: torch.nn.Parameter(master[s.name]) for s in rest}
+    adamw = make_adamw(list(leaves.values()), AdamWConfig(lr=ADAMW_LR, betas=(0.9, 0.95), weight_decay=WD))
+    for step in range(STEPS):
+        grads = {s.name: sum(full_grad(s, step, d, SEED).to(dtype).float() / DP for d in holders(s)) for s in STAGE}
+        for s in mats:
+            apply_update(master[s.name], math.direction(grads[s.name], states[s.name], step + 1), LR, WD)
+        for s in rest:
+            leaves[s.name].grad = grads[s.name]
+        adamw.step()
+    return {n: m.detach().to(dtype) for n, m in {**master, **leaves}.items()}
+
+
+# fp32: rounding only; bf16: a parameter may round the other way on elements within fp32 summation
+# error of a bf16 midpoint (one bf16 ulp, 2⁻⁸, on a rare few: tests/test_runtime_precision.py).
+TOLERANCE = {"fp32": 1e-5, "bf16": 1e-3}
+RUNS = [
+    ("muon", "canzona", "fp32"),
+    ("muon", "canzona", "bf16"),
+    ("shampoo", "canzona", "fp32"),
+]
+
+
+@pytest.mark.multiproc
+def test_ep_steps_match_the_single_process_reference() -> None:
+    per_rank = launch(_exact_rank, DP, RUNS, timeout_s=300)
+    for key in RUNS:
+        optimizer, strategy, precision = key
+        want = _reference(optimizer, precision)
+        seen = set()
+        for rank, res in enumerate(per_rank):
+            got = res[key]
+            assert set(got) == {s.name for s in STAGE if rank in holders(s)}
+            for name, p in got.items():
+                err = (p.float() - want[name].float()).norm() / want[name].float().norm()
+                assert err < TOLERANCE[precision], f"{key} rank {rank}: {name} rel err {err:.2e}"
+                seen.add(name)
+        assert seen == set(want)  # every expert and dense parameter checked on some rank
+        experts = [s for s in STAGE if s.expert is not None]
+        assert experts and all(s.name in seen for s in experts)
+
+
+def _issued_rank(info, strategies: list[str]) -> dict:
+    from tests.registry_cases import ns_optimizer
+
+    out = {}
+    for strategy in strategies:
+        opt, params, names = _build(info.rank, dist_config(strategy, ns_optimizer()), torch.float32)
+        _grads(params, info.rank, 0)
+        with recorded(names) as calls:
+            opt.finish_grad_sync()
+            opt.step()
+        out[strategy] = (calls, [(o.kind, o.group, o.nbytes, o.root) for o in opt.schedule.ops])
+    return out
+
+
+@pytest.mark.multiproc
+def test_ep_step_issues_the_lowered_schedule_with_expert_dp_calls() -> None:
+    strategies = ["canzona"]
+    for rank, res in enumerate(launch(_issued_rank, DP, strategies)):
+        for strategy, (calls, want) in res.items():
+            assert calls == want, f"rank {rank} {strategy}:\n issued {calls}\n lowered {want}"
+            assert any(c[1] == "edp" for c in calls) and any(c[1] == "dp" for c in calls)
+            assert sum(c[1] == "global" for c in calls) == 1  # the one norm read
+
+
+def _wrong_group_rank(info) -> str:
+    dp_group, tp_group = dp_tp_groups(info.rank, DP, 1)
+    mine = [s for s in STAGE if info.rank in holders(s)]
+    params = [(s.name, s, torch.nn.Parameter(init_param(s, SEED))) for s in mine]
+    try:  # the DP group passed as the expert-DP group: it holds other EP ranks' experts
+        DistributedOptimizer(params, dp_group, tp_group, dist_config("canzona", "muon"), experts=ExpertParallel(EP, dp_group, STAGE))
+    except ConfigError as e:
+        return str(e)
+    return ""
+
+
+@pytest.mark.multiproc
+def test_a_wrong_expert_group_is_refused_naming_the_builder() -> None:
+    assert all("expert_dp_group" in msg for msg in launch(_wrong_group_rank, DP))
