@@ -76,4 +76,6 @@ def check_expert_layout(
         )
     bad = [s.name for s in ex.stage_specs if s.expert is not None and s.route != "matrix"]
     if bad:
-        raise ConfigError(f"expert parameter {bad[0]} is routed to AdamW; under EP route expert weights to the matrix optimizer")
+        raise ConfigError(
+            f"expert parameter {bad[0]} is routed to AdamW; under EP route expert weights to the matrix optimizer"
+        )

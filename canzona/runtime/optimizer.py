@@ -45,10 +45,10 @@ from canzona.runtime.attest import Attestation, attest, check_known, check_owner
 from canzona.runtime.buffers import DTYPES, FlatBuffers
 from canzona.runtime.config import DistConfig
 from canzona.runtime.dp_sync import DPSync
-from canzona.runtime.experts import ExpertParallel, check_expert_layout
 from canzona.runtime.executors.base import StepContext, run_executors
 from canzona.runtime.executors.coop import coop_comms, held_pieces, ns_rounds
 from canzona.runtime.executors.tp import select_executors
+from canzona.runtime.experts import ExpertParallel, check_expert_layout
 from canzona.runtime.timers import PhaseTimer
 from canzona.runtime.zero_adamw import ZeroAdamW
 
@@ -305,8 +305,8 @@ class DistributedOptimizer:
     def collective_modes(self) -> dict[str, str]:
         """The mode of every DP bucket (and layer-wise's owner gather), as the lowering chose."""
         modes = {b.tag: b.mode for b in self.schedule.buckets}
-        if self.schedule.owner_gather is not None:
-            modes["owner_gather"] = self.schedule.owner_gather[1]
+        for og in self.schedule.owner_gathers:
+            modes[f"{og.tag}_gather"] = og.mode
         return modes
 
     # ---------------------------------------------------------------- grad sync

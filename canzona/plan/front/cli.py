@@ -97,7 +97,6 @@ def configure(p: argparse.ArgumentParser) -> None:
         default=None,
         help="fsdp2: the FSDP shard group (HSDP with dp / shard-group replicas; default: all of --dp)",
     )
-    p.add_argument("--ep", type=int_in(1, MAX_DP), default=1, help="expert parallelism inside DP (MoE models)")
     for end in ("first", "last"):
         p.add_argument(
             f"--{end}-stage-layers",

@@ -30,6 +30,7 @@ KNOBS = Knobs(
     not_taken={
         "method": "set per entry by --strategies: the strategies are timed side by side in one run",
         "pp": "one stage: the benchmark builds every matrix of the model on dp·tp ranks",
+        "ep": "every rank holds every matrix: the step benchmark builds no expert-DP groups yet",
         "batch": "an optimizer step has no batch (its records hold None)",
         "seed": "fixed, so every strategy steps from the same weights on the same gradients",
         "adamw_lr": "only the matrix optimizer's step is timed: no parameter goes to AdamW",
