@@ -44,6 +44,7 @@ KNOBS = Knobs(
         **NOT_PRICED,
         "comm": "the overlap view (--overlap) stands for what the runtime overlaps; the α–β model picks collectives",
         "machine": "priced on the profile: its parameter format (Profile.param_bytes), no device or kernel choice",
+        "ep": "the projection prices dense layouts: `canzona plan --ep` prices an EP layout's expert-DP calls",
     },
     defaults={
         "model": "qwen3-32b",

@@ -78,6 +78,13 @@ class LayoutSpec:
     tp: int = knob(1, "tensor-parallel size", lo=1, hi=MAX_TP)
     pp: int = knob(1, "pipeline-parallel size", lo=1, hi=MAX_PP)
     dp: int = knob(1, "data-parallel size", lo=1, hi=MAX_DP)
+    ep: int = knob(
+        1,
+        "expert-parallel size inside DP (MoE models): each layer's routed experts split over EP ranks, each "
+        "expert's weights reduced over its expert-DP group (megatron's expert_model_parallel_size)",
+        lo=1,
+        hi=MAX_DP,
+    )
 
 
 @dataclass(frozen=True)
