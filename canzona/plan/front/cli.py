@@ -63,7 +63,6 @@ KNOBS = Knobs(
         "under a client's own loop (examples/fsdp2_loop.py), not a run of this project's harness",
         "shard_group": "--engine fsdp2's FSDP shard group (HSDP replicas)",
         "world": "a check: dp·tp·pp must equal it (and --dp defaults to world / (tp·pp))",
-        "ep": "expert parallelism inside DP, priced for MoE inventories; the harness trains dense Qwen3 only",
         "first_stage_layers": "uneven PP stages (Megatron's num_layers_in_first_pipeline_stage), planned and priced",
         "last_stage_layers": "uneven PP stages (Megatron's num_layers_in_last_pipeline_stage), planned and priced",
         "cost_table": "input file of --cost measured",
