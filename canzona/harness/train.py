@@ -229,20 +229,10 @@ def train(
         mcfg = get_transformer(run.model)
         tp_rank, stage = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
         dp_rank = ps.get_data_parallel_rank()
-        model = build_model(
-            mcfg,
-            tp=run.layout.tp,
-            pp=run.layout.pp,
-            seq_len=run.batch.seq_len,
-            dtype=DTYPES[run.machine.dtype],
-            device=device,
-            attention=run.machine.attention,
-            ep=run.layout.ep,
-        )
-        ep_rank = ps.get_expert_model_parallel_rank()
-        named = named_params(
-            model, mcfg, tp=run.layout.tp, pp=run.layout.pp, stage=stage, ep=run.layout.ep, ep_rank=ep_rank
-        )
+        tp, pp, ep, attention = run.layout.tp, run.layout.pp, run.layout.ep, run.machine.attention
+        dtype, seq = DTYPES[run.machine.dtype], run.batch.seq_len
+        model = build_model(mcfg, tp=tp, pp=pp, ep=ep, seq_len=seq, dtype=dtype, device=device, attention=attention)
+        named = named_params(model, mcfg, tp=tp, pp=pp, ep=ep, stage=stage, ep_rank=ps.get_expert_model_parallel_rank())
         init_weights(named, mcfg, seed=run.loop.seed, tp_rank=tp_rank, tp=run.layout.tp)
 
         # --- optimizer, hooked into megatron's schedule -------------------------------------
