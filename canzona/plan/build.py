@@ -267,7 +267,8 @@ def _alpha_candidates(
         )
     if layout.ep > 1 and cfg.coop_force:
         raise ConfigError(
-            "cooperative groups are not planned under EP > 1 (their DP sub-groups ignore expert-DP groups); drop coop_force"
+            "cooperative groups are not planned under EP > 1 (their DP sub-groups ignore expert-DP groups); "
+            "drop coop_force"
         )
     plain = []
     for name in _layouts(params, items, layout, cfg):
