@@ -121,6 +121,15 @@ FORMS: dict[str, Forms] = {
         "qwen3-micro, 2 iterations of 2 sequences of 16 tokens: 4 forked gloo ranks on megatron-core",
         ("multiproc", "megatron"),
     ),
+    "canzona train --model qwen3-moe-micro --dp 4 --ep 2 --method canzona --optimizer muon --seq-len 16 "
+    "--micro-batch 1 --global-batch 8 --warmup 1 --iters 4 --nproc 4": Forms(
+        (
+            "canzona train --model qwen3-moe-micro --dp 4 --ep 2 --method canzona --optimizer muon --seq-len 16"
+            " --micro-batch 1 --global-batch 4 --warmup 1 --iters 2 --nproc 4",
+        ),
+        "2 iterations of 4 sequences: 4 forked gloo ranks on megatron-core's MoE layer",
+        ("multiproc", "megatron"),
+    ),
     "canzona sweep {show,run,status,collect} slurm/sweeps/table2.toml [--backend slurm --profile P --dry-run]": Forms(
         (
             "canzona sweep show slurm/sweeps/table2.toml",

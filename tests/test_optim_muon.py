@@ -366,3 +366,23 @@ def test_muon_config_validation() -> None:
         lr=0.02, momentum=0.95, nesterov=True, ns_steps=5, coefficients="quintic", compute_dtype="auto"
     )
     assert Muon().config.ns_method == "standard" and Muon().config.ns_restarts is None
+
+
+@pytest.mark.parametrize("method", ["standard", "gram"])
+def test_directions_of_same_shape_matrices_run_batched_and_equal_one_at_a_time(method: str) -> None:
+    """An owner's experts: ONE Newton–Schulz on their stack gives each matrix its own update (each
+    normalised on its own: a matrix 1000x larger does not change the others), as one at a time."""
+    muon = make_matrix_optimizer("muon", compute_dtype="fp32", ns_method=method)
+    g = torch.Generator().manual_seed(3)
+    grads = [torch.randn(24, 40, generator=g) * s for s in (1.0, 1e3, 0.5)]
+    batched_states = [muon.init_state((24, 40)) for _ in grads]
+    single_states = [muon.init_state((24, 40)) for _ in grads]
+    calls: list[tuple[int, ...]] = []
+    orth = muon.orthogonalize
+    muon.orthogonalize = lambda M: calls.append(tuple(M.shape)) or orth(M)  # type: ignore[method-assign]
+    for step in (1, 2):
+        got = muon.directions(grads, batched_states, step)
+        assert calls[-1] == (3, 24, 40)  # one call for the three
+        want = [Muon.direction(muon, gr, st, step) for gr, st in zip(grads, single_states, strict=True)]
+        for a, b in zip(got, want, strict=True):
+            assert a.shape == (24, 40) and (a - b).norm() / b.norm() < 1e-5

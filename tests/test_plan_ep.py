@@ -10,6 +10,7 @@ from collections import Counter
 import pytest
 
 from canzona.cli import main
+from canzona.errors import ConfigError
 from canzona.models import get_model, list_params
 from canzona.plan import Layout, PlanConfig, plan_model
 from canzona.plan.build import adamw_buckets
@@ -166,3 +167,29 @@ def test_a_numel_plan_repriced_by_flops_keeps_its_owners(moe_file: str) -> None:
     assert [it.cost for it in priced.items] == [float(flops(it.shape)) for it in plan.items]
     assert [it.cost for it in plan.items] == [float(it.numel) for it in plan.items]
     assert priced.dp == plan.dp and priced.tp == plan.tp
+
+
+@pytest.mark.parametrize("strategy", ["sc", "layerwise", "asc", "canzona"])
+def test_every_strategy_gives_experts_to_their_expert_dp_group(strategy: str, moe_file: str) -> None:
+    """What the runtime executes under EP (tests/test_runtime_ep.py): an expert is owned inside its
+    EP rank's expert-DP group (by each of its ranks under sc), a dense matrix anywhere in DP, and a
+    bucket's cuts have one slice per rank of its group."""
+    layout = Layout(dp=8, ep=2)
+    (plan,) = plan_model(get_model(moe_file), layout, PlanConfig(strategy=strategy, bucket_size=2000))
+    items = {it.name: it for it in plan.items}
+    assert {it.ep_rank for it in plan.items} == {None, 0, 1}
+    for name, owners in plan.dp.owner_map().items():
+        group = layout.group_ranks(items[name].ep_rank)
+        assert set(owners) <= set(group)
+        assert len(owners) == (len(group) if strategy == "sc" else 1)
+    for b, cuts in zip(plan.dp.buckets, plan.dp.cuts or [()] * len(plan.dp.buckets), strict=True):
+        assert not cuts or len(cuts) == len(layout.group_ranks(b.ep_rank)) + 1
+    assert bool(plan.dp.cuts) == (strategy in ("asc", "canzona"))  # sc and layer-wise reduce buckets whole
+
+
+def test_cooperation_is_not_planned_under_ep(moe_file: str) -> None:
+    fc1 = "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight"
+    with pytest.raises(ConfigError, match="drop coop_force"):
+        plan_model(get_model(moe_file), Layout(dp=4, ep=2), PlanConfig(coop_force=((fc1, 2),), bucket_size=2000))
+    (plan,) = plan_model(get_model(moe_file), Layout(dp=4, ep=2), PlanConfig(bucket_size=2000))
+    assert not plan.coop

@@ -25,6 +25,7 @@ NON_DEFAULT = {
     "pp": 2,
     "dp": 4,
     "sequence_parallel": False,
+    "ep": 2,
     "seq_len": 64,
     "micro_batch": 2,
     "global_batch": 16,
@@ -81,7 +82,8 @@ def test_round_trips_of_a_spec_changing_every_field() -> None:
     peer = spec.replace(method="megatron-muon", muon_tp_mode="blockwise")
     peer = dataclasses.replace(peer, plan=type(peer.plan)(method="megatron-muon", alpha=1.0, bucket_size=1000))
     peer = dataclasses.replace(peer, comm=type(peer.comm)(collective_timeout_s=30))
-    peer = peer.replace(ns_method="standard", split_gate_up=False)  # Megatron's Muon splits QKV only
+    # Megatron's Muon splits QKV only, and the peer is not run with EP (spec.checks.expert_layout)
+    peer = peer.replace(ns_method="standard", split_gate_up=False, ep=1)
     peer.validate()
     assert parse_argv(to_argv(peer)) == peer and RunSpec.from_record(peer.record_config()) == peer
     rec = peer.record_config()
@@ -94,6 +96,8 @@ def test_cell_key_is_stable() -> None:
     assert BASE.cell_key == (
         "model=qwen3-micro|tp=2|pp=1|dp=2|method=canzona|optimizer=muon|seq_len=128|global_batch=4|dtype=fp32|ns_dtype=auto"
     )
+    # an EP run's key names its EP size; EP 1 keeps the key of the lines written before EP existed
+    assert BASE.replace(ep=2).cell_key == BASE.cell_key + "|ep=2"
     assert BASE.replace(cooperative=False, ns_method="gram", alpha=1.0).cell_key == BASE.cell_key
 
 

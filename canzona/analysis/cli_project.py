@@ -50,6 +50,7 @@ KNOBS = Knobs(
         "parts of a run's split view",
         "split_gate_up": "a projection prices fused matrices whole (or as separate pieces with --views), not yet by "
         "the parts of a run's split view",
+        "ep": "the projection prices dense layouts: `canzona plan --ep` prices an EP layout's expert-DP calls",
     },
     defaults={
         "model": "qwen3-32b",

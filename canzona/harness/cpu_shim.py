@@ -15,12 +15,18 @@ schedules, so instead of copying megatron code we redirect exactly these call si
 3. ``torch.cuda.synchronize`` (megatron's p2p code calls it after batched isend/irecv) becomes a
    no-op: CPU ops are synchronous.
 4. CUDA streams (megatron >= 0.19 DDP waits on ``torch.cuda.current_stream()`` and may run its
-   reductions under ``torch.cuda.stream(...)``): a CPU stand-in stream whose waits are no-ops
-   (CPU work is ordered already) and a ``stream()`` context that does nothing.
+   reductions under ``torch.cuda.stream(...)``; the MoE all-to-all dispatcher copies its split
+   sizes to the host on a side stream and synchronises on an event it records there): a CPU
+   stand-in stream whose waits are no-ops (CPU work is ordered already), events that have always
+   happened, and a ``stream()`` context that does nothing.
 5. Hard-coded ``device="cuda"`` literals (the schedules' token counters, megatron DDP buffers):
    ``cuda_literals_to_cpu()`` is a context (a TorchFunctionMode) that the train loop enters
    around megatron's forward-backward schedule only (and the megatron-muon peer around its DDP
    and optimizer calls).
+6. The MoE all-to-all dispatcher's device-to-host copy of its split sizes
+   (``maybe_move_tensor_to_cpu(..., as_numpy=True)``, which converts only CUDA tensors): on the CPU
+   the sizes stay tensors, which ``all_to_all_single`` rejects as split sizes; the stand-in hands
+   them over as NumPy arrays, what the GPU path hands over.
 Not redirected, because the harness avoids the call instead: megatron's default causal-mask
 helper (hard-codes CUDA) — the loop passes an explicit mask; batched p2p (synchronize) is off
 on CPU via the model config.
@@ -117,6 +123,10 @@ def install() -> bool:
     for name, repl in _STREAM_PATCHES.items():
         _ORIGINALS["stream:" + name] = getattr(torch.cuda, name)
         setattr(torch.cuda, name, repl)
+    from megatron.core.transformer.moe import token_dispatcher
+
+    _ORIGINALS["to_host"] = token_dispatcher.maybe_move_tensor_to_cpu
+    token_dispatcher.maybe_move_tensor_to_cpu = _to_host
     torch.cuda.current_device = _cpu_current_device  # type: ignore[assignment]  # a device where torch says int; megatron uses it as a device
     # model_parallel_cuda_manual_seed calls torch.cuda.manual_seed for the default stream; on
     # CPU the default stream IS the CPU generator, which the harness seeds itself.
@@ -177,6 +187,20 @@ def _noop_seed(seed: int) -> None:
     """CPU stand-in for ``torch.cuda.manual_seed`` (there is no CUDA generator to seed)."""
 
 
+class CpuEvent:
+    """What ``CpuStream.record_event`` returns: an event that has always happened (megatron's MoE
+    all-to-all dispatcher records one on its device-to-host stream and synchronises on it)."""
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait(self, stream: Any = None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
 class CpuStream:
     """Stand-in for ``torch.cuda.Stream`` on the CPU: every wait/sync is a no-op because CPU
     kernels run in program order."""
@@ -194,7 +218,7 @@ class CpuStream:
         pass
 
     def record_event(self, event: Any = None) -> Any:
-        return event
+        return CpuEvent() if event is None else event
 
 
 def _cpu_current_stream(device: Any = None) -> CpuStream:
@@ -212,6 +236,12 @@ _STREAM_PATCHES: dict[str, Any] = {
 }
 
 
+def _to_host(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+    """CPU stand-in for the dispatcher's ``maybe_move_tensor_to_cpu``: the tensor is on the host
+    already; as NumPy when asked, as the GPU path returns it."""
+    return tensor.numpy() if as_numpy and torch.is_tensor(tensor) else tensor
+
+
 def _noop_synchronize(device: Any = None) -> None:
     """CPU stand-in for ``torch.cuda.synchronize``: CPU kernels have already finished."""
 
@@ -225,6 +255,9 @@ def uninstall() -> None:
     torch.cuda.current_device = _ORIGINALS["current_device"]
     torch.cuda.manual_seed = _ORIGINALS["manual_seed"]
     torch.cuda.synchronize = _ORIGINALS["synchronize"]
+    from megatron.core.transformer.moe import token_dispatcher
+
+    token_dispatcher.maybe_move_tensor_to_cpu = _ORIGINALS["to_host"]
     for name in _STREAM_PATCHES:
         setattr(torch.cuda, name, _ORIGINALS["stream:" + name])
     mrandom._CUDA_RNG_STATE_TRACKER, mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = _ORIGINALS["tracker"]

@@ -10,6 +10,12 @@ applied is the optimizer's business (``canzona.runtime`` or the megatron-muon pe
 Qwen3 in megatron terms: RMSNorm, SwiGLU (gated_linear_unit + silu), GQA (num_query_groups),
 QK-layernorm, RoPE (base 1e6), no bias anywhere, kv_channels = head_dim (so q_dim may differ
 from hidden), tied or untied embeddings per size.
+
+Qwen3-MoE (``experts`` > 0): every layer's MLP is megatron's MoELayer — a top-k softmax router
+(no load-balancing loss: ``moe_aux_loss_coeff`` 0 keeps the loss the language-model loss, so a run
+at any EP is the same model math as one rank), the all-to-all token dispatcher over the EP ranks,
+and megatron's SequentialMLP experts (the local spec; grouped GEMM needs Transformer Engine and is
+not built here).
 """
 
 from __future__ import annotations
@@ -75,8 +81,51 @@ def kernel_flags(*, gpu: bool, attention: str) -> dict[str, bool]:
     return {"masked_softmax_fusion": softmax, "persist_layer_norm": False, "batch_p2p_comm": gpu, "batch_p2p_sync": gpu}
 
 
+def moe_options(cfg: Qwen3Config, ep: int) -> dict[str, Any]:
+    """megatron TransformerConfig fields of a MoE ``cfg`` at EP ``ep`` (none for a dense model);
+    ConfigError for what the harness does not build (a shared expert, dense layers among MoE ones,
+    no top-k)."""
+    if not cfg.experts:
+        return {}
+    if cfg.shared_expert_ffn or cfg.moe_layers is not None or cfg.top_k < 1:
+        raise ConfigError(
+            f"{cfg.name}: the harness trains routed experts in every layer, top-k given, no shared expert "
+            f"(has shared_expert_ffn={cfg.shared_expert_ffn}, moe_layers={cfg.moe_layers}, top_k={cfg.top_k}); "
+            "train qwen3-moe-micro / qwen3-moe-tiny or a Qwen3-MoE config.json"
+        )
+    return {
+        "num_moe_experts": cfg.experts,
+        "moe_ffn_hidden_size": cfg.expert_ffn,
+        "moe_router_topk": cfg.top_k,
+        "moe_router_pre_softmax": False,  # Qwen3-MoE: softmax over the top-k logits (norm_topk_prob)
+        "moe_token_dispatcher_type": "alltoall",
+        "moe_grouped_gemm": False,
+        "moe_aux_loss_coeff": 0.0,
+        "moe_router_load_balancing_type": "none",
+        "expert_model_parallel_size": ep,
+    }
+
+
+def router_without_te() -> None:
+    """megatron-core 0.16's router gating reads ``te_general_gemm``, a name its moe_utils defines
+    only when Transformer Engine imports; without TE (the CPU runs) the name is missing and the
+    router dies with a NameError. None is what the router checks for to take torch's matmul."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not moe_utils.HAVE_TE and not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
 def transformer_config(
-    cfg: Qwen3Config, *, tp: int, pp: int, dtype: torch.dtype, gpu: bool, attention: str, sequence_parallel: bool
+    cfg: Qwen3Config,
+    *,
+    tp: int,
+    pp: int,
+    dtype: torch.dtype,
+    gpu: bool,
+    attention: str,
+    sequence_parallel: bool,
+    ep: int = 1,
 ) -> Any:
     """megatron TransformerConfig for ``cfg`` on a GPU (``gpu``) or CPU run of ``attention``, with
     or without sequence parallelism (``RunSpec.uses_sequence_parallel``; the norms of both layer
@@ -122,6 +171,7 @@ def transformer_config(
         gradient_accumulation_fusion=False,
         deallocate_pipeline_outputs=False,
         **kernel_flags(gpu=gpu, attention=attention),
+        **moe_options(cfg, ep),
     )
 
 
@@ -142,8 +192,8 @@ def layer_spec(cfg: Qwen3Config, attention: str) -> Any:
                 "attention te: Transformer Engine is installed but does not import on this GPU; "
                 "fix the TE install or run with --attention sdpa"
             )
-        return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=True)
-    spec = specs.get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
+        return specs.get_gpt_layer_with_transformer_engine_spec(num_experts=cfg.experts or None, qk_layernorm=True)
+    spec = specs.get_gpt_layer_local_spec(num_experts=cfg.experts or None, qk_layernorm=True, normalization="RMSNorm")
     attn = spec.submodules.self_attention.submodules
     spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = SequenceParallelRMSNorm
     attn.q_layernorm = attn.k_layernorm = SequenceParallelRMSNorm
@@ -186,6 +236,7 @@ def build_model(
     sequence_parallel: bool,
     attention: str | None = None,
     gpu: bool | None = None,
+    ep: int = 1,
 ) -> torch.nn.Module:
     """This rank's pipeline stage of ``cfg`` (parallel_state must already be initialised).
 
@@ -196,6 +247,7 @@ def build_model(
     padded for ``tp`` as Megatron-LM pads it (``TransformerConfig.for_tp``); the tokens stay in the real one.
     ``sequence_parallel``: the run's (``RunSpec.uses_sequence_parallel``); its norm weights then hold
     partial gradients per TP rank, which the optimizer sums (``params.tp_partial_names``).
+    ``ep``: expert parallelism of a MoE model (parallel_state's expert_model_parallel_size).
     """
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
@@ -205,8 +257,10 @@ def build_model(
     if attention is None:
         attention = "te" if gpu and te_available() else "local"
     config = transformer_config(
-        cfg, tp=tp, pp=pp, dtype=dtype, gpu=gpu, attention=attention, sequence_parallel=sequence_parallel
+        cfg, tp=tp, pp=pp, dtype=dtype, gpu=gpu, attention=attention, sequence_parallel=sequence_parallel, ep=ep
     )
+    if cfg.experts:
+        router_without_te()
     model = GPTModel(
         config=config,
         transformer_layer_spec=block_spec(cfg, attention, get_num_layers_to_build(config)),

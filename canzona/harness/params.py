@@ -9,7 +9,9 @@ the planners use, so the runtime executes exactly the plan the offline tools com
 Names are megatron's ``named_parameters`` names with wrapper prefixes (``module.``) removed,
 Transformer-Engine's fused-norm names mapped to the local-spec ones, and, under PP, the
 stage-local layer index (``decoder.layers.0`` on stage 1) rewritten to the
-global one, as in ``canzona.models.list_params``. The list is ordered like ``list_params``
+global one, as in ``canzona.models.list_params``; under expert parallelism a rank's local expert
+index (``local_experts.0`` of EP rank 1) likewise becomes the global one (EP rank e holds experts
+e·E/EP … (e+1)·E/EP − 1, megatron's contiguous blocks). The list is ordered like ``list_params``
 (our canonical inventory; megatron registers ``linear_proj`` before ``linear_qkv``), and it
 must cover the inventory exactly: a mismatch raises instead of silently planning on a
 different model.
@@ -30,6 +32,7 @@ from canzona.models.spec import ParamSpec
 
 NamedParam = tuple[str, ParamSpec, torch.nn.Parameter]
 _LAYER = re.compile(r"(^|\.)layers\.(\d+)\.")
+_EXPERT = re.compile(r"\.local_experts\.(\d+)\.")
 # Replicated params whose gradient is only a PARTIAL sum on each TP rank: QK-layernorm weights
 # normalise each head, and each TP rank holds only its own heads (megatron's
 # finalize_model_grads sums these across TP for the same reason) ...
@@ -71,6 +74,16 @@ def global_name(name: str, layer_offset: int) -> tuple[str, int | None]:
     return name[: m.start(2)] + str(layer) + name[m.end(2) :], layer
 
 
+def global_expert(name: str, first: int) -> tuple[str, int | None]:
+    """Rewrite a rank's local expert index to the global one (``first``: its first expert); return
+    (name, global expert index or None)."""
+    m = _EXPERT.search(name)
+    if m is None:
+        return name, None
+    e = int(m.group(1)) + first
+    return name[: m.start(1)] + str(e) + name[m.end(1) :], e
+
+
 def full_shape(param: torch.Tensor, tp: int) -> tuple[tuple[int, ...], int | None]:
     """(FULL shape, partition_dim) of a megatron parameter from its TP attributes."""
     shape = tuple(param.shape)
@@ -89,22 +102,31 @@ def named_params(
     stage: int,
     routing: RoutingRule = DEFAULT_ROUTING,
     split: tuple[str, ...] = (),
+    ep: int = 1,
+    ep_rank: int = 0,
 ) -> list[NamedParam]:
     """This stage's trainable params as ``(name, full-shape ParamSpec, local parameter)``; ``split``:
-    the split views the optimizer executes, marked on the specs (``canzona.models.split``).
+    the split views the optimizer executes, marked on the specs (``canzona.models.split``); under EP
+    (``ep`` > 1) the dense ones and EP rank ``ep_rank``'s experts, by their global names.
 
     Raises ConfigError when megatron's model and the inventory of ``cfg`` disagree in names or
     shapes (a wrong config, or a megatron version that renamed something).
     """
     offset = stage * (cfg.layers // pp)
+    block = cfg.experts // ep if cfg.experts else 0
     got: dict[str, tuple[ParamSpec, torch.nn.Parameter]] = {}
     for raw, p in model.named_parameters():
         if not p.requires_grad:
             continue
         name, layer = global_name(canonical_name(strip_wrappers(raw)), offset)
+        name, expert = global_expert(name, ep_rank * block)
         shape, dim = full_shape(p, tp)
-        got[name] = (ParamSpec(name, shape, dim, routing.route(name, len(shape)), layer), p)
-    expected = list_params(cfg, tp=tp, pp=pp, stage=stage, routing=routing, split=split)
+        got[name] = (ParamSpec(name, shape, dim, routing.route(name, len(shape)), layer, expert), p)
+    expected = [
+        s
+        for s in list_params(cfg, tp=tp, pp=pp, stage=stage, routing=routing, split=split)
+        if s.expert is None or s.expert // block == ep_rank
+    ]
     exp_names = [s.name for s in expected]
     missing, extra = sorted(set(exp_names) - set(got)), sorted(set(got) - set(exp_names))
     if missing or extra:
@@ -115,7 +137,7 @@ def named_params(
     out: list[NamedParam] = []
     for spec in expected:
         mine, p = got[spec.name]
-        if mine.shape != spec.shape or mine.partition_dim != spec.partition_dim:
+        if mine.shape != spec.shape or mine.partition_dim != spec.partition_dim or mine.expert != spec.expert:
             raise ConfigError(
                 f"{spec.name}: megatron gives full shape {mine.shape} (tp dim {mine.partition_dim}), "
                 f"the {cfg.name} inventory says {spec.shape} (tp dim {spec.partition_dim})"
@@ -169,11 +191,16 @@ def tp_partial_names(named: list[NamedParam], tp: int, *, sequence_parallel: boo
 
 @torch.no_grad()
 def replica_divergence(
-    named: list[NamedParam], dp_group: torch.distributed.ProcessGroup, tp_group: torch.distributed.ProcessGroup
+    named: list[NamedParam],
+    dp_group: torch.distributed.ProcessGroup,
+    tp_group: torch.distributed.ProcessGroup,
+    edp_group: torch.distributed.ProcessGroup | None = None,
 ) -> float:
     """Largest |difference| between copies of the same parameter on different ranks.
 
-    Every parameter is replicated across DP, and the unsharded ones (norms) across TP too; a
+    Every dense parameter is replicated across DP, an expert's across its expert-DP group
+    (``edp_group``; under EP the DP ranks of other EP ranks hold other experts), and the unsharded
+    ones (norms) across TP too; a
     correct run keeps the copies identical. A non-zero value exposes gradients that differ
     between replicas (e.g. QK-layernorm grads left as per-TP-rank partial sums) even when the
     loss curve hides it. Collective over both groups; every rank returns the same value.
@@ -211,8 +238,13 @@ def replica_divergence(
             del t_hi, t_lo
         return worst
 
-    dp = spread([p for _, _, p in named], dp_group)
-    tp = spread([p for _, s, p in named if s.partition_dim is None], tp_group)
-    worst = torch.tensor([dp, tp], dtype=torch.float64, device=named[0][2].device).max()  # NaN wins
+    dense: list[torch.Tensor] = [p for _, s, p in named if s.expert is None]
+    experts: list[torch.Tensor] = [p for _, s, p in named if s.expert is not None]
+    spreads = [
+        spread(dense, dp_group),
+        spread(experts, edp_group if edp_group is not None else dp_group),
+        spread([p for _, s, p in named if s.partition_dim is None], tp_group),
+    ]
+    worst = torch.tensor(spreads, dtype=torch.float64, device=named[0][2].device).max()  # NaN wins
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # every rank (all PP stages) reports the same value
     return float(worst)

@@ -18,6 +18,9 @@ How the pieces fit megatron:
   at TP > 1), every norm weight (each TP rank normalises its part of the sequence). The optimizer
   sums exactly those (``params.tp_partial_names``) across TP after the DP reduction, in ONE
   all-reduce, as megatron's finalize_model_grads does.
+* MoE (``--ep``): megatron's MoE layer with the all-to-all dispatcher over the EP ranks; the
+  optimizer gets the stage's full inventory and the expert-DP group (``ExpertParallel``), reduces
+  each expert over that group and every dense parameter over DP (canzona.runtime.experts).
 * Tied embeddings with PP>1 are rejected by config validation (their cross-stage gradient
   all-reduce is not implemented); PP otherwise runs through megatron's own schedules.
 * The megatron-muon peer swaps in megatron's DDP + Muon (``peer_megatron.py``) behind the same
@@ -40,7 +43,7 @@ from canzona.harness.model import build_model, causal_mask, init_weights
 from canzona.harness.params import NamedParam, named_params, replica_divergence, tp_partial_names
 from canzona.harness.record import append_checks, attestation_section, plan_section, stage_entry
 from canzona.harness.timing import IterationLog, Marks, aggregate, peak_memory_mb
-from canzona.models.qwen3 import get_transformer
+from canzona.models.qwen3 import get_transformer, list_params
 from canzona.spec import RunSpec
 
 if TYPE_CHECKING:
@@ -107,9 +110,15 @@ def build_optimizer(
 
         return peer_megatron.build(run, model)
     from canzona.runtime import DistributedOptimizer
+    from canzona.runtime.experts import ExpertParallel
 
     # timers on: a benchmark harness reads the phases once per iteration, outside the step
     cfg = run.dist_config(timers=True)
+    experts = None
+    if run.layout.ep > 1:  # the stage's every expert is planned on every rank; this rank steps its own
+        stage = ps.get_pipeline_model_parallel_rank()
+        stage_specs = list_params(get_transformer(run.model), tp=run.layout.tp, pp=run.layout.pp, stage=stage)
+        experts = ExpertParallel(run.layout.ep, ps.get_expert_data_parallel_group(), tuple(stage_specs))
     # stage_group = this PP stage's TP×DP ranks (stages hold different params, hence different
     # plans); the norm and the non-finite verdict span every stage (the default group).
     opt = DistributedOptimizer(
@@ -119,6 +128,7 @@ def build_optimizer(
         cfg,
         stage_group=ps.get_tensor_and_data_parallel_group(),
         tp_partial=tp_partial_names(named, run.layout.tp, sequence_parallel=run.uses_sequence_parallel),
+        experts=experts,
     )
     if dist.get_rank() == 0:  # the plan attestation of stage 0, at build (every stage's goes into the record)
         print(opt.attestation.line(), flush=True)
@@ -187,6 +197,31 @@ def make_forward_step(seq_len: int, device: torch.device) -> Callable[..., Any]:
     return forward_step
 
 
+def stage_model(run: RunSpec, mcfg: Any, device: torch.device) -> tuple[torch.nn.Module, list[NamedParam]]:
+    """This rank's pipeline stage of ``mcfg`` as ``run`` lays it out (TP, PP, EP, sequence
+    parallelism, attention backend, parameter format), its parameters named as the optimizer sees
+    them (split views marked, an EP rank's experts by their global names) and initialised the same
+    at every layout (parallel_state must be initialised)."""
+    from megatron.core import parallel_state as ps
+
+    tp, pp, ep, stage = run.layout.tp, run.layout.pp, run.layout.ep, ps.get_pipeline_model_parallel_rank()
+    model = build_model(
+        mcfg,
+        tp=tp,
+        pp=pp,
+        ep=ep,
+        seq_len=run.batch.seq_len,
+        dtype=DTYPES[run.machine.dtype],
+        device=device,
+        sequence_parallel=run.uses_sequence_parallel,
+        attention=run.machine.attention,
+    )
+    ep_rank = ps.get_expert_model_parallel_rank()
+    named = named_params(model, mcfg, tp=tp, pp=pp, ep=ep, stage=stage, ep_rank=ep_rank, split=run.splits)
+    init_weights(named, mcfg, seed=run.loop.seed, tp_rank=ps.get_tensor_model_parallel_rank(), tp=tp)
+    return model, named
+
+
 def train(
     ri: RankInfo, run: RunSpec, results: str | None = None, *, step_probe: Callable[[], Any] | None = None
 ) -> dict[str, Any]:
@@ -211,6 +246,7 @@ def train(
     ps.initialize_model_parallel(
         tensor_model_parallel_size=run.layout.tp,
         pipeline_model_parallel_size=run.layout.pp,
+        expert_model_parallel_size=run.layout.ep,
         **megatron_group_options(run, ps.initialize_model_parallel),
     )
     try:
@@ -220,18 +256,7 @@ def train(
         mcfg = get_transformer(run.model)
         tp_rank, stage = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
         dp_rank = ps.get_data_parallel_rank()
-        model = build_model(
-            mcfg,
-            tp=run.layout.tp,
-            pp=run.layout.pp,
-            seq_len=run.batch.seq_len,
-            dtype=DTYPES[run.machine.dtype],
-            device=device,
-            sequence_parallel=run.uses_sequence_parallel,
-            attention=run.machine.attention,
-        )
-        named = named_params(model, mcfg, tp=run.layout.tp, pp=run.layout.pp, stage=stage, split=run.splits)
-        init_weights(named, mcfg, seed=run.loop.seed, tp_rank=tp_rank, tp=run.layout.tp)
+        model, named = stage_model(run, mcfg, device)
 
         # --- optimizer, hooked into megatron's schedule -------------------------------------
         model, opt = build_optimizer(run, model, named)
@@ -262,7 +287,8 @@ def train(
 
         # --- aggregate, record, then check ------------------------------------------------------
         groups = ps.get_data_parallel_group(), ps.get_tensor_model_parallel_group()
-        return finish(ri, run, opt, named, log, backend, *groups, results=results, stage=stage)
+        edp = ps.get_expert_data_parallel_group() if run.layout.ep > 1 else None
+        return finish(ri, run, opt, named, log, backend, *groups, results=results, stage=stage, edp_group=edp)
     finally:
         ps.destroy_model_parallel()
 
@@ -340,6 +366,7 @@ def finish(
     results: str | None = None,
     *,
     stage: int = 0,
+    edp_group: torch.distributed.ProcessGroup | None = None,
 ) -> dict[str, Any]:
     """Everything after the loop, in the order that keeps the measurement: aggregate the timings,
     gather every rank's host and plan summary (``gather_end_of_run``, which cannot fail the line;
@@ -364,12 +391,29 @@ def finish(
     if ri.rank == 0:
         sections = {"plan": plan, "attestation": attestation}
         record = _record(run, results, device, backend, timings, hosts, sections, getattr(opt, "layer_wise", None))
-    checks = replica_check(named, dp_group, tp_group)
+    checks = replica_check(named, dp_group, tp_group, edp_group)
     if record is not None:
         record["checks"] = checks
         if results:
             append_checks(results, record, checks)
-    return {"rank": ri.rank, "loss_curve": timings.loss_curve, "checks": checks, "record": record}
+    out = {"rank": ri.rank, "loss_curve": timings.loss_curve, "checks": checks, "record": record}
+    return out | {"param_digests": param_digests(named)}
+
+
+@torch.no_grad()
+def param_digests(named: list[NamedParam]) -> dict[str, tuple[float, float]]:
+    """(float64 sum, 2-norm) of this rank's piece of every parameter after the run, by global name:
+    what lets a caller compare the final weights of two layouts (an EP run's experts live on their
+    EP ranks only) without moving them. One host read."""
+    if not named:
+        return {}
+    sums = torch.stack(
+        [
+            torch.stack([p.sum(dtype=torch.float64), torch.linalg.vector_norm(p, dtype=torch.float64)])
+            for _, _, p in named
+        ]
+    ).tolist()
+    return {n: (s, q) for (n, _, _), (s, q) in zip(named, sums, strict=True)}
 
 
 def optimizer_work(opt: StepOptimizer) -> float | None:
@@ -391,14 +435,17 @@ def optimizer_work(opt: StepOptimizer) -> float | None:
 
 
 def replica_check(
-    named: list[NamedParam], dp_group: torch.distributed.ProcessGroup, tp_group: torch.distributed.ProcessGroup
+    named: list[NamedParam],
+    dp_group: torch.distributed.ProcessGroup,
+    tp_group: torch.distributed.ProcessGroup,
+    edp_group: torch.distributed.ProcessGroup | None = None,
 ) -> dict[str, Any]:
     """``{"replica_max_abs_diff": x}``, or ``{"replica_check_error": why}`` if the check itself failed
     (reported on stderr; never raised: the results line is already written)."""
     import sys
 
     try:
-        return {"replica_max_abs_diff": replica_divergence(named, dp_group, tp_group)}
+        return {"replica_max_abs_diff": replica_divergence(named, dp_group, tp_group, edp_group)}
     except Exception as exc:  # noqa: BLE001 - a failing diagnostic is reported, not fatal to the record
         why = f"{type(exc).__name__}: {exc}"
         print(f"canzona train: replica check failed (the results line is kept): {why}", file=sys.stderr, flush=True)

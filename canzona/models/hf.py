@@ -98,7 +98,9 @@ def from_hf_config(d: dict[str, Any], name: str, source: str = "") -> Transforme
         source=source,
     )
     if kind == "mixtral":
-        return TransformerConfig(**common, experts=_get(d, "num_local_experts"), expert_ffn=common["ffn"])
+        return TransformerConfig(
+            **common, experts=_get(d, "num_local_experts"), expert_ffn=common["ffn"], top_k=_top_k(d)
+        )
     if kind in ("qwen2_moe", "qwen3_moe"):
         shared = d.get("shared_expert_intermediate_size", 0) or 0
         if kind == "qwen2_moe":
@@ -109,8 +111,14 @@ def from_hf_config(d: dict[str, Any], name: str, source: str = "") -> Transforme
             expert_ffn=_get(d, "moe_intermediate_size"),
             shared_expert_ffn=shared,
             moe_layers=_moe_layers(d, layers),
+            top_k=_top_k(d),
         )
     return TransformerConfig(**common)
+
+
+def _top_k(d: dict[str, Any]) -> int:
+    """Experts per token (``num_experts_per_tok``); 0 when absent: planning does not need it."""
+    return 0 if d.get("num_experts_per_tok") is None else int(_get(d, "num_experts_per_tok"))
 
 
 def load_hf_config(path: str | Path) -> TransformerConfig:

@@ -1,4 +1,5 @@
-"""The built-in models (the Qwen3 dense family) and ``get_model``, which also reads model files.
+"""The built-in models (the Qwen3 dense family, and MoE variants of the CPU models) and
+``get_model``, which also reads model files.
 
 Shapes follow the public configs (head_dim 128, GQA with 8 KV heads, SwiGLU, RMSNorm,
 QK-norm, vocab 151936). The tiny variants keep the same structure at CPU-friendly sizes.
@@ -47,6 +48,10 @@ MODELS: dict[str, TransformerConfig] = {
         Qwen3Config("qwen3-tiny", 4, 384, 1024, 8, 4, head_dim=64, vocab=4096),
         # qwen3-micro: unit tests and multi-process exactness checks.
         Qwen3Config("qwen3-micro", 2, 64, 128, 4, 2, head_dim=32, vocab=256),
+        # MoE variants of the CPU models (Qwen3-MoE structure: every layer routed, top-2 of 8 experts,
+        # no shared expert): qwen3-moe-micro for the EP exactness tests, qwen3-moe-tiny for timing.
+        Qwen3Config("qwen3-moe-micro", 2, 64, 128, 4, 2, head_dim=32, vocab=256, experts=8, expert_ffn=32, top_k=2),
+        Qwen3Config("qwen3-moe-tiny", 4, 384, 1024, 8, 4, head_dim=64, vocab=4096, experts=8, expert_ffn=256, top_k=2),
         # qwen3-32b-w16: Qwen3-32B's layer at 1/16 of its width (every dimension, so matrix costs keep
         # 32B's spread), ONE layer: 4 matrices on 4 CPU ranks is 32B's one matrix per GPU on 256;
         # run with --bucket-size 156250 (40M / 16²) so each bucket holds one matrix, as 32B's do.

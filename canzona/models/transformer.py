@@ -38,7 +38,8 @@ MAX_MATRICES = 65_536  # layers x (2 experts + 4): about 2x DeepSeek-V3 (31k exp
 class TransformerConfig:
     """A decoder-only transformer. ``experts`` > 0 makes the layers in ``moe_layers`` (default: all)
     MoE layers with that many routed experts of width ``expert_ffn`` (plus a shared expert of width
-    ``shared_expert_ffn`` when > 0); the other layers keep a dense MLP of width ``ffn``."""
+    ``shared_expert_ffn`` when > 0), each token routed to ``top_k`` of them (0: not given, which
+    planning does not need and training refuses); the other layers keep a dense MLP of width ``ffn``."""
 
     name: str
     layers: int
@@ -56,6 +57,7 @@ class TransformerConfig:
     expert_ffn: int = 0
     shared_expert_ffn: int = 0
     moe_layers: tuple[int, ...] | None = None
+    top_k: int = 0
     family: str = "qwen3"
     source: str = ""
 
@@ -64,7 +66,7 @@ class TransformerConfig:
             v = getattr(self, k)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{self.name}: {k} must be a positive integer, got {v!r}")
-        for k in ("experts", "expert_ffn", "shared_expert_ffn"):
+        for k in ("experts", "expert_ffn", "shared_expert_ffn", "top_k"):
             v = getattr(self, k)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigError(f"{self.name}: {k} must be a non-negative integer, got {v!r}")
@@ -85,6 +87,8 @@ class TransformerConfig:
             raise ConfigError(f"{self.name}: {self.heads} heads are not a multiple of {self.kv_heads} KV heads")
         if self.experts and self.expert_ffn < 1:
             raise ConfigError(f"{self.name}: {self.experts} experts need a positive expert_ffn")
+        if self.top_k > self.experts:
+            raise ConfigError(f"{self.name}: top_k {self.top_k} exceeds its {self.experts} routed experts")
         if self.moe_layers is not None and any(not 0 <= i < self.layers for i in self.moe_layers):
             raise ConfigError(f"{self.name}: moe_layers must lie in 0..{self.layers - 1}")
 

@@ -57,6 +57,12 @@ class MatrixOptimizer(ABC):
         ``step`` is 1-based and counts optimizer steps taken, including this one.
         """
 
+    def directions(self, grads: Sequence[torch.Tensor], states: Sequence[State], step: int) -> list[torch.Tensor]:
+        """``direction`` of several matrices of ONE shape (each with its own state). An optimizer
+        whose core runs batched overrides it (Muon: one 3-D Newton–Schulz), since a GPU pays a
+        launch per small matrix: an owner's experts are thousands of them."""
+        return [self.direction(g, s, step) for g, s in zip(grads, states, strict=True)]
+
     def check_inputs(self, grad: torch.Tensor, state_like: torch.Tensor, step: int) -> None:
         """Validate a direction() call: 2-D non-empty grad, 1-based step, state of the grad's shape."""
         check_matrix(grad, self.name)

@@ -16,6 +16,7 @@ The step is three parts so a runtime can run them where the data is:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -87,9 +88,20 @@ class Muon(MatrixOptimizer):
         buf.lerp_(g, 1.0 - c.momentum)
         return torch.lerp(g, buf, c.momentum) if c.nesterov else buf.clone()
 
+    def directions(self, grads: Sequence[torch.Tensor], states: Sequence[State], step: int) -> list[torch.Tensor]:
+        """Same-shape matrices: momentum each, then ONE Newton–Schulz on their stack (a batch of
+        matrices, each normalised and iterated on its own: never mixed across matrices), then
+        the scale. Standard and Gram both run batched (canzona.optim.newton_schulz)."""
+        if len(grads) == 1:
+            return [self.direction(grads[0], states[0], step)]
+        stacked = torch.stack([self.before(g, s, step) for g, s in zip(grads, states, strict=True)])
+        ortho = self.orthogonalize(stacked)
+        return [self.after(o, tuple(g.shape)) for o, g in zip(ortho, grads, strict=True)]
+
     def orthogonalize(self, M: torch.Tensor) -> torch.Tensor:
-        """Newton–Schulz of the whole matrix ``M`` with the config's method and compute dtype."""
-        return newton_schulz(M, **self.ns_options(tuple(M.shape), M.device))
+        """Newton–Schulz of the whole matrix ``M`` (or of each of a batch (b, m, n)) with the
+        config's method and compute dtype."""
+        return newton_schulz(M, **self.ns_options(tuple(M.shape[-2:]), M.device))
 
     def after(self, ortho: torch.Tensor, full_shape: tuple[int, ...]) -> torch.Tensor:
         """Scale an orthogonalised matrix (or any block of it) into the update U (fp32)."""

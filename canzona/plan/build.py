@@ -260,12 +260,19 @@ def _alpha_candidates(
         )
     items = make_items(params, cost_model, layout.ep)
     coop = coop_settings(hw, layout)
+    chunked = cfg.dp_algo in strategy.chunked_algos
     if any(it.ep_rank is not None for it in items) and (
-        cfg.dp_layout not in ("padded", "auto") or cfg.dp_algo not in strategy.chunked_algos
+        cfg.dp_algo not in strategy.ep_algos or (chunked and cfg.dp_layout not in ("padded", "auto"))
     ):
+        ok = ", ".join(f"{s.name} {'/'.join(s.ep_algos)}" for s in STRATEGIES.values() if s.ep_algos)
         raise ConfigError(
-            "EP > 1 is planned only by the padded layout's own algorithms (canzona refine or lpt); "
-            f"got {cfg.strategy} / {cfg.dp_algo} / {cfg.dp_layout}"
+            f"EP > 1 is planned by {ok} (canzona's in the padded layout); got {cfg.strategy} / {cfg.dp_algo} / "
+            f"{cfg.dp_layout}"
+        )
+    if layout.ep > 1 and cfg.coop_force:
+        raise ConfigError(
+            "cooperative groups are not planned under EP > 1 (their DP sub-groups ignore expert-DP groups); "
+            "drop coop_force"
         )
     plain = []
     for name in _layouts(params, items, layout, cfg):
@@ -331,8 +338,9 @@ def _cooperative_plans(
     """The stage's plans with cooperative groups, one per candidate choice (``coop.candidates``;
     none when cooperation is off or no matrix pays for a group). At TP = 1 the groups are cut at
     block boundaries into contiguous slices, which needs the exact layout's buckets; at TP > 1 a
-    cooperative matrix is planned as one item in either layout."""
-    if not cfg.cooperative:
+    cooperative matrix is planned as one item in either layout. None under EP > 1: a group's DP
+    sub-group would ignore the expert-DP groups (its cuts do not fit an expert bucket's group)."""
+    if not cfg.cooperative or layout.ep > 1:
         return []
     if layout.tp == 1 and cfg.dp_layout != "exact":
         cfg = replace(cfg, dp_layout="exact")

@@ -100,6 +100,21 @@ class CommOp:
 
 
 @dataclass(frozen=True)
+class OwnerGather:
+    """Layer-wise's parameter gather of one group (owners ignore the buckets, so each rank's owned
+    parameters are packed, gathered unevenly, unpacked): ``by_rank`` the names each rank of the
+    group owns, in group order; ``group`` dp, or edp for an EP rank's experts."""
+
+    group: str
+    by_rank: tuple[tuple[str, ...], ...]
+    mode: str
+
+    @property
+    def tag(self) -> str:
+        return "owner" if self.group == "dp" else "owner-edp"
+
+
+@dataclass(frozen=True)
 class RankSchedule:
     dp_rank: int
     tp_rank: int
@@ -108,7 +123,7 @@ class RankSchedule:
     buckets: tuple[BucketLayout, ...]
     executors: tuple[ExecSpec, ...]
     ops: tuple[CommOp, ...]
-    owner_gather: tuple[tuple[tuple[str, ...], ...], str] | None = None  # layer-wise: names per DP rank, mode
+    owner_gathers: tuple[OwnerGather, ...] = ()  # layer-wise: the dense one, then this EP rank's experts'
     computes: tuple[str, ...] = field(default=())
 
     def bucket(self, kind: str, index: int) -> BucketLayout:
@@ -134,8 +149,8 @@ class StageBuffers:
     grad_calls: tuple[tuple[CommOp, ...], ...]  # per EP rank: every bucket's gradient reduction, matrix first
     matrix_param_calls: tuple[tuple[CommOp, ...], ...]  # per EP rank: the matrix gathers, last bucket first
     adam_param_calls: tuple[CommOp, ...]
-    owner_gather: tuple[tuple[tuple[str, ...], ...], str] | None  # layer-wise: (owned names by DP rank, mode)
-    owner_gather_calls: tuple[CommOp, ...]
+    owner_gathers: tuple[tuple[OwnerGather, ...], ...]  # per EP rank, layer-wise: the dense gather, the experts'
+    owner_gather_calls: tuple[tuple[CommOp, ...], ...]  # per EP rank
     owned: tuple[tuple[PlanItem, ...], ...] = ()  # per DP rank the items it owns, in registration order
     shard: dict[str, int] = field(default_factory=dict)  # a matrix's TP shard (numel // TP)
 
@@ -143,8 +158,8 @@ class StageBuffers:
 def stage_buffers(plan: Plan | None, adamw: Sequence[Bucket], dp: int, settings: LowerSettings) -> StageBuffers:
     matrix, adam = bucket_layouts(plan, adamw, dp, settings)
     g, p = settings.grad_bytes, settings.param_bytes
-    gather = _owner_gather(plan, settings) if plan is not None else None
     ep = plan.layout.ep if plan is not None else 1
+    gathers = tuple(_owner_gathers(plan, settings, e) if plan is not None else () for e in range(ep))
     calls = {b.tag: _dp_calls(b, "grad_sync", _group_size(b, dp), g) for b in (*matrix, *adam)}
     params = {b.tag: _dp_calls(b, "param_sync", _group_size(b, dp), p) for b in (*matrix, *adam)}
     mine = tuple(tuple(b for b in matrix if b.ep_rank in (None, e)) for e in range(ep))
@@ -154,8 +169,8 @@ def stage_buffers(plan: Plan | None, adamw: Sequence[Bucket], dp: int, settings:
         tuple(tuple(op for b in (*m, *adam) for op in calls[b.tag]) for m in mine),
         tuple(tuple(op for b in reversed(m) for op in params[b.tag]) for m in mine),
         tuple(op for b in reversed(adam) for op in params[b.tag]),
-        gather,
-        tuple(_owner_gather_calls(plan, gather, p)) if plan is not None and gather is not None else (),
+        gathers,
+        tuple(tuple(op for og in gs for op in _owner_gather_calls(plan, og, p)) for gs in gathers) if plan else ((),),
         _owned(plan) if plan is not None else (),
         {it.name: it.numel // plan.layout.tp for it in plan.items} if plan is not None else {},
     )
@@ -303,23 +318,37 @@ def _tp_partial_elems(adam: Sequence[BucketLayout], dp_rank: int, names: frozens
     return total
 
 
-def _owner_gather(plan: Plan, settings: LowerSettings) -> tuple[tuple[tuple[str, ...], ...], str] | None:
-    """Layer-wise: owners ignore the buckets, so owned params are packed, gathered unevenly, unpacked."""
-    if plan.dp.cuts or plan.dp.param_sync == "none" or plan.layout.dp == 1:
+def _owner_gathers(plan: Plan, settings: LowerSettings, ep_rank: int) -> tuple[OwnerGather, ...]:
+    """Layer-wise: the gathers EP rank ``ep_rank``'s ranks take part in, the dense matrices' over
+    DP, then (EP > 1) that EP rank's experts' over its expert-DP group."""
+    if plan.dp.cuts or plan.dp.param_sync == "none":
+        return ()
+    groups = [None, ep_rank] if plan.layout.ep > 1 else [None]
+    return tuple(g for e in groups if (g := _owner_gather(plan, settings, e)) is not None)
+
+
+def _owner_gather(plan: Plan, settings: LowerSettings, ep_rank: int | None) -> OwnerGather | None:
+    """Owners ignore the buckets, so owned params are packed, gathered unevenly, unpacked."""
+    group = plan.layout.group_ranks(ep_rank)
+    mine = [it for it in plan.items if it.ep_rank == ep_rank]
+    if len(group) == 1 or not mine:
         return None
     owners = plan.dp.owner_map()
+    pos = {r: k for k, r in enumerate(group)}
     tp = plan.layout.tp
-    local = {it.name: (it.numel // tp if it.partition_dim is not None else it.numel) for it in plan.items}
-    by_rank: tuple[list[str], ...] = tuple([] for _ in range(plan.layout.dp))
-    for it in plan.items:  # one pass, once per stage (stage_buffers)
-        by_rank[owners[it.name][0]].append(it.name)
+    local = {it.name: (it.numel // tp if it.partition_dim is not None else it.numel) for it in mine}
+    by_rank: tuple[list[str], ...] = tuple([] for _ in group)
+    for it in mine:  # one pass, once per stage (stage_buffers)
+        by_rank[pos[owners[it.name][0]]].append(it.name)
     sizes = [sum(local[n] for n in names) for names in by_rank]
     # a gather alone (the gradients are all-reduced): a staged all-gather or per-root broadcasts
     requested = {"native": "uneven", "all-reduce-broadcast": "per-root"}.get(
         settings.collective_mode, settings.collective_mode
     )
     mode = choose_mode(sizes, requested, settings.model, settings.param_bytes, OWNER_GATHER_MODES)
-    return tuple(map(tuple, by_rank)), ("uneven" if mode == "native" else mode)
+    return OwnerGather(
+        "dp" if ep_rank is None else "edp", tuple(map(tuple, by_rank)), "uneven" if mode == "native" else mode
+    )
 
 
 def lower(
@@ -358,9 +387,9 @@ def lower(
     for part in range(3):  # every executor's start, then run, then finish (canzona.runtime.executors.base)
         for c in calls:
             ops += c[part]
-    ops += (*buf.matrix_param_calls[e], *buf.owner_gather_calls, *buf.adam_param_calls)
+    ops += (*buf.matrix_param_calls[e], *buf.owner_gather_calls[e], *buf.adam_param_calls)
     computes = tuple(n for s in execs for n in s.computed_by(tp_rank))
-    return RankSchedule(dp_rank, tp_rank, dp, tp, (*matrix, *adam), execs, tuple(ops), buf.owner_gather, computes)
+    return RankSchedule(dp_rank, tp_rank, dp, tp, (*matrix, *adam), execs, tuple(ops), buf.owner_gathers[e], computes)
 
 
 def matrix_dp_calls(plan: Plan, settings: LowerSettings, ep_rank: int | None = None) -> list[tuple[int, CommOp]]:
@@ -382,15 +411,13 @@ def matrix_dp_calls(plan: Plan, settings: LowerSettings, ep_rank: int | None = N
     return ops + [(g, op) for g, b in reversed(matrix) for op in _dp_calls(b, "param_sync", g, settings.param_bytes)]
 
 
-def _owner_gather_calls(plan: Plan, gather: tuple[tuple[tuple[str, ...], ...], str], elem: int) -> list[CommOp]:
-    by_rank, mode = gather
+def _owner_gather_calls(plan: Plan, og: OwnerGather, elem: int) -> list[CommOp]:
     tp = plan.layout.tp
     local = {it.name: (it.numel // tp if it.partition_dim is not None else it.numel) for it in plan.items}
-    sizes = [sum(local[n] for n in names) for names in by_rank]
-    dp = len(sizes)
-    if mode == "per-root":
-        return [CommOp("param_sync", "broadcast", "dp", s * elem, "owner", r) for r, s in enumerate(sizes) if s]
-    return [CommOp("param_sync", "all_gather", "dp", dp * max(sizes) * elem, "owner")]
+    sizes = [sum(local[n] for n in names) for names in og.by_rank]
+    if og.mode == "per-root":
+        return [CommOp("param_sync", "broadcast", og.group, s * elem, og.tag, r) for r, s in enumerate(sizes) if s]
+    return [CommOp("param_sync", "all_gather", og.group, len(sizes) * max(sizes) * elem, og.tag)]
 
 
 def stage_schedules(plan: Plan, adamw: Sequence[Bucket], settings: LowerSettings) -> list[RankSchedule]:
@@ -421,6 +448,7 @@ __all__ = [
     "CommOp",
     "ExecSpec",
     "LowerSettings",
+    "OwnerGather",
     "RankSchedule",
     "bucket_layouts",
     "dp_call_bound",

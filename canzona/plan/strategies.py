@@ -10,7 +10,9 @@ A strategy is a planner function plus one ``register_strategy`` call. The regist
     buckets in the padded layout (``buckets.matrix_chunks``; every other one keeps Megatron's),
   * whether it may give one matrix to a group of GPUs (``cooperative``, canzona.plan.coop),
   * whether it may replicate a bucket's matrices on every rank of its group (``replicates``,
-    canzona.plan.dp.replicate).
+    canzona.plan.dp.replicate),
+  * which of its algorithms plan expert buckets over their expert-DP groups under EP
+    (``ep_algos``; canzona's padded ones, and every baseline's).
 CLI choices, config validation (``build.resolve_config``) and the comparison table derive from
 this table; docs/adding-a-strategy.md walks through adding one.
 
@@ -54,6 +56,7 @@ class Strategy:
     help: str = ""
     cooperative: bool = False  # may give one matrix to a group of GPUs (canzona.plan.coop)
     replicates: bool = False  # may compute a bucket's matrices on every rank after one all-reduce (dp.replicate)
+    ep_algos: tuple[str, ...] = ()  # algorithms that give each bucket's matrices to its group's ranks (EP > 1)
 
     @property
     def updates_everywhere(self) -> bool:
@@ -88,8 +91,8 @@ def register_strategy(s: Strategy) -> Strategy:
             f"strategy {s.name!r}: needs >= 1 dp algorithm, a TP mode in {TP_MODES}, grad sync in {GRAD_SYNCS} "
             f"and param sync in {PARAM_SYNCS}"
         )
-    if not set(s.chunked_algos) <= set(s.algos):
-        raise ConfigError(f"strategy {s.name!r}: chunked_algos must be among its algos {s.algos}")
+    if not set(s.chunked_algos) <= set(s.algos) or not set(s.ep_algos) <= set(s.algos):
+        raise ConfigError(f"strategy {s.name!r}: chunked_algos and ep_algos must be among its algos {s.algos}")
     STRATEGIES[s.name] = s
     return s
 
@@ -188,6 +191,7 @@ register_strategy(
         "sc",
         "all-reduce",
         "none",
+        ep_algos=("replicate",),
         help="synchronous compute: every DP rank updates every matrix after an all-reduce",
     )
 )
@@ -199,6 +203,7 @@ register_strategy(
         "sc",
         "all-reduce",
         "all-gather-v",
+        ep_algos=("lpt", "round-robin"),
         help="whole matrices dealt to DP ranks ignoring buckets; gradients all-reduced",
     )
 )
@@ -210,6 +215,7 @@ register_strategy(
         "no",
         "reduce-scatter",
         "all-gather-v",
+        ep_algos=("first-element",),
         help="zero-atomic: a matrix goes to the rank whose equal slice holds its first element",
     )
 )
@@ -222,6 +228,7 @@ register_strategy(
         "reduce-scatter",
         "all-gather-v",
         chunked_algos=("refine", "lpt"),
+        ep_algos=("refine", "lpt"),
         help="atomic bucket slices balancing compute against slice bytes (alpha)",
         cooperative=True,
         replicates=True,

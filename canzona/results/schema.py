@@ -152,8 +152,10 @@ def cell_key(config: dict[str, Any]) -> str:
     Only config fields, never the plan: a sweep computes the key of a cell before it runs it (to
     skip cells already done), and with ``alpha = "auto"`` the α is an outcome of the run. Lines of
     one cell that ran different plans are told apart by the analysis (``canzona.analysis.load``
-    compares their plan hashes), not by the key."""
-    return "|".join(f"{k}={config.get(k)}" for k in CELL_FIELDS)
+    compares their plan hashes), not by the key. An expert-parallel run's key ends in its EP size;
+    a run without EP keeps the key it had before EP existed (its records lack the field)."""
+    ep = config.get("ep")
+    return "|".join(f"{k}={config.get(k)}" for k in CELL_FIELDS) + (f"|ep={ep}" if ep not in (None, 1) else "")
 
 
 def ns_dtype_for(optimizer: str, ns_dtype: str | None) -> str | None:

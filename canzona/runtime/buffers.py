@@ -48,7 +48,7 @@ class BucketBuffers:
             self.param[off : off + numel].copy_(p.detach().reshape(-1))
             p.data = self.param[off : off + numel].view_as(p)
             p.main_grad = self.grad[off : off + numel].view_as(p)  # type: ignore[attr-defined]  # Megatron's main_grad attribute, not in torch's Parameter type
-        self.region = layout.regions[rank] if layout.regions else (0, 0)
+        self.region = layout.region(rank) if layout.regions else (0, 0)  # ``rank``: this DP rank
         lo, hi = self.region
         separate = dtype != torch.float32 and hi > lo
         self.master = self.param[lo:hi].float() if separate else self.param[lo:hi]

@@ -243,7 +243,7 @@ def save(opt: DistributedOptimizer, path: str | Path, *, extra: dict[str, Any] |
     e.g. ``{"model": model.state_dict()}``."""
     opt.wait_param_sync()
     state = {"optimizer": opt, **(extra or {})}
-    mark = marker(opt.config.optimizer_name, opt.step_count, opt.specs, opt.matrix_names)
+    mark = marker(opt.config.optimizer_name, opt.step_count, *_stage_model(opt))
     save_committed(state, path, SavePlanner(), mark)
 
 
@@ -252,7 +252,7 @@ def load(opt: DistributedOptimizer, path: str | Path, *, extra: dict[str, Any] |
     every tensor of ``extra`` in place; then the parameter all-gathers, so every rank's parameters
     hold the loaded masters of the regions other ranks own."""
     opt.wait_param_sync()
-    mark = marker(opt.config.optimizer_name, opt.step_count, opt.specs, opt.matrix_names)
+    mark = marker(opt.config.optimizer_name, opt.step_count, *_stage_model(opt))
     meta = load_tree(local_state(opt), path, mark, extra)
     apply_state(opt, {"meta": meta})
     opt.dps.launch_param_sync()
@@ -270,6 +270,13 @@ def latest(folder: str | Path) -> Path | None:
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return max(found)[2] if found else None
+
+
+def _stage_model(opt: DistributedOptimizer) -> tuple[dict[str, ParamSpec], list[str]]:
+    """The stage's parameters and its matrix-routed ones, every EP rank's experts included: what
+    the marker describes, the same on every rank whatever EP rank holds which experts."""
+    on_matrix = opt.config.optimizer is not None
+    return {s.name: s for s in opt.stage_specs}, [s.name for s in opt.stage_specs if on_matrix and s.route == "matrix"]
 
 
 def marker(optimizer: str, step: int, specs: Mapping[str, ParamSpec], on_matrix: Iterable[str]) -> dict[str, Any]:

@@ -10,18 +10,24 @@ Parameters: ``launch_param_sync`` issues every bucket's all-gather last bucket f
 bucket holds the first layers, which the next forward needs first). With ``attach``, each module
 waits just before its forward for the buckets holding its own parameters; nothing else waits, so
 ``zero_grad`` and unrelated modules never stall on all-gathers they do not need.
+
+Under expert parallelism a bucket of expert matrices runs the same calls over its expert-DP group
+(``BucketLayout.group``: ``edp``), dense buckets over DP; every gradient is divided by DP, since
+an expert's gradient on one rank already sums the tokens its EP group's ranks routed to it
+(megatron-core scales expert gradients by 1 / DP as well).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
 from canzona.plan.schedule import RankSchedule
 from canzona.runtime.buffers import FlatBuffers
-from canzona.runtime.collectives import Pending, all_gather_flat, make_mode
+from canzona.runtime.collectives import Pending, make_mode
+from canzona.runtime.owner_gather import OwnerGatherer
 from canzona.runtime.timers import PhaseTimer
 
 Key = tuple[str, int]
@@ -32,28 +38,30 @@ class DPSync:
         self,
         schedule: RankSchedule,
         sets: dict[str, FlatBuffers],
-        dp_group: dist.ProcessGroup | None,
-        tp_group: dist.ProcessGroup | None,
+        groups: dict[str, dist.ProcessGroup | None],
         tp_partial: frozenset[str],
         device: torch.device,
         timer: PhaseTimer,
     ) -> None:
-        self.schedule, self.sets, self.dp_group, self.tp_group = schedule, sets, dp_group, tp_group
+        self.schedule, self.sets, self.groups = schedule, sets, groups
+        self.dp_group, self.tp_group = groups["dp"], groups["tp"]
+        self.group_size = {k: dist.get_world_size(g) for k, g in groups.items()}  # edp only under EP
         self.dp, self.device, self.timer = schedule.dp, device, timer
         self.modes = {}
         for kind, bufs in sets.items():
             for i, bb in enumerate(bufs.buckets):
                 lay = bb.layout
-                if lay.regions and self.dp > 1:
+                if lay.regions and len(lay.regions) > 1:
                     sizes = [hi - lo for lo, hi in lay.regions]
-                    self.modes[(kind, i)] = make_mode(lay.mode, sizes, self.dp, (bb.grad.dtype, bb.param.dtype), device)
+                    dtypes = (bb.grad.dtype, bb.param.dtype)
+                    self.modes[(kind, i)] = make_mode(lay.mode, sizes, len(sizes), dtypes, device)
         self.pending: dict[Key, Pending] = {}
         self.param_pending: dict[Key, Pending] = {}
         self.partial = self._partial_views(sets.get("adamw"), tp_partial) if schedule.tp > 1 else []
         self.partial_buf = torch.zeros(sum(v.numel() for v in self.partial), dtype=torch.float32, device=device)
         self.sync_enabled = True
         self.needs_zero = False
-        self._setup_owner_gather()
+        self._setup_owner_gathers()
 
     # ------------------------------------------------------------------ gradients
     def _partial_views(self, bufs: FlatBuffers | None, names: frozenset[str]) -> list[torch.Tensor]:
@@ -79,12 +87,13 @@ class DPSync:
             return
         bb = self.sets[kind].buckets[b]
         bb.grad.div_(self.dp)  # mean over DP, applied before the sum (bf16 buffers stay in range)
-        if self.dp == 1 or not bb.layout.used:
+        group = self.groups[bb.layout.group]
+        if self.group_size[bb.layout.group] == 1 or not bb.layout.used:
             self.pending[(kind, b)] = Pending()
         elif not bb.layout.regions:
-            self.pending[(kind, b)] = Pending([dist.all_reduce(bb.grad, group=self.dp_group, async_op=True)])
+            self.pending[(kind, b)] = Pending([dist.all_reduce(bb.grad, group=group, async_op=True)])
         else:
-            self.pending[(kind, b)] = self.modes[(kind, b)].reduce(bb.chunks("grad"), self.dp_group)
+            self.pending[(kind, b)] = self.modes[(kind, b)].reduce(bb.chunks("grad"), group)
 
     def hook_callbacks(self, kind: str, overlap: bool) -> tuple[Callable, Callable, Callable]:
         return (lambda b: self.launch(kind, b), lambda: overlap and self.sync_enabled, self.zero_if_needed)
@@ -116,61 +125,15 @@ class DPSync:
                 off += v.numel()
 
     # ------------------------------------------------------------------ parameters
-    def _setup_owner_gather(self) -> None:
-        """Layer-wise: per-DP-rank staging of owned params for the uneven all-gather (sized once)."""
-        # (DP rank -> names it owns, collective mode, staging per DP rank, widest staging)
-        self.owner: tuple[Sequence[Sequence[str]], str, list[torch.Tensor], int] | None = None
-        if self.schedule.owner_gather is None or "matrix" not in self.sets:
-            return
-        by_rank, mode = self.schedule.owner_gather
-        mbufs = self.sets["matrix"]
-        sizes = [sum(mbufs.param(n).numel() for n in names) for names in by_rank]
-        dtype = mbufs.buckets[0].param.dtype
-        if mode == "per-root":
-            staging = [torch.empty(s, dtype=dtype, device=self.device) for s in sizes]
-        else:  # one padded buffer: rank r's part starts at r·W
-            w = max(sizes)
-            flat = torch.empty(w * self.dp, dtype=dtype, device=self.device)
-            staging = [flat[r * w : r * w + s] for r, s in enumerate(sizes)]
-            self.owner_flat = flat
-        self.owner = (by_rank, mode, staging, max(sizes))
-
-    def _owner_gather(self) -> Pending:
-        if self.owner is None:
-            raise RuntimeError("owner gather called on a schedule without one (layer-wise plans only)")
-        by_rank, mode, staging, width = self.owner
-        mbufs, me = self.sets["matrix"], dist.get_rank(self.dp_group)
-        mine = staging[me]
-        off = 0
-        for n in by_rank[me]:
-            k = mbufs.param(n).numel()
-            mine[off : off + k].copy_(mbufs.param(n))
-            off += k
-
-        def unpack() -> None:
-            for r, names in enumerate(by_rank):
-                o = 0
-                for n in names:
-                    k = mbufs.param(n).numel()
-                    if r != me:
-                        mbufs.param(n).copy_(staging[r][o : o + k])
-                    o += k
-
-        if mode == "per-root":
-            works = [
-                dist.broadcast(
-                    s,
-                    dist.get_global_rank(self.dp_group, r) if self.dp_group is not None else r,
-                    group=self.dp_group,
-                    async_op=True,
-                )
-                for r, s in enumerate(staging)
-                if s.numel()
-            ]
-        else:
-            mine_full = self.owner_flat[me * width : (me + 1) * width]
-            works = [all_gather_flat(self.owner_flat, mine_full, group=self.dp_group, async_op=True)]
-        return Pending(works, unpack)
+    def _setup_owner_gathers(self) -> None:
+        """Layer-wise: the staging of each owner gather (dense over DP, an EP rank's experts over
+        its expert-DP group), and which of them fills each matrix."""
+        self.owners: dict[str, OwnerGatherer] = {}
+        if "matrix" in self.sets:
+            mbufs = self.sets["matrix"]
+            gathers = self.schedule.owner_gathers
+            self.owners = {og.tag: OwnerGatherer(og, mbufs, self.groups[og.group], self.device) for og in gathers}
+        self.owner_key = {n: (tag, 0) for tag, o in self.owners.items() for n in o.names()}
 
     def launch_param_sync(self) -> None:
         """Issue every parameter all-gather of the step (last bucket first); nothing waits here."""
@@ -182,10 +145,12 @@ class DPSync:
                 continue
             for i in reversed(range(len(bufs.buckets))):
                 bb = bufs.buckets[i]
-                if bb.layout.regions and bb.layout.used:
-                    self.param_pending[(kind, i)] = self.modes[(kind, i)].gather(bb.chunks("param"), self.dp_group)
-            if kind == "matrix" and self.owner is not None:
-                self.param_pending[("owner", 0)] = self._owner_gather()
+                if (kind, i) in self.modes and bb.layout.used:
+                    group = self.groups[bb.layout.group]
+                    self.param_pending[(kind, i)] = self.modes[(kind, i)].gather(bb.chunks("param"), group)
+            if kind == "matrix":
+                for tag, o in self.owners.items():
+                    self.param_pending[(tag, 0)] = o.gather()
 
     def wait_params(self, keys: frozenset[Key] | None = None) -> None:
         """Block until the all-gathers of ``keys`` (default: all) have landed."""
@@ -196,8 +161,8 @@ class DPSync:
 
     def key_of(self, name: str) -> Key:
         """The pending all-gather that fills parameter ``name``."""
-        if self.owner is not None and name in self.sets["matrix"].index:
-            return ("owner", 0)
+        if name in self.owner_key:
+            return self.owner_key[name]
         for kind, bufs in self.sets.items():
             if name in bufs.index:
                 return (kind, bufs.index[name])

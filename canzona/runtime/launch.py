@@ -151,6 +151,30 @@ def stage_groups(
     return dp_group, tp_group, stage_group
 
 
+def expert_dp_group(
+    rank: int, dp: int, tp: int, pp: int, ep: int, *, timeout_s: float | None = None
+) -> dist.ProcessGroup:
+    """This rank's expert-data-parallel group, built as megatron-core's parallel_state builds
+    ``expert_data_parallel`` with expert TP = TP: in a stage, DP rank d = e + ep·j holds EP rank
+    e's experts (EP ranks contiguous inside DP, rank order tp-ep-dp-pp), and the group of (TP rank
+    t, EP rank e) is the dp / ep DP ranks e, e + ep, … of TP rank t. Every rank creates every
+    group, as torch.distributed requires; ``timeout_s`` as ``stage_groups``."""
+    if ep < 1 or dp % ep:
+        raise ConfigError(f"EP={ep} must divide DP={dp} (experts are sharded inside DP); pick EP | DP")
+    timeout = timedelta(seconds=timeout_s) if timeout_s is not None else None
+    mine = None
+    for s in range(pp):
+        base = s * dp * tp
+        for t in range(tp):
+            for e in range(ep):
+                ranks = [base + d * tp + t for d in range(e, dp, ep)]
+                g = dist.new_group(ranks, timeout=timeout)
+                mine = g if rank in ranks else mine
+    if mine is None:
+        raise ValueError(f"rank {rank} is outside the dp {dp} × tp {tp} × pp {pp} world")
+    return mine
+
+
 def _child(
     rank: int,
     nproc: int,

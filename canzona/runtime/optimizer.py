@@ -49,6 +49,7 @@ from canzona.runtime.dp_sync import DPSync
 from canzona.runtime.executors.base import StepContext, run_executors
 from canzona.runtime.executors.coop import coop_comms, held_pieces, ns_rounds
 from canzona.runtime.executors.tp import select_executors
+from canzona.runtime.experts import ExpertParallel, check_expert_layout
 from canzona.runtime.timers import PhaseTimer
 from canzona.runtime.zero_adamw import ZeroAdamW
 
@@ -83,7 +84,10 @@ class DistributedOptimizer:
     """See the module docstring. ``stage_group``: the TP×DP ranks of this PP stage (they must hold
     the same plan; default WORLD). ``global_group``: every rank of the model, PP included (the norm
     and the non-finite verdict; default WORLD). ``tp_partial``: replicated parameters whose gradient
-    is a partial sum per TP rank (QK-norm weights): summed across TP after the DP reduction."""
+    is a partial sum per TP rank (QK-norm weights): summed across TP after the DP reduction.
+    ``experts``: expert parallelism (canzona.runtime.experts): the stage's full inventory and this
+    rank's expert-DP group; ``named_params`` are then this rank's dense parameters and its EP
+    rank's experts, and expert buckets are reduced and gathered over the expert-DP group."""
 
     def __init__(
         self,
@@ -95,6 +99,7 @@ class DistributedOptimizer:
         stage_group: dist.ProcessGroup | None = None,
         global_group: dist.ProcessGroup | None = None,
         tp_partial: Sequence[str] = (),
+        experts: ExpertParallel | None = None,
     ) -> None:
         if not isinstance(config, DistConfig):
             raise ConfigError(f"DistributedOptimizer needs a DistConfig, got {type(config).__name__}")
@@ -117,6 +122,11 @@ class DistributedOptimizer:
             raise ConfigError(f"tp_partial names unknown parameters: {', '.join(unknown[:3])}")
         self.tp_partial = frozenset(tp_partial)
         use_matrix = config.optimizer is not None
+        self.ep, self.edp_group = (experts.size, experts.group) if experts is not None else (1, None)
+        if experts is not None:
+            check_expert_layout(experts, self.specs, self.dp, self.dp_rank, use_matrix)
+        # the stage's parameters in registration order: what every rank of the stage plans and attests
+        self.stage_specs = list(experts.stage_specs) if experts is not None else list(self.specs.values())
         self.matrix_names = [n for n, s, _ in named_params if use_matrix and s.route == "matrix"]
         self.adamw_names = [n for n in self.params if n not in set(self.matrix_names)]
         self.step_count = 0
@@ -154,8 +164,8 @@ class DistributedOptimizer:
             profile=pc.profile or (DEFAULT_CPU if self.backend == "gloo" else DEFAULT_GPU),
         )
         plan = make_plan(
-            [self.specs[n] for n in self.matrix_names],
-            Layout(self.dp, self.tp, 1),
+            [s for s in self.stage_specs if s.route == "matrix"],
+            Layout(self.dp, self.tp, 1, self.ep),
             pc,
             cost_model=self.math.cost_model(cast("CostKind", pc.cost)),  # CostModel rejects unknown kinds
         )
@@ -183,7 +193,8 @@ class DistributedOptimizer:
         s, gdtype = self.schedule, DTYPES[self.config.precision.grad_dtype]
         layouts = {k: [b for b in s.buckets if b.kind == k] for k in ("matrix", "adamw")}
         self.sets = {k: FlatBuffers(v, self.params, gdtype, self.dp_rank, self.device) for k, v in layouts.items() if v}
-        self.dps = DPSync(s, self.sets, self.dp_group, self.tp_group, self.tp_partial, self.device, self.timer)
+        groups = {"dp": self.dp_group, "tp": self.tp_group, **({"edp": self.edp_group} if self.ep > 1 else {})}
+        self.dps = DPSync(s, self.sets, groups, self.tp_partial, self.device, self.timer)
         coop = next((e.coop for e in s.executors if e.kind == "cooperative"), ())
         comms = {"tp": self.tp_group, "dp": self.dp_group}
         if self.plan is not None and self.plan.config.cooperative:
@@ -257,8 +268,10 @@ class DistributedOptimizer:
         its ZeRO regions of the AdamW buckets. A stage updates every element of a TP shard once per
         TP rank (a TP-replicated parameter once on each), and every matrix once per DP rank under a
         strategy whose DP ranks all update it (``Strategy.updates_everywhere``) or in a bucket the plan
-        replicated (empty cuts: ``plan.dp.replicate``)."""
-        mine = dict.fromkeys(self.params, 0)
+        replicated (empty cuts: ``plan.dp.replicate``); a DP rank here is one of the matrix's group
+        (all of DP, or an expert's expert-DP group). Under EP every rank counts every parameter of
+        the stage, the other EP ranks' experts as 0, so the counts line up across the stage."""
+        mine = dict.fromkeys((s.name for s in self.stage_specs), 0)
         for n in self.applied:
             mine[n] += self.held[n].b - self.held[n].a
         for bb in self.adamw.buckets:
@@ -272,9 +285,9 @@ class DistributedOptimizer:
             if plan is None
             else {e.name for b, c in zip(plan.dp.buckets, plan.dp.cuts, strict=False) if not c for e in b.entries}
         )
-        on_matrix = set(self.matrix_names)
-        replicas = lambda n: self.dp if n in on_matrix and (everywhere or n in shared) else 1
-        owned = [(n, mine[n], s.shard_numel(self.tp) * self.tp * replicas(n)) for n, s in self.specs.items()]
+        group = {it.name: len(plan.layout.group_ranks(it.ep_rank)) for it in plan.items} if plan is not None else {}
+        replicas = lambda n: group[n] if n in group and (everywhere or n in shared) else 1
+        owned = [(s.name, mine[s.name], s.shard_numel(self.tp) * self.tp * replicas(s.name)) for s in self.stage_specs]
         ranks = check_ownership(owned, self.stage_group, self.device)
         return attest(
             "megatron",
@@ -299,8 +312,8 @@ class DistributedOptimizer:
     def collective_modes(self) -> dict[str, str]:
         """The mode of every DP bucket (and layer-wise's owner gather), as the lowering chose."""
         modes = {b.tag: b.mode for b in self.schedule.buckets}
-        if self.schedule.owner_gather is not None:
-            modes["owner_gather"] = self.schedule.owner_gather[1]
+        for og in self.schedule.owner_gathers:
+            modes[f"{og.tag}_gather"] = og.mode
         return modes
 
     # ---------------------------------------------------------------- grad sync

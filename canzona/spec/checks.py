@@ -11,7 +11,8 @@ same way.
 from __future__ import annotations
 
 from canzona.errors import ConfigError
-from canzona.spec.run import MAX_MICROBATCHES, RunSpec, add_check
+from canzona.spec.run import RunSpec, add_check
+from canzona.spec.sections import MAX_MICROBATCHES
 
 NO_CUDA_FIX = (
     "install a CUDA build of torch on the nodes (e.g. `make install TORCH_SPEC='torch==2.13.0 "
@@ -141,3 +142,34 @@ def split_views(spec: RunSpec, world: int | None, gpu: bool | None) -> None:
         )
     if spec.splits:
         list_params(get_model(spec.model), tp=spec.layout.tp, split=spec.splits)
+
+
+@add_check
+def expert_layout(spec: RunSpec, world: int | None, gpu: bool | None) -> None:
+    """EP divides the routed experts and DP, and the run is one the harness trains under EP: a
+    Canzona method with a matrix optimizer, TP 1 (megatron-core's MoE layer needs sequence
+    parallelism at expert TP > 1, which the harness does not run), one pipeline stage."""
+    ep, tp, pp, dp = spec.layout.ep, spec.layout.tp, spec.layout.pp, spec.layout.dp
+    if ep == 1:
+        return
+    from canzona.models import get_model
+
+    get_model(spec.model).validate_layout(tp=tp, pp=pp, ep=ep)  # a dense model, or EP not dividing the experts
+    if dp % ep:
+        divisors = [e for e in range(1, dp + 1) if dp % e == 0]
+        raise ConfigError(f"--ep {ep} must divide --dp {dp} (experts are sharded inside DP); pick --ep in {divisors}")
+    if tp > 1:
+        raise ConfigError(
+            f"--ep {ep} with --tp {tp}: megatron-core's MoE layer needs sequence parallelism at expert TP > 1, which "
+            "the harness does not run yet; use --tp 1 (and the DP ranks for --dp)"
+        )
+    if pp > 1:
+        raise ConfigError(f"--ep {ep} with --pp {pp}: the harness trains EP on one pipeline stage; use --pp 1")
+    if spec.is_peer:
+        raise ConfigError(
+            f"--ep {ep}: the peer method {spec.plan.method} is not run with EP here; use a Canzona method"
+        )
+    if spec.optim.optimizer == "adamw":
+        raise ConfigError(
+            f"--ep {ep} shards expert matrices for a matrix optimizer; use --optimizer muon, shampoo or soap"
+        )

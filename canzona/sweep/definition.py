@@ -32,11 +32,11 @@ from canzona.sweep.profile import read_toml
 DEVICES = ("gpu", "cpu")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # Spec fields a sweep or grid does NOT set as a run setting: the layout and the label (from
-# [[layout]] / the grid's variant), what a grid crosses (methods, optimizers, ns_dtypes), the
-# sweep-wide device, and the named configuration.
+# [[layout]] / the grid's variant; a [[layout]] has no EP size yet, so sweeps run EP 1), what a
+# grid crosses (methods, optimizers, ns_dtypes), the sweep-wide device, and the named configuration.
 NS_FORMATS = ("fp32", "bf16")  # a sweep names concrete formats: "auto" would differ between nodes
 REQUIRED_SETTINGS = ("seq_len", "micro_batch", "global_batch", "warmup", "iters")  # no silent defaults
-NOT_SETTINGS = ("model", "tp", "pp", "dp", "method", "optimizer", "ns_dtype", "device", "variant", "name")
+NOT_SETTINGS = ("model", "tp", "pp", "dp", "ep", "method", "optimizer", "ns_dtype", "device", "variant", "name")
 
 
 def _toml_types(t: Any) -> tuple[type, ...]:

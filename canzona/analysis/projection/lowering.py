@@ -78,8 +78,8 @@ class StageOps:
         """The collective mode of each DP bucket (by tag) and of layer-wise's owner gather."""
         first = self.schedules[(0, 0)]
         out = {b.tag: b.mode for b in first.buckets}
-        if first.owner_gather is not None:
-            out["owner_gather"] = first.owner_gather[1]
+        for og in first.owner_gathers:
+            out[f"{og.tag}_gather"] = og.mode
         return out
 
     def coop_groups(self, s: RankSchedule) -> dict[str, tuple[CoopGroup, ...]]:

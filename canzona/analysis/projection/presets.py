@@ -37,7 +37,7 @@ from typing import Any, TypedDict
 from canzona.analysis.projection.scenario import METHODS, PAPER_BATCH, Scenario
 from canzona.errors import ConfigError
 from canzona.plan.types import DEFAULT_ALPHA, Layout
-from canzona.spec.run import Cost
+from canzona.spec.sections import Cost
 
 # Layouts for Table 2's projected rows at 256 GPUs: the same cells as the cluster sweep
 # slurm/sweeps/table2.toml (its memory rule picks TP; PP = 1), so projected and measured rows

@@ -19,7 +19,8 @@ from canzona.cost import CostModel, CostSettings, priced_on
 from canzona.errors import ConfigError
 from canzona.plan.types import Layout, Plan, PlanConfig
 from canzona.spec import BatchSpec, OptimSpec, PlanSpec, get_method, method_names
-from canzona.spec.run import Alpha, Cost, DpLayout, NsMethod, choices, leaves, plan_config_of
+from canzona.spec.run import choices, leaves, plan_config_of
+from canzona.spec.sections import Alpha, Cost, DpLayout, NsMethod
 
 if TYPE_CHECKING:
     from canzona.optim.base import MatrixOptimizer

@@ -18,7 +18,7 @@ from canzona.analysis.projection.presets import AUTHORS, PAPER_GLOBAL_BATCH, PAP
 from canzona.analysis.projection.records import speedup
 from canzona.analysis.projection.scenario import Scenario, at_tokens, make_plans, plan_key, project
 from canzona.plan.types import Layout
-from canzona.spec.run import NsMethod
+from canzona.spec.sections import NsMethod
 
 
 def project_grid(

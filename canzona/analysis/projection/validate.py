@@ -11,7 +11,7 @@ from canzona.analysis.projection.hardware import Profile
 from canzona.analysis.projection.overlap import Projection
 from canzona.analysis.projection.scenario import METHODS, Scenario, project
 from canzona.plan.types import DEFAULT_ALPHA, Layout
-from canzona.spec.run import Cost
+from canzona.spec.sections import Cost
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -44,22 +44,37 @@ def plan_zero(p: DPProblem, items: Sequence[PlanItem], grad_sync: str, param_syn
     )
 
 
+def _group_of(p: DPProblem) -> dict[str, tuple[int, ...]]:
+    """Each matrix's DP ranks: all of DP, or its expert-DP group under EP (``DPProblem.groups``)."""
+    return {name: p.groups[p.bucket_of[i]] for i, name in enumerate(p.names)}
+
+
 def first_element_owners(p: DPProblem) -> list[int]:
-    """Owner = rank whose equal slice contains the parameter's first element (monotone by construction)."""
+    """Owner = rank whose equal slice (over the bucket's group) contains the parameter's first
+    element (monotone by construction)."""
     out = []
     for i in range(p.n):
-        size = p.buckets[p.bucket_of[i]].size
-        out.append(min(p.dp - 1, p.start[i] * p.dp // size))
+        b = p.bucket_of[i]
+        group = p.groups[b]
+        out.append(group[min(len(group) - 1, p.start[i] * len(group) // p.buckets[b].size)])
     return out
 
 
 def plan_layerwise(p: DPProblem, items: Sequence[PlanItem], algo: str, grad_sync: str, param_sync: str) -> DPPlan:
+    """Whole matrices dealt to the ranks of each matrix's group (all of DP; an expert-DP group under
+    EP), round-robin in registration order or LPT by cost, each group on its own."""
+    group = _group_of(p)
+    owner: dict[str, int] = {}
     if algo == "round-robin":
-        owner = {it.name: k % p.dp for k, it in enumerate(items)}
+        dealt: dict[tuple[int, ...], int] = {}
+        for it in items:
+            g = group[it.name]
+            k = dealt[g] = dealt.get(g, -1) + 1
+            owner[it.name] = g[k % len(g)]
     else:  # LPT by cost: heaviest first onto the least loaded rank (ties: registration order, lowest rank)
-        heap = [(0.0, r) for r in range(p.dp)]
-        owner = {}
+        heaps = {g: [(0.0, r) for r in g] for g in dict.fromkeys(group.values())}
         for _, it in sorted(enumerate(items), key=lambda t: (-t[1].cost, t[0])):
+            heap = heaps[group[it.name]]
             load, r = heapq.heappop(heap)
             owner[it.name] = r
             heapq.heappush(heap, (load + it.cost, r))
@@ -75,13 +90,14 @@ def plan_layerwise(p: DPProblem, items: Sequence[PlanItem], algo: str, grad_sync
 
 
 def plan_sc(p: DPProblem, items: Sequence[PlanItem], grad_sync: str, param_sync: str) -> DPPlan:
-    everyone = tuple(range(p.dp))
+    """Every rank of a matrix's group (all of DP, or its expert-DP group) owns it."""
+    group = _group_of(p)
     return DPPlan(
         strategy="sc",
         algo="replicate",
         buckets=p.buckets,
         cuts=(),
-        owners=tuple((it.name, everyone) for it in items),
+        owners=tuple((it.name, group[it.name]) for it in items),
         grad_sync=grad_sync,
         param_sync=param_sync,
     )

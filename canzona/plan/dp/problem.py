@@ -156,23 +156,27 @@ def make_problem(
 
 
 def cuts_from_owners(p: DPProblem, owner: Sequence[int]) -> tuple[tuple[int, ...], ...]:
-    """DP+1 offsets per bucket from a per-bucket non-decreasing owner assignment.
+    """G+1 offsets per bucket (G: the ranks of its group, all of DP or an expert-DP group) from a
+    per-bucket owner assignment non-decreasing in group position.
 
-    cut[r] = start of the first parameter owned by a rank >= r (bucket end if none), so rank r
-    owns exactly its parameters plus trailing gaps; empty ranks get empty slices.
+    cut[r] = start of the first parameter owned by a rank at position >= r (bucket end if none), so
+    the rank at position r owns exactly its parameters plus trailing gaps; empty ranks get empty slices.
     """
     cuts = []
     for bi, b in enumerate(p.buckets):
         lo, hi = p.first[bi], p.first[bi + 1]
-        c = [0] * (p.dp + 1)
-        c[p.dp] = b.size
+        group = p.groups[bi]
+        pos = {r: k for k, r in enumerate(group)}
+        g = len(group)
+        c = [0] * (g + 1)
+        c[g] = b.size
         k = lo
-        for r in range(1, p.dp):
-            while k < hi and owner[k] < r:
+        for r in range(1, g):
+            while k < hi and pos[owner[k]] < r:
                 k += 1
             c[r] = p.start[k] if k < hi else b.size
         for i in range(lo + 1, hi):
-            if owner[i] < owner[i - 1]:
+            if pos[owner[i]] < pos[owner[i - 1]]:
                 raise AssertionError(f"owners not monotone in bucket {bi}")
         cuts.append(tuple(c))
     return tuple(cuts)

@@ -68,7 +68,6 @@ KNOBS = Knobs(
         "under a client's own loop (examples/fsdp2_loop.py), not a run of this project's harness",
         "shard_group": "--engine fsdp2's FSDP shard group (HSDP replicas)",
         "world": "a check: dp·tp·pp must equal it (and --dp defaults to world / (tp·pp))",
-        "ep": "expert parallelism inside DP, priced for MoE inventories; the harness trains dense Qwen3 only",
         "first_stage_layers": "uneven PP stages (Megatron's num_layers_in_first_pipeline_stage), planned and priced",
         "last_stage_layers": "uneven PP stages (Megatron's num_layers_in_last_pipeline_stage), planned and priced",
         "cost_table": "input file of --cost measured",
@@ -103,7 +102,6 @@ def configure(p: argparse.ArgumentParser) -> None:
         default=None,
         help="fsdp2: the FSDP shard group (HSDP with dp / shard-group replicas; default: all of --dp)",
     )
-    p.add_argument("--ep", type=int_in(1, MAX_DP), default=1, help="expert parallelism inside DP (MoE models)")
     for end in ("first", "last"):
         p.add_argument(
             f"--{end}-stage-layers",

@@ -15,6 +15,7 @@ from canzona.hardware import Profile
 from canzona.models import Model
 from canzona.plan.build import plan_model
 from canzona.plan.readers.metrics import gpu_loads, plan_metrics
+from canzona.plan.strategies import get_strategy, resolve_algo
 from canzona.plan.types import Layout, Plan, PlanConfig
 
 # (label, strategy, dp_algo or None for the strategy default)
@@ -49,15 +50,15 @@ def compare(
 ) -> list[tuple[dict[str, Any], list[Plan]]]:
     """(plan_metrics, plans) of every strategy on the same model/layout/cost/buffer layout (canzona
     rows keep config's α and TP mode; Canzona with and without cooperation where it applies; zero is
-    Megatron's distributed optimizer, the reference). Under EP > 1 only the strategies that plan
-    experts (canzona, asc) appear."""
+    Megatron's distributed optimizer, the reference). Under EP > 1 only the algorithms that plan
+    experts over their expert-DP groups appear (``Strategy.ep_algos``), without cooperation."""
     name = model if isinstance(model, str) else model.name
     rows = []
     table = list(COMPARE_ROWS)
-    if config.cooperative and cost_for(config.optimizer).cooperative:
+    if config.cooperative and cost_for(config.optimizer).cooperative and layout.ep == 1:
         table.append(("canzona refine, cooperative", "canzona", "refine"))
     for lab, strategy, algo in table:
-        if layout.ep > 1 and strategy not in ("canzona", "asc"):
+        if layout.ep > 1 and resolve_algo(strategy, algo) not in get_strategy(strategy).ep_algos:
             continue
         cfg = replace(
             config,

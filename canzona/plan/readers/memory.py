@@ -167,12 +167,13 @@ def _dp_staging(s: RankSchedule, plan: Plan | None, prec: MemoryPrecision) -> in
         if b.mode == "uneven":
             width = max(hi - lo for lo, hi in b.regions)
             out += len(b.regions) * width * (prec.grad_bytes + prec.param_bytes)  # the group's staging copy
-    if s.owner_gather is not None and plan is not None:
-        by_rank, mode = s.owner_gather
-        tp = plan.layout.tp
-        local = {it.name: it.numel // tp if it.partition_dim is not None else it.numel for it in plan.items}
-        sizes = [sum(local[n] for n in names) for names in by_rank]
-        out += (sum(sizes) if mode == "per-root" else s.dp * max(sizes)) * prec.param_bytes
+    if plan is None:
+        return out
+    tp = plan.layout.tp
+    local = {it.name: it.numel // tp if it.partition_dim is not None else it.numel for it in plan.items}
+    for og in s.owner_gathers:
+        sizes = [sum(local[n] for n in names) for names in og.by_rank]
+        out += (sum(sizes) if og.mode == "per-root" else len(sizes) * max(sizes)) * prec.param_bytes
     return out
 
 

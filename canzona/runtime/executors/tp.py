@@ -44,7 +44,9 @@ def _assemble(pieces: Sequence[torch.Tensor], spec: ParamSpec, tp: int) -> torch
 
 
 class LocalTP(NoTransfers):
-    """Owned matrices that need no TP communication (TP = 1 or not TP-split)."""
+    """Owned matrices that need no TP communication (TP = 1 or not TP-split). Those of one shape
+    are computed together (``MatrixOptimizer.directions``: Muon runs them as one batched
+    Newton–Schulz), in order of their first appearance."""
 
     kind: ClassVar[str] = "local"
 
@@ -57,12 +59,20 @@ class LocalTP(NoTransfers):
     ) -> None:
         self.names = list(spec.names)
         self.specs = specs
+        self.by_shape: dict[tuple[int, ...], list[str]] = {}
+        for n in self.names:
+            self.by_shape.setdefault(specs[n].shape, []).append(n)
 
     def run(self, ctx: StepContext) -> None:
-        for name in self.names:
+        for shape, names in self.by_shape.items():
             with ctx.timer.phase("compute"):
-                u = ctx.compute(name, ctx.grad_of(name).view(self.specs[name].shape))
-                ctx.apply(name, u)
+                grads = [ctx.grad_of(n).view(shape) for n in names]
+                if ctx.math is None or len(names) == 1:
+                    us = [ctx.compute(n, g) for n, g in zip(names, grads, strict=True)]
+                else:
+                    us = ctx.math.directions(grads, [ctx.state(n) for n in names], ctx.step)
+                for n, u in zip(names, us, strict=True):
+                    ctx.apply(n, u)
 
 
 class AllGatherTP(NoTransfers):

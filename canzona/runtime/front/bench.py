@@ -34,6 +34,7 @@ KNOBS = Knobs(
         "pp": "one stage: the benchmark builds every matrix of the model on dp·tp ranks",
         "sequence_parallel": "an optimizer step has no activations to split, and the benchmark registers "
         "matrices only, so no norm gradient to sum across TP (its records hold None)",
+        "ep": "every rank holds every matrix: the step benchmark builds no expert-DP groups yet",
         "batch": "an optimizer step has no batch (its records hold None)",
         "seed": "fixed, so every strategy steps from the same weights on the same gradients",
         "adamw_lr": "only the matrix optimizer's step is timed: no parameter goes to AdamW",

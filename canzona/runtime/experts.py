@@ -1,0 +1,81 @@
+"""Expert parallelism for the DistributedOptimizer: which expert matrices a rank holds and checks
+that the caller's groups and parameters are the layout the plan assumes.
+
+Why a stage inventory: under EP a rank holds only its EP rank's experts, but every rank of the
+stage must plan the same problem (the plan hash is compared across the stage), and the planner
+balances a rank's dense matrices against its experts. So the caller passes the stage's full
+inventory (every EP rank's experts, global expert indices, registration order) beside the local
+parameters; the plan is made from it, the runtime holds and steps the local part.
+
+Layout (Megatron's, expert TP = TP): DP rank d holds EP rank ``d % ep``'s experts, a contiguous
+block of each layer's experts; its expert-DP group is DP ranks ``d % ep``, ``d % ep + ep``, …
+(``canzona.runtime.launch.expert_dp_group``), over which its expert buckets are reduced and
+gathered. Dense parameters are reduced over all of DP as without EP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from canzona.errors import ConfigError
+from canzona.models.spec import ParamSpec
+
+
+@dataclass(frozen=True)
+class ExpertParallel:
+    """``size``: EP; ``group``: this rank's expert-DP group (``launch.expert_dp_group``);
+    ``stage_specs``: every parameter of the PP stage in registration order, every EP rank's
+    experts included (names carry global expert indices)."""
+
+    size: int
+    group: dist.ProcessGroup | None
+    stage_specs: tuple[ParamSpec, ...]
+
+
+def experts_per_layer(specs: Sequence[ParamSpec]) -> int:
+    """Routed experts per MoE layer: one more than the largest expert index (0 for a dense model)."""
+    return 1 + max((s.expert for s in specs if s.expert is not None), default=-1)
+
+
+def ep_rank_of(spec: ParamSpec, experts: int, ep: int) -> int | None:
+    """The EP rank holding ``spec`` (contiguous blocks of each layer's experts), None if dense."""
+    return None if spec.expert is None else spec.expert // (experts // ep)
+
+
+def check_expert_layout(
+    ex: ExpertParallel, local: Mapping[str, ParamSpec], dp: int, dp_rank: int, matrix_optimizer: bool
+) -> None:
+    """Raise ConfigError unless ``local`` is exactly this DP rank's part of ``ex.stage_specs`` under
+    EP = ``ex.size`` and ``ex.group`` is its expert-DP group: a wrong group would reduce expert
+    gradients with ranks that hold other experts."""
+    ep = ex.size
+    if ep < 1 or dp % ep:
+        raise ConfigError(f"EP={ep} must divide DP={dp} (experts are sharded inside DP); pick EP | DP")
+    size, pos = dist.get_world_size(ex.group), dist.get_rank(ex.group)
+    if (size, pos) != (dp // ep, dp_rank // ep):
+        raise ConfigError(
+            f"the expert-DP group has {size} ranks (this rank at {pos}); EP={ep} of DP={dp} needs {dp // ep} with "
+            f"this rank at {dp_rank // ep}: build it with canzona.runtime.launch.expert_dp_group"
+        )
+    if not matrix_optimizer:
+        raise ConfigError("EP > 1 shards expert matrices for a matrix optimizer; choose muon, shampoo or soap")
+    stage = {s.name: s for s in ex.stage_specs}
+    experts = experts_per_layer(ex.stage_specs)
+    if ep > 1 and (not experts or experts % ep):
+        raise ConfigError(f"EP={ep} must divide the {experts} routed experts per layer; pick EP dividing {experts}")
+    want = {n for n, s in stage.items() if ep_rank_of(s, experts, ep) in (None, dp_rank % ep)}
+    got = set(local)
+    if got != want or any(stage[n] != local[n] for n in got):
+        odd = sorted(got ^ want) or sorted(n for n in got if stage[n] != local[n])
+        raise ConfigError(
+            f"DP rank {dp_rank} (EP rank {dp_rank % ep}) must hold the stage's dense parameters and its own experts, "
+            f"as passed in stage_specs; differs at {', '.join(odd[:3])}"
+        )
+    bad = [s.name for s in ex.stage_specs if s.expert is not None and s.route != "matrix"]
+    if bad:
+        raise ConfigError(
+            f"expert parameter {bad[0]} is routed to AdamW; under EP route expert weights to the matrix optimizer"
+        )
