@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from canzona.plan.schedule import RankSchedule
 from canzona.runtime.buffers import FlatBuffers
-from canzona.runtime.collectives import Pending, all_gather_flat, make_mode
+from canzona.runtime.collectives import Pending, all_gather_flat, make_mode, rooted_gather
 from canzona.runtime.timers import PhaseTimer
 
 Key = tuple[str, int]
@@ -46,7 +46,8 @@ class DPSync:
                 lay = bb.layout
                 if lay.regions and self.dp > 1:
                     sizes = [hi - lo for lo, hi in lay.regions]
-                    self.modes[(kind, i)] = make_mode(lay.mode, sizes, self.dp, (bb.grad.dtype, bb.param.dtype), device)
+                    dtypes = (bb.grad.dtype, bb.param.dtype)
+                    self.modes[(kind, i)] = make_mode(lay.mode, sizes, self.dp, dtypes, device, schedule.uneven_gather)
         self.pending: dict[Key, Pending] = {}
         self.param_pending: dict[Key, Pending] = {}
         self.partial = self._partial_views(sets.get("adamw"), tp_partial) if schedule.tp > 1 else []
@@ -157,16 +158,7 @@ class DPSync:
                     o += k
 
         if mode == "per-root":
-            works = [
-                dist.broadcast(
-                    s,
-                    dist.get_global_rank(self.dp_group, r) if self.dp_group is not None else r,
-                    group=self.dp_group,
-                    async_op=True,
-                )
-                for r, s in enumerate(staging)
-                if s.numel()
-            ]
+            works = rooted_gather(staging, self.dp_group, self.schedule.uneven_gather)
         else:
             mine_full = self.owner_flat[me * width : (me + 1) * width]
             works = [all_gather_flat(self.owner_flat, mine_full, group=self.dp_group, async_op=True)]
