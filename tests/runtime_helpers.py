@@ -144,6 +144,7 @@ WRAPPED = {
     "reduce_scatter_single": ("reduce_scatter", 1),
     "all_gather_into_tensor": ("all_gather", 0),
     "all_gather_single": ("all_gather", 0),
+    "all_gather": ("all_gather", 0),  # a list of uneven parts (NCCL's rooted gathers): their bytes summed
     "all_to_all_single": ("all_to_all", 1),
 }
 
@@ -158,13 +159,15 @@ def recorded(groups: dict[str, object]) -> Iterator[list[tuple]]:
         kind, which = WRAPPED[name]
 
         def call(*args, **kw):
-            t = args[which] if len(args) > which else kw.get("tensor" if which == 0 else "input")
+            first = "tensor_list" if name == "all_gather" else "tensor"
+            t = args[which] if len(args) > which else kw.get(first if which == 0 else "input")
             group = kw.get("group")
             gname = next((k for k, g in groups.items() if g is group), "coop")  # cooperative DP sub-groups
             root = args[1] if kind in ("reduce", "broadcast") and len(args) > 1 else kw.get("dst", kw.get("src"))
             if kind in ("reduce", "broadcast") and group is not None:
                 root = dist.get_group_rank(group, root)
-            calls.append((kind, gname, t.numel() * t.element_size(), root))
+            parts = t if isinstance(t, list) else [t]
+            calls.append((kind, gname, sum(x.numel() * x.element_size() for x in parts), root))
             return fn(*args, **kw)
 
         return call

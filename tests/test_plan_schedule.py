@@ -18,11 +18,12 @@ from canzona.plan.comm import (
     CommModel,
     Link,
     choose_mode,
+    coalesced_us,
     mode_calls,
     mode_cost_us,
     padded_width,
 )
-from canzona.plan.schedule import LowerSettings, layout_bucket, lower, stage_schedules
+from canzona.plan.schedule import CommOp, LowerSettings, layout_bucket, lower, rooted_gather, stage_schedules
 from canzona.plan.strategies import STRATEGIES
 from canzona.plan.types import Bucket, BucketEntry, Layout, PlanConfig
 from tests.hypothesis_profiles import examples
@@ -54,7 +55,7 @@ def test_few_matrices_at_large_dp_all_reduce_and_broadcast() -> None:
     assert choose_mode(sizes, "auto", NCCL, 4) == "all-reduce-broadcast"
     assert costs["all-reduce-broadcast"] < costs["per-root"] < costs["native"] < costs["uneven"]
     calls = mode_calls("all-reduce-broadcast", sizes, 4)
-    assert calls[0] == ("all_reduce", 21 * 12_582_912 * 4) and [k for k, _ in calls[1:]] == ["broadcast"] * 21
+    assert calls[0] == ("all_reduce", 21 * 12_582_912 * 4, ()) and [c.kind for c in calls[1:]] == ["broadcast"] * 21
 
 
 def test_the_mode_choice_pays_a_host_launch_per_call() -> None:
@@ -73,6 +74,78 @@ def test_the_mode_choice_pays_a_host_launch_per_call() -> None:
     assert choose_mode(sizes, "auto", model(10.0), 4) == "all-reduce-broadcast"
     assert NCCL.launch_us == HOST_LAUNCH_US > 0 and GLOO.launch_us == 0  # a calibrated fit includes it
     assert NCCL.issued_us("broadcast", 1, 100) == 0  # no call on one rank
+
+
+def test_rooted_gathers_are_one_uneven_all_gather_where_the_backend_has_one() -> None:
+    """3 slices of 1000 elements on 8 ranks, a link without latency at 1 GB/s, 10 µs a call. gloo
+    (no uneven all-gather) broadcasts each slice: per-root 84 µs, all-reduce-broadcast 73, native 77
+    (test above). NCCL gathers the slices in ONE coalesced call, 3 · 4 µs + 10 = 22 µs: per-root
+    3 · 14 + 22 = 64, all-reduce-broadcast 21 + 10 + 22 = 53, native unchanged at 77.344."""
+    sizes = [1000] * 3 + [0] * 5
+    gloo = CommModel("t", Link(bus_bw=1e9, base_latency_us=0.0), copy_bw=1e30, launch_us=10.0)
+    nccl = CommModel("t", Link(bus_bw=1e9, base_latency_us=0.0), copy_bw=1e30, launch_us=10.0, uneven_gather=True)
+    parts = (4000,) * 3 + (0,) * 5
+    assert mode_calls("all-reduce-broadcast", sizes, 4, uneven_gather=True) == [
+        ("all_reduce", 12000, ()),
+        ("all_gather", 12000, parts),
+    ]
+    assert mode_calls("per-root", sizes, 4, uneven_gather=False)[3:] == [("broadcast", 4000, ())] * 3
+    assert mode_cost_us("per-root", sizes, 4, nccl) == pytest.approx(64)
+    assert mode_cost_us("all-reduce-broadcast", sizes, 4, nccl) == pytest.approx(53)
+    assert mode_cost_us("native", sizes, 4, nccl) == pytest.approx(mode_cost_us("native", sizes, 4, gloo))
+    assert mode_cost_us("native", sizes, 4, nccl) == pytest.approx(2 * (8 * 1024 * 4 * 7 / 8 / 1e3 + 10))
+    # layer-wise's owner gather is priced by its gather alone: the coalesced call, 22 µs
+    assert mode_cost_us("per-root", sizes, 4, nccl, gather_only=True) == pytest.approx(22)
+    assert mode_cost_us("per-root", sizes, 4, gloo, gather_only=True) == pytest.approx(3 * 14)
+    assert NCCL.uneven_gather and not GLOO.uneven_gather
+
+
+def test_rooted_gather_lowers_per_backend() -> None:
+    """One call carrying every rank's part on NCCL; a broadcast per non-empty part, rooted at its
+    group rank, on gloo; both move the same bytes."""
+    one = rooted_gather("param_sync", "dp", "matrix0", (8, 0, 4), True)
+    assert one == [CommOp("param_sync", "all_gather", "dp", 12, "matrix0", parts=(8, 0, 4))]
+    assert rooted_gather("param_sync", "dp", "matrix0", (8, 0, 4), False) == [
+        CommOp("param_sync", "broadcast", "dp", 8, "matrix0", 0),
+        CommOp("param_sync", "broadcast", "dp", 4, "matrix0", 2),
+    ]
+    # priced as ProcessGroupNCCL runs it: one group of broadcasts (coalesced_us)
+    assert NCCL.call_us("all_gather", 3, 12, (8, 0, 4)) == pytest.approx(coalesced_us(NCCL, "broadcast", 3, (8, 0, 4)))
+
+
+def test_the_lowering_gathers_rooted_buckets_in_one_call_on_nccl_only() -> None:
+    """qwen3-micro at DP 4 in the exact layout, every bucket forced to a rooted mode: on NCCL each
+    bucket's parameters are ONE all_gather whose parts are the bucket's exact regions, and
+    layer-wise's owner gather is one too; on gloo the same bytes go out as one broadcast per part.
+    The gradient calls do not change."""
+    specs = list_params(get_model("qwen3-micro"))
+    layout = Layout(4, 1)
+    adamw = adamw_buckets(specs, layout, 30_000)
+    for strategy, mode in (("canzona", "all-reduce-broadcast"), ("canzona", "per-root"), ("layerwise", "per-root")):
+        plan = make_plan(specs, layout, PlanConfig(strategy=strategy, bucket_size=30_000, dp_layout="exact"))
+        nccl, gloo = (
+            stage_schedules(plan, adamw, LowerSettings(model=m, collective_mode=mode, param_bytes=2))[1]
+            for m in (NCCL, GLOO)
+        )
+        assert nccl.uneven_gather and not gloo.uneven_gather
+        assert [o for o in nccl.ops if o.phase != "param_sync"] == [o for o in gloo.ops if o.phase != "param_sync"]
+        rooted = [b for b in nccl.buckets if b.mode == mode]
+        if strategy == "canzona":
+            assert rooted, "the plan has no bucket in the forced mode"
+        for b in rooted:
+            parts = tuple((hi - lo) * 2 for lo, hi in b.regions)
+            assert [o for o in nccl.ops if o.tag == b.tag and o.phase == "param_sync"] == [
+                CommOp("param_sync", "all_gather", "dp", sum(parts), b.tag, parts=parts)
+            ]
+            sent = [(o.kind, o.root, o.nbytes) for o in gloo.ops if o.tag == b.tag and o.phase == "param_sync"]
+            assert sent == [("broadcast", r, w) for r, w in enumerate(parts) if w]
+        owner = [o for o in nccl.ops if o.tag == "owner"]
+        assert (strategy == "layerwise") == bool(owner)
+        if owner:
+            assert nccl.owner_gather is not None and nccl.owner_gather[1] == "per-root"
+            assert [o.kind for o in owner] == ["all_gather"] and len(owner[0].parts) == 4
+            by_root = [o.nbytes for o in gloo.ops if o.tag == "owner"]
+            assert sum(by_root) == owner[0].nbytes and len(by_root) == sum(1 for w in owner[0].parts if w)
 
 
 def test_native_layout_is_owner_grouped_and_padded() -> None:

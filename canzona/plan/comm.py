@@ -43,6 +43,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from canzona.errors import ConfigError
 from canzona.hardware import Profile
@@ -149,13 +150,22 @@ class CommModel:
     source: str = ""
     launch_us: float = 0.0  # host time to issue one call (``HOST_LAUNCH_US``); 0 where a fit includes it
     span: Span | None = None  # where the group's ranks sit: NCCL's latency model and rail busBw
+    # the backend gathers uneven slices in ONE ``all_gather`` of a list of unequal tensors, which
+    # ProcessGroupNCCL runs as one coalesced group of broadcasts (``coalesced_us``); gloo has none
+    uneven_gather: bool = False
     _kinds: dict[str, Link] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_kinds", dict(self.per_kind))
 
-    def call_us(self, kind: str, n: int, nbytes: float) -> float:
-        """Microseconds of one call of ``kind`` on ``n`` ranks with a ``nbytes`` buffer (0 if n == 1)."""
+    def call_us(self, kind: str, n: int, nbytes: float, parts: Sequence[float] = ()) -> float:
+        """Microseconds of one call of ``kind`` on ``n`` ranks with a ``nbytes`` buffer (0 if n == 1).
+        ``parts``: an all-gather of uneven parts (bytes per rank), priced as what NCCL runs for it,
+        one coalesced group of broadcasts (``coalesced_us``)."""
+        if parts:
+            if kind != "all_gather":
+                raise ConfigError(f"only an all_gather has uneven parts, not {kind!r}")
+            return coalesced_us(self, "broadcast", n, parts)
         factor, steps = ring_terms(kind, n)
         if n <= 1:
             return 0.0
@@ -171,10 +181,10 @@ class CommModel:
     def copy_us(self, nbytes: float) -> float:
         return 2.0 * nbytes / self.copy_bw * 1e6
 
-    def issued_us(self, kind: str, n: int, nbytes: float) -> float:
+    def issued_us(self, kind: str, n: int, nbytes: float, parts: Sequence[float] = ()) -> float:
         """``call_us`` plus the host time to issue the call (``launch_us``): what choosing how
         many calls a bucket takes must see (0 if n == 1: no call is made)."""
-        return self.call_us(kind, n, nbytes) + (self.launch_us if n > 1 else 0.0)
+        return self.call_us(kind, n, nbytes, parts) + (self.launch_us if n > 1 else 0.0)
 
 
 # Host time to issue one NCCL collective from PyTorch (ProcessGroupNCCL: a Work object, CUDA events
@@ -197,6 +207,7 @@ NCCL = CommModel(
     copy_bw=3.0e12,
     source="IB 50 GB/s per GPU (DeepSeek-V3 report sec. 3.2.2); NCCL tuning.cc Ring/Simple latencies 8.4 + 6.6 us/step",
     launch_us=HOST_LAUNCH_US,
+    uneven_gather=True,
 )
 # gloo on one CPU host: per-kind fits of `canzona calibrate-cpu` (canzona/hardware/profiles/cpu-local.toml,
 # 2026-11-29, 2-core VM): broadcast and reduce move data faster than all_gather / reduce_scatter.
@@ -246,6 +257,7 @@ def profile_model(profile: Profile, span: int, name: str, members: int | None = 
         + (f", {nodes} nodes × {per_node}" if nodes > 1 else ""),
         launch_us=0.0 if profile.collectives else HOST_LAUNCH_US,
         span=where,
+        uneven_gather=not profile.collectives,
     )
 
 
@@ -253,8 +265,8 @@ def coalesced_us(model: CommModel, kind: str, n: int, sizes: Sequence[float]) ->
     """Microseconds of calls of ``kind`` on one ``n``-rank group issued as ONE NCCL group
     (ncclGroupStart / ncclGroupEnd). That is what ProcessGroupNCCL does with an ``all_gather`` of
     uneven tensors (a broadcast per root inside one coalesced group), the call Megatron's layer-wise
-    optimizer issues: the calls' latencies overlap, so the group pays one latency and every call's
-    bandwidth term. Canzona's per-root calls are separate calls and pay ``call_us`` each."""
+    optimizer issues, and Canzona's rooted parameter gathers on NCCL (``mode_calls``): the calls'
+    latencies overlap, so the group pays one latency and every call's bandwidth term."""
     live = [w for w in sizes if w > 0]
     if n <= 1 or not live:
         return 0.0
@@ -275,50 +287,81 @@ def padded_width(slice_sizes: Sequence[int]) -> int:
     return _round_up(max(slice_sizes), SLICE_ALIGN)
 
 
-def mode_calls(mode: str, slice_sizes: Sequence[int], elem_bytes: int) -> list[tuple[str, int]]:
-    """The calls (kind, buffer bytes) of one bucket's gradient reduction + parameter gather in
-    ``mode`` (``slice_sizes``: its DP ranks' exact slices), as ``schedule`` lowers them:
+class Call(NamedTuple):
+    """One collective of a bucket's mode: its kind, buffer bytes and, for an uneven all-gather,
+    the bytes of each rank's part (``CommModel.call_us``)."""
+
+    kind: str
+    nbytes: int
+    parts: tuple[int, ...] = ()
+
+
+def mode_calls(mode: str, slice_sizes: Sequence[int], elem_bytes: int, uneven_gather: bool = False) -> list[Call]:
+    """The calls of one bucket's gradient reduction + parameter gather in ``mode``
+    (``slice_sizes``: its DP ranks' exact slices), as ``schedule`` lowers them:
 
       native / uneven       one reduce-scatter and one all-gather of the padded buffer (n · W);
-      per-root              one reduce and one broadcast per non-empty slice;
+      per-root              one reduce per non-empty slice, then the slices gathered: one broadcast
+                            per non-empty slice, or, where the backend gathers uneven slices
+                            (``uneven_gather``: NCCL), ONE all-gather of the exact slices;
       all-reduce-broadcast  ONE all-reduce of the exact bucket (each owner then reads its slice
                             from the reduced buffer: no padding, and on NCCL a log-depth tree
-                            instead of one ring chain per slice) and per-root's broadcasts.
+                            instead of one ring chain per slice), then per-root's gather.
 
     Why the last one: where a bucket holds fewer matrices than ranks (Qwen3-1.7B at DP 256: about
     21 matrices per bucket) the padded buffer is ~24x the gradients, so any all-gather of it (the
     uneven one included: 573 ms a bucket on H800) loses to the broadcasts (99 ms), while the
     per-slice reduces pay a 255-step chain each that one all-reduce pays once."""
     n = len(slice_sizes)
-    rooted = [(k, w * elem_bytes) for w in slice_sizes if w for k in ("reduce", "broadcast")]
-    if mode == "per-root":
-        return rooted
-    if mode == "all-reduce-broadcast":
-        return [("all_reduce", sum(slice_sizes) * elem_bytes), *((k, b) for k, b in rooted if k == "broadcast")]
+    if mode in ("per-root", "all-reduce-broadcast"):
+        parts = tuple(w * elem_bytes for w in slice_sizes)
+        gather = (
+            [Call("all_gather", sum(parts), parts)] if uneven_gather else [Call("broadcast", b) for b in parts if b]
+        )
+        if mode == "per-root":
+            return [*(Call("reduce", b) for b in parts if b), *gather]
+        return [Call("all_reduce", sum(parts)), *gather]
     full = n * padded_width(slice_sizes) * elem_bytes
-    return [("reduce_scatter", full), ("all_gather", full)]
+    return [Call("reduce_scatter", full), Call("all_gather", full)]
 
 
-def mode_cost_us(mode: str, slice_sizes: Sequence[int], elem_bytes: int, model: CommModel) -> float:
+GATHERS = ("all_gather", "broadcast")  # the kinds of a mode's parameter gather
+
+
+def mode_cost_us(
+    mode: str, slice_sizes: Sequence[int], elem_bytes: int, model: CommModel, gather_only: bool = False
+) -> float:
     """Gradient reduction + parameter gather of one bucket in ``mode`` (µs, α–β model plus the
-    host time to issue each call, ``CommModel.issued_us``); uneven adds its staging copies."""
+    host time to issue each call, ``CommModel.issued_us``); uneven adds its staging copies.
+    ``gather_only``: the gather alone (layer-wise's owner gather, whose gradients are all-reduced)."""
     n = len(slice_sizes)
     if all(w == slice_sizes[0] for w in slice_sizes) and mode == "uneven":
         mode = "native"  # equal slices need no staging
-    t = sum(model.issued_us(kind, n, nbytes) for kind, nbytes in mode_calls(mode, slice_sizes, elem_bytes))
+    calls = [
+        c
+        for c in mode_calls(mode, slice_sizes, elem_bytes, model.uneven_gather)
+        if not gather_only or c.kind in GATHERS
+    ]
+    t = sum(model.issued_us(c.kind, n, c.nbytes, c.parts) for c in calls)
     if mode == "uneven":
-        t += 2 * model.copy_us(n * padded_width(slice_sizes) * elem_bytes)
+        t += (1 if gather_only else 2) * model.copy_us(n * padded_width(slice_sizes) * elem_bytes)
     return t
 
 
 def choose_mode(
-    slice_sizes: Sequence[int], requested: str, model: CommModel, elem_bytes: int, modes: Sequence[str] = DP_MODES
+    slice_sizes: Sequence[int],
+    requested: str,
+    model: CommModel,
+    elem_bytes: int,
+    modes: Sequence[str] = DP_MODES,
+    gather_only: bool = False,
 ) -> str:
     """The DP mode of one bucket: the request, or under ``auto`` the cheapest of ``modes`` by the
-    α–β model (ties go to the one listed first: native, one call each way, in place, no staging)."""
+    α–β model (ties go to the one listed first: native, one call each way, in place, no staging);
+    ``gather_only``: priced by the parameter gather alone (``mode_cost_us``)."""
     if requested not in REQUESTABLE_MODES:
         raise ConfigError(f"unknown collective mode {requested!r}; choose one of {', '.join(REQUESTABLE_MODES)}")
     if requested != "auto":
         return requested
-    costs = {m: mode_cost_us(m, slice_sizes, elem_bytes, model) for m in modes}
+    costs = {m: mode_cost_us(m, slice_sizes, elem_bytes, model, gather_only) for m in modes}
     return min(modes, key=lambda m: (costs[m], list(modes).index(m)))

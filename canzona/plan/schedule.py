@@ -13,9 +13,14 @@ Per DP bucket the schedule fixes a MODE and the runtime buffer LAYOUT that goes 
              ``all_gather_into_tensor`` (Megatron's ZeRO when slices are equal). Costs padding bytes.
   uneven     Megatron's layout with exact uneven slices, run through a padded staging copy and the
              same two native calls (extra copies, same bytes as native).
-  per-root   exact slices, one ``reduce`` / ``broadcast`` per non-empty slice: no padding, DP calls.
+  per-root   exact slices, one ``reduce`` per non-empty slice: no padding, DP calls; the parameters
+             gathered as ``rooted_gather`` lowers it for the backend (``CommModel.uneven_gather``):
+             on NCCL ONE ``all_gather`` of the uneven slices (ProcessGroupNCCL coalesces its
+             broadcasts into one group), on gloo, which has no uneven all-gather, a ``broadcast``
+             per non-empty slice. The gradients stay one ``reduce`` per slice on both: NCCL has no
+             uneven reduce-scatter, and coalescing reduces needs torch's private coalescing manager.
   all-reduce-broadcast  exact slices; the gradients all-reduced whole (ONE call, each owner reads
-             its slice from the reduced buffer) and the parameters broadcast per slice as ``per-root``
+             its slice from the reduced buffer) and the parameters gathered as ``per-root``
              does: for buckets with fewer matrices than ranks, where padding and per-slice chains cost most.
   all-reduce the bucket reduced whole (sc, layer-wise): no cuts.
 
@@ -97,6 +102,7 @@ class CommOp:
     nbytes: int
     tag: str
     root: int | None = None
+    parts: tuple[int, ...] = ()  # an all-gather of uneven parts: bytes per rank of the group (NCCL)
 
 
 @dataclass(frozen=True)
@@ -125,6 +131,7 @@ class RankSchedule:
     ops: tuple[CommOp, ...]
     owner_gathers: tuple[OwnerGather, ...] = ()  # layer-wise: the dense one, then this EP rank's experts'
     computes: tuple[str, ...] = field(default=())
+    uneven_gather: bool = False  # rooted parameter gathers are ONE uneven all_gather (LowerSettings.model)
 
     def bucket(self, kind: str, index: int) -> BucketLayout:
         for b in self.buckets:
@@ -160,8 +167,9 @@ def stage_buffers(plan: Plan | None, adamw: Sequence[Bucket], dp: int, settings:
     g, p = settings.grad_bytes, settings.param_bytes
     ep = plan.layout.ep if plan is not None else 1
     gathers = tuple(_owner_gathers(plan, settings, e) if plan is not None else () for e in range(ep))
+    uneven = settings.model.uneven_gather
     calls = {b.tag: _dp_calls(b, "grad_sync", _group_size(b, dp), g) for b in (*matrix, *adam)}
-    params = {b.tag: _dp_calls(b, "param_sync", _group_size(b, dp), p) for b in (*matrix, *adam)}
+    params = {b.tag: _dp_calls(b, "param_sync", _group_size(b, dp), p, uneven) for b in (*matrix, *adam)}
     mine = tuple(tuple(b for b in matrix if b.ep_rank in (None, e)) for e in range(ep))
     return StageBuffers(
         mine,
@@ -170,7 +178,9 @@ def stage_buffers(plan: Plan | None, adamw: Sequence[Bucket], dp: int, settings:
         tuple(tuple(op for b in reversed(m) for op in params[b.tag]) for m in mine),
         tuple(op for b in reversed(adam) for op in params[b.tag]),
         gathers,
-        tuple(tuple(op for og in gs for op in _owner_gather_calls(plan, og, p)) for gs in gathers) if plan else ((),),
+        tuple(tuple(op for og in gs for op in _owner_gather_calls(plan, og, p, uneven)) for gs in gathers)
+        if plan
+        else ((),),
         _owned(plan) if plan is not None else (),
         {it.name: it.numel // plan.layout.tp for it in plan.items} if plan is not None else {},
     )
@@ -231,8 +241,9 @@ def executor_specs(plan: Plan, dp_rank: int, owned: Sequence[PlanItem] | None = 
 
 
 # ----------------------------------------------------------------------------- calls
-def _dp_calls(b: BucketLayout, phase: str, group: int, elem: int) -> list[CommOp]:
-    """``b``'s calls of ``phase`` over its group of ``group`` ranks (roots: positions in the group)."""
+def _dp_calls(b: BucketLayout, phase: str, group: int, elem: int, uneven_gather: bool = False) -> list[CommOp]:
+    """``b``'s calls of ``phase`` over its group of ``group`` ranks (roots: positions in the group);
+    ``uneven_gather``: the backend gathers the exact slices of a rooted mode in ONE call."""
     if group == 1 or not b.used:
         return []
     if b.mode == "all-reduce":
@@ -241,14 +252,21 @@ def _dp_calls(b: BucketLayout, phase: str, group: int, elem: int) -> list[CommOp
         return [CommOp(phase, "all_reduce", b.group, sum(hi - lo for lo, hi in b.regions) * elem, b.tag)]
     kind = "reduce_scatter" if phase == "grad_sync" else "all_gather"
     if b.mode in ("per-root", "all-reduce-broadcast"):
-        rooted = "reduce" if phase == "grad_sync" else "broadcast"
-        return [
-            CommOp(phase, rooted, b.group, (hi - lo) * elem, b.tag, r)
-            for r, (lo, hi) in enumerate(b.regions)
-            if hi > lo
-        ]
+        parts = tuple((hi - lo) * elem for lo, hi in b.regions)
+        if phase == "param_sync":
+            return rooted_gather(phase, b.group, b.tag, parts, uneven_gather)
+        return [CommOp(phase, "reduce", b.group, w, b.tag, r) for r, w in enumerate(parts) if w]
     width = b.regions[0][1] - b.regions[0][0] if b.mode == "native" else padded_width([hi - lo for lo, hi in b.regions])
     return [CommOp(phase, kind, b.group, group * width * elem, b.tag)]
+
+
+def rooted_gather(phase: str, group: str, tag: str, parts: tuple[int, ...], uneven_gather: bool) -> list[CommOp]:
+    """Each rank's part (bytes, by group rank) sent to every rank: ONE ``all_gather`` of the uneven
+    parts where the backend has it (ProcessGroupNCCL runs it as one coalesced group of broadcasts,
+    ``comm.coalesced_us``), else one broadcast per non-empty part (gloo)."""
+    if uneven_gather:
+        return [CommOp(phase, "all_gather", group, sum(parts), tag, parts=parts)]
+    return [CommOp(phase, "broadcast", group, w, tag, r) for r, w in enumerate(parts) if w]
 
 
 Calls = tuple[list[CommOp], list[CommOp], list[CommOp]]  # an executor's (start, run, finish) calls
@@ -345,7 +363,7 @@ def _owner_gather(plan: Plan, settings: LowerSettings, ep_rank: int | None) -> O
     requested = {"native": "uneven", "all-reduce-broadcast": "per-root"}.get(
         settings.collective_mode, settings.collective_mode
     )
-    mode = choose_mode(sizes, requested, settings.model, settings.param_bytes, OWNER_GATHER_MODES)
+    mode = choose_mode(sizes, requested, settings.model, settings.param_bytes, OWNER_GATHER_MODES, gather_only=True)
     return OwnerGather(
         "dp" if ep_rank is None else "edp", tuple(map(tuple, by_rank)), "uneven" if mode == "native" else mode
     )
@@ -389,7 +407,18 @@ def lower(
             ops += c[part]
     ops += (*buf.matrix_param_calls[e], *buf.owner_gather_calls[e], *buf.adam_param_calls)
     computes = tuple(n for s in execs for n in s.computed_by(tp_rank))
-    return RankSchedule(dp_rank, tp_rank, dp, tp, (*matrix, *adam), execs, tuple(ops), buf.owner_gathers[e], computes)
+    return RankSchedule(
+        dp_rank,
+        tp_rank,
+        dp,
+        tp,
+        (*matrix, *adam),
+        execs,
+        tuple(ops),
+        buf.owner_gathers[e],
+        computes,
+        settings.model.uneven_gather,
+    )
 
 
 def matrix_dp_calls(plan: Plan, settings: LowerSettings, ep_rank: int | None = None) -> list[tuple[int, CommOp]]:
@@ -408,15 +437,18 @@ def matrix_dp_calls(plan: Plan, settings: LowerSettings, ep_rank: int | None = N
         cuts = plan.dp.cuts[i] if reduce_scatter else ()
         matrix.append((g, layout_with_cuts("matrix", b, cuts, g, settings, lay.ep)))
     ops = [(g, op) for g, b in matrix for op in _dp_calls(b, "grad_sync", g, settings.grad_bytes)]
-    return ops + [(g, op) for g, b in reversed(matrix) for op in _dp_calls(b, "param_sync", g, settings.param_bytes)]
+    uneven = settings.model.uneven_gather
+    return ops + [
+        (g, op) for g, b in reversed(matrix) for op in _dp_calls(b, "param_sync", g, settings.param_bytes, uneven)
+    ]
 
 
-def _owner_gather_calls(plan: Plan, og: OwnerGather, elem: int) -> list[CommOp]:
+def _owner_gather_calls(plan: Plan, og: OwnerGather, elem: int, uneven_gather: bool) -> list[CommOp]:
     tp = plan.layout.tp
     local = {it.name: (it.numel // tp if it.partition_dim is not None else it.numel) for it in plan.items}
     sizes = [sum(local[n] for n in names) for names in og.by_rank]
     if og.mode == "per-root":
-        return [CommOp("param_sync", "broadcast", og.group, s * elem, og.tag, r) for r, s in enumerate(sizes) if s]
+        return rooted_gather("param_sync", og.group, og.tag, tuple(s * elem for s in sizes), uneven_gather)
     return [CommOp("param_sync", "all_gather", og.group, len(sizes) * max(sizes) * elem, og.tag)]
 
 

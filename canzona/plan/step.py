@@ -122,7 +122,7 @@ def dp_comm_seconds(plan: Plan, coop: CoopSettings) -> float:
         return 0.0
     settings = LowerSettings(model=coop.dp)
     comm = max(  # under EP the busiest rank's: the dense buckets and the costliest EP rank's expert buckets
-        sum(coop.dp.issued_us(op.kind, g, op.nbytes) for g, op in matrix_dp_calls(plan, settings, e))
+        sum(coop.dp.issued_us(op.kind, g, op.nbytes, op.parts) for g, op in matrix_dp_calls(plan, settings, e))
         for e in ([None] if plan.layout.ep == 1 else range(plan.layout.ep))
     )
     return comm * 1e-6

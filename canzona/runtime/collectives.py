@@ -7,12 +7,16 @@ the calls. Every call is async and returns a ``Pending``; nothing here synchroni
   native     the buffer is owner-grouped and padded (every region DP equal parts): ONE in-place
              reduce_scatter_tensor and ONE in-place all_gather_into_tensor, NCCL's fastest path
   uneven     exact uneven regions through a persistent padded staging buffer (allocated once)
-  per-root   one reduce / broadcast per non-empty region (DP calls, no padding): what gloo does best
+  per-root   one reduce per non-empty region (DP calls, no padding), then ``rooted_gather``: on
+             NCCL ONE all_gather of the uneven regions (ProcessGroupNCCL issues it as one coalesced
+             group of broadcasts), on gloo one broadcast per non-empty region: what gloo does best
   all-reduce-broadcast  ONE all-reduce of the exact bucket (owners read their regions), then
-             per-root's broadcasts: buckets with fewer matrices than ranks at large DP
+             per-root's gather: buckets with fewer matrices than ranks at large DP
   all-reduce the bucket reduced whole (sc, layer-wise), no parameter all-gather
 
-Everything avoids what breaks gloo (uneven list all_gather / all_to_all, uneven gather).
+Which gather runs is the lowering's (``RankSchedule.uneven_gather``, from ``gathers_uneven`` of the
+process group's backend), so what is issued is what the schedule lists. Nothing else uses what
+breaks gloo (uneven list all_gather / all_to_all, uneven gather).
 """
 
 from __future__ import annotations
@@ -56,6 +60,29 @@ class Pending:
 
 def _global_rank(group: dist.ProcessGroup | None, r: int) -> int:
     return r if group is None else dist.get_global_rank(group, r)
+
+
+# Backends whose ``all_gather`` takes a list of unequal tensors: ProcessGroupNCCL::allgather runs it
+# as one coalesced group of broadcasts (its not-same-size branch); ProcessGroupGloo::allgather raises
+# "invalid tensor size".
+UNEVEN_GATHER_BACKENDS = frozenset({"nccl"})
+
+
+def gathers_uneven(backend: str) -> bool:
+    """Whether a process group of ``backend`` gathers uneven slices in one call (see above)."""
+    return str(backend).lower() in UNEVEN_GATHER_BACKENDS
+
+
+def rooted_gather(parts: Sequence[torch.Tensor], group: dist.ProcessGroup | None, uneven: bool) -> list[dist.Work]:
+    """Fill every ``parts[r]`` from group rank r (as ``canzona.plan.schedule.rooted_gather`` lowers
+    it): ONE all_gather of the uneven parts when the backend has it (``uneven``), else a broadcast
+    per non-empty part."""
+    if uneven:
+        me = dist.get_rank(group)
+        return [dist.all_gather(list(parts), parts[me], group=group, async_op=True)]
+    return [
+        dist.broadcast(c, _global_rank(group, r), group=group, async_op=True) for r, c in enumerate(parts) if c.numel()
+    ]
 
 
 class Mode:
@@ -126,6 +153,9 @@ class Uneven(Mode):
 class PerRoot(Mode):
     name = "per-root"
 
+    def __init__(self, uneven_gather: bool = False) -> None:
+        self.uneven_gather = uneven_gather
+
     def reduce(self, chunks: Sequence[torch.Tensor], group: dist.ProcessGroup | None) -> Pending:
         return Pending(
             [
@@ -136,18 +166,12 @@ class PerRoot(Mode):
         )
 
     def gather(self, chunks: Sequence[torch.Tensor], group: dist.ProcessGroup | None) -> Pending:
-        return Pending(
-            [
-                dist.broadcast(c, _global_rank(group, r), group=group, async_op=True)
-                for r, c in enumerate(chunks)
-                if c.numel()
-            ]
-        )
+        return Pending(rooted_gather(chunks, group, self.uneven_gather))
 
 
 class AllReduceBroadcast(PerRoot):
     """Gradients: ONE all-reduce of the whole exact bucket (its regions lie back to back), after
-    which each owner's region holds its reduced slice; parameters: per-root's broadcasts."""
+    which each owner's region holds its reduced slice; parameters: per-root's gather."""
 
     name = "all-reduce-broadcast"
 
@@ -157,15 +181,21 @@ class AllReduceBroadcast(PerRoot):
 
 
 def make_mode(
-    name: str, sizes: Sequence[int], dp: int, dtypes: tuple[torch.dtype, torch.dtype], device: torch.device
+    name: str,
+    sizes: Sequence[int],
+    dp: int,
+    dtypes: tuple[torch.dtype, torch.dtype],
+    device: torch.device,
+    uneven_gather: bool = False,
 ) -> Mode:
-    """The executor of a mode the lowering chose (``sizes``: the bucket's region sizes)."""
+    """The executor of a mode the lowering chose (``sizes``: the bucket's region sizes;
+    ``uneven_gather``: the schedule's, how rooted modes gather)."""
     if name == "native":
         return Native()
     if name == "uneven":
         return Uneven(sizes, dp, dtypes, device)
     if name == "per-root":
-        return PerRoot()
+        return PerRoot(uneven_gather)
     if name == "all-reduce-broadcast":
-        return AllReduceBroadcast()
+        return AllReduceBroadcast(uneven_gather)
     raise ValueError(f"no executor for collective mode {name!r}")

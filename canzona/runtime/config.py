@@ -44,10 +44,13 @@ class CommConfig:
 
     collective_mode     per DP bucket: native (owner-grouped padded buffer, one native reduce-scatter
                         + one all-gather), uneven (exact slices through a padded staging copy),
-                        per-root (one reduce / broadcast per slice), all-reduce-broadcast (one all-reduce
-                        of the exact bucket, then a broadcast per slice), or auto: the cheapest under the
-                        α–β model of ``cost_model`` (canzona.plan.comm.choose_mode)
-    cost_model          nccl | gloo | None (= the process group's backend)
+                        per-root (one reduce per slice, then the slices gathered), all-reduce-broadcast
+                        (one all-reduce of the exact bucket, then the slices gathered), or auto: the
+                        cheapest under the α–β model of ``cost_model`` (canzona.plan.comm.choose_mode).
+                        The slices are gathered in ONE uneven all_gather where the process group's
+                        backend has it (NCCL), else by a broadcast per slice (gloo)
+    cost_model          nccl | gloo | None (= the process group's backend); it prices the modes, while
+                        how the slices are gathered follows the backend itself
     overlap_grad_sync   launch each bucket's reduction from grad hooks while backward runs
     overlap_param_sync  step() returns with parameter all-gathers in flight; modules passed to
                         ``attach`` wait for their own buckets just before their forward

@@ -54,7 +54,9 @@ class DPSync:
                 if lay.regions and len(lay.regions) > 1:
                     sizes = [hi - lo for lo, hi in lay.regions]
                     dtypes = (bb.grad.dtype, bb.param.dtype)
-                    self.modes[(kind, i)] = make_mode(lay.mode, sizes, len(sizes), dtypes, device)
+                    self.modes[(kind, i)] = make_mode(
+                        lay.mode, sizes, len(sizes), dtypes, device, schedule.uneven_gather
+                    )
         self.pending: dict[Key, Pending] = {}
         self.param_pending: dict[Key, Pending] = {}
         self.partial = self._partial_views(sets.get("adamw"), tp_partial) if schedule.tp > 1 else []
@@ -132,7 +134,10 @@ class DPSync:
         if "matrix" in self.sets:
             mbufs = self.sets["matrix"]
             gathers = self.schedule.owner_gathers
-            self.owners = {og.tag: OwnerGatherer(og, mbufs, self.groups[og.group], self.device) for og in gathers}
+            self.owners = {
+                og.tag: OwnerGatherer(og, mbufs, self.groups[og.group], self.device, self.schedule.uneven_gather)
+                for og in gathers
+            }
         self.owner_key = {n: (tag, 0) for tag, o in self.owners.items() for n in o.names()}
 
     def launch_param_sync(self) -> None:

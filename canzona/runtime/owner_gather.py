@@ -1,8 +1,9 @@
 """Layer-wise's parameter gather of one group (canzona.plan.schedule.OwnerGather): owners ignore
 the buckets, so each rank packs the parameters it owns into its part of a staging buffer, the
-group gathers the parts (one uneven all-gather through a padded buffer, or one broadcast per
-owner), and every rank unpacks the others' parts into its parameters. Under EP the dense matrices
-are gathered over DP and an EP rank's experts over its expert-DP group, each by one of these."""
+group gathers the parts (one all-gather through a padded buffer, or per root: ONE uneven
+all_gather where the backend has it, NCCL, else one broadcast per owner), and every rank unpacks
+the others' parts into its parameters. Under EP the dense matrices are gathered over DP and an EP
+rank's experts over its expert-DP group, each by one of these."""
 
 from __future__ import annotations
 
@@ -11,16 +12,23 @@ import torch.distributed as dist
 
 from canzona.plan.schedule import OwnerGather
 from canzona.runtime.buffers import FlatBuffers
-from canzona.runtime.collectives import Pending, all_gather_flat
+from canzona.runtime.collectives import Pending, all_gather_flat, rooted_gather
 
 
 class OwnerGatherer:
     """The staging of one ``OwnerGather`` (sized once) and its gather."""
 
     def __init__(
-        self, og: OwnerGather, mbufs: FlatBuffers, group: dist.ProcessGroup | None, device: torch.device
+        self,
+        og: OwnerGather,
+        mbufs: FlatBuffers,
+        group: dist.ProcessGroup | None,
+        device: torch.device,
+        uneven_gather: bool,
     ) -> None:
-        self.og, self.mbufs, self.group = og, mbufs, group
+        """``uneven_gather``: the backend has an uneven all_gather (``RankSchedule.uneven_gather``), so a
+        per-root gather is ONE call (``collectives.rooted_gather``)."""
+        self.og, self.mbufs, self.group, self.uneven_gather = og, mbufs, group, uneven_gather
         sizes = [sum(mbufs.param(n).numel() for n in names) for names in og.by_rank]
         dtype = mbufs.buckets[0].param.dtype
         self.width = max(sizes)
@@ -52,12 +60,7 @@ class OwnerGatherer:
                     o += k
 
         if self.og.mode == "per-root":
-            g = self.group
-            works = [
-                dist.broadcast(s, dist.get_global_rank(g, r) if g is not None else r, group=g, async_op=True)
-                for r, s in enumerate(staging)
-                if s.numel()
-            ]
+            works = rooted_gather(staging, self.group, self.uneven_gather)
         else:
             mine = self.flat[me * self.width : (me + 1) * self.width]
             works = [all_gather_flat(self.flat, mine, group=self.group, async_op=True)]

@@ -52,14 +52,15 @@ class Comm:
         self.profile, self.layout = profile, layout
         self._models: dict[tuple[int, int], plan_comm.CommModel] = {}
 
-    def __call__(self, kind: str, group: str, nbytes: float) -> float:
+    def __call__(self, kind: str, group: str, nbytes: float, parts: Sequence[float] = ()) -> float:
         n, span = _group(self.layout, group)
-        return self.sized(kind, n, span, nbytes)
+        return self.sized(kind, n, span, nbytes, parts)
 
-    def sized(self, kind: str, n: int, span: int, nbytes: float) -> float:
+    def sized(self, kind: str, n: int, span: int, nbytes: float, parts: Sequence[float] = ()) -> float:
         """A call on a group of ``n`` ranks whose GPUs span ``span`` consecutive ranks (a DP
-        sub-group); an all-to-all's ``nbytes`` is what one rank sends (``plan.comm`` convention)."""
-        return self._model(n, span).call_us(kind, n, nbytes) / 1e3
+        sub-group); an all-to-all's ``nbytes`` is what one rank sends (``plan.comm`` convention);
+        ``parts``: an all-gather of uneven parts (``CommModel.call_us``)."""
+        return self._model(n, span).call_us(kind, n, nbytes, parts) / 1e3
 
     def _model(self, n: int, span: int) -> plan_comm.CommModel:
         """The model of an ``n``-rank group over ``span`` GPUs (its members per node set the rail

@@ -176,7 +176,7 @@ class _Charger:
             return self.comm("all_to_all", "tp", off_rank * tp / (tp - 1)) if tp > 1 else 0.0
         if op.group not in GROUPS:
             raise ConfigError(f"the projection does not know collective group {op.group!r} ({op})")
-        return self.comm(op.kind, GROUPS[op.group], op.nbytes)
+        return self.comm(op.kind, GROUPS[op.group], op.nbytes, op.parts)
 
     def rank(self, s: RankSchedule) -> tuple[RankTimes, list[Task]]:
         """One rank's phases and timeline, in the runtime's order: grad sync, check, executors,

@@ -57,7 +57,7 @@ def comm_point(model: str, layout: Layout, alpha: float, dp_layout: str) -> dict
         for sch in scheds:
             dp_ops = [o for o in sch.ops if o.group == "dp"]
             calls = max(calls, len(dp_ops))
-            dp_us = max(dp_us, sum(NCCL.call_us(o.kind, layout.dp, o.nbytes) for o in dp_ops))
+            dp_us = max(dp_us, sum(NCCL.call_us(o.kind, layout.dp, o.nbytes, o.parts) for o in dp_ops))
         matrix = [b for b in scheds[0].buckets if b.kind == "matrix"]
         bound = max(bound, 2 * len(matrix) + 4)
         pads.append(padding_fraction(matrix))

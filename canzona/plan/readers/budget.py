@@ -52,7 +52,7 @@ class Budget:
 
 
 def _calls_ms(s: RankSchedule, models: Mapping[str, CommModel], sizes: dict[str, int]) -> float:
-    return sum(models[o.group].call_us(o.kind, sizes[o.group], o.nbytes) for o in s.ops) / 1e3
+    return sum(models[o.group].call_us(o.kind, sizes[o.group], o.nbytes, o.parts) for o in s.ops) / 1e3
 
 
 def _exposed_tp(
