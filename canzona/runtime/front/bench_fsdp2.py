@@ -216,11 +216,12 @@ def _model(
 
 def replicate_over_tp(module: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
     """``module``'s parameters replicated over TP, its plain-tensor inputs taken as Replicate DTensors
-    and its output handed back local: a norm between TP linears whose outputs are replicated."""
+    and its output handed back local: a norm between TP linears whose outputs are replicated. (torch
+    types ``input_fn`` as returning None, but uses what it returns as the module's inputs.)"""
     distribute_module(
         module,
         tp_mesh,
-        input_fn=lambda _m, inputs, mesh: tuple(DTensor.from_local(x, mesh, [Replicate()]) for x in inputs),
+        input_fn=lambda _m, inputs, mesh: tuple(DTensor.from_local(x, mesh, [Replicate()]) for x in inputs),  # type: ignore[arg-type]
         output_fn=lambda _m, out, _mesh: out.to_local(),
     )
 

@@ -132,10 +132,10 @@ def shard_mesh(named: Sequence[tuple[str, torch.nn.Parameter]]) -> ShardMesh:
     mesh = meshes.pop()
     dtensors = [(n, as_dtensor(p)) for n, p in named]
     shard_dim, tp_dim = _dims(mesh, dtensors)
-    for name, p in dtensors:
-        if not all(isinstance(pl, Replicate) for pl in p.placements[:shard_dim]):
+    for name, d in dtensors:
+        if not all(isinstance(pl, Replicate) for pl in d.placements[:shard_dim]):
             raise ConfigError(
-                f"{name}: placements {p.placements} do not replicate over the HSDP replicate dimension; build the "
+                f"{name}: placements {d.placements} do not replicate over the HSDP replicate dimension; build the "
                 "mesh as fully_shard does (replicate, shard[, tp])"
             )
     return ShardMesh(mesh, shard_dim, tp_dim)

@@ -116,7 +116,7 @@ class FSDP2Optimizer:
         self.step_count = 0
         self.plan = self._make_plan() if self.matrix_names else None
         self.schedule = self._lower()
-        comms = {"tp": self.group}
+        comms: dict[str, dist.ProcessGroup | None] = {"tp": self.group}
         if self.plan is not None and self.plan.config.cooperative:  # every rank, whatever its groups
             comms.update(coop_comms(None, self.group, 1, self.owners, config.comm.timeout_s))
         self.executors = select_executors(self.schedule.executors, self.specs, comms, self.device)
