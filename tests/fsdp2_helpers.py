@@ -13,16 +13,32 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import Replicate
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 
 from canzona.optim.adamw import AdamWConfig, make_adamw
 from canzona.optim.base import apply_update
 from canzona.plan.types import PlanConfig
 from canzona.runtime import DistConfig, optimizer_config
+from canzona.runtime.front.bench_fsdp2 import replicate_over_tp
 from canzona.runtime.fsdp2.layout import default_route
 from tests.runtime_helpers import OPTIONS as RUNTIME_OPTIONS
 
 VOCAB, DIM, HIDDEN, LAYERS, BATCH, SEQ = 24, 16, 32, 3, 2, 6
 LR, WD, ADAMW_LR = 0.02, 0.01, 1e-3
+# the exactness tests' runs (tests/test_fsdp2_exactness.py, tests/test_fsdp2_tp.py) and their bounds
+STEPS, SEED = 3, 11
+CLIP = 0.5  # below the first steps' norms (about 3), so clipping really scales
+# fp32: the summation order of the ranks' gradient average is the only difference (measured: Muon
+# 2e-7). Shampoo: a (32, 16) matrix's 32-side factor has rank <= 16, well-posed only through the
+# relative epsilon, whose inverse fourth root amplifies that rounding (measured up to 9e-5 at 4
+# ranks). SOAP: Adam's 1 / (sqrt(V) + 1e-8) in the rotated basis amplifies the rounding of small
+# coordinates (measured up to 4e-5). bf16 MixedPrecisionPolicy ("mp"): each rank's bf16 forward is
+# the reference's, and the measured difference is 0; the bound allows one flipped bf16 rounding of a
+# weight (2^-8) in three steps. bf16 parameters with fp32 masters ("bf16"): FSDP2 also reduces their
+# gradients in bf16 (each average rounded to 2^-9), which the fp32-averaging reference does not, and
+# the final weights are bf16 themselves (measured 4.4e-3 on 2 and 4 ranks).
+TOLERANCE = {"muon": 1e-5, "shampoo": 3e-4, "soap": 1e-4, "mp": 4e-3, "bf16": 1e-2}
 # The runtime tests' options, except that SOAP preconditions only sides of DIM: a (32, 16) matrix's
 # 32-side factor has rank <= 16 from real gradients, and eigh's basis of its null space is
 # arbitrary, so it would differ between any two summation orders (tests/runtime_helpers.py).
@@ -90,6 +106,35 @@ def shard_net(net: Net, mesh_shape: tuple[int, ...], precision: str = "fp32") ->
     mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed else None
     kw = {"mesh": mesh, **({"mp_policy": mp} if mp else {})}
+    for b in net.layers:
+        fully_shard(b, **kw)
+    fully_shard(net, **kw)
+    return net
+
+
+def parallelize_net(net: Net, mesh_shape: tuple[int, ...], precision: str = "fp32") -> Net:
+    """torchtitan's order on a (shard, tp) or (replicate, shard, tp) mesh: TP first (the embedding
+    RowwiseParallel, the output layer, proj and fc1 ColwiseParallel, fc2 RowwiseParallel, the norms
+    replicated), then fully_shard over the DP dimensions. ``precision`` as in ``shard_net``."""
+    if precision == "bf16":
+        net = net.to(torch.bfloat16)
+    names = ("replicate", "shard", "tp") if len(mesh_shape) == 3 else ("shard", "tp")
+    mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
+    tp_mesh = mesh["tp"]
+    plan: dict[str, ParallelStyle] = {
+        "embed": RowwiseParallel(input_layouts=Replicate()),
+        "lm_head": ColwiseParallel(output_layouts=Replicate()),
+    }
+    for i in range(LAYERS):
+        plan[f"layers.{i}.proj"] = ColwiseParallel(output_layouts=Replicate())
+        plan[f"layers.{i}.fc1"] = ColwiseParallel()
+        plan[f"layers.{i}.fc2"] = RowwiseParallel()
+    parallelize_module(net, tp_mesh, plan)
+    for norm in [net.norm, *(b.norm for b in net.layers)]:
+        replicate_over_tp(norm, tp_mesh)
+    dp = mesh[names[:-1]]
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == "mp" else None
+    kw = {"mesh": dp, **({"mp_policy": mp} if mp else {})}
     for b in net.layers:
         fully_shard(b, **kw)
     fully_shard(net, **kw)

@@ -89,3 +89,31 @@ def test_a_matrix_only_peer_is_paired_with_the_shared_adamw() -> None:
     assert torch.allclose(b.detach(), torch.full((2,), 1 - ADAMW.lr))  # AdamW's first step: lr · sign
     pair.zero_grad()
     assert w.grad is None and b.grad is None
+
+
+@pytest.mark.multiproc
+def test_bench_fsdp2_at_fsdp_x_tp(tmp_path: Path) -> None:
+    """FSDP 2 x TP 2 on 4 ranks (the stand-in under torchtitan's TP plan): Canzona's strategies train
+    the same losses, each issuing the norm all-reduce and its packed calls over the 4-rank owner group;
+    muon-fsdp2 0.3.0's refusal of the 2-D mesh is recorded with the line that raised it."""
+    out = tmp_path / "tp.json"
+    args = ["bench-fsdp2", "--model-impl", "local", "--model", "qwen3-micro", "--nproc", "4", "--tp", "2"]
+    args += ["--layers", "1", "--seq", "8", "--steps", "2", "--warmup", "0", "--out", str(out)]
+    assert main(args) == 0
+    res = json.loads(out.read_text())
+    rows = res["methods"]
+    assert res["mesh"] == {"fsdp": 2, "tp": 2} and set(rows) == {"canzona", "asc", "sc"}
+    for m in ("asc", "sc"):
+        assert rows[m]["loss"] == pytest.approx(rows["canzona"]["loss"], rel=1e-5)
+    assert rows["sc"]["kinds"] == ["all_gather_single", "all_reduce"]
+    assert rows["canzona"]["kinds"] == ["all_reduce", "all_to_all_single"]
+    assert "NotImplementedError" in res["not_run"]["muon-fsdp2"] and "muon_fsdp2.py" in res["not_run"]["muon-fsdp2"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "msg"),
+    [(["--nproc", "4", "--tp", "3"], "--tp 3 must divide --nproc 4"), (["--tp", "2"], "--tp needs --model-impl local")],
+)
+def test_bench_fsdp2_tp_errors_name_the_fix(extra: list[str], msg: str, capsys) -> None:
+    assert main(["bench-fsdp2", *(["--model-impl", "local"] if "3" in extra else []), *extra]) == 2
+    assert msg in capsys.readouterr().err

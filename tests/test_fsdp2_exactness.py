@@ -13,21 +13,20 @@ from canzona.cost import matrix_optimizer_names
 from canzona.plan.engines import FSDP2
 from canzona.runtime.fsdp2 import FSDP2Optimizer
 from canzona.runtime.launch import launch
-from tests.fsdp2_helpers import batch, fsdp2_config, full_weights, make_net, reference, shard_net
+from tests.fsdp2_helpers import (
+    CLIP,
+    SEED,
+    STEPS,
+    TOLERANCE,
+    batch,
+    fsdp2_config,
+    full_weights,
+    make_net,
+    reference,
+    shard_net,
+)
 from tests.registry_cases import default_strategy, ns_optimizer
 
-STEPS, SEED = 3, 11
-CLIP = 0.5  # below the first steps' norms (about 3), so clipping really scales
-# fp32: the summation order of the ranks' gradient average is the only difference (measured: Muon
-# 2e-7). Shampoo: a (32, 16) matrix's 32-side factor has rank <= 16, well-posed only through the
-# relative epsilon, whose inverse fourth root amplifies that rounding (measured up to 9e-5 at 4
-# ranks). SOAP: Adam's 1 / (sqrt(V) + 1e-8) in the rotated basis amplifies the rounding of small
-# coordinates (measured up to 4e-5). bf16 MixedPrecisionPolicy ("mp"): each rank's bf16 forward is
-# the reference's, and the measured difference is 0; the bound allows one flipped bf16 rounding of a
-# weight (2^-8) in three steps. bf16 parameters with fp32 masters ("bf16"): FSDP2 also reduces their
-# gradients in bf16 (each average rounded to 2^-9), which the fp32-averaging reference does not, and
-# the final weights are bf16 themselves (measured 4.4e-3 on 2 and 4 ranks).
-TOLERANCE = {"muon": 1e-5, "shampoo": 3e-4, "soap": 1e-4, "mp": 4e-3, "bf16": 1e-2}
 STRATEGIES = FSDP2.strategies or ()
 MESHES = [(1,), (2,), (4,), (2, 2)]
 # fp32: every matrix optimizer x strategy (clipping on the default strategy's runs); bf16

@@ -104,7 +104,9 @@ def test_hsdp_and_tp_layouts() -> None:
     assert out["runtime"] == "FSDP2Optimizer runs this layout"
     out = compare(get_model("qwen3-tiny"), 4, tp=2, profile=H800)
     assert out["owner_group"] == 8 and out["planner_layout"]["tp"] == 8
-    assert "does not run a TP mesh dimension" in out["runtime"]
+    assert out["runtime"] == "FSDP2Optimizer runs this layout"  # tests/test_fsdp2_tp.py runs it
+    # no cooperative groups under TP, as the runtime (FSDP2.cooperative_with)
+    assert all(r["cooperative_groups"] in (0, None) for r in out["rows"]) and out["cooperative"]["canzona"] == []
 
 
 @pytest.mark.parametrize(
@@ -171,7 +173,9 @@ def test_engine_capabilities_are_checked_not_names() -> None:
         standard_only.check_ns_method("gram")
     with pytest.raises(ConfigError, match="has no fsdp2 form; choose one of sc, asc, canzona"):
         FSDP2.check_strategy("layerwise")
-    assert MEGATRON.runs(8, pp=4) is None and "TP mesh dimension" in (FSDP2.runs(2) or "")
+    assert MEGATRON.runs(8, pp=4) is None and FSDP2.runs(2) is None
+    assert "TP mesh dimension" in (dataclasses.replace(FSDP2, supports_tp=False).runs(2) or "")
+    assert MEGATRON.cooperative_with(8) and FSDP2.cooperative_with(1) and not FSDP2.cooperative_with(2)
 
 
 @pytest.mark.parametrize(("model", "dp", "shard"), [("qwen3-4b", 16, None), ("qwen3-1.7b", 32, 8)])

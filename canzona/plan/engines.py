@@ -17,10 +17,12 @@ How an engine looks to the planner (``planner_layout``):
             dimension in the mesh (TP shards first, FSDP ``Shard(0)`` inside each TP shard) every rank
             holds numel / (T·S) of every matrix, and one owner needs all T·S pieces: the planner
             model is a TP group of T·S (same bytes, same compute, the all-to-alls over the whole
-            T·S mesh). The FSDP2 runtime does not run a TP dimension yet (``supports_tp``), so
-            such a plan is a projection only. Cooperative groups are the TP ones: only for matrices
-            whose long side is their rows (a Shard(0) row slice is a long-side block only then), and
-            priced on the inter-node link when the shard group spans nodes (``plan.coop``).
+            T·S mesh), and the runtime runs it: the owner group is shard × tp flattened, each rank's
+            piece a block of the matrix (``canzona.runtime.fsdp2.tiles``). Cooperative groups are
+            the TP ones: only for matrices whose long side is their rows (a Shard(0) row slice is a
+            long-side block only then), priced on the inter-node link when the shard group spans
+            nodes (``plan.coop``), and not with a TP dimension (``cooperative_tp``: the blocks of a
+            RowwiseParallel matrix are no row slices, and a ColwiseParallel one's are out of order).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class Engine:
     supports_ep: bool
     supports_hsdp: bool
     cooperative: bool  # cooperative Newton–Schulz (a group of GPUs on one matrix)
+    cooperative_tp: bool  # ... also with a TP dimension in the mesh
     ns_methods: tuple[str, ...]
     checkpoint: str
 
@@ -79,6 +82,10 @@ class Engine:
             )
         return self.layout(dp, tp, pp, ep, shard)
 
+    def cooperative_with(self, tp: int) -> bool:
+        """Whether the runtime runs cooperative Newton–Schulz with TP ``tp`` in the mesh."""
+        return self.cooperative and (tp == 1 or self.cooperative_tp)
+
     def check_ns_method(self, method: str) -> None:
         """ConfigError naming the choices when this engine does not run Newton–Schulz ``method``."""
         if method not in self.ns_methods:
@@ -90,7 +97,7 @@ class Engine:
     def runs(self, layout_tp: int, pp: int = 1, ep: int = 1) -> str | None:
         """None when the runtime executes a job with these mesh dimensions, else why not (one line)."""
         if layout_tp > 1 and not self.supports_tp:
-            return f"the {self.name} runtime does not run a TP mesh dimension yet (FSDP2Optimizer takes Shard(0) only)"
+            return f"the {self.name} runtime does not run a TP mesh dimension"
         if pp > 1 and not self.supports_pp:
             return f"the {self.name} runtime does not run pipeline parallelism"
         if ep > 1 and not self.supports_ep:
@@ -134,6 +141,7 @@ MEGATRON = register_engine(
         supports_ep=True,
         supports_hsdp=False,
         cooperative=True,
+        cooperative_tp=True,
         ns_methods=NS_METHODS_ALL,
         checkpoint="full-matrix state per parameter (canzona.runtime.checkpoint)",
     )
@@ -143,16 +151,17 @@ MEGATRON = register_engine(
 FSDP2 = register_engine(
     Engine(
         "fsdp2",
-        "torch fully_shard: DTensor Shard(0) parameters over a shard group, HSDP replicas",
-        "DTensor Shard(0) over the shard group (Replicate over HSDP replicas)",
+        "torch fully_shard: DTensor Shard(0) parameters over a shard group, HSDP replicas, TP (Colwise / Rowwise)",
+        "DTensor Shard(0) over the shard group (Replicate over HSDP replicas; under TP a block per rank)",
         False,
         _fsdp2_layout,
         strategies=("sc", "asc", "canzona"),
-        supports_tp=False,
+        supports_tp=True,
         supports_pp=False,
         supports_ep=False,
         supports_hsdp=True,
         cooperative=True,
+        cooperative_tp=False,
         ns_methods=NS_METHODS_ALL,
         checkpoint="torch.distributed.checkpoint, the same full-matrix state (canzona.runtime.fsdp2.checkpoint)",
     )

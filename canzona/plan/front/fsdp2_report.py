@@ -11,10 +11,11 @@ from typing import Any
 
 from canzona.plan.front.report import md_table
 
-# the suite's layouts at 256 GPUs: plain FSDP over all of them, and HSDP with one node's 8 GPUs as
-# the shard group (32 replicas), where the owners' all-to-alls stay on NVLink
+# the suite's layouts at 256 GPUs as (dp, shard group, tp): plain FSDP over all of them; HSDP with one
+# node's 8 GPUs as the shard group (32 replicas), where the owners' all-to-alls stay on NVLink; and
+# torchtitan's FSDP 32 x TP 8 (`canzona plan --engine fsdp2 --tp 8 --dp 32`), owners over all 256
 SUITE_MODELS = ("qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b")
-SUITE_LAYOUTS = ((256, None), (256, 8))
+SUITE_LAYOUTS = ((256, None, 1), (256, 8, 1), (32, None, 8))
 HEADLINE = "qwen3-32b"
 
 
@@ -119,14 +120,14 @@ def suite() -> tuple[list[dict[str, Any]], str]:
     rows: list[dict[str, Any]] = []
     headline = []
     for name in SUITE_MODELS:
-        for dp, shard in SUITE_LAYOUTS:
-            out = compare(get_model(name), dp, shard=shard, profile=profile)
+        for dp, shard, tp in SUITE_LAYOUTS:
+            out = compare(get_model(name), dp, tp=tp, shard=shard, profile=profile)
             head = {k: out[k] for k in ("model", "dp", "tp", "shard_group", "replicas", "matrices", "optimizer")}
             for r in table_rows(out):
                 rows.append({**head, **r, "cost": out["cost"], "unit": out["unit"], "profile": out["profile"]})
             if name == HEADLINE:
                 headline.append(out)
-    cols = ["model", "shard_group", "replicas", "method", "max_ms", "vs_bound", "vs_canzona", "max_matrices"]
+    cols = ["model", "shard_group", "replicas", "tp", "method", "max_ms", "vs_bound", "vs_canzona", "max_matrices"]
     cols += ["owner_recv_mb", "micro_groups", "cooperative_groups", "step_calls", "projected_step_ms"]
     md = [
         "Per-GPU Newton–Schulz maximum (FLOPs at the profile's rate), bytes per owner, collectives per step and "
@@ -138,10 +139,11 @@ def suite() -> tuple[list[dict[str, Any]], str]:
     for out in headline:
         by = {r["method"]: r for r in out["rows"]}
         md.append(
-            f"- {out['model']}, shard group {out['shard_group']} x {out['replicas']}: Canzona's busiest GPU "
-            f"{by['canzona']['max_ms']:.2f} ms against the whole-matrix bound {out['bound_ms']:.2f} ms; round-robin "
-            f"(muon-fsdp2) {by['round-robin']['max_ms']:.2f} ms ({by['round-robin']['max_cost'] / out['bound']:.2f}x "
-            f"the bound); projected step {by['canzona']['projected_step_ms']:.2f} vs "
+            f"- {out['model']}, shard group {out['shard_group']} x {out['replicas']}, TP {out['tp']}: Canzona's "
+            f"busiest GPU {by['canzona']['max_ms']:.2f} ms against the whole-matrix bound {out['bound_ms']:.2f} ms; "
+            f"round-robin (muon-fsdp2) {by['round-robin']['max_ms']:.2f} ms "
+            f"({by['round-robin']['max_cost'] / out['bound']:.2f}x the bound); projected step "
+            f"{by['canzona']['projected_step_ms']:.2f} vs "
             f"{by['round-robin']['projected_step_ms']:.2f} ms"
         )
     return rows, "\n".join(md)

@@ -200,7 +200,7 @@ def fsdp2_plans(
     specs = fsdp2_specs(model, layout.tp // tp, tp)
     base = config or PlanConfig(optimizer=optimizer)
     base = dataclasses.replace(
-        base, optimizer=optimizer, cooperative=FSDP2.cooperative and base.cooperative, profile=profile.name
+        base, optimizer=optimizer, cooperative=FSDP2.cooperative_with(tp) and base.cooperative, profile=profile.name
     )
     cm = cost_model or CostModel(optimizer, base.cost)  # type: ignore[arg-type]
     cm = dataclasses.replace(cm, settings=priced_on(profile, cm.settings))

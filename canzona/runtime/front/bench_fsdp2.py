@@ -8,7 +8,12 @@ and the loss curve.
 The model (``--model-impl``): ``torchtitan``, torchtitan's own Qwen3 at the inventory's dimensions,
 sharded by torchtitan's ``apply_fsdp_to_decoder`` (canzona.runtime.fsdp2.torchtitan_qwen3; fused
 wqkv); ``local``, a stand-in in torchtitan's unfused wq/wk/wv/wo/w1/w2/w3 layout, for machines
-without torchtitan.
+without torchtitan. ``--tp T`` (the stand-in): an (nproc / T, T) FSDP x TP mesh built in torchtitan's
+order, TP first with the plan of its Llama / Qwen3 recipes (wq wk wv w1 w3 and the output layer
+ColwiseParallel, wo w2 and the embedding RowwiseParallel, norms replicated), then fully_shard over
+the FSDP dimension. torchtitan 0.3.0 applies TP to its own Qwen3 through ``model.parallelize`` on a
+``ParallelDims`` its trainer builds, which this bench does not. muon-fsdp2 0.3.0 refuses a 2-D mesh at
+its first step (``TpFsdp2dWork``: "not implemented"); the refusal is recorded as DistMuon's is.
 
 Peers: muon-fsdp2 (``muon_fsdp2.Muon``: one gather to the owner and one scatter back per matrix,
 owners round-robin by index), set to Canzona's update (the Moonlight scale, bf16 Newton–Schulz, the
@@ -38,8 +43,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, Replicate, distribute_module
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 
 from canzona.argtypes import int_in, output_file, positive_int
 from canzona.errors import ConfigError
@@ -85,6 +92,9 @@ def configure(p: argparse.ArgumentParser) -> None:
         default="gloo",
         help="gloo: CPU ranks; nccl: one CUDA device per rank (where torchtitan's DistMuon runs)",
     )
+    p.add_argument(
+        "--tp", type=positive_int, default=1, help="TP degree: an (nproc / tp, tp) FSDP x TP mesh (--model-impl local)"
+    )
     p.add_argument("--steps", type=positive_int, default=12, help="training steps per method")
     p.add_argument("--warmup", type=int_in(0, 100), default=2, help="steps left out of the timing median")
     p.add_argument("--seq", type=positive_int, default=64)
@@ -111,9 +121,10 @@ class Block(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         h = self.attention_norm(x)
-        q = self.q_norm(self.wq(h).view(b, s, self.heads, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.wk(h).view(b, s, self.kv_heads, self.head_dim)).transpose(1, 2)
-        v = self.wv(h).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        # -1 heads: this rank's under TP (ColwiseParallel wq / wk / wv split the heads)
+        q = self.q_norm(self.wq(h).view(b, s, -1, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.wk(h).view(b, s, -1, self.head_dim)).transpose(1, 2)
+        v = self.wv(h).view(b, s, -1, self.head_dim).transpose(1, 2)
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         x = x + self.wo(a.transpose(1, 2).reshape(b, s, -1))
         h = self.ffn_norm(x)
@@ -179,6 +190,15 @@ def _model(
     fully_shard, and its loss of a rank's tokens, scaled so that the ranks' SUM is the global batch's
     mean: torchtitan's sum over the global token count (FSDP division off), the stand-in's mean over
     the world (FSDP averages)."""
+    if args.tp > 1:
+        torch.manual_seed(0)
+        net = Qwen3Like(args.model, args.layers).to(device)
+        mesh = init_device_mesh(device.type, (world // args.tp, args.tp), mesh_dim_names=("fsdp", "tp"))
+        apply_tp(net, mesh["tp"])
+        for layer in net.layers:
+            fully_shard(layer, mesh=mesh["fsdp"])
+        fully_shard(net, mesh=mesh["fsdp"])
+        return net, lambda tokens: net(tokens) / world  # TP ranks repeat their DP rank's loss: the sum / world
     mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("fsdp",))
     if args.model_impl == "torchtitan":
         from canzona.runtime.fsdp2 import torchtitan_qwen3
@@ -192,6 +212,35 @@ def _model(
         fully_shard(layer, mesh=mesh)
     fully_shard(net, mesh=mesh)
     return net, lambda tokens: net(tokens) / world
+
+
+def replicate_over_tp(module: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
+    """``module``'s parameters replicated over TP, its plain-tensor inputs taken as Replicate DTensors
+    and its output handed back local: a norm between TP linears whose outputs are replicated. (torch
+    types ``input_fn`` as returning None, but uses what it returns as the module's inputs.)"""
+    distribute_module(
+        module,
+        tp_mesh,
+        input_fn=lambda _m, inputs, mesh: tuple(DTensor.from_local(x, mesh, [Replicate()]) for x in inputs),  # type: ignore[arg-type]
+        output_fn=lambda _m, out, _mesh: out.to_local(),
+    )
+
+
+def apply_tp(net: Qwen3Like, tp_mesh: DeviceMesh) -> None:
+    """torchtitan's TP plan for its Llama / Qwen3 blocks (no sequence parallelism): q, k, v and the
+    MLP's w1, w3 column-wise, wo and w2 row-wise, the embedding row-wise, the output column-wise with
+    replicated logits; norms replicated."""
+    plan: dict[str, ParallelStyle] = {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate()),
+        "output": ColwiseParallel(output_layouts=Replicate()),
+    }
+    for i, _ in enumerate(net.layers):
+        plan.update({f"layers.{i}.{w}": ColwiseParallel() for w in ("wq", "wk", "wv", "w1", "w3")})
+        plan.update({f"layers.{i}.{w}": RowwiseParallel() for w in ("wo", "w2")})
+    parallelize_module(net, tp_mesh, plan)
+    for m in net.modules():
+        if isinstance(m, torch.nn.RMSNorm):
+            replicate_over_tp(m, tp_mesh)
 
 
 class _WithAdamW:
@@ -269,17 +318,22 @@ def _rank(info: Any, methods: list[str], args: argparse.Namespace) -> dict[str, 
     losses: dict[str, list[float]] = {m: [] for m in runs}
     calls: dict[str, list[tuple[str, int]]] = {}
     for step in range(args.steps):
-        g = torch.Generator().manual_seed(1000 * step + info.rank)
+        g = torch.Generator().manual_seed(1000 * step + info.rank // args.tp)  # one batch per DP rank
         tokens = torch.randint(0, get_transformer(args.model).vocab, (BATCH, args.seq + 1), generator=g)
         tokens = tokens.to(info.device)
-        for m, (_, opt, loss_of) in runs.items():
+        for m, (_, opt, loss_of) in list(runs.items()):
             loss = loss_of(tokens)
             loss.backward()
             _synchronize(info.device)
             dist.barrier()
             with counted(watched) as c:
                 t0 = time.perf_counter()
-                opt.step()
+                try:
+                    opt.step()
+                except NotImplementedError as e:  # a peer refusing this mesh at its first step, on every rank
+                    refused[m] = _refusal(e)
+                    del runs[m], times[m], losses[m]
+                    continue
                 _synchronize(info.device)  # CUDA kernels run asynchronously: time them to the end
                 times[m].append((time.perf_counter() - t0) * 1e3)
             calls[m] = c
@@ -326,6 +380,13 @@ def run(args: argparse.Namespace) -> int:
                 f"--model-impl torchtitan needs {e.name}: make install (the torchtitan extra, torchtitan==0.3.0 "
                 "--no-deps), or --model-impl local"
             ) from e
+    if args.nproc % args.tp:
+        raise ConfigError(f"--tp {args.tp} must divide --nproc {args.nproc} (the mesh is nproc / tp x tp)")
+    if args.tp > 1 and args.model_impl == "torchtitan":
+        raise ConfigError(
+            "--tp needs --model-impl local: torchtitan 0.3.0 applies TP to its Qwen3 through model.parallelize "
+            "on its trainer's ParallelDims, which this bench does not build"
+        )
     if args.backend == "nccl" and not cuda_visible():
         raise ConfigError("--backend nccl needs a CUDA device per rank and this machine has none; use --backend gloo")
     t0 = time.time()
@@ -344,6 +405,7 @@ def run(args: argparse.Namespace) -> int:
     out = {
         "command": "canzona " + " ".join(sys.argv[1:]),
         "measured": f"{args.nproc} {args.backend} ranks forked on this machine, one thread each",
+        "mesh": {"fsdp": args.nproc // args.tp, "tp": args.tp},
         "model": {
             "impl": "torchtitan.models.qwen3.Qwen3Model" if args.model_impl == "torchtitan" else "local stand-in",
             "inventory": args.model,

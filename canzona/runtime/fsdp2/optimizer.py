@@ -7,7 +7,7 @@
     opt.zero_grad()
 
 The same pieces as the Megatron path (canzona.runtime.optimizer), nothing copied:
-  plan        canzona.plan.make_plan on ``Layout(dp=1, tp=shards)`` (canzona.plan.engines' fsdp2 entry): the TP
+  plan        canzona.plan.make_plan on ``Layout(dp=1, tp=owners)`` (canzona.plan.engines' fsdp2 entry): the TP
               schedule picks each matrix's owner (LPT on the cost model under ``canzona``, registration
               order = round-robin under ``asc``, everyone under ``sc``) and the micro-groups
   lowering    canzona.plan.schedule.lower: the executors and the ordered calls of a step
@@ -28,6 +28,12 @@ its local shards here, published into the bf16 shards after each update. State i
 
 HSDP: the replicate dimension receives identical, already all-reduced gradients, so every replica
 runs the same schedule on its own shard group (the compute is repeated per replica, no extra bytes).
+
+TP (torchtitan's ``parallelize``: ColwiseParallel / RowwiseParallel, then fully_shard over the DP
+mesh): the owner group is shard × tp (``Layout(dp=1, tp=S·T)``, what ``canzona plan --engine fsdp2
+--tp T`` plans); each rank's piece of a matrix is a block, which the owner permutes into the matrix
+around the math (canzona.runtime.fsdp2.tiles); parameters replicated over TP (norms) count once in
+the norm and the ownership check. No cooperative groups under TP (``FSDP2.cooperative_with``).
 """
 
 from __future__ import annotations
@@ -89,12 +95,14 @@ class FSDP2Optimizer:
         FSDP2.check_strategy(config.plan.strategy)
         self.config = config
         self.mesh = shard_mesh(named)
-        self.group = self.mesh.group()
-        self.shards, self.rank = self.mesh.shards, self.mesh.shard_rank
-        if self.mesh.replicas > 1:
-            FSDP2.planner_layout(self.shards * self.mesh.replicas, shard=self.shards)  # the engine runs HSDP
         self.params = dict(named)
-        specs = param_specs(named, self.shards, route)
+        specs, self.tiles = param_specs(named, self.mesh, route)  # bad placements raise here, before any group
+        self.group = self.mesh.group()
+        self.owners, self.rank = self.mesh.owners, self.mesh.owner_rank  # the owner group: shard × tp
+        self.layout = FSDP2.planner_layout(
+            self.mesh.shards * self.mesh.replicas, tp=self.mesh.tp, shard=self.mesh.shards
+        )  # HSDP and TP checked by the engine entry
+        self.counted = {n: self.mesh.counted(as_dtensor(p)) for n, p in named}
         self.all_specs = {s.name: s for s in specs}
         use_matrix = config.optimizer is not None
         self.matrix_names = [s.name for s in specs if use_matrix and s.route == "matrix"]
@@ -108,13 +116,13 @@ class FSDP2Optimizer:
         self.step_count = 0
         self.plan = self._make_plan() if self.matrix_names else None
         self.schedule = self._lower()
-        comms = {"tp": self.group}
+        comms: dict[str, dist.ProcessGroup | None] = {"tp": self.group}
         if self.plan is not None and self.plan.config.cooperative:  # every rank, whatever its groups
-            comms.update(coop_comms(None, self.group, 1, self.shards, config.comm.timeout_s))
+            comms.update(coop_comms(None, self.group, 1, self.owners, config.comm.timeout_s))
         self.executors = select_executors(self.schedule.executors, self.specs, comms, self.device)
         coop = next((e.coop for e in self.schedule.executors if e.kind == "cooperative"), ())
         applied = [n for e in self.schedule.executors for n in e.names]
-        held = held_pieces(self.specs, coop, (0, self.rank), applied, self.shards)
+        held = held_pieces(self.specs, coop, (0, self.rank), applied, self.owners)
         self.states = {
             n: self.math.init_state(matrix_shape(held[n].shape), device=self.device) for n in self.schedule.computes
         }
@@ -131,12 +139,12 @@ class FSDP2Optimizer:
         backend_profile = DEFAULT_CPU if self.backend == "gloo" else DEFAULT_GPU
         pc = dataclasses.replace(
             self.config.plan,
-            cooperative=self.config.plan.cooperative and FSDP2.cooperative,
+            cooperative=self.config.plan.cooperative and FSDP2.cooperative_with(self.mesh.tp),
             profile=self.config.plan.profile or backend_profile,
         )
         plan = make_plan(
             list(self.specs.values()),
-            FSDP2.planner_layout(self.shards),
+            self.layout,
             pc,
             cost_model=self.math.cost_model(cast("CostKind", pc.cost)),  # CostModel rejects unknown kinds
         )
@@ -146,8 +154,10 @@ class FSDP2Optimizer:
     def _attest(self, applied: Sequence[str], held: dict[str, Held]) -> Attestation:
         """The plan attestation (canzona.runtime.attest) with its ownership check: ONE all-reduce
         over the shard group, where every element of every parameter is updated once (a matrix's
-        held piece of its row slice, an AdamW parameter's local shard); HSDP replicas repeat it."""
-        mine = {n: (0 if n in set(self.matrix_names) else t.numel()) for n, t in self.local.items()}
+        held piece of its row slice, an AdamW parameter's local shard, counted once where it is
+        replicated over TP); HSDP replicas repeat it."""
+        matrices = set(self.matrix_names)
+        mine = {n: (t.numel() if n not in matrices and self.counted[n] else 0) for n, t in self.local.items()}
         for n in applied:
             mine[n] += held[n].b - held[n].a
         owned = [(n, mine[n], s.numel) for n, s in self.all_specs.items()]
@@ -176,10 +186,10 @@ class FSDP2Optimizer:
         settings = LowerSettings(
             model=model,
             param_bytes=pdtype.itemsize,
-            global_world=self.shards,
+            global_world=self.owners,
             **ns_rounds(self.plan, getattr(self, "math", None), self.device),
         )
-        return lower(self.plan, (), 0, self.rank, settings, FSDP2.planner_layout(self.shards))
+        return lower(self.plan, (), 0, self.rank, settings, self.layout)
 
     @staticmethod
     def _master(local: torch.Tensor) -> torch.Tensor:
@@ -202,9 +212,11 @@ class FSDP2Optimizer:
         return out
 
     def _check(self, grads: dict[str, torch.Tensor]) -> StepInfo:
-        """The step's one reduction (over the shard group: HSDP replicas hold the same gradients)."""
+        """The step's one reduction (over the owner group: HSDP replicas hold the same gradients; a
+        gradient replicated over TP is counted on one TP rank)."""
+        mine = [g for n, g in grads.items() if self.counted[n]]
         with self.timer.phase("check"):
-            norm = grad_norm.global_norm(grad_norm.sum_of_squares(list(grads.values()), self.device), self.group)
+            norm = grad_norm.global_norm(grad_norm.sum_of_squares(mine, self.device), self.group)
         if norm != norm or norm == float("inf"):
             if self.config.nonfinite == "raise":
                 raise NonFiniteGradientError(
@@ -214,8 +226,14 @@ class FSDP2Optimizer:
             return StepInfo(norm, True)
         return StepInfo(norm, False, grad_norm.clip_coefficient(norm, self.config.max_grad_norm))
 
-    def _compute(self, name: str, full_grad: torch.Tensor) -> torch.Tensor:
-        return self.math.direction(full_grad, self.states[name], self.step_count)
+    def _compute(self, name: str, stacked: torch.Tensor) -> torch.Tensor:
+        """The update of a matrix from the pieces the executor assembled, as the executor cuts it
+        back: under TP the pieces are blocks, permuted to the matrix and back (``tiles``)."""
+        tiles = self.tiles.get(name)
+        if tiles is None:
+            return self.math.direction(stacked, self.states[name], self.step_count)
+        u = self.math.direction(tiles.to_matrix(stacked), self.states[name], self.step_count)
+        return tiles.to_stacked(u)
 
     def _apply(self, name: str, update_shard: torch.Tensor) -> None:
         master, cfg = self.masters[name], self.math.config
