@@ -142,7 +142,7 @@ def test_the_lowering_gathers_rooted_buckets_in_one_call_on_nccl_only() -> None:
         owner = [o for o in nccl.ops if o.tag == "owner"]
         assert (strategy == "layerwise") == bool(owner)
         if owner:
-            assert nccl.owner_gather is not None and nccl.owner_gather[1] == "per-root"
+            assert [(og.group, og.mode) for og in nccl.owner_gathers] == [("dp", "per-root")]
             assert [o.kind for o in owner] == ["all_gather"] and len(owner[0].parts) == 4
             by_root = [o.nbytes for o in gloo.ops if o.tag == "owner"]
             assert sum(by_root) == owner[0].nbytes and len(by_root) == sum(1 for w in owner[0].parts if w)

@@ -117,7 +117,9 @@ def build_optimizer(
     experts = None
     if run.layout.ep > 1:  # the stage's every expert is planned on every rank; this rank steps its own
         stage = ps.get_pipeline_model_parallel_rank()
-        stage_specs = list_params(get_transformer(run.model), tp=run.layout.tp, pp=run.layout.pp, stage=stage)
+        stage_specs = list_params(
+            get_transformer(run.model), tp=run.layout.tp, pp=run.layout.pp, stage=stage, split=run.splits
+        )
         experts = ExpertParallel(run.layout.ep, ps.get_expert_data_parallel_group(), tuple(stage_specs))
     # stage_group = this PP stage's TP×DP ranks (stages hold different params, hence different
     # plans); the norm and the non-finite verdict span every stage (the default group).

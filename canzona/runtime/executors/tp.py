@@ -27,7 +27,7 @@ from typing import ClassVar
 import torch
 import torch.distributed as dist
 
-from canzona.models.spec import ParamSpec
+from canzona.models.spec import ParamSpec, RowSplit
 from canzona.plan.schedule import ExecSpec
 from canzona.runtime.collectives import all_gather_flat
 from canzona.runtime.executors.base import Apply, Compute, MatrixExecutor, NoTransfers, ShardOf, StepContext
@@ -59,15 +59,17 @@ class LocalTP(NoTransfers):
     ) -> None:
         self.names = list(spec.names)
         self.specs = specs
-        self.by_shape: dict[tuple[int, ...], list[str]] = {}
+        # a fused matrix under a split view is updated part by part (ctx.compute: canzona.optim.split),
+        # so it batches only with matrices of its shape and the same split
+        self.by_shape: dict[tuple[tuple[int, ...], RowSplit | None], list[str]] = {}
         for n in self.names:
-            self.by_shape.setdefault(specs[n].shape, []).append(n)
+            self.by_shape.setdefault((specs[n].shape, specs[n].split), []).append(n)
 
     def run(self, ctx: StepContext) -> None:
-        for shape, names in self.by_shape.items():
+        for (shape, split), names in self.by_shape.items():
             with ctx.timer.phase("compute"):
                 grads = [ctx.grad_of(n).view(shape) for n in names]
-                if ctx.math is None or len(names) == 1:
+                if ctx.math is None or len(names) == 1 or split is not None:
                     us = [ctx.compute(n, g) for n, g in zip(names, grads, strict=True)]
                 else:
                     us = ctx.math.directions(grads, [ctx.state(n) for n in names], ctx.step)
