@@ -21,6 +21,7 @@ from canzona.optim.base import apply_update
 from canzona.plan.types import PlanConfig
 from canzona.runtime import DistConfig, optimizer_config
 from canzona.runtime.front.bench_fsdp2 import replicate_over_tp
+from canzona.runtime.fsdp2 import FSDP2Optimizer, checkpoint
 from canzona.runtime.fsdp2.layout import default_route
 from tests.runtime_helpers import OPTIONS as RUNTIME_OPTIONS
 
@@ -144,6 +145,14 @@ def parallelize_net(net: Net, mesh_shape: tuple[int, ...], precision: str = "fp3
 def full_weights(net: Net) -> dict[str, torch.Tensor]:
     """Every parameter of a sharded net, assembled whole (a collective: every rank must call it)."""
     return {n: p.full_tensor().detach().clone() for n, p in net.named_parameters()}
+
+
+def held_state(opt: FSDP2Optimizer) -> dict[str, dict[str, dict[str, torch.Tensor]]]:
+    """Matrix states this rank holds (full-matrix space), and every AdamW moment as a full tensor
+    (a collective: every rank must call it); copies, so that training on does not change them."""
+    adam = {n: {k: t.clone() for k, t in checkpoint.adamw_moments(opt, n).items()} for n in opt.adamw_names}
+    full = {n: {k: checkpoint.as_param(opt, n, t).full_tensor() for k, t in m.items()} for n, m in adam.items()}
+    return {"matrix": {n: {k: t.clone() for k, t in st.items()} for n, st in opt.states.items()}, "adamw": full}
 
 
 def fsdp2_config(strategy: str, optimizer: str, max_grad_norm: float | None = None, **opts: Any) -> DistConfig:

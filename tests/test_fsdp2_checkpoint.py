@@ -16,7 +16,7 @@ from canzona.runtime.checkpoint import Chunks
 from canzona.runtime.fsdp2 import FSDP2Optimizer, checkpoint
 from canzona.runtime.fsdp2.layout import default_route
 from canzona.runtime.launch import dp_tp_groups, launch
-from tests.fsdp2_helpers import batch, fsdp2_config, make_net, shard_net
+from tests.fsdp2_helpers import batch, fsdp2_config, held_state, make_net, shard_net
 from tests.runtime_helpers import full_grad, shard
 
 SEED = 5
@@ -34,19 +34,12 @@ def _train(net, opt, rank: int, steps: range) -> None:
         opt.zero_grad()
 
 
-def _held(opt: FSDP2Optimizer) -> dict:
-    """Matrix states this rank holds, and every AdamW moment and master as full tensors."""
-    adam = {n: {k: t.clone() for k, t in checkpoint.adamw_moments(opt, n).items()} for n in opt.adamw_names}
-    full = {n: {k: checkpoint.as_param(opt, n, t).full_tensor() for k, t in m.items()} for n, m in adam.items()}
-    return {"matrix": {n: {k: t.clone() for k, t in st.items()} for n, st in opt.states.items()}, "adamw": full}
-
-
 def _save_and_resume(info, path: str, precision: str) -> dict:
     net, opt = _build((4,), "canzona", precision)
     _train(net, opt, info.rank, range(2))
     dcp.save(net.state_dict(), checkpoint_id=f"{path}/model")
     checkpoint.save(opt, f"{path}/opt")
-    saved = _held(opt)
+    saved = held_state(opt)
     _train(net, opt, info.rank, range(2, 4))
     straight = {n: p.full_tensor() for n, p in net.named_parameters()}
     net2, opt2 = _build((4,), "canzona", precision)
@@ -61,7 +54,7 @@ def _load_elsewhere(info, path: str, precision: str) -> dict:
     net, opt = _build((2,), "asc", precision)
     dcp.load(net.state_dict(), checkpoint_id=f"{path}/model")
     checkpoint.load(opt, f"{path}/opt")
-    return {"held": _held(opt), "step": opt.step_count}
+    return {"held": held_state(opt), "step": opt.step_count}
 
 
 @pytest.mark.multiproc
