@@ -66,9 +66,11 @@ def test_coop_cell_at_32b_reaches_its_bound_and_counts_its_collectives(dp: int, 
 
 @pytest.mark.parametrize(("model", "dp", "tp"), [("qwen3-32b", 256, 1), ("qwen3-4b", 64, 4), ("qwen3-32b", 128, 2)])
 def test_the_kept_plan_has_the_shortest_modelled_step(model: str, dp: int, tp: int) -> None:
-    """Groups' block cuts add DP calls at TP 1 (Qwen3-32B DP256: fc1 pairs would save 25 ms of
-    Newton–Schulz and add 27 ms of per-slice calls), so the planner weighs compute plus DP time:
-    no candidate it weighed has a shorter step, and cooperation is kept only for a 2% compute saving."""
+    """Groups' block cuts add DP calls at TP 1 (Qwen3-32B DP256: fc1 pairs save 13.7 ms of
+    Newton–Schulz and add 9.7 ms of calls, with the rooted parameter gathers one coalesced
+    all_gather on NCCL; as separate broadcasts they added more than they saved), so the planner
+    weighs compute plus DP time: no candidate it weighed has a shorter step, and cooperation is
+    kept only for a 2% compute saving."""
     params = list_params(get_model(model))
     lay = Layout(dp=dp, tp=tp)
     cands = stage_candidates(params, lay, PlanConfig(cost="flops"), cost_model=CM)
@@ -84,9 +86,9 @@ def test_the_kept_plan_has_the_shortest_modelled_step(model: str, dp: int, tp: i
     assert total <= compute + comm
     if kept.coop:
         assert total < compute * (1 - COOP_MIN_SAVING) + comm
-    if (model, tp) == ("qwen3-32b", 1):  # compute alone would keep pairs, the step would not shorten
+    if (model, tp) == ("qwen3-32b", 1):  # compute alone keeps pairs; the step decides (above)
         best = min(max(gpu_loads(p).flat_cost()) for p in coops)
-        assert best < max(gpu_loads(plain).flat_cost()) and not kept.coop
+        assert best < max(gpu_loads(plain).flat_cost())
 
 
 @pytest.mark.multiproc

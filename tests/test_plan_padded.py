@@ -205,8 +205,11 @@ def test_expert_parallelism_plans_experts_inside_their_expert_dp_groups() -> Non
     assert {b.ep_rank for b in plan.dp.buckets} == {None, 0, 1}
     m = plan_metrics([plan])
     assert m["ep"] == 2 and 0 < m["efficiency"] <= 1
-    with pytest.raises(ConfigError, match="EP > 1"):
-        plan_model(moe, layout, PlanConfig(strategy="asc"))
+    # every strategy plans EP (Strategy.ep_algos): asc cuts each bucket over its own group
+    (asc,) = plan_model(moe, layout, PlanConfig(strategy="asc", bucket_size=1000))
+    aom = asc.dp.owner_map()
+    for b in asc.dp.buckets:
+        assert all(set(aom[e.name]) <= set(layout.group_ranks(b.ep_rank)) for e in b.entries)
     with pytest.raises(ConfigError, match="EP=3"):
         plan_model(moe, Layout(dp=3, ep=3), PlanConfig())
 

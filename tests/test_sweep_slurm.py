@@ -298,7 +298,10 @@ def _record(cell) -> dict:
         "provenance_detail": "test",
         "config": cfg,
         "env": {"device": "gpu"},
-        "timings": {"step_ms": {"median": 1.0, "p90": 1.0, "n": 1}},
+        "timings": {
+            "step_ms": {"median": 1.0, "p90": 1.0, "n": 1},
+            "iteration_ms": {"median": 2.0, "p90": 2.0, "n": 1},
+        },
         "loss": None,
         "cell": cell_key(cfg),
         "plan": {"stages": None, "missing": "fake harness (tests): no plan"},
