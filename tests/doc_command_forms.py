@@ -186,10 +186,11 @@ FORMS: dict[str, Forms] = {
     ),
     "canzona sweep run slurm/sweeps/local.toml": Forms(
         (
-            "canzona sweep run slurm/sweeps/local.toml --only method=canzona --only ns_dtype=bf16 --only tp=2"
-            " --runs-dir {tmp}/runs --results-dir {tmp}/results --no-progress",
+            "canzona sweep run slurm/sweeps/local.toml --only method=canzona --only ns_dtype=fp32 --only tp=2"
+            " --only model=qwen3-tiny --runs-dir {tmp}/runs --results-dir {tmp}/results --no-progress",
         ),
-        "one of its 14 cells (qwen3-tiny, 4 forked gloo ranks) into fresh folders",
+        "one of its cells (qwen3-tiny, 4 forked gloo ranks) into fresh folders; Newton–Schulz in fp32, since a "
+        "CPU without AVX-512 BF16 emulates bf16 matmuls (19 s here, where the bf16 cell ran past its 240 s limit)",
         ("multiproc", "megatron"),
     ),
     "canzona sweep run slurm/sweeps/table2.toml --backend slurm --profile P.toml --dry-run [--out DIR]": Forms(
