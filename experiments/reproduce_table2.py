@@ -12,8 +12,8 @@ default a reduced run (a few minutes on 2 cores) that still writes every artifac
 ``--full`` (``make reproduce-table2 FULL=1``) runs every cell, bench run and planner suite:
 
   1. local-sweep  MEASURED on this CPU: the scaled-down sweep (slurm/sweeps/local.toml,
-                  qwen3-tiny and qwen3-32b-w16, 4 forked gloo ranks; reduced: qwen3-tiny
-                  DP2xTP2, one number format), today's Megatron (megatron-layerwise) beside
+                  qwen3-tiny and qwen3-32b-w16, 4 forked gloo ranks; reduced: both at
+                  DP2xTP2, Newton–Schulz in this CPU's native format), today's Megatron (megatron-layerwise) beside
                   every strategy, its peer environment built first when missing
                   (make megatron-peer-env; on failure one line says why, the rest runs)
                   -> results/table2-local.jsonl
@@ -122,20 +122,28 @@ QUICK_BENCH = ("dp2_tp2", "w16_dp2_tp2_nsfp32")
 
 
 def quick_cell(cell: Cell) -> bool:
-    """The reduced sweep's cells: qwen3-tiny at DP2×TP2 (Canzona's DP partition and TP micro-groups
-    both run), Newton–Schulz in bf16 (the format every method shares), every method but the peer
-    that leaves Megatron's distributed optimizer off on gloo: today's Megatron (megatron-layerwise)
-    is the peer a user compares with; the other runs with FULL=1."""
+    """The reduced sweep's cells: DP2×TP2 (Canzona's DP partition and TP micro-groups both run) on
+    qwen3-tiny (every method) and on Qwen3-32B's structure at 1/16 width, Newton–Schulz in the format
+    this CPU computes natively (bf16 with AVX512-BF16 or AMX, else fp32: torch emulates bf16 matmuls
+    elsewhere, some 100x slower), every method and today's Megatron (megatron-layerwise) in that same
+    format. The peer that leaves Megatron's distributed optimizer off on gloo runs with FULL=1."""
     from canzona.spec.methods import get_method
 
     lay, method = cell.spec.layout, get_method(cell.spec.plan.method)
     return (
-        cell.spec.model == "qwen3-tiny"
+        cell.spec.model in ("qwen3-tiny", "qwen3-32b-w16")
         and lay.dp == 2
         and lay.tp == 2
-        and cell.spec.optim.ns_dtype == "bf16"
+        and cell.spec.optim.ns_dtype == native_ns_dtype()
         and (not method.peer or method.sharded_update)
     )
+
+
+def native_ns_dtype() -> str:
+    """The Newton–Schulz format this machine's CPU computes natively ("bf16" or "fp32")."""
+    from canzona.optim.precision import compute_dtype_name
+
+    return compute_dtype_name("auto", "cpu")
 
 
 # Step budgets in seconds on our idle 2-core VM (README "Set up"): reduced from the CPU time each step
@@ -616,7 +624,8 @@ def default_steps(full: bool) -> list[Step]:
     sweep = (
         "every cell: qwen3-tiny at DPxTP 2x2 and 4x1, NS bf16 and fp32, qwen3-32b-w16 at 2x2, NS fp32"
         if full
-        else "DPxTP 2x2, NS bf16, every strategy and today's Megatron (megatron-layerwise, peer environment)"
+        else f"qwen3-tiny and qwen3-32b-w16 at DPxTP 2x2, NS {native_ns_dtype()} (this CPU's native format), "
+        "every strategy and today's Megatron (megatron-layerwise, peer environment)"
     )
     bench = (
         "every run of BENCH_RUNS: qwen3-tiny and qwen3-32b-w16 (Qwen3-32B's structure at 1/16 width) at DPxTP 2x2 "
