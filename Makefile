@@ -9,6 +9,9 @@ TORCHTITAN_SPEC ?= torchtitan==0.3.0
 TORCHDATA_SPEC ?= torchdata==0.11.0
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.canzona-installed
+# Both environments install this tree in editable mode, which writes canzona.egg-info here: one at a
+# time when reproduce-table2 builds them side by side.
+EDITABLE_LOCK := .canzona-editable.lock
 PYTEST_ARGS ?= -n 2 -q
 
 .PHONY: help install lint test test-fast test-hypothesis test-slurm slurm-up slurm-down mutants reproduce-table2 table2 notebook planner-bench bench-step bench-ns soak clean-venv megatron-peer-env gpu-check gpu-wheels
@@ -38,7 +41,7 @@ $(VPY):
 
 $(STAMP): pyproject.toml | $(VPY)
 	$(VPY) -m pip install -q "$(TORCH_SPEC)"
-	$(VPY) -m pip install -q -e ".[test,megatron,fsdp2-peers,torchtitan]"
+	flock $(EDITABLE_LOCK) $(VPY) -m pip install -q -e ".[test,megatron,fsdp2-peers,torchtitan]"
 	@# torchtitan pins torch and more (its imports' needs are the torchtitan extra); it needs Python >= 3.11
 	if $(VPY) -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then \
 		$(VPY) -m pip install -q --no-deps "$(TORCHTITAN_SPEC)" "$(TORCHDATA_SPEC)"; \
@@ -93,7 +96,12 @@ mutants: $(STAMP)
 # optionally SWEEP=slurm/sweeps/<x>.toml (default table2.toml), WAIT=1 and PLANNER=1 (the planner
 # analysis after waiting); otherwise the embedded local default (CLUSTER=local forces it): a reduced
 # run of a few minutes that writes every Table-2 artifact, or with FULL=1 every cell, bench run and suite.
-reproduce-table2: $(STAMP)
+# Without a cluster profile (the embedded default) the peer environment builds beside the main one:
+# two single-threaded pip installs side by side on 2 cores. The peer's is optional: when it fails
+# the run says why and goes on without the peer (experiments/reproduce_table2.py: peer_env).
+reproduce-table2:
+	$(if $(PROFILE),,-$(MAKE) --no-print-directory -j2 $(STAMP) $(PEER_STAMP))
+	$(MAKE) --no-print-directory $(STAMP)
 	$(VPY) experiments/reproduce_table2.py $(if $(CLUSTER),--cluster $(CLUSTER)) $(if $(PROFILE),--profile $(PROFILE)) $(if $(SWEEP),--sweep $(SWEEP)) $(if $(WAIT),--wait) $(if $(PLANNER),--planner) $(if $(FULL),--full)
 
 # Collect finished sweeps (runs/<sweep>/ -> results/<sweep>.jsonl) and rebuild results/table2.*.
@@ -153,7 +161,7 @@ $(PEER_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(PEER_VENV)
 	$(PEER_PY) -m pip install -q --upgrade pip
 	$(PEER_PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PEER_PY) -m pip install -q -e ".[test]" "numpy" "packaging>=24.2" "typing_extensions>=4.4" absl-py triton
+	flock $(EDITABLE_LOCK) $(PEER_PY) -m pip install -q -e ".[test]" "numpy" "packaging>=24.2" "typing_extensions>=4.4" absl-py triton
 	$(PEER_PY) -m pip install -q --ignore-requires-python --no-deps "$(PEER_MEGATRON)" emerging-optimizers
 	echo "import typing, typing_extensions; typing.override = getattr(typing, 'override', typing_extensions.override)" \
 		> "$$($(PEER_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/canzona_typing_override.pth"

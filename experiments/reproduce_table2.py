@@ -12,7 +12,7 @@ default a reduced run (a few minutes on 2 cores) that still writes every artifac
 ``--full`` (``make reproduce-table2 FULL=1``) runs every cell, bench run and planner suite:
 
   1. local-sweep  MEASURED on this CPU: the scaled-down sweep (slurm/sweeps/local.toml,
-                  qwen3-tiny and qwen3-32b-w16, 4 forked gloo ranks; reduced: both at
+                  qwen3-tiny and qwen3-32b-w16, 4 forked gloo ranks; reduced: qwen3-32b-w16
                   DP2xTP2, Newton–Schulz in this CPU's native format), today's Megatron (megatron-layerwise) beside
                   every strategy, its peer environment built first when missing
                   (make megatron-peer-env; on failure one line says why, the rest runs)
@@ -109,6 +109,12 @@ BENCH_RUNS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
         True,
     ),
     (
+        "w16_dp2_tp2_nsfp32_paper",  # Canzona without cooperation (paper-compatible) beside it
+        ("--model", "qwen3-32b-w16", "--bucket-size", "156250", "--dp", "2", "--tp", "2", "--ns-dtype", "fp32")
+        + ("--strategies", "layerwise,canzona,canzona:cooperative=false"),
+        False,
+    ),
+    (
         "w16_dp4_tp1_nsfp32",
         ("--model", "qwen3-32b-w16", "--bucket-size", "156250", "--dp", "4", "--tp", "1", "--ns-dtype", "fp32"),
         True,
@@ -116,22 +122,25 @@ BENCH_RUNS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
     ("widefc1_dp4_tp1", _WIDE, True),
     ("widefc1_dp4_tp1_nsfp32", (*_WIDE, "--ns-dtype", "fp32"), True),
 )
-# The reduced default's bench runs: one per structure Table 2's measured section shows (qwen3-tiny with
-# every strategy; Qwen3-32B's structure at 1/16 width in fp32 Newton–Schulz, what the projection validates).
-QUICK_BENCH = ("dp2_tp2", "w16_dp2_tp2_nsfp32")
+# The reduced default's bench runs: Qwen3-32B's structure at 1/16 width in fp32 Newton–Schulz (what the
+# projection validates), every strategy, and Canzona without cooperation beside it (the paper's method,
+# JSON only: the results schema keys a cell by method, not by cooperation). qwen3-tiny's runs: FULL=1.
+QUICK_BENCH = ("w16_dp2_tp2_nsfp32", "w16_dp2_tp2_nsfp32_paper")
 
 
 def quick_cell(cell: Cell) -> bool:
-    """The reduced sweep's cells: DP2×TP2 (Canzona's DP partition and TP micro-groups both run) on
-    qwen3-tiny (every method) and on Qwen3-32B's structure at 1/16 width, Newton–Schulz in the format
-    this CPU computes natively (bf16 with AVX512-BF16 or AMX, else fp32: torch emulates bf16 matmuls
-    elsewhere, some 100x slower), every method and today's Megatron (megatron-layerwise) in that same
-    format. The peer that leaves Megatron's distributed optimizer off on gloo runs with FULL=1."""
+    """The reduced sweep's cells: Qwen3-32B's structure at 1/16 width at DP2×TP2 (Canzona's DP
+    partition and TP micro-groups both run, many matrices per rank as in the 32B rows), every method
+    and today's Megatron (megatron-layerwise), Newton–Schulz in the format this CPU computes natively
+    (bf16 with AVX512-BF16 or AMX, else fp32: torch emulates bf16 matmuls elsewhere, some 100x
+    slower) for all of them alike. qwen3-tiny's cells (a few matrices per rank, 2-3x slower per
+    iteration on CPU) and the peer that leaves Megatron's distributed optimizer off on gloo run with
+    FULL=1, which keeps the default main job within its few minutes."""
     from canzona.spec.methods import get_method
 
     lay, method = cell.spec.layout, get_method(cell.spec.plan.method)
     return (
-        cell.spec.model in ("qwen3-tiny", "qwen3-32b-w16")
+        cell.spec.model == "qwen3-32b-w16"
         and lay.dp == 2
         and lay.tp == 2
         and cell.spec.optim.ns_dtype == native_ns_dtype()
@@ -624,14 +633,15 @@ def default_steps(full: bool) -> list[Step]:
     sweep = (
         "every cell: qwen3-tiny at DPxTP 2x2 and 4x1, NS bf16 and fp32, qwen3-32b-w16 at 2x2, NS fp32"
         if full
-        else f"qwen3-tiny and qwen3-32b-w16 at DPxTP 2x2, NS {native_ns_dtype()} (this CPU's native format), "
+        else f"qwen3-32b-w16 at DPxTP 2x2, NS {native_ns_dtype()} (this CPU's native format), "
         "every strategy and today's Megatron (megatron-layerwise, peer environment)"
     )
     bench = (
         "every run of BENCH_RUNS: qwen3-tiny and qwen3-32b-w16 (Qwen3-32B's structure at 1/16 width) at DPxTP 2x2 "
         "and 4x1, bf16 parameters, cooperative Newton–Schulz on qwen3-tiny-widefc1"
         if full
-        else "qwen3-tiny (every strategy) and qwen3-32b-w16 (Qwen3-32B's structure at 1/16 width, NS fp32), DPxTP 2x2"
+        else "qwen3-32b-w16 (Qwen3-32B's structure at 1/16 width, NS fp32), DPxTP 2x2, every strategy, and Canzona "
+        "without cooperation (paper-compatible) beside it"
     )
     return [
         Step(

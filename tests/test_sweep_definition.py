@@ -157,13 +157,13 @@ def test_local_sweep_is_the_scaled_down_table2():
     # every method in both Newton-Schulz formats (bf16: the peer's own default; a CPU runs one natively)
     for fmt in ("bf16", "fp32"):
         assert {c["method"] for c in tiny if c["ns_dtype"] == fmt} == {"sc", "layerwise", "asc", "canzona", *peers}
-    # Qwen3-32B's structure: Canzona, its paper's baseline and today's Megatron, fp32 Newton-Schulz
+    # Qwen3-32B's structure: every strategy and today's Megatron, both formats
     w16 = [c for c in cfg if c["model"] == "qwen3-32b-w16"]
     assert {(c["method"], c["ns_dtype"]) for c in w16} == {
-        (m, "fp32") for m in ("layerwise", "canzona", "megatron-layerwise")
+        (m, f) for m in ("sc", "layerwise", "asc", "canzona", "megatron-layerwise") for f in ("bf16", "fp32")
     }
     assert all(c.config()["device"] == "cpu" and c.config()["dtype"] == "fp32" and c.time_min == 4 for c in cells)
-    assert len(cells) == 27 and len({c.key for c in cells}) == 27
+    assert len(cells) == 34 and len({c.key for c in cells}) == 34
 
 
 GOOD = {
