@@ -92,6 +92,7 @@ STEP_NAMES = (
 _ALL = "sc,layerwise,asc,canzona,canzona:cooperative=false"
 _WIDE = ("--model", "qwen3-tiny-widefc1", "--dp", "4", "--tp", "1")
 _WIDE += ("--strategies", "layerwise,canzona,canzona:cooperative=false")
+_W16_DP2_TP2 = ("--model", "qwen3-32b-w16", "--bucket-size", "156250", "--dp", "2", "--tp", "2")
 BENCH_RUNS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
     ("dp2_tp2", ("--model", "qwen3-tiny", "--dp", "2", "--tp", "2", "--strategies", _ALL), True),
     ("dp4_tp1", ("--model", "qwen3-tiny", "--dp", "4", "--tp", "1", "--strategies", _ALL), True),
@@ -110,8 +111,7 @@ BENCH_RUNS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
     ),
     (
         "w16_dp2_tp2_nsfp32_paper",  # Canzona without cooperation (paper-compatible) beside it
-        ("--model", "qwen3-32b-w16", "--bucket-size", "156250", "--dp", "2", "--tp", "2", "--ns-dtype", "fp32")
-        + ("--strategies", "layerwise,canzona,canzona:cooperative=false"),
+        (*_W16_DP2_TP2, "--ns-dtype", "fp32", "--strategies", "layerwise,canzona,canzona:cooperative=false"),
         False,
     ),
     (

@@ -42,13 +42,40 @@ def test_gpu_load_data_bound_and_balance() -> None:
     assert max(loads["canzona"]) <= max(loads["sc"])
 
 
-def test_alpha_curve_columns() -> None:
-    from canzona.analysis.plots import alpha_curve
+def test_alpha_study_columns_and_its_subject(tmp_path: Path) -> None:
+    import pandas as pd
 
-    c = alpha_curve("qwen3-micro", 2, 2, alphas=(0.0, 1.0), profile="H800", algos=("blend", "refine"))
+    from canzona.analysis.projection.alpha_study import alpha_study, is_alpha_study_of
+
+    c = alpha_study("qwen3-micro", 2, 2, alphas=(0.0, 1.0), profile="H800", algos=("blend", "refine"))
     assert list(c["alpha"]) == [0.0, 1.0, 0.0, 1.0] and list(c["algo"]) == ["blend", "blend", "refine", "refine"]
     assert {"compute_balance", "comm_balance", "lower_bound", "step_ms"} <= set(c.columns)
     assert (c["compute_balance"] >= 1.0 - 1e-9).all()
+    # read back as projection_alpha.csv: it is the study of this subject, and of no other
+    c.to_csv(tmp_path / "projection_alpha.csv", index=False)
+    back = pd.read_csv(tmp_path / "projection_alpha.csv")
+    assert is_alpha_study_of(back, "qwen3-micro", 2, 2, 1, "H800")
+    assert not is_alpha_study_of(back, "qwen3-micro", 2, 1, 1, "H800")
+    assert not is_alpha_study_of(back, "qwen3-micro", 2, 2, 1, "H100")
+    assert not is_alpha_study_of(back.drop(columns="model"), "qwen3-micro", 2, 2, 1, "H800")
+
+
+def test_figures_draw_a_given_alpha_study_without_planning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """table2 and the notebook pass projection_alpha.csv: the α figure is drawn from it, no plan made."""
+    from canzona.analysis import plots
+    from canzona.analysis.projection.alpha_study import alpha_study
+
+    study = alpha_study("qwen3-micro", 2, 2, alphas=(0.0, 1.0), profile="H800", algos=("blend",))
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the α study was computed again")
+
+    monkeypatch.setattr(plots, "alpha_study", refuse)
+    cells = aggregate_cells(load_results(GOOD))
+    files = plots.write_figures(
+        build_table2(cells), cells, tmp_path, model="qwen3-micro", dp=2, tp=2, pp=1, profile="H800", alpha=study
+    )
+    assert files["alpha"].stat().st_size > 0
 
 
 def _table2_cli(argv: list[str]) -> int:
@@ -103,7 +130,7 @@ def test_notebook_executes_from_analysis_and_from_the_root(tmp_path: Path, cwd: 
     assert len(params) == 1, "the notebook needs exactly one cell tagged 'parameters'"
     rel = [str(f.relative_to(REPO)) for f in GOOD]
     params[0].source = (
-        f"RESULTS = {rel!r}\nOUT = {str(figs)!r}\nVALIDATION = None\nBATCH = None\nPLANNER = None\n"
+        f"RESULTS = {rel!r}\nOUT = {str(figs)!r}\nVALIDATION = None\nBATCH = None\nPLANNER = None\nALPHA = None\n"
         "PLOT_MODEL = 'qwen3-micro'\nPLOT_LAYOUT = (2, 2, 1)\nPLOT_PROFILE = 'H800'\n"
     )
     client = nbclient.NotebookClient(
@@ -129,7 +156,7 @@ def test_notebook_default_parameters_name_repository_paths() -> None:
     ns: dict = {}
     exec(params.source, ns)
     assert ns["RESULTS"] == ["results"]
-    for key in ("VALIDATION", "BATCH", "PLANNER"):
+    for key in ("VALIDATION", "BATCH", "PLANNER", "ALPHA"):
         assert not Path(ns[key]).is_absolute() and ns[key].startswith("results/")
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     assert "REPO_ROOT" in code and "at_repo(r) for r in RESULTS" in code

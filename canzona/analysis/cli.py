@@ -25,6 +25,7 @@ SECTIONS = (
     ("batch", "projection_batch.csv", "canzona project --preset paper --out DIR"),
     ("beyond", "projection_beyond.csv", "canzona project --preset paper --out DIR"),
     ("lineages", "projection_lineages.csv", "canzona project --preset paper --out DIR"),
+    ("alpha", "projection_alpha.csv", "canzona project --preset paper --out DIR"),
     ("authors_sensitivity", "projection_authors.csv", "canzona project --preset authors --out DIR"),
     ("planner", "planner/efficiency.csv", "canzona plan-bench --out DIR/planner"),
 )
@@ -136,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
             pp=pp,
             profile=args.plot_profile,
             batch=batch,
+            alpha=frames.get("alpha"),
         )
         for f in figs.values():
             print(f"wrote {f}")

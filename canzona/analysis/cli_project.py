@@ -289,6 +289,7 @@ def _write_preset(name: str, out: Path, profiles: list[Any] | None) -> int:
 
     from canzona.analysis.aggregate import PAPER_OPTIMIZER
     from canzona.analysis.projection import load_profile, project_grid, projected_env, to_record
+    from canzona.analysis.projection.alpha_study import HEADLINE, alpha_study
     from canzona.analysis.projection.presets import get_preset
     from canzona.analysis.projection.studies import (
         authors_sensitivity,
@@ -313,6 +314,7 @@ def _write_preset(name: str, out: Path, profiles: list[Any] | None) -> int:
             "projection_batch.csv": batch_study(profs),
             "projection_beyond.csv": beyond_study([load_profile("H800")]),
             "projection_lineages.csv": lineage_study("H800"),
+            "projection_alpha.csv": alpha_study(*HEADLINE[:4], profile=HEADLINE[4]).to_dict("records"),
         }
     if name == "authors":
         studies = {"projection_authors.csv": authors_sensitivity("H800")}

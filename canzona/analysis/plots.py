@@ -8,7 +8,8 @@
 
 Why these four: they are the paper's argument in pictures -- where the step time goes, that
 the planner reaches the atomic lower bound, and what α buys. The last two come straight from
-the planner (``gpu_load_data``, ``alpha_curve``), the first two from aggregated result lines.
+the planner (``gpu_load_data``, ``canzona.analysis.projection.alpha_study``), the first two from
+aggregated result lines.
 """
 
 from __future__ import annotations
@@ -18,15 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from canzona.analysis.aggregate import PAPER_OPTIMIZER, finite, method_order
+from canzona.analysis.projection.alpha_study import alpha_study, is_alpha_study_of
 from canzona.analysis.speedup_plots import machine_of, method_color, plot_headline, plot_measured
 from canzona.results.figures import pyplot, save_figure
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from canzona.plan.types import Plan
 
-ALPHAS = tuple(i / 10 for i in range(11))  # α from 0 to 1 in steps of 0.1
 PHASE_ORDER = ("grad_sync", "check", "tp_gather", "compute", "tp_scatter", "param_sync")
 PHASE_COLORS = {
     "grad_sync": "#1f77b4",
@@ -248,68 +248,6 @@ def gpu_load_data(
     return loads, bounds
 
 
-def worst_bucket_padding(plans: Sequence[Plan]) -> float:
-    """Largest, over stages and buckets, of (DP x the bucket's longest slice) / bucket size: how
-    much larger than an equal split one padded collective is (1 = equal slices; plans without
-    cuts: 1)."""
-    worst = 1.0
-    for p in plans:
-        for b, c in zip(p.dp.buckets, p.dp.cuts, strict=False):
-            widths = [c[r + 1] - c[r] for r in range(len(c) - 1)]
-            if b.size:
-                worst = max(worst, len(widths) * max(widths) / b.size)
-    return worst
-
-
-def alpha_curve(
-    model: str,
-    dp: int,
-    tp: int,
-    pp: int = 1,
-    alphas: Sequence[float] = ALPHAS,
-    profile: str | None = "H800",
-    optimizer: str = "muon",
-    algos: Sequence[str] = ("blend", "greedy", "refine"),
-) -> pd.DataFrame:
-    """Canzona plans across α for each DP algorithm: compute and slice-bytes balance
-    (``plan_metrics``) and, with a profile, the projected step (overlap view ``none``)."""
-    import pandas as pd
-
-    from canzona.analysis.projection import Scenario, load_profile, make_plans, project
-    from canzona.plan import plan_metrics
-    from canzona.plan.types import Layout
-
-    prof = load_profile(profile) if profile else None
-    rows = []
-    for algo in algos:
-        for a in alphas:
-            s = Scenario(
-                model,
-                Layout(dp, tp, pp),
-                "canzona",
-                optimizer=optimizer,
-                alpha=a,
-                dp_algo=algo,
-                global_batch=max(dp, 1),
-                seq_len=1,
-            )
-            plans = make_plans(s)
-            met = plan_metrics(plans)
-            row = {
-                "algo": algo,
-                "alpha": a,
-                "compute_balance": met["compute_balance"],
-                "comm_balance": met["comm_balance"],
-                "lower_bound": met["lower_bound"],
-                "padding_bytes": met["padding_bytes"],
-                "worst_bucket_padding": worst_bucket_padding(plans),
-            }
-            if prof is not None:
-                row["step_ms"] = project(s, prof, plans).step_ms
-            rows.append(row)
-    return pd.DataFrame(rows)
-
-
 def write_figures(
     table: pd.DataFrame,
     cells: pd.DataFrame,
@@ -321,9 +259,12 @@ def write_figures(
     pp: int = 1,
     profile: str | None = "H800",
     batch: pd.DataFrame | None = None,
+    alpha: pd.DataFrame | None = None,
 ) -> dict[str, Path]:
     """The figures into ``out_dir``: headline, measured, phases, gpu_load, alpha, and batch when ``batch``
-    (``projection_batch.csv``) is given; the planner figures use (model, dp, tp, pp)."""
+    (``projection_batch.csv``) is given; the planner figures use (model, dp, tp, pp). ``alpha`` is
+    ``projection_alpha.csv`` (``canzona project --preset paper``), drawn when it is the α study of
+    this (model, layout, profile); otherwise the study is computed here (33 plans: half a minute)."""
     out = Path(out_dir)
     if not cells.empty:  # phase panels: measured rows first, then the figure's model, then the rest
         order = cells.apply(lambda r: (r["provenance"] != "measured", r["model"] != model), axis=1)
@@ -340,7 +281,8 @@ def write_figures(
         out / "gpu_load.png",
         f"Per-GPU optimizer load, {model} dp{dp}·tp{tp}·pp{pp} (Muon, TFLOP per step)",
     )
-    curve = alpha_curve(model, dp, tp, pp, profile=profile)
+    curve = alpha if alpha is not None and is_alpha_study_of(alpha, model, dp, tp, pp, profile) else None
+    curve = curve if curve is not None else alpha_study(model, dp, tp, pp, profile=profile)
     files["alpha"] = plot_alpha(
         curve,
         out / "alpha.png",

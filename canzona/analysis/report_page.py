@@ -51,6 +51,11 @@ def claim_rows(table: pd.DataFrame, profile: str) -> list[list[str]]:
     return out
 
 
+# What measured a validated step: bench-step's optimizer step alone (20 steps), or the step inside a
+# training iteration of the harness (`canzona train`, the sweep's cells).
+MEASURED_BY = {"step": "bench-step", "train": "train (sweep cell)"}
+
+
 def _validation_lines(validation: pd.DataFrame | None) -> list[str]:
     if validation is None or validation.empty:
         return ["_No validation: run `canzona project --validate` (make reproduce-table2 does)._"]
@@ -59,7 +64,13 @@ def _validation_lines(validation: pd.DataFrame | None) -> list[str]:
         return ["_No measured cell is in the calibration's format; see projection_validation.csv._"]
     cols = ("model", "layout", "method")
     rows = [
-        [*(r[c] for c in cols), f"{r['measured_ms']:.1f}", f"{r['projected_ms']:.1f}", f"{r['error']:+.0%}"]
+        [
+            *(r[c] for c in cols),
+            MEASURED_BY.get(str(r.get("kind")), str(r.get("kind"))),
+            f"{r['measured_ms']:.1f}",
+            f"{r['projected_ms']:.1f}",
+            f"{r['error']:+.0%}",
+        ]
         for r in steps.to_dict("records")
     ]
     profile = ", ".join(sorted(set(steps["profile"].astype(str))))
@@ -68,7 +79,7 @@ def _validation_lines(validation: pd.DataFrame | None) -> list[str]:
         f"Step projected with the `{profile}` profile against the measured step of each cell "
         f"(error = projected / measured − 1; worst {worst:.0%}, goal ≤ 25%; per phase in table2.md):",
         "",
-        markdown_table(["model", "dp·tp·pp", "method", "measured ms", "projected ms", "error"], rows),
+        markdown_table(["model", "dp·tp·pp", "method", "measured by", "measured ms", "projected ms", "error"], rows),
     ]
 
 
