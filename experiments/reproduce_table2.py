@@ -155,22 +155,21 @@ def native_ns_dtype() -> str:
     return compute_dtype_name("auto", "cpu")
 
 
-# Step budgets in seconds on our idle 2-core VM (README "Set up"): reduced from the CPU time each step
-# took at 413d765 (the 4-rank steps' halved for two cores), full from the step times measured before.
-# They are what the progress line's estimate of the rest is made of, scaled by how fast this run has
-# gone so far against them (a loaded machine finishes later, and the estimate says so). The reduced
-# sweep's budget adds its fifth cell (megatron-layerwise) at the others' pace; building the peer
-# environment when it is missing (the CPU time of its pip installs, 100 s on a loaded VM) is on top.
+# Step budgets in seconds on our idle 2-core VM (README "Set up"): reduced from the wall time each step
+# took at b342f7b (a VM without AVX-512, NS fp32; the α study since moved from table2 and the notebook
+# into the projection), full from the step times measured before. They are what the progress line's
+# estimate of the rest is made of, scaled by how fast this run has gone so far against them (a loaded
+# machine finishes later, and the estimate says so). Building the environments is before the script.
 BUDGET_S: dict[str, dict[str, float]] = {
     "reduced": {
-        "local-sweep": 50,
-        "bench-step": 50,
+        "local-sweep": 67,
+        "bench-step": 41,
         "planner": 10,
-        "projection": 75,
-        "calibration": 30,
-        "validation": 5,
-        "table2": 40,
-        "notebook": 40,
+        "projection": 72,
+        "calibration": 22,
+        "validation": 4,
+        "table2": 14,
+        "notebook": 12,
     },
     "full": {
         "local-sweep": 420,
