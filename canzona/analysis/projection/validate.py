@@ -81,6 +81,9 @@ def validate_against(
             cost=cost,
             bucket_size=bucket,
             overlap=overlap,
+            # as the line ran: a step benchmark records SP unresolved (None) and runs no fwd/bwd
+            sequence_parallel=r.get("sequence_parallel") is True,
+            **{k: r.get(k) is True for k in ("split_qkv", "split_gate_up")},
         )
         p = cache.get((s,)) or project(s, profile)
         cache[(s,)] = p
