@@ -83,7 +83,8 @@ def validate_against(
             overlap=overlap,
             # as the line ran: a step benchmark records SP unresolved (None) and runs no fwd/bwd
             sequence_parallel=r.get("sequence_parallel") is True,
-            **{k: r.get(k) is True for k in ("split_qkv", "split_gate_up")},
+            split_qkv=r.get("split_qkv") is True,
+            split_gate_up=r.get("split_gate_up") is True,
         )
         p = cache.get((s,)) or project(s, profile)
         cache[(s,)] = p
