@@ -76,13 +76,13 @@ class Cell:
     def adamw(self) -> list[ParamSpec]:
         return [p for p in self.params if p.route != "matrix"]
 
-    def parts(self, p: ParamSpec, rows: int) -> list[tuple[int, int]]:
+    def parts(self, p: ParamSpec, shape: tuple[int, ...]) -> list[tuple[int, int]]:
         """The matrices Megatron's Muon orthogonalises for ``p`` when the gradient it holds (a TP
-        shard, or the gathered matrix) has ``rows`` rows. A QKV weight under ``muon_split_qkv``
+        shard, or the gathered matrix) has ``shape``. A QKV weight under ``muon_split_qkv``
         (``TensorParallelMuon.orthogonalize``): viewed as (query groups, q + k + v, cols), cut along
         dim 1 into Q, K and V, each reshaped to (groups · width, cols) and orthogonalised on its own
         (in TP ``duplicated`` mode each part is all-gathered separately); any other matrix whole."""
-        cols = p.shape[1]
+        rows, cols = shape[0], shape[1]
         if not (self.qkv_split and p.name.endswith(QKV_SUFFIX)):
             return [(rows, cols)]
         groups, rest = divmod(rows, sum(self.qkv_split))
@@ -217,7 +217,7 @@ class StepBuilder:
 
     def build(self) -> StageProjection:
         lay = self.cell.layout
-        work = [self.cell.flops(s) for p in self.cell.matrices for s in self.cell.parts(p, p.shape[0])]
+        work = [self.cell.flops(s) for p in self.cell.matrices for s in self.cell.parts(p, p.shape)]
         total, atom = sum(work), max(work, default=0.0)
         lb = max(total / (lay.dp * lay.tp), atom)  # the atomic lower bound, as Canzona's stages report it
         return StageProjection(

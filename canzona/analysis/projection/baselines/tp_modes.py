@@ -33,16 +33,16 @@ def run_tp_mode(b: StepBuilder, mode: str, d: int, owned: Sequence[ParamSpec]) -
     """Charge DP rank ``d``'s owned matrices on each of its TP ranks in ``mode``."""
     tp, cell = b.cell.layout.tp, b.cell
     split = [p for p in owned if p.partition_dim is not None and tp > 1]
-    whole = [s for p in owned if not (p.partition_dim is not None and tp > 1) for s in cell.parts(p, p.shape[0])]
+    whole = [s for p in owned if not (p.partition_dim is not None and tp > 1) for s in cell.parts(p, p.shape)]
     for t in range(tp):
         b.compute((d, t), whole)
     if mode == "blockwise":
         for t in range(tp):
-            b.compute((d, t), [s for p in split for s in cell.parts(p, p.shard_shape(tp)[0])])
+            b.compute((d, t), [s for p in split for s in cell.parts(p, p.shard_shape(tp))])
     elif mode == "duplicated":
         group = [(d, t) for t in range(tp)]
         # one all-gather per matrix orthogonalised: per part of a split QKV (its local shard's part)
-        full = [s for p in split for s in cell.parts(p, p.shape[0])]
+        full = [s for p in split for s in cell.parts(p, p.shape)]
         gather = sum(b.call("all_gather", "tp", r * c * cell.profile.grad_bytes, on=group) for r, c in full)
         for t in range(tp):
             b.ranks[(d, t)].phases["tp_gather"] += gather
@@ -80,4 +80,4 @@ def _layer_sharded(b: StepBuilder, d: int, split: Sequence[ParamSpec]) -> None:
         r = b.ranks[(d, t)]
         r.phases["tp_gather"] += ms
         r.phases["tp_scatter"] += ms
-        b.compute((d, t), [s for p, h in zip(split, home, strict=True) if h == t for s in b.cell.parts(p, p.shape[0])])
+        b.compute((d, t), [s for p, h in zip(split, home, strict=True) if h == t for s in b.cell.parts(p, p.shape)])
