@@ -64,9 +64,11 @@ def to_record(p: Projection, env: dict[str, Any]) -> dict[str, Any]:
         "overlap": s.overlap,
         "cooperative": s.cooperative,
         "ns_method": s.ns_method,
-        # as a run records them (RunSpec.record_config): SP resolved, the splits null for adamw
+        # as a run records them (RunSpec.record_config): SP resolved (a projection models matrix
+        # optimizers only, so the splits are never null)
         "sequence_parallel": s.uses_sequence_parallel,
-        **{k: getattr(s, k) if s.optimizer != "adamw" else None for k in ("split_qkv", "split_gate_up")},
+        "split_qkv": s.split_qkv,
+        "split_gate_up": s.split_gate_up,
         **({"variant": s.variant} if s.variant else {}),
     }
     one = lambda v: {"median": v, "p90": v, "n": 0}

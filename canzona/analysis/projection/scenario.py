@@ -112,11 +112,12 @@ class Scenario:
 
     @property
     def splits(self) -> tuple[str, ...]:
-        """The split views a run of this scenario executes (``RunSpec.splits``): fused matrices kept
-        one plan item each, priced and orthogonalised by their parts; none for AdamW."""
+        """The split views a run of this scenario executes (``RunSpec.splits``; a projection models
+        matrix optimizers only): fused matrices kept one plan item each, priced and orthogonalised
+        by their parts."""
         from canzona.models.split import split_names
 
-        return split_names(self.split_qkv, self.split_gate_up) if self.optimizer != "adamw" else ()
+        return split_names(self.split_qkv, self.split_gate_up)
 
     @property
     def tokens(self) -> int:
