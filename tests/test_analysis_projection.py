@@ -273,15 +273,21 @@ def test_paper_layouts_match_the_cluster_sweep() -> None:
     assert (d.setting("seq_len"), d.setting("global_batch")) == (PAPER_SEQ_LEN, PAPER_GLOBAL_BATCH)
 
 
+# how the fixture's step lines ran: no sequence parallelism (a step benchmark), no split view (their
+# config predates the knobs: results.schema.upgrade_splits reads them as off)
+AS_LINES_RAN = {"sequence_parallel": False, "split_qkv": False}
+
+
 def test_validate_against_projects_the_measured_cell(tmp_path: Path, toy) -> None:
-    """A measured gloo line is re-projected with the same layout/method/alpha and its error reported."""
+    """A measured gloo line is re-projected with the same layout/method/alpha, sequence parallelism
+    and split views, and its error reported."""
     from dataclasses import replace
 
     from canzona.analysis.projection import validate_against
     from tests.analysis_records import make_record
 
     prof = replace(toy(), kind="cpu", name="toy-cpu", param_bytes=4)  # fp32, as the fixture lines
-    s = Scenario("qwen3-micro", Layout(2, 2, 1), "canzona", alpha=0.5, seq_len=1, global_batch=2)
+    s = Scenario("qwen3-micro", Layout(2, 2, 1), "canzona", alpha=0.5, seq_len=1, global_batch=2, **AS_LINES_RAN)
     want = project(s, prof).step_ms
     recs = [
         make_record(
@@ -342,7 +348,7 @@ def test_simulation_without_sharing_equals_the_analytic_step(method: str, toy) -
     from canzona.analysis.projection import make_plans, simulate
 
     prof = toy(overlap=False)
-    s = Scenario("qwen3-tiny", Layout(2, 2, 1), method, seq_len=1, global_batch=2)
+    s = Scenario("qwen3-tiny", Layout(2, 2, 1), method, seq_len=2, global_batch=2)
     st = project(s, prof, make_plans(s)).stages[0]
     sim = simulate(st.tasks, cores=None)
     assert max(t for _, t in sim.values()) == pytest.approx(st.step_ms, rel=1e-9)

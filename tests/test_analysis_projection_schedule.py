@@ -32,10 +32,12 @@ def _intra_ms(profile, kind: str, n: int, nbytes: float) -> float:
 def runtime_schedules(s: Scenario, plan, profile) -> dict:
     """Every rank's schedule as DistributedOptimizer._lower builds it on ``profile``'s hardware,
     written out here on purpose (not through the projection's helper): auto modes priced on the
-    DP group's link, the profile's element sizes, QK-norm partial grads summed over TP, the norm
-    over the world, Muon's iterations and bf16 Gram restarts."""
+    DP group's link, the profile's element sizes, partial norm grads summed over TP (the QK norms;
+    every norm weight under sequence parallelism, on by default at TP > 1), the norm over the
+    world, Muon's iterations and bf16 Gram restarts."""
     specs = [p for p in list_params(get_model(s.model)) if p.route != "matrix"]
-    partial = frozenset(p.name for p in specs if s.layout.tp > 1 and any(q in p.name for q in QK_NORM))
+    norm = lambda n: any(q in n for q in QK_NORM) or (s.uses_sequence_parallel and n.endswith("layernorm.weight"))
+    partial = frozenset(p.name for p in specs if s.layout.tp > 1 and norm(p.name))
     settings = LowerSettings(
         collective_mode="auto",
         model=comm_model(profile, s.layout),
@@ -70,7 +72,7 @@ def _fc1_in_dp_pairs(s: Scenario, profile) -> list:
     fc1 = tuple((p.name, 2) for p in list_params(get_model(s.model)) if "linear_fc1" in p.name)
     pc = replace(plan_config_for(s, profile), coop_force=fc1)
     cost = CostModel(s.optimizer, pc.cost, cost_settings_for(s, profile))
-    return list(plan_model(get_model(s.model), s.layout, pc, cost_model=cost, profile=profile))
+    return list(plan_model(get_model(s.model), s.layout, pc, cost_model=cost, profile=profile, split=s.splits))
 
 
 @pytest.mark.parametrize(("model", "layout", "method", "kw"), CASES)

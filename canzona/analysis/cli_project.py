@@ -20,7 +20,12 @@ Newton–Schulz and with Gram Newton–Schulz, against layer-wise, both views) a
 #34's metrics); ``authors`` also writes ``OUT/projection_authors.csv`` (the authors' batch as
 micro-batch, MFU and Newton–Schulz rate range over their plausible values, against every baseline).
 ``--cooperative/--no-cooperative`` and ``--ns-method`` set the planner's cooperation and Muon's
-Newton–Schulz method of a custom projection.
+Newton–Schulz method of a custom projection; ``--sequence-parallel`` (default: on where tp > 1, as
+a run) and ``--split-qkv`` / ``--split-gate-up`` (default: Q, K, V apart, fc1 whole, as a run and
+Megatron's Muon) are taken as a run takes them: the step's TP all-reduce of SP-partial norm
+gradients, the activation memory, and each split matrix priced by its parts, for Canzona's
+strategies and the modelled Megatron baselines alike. fwd/bwd stays priced by MFU (no TP
+activation traffic is modelled, with SP or without).
 ``--validate`` writes ``OUT/projection_validation.csv``.
 """
 
@@ -41,15 +46,9 @@ from canzona.spec.flags import MATRIX_OPTIMIZERS, NOT_PRICED, Derived, Knobs, ad
 KNOBS = Knobs(
     not_taken={
         "method": "--methods: the projection sets methods side by side, with today's Megatron layer-wise",
-        "sequence_parallel": "fwd/bwd is priced by MFU (no TP activation traffic modelled); the step's TP "
-        "all-reduce of partial norm grads is charged for the QK-norm weights alone (SP off)",
         **NOT_PRICED,
         "comm": "the overlap view (--overlap) stands for what the runtime overlaps; the α–β model picks collectives",
         "machine": "priced on the profile: its parameter format (Profile.param_bytes), no device or kernel choice",
-        "split_qkv": "a projection prices fused matrices whole (or as separate pieces with --views), not yet by the "
-        "parts of a run's split view",
-        "split_gate_up": "a projection prices fused matrices whole (or as separate pieces with --views), not yet by "
-        "the parts of a run's split view",
         "ep": "the projection prices dense layouts: `canzona plan --ep` prices an EP layout's expert-DP calls",
     },
     defaults={

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from canzona.analysis.markdown import fmt_ms, fmt_speedup, markdown_table
+from canzona.analysis.pairs import run_views_text
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -24,7 +25,7 @@ def lineages_markdown(lin: pd.DataFrame) -> str:
         [
             r["batch"],
             r["overlap"],
-            r["setting"],
+            f"{r['setting']} · {run_views_text(r)}",
             f"`{r['baseline']}`: {r['lineage']}",
             f"{fmt_ms(r['baseline step ms'])} / {fmt_ms(r['baseline iter ms'])}",
             f"{fmt_ms(r['canzona step ms'])} / {fmt_ms(r['canzona iter ms'])}",

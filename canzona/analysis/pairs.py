@@ -36,16 +36,28 @@ BASELINE_TP = {
 
 
 def config_text(tok: dict[str, str]) -> str:
-    """The knobs a comparison holds fixed, from a projected row's source tokens."""
+    """The knobs a comparison holds fixed, from a projected row's source tokens (sequence parallelism
+    and the split views where the line names them: ``records.detail_string``)."""
     if "coop" not in tok:
         return f"cost {tok.get('cost', '?')} · cooperation, NS method and α not recorded (an older line)"
     coop = tok["coop"]
     standard = tok.get("ns_method", "standard") == "standard"
     paper = "paper-compatible" if coop == "off" and standard else "beyond the paper"
+    run = f" · SP {tok['sp']} · split {tok.get('split', '?')}" if "sp" in tok else ""
     return (
         f"{paper}: coop {coop} · NS method {tok.get('ns_method', 'standard')} · cost {tok.get('cost', '?')} · "
-        f"α {tok.get('alpha', '?')}"
+        f"α {tok.get('alpha', '?')}{run}"
     )
+
+
+def run_views_text(row: dict[str, Any]) -> str:
+    """A line's sequence parallelism and split views from its config, as ``config_text`` words them
+    (``SP on · split qkv``); "not recorded" where the line predates the knob (a step benchmark
+    records SP unresolved, as None)."""
+    sp = row.get("sequence_parallel")
+    sp_text = ("on" if sp else "off") if isinstance(sp, bool) else "not recorded"
+    split = [v for v, k in (("qkv", "split_qkv"), ("gate_up", "split_gate_up")) if row.get(k) is True]
+    return f"SP {sp_text} · split {','.join(split) or 'none'}"
 
 
 def is_beyond(row: dict[str, Any]) -> bool:

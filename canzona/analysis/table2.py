@@ -28,7 +28,7 @@ from canzona.analysis.aggregate import (
 from canzona.analysis.lineages import authors_markdown, lineages_markdown
 from canzona.analysis.markdown import fmt_ms, fmt_speedup, human_tokens, markdown_table
 from canzona.analysis.measured_metrics import metrics_markdown
-from canzona.analysis.pairs import config_text
+from canzona.analysis.pairs import config_text, run_views_text
 from canzona.analysis.projection.baselines import BASELINES as MODELLED
 
 if TYPE_CHECKING:
@@ -40,6 +40,8 @@ MEASURED_AT_COL = "measured at (host @ commit)"
 PLAN_COL = f"{OURS} plan (α · DP layout · groups · profile · hash)"
 # what Canzona's line attests ran (canzona.analysis.plans.attest_text): routes, owners, Newton–Schulz
 ATTEST_COL = f"{OURS} attestation"
+# sequence parallelism and split views of the row's lines (pairs.run_views_text), per method where they differ
+RUN_VIEWS_COL = "SP · split views"
 
 
 def _model_rank(name: Any) -> int:
@@ -83,6 +85,7 @@ def build_table2(cells: pd.DataFrame) -> pd.DataFrame:
             "seq_len": k["seq_len"],
             "global_batch": k["global_batch"],
             "kind": k["kind"],
+            RUN_VIEWS_COL: _run_views(by),
         }
         for m in methods:
             r = by.get(m)
@@ -115,6 +118,14 @@ def build_table2(cells: pd.DataFrame) -> pd.DataFrame:
         if df[col].isna().all():
             df = df.drop(columns=col)
     return df
+
+
+def _run_views(by: dict[str, dict[str, Any]]) -> str:
+    """The row's ``RUN_VIEWS_COL``: one text when its methods' lines agree, else one per method."""
+    texts = {m: run_views_text(r) for m, r in by.items()}
+    if len(set(texts.values())) == 1:
+        return next(iter(texts.values()))
+    return "; ".join(f"{m}: {x}" for m, x in texts.items())
 
 
 def table2_markdown(table: pd.DataFrame) -> str:
@@ -230,7 +241,7 @@ def headline_markdown(table: pd.DataFrame, profile: str = "H800") -> str:
         ns = r.get("ns_dtype") if isinstance(r.get("ns_dtype"), str) else "–"
         cond = _condition(str(r["provenance"]))
         if isinstance(r.get(MEASURED_AT_COL), str):
-            cond += f", {r[MEASURED_AT_COL]}"
+            cond += f", {r[MEASURED_AT_COL]} · {r[RUN_VIEWS_COL]}"  # a projected row's names them in config_text
         line = [r["model"], r[LAYOUT_COL].split(" =")[0], cond, r["kind"], batch, ns]
         line += [pair(r.get(f"{m} step ms"), r.get(f"{m} iter ms"), fmt_ms) for m in methods]
         line += [pair(r.get(f"{OURS} vs {b} (step)"), r.get(f"{OURS} vs {b} (iter)"), fmt_speedup) for b in bases]

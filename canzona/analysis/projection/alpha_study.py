@@ -68,7 +68,7 @@ def alpha_study(
                 alpha=a,
                 dp_algo=algo,
                 global_batch=max(dp, 1),
-                seq_len=1,
+                seq_len=tp,  # the step ignores the batch; a sequence TP divides, as SP (on at tp > 1) needs
             )
             plans = make_plans(s)
             met = plan_metrics(plans)

@@ -9,8 +9,9 @@ rank of a stage; ``phases`` charges the result.
 
 The settings mirror ``canzona.runtime.optimizer.DistributedOptimizer._lower``: ``collective_mode``
 auto with the α–β model built from the profile's DP link (``hardware.comm_model``), main-grad and
-parameter element sizes from the profile, the QK-norm weights whose gradients are partial sums
-per TP rank (``tp_partial``, as the harness registers them), the norm over every rank of the model,
+parameter element sizes from the profile, the norm weights whose gradients are partial sums per
+TP rank (``tp_partial``: the QK norms, and every norm under sequence parallelism, as the harness
+registers them), the norm over every rank of the model,
 and Newton–Schulz iterations and Gram restarts (cooperative all-reduces) of the optimizer.
 
 Pure: no process group, no clock.
@@ -30,13 +31,14 @@ from canzona.plan.types import CoopGroup, Layout, Plan
 MICRO_GROUP_TAG = "mg"  # canzona.plan.schedule tags the i-th micro-group's all-to-alls mg<i>
 
 
-def tp_partial_names(specs: Sequence[ParamSpec], tp: int) -> frozenset[str]:
+def tp_partial_names(specs: Sequence[ParamSpec], tp: int, *, sequence_parallel: bool) -> frozenset[str]:
     """Replicated parameters whose gradient is a partial sum per TP rank (the harness's rule,
-    canzona.harness.params.partial_grad, read from specs instead of live parameters), without
-    sequence parallelism: the projection does not take it (canzona.analysis.cli_project.KNOBS)."""
+    canzona.harness.params.partial_grad, read from specs instead of live parameters): the QK-norm
+    weights, and under sequence parallelism every norm weight (each TP rank normalised its part of
+    the sequence), which the runtime all-reduces over TP inside the step."""
     from canzona.harness.params import partial_grad
 
-    return frozenset(s.name for s in specs if partial_grad(s, tp, sequence_parallel=False))
+    return frozenset(s.name for s in specs if partial_grad(s, tp, sequence_parallel=sequence_parallel))
 
 
 def lower_settings(

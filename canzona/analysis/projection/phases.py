@@ -5,7 +5,7 @@ this one only charges it on a hardware profile (``hardware``), call by call, mir
 runtime's phase timers:
 
   grad_sync   each gradient bucket's reduction (matrix buckets, then ZeRO-1 AdamW buckets), and
-              the TP sum of partial QK-norm gradients.
+              the TP sum of partial norm gradients (QK norms; every norm under sequence parallelism).
   check       one all-reduce over the world (norm + non-finite flag) + one read of the owned gradients.
   tp_gather / compute / tp_scatter
               TP all-gather executor: one all-gather, then every TP rank computes every owned
@@ -20,7 +20,8 @@ runtime's phase timers:
               blocks of TP sub-groups are gathered before and scattered after everything else on
               the TP stream; in between, when the profile overlaps communication with compute, a
               member's Newton–Schulz runs beside the micro-group pipeline (``_overlap``).
-  compute     per whole matrix ``hardware.matrix_ms``; AdamW on the rank's slice of the
+  compute     per whole matrix ``hardware.matrix_ms`` (a matrix under a split view: the sum over
+              its parts, which its host orthogonalises one by one); AdamW on the rank's slice of the
               non-matrix parameters (memory bound).
   param_sync  the schedule's parameter gathers.
 
@@ -61,12 +62,14 @@ def project_stage(
     world: int | None = None,
     settings: CostSettings | None = None,
     bucket_size: int | None = None,
+    sequence_parallel: bool = False,
 ) -> StageProjection:
     """Charge one PP stage's optimizer step for ``plan`` on ``profile`` (see module docstring).
 
     ``adamw_specs`` are the stage's non-matrix parameters (FULL shapes), which every strategy
     runs through ZeRO-1 AdamW. ``world`` is dp·tp·pp (defaults to the plan's layout world).
     ``settings``: the optimizer's cost settings (Newton–Schulz method, iterations and restarts).
+    ``sequence_parallel``: the run's; its norm weights' gradients are then TP-partial too.
     """
     lay = plan.layout
     layout = Layout(lay.dp, lay.tp, (world or lay.world) // (lay.dp * lay.tp), lay.ep)  # EP: expert-DP groups
@@ -74,7 +77,7 @@ def project_stage(
     lset = lower_settings(
         profile,
         layout,
-        tp_partial=tp_partial_names(adamw_specs, lay.tp),
+        tp_partial=tp_partial_names(adamw_specs, lay.tp, sequence_parallel=sequence_parallel),
         ns_steps=cs.ns_steps,
         ns_restarts=cs.ns_restarts,
     )
@@ -135,8 +138,10 @@ class _Charger:
         self.comm = Comm(profile, layout)
         opt = ops.plan.config.optimizer
         self.items = {it.name: it for it in ops.plan.items}
-        self.mat_ms = {n: matrix_ms(profile, opt, it.shape, settings) for n, it in self.items.items()}
-        self.mat_flops = {n: matrix_flops(opt, it.shape, settings) for n, it in self.items.items()}
+        # a matrix under a split view: its parts, one after the other on the rank that holds it
+        parts = {n: it.parts or (it.shape,) for n, it in self.items.items()}
+        self.mat_ms = {n: sum(matrix_ms(profile, opt, s, settings) for s in ps) for n, ps in parts.items()}
+        self.mat_flops = {n: sum(matrix_flops(opt, s, settings) for s in ps) for n, ps in parts.items()}
         self._priced: dict[tuple[object, ...], float] = {}
 
     def op_ms(self, s: RankSchedule, op: CommOp) -> float:

@@ -15,8 +15,8 @@ MODEL_NAME = "canzona-projection-v1"
 
 def detail_string(s: Scenario, profile: Profile) -> str:
     """The projection's provenance: model version, profile, view and every knob a verdict may pair
-    rows on (cost, cooperation, Newton–Schulz method, α), so two rows of a comparison can be checked
-    to differ in the compared knob alone."""
+    rows on (cost, cooperation, Newton–Schulz method, α, sequence parallelism, the split views a
+    run executes), so two rows of a comparison can be checked to differ in the compared knob alone."""
     views = ",".join(s.views) or "none"
     alpha = s.alpha if isinstance(s.alpha, str) else f"{s.alpha:g}"
     return (
@@ -24,6 +24,7 @@ def detail_string(s: Scenario, profile: Profile) -> str:
         f"tp_pipeline={'on' if profile.comm_compute_overlap else 'off'}"
         + (f" variant={s.variant}" if s.variant else "")
         + f" coop={'on' if s.cooperative else 'off'} ns_method={s.ns_method} alpha={alpha}"
+        + f" sp={'on' if s.uses_sequence_parallel else 'off'} split={','.join(s.splits) or 'none'}"
     )
 
 
@@ -32,7 +33,8 @@ def to_record(p: Projection, env: dict[str, Any]) -> dict[str, Any]:
 
     Beyond the schema: ``run_id`` (hash of detail + cell: projections share host and timestamp),
     ``config.cost`` (the planner's balancing cost), ``config.overlap``, ``config.cooperative`` and
-    ``config.ns_method`` (the planner's cooperation and Muon's Newton–Schulz method) and
+    ``config.ns_method`` (the planner's cooperation and Muon's Newton–Schulz method), the run knobs
+    ``config.sequence_parallel``, ``config.split_qkv`` and ``config.split_gate_up``, and
     ``timings.runtime_total_ms`` (the step with nothing overlapped) -- additive keys that
     ``schema.validate`` ignores.
     """
@@ -62,6 +64,11 @@ def to_record(p: Projection, env: dict[str, Any]) -> dict[str, Any]:
         "overlap": s.overlap,
         "cooperative": s.cooperative,
         "ns_method": s.ns_method,
+        # as a run records them (RunSpec.record_config): SP resolved (a projection models matrix
+        # optimizers only, so the splits are never null)
+        "sequence_parallel": s.uses_sequence_parallel,
+        "split_qkv": s.split_qkv,
+        "split_gate_up": s.split_gate_up,
         **({"variant": s.variant} if s.variant else {}),
     }
     one = lambda v: {"median": v, "p90": v, "n": 0}

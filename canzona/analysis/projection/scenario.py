@@ -20,7 +20,7 @@ from canzona.errors import ConfigError
 from canzona.plan.types import Layout, Plan, PlanConfig
 from canzona.spec import BatchSpec, OptimSpec, PlanSpec, get_method, method_names
 from canzona.spec.run import choices, leaves, plan_config_of
-from canzona.spec.sections import Alpha, Cost, DpLayout, NsMethod
+from canzona.spec.sections import Alpha, Cost, DpLayout, LayoutSpec, NsMethod
 
 if TYPE_CHECKING:
     from canzona.optim.base import MatrixOptimizer
@@ -38,8 +38,10 @@ METHODS = (*_RUNTIME[:2], *BASELINES, *_RUNTIME[2:])
 # context; 256 sequences, about 1M tokens, per iteration). A run's own default batch is a CPU test's.
 PAPER_BATCH = BatchSpec(seq_len=4096, micro_batch=BatchSpec.micro_batch, global_batch=256)
 # A scenario's fields that are not run knobs (the rest are spec leaves, held to the spec by
-# tests/test_analysis_projection.py): the planner's layout (the spec's dp/tp/pp), the split views,
-# the overlap view, and the variant, "" for our setting where a run records None.
+# tests/test_analysis_projection.py): the planner's layout (the spec's dp/tp/pp), ``views`` (fused
+# matrices planned as separate pieces, ``canzona plan --view``; a run's split views are the
+# split_qkv / split_gate_up knobs), the overlap view, and the variant, "" for our setting where a
+# run records None.
 OWN_FIELDS = ("layout", "views", "overlap", "variant")
 
 
@@ -74,16 +76,25 @@ class Scenario:
     dp_layout: DpLayout = PlanSpec.dp_layout
     tp_mode: str | None = PlanSpec.tp_mode
     capacity_bytes: int | None = PlanSpec.capacity_bytes
+    sequence_parallel: bool | None = LayoutSpec.sequence_parallel  # None: on where tp > 1, as a run
+    split_qkv: bool = OptimSpec.split_qkv
+    split_gate_up: bool = OptimSpec.split_gate_up
 
     def __post_init__(self) -> None:
         """The spec's choices for every string knob but the method (``make_plans`` checks it against
-        the methods the projection models)."""
+        the methods the projection models), and the run's check of sequence parallelism (TP > 1, a
+        sequence TP divides: ``canzona.spec.checks.sequence_parallel``)."""
+        from canzona.spec import RunSpec
+        from canzona.spec.checks import sequence_parallel
+
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             allowed = choices(f.name) if f.name in leaves() and f.name != "method" else None
             if allowed is not None and value is not None and value not in allowed:
                 what = leaves()[f.name][1].metadata["help"].split(" (")[0]
                 raise ConfigError(f"unknown {what} {value!r} ({f.name}); choose one of {', '.join(allowed)}")
+        sp = {"tp": self.layout.tp, "seq_len": self.seq_len, "sequence_parallel": self.sequence_parallel}
+        sequence_parallel(RunSpec(model=self.model).replace(**sp), None, None)
 
     @classmethod
     def of(cls, knobs: Mapping[str, Any], **own: Any) -> Scenario:
@@ -92,6 +103,21 @@ class Scenario:
         names = {f.name for f in dataclasses.fields(cls)}
         layout = Layout(dp=knobs["dp"], tp=knobs["tp"], pp=knobs["pp"])
         return cls(layout=layout, **{k: v for k, v in knobs.items() if k in names and k != "method"}, **own)
+
+    @property
+    def uses_sequence_parallel(self) -> bool:
+        """Sequence parallelism as a run resolves it (``RunSpec.uses_sequence_parallel``): the knob,
+        or on wherever TP > 1."""
+        return self.layout.tp > 1 if self.sequence_parallel is None else self.sequence_parallel
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """The split views a run of this scenario executes (``RunSpec.splits``; a projection models
+        matrix optimizers only): fused matrices kept one plan item each, priced and orthogonalised
+        by their parts."""
+        from canzona.models.split import split_names
+
+        return split_names(self.split_qkv, self.split_gate_up)
 
     @property
     def tokens(self) -> int:
@@ -147,7 +173,8 @@ def make_plans(s: Scenario, profile: Profile | None = None) -> list[Plan]:
         return []
     pc = plan_config_for(s, profile)
     cost = CostModel(s.optimizer, pc.cost, cost_settings_for(s, profile))  # type: ignore[arg-type]
-    return list(cplan.plan_model(get_model(s.model), s.layout, pc, views=s.views, cost_model=cost, profile=profile))
+    model = get_model(s.model)
+    return list(cplan.plan_model(model, s.layout, pc, views=s.views, cost_model=cost, profile=profile, split=s.splits))
 
 
 def plan_key(s: Scenario, profile: Profile) -> tuple[Scenario, str, str]:
@@ -173,7 +200,10 @@ def project(
     cfg.validate_layout(tp=s.layout.tp, pp=s.layout.pipeline)
     if stages is None and s.method in BASELINES:
         settings = settings or cost_settings_for(s, profile)
-        stages = BASELINES[s.method].stages(s.model, s.layout, profile, s.optimizer, settings)
+        split = dict(split_qkv=s.split_qkv, split_gate_up=s.split_gate_up)
+        stages = BASELINES[s.method].stages(
+            s.model, s.layout, profile, s.optimizer, settings, sequence_parallel=s.uses_sequence_parallel, **split
+        )
     if stages is None:
         plans = list(plans) if plans is not None else make_plans(s, profile)
         settings = settings or cost_settings_for(s, profile)
@@ -182,9 +212,17 @@ def project(
         stages = []
         for st, plan in enumerate(plans):
             adamw = [p for p in list_params(cfg, tp=s.layout.tp, pp=s.layout.pipeline, stage=st) if p.route != "matrix"]
-            world, bucket = s.layout.world, s.bucket_size
             stages.append(
-                project_stage(plan, adamw, profile, stage=st, world=world, settings=settings, bucket_size=bucket)
+                project_stage(
+                    plan,
+                    adamw,
+                    profile,
+                    stage=st,
+                    world=s.layout.world,
+                    settings=settings,
+                    bucket_size=s.bucket_size,
+                    sequence_parallel=s.uses_sequence_parallel,
+                )
             )
     if s.overlap not in OVERLAPS:
         raise ConfigError(f"unknown overlap view {s.overlap!r}; choose from {', '.join(OVERLAPS)}")

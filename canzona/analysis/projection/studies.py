@@ -120,7 +120,9 @@ def sensitivity(profile_name: str = "H800") -> list[dict[str, Any]]:
                     "speedup iteration vs megatron-main": speedup(bm.iteration_ms, c.iteration_ms),
                     "pinned_by": PINNED_BY.get(varies, ""),
                     "configuration": "canzona coop off, NS standard, cost flops; layerwise TP duplicated; "
-                    "megatron-2602 TP blockwise; megatron-main TP duplicated",
+                    "megatron-2602 TP blockwise; megatron-main TP duplicated; every method "
+                    f"SP {'on' if c.scenario.uses_sequence_parallel else 'off'}, "
+                    f"split {','.join(c.scenario.splits) or 'none'}",
                 }
             )
     return rows
@@ -208,8 +210,9 @@ def _metrics(p: Projection, prefix: str) -> dict[str, Any]:
         f"{prefix} NCCL calls": " ".join(f"{k}:{v}" for k, v in sorted(calls.items())),
         f"{prefix} load max/mean": max(st.load_ratio() for st in p.stages),
         f"{prefix} memory GB/GPU": round(
-            # SP off: the projection does not take it (canzona.analysis.cli_project.KNOBS)
-            estimate_memory_gb(s.model, lay.tp, lay.pp, lay.dp, s.seq_len, s.micro_batch, sequence_parallel=False),
+            estimate_memory_gb(
+                s.model, lay.tp, lay.pp, lay.dp, s.seq_len, s.micro_batch, sequence_parallel=s.uses_sequence_parallel
+            ),
             1,
         ),
     }
@@ -244,6 +247,10 @@ def lineage_study(profile_name: str = "H800") -> list[dict[str, Any]]:
                         "canzona iter ms": round(c.iteration_ms, 1),
                         "speedup step": speedup(p.step_ms, c.step_ms),
                         "speedup iteration": speedup(p.iteration_ms, c.iteration_ms),
+                        # the run both sides project (the scenario's; a baseline takes the same view)
+                        "sequence_parallel": c.scenario.uses_sequence_parallel,
+                        "split_qkv": c.scenario.split_qkv,
+                        "split_gate_up": c.scenario.split_gate_up,
                         **_metrics(c, "canzona"),
                         **_metrics(p, "baseline"),
                         "command": BEYOND_COMMAND,

@@ -62,26 +62,7 @@ def validate_against(
                 dict(base, timing="skipped", measured_ms=math.nan, projected_ms=math.nan, error=math.nan, note=reason)
             )
             continue
-        alpha = float(r["alpha"]) if finite(r.get("alpha")) else DEFAULT_ALPHA
-        bucket = int(r["bucket_size"]) if finite(r.get("bucket_size")) else 40_000_000
-        dp, tp, pp = int(r["dp"]), int(r["tp"]), int(r["pp"] or 1)
-        seq = int(r["seq_len"]) if finite(r.get("seq_len")) else 1
-        gbatch = int(r["global_batch"]) if finite(r.get("global_batch")) else dp
-        mbatch = int(r["micro_batch"]) if finite(r.get("micro_batch")) else 1
-        cost: Cost = r.get("cost") if isinstance(r.get("cost"), str) else "flops"  # Scenario checks its value
-        s = Scenario(
-            r["model"],
-            Layout(dp, tp, pp),
-            r["method"],
-            optimizer=r["optimizer"],
-            seq_len=seq,
-            micro_batch=mbatch,
-            global_batch=gbatch,
-            alpha=alpha,
-            cost=cost,
-            bucket_size=bucket,
-            overlap=overlap,
-        )
+        s = _scenario_of(r, overlap)
         p = cache.get((s,)) or project(s, profile)
         cache[(s,)] = p
         pairs = [("step", r["step_ms"], p.step_ms)]
@@ -112,3 +93,34 @@ def _skip_reason(r: dict[str, Any], profile: Profile) -> str | None:
     if isinstance(r.get("dtype"), str) and (2 if r["dtype"] == "bf16" else 4) != profile.param_bytes:
         return f"{r['dtype']} parameters; {profile.name} models {profile.param_bytes}-byte parameters"
     return None
+
+
+def _scenario_of(r: dict[str, Any], overlap: str) -> Scenario:
+    """The scenario of a measured cell: its layout, method, batch and plan knobs, and sequence
+    parallelism and split views as the line ran them."""
+    from canzona.analysis.aggregate import finite
+
+    alpha = float(r["alpha"]) if finite(r.get("alpha")) else DEFAULT_ALPHA
+    bucket = int(r["bucket_size"]) if finite(r.get("bucket_size")) else 40_000_000
+    dp, tp, pp = int(r["dp"]), int(r["tp"]), int(r["pp"] or 1)
+    seq = int(r["seq_len"]) if finite(r.get("seq_len")) else 1
+    gbatch = int(r["global_batch"]) if finite(r.get("global_batch")) else dp
+    mbatch = int(r["micro_batch"]) if finite(r.get("micro_batch")) else 1
+    cost: Cost = r["cost"] if isinstance(r.get("cost"), str) else "flops"  # Scenario checks its value
+    return Scenario(
+        r["model"],
+        Layout(dp, tp, pp),
+        r["method"],
+        optimizer=r["optimizer"],
+        seq_len=seq,
+        micro_batch=mbatch,
+        global_batch=gbatch,
+        alpha=alpha,
+        cost=cost,
+        bucket_size=bucket,
+        overlap=overlap,
+        # as the line ran: a step benchmark records SP unresolved (None) and runs no fwd/bwd
+        sequence_parallel=r.get("sequence_parallel") is True,
+        split_qkv=r.get("split_qkv") is True,
+        split_gate_up=r.get("split_gate_up") is True,
+    )

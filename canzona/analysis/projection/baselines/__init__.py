@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from canzona.analysis.projection.baselines import megatron_2602, megatron_6683, megatron_main
-from canzona.analysis.projection.baselines.common import Cell
+from canzona.analysis.projection.baselines.common import Cell, qkv_split_shapes
 from canzona.analysis.projection.hardware import Profile
 from canzona.analysis.projection.stage import StageProjection
 from canzona.cost import CostSettings
@@ -40,12 +40,30 @@ class Baseline:
     source: str
 
     def stages(
-        self, model: str, layout: Layout, profile: Profile, optimizer: str, settings: CostSettings
+        self,
+        model: str,
+        layout: Layout,
+        profile: Profile,
+        optimizer: str,
+        settings: CostSettings,
+        *,
+        sequence_parallel: bool = False,
+        split_qkv: bool = False,
+        split_gate_up: bool = False,
     ) -> list[StageProjection]:
-        """The baseline's charged stages for ``model`` at ``layout`` (one per PP stage)."""
+        """The baseline's charged stages for ``model`` at ``layout`` (one per PP stage), with
+        Megatron's ``muon_split_qkv`` set to ``split_qkv`` (its Muon's rule, applied to every matrix
+        optimizer so a comparison holds the view fixed) and the run's sequence parallelism."""
+        from canzona.errors import ConfigError
         from canzona.models import get_model, list_params
 
+        if split_gate_up:
+            raise ConfigError(
+                f"{self.name} models Megatron's Muon, which orthogonalises linear_fc1 whole: drop --split-gate-up "
+                "or this method"
+            )
         cfg = get_model(model)
+        qkv = qkv_split_shapes(cfg) if split_qkv else ()
         return [
             self.charge(
                 Cell(
@@ -55,6 +73,8 @@ class Baseline:
                     optimizer,
                     settings,
                     st,
+                    qkv_split=qkv,
+                    sequence_parallel=sequence_parallel,
                 ),
                 self.tp_mode,
             )

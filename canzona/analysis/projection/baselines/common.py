@@ -18,16 +18,46 @@ from dataclasses import dataclass, field
 from canzona.analysis.projection.hardware import Comm, Profile, matrix_ms
 from canzona.analysis.projection.stage import RankTimes, StageProjection
 from canzona.cost import CostSettings, matrix_flops, priced_on
+from canzona.errors import ConfigError
 from canzona.models.spec import ParamSpec
 from canzona.plan.types import Layout
 
 ALIGN = 64  # elements: Megatron's pad_param_start aligns every parameter start to 64 elements
 
 
+QKV_SUFFIX = "linear_qkv.weight"  # the weight Megatron's attention tags ``is_qkv``
+
+
+def qkv_split_shapes(cfg: object) -> tuple[int, ...]:
+    """Megatron's ``_get_qkv_split_shapes`` (megatron/core/optimizer/emerging_optimizers.py, 0.19.2):
+    the rows per query group of Q, K and V, [heads // query groups · kv_channels, kv_channels,
+    kv_channels] (a model with an attention output gate adds a gate part; no Qwen3 dense model has
+    one)."""
+    heads, groups, dim = (getattr(cfg, k, None) for k in ("heads", "kv_heads", "head_dim"))
+    if not (heads and groups and dim):
+        name = getattr(cfg, "name", "the model")
+        fix = "give them in [model], or --no-split-qkv"
+        raise ConfigError(f"{name}: Megatron's split QKV needs heads, kv_heads and head_dim; {fix}")
+    return (heads // groups * dim, dim, dim)
+
+
+def tp_summed(p: ParamSpec, sequence_parallel: bool) -> bool:
+    """Whether Megatron sums ``p``'s gradient over TP after the DP sync (finalize_model_grads.py
+    ``_allreduce_non_tensor_model_parallel_grads``, 0.19.2): the q/k layernorm weights
+    (``qk_layernorm``) and, under sequence parallelism, the parameters its norms mark
+    ``sequence_parallel`` (every norm's weight: each TP rank normalised its part of the sequence)."""
+    norm = "layernorm" in p.name and p.partition_dim is None
+    return norm and (sequence_parallel or "q_layernorm" in p.name or "k_layernorm" in p.name)
+
+
 @dataclass(frozen=True)
 class Cell:
     """One PP stage of a projected cell as a baseline sees it: the stage's parameters (Megatron
-    registration order, FULL shapes), the layout, the profile and the optimizer's cost settings."""
+    registration order, FULL shapes), the layout, the profile and the optimizer's cost settings.
+
+    ``qkv_split``: Megatron's ``qkv_split_shapes`` when its Muon splits QKV (``muon_split_qkv``,
+    True by default: optimizer_config.py), empty when it orthogonalises the fused matrix whole;
+    ``sequence_parallel``: the run's (which gradients finalize_model_grads sums over TP)."""
 
     params: tuple[ParamSpec, ...]
     layout: Layout
@@ -35,6 +65,8 @@ class Cell:
     optimizer: str
     settings: CostSettings
     stage: int = 0
+    qkv_split: tuple[int, ...] = ()
+    sequence_parallel: bool = False
 
     @property
     def matrices(self) -> list[ParamSpec]:
@@ -43,6 +75,24 @@ class Cell:
     @property
     def adamw(self) -> list[ParamSpec]:
         return [p for p in self.params if p.route != "matrix"]
+
+    def parts(self, p: ParamSpec, shape: tuple[int, ...]) -> list[tuple[int, int]]:
+        """The matrices Megatron's Muon orthogonalises for ``p`` when the gradient it holds (a TP
+        shard, or the gathered matrix) has ``shape``. A QKV weight under ``muon_split_qkv``
+        (``TensorParallelMuon.orthogonalize``): viewed as (query groups, q + k + v, cols), cut along
+        dim 1 into Q, K and V, each reshaped to (groups · width, cols) and orthogonalised on its own
+        (in TP ``duplicated`` mode each part is all-gathered separately); any other matrix whole."""
+        rows, cols = shape[0], shape[1]
+        if not (self.qkv_split and p.name.endswith(QKV_SUFFIX)):
+            return [(rows, cols)]
+        groups, rest = divmod(rows, sum(self.qkv_split))
+        if rest or not groups:
+            raise ConfigError(f"{p.name}: {rows} rows are not whole query groups of {sum(self.qkv_split)} rows")
+        return [(groups * w, cols) for w in self.qkv_split]
+
+    def tp_summed_elems(self) -> int:
+        """Elements of the gradients Megatron all-reduces over TP after the DP sync (``tp_summed``)."""
+        return sum(p.numel for p in self.params if tp_summed(p, self.sequence_parallel))
 
     def ms(self, shape: tuple[int, ...]) -> float:
         """One matrix update of ``shape`` (the cost function Canzona is priced with)."""
@@ -124,6 +174,14 @@ class StepBuilder:
         for k in self.ranks if on is None else on:
             self.calls[k][kind] = self.calls[k].get(kind, 0) + count
 
+    def tp_sum(self) -> None:
+        """finalize_model_grads' TP all-reduce (``Cell.tp_summed_elems``): one coalesced fp32 call
+        after the DP gradient sync, on every rank; charged as a gradient bucket, as Canzona's TP sum
+        of partial gradients is (``phases._bucket_ms``)."""
+        elems = self.cell.tp_summed_elems()
+        if self.cell.layout.tp > 1 and elems:
+            self.grad_bucket(self.call("all_reduce", "tp", elems * self.cell.profile.grad_bytes))
+
     def everywhere(self, phase: str, ms: float) -> None:
         for r in self.ranks.values():
             r.phases[phase] += ms
@@ -159,8 +217,8 @@ class StepBuilder:
 
     def build(self) -> StageProjection:
         lay = self.cell.layout
-        total = sum(self.cell.flops(p.shape) for p in self.cell.matrices)
-        atom = max((self.cell.flops(p.shape) for p in self.cell.matrices), default=0.0)
+        work = [self.cell.flops(s) for p in self.cell.matrices for s in self.cell.parts(p, p.shape)]
+        total, atom = sum(work), max(work, default=0.0)
         lb = max(total / (lay.dp * lay.tp), atom)  # the atomic lower bound, as Canzona's stages report it
         return StageProjection(
             self.cell.stage,

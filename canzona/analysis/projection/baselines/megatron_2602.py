@@ -13,7 +13,10 @@ Rules modelled, each from megatron/core/optimizer/layer_wise_optimizer.py at tha
               owned parameters, uneven sizes, inside the step (overlapped gathers came with #3524,
               2026-03-04). ProcessGroupNCCL runs it as one coalesced group of broadcasts.
   TP          ``muon_tp_mode`` default ``blockwise`` (optimizer_config.py at 5548cdc57b); the
-              ``+duplicated`` variant is the mode the paper's numbers need (``tp_modes``).
+              ``+duplicated`` variant is the mode the paper's numbers need (``tp_modes``);
+              ``muon_split_qkv`` default True, Q, K and V orthogonalised apart (``Cell.parts``).
+  TP sums     the norm gradients finalize_model_grads all-reduces over TP after the DP sync
+              (``StepBuilder.tp_sum``: QK norms, every norm under sequence parallelism).
 Not modelled: count_zeros (off by default), the norm's extra model-parallel reduction.
 """
 
@@ -55,6 +58,7 @@ def project(cell: Cell, tp_mode: str = DEFAULT_TP_MODE) -> StageProjection:
     numels = [p.shard_numel(lay.tp) for p in cell.params]
     for bucket in ddp_buckets(numels, ddp_bucket_size(lay.dp)):
         b.grad_bucket(b.call("all_reduce", "dp", sum(numels[i] for i in bucket) * prof.grad_bytes))
+    b.tp_sum()
     owner = owners(cell)
     owned = [[i for i, o in enumerate(owner) if o == d] for d in range(lay.dp)]
     b.check(lambda d: sum(numels[i] for i in owned[d]))

@@ -16,7 +16,10 @@ Rules modelled, each from megatron/core/optimizer/layer_wise_optimizer.py at tha
               bucket under the next forward (``overlap_param_gather``, #3524).
   AdamW       the non-Muon parameters go through the standard distributed optimizer (#4771):
               DDP buckets, each reduce-scattered and all-gathered in equal 1/dp slices.
-  TP          ``muon_tp_mode`` default ``duplicated`` since #6380 (optimizer_config.py).
+  TP          ``muon_tp_mode`` default ``duplicated`` since #6380 (optimizer_config.py);
+              ``muon_split_qkv`` default True, Q, K and V orthogonalised apart (``Cell.parts``).
+  TP sums     the norm gradients finalize_model_grads all-reduces over TP after the DP sync
+              (``StepBuilder.tp_sum``: QK norms, every norm under sequence parallelism).
 The shard divisor is taken as 64 elements (Megatron also rounds a shard to its bucket-end divisor,
 a few hundred elements at most). ``megatron_6683`` reuses this DP layout with layer-sharded TP.
 """
@@ -103,6 +106,7 @@ def project(cell: Cell, tp_mode: str = DEFAULT_TP_MODE) -> StageProjection:
         b.grad_bucket(b.call("reduce_scatter", "dp", lay.dp * bk.shard * prof.grad_bytes))
     for full in a_buckets:
         b.grad_bucket(b.call("reduce_scatter", "dp", full * prof.grad_bytes))
+    b.tp_sum()
     owned = [
         [i for bk in buckets for i, s in zip(bk.params, bk.shard_of, strict=True) if s == d] for d in range(lay.dp)
     ]

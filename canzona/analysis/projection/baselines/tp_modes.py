@@ -12,6 +12,11 @@ matrices it owns (megatron/core/optimizer/muon.py ``TensorParallelMuon``, ``--mu
               shards to the homes and the results back; matrices TP does not split run on every
               TP rank.
 Matrices TP does not split (``partition_dim`` None) run whole on every TP rank in every mode.
+Under ``muon_split_qkv`` (``Cell.parts``) a QKV weight is orthogonalised as its Q, K and V parts
+wherever it runs: blockwise per part of the local shard, duplicated with one all-gather per part
+(``TensorParallelMuon.orthogonalize`` splits before ``newton_schulz_tp`` gathers), layer-sharded at
+its home, which holds the whole matrix (the home is still chosen on the fused shard's ``max·min²``:
+#6683 assigns homes per parameter).
 """
 
 from __future__ import annotations
@@ -26,20 +31,22 @@ TP_MODES = ("blockwise", "duplicated", "layer-sharded")
 
 def run_tp_mode(b: StepBuilder, mode: str, d: int, owned: Sequence[ParamSpec]) -> None:
     """Charge DP rank ``d``'s owned matrices on each of its TP ranks in ``mode``."""
-    tp = b.cell.layout.tp
+    tp, cell = b.cell.layout.tp, b.cell
     split = [p for p in owned if p.partition_dim is not None and tp > 1]
-    whole = [p.shape for p in owned if not (p.partition_dim is not None and tp > 1)]
+    whole = [s for p in owned if not (p.partition_dim is not None and tp > 1) for s in cell.parts(p, p.shape)]
     for t in range(tp):
         b.compute((d, t), whole)
     if mode == "blockwise":
         for t in range(tp):
-            b.compute((d, t), [p.shard_shape(tp) for p in split])
+            b.compute((d, t), [s for p in split for s in cell.parts(p, p.shard_shape(tp))])
     elif mode == "duplicated":
         group = [(d, t) for t in range(tp)]
-        gather = sum(b.call("all_gather", "tp", p.numel * b.cell.profile.grad_bytes, on=group) for p in split)
+        # one all-gather per matrix orthogonalised: per part of a split QKV (its local shard's part)
+        full = [s for p in split for s in cell.parts(p, p.shape)]
+        gather = sum(b.call("all_gather", "tp", r * c * cell.profile.grad_bytes, on=group) for r, c in full)
         for t in range(tp):
             b.ranks[(d, t)].phases["tp_gather"] += gather
-            b.compute((d, t), [p.shape for p in split])
+            b.compute((d, t), full)
     elif mode == "layer-sharded":
         _layer_sharded(b, d, split)
     else:
@@ -73,4 +80,4 @@ def _layer_sharded(b: StepBuilder, d: int, split: Sequence[ParamSpec]) -> None:
         r = b.ranks[(d, t)]
         r.phases["tp_gather"] += ms
         r.phases["tp_scatter"] += ms
-        b.compute((d, t), [p.shape for p, h in zip(split, home, strict=True) if h == t])
+        b.compute((d, t), [s for p, h in zip(split, home, strict=True) if h == t for s in b.cell.parts(p, p.shape)])
