@@ -156,7 +156,7 @@ def test_shipped_configs_match_their_public_sizes() -> None:
     moe = get_model("qwen3-30b-a3b")  # Qwen3-30B-A3B: 30.5e9 parameters, 48 layers × 128 experts
     assert count_params(moe) == 30_532_122_624 and moe.experts == 128 and moe.expert_ffn == 768
     matrices = [s for s in list_params(moe) if s.route == "matrix"]
-    assert len(matrices) == 48 * (2 + 1 + 2 * 128)  # qkv, proj, router, 128 × (fc1, fc2)
+    assert len(matrices) == 48 * (2 + 2 * 128)  # qkv, proj, 128 × (fc1, fc2); the router is on AdamW
     assert sum(s.expert is not None for s in matrices) == 48 * 256
 
 
@@ -327,7 +327,7 @@ def test_qwen3_235b_a22b_is_its_public_config() -> None:
     # 128·4096 + 128 experts × 3·1536·4096; plus embedding and output 151936·4096 and the final norm
     layer = 2 * 8192 * 4096 + 2 * 512 * 4096 + 2 * 128 + 2 * 4096 + 128 * 4096 + 128 * 3 * 1536 * 4096
     assert count_params(big) == 94 * layer + 2 * 151936 * 4096 + 4096 == 235_093_634_560
-    assert sum(s.route == "matrix" for s in list_params(big)) == 94 * (2 + 1 + 2 * 128) == 24_346
+    assert sum(s.route == "matrix" for s in list_params(big)) == 94 * (2 + 2 * 128) == 24_252  # router on AdamW
 
 
 @pytest.mark.parametrize(

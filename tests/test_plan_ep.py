@@ -56,7 +56,7 @@ def test_the_moe_commands_plan_and_report_their_expert_dp_calls(argv: str, capsy
     got = json.loads(_plan(argv, capsys, "--json"))
     flags = dict(zip(argv.split()[::2], map(int, argv.split()[1::2]), strict=True))
     assert got["world"] == flags["--tp"] * flags.get("--pp", 1) * flags["--dp"] in (256, 1024)
-    assert got["ep"] == flags["--ep"] and got["matrices"] == 12432
+    assert got["ep"] == flags["--ep"] and got["matrices"] == 12384
     edp = got["collectives"]["edp"]  # 128 experts per layer: every EP rank has expert buckets
     assert edp["reduce_scatter"] == edp["all_gather"] >= 1
     # the dense matrix buckets and this EP rank's expert buckets are the GPU's matrix buckets

@@ -7,7 +7,7 @@ The regression the issue reported: Llama-3-70B at TP4·DP32 kept padded slices a
 padded was the slower step too (3075 against 2947 ms on H800). The step check catches that; the
 efficiency floor (``MIN_RATIO`` = 0.8 × largest-first) is the backstop: a choice by modelled step
 may keep padded slices at lower efficiency where their DP calls save more than the compute lost
-(Llama-3-70B TP8·PP2·DP8: 0.80 vs 0.97, 819 vs 826 ms), the worst such cell at 0.83.
+(Llama-3-70B TP8·PP2·DP8: 0.80 vs 0.97, 820 vs 836 ms), the worst such cell at 0.83.
 `canzona plan-bench --suite held-out` prints all 27 cells (results/planner/held_out_goals.md).
 """
 

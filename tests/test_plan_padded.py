@@ -153,12 +153,12 @@ def test_qwen3_32b_headline_meets_the_comm_goals() -> None:
 
 
 def test_moe_at_256_gpus_within_a_counted_work_budget() -> None:
-    """Qwen3-30B-A3B (12,432 matrices) on DP256: the work is counted, not timed. Padded (the auto
+    """Qwen3-30B-A3B (12,384 matrices) on DP256: the work is counted, not timed. Padded (the auto
     choice here): one greedy pass per seed over every rank of each item's group, then a bounded search."""
     params = list_params(get_model("qwen3-30b-a3b"))
     (plan,) = plan_model("qwen3-30b-a3b", Layout(dp=256), PlanConfig())
     n = len(plan.items)
-    assert n == 12_432 and plan.dp.layout == "padded"
+    assert n == 12_384 and plan.dp.layout == "padded"
     seeds = len(seed_settings(plan.config.alpha))
     assert plan.work <= seeds * n * 256 + WORK_BUDGET + WORK_PER_ITEM * n + 256 * 4 * 16
     m = plan_metrics([plan])

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from canzona.errors import ConfigError
+from canzona.models.routing import is_router
 from canzona.models.spec import ParamSpec
 from canzona.models.split import views_of
 
@@ -42,6 +43,15 @@ from canzona.models.split import views_of
 NO_MATRIX_OPTIMIZER = "no matrix optimizer"
 NOT_2D = "not 2-D"
 ROUTED = "2-D, routed to adamw"
+ROUTER = "2-D, a MoE router (adamw by design)"
+
+
+def _why_2d_on_adamw(name: str, has_matrix_optimizer: bool) -> str:
+    """A router on AdamW is the routing rule's design (canzona.models.routing.ROUTER), not a
+    weight a custom rule moved off the matrix optimizer: the two read apart."""
+    if not has_matrix_optimizer:
+        return NO_MATRIX_OPTIMIZER
+    return ROUTER if is_router(name) else ROUTED
 
 
 def check_ownership(
@@ -179,7 +189,7 @@ def attest(
     for name, s in specs.items():
         if name in on_matrix:
             continue
-        reason = NOT_2D if len(s.shape) != 2 else (ROUTED if has_matrix_optimizer else NO_MATRIX_OPTIMIZER)
+        reason = NOT_2D if len(s.shape) != 2 else _why_2d_on_adamw(name, has_matrix_optimizer)
         why[reason] = why.get(reason, 0) + 1
         if len(s.shape) == 2:
             not_2d.append(name)

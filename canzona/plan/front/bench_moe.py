@@ -1,6 +1,6 @@
 """MoE planning at scale (`canzona plan-bench --suite moe`): issue #36's planner goal.
 
-Qwen3-235B-A22B (94 layers × 128 experts, 24,346 matrices; the shipped HuggingFace config) at 256
+Qwen3-235B-A22B (94 layers × 128 experts, 24,252 matrices; the shipped HuggingFace config) at 256
 and 1024 GPUs, expert parallel, even and uneven pipeline stages (Megatron's first/last stage
 layer counts where PP does not divide 94), and Qwen3-30B-A3B on the README's three 256-GPU
 layouts. Each cell is planned once with ``PlanConfig()`` (α 0.5, layout and cooperation chosen by

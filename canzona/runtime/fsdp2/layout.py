@@ -27,6 +27,7 @@ from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.placement_types import Placement
 
 from canzona.errors import ConfigError
+from canzona.models.routing import is_router
 from canzona.models.spec import ParamSpec, Route
 from canzona.plan.engines import check_shardable
 from canzona.runtime.fsdp2.tiles import Tiles, matrix_tiles
@@ -38,8 +39,9 @@ NOT_MATRICES = ("embed", "tok_embeddings", "lm_head", "output.weight", "output_l
 
 def default_route(name: str, shape: tuple[int, ...]) -> Route:
     """``matrix`` for 2-D weights of the blocks, ``adamw`` for everything else (embeddings, the
-    output layer, norms, biases), as the Muon recipes route them."""
-    if len(shape) == 2 and not any(k in name for k in NOT_MATRICES):
+    output layer, norms, biases, MoE routers: canzona.models.routing.is_router, the one router
+    rule both engines share), as the Muon recipes route them."""
+    if len(shape) == 2 and not any(k in name for k in NOT_MATRICES) and not is_router(name):
         return "matrix"
     return "adamw"
 
