@@ -127,8 +127,9 @@ def headline_figure(table: pd.DataFrame, profile: str = "H800", overlap: str = "
     """2 × 2 panels: step (top) and iteration (bottom); paper-compatible (left) and beyond the
     paper (right); x = the Qwen3 models at 256 GPUs; the paper's claims as dotted lines."""
     plt = pyplot()
-    rows = family_rows(table, profile, overlap).to_dict("records") if not table.empty else []
-    bases = baselines(table) if not table.empty else []
+    family = family_rows(table, profile, overlap) if not table.empty else table
+    rows = family.to_dict("records") if not table.empty else []
+    bases = baselines(family) if not family.empty else []  # the projected ones: a measured-only peer has no bar
     claims = paper_claims()
     sides = (("paper-compatible: no cooperation, standard NS", False), ("beyond the paper: our additions", True))
     fig, axes = plt.subplots(2, 2, figsize=(12, 7.5), squeeze=False)
