@@ -123,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
             sp = run.uses_sequence_parallel
             est = estimate_memory_gb(lay.model, lay.tp, lay.pp, lay.dp, seq_len, micro_batch, sequence_parallel=sp)
             nodes = f", {profile.nodes_for(lay.world)} nodes" if profile else ""
-            head = f"{lay.model}: TP={lay.tp} PP={lay.pp} DP={lay.dp}{nodes}, SP {_on(sp)}"
+            ep = f" EP={lay.ep}" if lay.ep > 1 else ""
+            head = f"{lay.model}: TP={lay.tp} PP={lay.pp} DP={lay.dp}{ep}{nodes}, SP {_on(sp)}"
             print(f"\n{head}, est. {est:.1f} GB/GPU\n  {lay.reason}")
         print()
         if profile is not None and defn.device == "gpu":
