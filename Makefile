@@ -27,7 +27,7 @@ help:
 	@echo "make mutants            plant realistic bugs one at a time, report which the tests miss -> results/mutants/ (minutes)"
 	@echo "make notebook           execute analysis/table2.ipynb headless (nbconvert) -> results/table2.ipynb"
 	@echo "make planner-bench      planner quality at 256 GPUs -> results/planner/"
-	@echo "make bench-step         optimizer-step benchmark, 4 gloo ranks (qwen3-tiny, -32b-w16, -tiny-widefc1) -> results/bench_step/"
+	@echo "make bench-step         optimizer-step benchmark, 4 gloo ranks (qwen3-tiny, -32b-w16, -tiny-widefc1, -moe-tiny EP 2) -> results/bench_step/"
 	@echo "make bench-fsdp2        FSDP2 step on torchtitan's Qwen3: canzona / round-robin / all-gather vs muon-fsdp2, DistMuon; 4 gloo ranks -> results/bench_fsdp2/"
 	@echo "make bench-ns           Newton–Schulz methods side by side, fp32, one thread -> results/bench_ns/"
 	@echo "make soak               qwen3-micro, 4 gloo ranks, 2000 steps per engine: step time and RSS per rank -> results/soak/ (tens of minutes)"
@@ -117,7 +117,8 @@ planner-bench: $(STAMP)
 	$(VPY) -m canzona plan-bench --out results/planner
 
 # The measured optimizer-step runs of the embedded reproduction, alone (BENCH_RUNS in
-# experiments/reproduce_table2.py: qwen3-tiny, qwen3-32b-w16, qwen3-tiny-widefc1 on 4 gloo ranks).
+# experiments/reproduce_table2.py: qwen3-tiny, qwen3-32b-w16, qwen3-tiny-widefc1, qwen3-moe-tiny at EP 2 on
+# 4 gloo ranks).
 bench-step: $(STAMP)
 	$(VPY) experiments/reproduce_table2.py --cluster local --full --only bench-step
 

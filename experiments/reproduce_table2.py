@@ -121,6 +121,9 @@ BENCH_RUNS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
     ),
     ("widefc1_dp4_tp1", _WIDE, True),
     ("widefc1_dp4_tp1_nsfp32", (*_WIDE, "--ns-dtype", "fp32"), True),
+    # expert parallelism: qwen3-moe-tiny (top-2 of 8 experts) at DP 4 with the experts over EP 2. JSON
+    # only: Table 2's layout column (dp·tp·pp) does not show EP, so its row would read as a dense DP 4 one
+    ("moe_tiny_dp4_ep2", ("--model", "qwen3-moe-tiny", "--dp", "4", "--tp", "1", "--ep", "2"), False),
 )
 # The reduced default's bench runs: Qwen3-32B's structure at 1/16 width in fp32 Newton–Schulz (what the
 # projection validates), every strategy, and Canzona without cooperation beside it (the paper's method,
@@ -637,7 +640,7 @@ def default_steps(full: bool) -> list[Step]:
     )
     bench = (
         "every run of BENCH_RUNS: qwen3-tiny and qwen3-32b-w16 (Qwen3-32B's structure at 1/16 width) at DPxTP 2x2 "
-        "and 4x1, bf16 parameters, cooperative Newton–Schulz on qwen3-tiny-widefc1"
+        "and 4x1, bf16 parameters, cooperative Newton–Schulz on qwen3-tiny-widefc1, qwen3-moe-tiny at DP 4 EP 2"
         if full
         else "qwen3-32b-w16 (Qwen3-32B's structure at 1/16 width, NS fp32), DPxTP 2x2, every strategy, and Canzona "
         "without cooperation (paper-compatible) beside it"

@@ -98,6 +98,14 @@ FORMS: dict[str, Forms] = {
         "qwen3-micro, 2 steps: 4 forked gloo ranks",
         ("multiproc",),
     ),
+    "canzona bench-step --nproc 4 --model qwen3-moe-tiny --dp 4 --tp 1 --ep 2 --optimizer muon --steps 20": Forms(
+        (
+            "canzona bench-step --nproc 4 --model qwen3-moe-micro --dp 4 --tp 1 --ep 2 --optimizer muon --steps 1"
+            " --warmup 0",
+        ),
+        "qwen3-moe-micro, one step: qwen3-moe-tiny's 20 take minutes on 4 forked gloo ranks (`make bench-step`)",
+        ("multiproc",),
+    ),
     "canzona bench-fsdp2 --nproc 4 --steps 10": Forms(
         ("canzona bench-fsdp2 --nproc 4 --steps 2 --warmup 1 --model qwen3-micro --layers 1 --seq 16",),
         "torchtitan's Qwen3 at qwen3-micro's size, one layer, 2 steps: 4 forked gloo ranks (importing"

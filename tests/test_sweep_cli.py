@@ -34,6 +34,20 @@ def test_show_prints_layouts_with_reasons_and_nodes(main, capsys):
     )
 
 
+def test_show_and_dry_run_carry_the_ep_layout(main, capsys, tmp_path):
+    """The CPU Slurm sweep's EP cell: `show` prints EP beside the layout and the cell key, and the
+    allocation's job script runs `canzona train --ep 2`."""
+    sweep, local = str(ROOT / "slurm/sweeps/slurm-cpu.toml"), str(ROOT / "slurm/profiles/local-cpu.toml")
+    assert main(["sweep", "show", sweep]) == 0
+    out = capsys.readouterr().out
+    assert "qwen3-moe-micro: TP=1 PP=1 DP=4 EP=2," in out and "qwen3-micro: TP=2 PP=1 DP=2," in out
+    assert sum(ln.startswith("[") and ln.split("  (")[0].endswith("|ep=2") for ln in out.splitlines()) == 1
+    argv = ["sweep", "run", sweep, "--backend", "slurm", "--profile", local, "--dry-run", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    script = (tmp_path / "alloc01-qwen3-moe-micro.sbatch").read_text()
+    assert " --dp 4 --ep 2 " in script and " --ep 2 " not in (tmp_path / "alloc00-qwen3-micro.sbatch").read_text()
+
+
 def test_dry_run_writes_scripts_and_submits_nothing(main, capsys, tmp_path):
     rc = main(
         [

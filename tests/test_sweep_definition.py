@@ -251,3 +251,52 @@ def test_missing_file_and_bad_toml(tmp_path):
     f.write_text("[sweep\nname=")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_sweep(f)
+
+
+def test_an_ep_layout_makes_cells_that_train_with_ep():
+    """``ep`` in a [[layout]] (default 1) reaches the cell's spec, its key and slug (a cell without EP
+    keeps both as before), and the `canzona train` argv of the cell."""
+    d = copy.deepcopy(GOOD)
+    d["layout"].append({"model": "qwen3-moe-micro", "tp": 1, "pp": 1, "dp": 8, "ep": 2, "reason": "experts"})
+    d["grid"][0]["methods"] = ["sc", "canzona"]
+    dense, _, sc, cz = parse_sweep(d, "x.toml").cells()
+    assert dense.spec.layout.ep == 1 and "ep" not in dense.key and "_ep" not in dense.slug
+    assert [c.spec.layout.ep for c in (sc, cz)] == [2, 2]
+    assert cz.key == cell_key(cz.config()) and cz.key.endswith("|ep=2")
+    assert cz.slug.startswith("qwen3-moe-micro_tp1_pp1_dp8_ep2_canzona_muon")
+    argv = cz.train_args()
+    assert argv[argv.index("--ep") + 1] == "2" and argv[argv.index("--dp") + 1] == "8"
+    d["layout"].append(dict(d["layout"][1], ep=4))  # the same sizes at another EP are another layout
+    assert len(parse_sweep(d, "x.toml").cells()) == 6
+
+
+@pytest.mark.parametrize(
+    "layout,grid,match",
+    [
+        ({"ep": 3}, {}, r"\[\[layout\]\] #2: qwen3-moe-micro: EP=3 needs routed experts divisible by it"),
+        ({"ep": 8, "dp": 4, "tp": 2}, {}, r"#2: --ep 8 must divide --dp 4"),
+        ({"ep": 2, "dp": 4, "tp": 2}, {}, r"#2: --ep 2 with --tp 2"),
+        ({"ep": 2, "dp": 4, "pp": 2}, {}, r"#2: --ep 2 with --pp 2"),
+        ({"ep": 0}, {}, "ep must be >= 1"),
+        ({"ep": 2, "model": "qwen3-micro", "tp": 2, "dp": 4}, {}, "this model has none; use EP=1"),
+        ({"ep": 2}, {"optimizers": ["adamw"]}, r"\[\[grid\]\] 'grid1': --ep 2 shards expert matrices"),
+        ({"ep": 2}, {"methods": ["megatron-muon"]}, r"'grid1': --ep 2: the peer method megatron-muon"),
+    ],
+)
+def test_a_bad_ep_layout_is_refused_with_trains_message(layout, grid, match):
+    d = copy.deepcopy(GOOD)
+    d["layout"].append({"model": "qwen3-moe-micro", "tp": 1, "pp": 1, "dp": 8, "reason": "experts", **layout})
+    d["grid"][0].update(grid)
+    with pytest.raises(ConfigError, match=match):
+        parse_sweep(d, "x.toml")
+
+
+def test_the_slurm_cpu_sweep_has_one_ep_cell():
+    """The sweep the real-Slurm tests submit (tests/slurm/): three dense cells, one EP cell."""
+    cells = load_sweep(ROOT / "slurm/sweeps/slurm-cpu.toml").cells()
+    assert [(c.config()["model"], c.config()["method"], c.config()["ep"]) for c in cells] == [
+        ("qwen3-micro", "sc", 1),
+        ("qwen3-micro", "layerwise", 1),
+        ("qwen3-micro", "canzona", 1),
+        ("qwen3-moe-micro", "canzona", 2),
+    ]

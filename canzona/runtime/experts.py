@@ -45,6 +45,13 @@ def ep_rank_of(spec: ParamSpec, experts: int, ep: int) -> int | None:
     return None if spec.expert is None else spec.expert // (experts // ep)
 
 
+def held_by(stage_specs: Sequence[ParamSpec], ep: int, dp_rank: int) -> list[ParamSpec]:
+    """The parameters DP rank ``dp_rank`` holds under EP = ``ep``: every dense one and its EP rank's
+    experts, in the stage's order (a caller that builds its own matrices, as bench-step does)."""
+    experts = experts_per_layer(stage_specs)
+    return [s for s in stage_specs if ep_rank_of(s, experts, ep) in (None, dp_rank % ep)]
+
+
 def check_expert_layout(
     ex: ExpertParallel, local: Mapping[str, ParamSpec], dp: int, dp_rank: int, matrix_optimizer: bool
 ) -> None:
@@ -66,7 +73,7 @@ def check_expert_layout(
     experts = experts_per_layer(ex.stage_specs)
     if ep > 1 and (not experts or experts % ep):
         raise ConfigError(f"EP={ep} must divide the {experts} routed experts per layer; pick EP dividing {experts}")
-    want = {n for n, s in stage.items() if ep_rank_of(s, experts, ep) in (None, dp_rank % ep)}
+    want = {s.name for s in held_by(ex.stage_specs, ep, dp_rank)}
     got = set(local)
     if got != want or any(stage[n] != local[n] for n in got):
         odd = sorted(got ^ want) or sorted(n for n in got if stage[n] != local[n])

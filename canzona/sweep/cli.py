@@ -89,6 +89,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     common(q)
 
 
+def _ep(ep: int) -> str:
+    """A layout's EP beside its TP/PP/DP in `show`, only where it has one (a dense layout's line is unchanged)."""
+    return f" EP={ep}" if ep > 1 else ""
+
+
 def _on(flag: bool) -> str:
     return "on" if flag else "off"
 
@@ -123,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
             sp = run.uses_sequence_parallel
             est = estimate_memory_gb(lay.model, lay.tp, lay.pp, lay.dp, seq_len, micro_batch, sequence_parallel=sp)
             nodes = f", {profile.nodes_for(lay.world)} nodes" if profile else ""
-            head = f"{lay.model}: TP={lay.tp} PP={lay.pp} DP={lay.dp}{nodes}, SP {_on(sp)}"
+            head = f"{lay.model}: TP={lay.tp} PP={lay.pp} DP={lay.dp}{_ep(lay.ep)}{nodes}, SP {_on(sp)}"
             print(f"\n{head}, est. {est:.1f} GB/GPU\n  {lay.reason}")
         print()
         if profile is not None and defn.device == "gpu":

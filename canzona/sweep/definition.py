@@ -3,7 +3,8 @@
 A sweep file is TOML (read with tomllib) with three kinds of tables:
 
     [sweep]            name, world size, sequence/batch sizes, warm-up and measured iterations
-    [[layout]]         one TP × PP × DP layout per model, with the *reason* it was chosen
+    [[layout]]         one TP × PP × DP layout per model (EP inside DP: ``ep``, default 1), with
+                       the *reason* it was chosen
     [[grid]]           methods × optimizers crossed with (a subset of) the layouts
 
 The file is the single source of truth for both the cluster launcher and the local executor:
@@ -26,14 +27,15 @@ from canzona.cost import optimizer_names
 from canzona.errors import ConfigError
 from canzona.models import get_model
 from canzona.spec import RunSpec, get_method, leaves, method_names
+from canzona.spec.checks import expert_layout
 from canzona.spec.flags import to_argv
 from canzona.sweep.profile import read_toml
 
 DEVICES = ("gpu", "cpu")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # Spec fields a sweep or grid does NOT set as a run setting: the layout and the label (from
-# [[layout]] / the grid's variant; a [[layout]] has no EP size yet, so sweeps run EP 1), what a
-# grid crosses (methods, optimizers, ns_dtypes), the sweep-wide device, and the named configuration.
+# [[layout]], EP included, / the grid's variant), what a grid crosses (methods, optimizers,
+# ns_dtypes), the sweep-wide device, and the named configuration.
 NS_FORMATS = ("fp32", "bf16")  # a sweep names concrete formats: "auto" would differ between nodes
 REQUIRED_SETTINGS = ("seq_len", "micro_batch", "global_batch", "warmup", "iters")  # no silent defaults
 NOT_SETTINGS = ("model", "tp", "pp", "dp", "ep", "method", "optimizer", "ns_dtype", "device", "variant", "name")
@@ -56,7 +58,8 @@ SETTINGS: dict[str, tuple[type, ...]] = {
 
 @dataclass(frozen=True)
 class Layout:
-    """One model's parallel layout; ``reason`` records why these TP/PP/DP sizes were chosen."""
+    """One model's parallel layout; ``reason`` records why these TP/PP/DP sizes were chosen.
+    ``ep``: expert parallelism inside DP (an MoE model's experts sharded over ``ep`` DP ranks)."""
 
     model: str
     tp: int
@@ -64,6 +67,7 @@ class Layout:
     dp: int
     reason: str
     time_min: int | None = None
+    ep: int = 1
 
     @property
     def world(self) -> int:
@@ -101,8 +105,9 @@ class Cell:
         """File-system-safe, human-readable, unique per key (used for per-cell result files)."""
         r = self.spec.record_config()
         ns = f"_ns{r['ns_dtype']}" if r["ns_dtype"] else ""
+        ep = f"_ep{r['ep']}" if r["ep"] != 1 else ""  # a run without EP keeps its slug, as its key
         return (
-            f"{r['model']}_tp{r['tp']}_pp{r['pp']}_dp{r['dp']}_{r['method']}_{r['optimizer']}"
+            f"{r['model']}_tp{r['tp']}_pp{r['pp']}_dp{r['dp']}{ep}_{r['method']}_{r['optimizer']}"
             f"_s{r['seq_len']}_gb{r['global_batch']}_{r['dtype']}{ns}"
         )
 
@@ -168,13 +173,14 @@ class SweepDefinition:
                     continue
                 for method, opt, ns in itertools.product(g.methods, g.optimizers, g.ns_dtypes or (self.ns_dtype,)):
                     base = RunSpec(model=lay.model).replace(
-                        tp=lay.tp, pp=lay.pp, dp=lay.dp, method=method, optimizer=opt, device=self.device
+                        tp=lay.tp, pp=lay.pp, dp=lay.dp, ep=lay.ep, method=method, optimizer=opt, device=self.device
                     )
                     run = base.replace(
                         **{k: v for k, v in st.items() if base.applies(k)},
                         ns_dtype=ns if base.runs_newton_schulz else None,
                         variant=g.variant,
                     )
+                    _check_experts(f"{self.source} [[grid]] {g.label!r}", run)  # a peer or AdamW under EP
                     c = Cell(run, time_min=lay.time_min or self.time_min, grid=g.label)
                     prev = out.get(c.key)
                     if prev is not None and prev.spec != c.spec:
@@ -257,15 +263,19 @@ def _parse_layout(t: Any, w: str, s: dict[str, Any]) -> Layout:
             "dp": (int, True),
             "reason": (str, True),
             "time_min": (int, False),
+            "ep": (int, False),
         },
     )
-    _positive(w, tp=v["tp"], pp=v["pp"], dp=v["dp"], time_min=v.get("time_min"))
+    ep = v.get("ep", 1)
+    _positive(w, tp=v["tp"], pp=v["pp"], dp=v["dp"], ep=ep, time_min=v.get("time_min"))
     model = get_model(v["model"]).name
     try:
         get_model(model).validate_layout(tp=v["tp"], pp=v["pp"])
     except ConfigError as exc:
         raise ConfigError(f"{w}: {exc}") from None
-    lay = Layout(model, v["tp"], v["pp"], v["dp"], v["reason"].strip(), v.get("time_min"))
+    lay = Layout(model, v["tp"], v["pp"], v["dp"], v["reason"].strip(), v.get("time_min"), ep)
+    # EP dividing the experts and DP, at TP 1 and PP 1: `canzona train --ep`'s own check
+    _check_experts(w, RunSpec(model=model).replace(tp=lay.tp, pp=lay.pp, dp=lay.dp, ep=ep))
     if not lay.reason:
         raise ConfigError(f"{w}: reason is empty; write down why this TP/PP/DP was chosen")
     if lay.world != s["world"]:
@@ -276,6 +286,14 @@ def _parse_layout(t: Any, w: str, s: dict[str, Any]) -> Layout:
             f"{s['world']}; change dp to {fix}"
         )
     return lay
+
+
+def _check_experts(where: str, run: RunSpec) -> None:
+    """The spec's expert-layout check (``canzona.spec.checks.expert_layout``), naming the table."""
+    try:
+        expert_layout(run, None, None)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def _check_batch(w: str, lay: Layout, global_batch: int, micro_batch: int) -> None:
@@ -367,8 +385,8 @@ def parse_sweep(data: dict[str, Any], source: str = "<sweep>") -> SweepDefinitio
         w = f"{source} [[layout]] #{i + 1}"
         lay = _parse_layout(t, w, s)
         _check_batch(w, lay, s["global_batch"], s["micro_batch"])
-        if any((o.model, o.tp, o.pp, o.dp) == (lay.model, lay.tp, lay.pp, lay.dp) for o in layouts):
-            raise ConfigError(f"{w}: {lay.model} TP={lay.tp} PP={lay.pp} DP={lay.dp} is listed twice")
+        if any((o.model, o.tp, o.pp, o.dp, o.ep) == (lay.model, lay.tp, lay.pp, lay.dp, lay.ep) for o in layouts):
+            raise ConfigError(f"{w}: {lay.model} TP={lay.tp} PP={lay.pp} DP={lay.dp} EP={lay.ep} is listed twice")
         layouts.append(lay)
 
     raw_grids = data.get("grid", [])

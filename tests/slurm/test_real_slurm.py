@@ -1,6 +1,7 @@
 """Sweeps on a real Slurm (tools/slurm-local/up.sh: slurmctld, two slurmd emulating nodes n1 and
 n2 on this host, with or without slurmdbd): what a cluster user does, with real sbatch, srun,
-scancel, scontrol and torchrun per node, on qwen3-micro with 2 nodes x 2 gloo ranks.
+scancel, scontrol and torchrun per node, on qwen3-micro with 2 nodes x 2 gloo ranks (and, in the
+shipped sweep, one expert-parallel cell of qwen3-moe-micro at DP 4 EP 2 in a second allocation).
 
 Each test names the defect of issue #24 it pins. They run in .ci/run after `make test`, once
 without accounting and once with slurmdbd (``-m slurm``; `make test` leaves them out).
@@ -31,6 +32,7 @@ pytestmark = pytest.mark.slurm
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "slurm/profiles/local-cpu.toml"
 SWEEP = ROOT / "slurm/sweeps/slurm-cpu.toml"
+EP_PART = "# Expert parallelism:"  # where slurm-cpu.toml's EP layout and grid begin (kept last there)
 
 
 def canzona(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
@@ -44,8 +46,11 @@ def dirs(tmp: Path) -> list[str]:
 
 
 def write_sweep(tmp: Path, name: str, methods: list[str], *, iters: int, time_min: int) -> Path:
-    """A variant of slurm/sweeps/slurm-cpu.toml (same layout) with its own name and limits."""
+    """A variant of slurm/sweeps/slurm-cpu.toml (its dense layout only, one allocation) with its own
+    name, methods and limits."""
     text = SWEEP.read_text()
+    assert EP_PART in text, f"{SWEEP} lost its {EP_PART!r} part: update write_sweep"
+    text = text[: text.index(EP_PART)]
     text = text.replace('name = "slurm-cpu"', f'name = "{name}"').replace("iters = 3", f"iters = {iters}")
     text = text.replace("time_min = 4", f"time_min = {time_min}")
     text = re.sub(r"methods = \[.*\]", "methods = " + json.dumps(methods), text)
@@ -166,8 +171,8 @@ def cell_dir(paths: SweepPaths, job: str, cell) -> Path:
 
 
 def test_sweep_end_to_end_with_a_requeue_then_table2_rows(cluster, tmp_path, cancel_after):
-    """The shipped CPU sweep: preflight job -> one allocation -> three srun steps -> lines ->
-    collect -> `make table2`'s collection and table. The allocation is requeued (scontrol
+    """The shipped CPU sweep: preflight job -> one allocation with three srun steps, then the EP
+    cell's allocation -> lines -> collect -> `make table2`'s collection and table. The allocation is requeued (scontrol
     requeue) while its second cell runs: the requeued job skips the finished cell, reruns the
     interrupted one, and --wait (printing job ids at once, then each state change) returns 0.
     Defects 1 (--wait returns without accounting), 5 (ids at submission, summary, exit), 8."""
@@ -175,7 +180,8 @@ def test_sweep_end_to_end_with_a_requeue_then_table2_rows(cluster, tmp_path, can
     paths = SweepPaths.for_sweep(defn.name, tmp_path / "runs", tmp_path / "results")
     run, jobs = submit_waiting(SWEEP, PROFILE, tmp_path, cancel_after)
     alloc = jobs["alloc00-qwen3-micro"]
-    first, second, _ = defn.cells()
+    first, second, _, ep_cell = defn.cells()
+    assert ep_cell.spec.layout.ep == 2 and ep_cell.key.endswith("|ep=2")
     wait_until(lambda: (cell_dir(paths, alloc, second) / "start").is_file(), 400, "the second cell to start")
     assert (cell_dir(paths, alloc, first) / "exit").read_text().strip() == "0"
     wait_until(lambda: ranks(str(paths.cell_results(second)), "n2"), 120, "the second cell's ranks on n2")
@@ -183,14 +189,14 @@ def test_sweep_end_to_end_with_a_requeue_then_table2_rows(cluster, tmp_path, can
     assert requeue.returncode == 0, requeue.stderr
     rc, out = run.finish(timeout=900)
     assert rc == 0, out
-    assert f"job {alloc} (alloc00-qwen3-micro): RUNNING" in out and "3 done, 0 failed, 0 pending of 3 cells" in out
+    assert f"job {alloc} (alloc00-qwen3-micro): RUNNING" in out and "4 done, 0 failed, 0 pending of 4 cells" in out
     # one line per cell: the finished cell was not run again, the interrupted one ran once more
-    assert [len(read_lines(paths.cell_results(c)).valid) for c in defn.cells()] == [1, 1, 1]
+    assert [len(read_lines(paths.cell_results(c)).valid) for c in defn.cells()] == [1, 1, 1, 1]
     assert any("already done" in f.read_text() for f in cell_dir(paths, alloc, first).glob("task*.log"))
     no_orphans(tmp_path)
 
     again = canzona("sweep", "run", str(SWEEP), *dirs(tmp_path), "--backend", "slurm", "--profile", str(PROFILE))
-    assert again.returncode == 0 and "submitted 0 cell(s)" in again.stdout and "3 already done" in again.stdout
+    assert again.returncode == 0 and "submitted 0 cell(s)" in again.stdout and "4 already done" in again.stdout
 
     # `make table2`: collect every sweep found under runs/, then the table from the collected files
     spec = importlib.util.spec_from_file_location("rt2", ROOT / "experiments/reproduce_table2.py")
@@ -205,6 +211,8 @@ def test_sweep_end_to_end_with_a_requeue_then_table2_rows(cluster, tmp_path, can
     rows = [r for r in csv.DictReader((tmp_path / "table/table2.csv").open()) if r["model"] == "qwen3-micro"]
     assert len(rows) == 1 and rows[0]["provenance"].startswith("measured"), rows
     assert all(float(rows[0][f"{m} iter ms"]) > 0 for m in ("sc", "layerwise", "canzona")), rows
+    moe = [r for r in csv.DictReader((tmp_path / "table/table2.csv").open()) if r["model"] == "qwen3-moe-micro"]
+    assert len(moe) == 1 and float(moe[0]["canzona iter ms"]) > 0, moe
 
 
 def test_failures_are_named_and_the_allocation_moves_on(cluster, tmp_path, cancel_after):

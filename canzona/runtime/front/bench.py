@@ -2,7 +2,9 @@
 
 Forks N gloo ranks (or uses NCCL on GPUs), builds a Qwen3-structured model's matrices, and
 times sc, layerwise, asc and canzona on the same seeded gradients, interleaved step by step inside
-the same processes, so the ratios compare like with like. Prints one JSON object (medians over
+the same processes, so the ratios compare like with like. With ``--ep`` (an MoE model) each rank
+builds the dense matrices and its EP rank's experts, and expert buckets are reduced and gathered
+over the expert-DP group, as `canzona train --ep` steps them. Prints one JSON object (medians over
 measured steps, max across ranks) and optionally writes it and schema records to results/.
 """
 
@@ -34,7 +36,6 @@ KNOBS = Knobs(
         "pp": "one stage: the benchmark builds every matrix of the model on dp·tp ranks",
         "sequence_parallel": "an optimizer step has no activations to split, and the benchmark registers "
         "matrices only, so no norm gradient to sum across TP (its records hold None)",
-        "ep": "every rank holds every matrix: the step benchmark builds no expert-DP groups yet",
         "batch": "an optimizer step has no batch (its records hold None)",
         "seed": "fixed, so every strategy steps from the same weights on the same gradients",
         "adamw_lr": "only the matrix optimizer's step is timed: no parameter goes to AdamW",
@@ -60,7 +61,7 @@ KNOBS = Knobs(
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_flags(p, KNOBS)
-    p.add_argument("--nproc", type=int_in(1, 1024), default=4, help="ranks to fork (= dp·tp)")
+    p.add_argument("--nproc", type=int_in(1, 1024), default=4, help="ranks to fork (= dp·tp; EP is inside DP)")
     p.add_argument(
         "--strategies",
         default=",".join(STRATEGIES),
@@ -94,21 +95,27 @@ def entry_spec(entry: str, args: argparse.Namespace) -> RunSpec:
 
 
 def _rank(info: Any, runs_by_entry: dict[str, RunSpec], steps: int, warmup: int) -> dict:
-    from canzona.runtime.launch import dp_tp_groups
+    from canzona.runtime.experts import ExpertParallel, held_by
+    from canzona.runtime.launch import dp_tp_groups, expert_dp_group
     from canzona.runtime.optimizer import DistributedOptimizer
 
     entries = list(runs_by_entry)
     first = runs_by_entry[entries[0]]
-    dp, tp = first.layout.dp, first.layout.tp
+    dp, tp, ep = first.layout.dp, first.layout.tp, first.layout.ep
     # the model's matrices only: the step under test is the matrix optimizer's (AdamW's ZeRO-1
     # part is the same code for every strategy and is exercised by the harness)
     model = get_model(first.model)
-    groups = dp_tp_groups(info.rank, dp, tp, timeout_s=first.comm.collective_timeout_s)
+    timeout = first.comm.collective_timeout_s
+    groups = dp_tp_groups(info.rank, dp, tp, timeout_s=timeout)
+    edp = expert_dp_group(info.rank, dp, tp, 1, ep, timeout_s=timeout) if ep > 1 else None
     gen = torch.Generator().manual_seed(1234 + info.rank // tp)
     runs = {}
     for entry, spec in runs_by_entry.items():
         dtype = PARAM_DTYPES[spec.machine.dtype]
-        specs = [s for s in list_params(model, tp=tp, split=spec.splits) if s.route == "matrix"]  # an entry's views
+        stage = [s for s in list_params(model, tp=tp, split=spec.splits) if s.route == "matrix"]  # an entry's views
+        # under EP: every rank plans the stage's every expert and holds its own EP rank's
+        experts = ExpertParallel(ep, edp, tuple(stage)) if ep > 1 else None
+        specs = held_by(stage, ep, info.rank // tp)
         params = [
             (
                 s.name,
@@ -121,7 +128,8 @@ def _rank(info: Any, runs_by_entry: dict[str, RunSpec], steps: int, warmup: int)
             )
             for s in specs
         ]
-        runs[entry] = (DistributedOptimizer(params, *groups, spec.dist_config(timers=True)), params)
+        opt = DistributedOptimizer(params, *groups, spec.dist_config(timers=True), experts=experts)
+        runs[entry] = (opt, params)
     times: dict[str, list[dict[str, float]]] = {s: [] for s in entries}
     # Interleaved: each step times every strategy in turn on the same gradients, so drift in the
     # machine's load (other processes, thermal) hits all strategies alike instead of one block.
@@ -176,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
         "world": args.nproc,
         "dp": first.layout.dp,
         "tp": first.layout.tp,
+        "ep": first.layout.ep,
         "model": first.model,
         "optimizer": first.optim.optimizer,
         "steps": steps,
@@ -215,8 +224,9 @@ def run(args: argparse.Namespace) -> int:
 def _text(args: argparse.Namespace, out: dict[str, Any]) -> str:
     """The human-readable summary: each entry's median step, vs sc, and each variant against its strategy."""
     lines = [
-        f"{out['model']} {out['optimizer']}: world {args.nproc} = dp {out['dp']} × tp {out['tp']}, "
-        f"median of {out['steps']} steps"
+        f"{out['model']} {out['optimizer']}: world {args.nproc} = dp {out['dp']} × tp {out['tp']}"
+        + (f" (ep {out['ep']} inside dp)" if out["ep"] > 1 else "")
+        + f", median of {out['steps']} steps"
     ]
     for s, ms in out["step_ms"].items():
         vs_sc = f"   vs sc {out['speedup_vs_sc'][s]:5.2f}x" if s in out["speedup_vs_sc"] else ""
