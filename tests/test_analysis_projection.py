@@ -454,6 +454,34 @@ def test_batch_study_reaches_the_claim_below_our_batch() -> None:
         assert reach["tokens"] < 256 * 4096  # our batch does not reach it in either view
 
 
+def test_a_peer_is_validated_against_the_model_of_its_code(tmp_path: Path, toy) -> None:
+    """megatron-layerwise's registry entry names the baseline that models its code (megatron-main):
+    its measured line is projected by that model and says so; a peer no model covers is skipped."""
+    from dataclasses import replace
+
+    from canzona.analysis.projection import validate_against
+    from canzona.analysis.projection.scenario import METHODS
+    from canzona.analysis.projection.validate import modelled_as
+    from canzona.spec.methods import methods
+    from tests.analysis_records import make_record
+
+    assert modelled_as("megatron-layerwise") == "megatron-main" and modelled_as("canzona") == "canzona"
+    assert {m.modelled_by for m in methods().values()} <= {"", *METHODS}
+    prof = replace(toy(), kind="cpu", name="toy-cpu", param_bytes=4)
+    s = Scenario("qwen3-micro", Layout(2, 2, 1), "megatron-main", seq_len=1, global_batch=2, **AS_LINES_RAN)
+    want = project(s, prof).step_ms
+    recs = [
+        make_record(model="qwen3-micro", method="megatron-layerwise", kind="step", step=(want, want, 5)),
+        make_record(model="qwen3-micro", method="megatron-muon", kind="step", step=(1, 1, 5), timestamp="t2"),
+    ]
+    f = tmp_path / "m.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    v = validate_against(f, prof)
+    peer = v[(v["method"] == "megatron-layerwise") & (v["timing"] == "step")].iloc[0]
+    assert peer["projected_ms"] == pytest.approx(want) and "megatron-main model" in peer["note"]
+    assert "not modelled" in v[v["method"] == "megatron-muon"].iloc[0]["note"]
+
+
 def test_validate_skips_lines_in_another_number_format(tmp_path: Path, toy) -> None:
     """A profile's times are for one Newton–Schulz format and parameter width: a line measured in
     another is listed as skipped, never compared (bf16 NS against fp32 times read as a 2x error)."""

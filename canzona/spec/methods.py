@@ -27,6 +27,9 @@ class Method:
                     backend (Megatron's layer-wise optimizer with its shard-aligned bucket layout)
     splits          the split views it executes (``canzona.models.split``); Megatron's Muon has
                     QKV only (``muon_split_qkv``)
+    modelled_by     the projection's independent model of this peer's code (a method of
+                    ``canzona.analysis.projection``), which ``canzona project --validate`` compares
+                    its measured lines with; empty: none models it
     """
 
     name: str
@@ -37,6 +40,7 @@ class Method:
     peer_options: tuple[str, ...] = ()
     sharded_update: bool = False
     splits: tuple[str, ...] = ("qkv", "gate_up")
+    modelled_by: str = ""
     help: str = ""
 
     def runs(self, optimizer: str) -> bool:
@@ -109,6 +113,9 @@ register_peer(
         peer_options=("muon_tp_mode",),
         sharded_update=True,
         splits=("qkv",),
+        # its layer-wise distributed optimizer as merged on Megatron-LM main; the peer runs the
+        # megatron-core 0.19.2 release of it (whole matrices LPT-packed per bucket)
+        modelled_by="megatron-main",
         help="today's Megatron: its Muon under its layer-wise distributed optimizer (whole matrices "
         "LPT-packed into shard-aligned reduce-scatter / all-gather buckets), on every backend",
     )

@@ -65,6 +65,7 @@ def validate_against(
         s = _scenario_of(r, overlap)
         p = cache.get((s,)) or project(s, profile)
         cache[(s,)] = p
+        note = "" if s.method == r["method"] else f"projected by the {s.method} model of its code"
         pairs = [("step", r["step_ms"], p.step_ms)]
         for t, proj in (("iteration", p.iteration_ms), ("fwd_bwd", p.fwd_bwd_ms)):
             if finite(r.get(f"{t}_ms")) and math.isfinite(proj):
@@ -74,9 +75,23 @@ def validate_against(
         for timing, meas, proj in pairs:
             err = proj / meas - 1 if meas and meas > 0 else math.nan
             rows.append(
-                dict(base, timing=timing, measured_ms=float(meas), projected_ms=float(proj), error=err, note="")
+                dict(base, timing=timing, measured_ms=float(meas), projected_ms=float(proj), error=err, note=note)
             )
     return pd.DataFrame(rows)
+
+
+def modelled_as(method: str) -> str:
+    """The projected method a measured one is compared with: itself, or the model a peer's registry
+    entry names (``Method.modelled_by``: megatron-layerwise is projected by megatron-main)."""
+    from canzona.errors import ConfigError
+    from canzona.spec.methods import get_method
+
+    if method in METHODS:
+        return method
+    try:
+        return get_method(method).modelled_by or method
+    except ConfigError:
+        return method
 
 
 def _skip_reason(r: dict[str, Any], profile: Profile) -> str | None:
@@ -84,7 +99,7 @@ def _skip_reason(r: dict[str, Any], profile: Profile) -> str | None:
     projection does not model, or another number format than the one the profile's times are for."""
     from canzona.models import MODELS
 
-    if r["method"] not in METHODS:
+    if modelled_as(r["method"]) not in METHODS:
         return f"method {r['method']!r} is not modelled"
     if r["model"] not in MODELS:
         return f"model {r['model']!r} unknown"
@@ -110,7 +125,7 @@ def _scenario_of(r: dict[str, Any], overlap: str) -> Scenario:
     return Scenario(
         r["model"],
         Layout(dp, tp, pp),
-        r["method"],
+        modelled_as(r["method"]),
         optimizer=r["optimizer"],
         seq_len=seq,
         micro_batch=mbatch,
