@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from canzona.analysis.projection.scenario import PAPER_BATCH
-from canzona.argtypes import existing_path
+from canzona.argtypes import existing_path, int_in
 from canzona.spec.flags import MATRIX_OPTIMIZERS, NOT_PRICED, Derived, Knobs, add_flags, flag, overrides
 
 # The run knobs `canzona project` takes (canzona.spec.flags), and where a projection departs from a run.
@@ -49,7 +49,6 @@ KNOBS = Knobs(
         **NOT_PRICED,
         "comm": "the overlap view (--overlap) stands for what the runtime overlaps; the α–β model picks collectives",
         "machine": "priced on the profile: its parameter format (Profile.param_bytes), no device or kernel choice",
-        "ep": "the projection prices dense layouts: `canzona plan --ep` prices an EP layout's expert-DP calls",
     },
     defaults={
         "model": "qwen3-32b",
@@ -68,6 +67,8 @@ KNOBS = Knobs(
         "methods": "the methods projected side by side (the method knob as a list)",
         "overlap": "the overlap views projected (none, megatron): a projection's, not a run's",
         "views": "split views of fused parameters; a run registers them fused, as Megatron does",
+        "first_stage_layers": "uneven PP stages (Megatron's num_layers_in_first_pipeline_stage), as `canzona plan`",
+        "last_stage_layers": "uneven PP stages (Megatron's num_layers_in_last_pipeline_stage), as `canzona plan`",
         "out": "output file or folder",
         "json": "output form",
     },
@@ -76,7 +77,7 @@ KNOBS = Knobs(
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_flags(p, KNOBS)
-    p.add_argument("--preset", choices=("paper", "authors"), help="a fixed projection set (see module doc)")
+    p.add_argument("--preset", choices=("paper", "moe", "authors"), help="a fixed projection set (see module doc)")
     p.add_argument(
         "--validate",
         nargs="+",
@@ -85,6 +86,13 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="compare with measured result lines (files/folders)",
     )
     p.add_argument("--layout", type=_layout_arg, default=None, help="dp,tp,pp (not with --dp/--tp/--pp or --preset)")
+    for end in ("first", "last"):
+        p.add_argument(
+            f"--{end}-stage-layers",
+            type=int_in(1, 1 << 20),
+            default=None,
+            help=f"layers of the {end} PP stage (Megatron's num_layers_in_{end}_pipeline_stage; default: even stages)",
+        )
     p.add_argument("--methods", default="sc,layerwise,asc,canzona")
     p.add_argument(
         "--overlap", action="append", choices=("none", "megatron"), help="overlap view; repeatable (default none)"
@@ -140,7 +148,8 @@ def _knobs(args: argparse.Namespace) -> dict[str, Any]:
         lay = _layout(args.layout)
         given |= {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp}
     spec = RunSpec().replace(**KNOBS.base()).replace(**{k: v for k, v in given.items() if k not in KNOBS.repeat})
-    return {n: spec.flat()[n] for n in KNOBS.fields if n not in KNOBS.repeat}
+    ends = {k: getattr(args, k) for k in ("first_stage_layers", "last_stage_layers")}
+    return {n: spec.flat()[n] for n in KNOBS.fields if n not in KNOBS.repeat} | ends
 
 
 def _speedups(res: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -184,7 +193,8 @@ def run(args: argparse.Namespace) -> int:
     if args.validate:
         return _validate(args.validate, profiles, Path(args.out or "results"))
     if args.preset:
-        given = [flag(n) for n in ("layout", "dp", "tp", "pp") if getattr(args, n) is not None]
+        lay = ("layout", "dp", "tp", "pp", "ep", "first_stage_layers", "last_stage_layers")
+        given = [flag(n) for n in lay if getattr(args, n) is not None]
         if given:
             from canzona.errors import ConfigError
 
@@ -321,16 +331,18 @@ def _write_preset(name: str, out: Path, profiles: list[Any] | None) -> int:
         for fname, rows in studies.items():
             write_atomic(out / fname, pd.DataFrame(rows).to_csv(index=False))
             written.append(out / fname)
-    head = [p for p in projs if p.scenario.model == "qwen3-32b" and p.scenario.optimizer == PAPER_OPTIMIZER]
+    moe = name == "moe"  # every MoE model and layout; the other presets print Qwen3-32B
+    head = [p for p in projs if (moe or p.scenario.model == "qwen3-32b") and p.scenario.optimizer == PAPER_OPTIMIZER]
     groups: dict[tuple[str, str, str, bool], dict[str, Any]] = {}
     for p in head:
-        s = p.scenario
-        groups.setdefault((p.profile.name, s.overlap, s.cost, s.cooperative), {})[s.method] = p
+        s, lay = p.scenario, p.scenario.layout
+        where = f"{s.model} dp·tp·pp·ep {lay.dp}·{lay.tp}·{lay.pp}·{lay.ep} " if moe else ""
+        groups.setdefault((where + p.profile.name, s.overlap, s.cost, s.cooperative), {})[s.method] = p
     _print(
         [
             (f"{prof} cost={cost} coop={'on (beyond the paper)' if coop else 'off (paper-compatible)'}", ov, res)
             for (prof, ov, cost, coop), res in groups.items()
-            if len(res) > 1
+            if len(res) > 1 or moe
         ]
     )
     print(f"\nwrote {', '.join(map(str, written))} ({len(projs)} records in {written[0].name})")

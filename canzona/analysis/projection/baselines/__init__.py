@@ -67,7 +67,7 @@ class Baseline:
         return [
             self.charge(
                 Cell(
-                    tuple(list_params(cfg, tp=layout.tp, pp=layout.pp, stage=st)),
+                    tuple(list_params(cfg, tp=layout.tp, pp=layout.pipeline, stage=st)),
                     layout,
                     profile,
                     optimizer,
