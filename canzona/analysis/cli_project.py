@@ -9,8 +9,9 @@
 deterministic, so rerunning replaces it); the presets are listed in
 ``canzona.analysis.projection.presets``: ``paper`` (every Qwen3 model at 256 GPUs x methods x
 the four GPU profiles x overlap views ``none`` and ``megatron``, plus Qwen3-32B with numel
-balancing on H800 and with Shampoo / SOAP) -> ``projected.jsonl``, and ``authors`` (the authors'
-Qwen3-32B configuration) -> ``projected_authors.jsonl``. ``paper`` also writes
+balancing on H800 and with Shampoo / SOAP) -> ``projected.jsonl``, ``moe`` (Qwen3-30B-A3B and
+Qwen3-235B-A22B at EP 8 on H800, 256 and 1024 GPUs) -> ``projected_moe.jsonl``, and ``authors``
+(the authors' Qwen3-32B configuration) -> ``projected_authors.jsonl``. ``paper`` also writes
 ``OUT/projection_sensitivity.csv`` (Qwen3-32B on H800 as batch, layout, views and profile
 constants change), ``OUT/projection_batch.csv`` (iteration speedup against tokens per
 iteration, per GPU profile and view, marking where the paper's 1.57× is reached) and
@@ -26,6 +27,9 @@ Megatron's Muon) are taken as a run takes them: the step's TP all-reduce of SP-p
 gradients, the activation memory, and each split matrix priced by its parts, for Canzona's
 strategies and the modelled Megatron baselines alike. fwd/bwd stays priced by MFU (no TP
 activation traffic is modelled, with SP or without).
+``--ep`` prices an expert-parallel layout (expert buckets reduced and owned over expert-DP groups
+of dp / ep ranks, for Canzona's strategies and the modelled Megatron baselines alike), and
+``--first-stage-layers`` / ``--last-stage-layers`` Megatron's uneven end stages.
 ``--validate`` writes ``OUT/projection_validation.csv``.
 """
 
