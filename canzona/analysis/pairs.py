@@ -36,8 +36,8 @@ BASELINE_TP = {
 
 
 def config_text(tok: dict[str, str]) -> str:
-    """The knobs a comparison holds fixed, from a projected row's source tokens (sequence parallelism
-    and the split views where the line names them: ``records.detail_string``)."""
+    """The knobs a comparison holds fixed, from a projected row's source tokens (sequence parallelism,
+    the split views, EP and uneven end stages where the line names them: ``records.detail_string``)."""
     if "coop" not in tok:
         return f"cost {tok.get('cost', '?')} · cooperation, NS method and α not recorded (an older line)"
     coop = tok["coop"]
