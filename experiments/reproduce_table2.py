@@ -23,7 +23,8 @@ default a reduced run (a few minutes on 2 cores) that still writes every artifac
                   (reduced: Table 2's five layouts -> results/planner/table2/)
   4. projection   PROJECTED 256-GPU times from the plans + GPU hardware profiles:
                   `canzona project --preset paper` -> results/projected.jsonl (+ the sensitivity,
-                  batch and beyond-the-paper studies), `--preset authors` -> results/projected_authors.jsonl
+                  batch and beyond-the-paper studies), `--preset moe` -> results/projected_moe.jsonl (the
+                  MoE rows, EP 8; full runs only), `--preset authors` -> results/projected_authors.jsonl
   5. calibration  MEASURED: this CPU's profile: reduced, a short calibration (cpu-here, results/calibration/;
                  reused by a rerun on this host); full, the cpu-local one. The committed cpu-local
                  profile (another VM) is only a reference for the reduced run
@@ -454,7 +455,8 @@ def result_files() -> list[Path]:
     """Every results file Table 2 is built from: the measured sweeps and the projections."""
     names = ["table2.jsonl", "table2-local.jsonl", "bench_step/bench_step.jsonl"]
     files = [RESULTS / n for n in names if (RESULTS / n).is_file()]
-    files += [RESULTS / n for n in ("projected.jsonl", "projected_authors.jsonl") if (RESULTS / n).is_file()]
+    projected = ("projected.jsonl", "projected_moe.jsonl", "projected_authors.jsonl")
+    files += [RESULTS / n for n in projected if (RESULTS / n).is_file()]
     return files
 
 
@@ -700,14 +702,19 @@ def embedded_default(args: argparse.Namespace) -> int:
 
 
 def _projection(step: Step, run: Run) -> None:
-    for preset in ("paper", "authors"):
+    """The presets; ``moe`` (about five minutes on one core: its 94-layer 235B plans) only in a full
+    run, a reduced one reads the committed results/projected_moe.jsonl."""
+    for preset in ("paper", "moe", "authors") if run.full else ("paper", "authors"):
         run_command(step, ["project", "--preset", preset, "--out", "results/"])
         if step.status != "ok":
             return
+    if not run.full:
+        run.reused.append("projection: results/projected_moe.jsonl as committed (FULL=1 reruns --preset moe)")
     step.outputs += [
         _rel(p)
         for p in (
             RESULTS / "projected.jsonl",
+            RESULTS / "projected_moe.jsonl",
             RESULTS / "projected_authors.jsonl",
             RESULTS / "projection_sensitivity.csv",
             RESULTS / "projection_batch.csv",

@@ -153,6 +153,16 @@ FORMS: dict[str, Forms] = {
         "the paper preset on its headline profile only (every profile: ~1 min)",
         ("multiproc",),
     ),
+    "canzona project --preset moe --out results/": Forms(
+        ("canzona project --help",),
+        "the MoE preset plans Qwen3-235B-A22B (94 layers, 8 stages) at 256 and 1024 GPUs for every method: about five"
+        " minutes on one core; tests/test_projection_moe.py checks its scenarios and projects an EP layout",
+        dropped={"--preset": "moe takes minutes (see why)", "--out": "nothing is written by --help"},
+    ),
+    "canzona project --model qwen3-30b-a3b --tp 2 --dp 128 --ep 8 --overlap megatron": Forms(
+        ("canzona project --model qwen3-moe-micro --tp 1 --dp 4 --ep 2 --overlap megatron --global-batch 8",),
+        "the same flags on the 2-layer MoE model (Qwen3-30B-A3B's sc plan alone takes about 20 s)",
+    ),
     "canzona project --preset authors --out results/": Forms(
         ("canzona project --preset authors --out {tmp}",),
         "into a fresh folder, not the committed results",

@@ -9,8 +9,9 @@
 deterministic, so rerunning replaces it); the presets are listed in
 ``canzona.analysis.projection.presets``: ``paper`` (every Qwen3 model at 256 GPUs x methods x
 the four GPU profiles x overlap views ``none`` and ``megatron``, plus Qwen3-32B with numel
-balancing on H800 and with Shampoo / SOAP) -> ``projected.jsonl``, and ``authors`` (the authors'
-Qwen3-32B configuration) -> ``projected_authors.jsonl``. ``paper`` also writes
+balancing on H800 and with Shampoo / SOAP) -> ``projected.jsonl``, ``moe`` (Qwen3-30B-A3B and
+Qwen3-235B-A22B at EP 8 on H800, 256 and 1024 GPUs) -> ``projected_moe.jsonl``, and ``authors``
+(the authors' Qwen3-32B configuration) -> ``projected_authors.jsonl``. ``paper`` also writes
 ``OUT/projection_sensitivity.csv`` (Qwen3-32B on H800 as batch, layout, views and profile
 constants change), ``OUT/projection_batch.csv`` (iteration speedup against tokens per
 iteration, per GPU profile and view, marking where the paper's 1.57× is reached) and
@@ -26,6 +27,9 @@ Megatron's Muon) are taken as a run takes them: the step's TP all-reduce of SP-p
 gradients, the activation memory, and each split matrix priced by its parts, for Canzona's
 strategies and the modelled Megatron baselines alike. fwd/bwd stays priced by MFU (no TP
 activation traffic is modelled, with SP or without).
+``--ep`` prices an expert-parallel layout (expert buckets reduced and owned over expert-DP groups
+of dp / ep ranks, for Canzona's strategies and the modelled Megatron baselines alike), and
+``--first-stage-layers`` / ``--last-stage-layers`` Megatron's uneven end stages.
 ``--validate`` writes ``OUT/projection_validation.csv``.
 """
 
@@ -39,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from canzona.analysis.projection.scenario import PAPER_BATCH
-from canzona.argtypes import existing_path
+from canzona.argtypes import existing_path, int_in
 from canzona.spec.flags import MATRIX_OPTIMIZERS, NOT_PRICED, Derived, Knobs, add_flags, flag, overrides
 
 # The run knobs `canzona project` takes (canzona.spec.flags), and where a projection departs from a run.
@@ -49,7 +53,6 @@ KNOBS = Knobs(
         **NOT_PRICED,
         "comm": "the overlap view (--overlap) stands for what the runtime overlaps; the α–β model picks collectives",
         "machine": "priced on the profile: its parameter format (Profile.param_bytes), no device or kernel choice",
-        "ep": "the projection prices dense layouts: `canzona plan --ep` prices an EP layout's expert-DP calls",
     },
     defaults={
         "model": "qwen3-32b",
@@ -68,6 +71,8 @@ KNOBS = Knobs(
         "methods": "the methods projected side by side (the method knob as a list)",
         "overlap": "the overlap views projected (none, megatron): a projection's, not a run's",
         "views": "split views of fused parameters; a run registers them fused, as Megatron does",
+        "first_stage_layers": "uneven PP stages (Megatron's num_layers_in_first_pipeline_stage), as `canzona plan`",
+        "last_stage_layers": "uneven PP stages (Megatron's num_layers_in_last_pipeline_stage), as `canzona plan`",
         "out": "output file or folder",
         "json": "output form",
     },
@@ -76,7 +81,7 @@ KNOBS = Knobs(
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_flags(p, KNOBS)
-    p.add_argument("--preset", choices=("paper", "authors"), help="a fixed projection set (see module doc)")
+    p.add_argument("--preset", choices=("paper", "moe", "authors"), help="a fixed projection set (see module doc)")
     p.add_argument(
         "--validate",
         nargs="+",
@@ -85,6 +90,13 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="compare with measured result lines (files/folders)",
     )
     p.add_argument("--layout", type=_layout_arg, default=None, help="dp,tp,pp (not with --dp/--tp/--pp or --preset)")
+    for end in ("first", "last"):
+        p.add_argument(
+            f"--{end}-stage-layers",
+            type=int_in(1, 1 << 20),
+            default=None,
+            help=f"layers of the {end} PP stage (Megatron's num_layers_in_{end}_pipeline_stage; default: even stages)",
+        )
     p.add_argument("--methods", default="sc,layerwise,asc,canzona")
     p.add_argument(
         "--overlap", action="append", choices=("none", "megatron"), help="overlap view; repeatable (default none)"
@@ -140,7 +152,8 @@ def _knobs(args: argparse.Namespace) -> dict[str, Any]:
         lay = _layout(args.layout)
         given |= {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp}
     spec = RunSpec().replace(**KNOBS.base()).replace(**{k: v for k, v in given.items() if k not in KNOBS.repeat})
-    return {n: spec.flat()[n] for n in KNOBS.fields if n not in KNOBS.repeat}
+    ends = {k: getattr(args, k) for k in ("first_stage_layers", "last_stage_layers")}
+    return {n: spec.flat()[n] for n in KNOBS.fields if n not in KNOBS.repeat} | ends
 
 
 def _speedups(res: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -184,7 +197,8 @@ def run(args: argparse.Namespace) -> int:
     if args.validate:
         return _validate(args.validate, profiles, Path(args.out or "results"))
     if args.preset:
-        given = [flag(n) for n in ("layout", "dp", "tp", "pp") if getattr(args, n) is not None]
+        lay = ("layout", "dp", "tp", "pp", "ep", "first_stage_layers", "last_stage_layers")
+        given = [flag(n) for n in lay if getattr(args, n) is not None]
         if given:
             from canzona.errors import ConfigError
 
@@ -321,16 +335,18 @@ def _write_preset(name: str, out: Path, profiles: list[Any] | None) -> int:
         for fname, rows in studies.items():
             write_atomic(out / fname, pd.DataFrame(rows).to_csv(index=False))
             written.append(out / fname)
-    head = [p for p in projs if p.scenario.model == "qwen3-32b" and p.scenario.optimizer == PAPER_OPTIMIZER]
+    moe = name == "moe"  # every MoE model and layout; the other presets print Qwen3-32B
+    head = [p for p in projs if (moe or p.scenario.model == "qwen3-32b") and p.scenario.optimizer == PAPER_OPTIMIZER]
     groups: dict[tuple[str, str, str, bool], dict[str, Any]] = {}
     for p in head:
-        s = p.scenario
-        groups.setdefault((p.profile.name, s.overlap, s.cost, s.cooperative), {})[s.method] = p
+        s, lay = p.scenario, p.scenario.layout
+        where = f"{s.model} dp·tp·pp·ep {lay.dp}·{lay.tp}·{lay.pp}·{lay.ep} " if moe else ""
+        groups.setdefault((where + p.profile.name, s.overlap, s.cost, s.cooperative), {})[s.method] = p
     _print(
         [
             (f"{prof} cost={cost} coop={'on (beyond the paper)' if coop else 'off (paper-compatible)'}", ov, res)
             for (prof, ov, cost, coop), res in groups.items()
-            if len(res) > 1
+            if len(res) > 1 or moe
         ]
     )
     print(f"\nwrote {', '.join(map(str, written))} ({len(projs)} records in {written[0].name})")

@@ -36,14 +36,17 @@ BASELINE_TP = {
 
 
 def config_text(tok: dict[str, str]) -> str:
-    """The knobs a comparison holds fixed, from a projected row's source tokens (sequence parallelism
-    and the split views where the line names them: ``records.detail_string``)."""
+    """The knobs a comparison holds fixed, from a projected row's source tokens (sequence parallelism,
+    the split views, EP and uneven end stages where the line names them: ``records.detail_string``)."""
     if "coop" not in tok:
         return f"cost {tok.get('cost', '?')} · cooperation, NS method and α not recorded (an older line)"
     coop = tok["coop"]
     standard = tok.get("ns_method", "standard") == "standard"
     paper = "paper-compatible" if coop == "off" and standard else "beyond the paper"
     run = f" · SP {tok['sp']} · split {tok.get('split', '?')}" if "sp" in tok else ""
+    run += f" · EP {tok['ep']}" if "ep" in tok else ""
+    stages = [tok[k] for k in ("first_stage_layers", "last_stage_layers") if k in tok]
+    run += f" · first/last stage layers {'/'.join(stages)}" if stages else ""
     return (
         f"{paper}: coop {coop} · NS method {tok.get('ns_method', 'standard')} · cost {tok.get('cost', '?')} · "
         f"α {tok.get('alpha', '?')}{run}"

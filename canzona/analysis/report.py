@@ -72,6 +72,8 @@ class Claim:
     every: bool = False  # report every baseline present, not only the preferred one
 
 
+# The MoE cells Table 2 projects (``presets.MOE_LAYOUTS``): a step verdict and a balancing verdict each.
+MOE_CELLS = (("qwen3-30b-a3b", 256), ("qwen3-235b-a22b", 256), ("qwen3-235b-a22b", 1024))
 CLAIMS = (
     Claim("iter", "End-to-end iteration 1.57× faster than the baseline (Qwen3-32B, 256 GPUs)", "abstract", "1.57×",
           "iteration", 1.57, baselines=PAPER_LINEAGE, every=True),
@@ -90,6 +92,14 @@ CLAIMS = (
           "ours", "–", "step", baselines=MAIN_LINEAGE, every=True),
     Claim("iter-main", "Iteration vs Megatron main's layer-wise optimizer (our comparison, not a paper claim)",
           "ours", "–", "iteration", baselines=MAIN_LINEAGE, every=True),
+    *(c for model, world in MOE_CELLS for c in (
+        Claim(f"step-{model}-{world}", f"Optimizer step on an MoE model, {model}, {world} GPUs, EP 8 (ours)",
+              "issue 36", "–", "step", model=model, world=world, baselines=(*PAPER_LINEAGE, *MAIN_LINEAGE),
+              every=True),
+        Claim(f"balance-{model}-{world}", f"FLOPs vs numel balancing on mixed MoE shapes, {model}, {world} GPUs "
+              "(reviewers: numel an 'architecture-dependency trap')", "review", "about the same step if numel "
+              "holds", "flops-vs-numel", 1.0, model=model, world=world),
+    )),
 )  # fmt: skip
 
 

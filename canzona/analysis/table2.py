@@ -200,14 +200,14 @@ HEADLINE_MODEL = "qwen3-32b"
 
 
 def headline_rows(table: pd.DataFrame, profile: str = "H800") -> pd.DataFrame:
-    """The rows of the headline table: every measured row, and the projected Qwen3-32B Muon rows
-    on ``profile`` (both overlap views, ours and the authors' setting)."""
+    """The rows of the headline table: every measured row, and the projected Qwen3-32B and
+    expert-parallel (MoE) Muon rows on ``profile`` (both overlap views, ours and the authors' setting)."""
     if table.empty:
         return table
     prov = table["provenance"].astype(str)
     proj = (
         (prov.map(_profile_of) == profile)
-        & (table["model"] == HEADLINE_MODEL)
+        & ((table["model"] == HEADLINE_MODEL) | prov.str.contains(r"[ ,(]ep=", regex=True))
         & (table["optimizer"] == PAPER_OPTIMIZER)
     )
     compared = table[[c for c in table.columns if f"{OURS} vs " in c]].notna().any(axis=1)
@@ -460,7 +460,8 @@ def write_table2(
         "",
         "## Headline",
         "",
-        f"Every measured row, and Qwen3-32B on 256 GPUs projected on {headline_profile}. Cells: step / iteration "
+        f"Every measured row, and Qwen3-32B on 256 GPUs and the MoE models (expert parallel: EP in the condition) "
+        f"projected on {headline_profile}. Cells: step / iteration "
         "ms (median over runs of each run's median); speedup = baseline ms / canzona ms (> 1: Canzona faster). "
         "NS: the Newton–Schulz number format. The long tables are below and in `table2.csv`.",
         "",

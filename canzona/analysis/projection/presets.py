@@ -15,6 +15,15 @@ profiles they are projected on, and the file it writes; adding one is one entry 
            Every model on H800; the other
            GPU profiles (H100, A100, H200) project Qwen3-32B's paper-compatible rows only: each
            profile prices the planner's choices, so each one plans anew.
+  moe      the MoE rows of Table 2 on H800 (``MOE_LAYOUTS``): Qwen3-30B-A3B at 256 GPUs and
+           Qwen3-235B-A22B at 256 and 1024 GPUs, expert parallel (EP 8: the experts' gradients
+           reduced and owned over expert-DP groups of dp / 8 ranks), 256 x 4096 tokens, both
+           overlap views, every method, paper-compatible (no cooperation) and beyond the paper
+           (cooperation on; the planner forms no cooperative group under EP, so these rows say
+           what that costs), plus Canzona with numel balancing (cooperation off: the pair
+           differs in the cost alone) -- the reviewers' "architecture-dependency trap" for
+           mixed MoE shapes. Its own preset and file because its 94-layer 235B plans take
+           minutes, and ``paper`` runs in every reproduction.
   authors  the authors' public Qwen3-32B configuration (their scripts), for verdicts beside ours:
            DP32 x TP8, sequence 2048, global batch 128 (262K tokens), micro-batch 2, bf16, both
            Megatron overlaps on (view ``megatron``), alpha 1.0, cost numel, bucket size 4e8,
@@ -49,6 +58,15 @@ PAPER_LAYOUTS: dict[str, Layout] = {
     "qwen3-14b": Layout(dp=64, tp=4, pp=1),
     "qwen3-32b": Layout(dp=32, tp=8, pp=1),
 }
+# The MoE rows' layouts (preset ``moe``): the README's expert-parallel example for Qwen3-30B-A3B
+# (TP 2 · DP 128 · EP 8 = 256 GPUs), and Qwen3-235B-A22B's 94 layers at TP 4 · PP 8 with
+# Megatron's uneven end stages (11 + 6 · 12 + 11 layers) and EP 8, at DP 8 (256 GPUs) and DP 32
+# (1024 GPUs) -- the planner's 235B benchmark layouts (canzona.plan.front.bench_moe).
+MOE_LAYOUTS: tuple[tuple[str, Layout], ...] = (
+    ("qwen3-30b-a3b", Layout(dp=128, tp=2, pp=1, ep=8)),
+    ("qwen3-235b-a22b", Layout(dp=8, tp=4, pp=8, ep=8, first_stage_layers=11, last_stage_layers=11)),
+    ("qwen3-235b-a22b", Layout(dp=32, tp=4, pp=8, ep=8, first_stage_layers=11, last_stage_layers=11)),
+)
 PAPER_SEQ_LEN = PAPER_BATCH.seq_len  # as the sweep: Qwen3's pre-training context
 PAPER_GLOBAL_BATCH = PAPER_BATCH.global_batch  # sequences (~1M tokens) per iteration, as the sweep
 GPU_PROFILES = ("H800", "H100", "A100", "H200")
@@ -89,10 +107,12 @@ AUTHORS: AuthorsSetting = {
 def paper_scenarios(
     models: Iterable[str] = tuple(PAPER_LAYOUTS), methods: Iterable[str] = METHODS, **kw: Any
 ) -> list[Scenario]:
+    """Our setting's scenarios for ``models`` x ``methods``, each at its ``PAPER_LAYOUTS`` layout
+    (or ``kw["layout"]``)."""
     return [
         Scenario(
             model=m,
-            layout=PAPER_LAYOUTS[m],
+            layout=kw["layout"] if "layout" in kw else PAPER_LAYOUTS[m],
             method=meth,
             optimizer=kw.get("optimizer", "muon"),
             seq_len=kw.get("seq_len", PAPER_SEQ_LEN),
@@ -119,6 +139,16 @@ def _paper() -> list[Scenario]:
         for s in paper_scenarios(("qwen3-32b",), optimizer=opt, overlap=ov)
     ]
     out += [s for ov in VIEWS for s in paper_scenarios(("qwen3-32b",), overlap=ov, cooperative=True)]
+    return out
+
+
+def _moe() -> list[Scenario]:
+    out = []
+    for model, lay in MOE_LAYOUTS:
+        for ov in VIEWS:
+            out += paper_scenarios((model,), layout=lay, overlap=ov)
+            out += paper_scenarios((model,), ("canzona",), layout=lay, overlap=ov, cost="numel")
+            out += paper_scenarios((model,), layout=lay, overlap=ov, cooperative=True)
     return out
 
 
@@ -150,6 +180,7 @@ PRESETS: dict[str, Preset] = {
             profile == "H800" or (s.model == "qwen3-32b" and s.cost != "numel" and not s.cooperative)
         ),
     ),
+    "moe": Preset("moe", _moe, ("H800",), "projected_moe.jsonl"),
     "authors": Preset("authors", authors_scenarios, GPU_PROFILES, "projected_authors.jsonl"),
 }
 

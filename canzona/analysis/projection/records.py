@@ -16,8 +16,11 @@ MODEL_NAME = "canzona-projection-v1"
 def detail_string(s: Scenario, profile: Profile) -> str:
     """The projection's provenance: model version, profile, view and every knob a verdict may pair
     rows on (cost, cooperation, Newton–Schulz method, α, sequence parallelism, the split views a
-    run executes), so two rows of a comparison can be checked to differ in the compared knob alone."""
+    run executes), so two rows of a comparison can be checked to differ in the compared knob alone.
+    An expert-parallel layout adds its EP size and Megatron's uneven first/last stages their layer
+    counts (a dense, evenly staged line keeps the detail it had before EP existed)."""
     views = ",".join(s.views) or "none"
+    lay = s.layout
     alpha = s.alpha if isinstance(s.alpha, str) else f"{s.alpha:g}"
     return (
         f"model={MODEL_NAME} profile={profile.name} overlap={s.overlap} cost={s.cost} views={views} "
@@ -25,6 +28,9 @@ def detail_string(s: Scenario, profile: Profile) -> str:
         + (f" variant={s.variant}" if s.variant else "")
         + f" coop={'on' if s.cooperative else 'off'} ns_method={s.ns_method} alpha={alpha}"
         + f" sp={'on' if s.uses_sequence_parallel else 'off'} split={','.join(s.splits) or 'none'}"
+        + (f" ep={lay.ep}" if lay.ep > 1 else "")
+        + (f" first_stage_layers={lay.first_stage_layers}" if lay.first_stage_layers is not None else "")
+        + (f" last_stage_layers={lay.last_stage_layers}" if lay.last_stage_layers is not None else "")
     )
 
 
@@ -70,6 +76,8 @@ def to_record(p: Projection, env: dict[str, Any]) -> dict[str, Any]:
         "split_qkv": s.split_qkv,
         "split_gate_up": s.split_gate_up,
         **({"variant": s.variant} if s.variant else {}),
+        # as a run records EP (its cell key ends in it); dense lines keep the keys they had
+        **({"ep": s.layout.ep} if s.layout.ep > 1 else {}),
     }
     one = lambda v: {"median": v, "p90": v, "n": 0}
     has_iter = math.isfinite(p.fwd_bwd_ms)

@@ -99,9 +99,12 @@ class Scenario:
     @classmethod
     def of(cls, knobs: Mapping[str, Any], **own: Any) -> Scenario:
         """The scenario of spec leaves by name (``tp``/``pp``/``dp`` make the layout; leaves a
-        scenario does not have are ignored) and its own fields (``method``, ``views``, ...)."""
+        scenario does not have are ignored) and its own fields (``method``, ``views``, ...). ``ep``
+        (default 1) carves expert-DP groups out of DP, ``first_stage_layers`` / ``last_stage_layers``
+        (default even) make Megatron's uneven end stages (``Layout``)."""
         names = {f.name for f in dataclasses.fields(cls)}
-        layout = Layout(dp=knobs["dp"], tp=knobs["tp"], pp=knobs["pp"])
+        ends = {k: knobs.get(k) for k in ("first_stage_layers", "last_stage_layers")}
+        layout = Layout(dp=knobs["dp"], tp=knobs["tp"], pp=knobs["pp"], ep=knobs.get("ep", 1), **ends)
         return cls(layout=layout, **{k: v for k, v in knobs.items() if k in names and k != "method"}, **own)
 
     @property
@@ -197,7 +200,7 @@ def project(
     from canzona.models import get_model, list_params
 
     cfg = get_model(s.model)
-    cfg.validate_layout(tp=s.layout.tp, pp=s.layout.pipeline)
+    cfg.validate_layout(tp=s.layout.tp, pp=s.layout.pipeline, ep=s.layout.ep)
     if stages is None and s.method in BASELINES:
         settings = settings or cost_settings_for(s, profile)
         split = dict(split_qkv=s.split_qkv, split_gate_up=s.split_gate_up)

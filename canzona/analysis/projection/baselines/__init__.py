@@ -13,6 +13,10 @@ and the collective prices with Canzona, so the comparison differs only in what t
   megatron-main             Megatron main as merged: RS/AG buckets balanced by max·min², overlapped
                             gathers, TP ``duplicated`` (its default since #6380)
   megatron-main+6683        main with the layer-sharded TP Muon of the unmerged #6683
+
+Under expert parallelism each models Megatron's expert buffers (``Cell.buffers``: an EP rank's experts
+reduced and owned over its expert-DP group of dp / ep ranks, dense parameters over DP), each expert
+matrix orthogonalised whole by one owner (tests/test_projection_baselines_ep.py).
 """
 
 from __future__ import annotations
@@ -67,7 +71,7 @@ class Baseline:
         return [
             self.charge(
                 Cell(
-                    tuple(list_params(cfg, tp=layout.tp, pp=layout.pp, stage=st)),
+                    tuple(list_params(cfg, tp=layout.tp, pp=layout.pipeline, stage=st)),
                     layout,
                     profile,
                     optimizer,

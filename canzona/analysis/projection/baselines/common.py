@@ -90,6 +90,37 @@ class Cell:
             raise ConfigError(f"{p.name}: {rows} rows are not whole query groups of {sum(self.qkv_split)} rows")
         return [(groups * w, cols) for w in self.qkv_split]
 
+    def expert_groups(self, params: Sequence[ParamSpec]) -> list[tuple[tuple[int, ...], list[int], int]]:
+        """The expert parameters of ``params`` (their indices there) by EP rank: (the DP ranks of
+        that EP rank's expert-DP group in group order, its experts' indices, the EP rank). Megatron
+        (rank order tp-ep-dp, ``Layout.group_ranks``) gives EP rank e the contiguous block of each
+        layer's experts e·E/ep .. (e+1)·E/ep − 1 and shares them over the dp / ep DP ranks d with
+        d mod ep = e. At EP 1 one group: every DP rank."""
+        lay = self.layout
+        experts = 1 + max((p.expert for p in self.params if p.expert is not None), default=-1)
+        ep_rank = {i: p.expert // (experts // lay.ep) for i, p in enumerate(params) if p.expert is not None}
+        return [(lay.group_ranks(e), [i for i, r in ep_rank.items() if r == e], e) for e in range(lay.ep)]
+
+    def buffers(self, params: Sequence[ParamSpec]) -> list[tuple[str, tuple[int, ...], list[int], bool]]:
+        """Megatron DDP's gradient buffers for ``params``: (hardware group, its DP ranks in group
+        order, the parameters' indices in ``params``, whether its calls are charged). At EP 1 one
+        buffer over DP;
+        under EP the dense parameters over DP and each EP rank's experts in a buffer of their own
+        over its expert-DP group (param_and_grad_buffer.py ``group_params_for_buffers``:
+        ``is_expert_parallel = not param.allreduce``, true for experts under EP > 1;
+        distributed_data_parallel.py ``__init__``: expert buffers reduce over
+        ``intra_expt_dp_group``). The EP ranks' buffers run side by side on disjoint groups and hold
+        the same shapes (EP divides each layer's experts), so EP rank 0's calls stand for all: only
+        its buffer is charged (``lead``), every buffer sets its ranks' ownership."""
+        lay = self.layout
+        everyone = tuple(range(lay.dp))
+        if lay.ep == 1:
+            return [("dp", everyone, list(range(len(params))), True)]
+        dense = [i for i, p in enumerate(params) if p.expert is None]
+        return [("dp", everyone, dense, True)] + [
+            ("edp", ranks, mine, e == 0) for ranks, mine, e in self.expert_groups(params) if mine
+        ]
+
     def tp_summed_elems(self) -> int:
         """Elements of the gradients Megatron all-reduces over TP after the DP sync (``tp_summed``)."""
         return sum(p.numel for p in self.params if tp_summed(p, self.sequence_parallel))
@@ -160,7 +191,7 @@ class StepBuilder:
         lay = self.cell.layout
         self.ranks = {(d, t): RankTimes() for d in range(lay.dp) for t in range(lay.tp)}
         self.calls = {k: {} for k in self.ranks}
-        self.comm = Comm(self.cell.profile, Layout(lay.dp, lay.tp, lay.pp))
+        self.comm = Comm(self.cell.profile, Layout(lay.dp, lay.tp, lay.pp, lay.ep))  # edp: dp / ep ranks
 
     def call(
         self, kind: str, group: str, nbytes: float, *, on: Iterable[tuple[int, int]] | None = None, count: int = 1

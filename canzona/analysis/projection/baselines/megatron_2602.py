@@ -17,6 +17,11 @@ Rules modelled, each from megatron/core/optimizer/layer_wise_optimizer.py at tha
               ``muon_split_qkv`` default True, Q, K and V orthogonalised apart (``Cell.parts``).
   TP sums     the norm gradients finalize_model_grads all-reduces over TP after the DP sync
               (``StepBuilder.tp_sum``: QK norms, every norm under sequence parallelism).
+  EP          under EP > 1 each EP rank's experts form their own DDP buffer, all-reduced over its
+              expert-DP group of dp / ep ranks (``Cell.buffers``), dealt by their own ping-pong loop
+              over that group and gathered over it (megatron-core 0.19.2 layer_wise_optimizer.py
+              ``_shard_params_ping_pong``, ``allgather_params`` over ``expt_dp``); each expert
+              matrix is one parameter, orthogonalised whole by its owner.
 Not modelled: count_zeros (off by default), the norm's extra model-parallel reduction.
 """
 
@@ -41,14 +46,24 @@ def ping_pong_owners(numels: Sequence[int], dp: int) -> list[int]:
     return owner
 
 
+def owner_loops(cell: Cell) -> list[tuple[tuple[int, ...], list[int]]]:
+    """The ping-pong loops of ``shard_params``: (the DP ranks dealt to, in loop order, and the
+    parameters dealt), the dense parameters over DP, the experts of each EP rank over its expert-DP
+    group (one loop over DP at EP 1). Under EP, megatron-core 0.19.2 layer_wise_optimizer.py
+    ``_shard_params_ping_pong`` deals ``is_expert_parallel`` groups over ``expt_dp_size``."""
+    everyone = tuple(range(cell.layout.dp))
+    dense = [i for i, p in enumerate(cell.params) if p.expert is None]
+    experts = cell.expert_groups(cell.params)
+    return [(everyone, dense)] + [(ranks, mine) for ranks, mine, _ in experts]
+
+
 def owners(cell: Cell) -> list[int]:
-    """Owners of the cell's parameters, dense and expert parameters dealt by separate loops."""
-    tp, dp = cell.layout.tp, cell.layout.dp
+    """Owners (DP ranks) of the cell's parameters, each loop dealt by ``ping_pong_owners``."""
+    tp = cell.layout.tp
     out = [0] * len(cell.params)
-    for expert in (False, True):
-        idx = [i for i, p in enumerate(cell.params) if (p.expert is not None) == expert]
-        for i, o in zip(idx, ping_pong_owners([cell.params[i].shard_numel(tp) for i in idx], dp), strict=True):
-            out[i] = o
+    for ranks, idx in owner_loops(cell):
+        for i, o in zip(idx, ping_pong_owners([cell.params[i].shard_numel(tp) for i in idx], len(ranks)), strict=True):
+            out[i] = ranks[o]
     return out
 
 
@@ -56,8 +71,9 @@ def project(cell: Cell, tp_mode: str = DEFAULT_TP_MODE) -> StageProjection:
     b = StepBuilder(cell)
     lay, prof = cell.layout, cell.profile
     numels = [p.shard_numel(lay.tp) for p in cell.params]
-    for bucket in ddp_buckets(numels, ddp_bucket_size(lay.dp)):
-        b.grad_bucket(b.call("all_reduce", "dp", sum(numels[i] for i in bucket) * prof.grad_bytes))
+    for group, _, idx, lead in cell.buffers(cell.params):
+        for bucket in ddp_buckets([numels[i] for i in idx], ddp_bucket_size(lay.dp)) if lead else []:
+            b.grad_bucket(b.call("all_reduce", group, sum(numels[idx[i]] for i in bucket) * prof.grad_bytes))
     b.tp_sum()
     owner = owners(cell)
     owned = [[i for i, o in enumerate(owner) if o == d] for d in range(lay.dp)]
@@ -67,12 +83,9 @@ def project(cell: Cell, tp_mode: str = DEFAULT_TP_MODE) -> StageProjection:
         adamw = sum(numels[i] for i in owned[d] if cell.params[i].route != "matrix")
         for t in range(lay.tp):
             b.ranks[(d, t)].phases["compute"] += cell.adamw_ms(adamw)
-    for expert in (False, True):
-        sizes = [
-            sum(numels[i] for i in owned[d] if (cell.params[i].expert is not None) == expert) * prof.param_bytes
-            for d in range(lay.dp)
-        ]
+    for k, (ranks, idx) in enumerate(owner_loops(cell)[:2]):  # dense, then EP rank 0's experts for all
+        sizes = [sum(numels[i] for i in idx if owner[i] == d) * prof.param_bytes for d in ranks]
         if any(sizes):
             b.count("broadcast", count=sum(1 for s in sizes if s))  # one coalesced group of broadcasts
-            b.param_bucket(b.comm.coalesced("broadcast", "dp", sizes), overlapped=False)
+            b.param_bucket(b.comm.coalesced("broadcast", "edp" if k else "dp", sizes), overlapped=False)
     return b.build()

@@ -20,6 +20,12 @@ Rules modelled, each from megatron/core/optimizer/layer_wise_optimizer.py at tha
               ``muon_split_qkv`` default True, Q, K and V orthogonalised apart (``Cell.parts``).
   TP sums     the norm gradients finalize_model_grads all-reduces over TP after the DP sync
               (``StepBuilder.tp_sum``: QK norms, every norm under sequence parallelism).
+  EP          each buffer laid out over its own group (layer_wise_optimizer.py
+              ``compute_full_param_layout``: an expert buffer over the expert-DP world size, the
+              dense ones over DP; ``_shard_params_from_layout``: an expert parameter's owner is its
+              shard's rank in the expert-DP group), its buckets reduce-scattered and gathered over
+              that group (``Cell.buffers``); each expert matrix is one parameter, orthogonalised
+              whole by its owner, never split across experts.
 The shard divisor is taken as 64 elements (Megatron also rounds a shard to its bucket-end divisor,
 a few hundred elements at most). ``megatron_6683`` reuses this DP layout with layer-sharded TP.
 """
@@ -99,25 +105,38 @@ def project(cell: Cell, tp_mode: str = DEFAULT_TP_MODE) -> StageProjection:
     lay, prof = cell.layout, cell.profile
     mats, adamw = cell.matrices, cell.adamw
     numels = [p.shard_numel(lay.tp) for p in mats]
-    buckets = layout(numels, [ns_cost(p.shard_shape(lay.tp)) for p in mats], lay.dp, ddp_bucket_size(lay.dp))
+    costs = [ns_cost(p.shard_shape(lay.tp)) for p in mats]
     a_numels = [p.shard_numel(lay.tp) for p in adamw]
-    a_buckets = [pad(sum(a_numels[i] for i in bk), lay.dp) for bk in ddp_buckets(a_numels, ddp_bucket_size(lay.dp))]
-    for bk in buckets:
-        b.grad_bucket(b.call("reduce_scatter", "dp", lay.dp * bk.shard * prof.grad_bytes))
-    for full in a_buckets:
-        b.grad_bucket(b.call("reduce_scatter", "dp", full * prof.grad_bytes))
+    size = ddp_bucket_size(lay.dp)  # DDP's one bucket size, from the DP group, for every buffer
+    owned: list[list[int]] = [[] for _ in range(lay.dp)]
+    adamw_owned = [0.0] * lay.dp
+    gathers: list[tuple[str, float]] = []
+    for group, ranks, idx, lead in cell.buffers(mats):
+        n = len(ranks)
+        buckets = layout([numels[i] for i in idx], [costs[i] for i in idx], n, size)
+        for bk in buckets:
+            for i, s in zip(bk.params, bk.shard_of, strict=True):
+                owned[ranks[s]].append(idx[i])
+        if lead:
+            for bk in buckets:
+                b.grad_bucket(b.call("reduce_scatter", group, n * bk.shard * prof.grad_bytes))
+            gathers += [(group, n * bk.shard * prof.param_bytes) for bk in reversed(buckets)]
+    a_gathers: list[tuple[str, float]] = []
+    for group, ranks, idx, lead in cell.buffers(adamw):
+        sizes = [a_numels[i] for i in idx]
+        full = [pad(sum(sizes[i] for i in bk), len(ranks)) for bk in ddp_buckets(sizes, size)]
+        for d in ranks:
+            adamw_owned[d] += sum(full) / len(ranks)
+        if lead:
+            for f in full:
+                b.grad_bucket(b.call("reduce_scatter", group, f * prof.grad_bytes))
+            a_gathers += [(group, f * prof.param_bytes) for f in reversed(full)]
     b.tp_sum()
-    owned = [
-        [i for bk in buckets for i, s in zip(bk.params, bk.shard_of, strict=True) if s == d] for d in range(lay.dp)
-    ]
-    adamw_owned = sum(a_buckets) / lay.dp
-    b.check(lambda d: sum(numels[i] for i in owned[d]) + adamw_owned)
+    b.check(lambda d: sum(numels[i] for i in owned[d]) + adamw_owned[d])
     for d in range(lay.dp):
         run_tp_mode(b, tp_mode, d, [mats[i] for i in owned[d]])
         for t in range(lay.tp):
-            b.ranks[(d, t)].phases["compute"] += cell.adamw_ms(adamw_owned)
-    for bk in reversed(buckets):  # the next forward needs the first layers first
-        b.param_bucket(b.call("all_gather", "dp", lay.dp * bk.shard * prof.param_bytes), overlapped=True)
-    for full in reversed(a_buckets):
-        b.param_bucket(b.call("all_gather", "dp", full * prof.param_bytes), overlapped=True)
+            b.ranks[(d, t)].phases["compute"] += cell.adamw_ms(adamw_owned[d])
+    for group, nbytes in gathers + a_gathers:  # the next forward needs the first layers first
+        b.param_bucket(b.call("all_gather", group, nbytes), overlapped=True)
     return b.build()
