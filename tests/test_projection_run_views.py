@@ -16,12 +16,13 @@ import pytest
 
 from canzona.analysis.projection import Layout, Scenario, load_profile, make_plans, project, to_record
 from canzona.analysis.projection.baselines import BASELINES
-from canzona.analysis.projection.baselines.common import Cell, StepBuilder, qkv_split_shapes
+from canzona.analysis.projection.baselines.common import Cell, StepBuilder
 from canzona.analysis.projection.baselines.tp_modes import run_tp_mode
 from canzona.analysis.projection.lowering import tp_partial_names
 from canzona.cost import CostSettings, matrix_flops
 from canzona.errors import ConfigError
 from canzona.models import get_model, list_params
+from canzona.models.split import qkv_widths
 
 H800 = load_profile("H800")
 LAYOUT = Layout(2, 2, 1)
@@ -84,7 +85,7 @@ def test_split_qkv_is_one_plan_item_priced_by_three_parts() -> None:
 
 
 def test_megatron_qkv_split_shapes_by_hand() -> None:
-    assert qkv_split_shapes(get_model("qwen3-micro")) == (64, 32, 32)  # heads/groups · 32, 32, 32
+    assert qkv_widths(get_model("qwen3-micro")) == (64, 32, 32)  # heads/groups · 32, 32, 32
 
 
 @pytest.mark.parametrize(

@@ -25,19 +25,29 @@ from canzona.models.spec import ParamSpec, RowSplit
 SPLIT_FLAGS = {"qkv": "--no-split-qkv", "gate_up": "--no-split-gate-up"}
 
 
-def _qkv(cfg: object, spec: ParamSpec, tp: int) -> RowSplit:
+def qkv_widths(cfg: object) -> tuple[int, int, int]:
+    """The rows per query group of Q, K and V in ``linear_qkv``: [heads // kv_heads · head_dim,
+    head_dim, head_dim], Megatron's ``_get_qkv_split_shapes`` (megatron/core/optimizer/
+    emerging_optimizers.py, 0.19.2; a model with an attention output gate adds a gate part, no
+    Qwen3 model has one). The runtime's split and the projection's Megatron baselines both cut by it."""
     heads, kv, dim = (getattr(cfg, k, None) for k in ("heads", "kv_heads", "head_dim"))
-    name = getattr(cfg, "name", "the model")
     if not (heads and kv and dim):
+        name = getattr(cfg, "name", "the model")
         raise ConfigError(
             f"{name}: split QKV needs heads, kv_heads and head_dim (give them in [model]) or {SPLIT_FLAGS['qkv']}"
         )
+    return (heads // kv * dim, dim, dim)
+
+
+def _qkv(cfg: object, spec: ParamSpec, tp: int) -> RowSplit:
+    widths = qkv_widths(cfg)
+    kv, name = getattr(cfg, "kv_heads", 0), getattr(cfg, "name", "the model")  # kv_heads: checked above
     if kv % tp:
         raise ConfigError(
             f"{name}: split QKV at TP={tp} needs TP dividing its {kv} query groups (TP shards linear_qkv by "
             f"group); pick TP dividing {kv} or {SPLIT_FLAGS['qkv']}"
         )
-    return RowSplit(("q", "k", "v"), (heads // kv * dim, dim, dim), groups=kv)
+    return RowSplit(("q", "k", "v"), widths, groups=kv)
 
 
 def _gate_up(cfg: object, spec: ParamSpec, tp: int) -> RowSplit:

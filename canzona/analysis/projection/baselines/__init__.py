@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from canzona.analysis.projection.baselines import megatron_2602, megatron_6683, megatron_main
-from canzona.analysis.projection.baselines.common import Cell, qkv_split_shapes
+from canzona.analysis.projection.baselines.common import Cell
 from canzona.analysis.projection.hardware import Profile
 from canzona.analysis.projection.stage import StageProjection
 from canzona.cost import CostSettings
@@ -60,6 +60,7 @@ class Baseline:
         optimizer so a comparison holds the view fixed) and the run's sequence parallelism."""
         from canzona.errors import ConfigError
         from canzona.models import get_model, list_params
+        from canzona.models.split import qkv_widths
 
         if split_gate_up:
             raise ConfigError(
@@ -67,7 +68,7 @@ class Baseline:
                 "or this method"
             )
         cfg = get_model(model)
-        qkv = qkv_split_shapes(cfg) if split_qkv else ()
+        qkv = qkv_widths(cfg) if split_qkv else ()
         return [
             self.charge(
                 Cell(

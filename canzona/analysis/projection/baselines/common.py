@@ -20,25 +20,13 @@ from canzona.analysis.projection.stage import RankTimes, StageProjection
 from canzona.cost import CostSettings, matrix_flops, priced_on
 from canzona.errors import ConfigError
 from canzona.models.spec import ParamSpec
+from canzona.models.split import SPLITS
 from canzona.plan.types import Layout
 
 ALIGN = 64  # elements: Megatron's pad_param_start aligns every parameter start to 64 elements
 
 
-QKV_SUFFIX = "linear_qkv.weight"  # the weight Megatron's attention tags ``is_qkv``
-
-
-def qkv_split_shapes(cfg: object) -> tuple[int, ...]:
-    """Megatron's ``_get_qkv_split_shapes`` (megatron/core/optimizer/emerging_optimizers.py, 0.19.2):
-    the rows per query group of Q, K and V, [heads // query groups · kv_channels, kv_channels,
-    kv_channels] (a model with an attention output gate adds a gate part; no Qwen3 dense model has
-    one)."""
-    heads, groups, dim = (getattr(cfg, k, None) for k in ("heads", "kv_heads", "head_dim"))
-    if not (heads and groups and dim):
-        name = getattr(cfg, "name", "the model")
-        fix = "give them in [model], or --no-split-qkv"
-        raise ConfigError(f"{name}: Megatron's split QKV needs heads, kv_heads and head_dim; {fix}")
-    return (heads // groups * dim, dim, dim)
+QKV_SUFFIX = SPLITS["qkv"][0]  # linear_qkv.weight: the weight Megatron's attention tags ``is_qkv``
 
 
 def tp_summed(p: ParamSpec, sequence_parallel: bool) -> bool:
@@ -55,8 +43,9 @@ class Cell:
     """One PP stage of a projected cell as a baseline sees it: the stage's parameters (Megatron
     registration order, FULL shapes), the layout, the profile and the optimizer's cost settings.
 
-    ``qkv_split``: Megatron's ``qkv_split_shapes`` when its Muon splits QKV (``muon_split_qkv``,
-    True by default: optimizer_config.py), empty when it orthogonalises the fused matrix whole;
+    ``qkv_split``: Megatron's QKV split widths (``canzona.models.split.qkv_widths``) when its Muon
+    splits QKV (``muon_split_qkv``, True by default: optimizer_config.py), empty when it
+    orthogonalises the fused matrix whole;
     ``sequence_parallel``: the run's (which gradients finalize_model_grads sums over TP)."""
 
     params: tuple[ParamSpec, ...]
