@@ -281,10 +281,10 @@ def write_figures(
         out / "gpu_load.png",
         f"Per-GPU optimizer load, {model} dp{dp}·tp{tp}·pp{pp} (Muon, TFLOP per step)",
     )
-    curve = alpha if alpha is not None and is_alpha_study_of(alpha, model, dp, tp, pp, profile) else None
-    curve = curve if curve is not None else alpha_study(model, dp, tp, pp, profile=profile)
+    if alpha is None or not is_alpha_study_of(alpha, model, dp, tp, pp, profile):
+        alpha = alpha_study(model, dp, tp, pp, profile=profile)
     files["alpha"] = plot_alpha(
-        curve,
+        alpha,
         out / "alpha.png",
         f"α trade-off of Canzona's DP partition, {model} dp{dp}·tp{tp}·pp{pp}"
         + (f" (step projected on {profile}, overlap=none)" if profile else ""),
