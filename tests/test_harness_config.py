@@ -87,6 +87,21 @@ def test_sequence_parallel_defaults_to_on_where_tp_is_above_1(gpu: bool) -> None
     assert RunSpec.from_record(old).uses_sequence_parallel is False
 
 
+def test_bucket_size_defaults_to_megatrons_rule_for_the_runs_dp() -> None:
+    """No bucket size given: Megatron DDP's max(40M, 1M·DP), as the Megatron baselines run, made
+    concrete by ``resolve`` so the record and the cell key hold the number; a given size is kept;
+    a projection records the same concrete size."""
+    from canzona.analysis.projection import Scenario, load_profile, project, to_record
+    from canzona.plan.types import Layout
+
+    assert spec(**MICRO).plan.bucket_size is None
+    assert spec(**MICRO).resolve(gpu=False).record_config()["bucket_size"] == 40_000_000
+    assert spec(**dict(MICRO, dp=64, global_batch=64)).resolve(gpu=False).plan.bucket_size == 64_000_000
+    assert spec(**MICRO, bucket_size=1000).resolve(gpu=False).plan.bucket_size == 1000
+    s = Scenario("qwen3-1.7b", Layout(dp=256, tp=1, pp=1), "canzona", overlap="none")
+    assert to_record(project(s, load_profile("H800")), {})["config"]["bucket_size"] == 256_000_000
+
+
 def test_derived_fields() -> None:
     cfg = spec(model="qwen3-micro", tp=2, pp=1, dp=2, micro_batch=2, global_batch=12, seq_len=16).validate(4)
     assert cfg.world == 4 and cfg.num_microbatches == 3

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from canzona.argtypes import MAX_INT_FLAG
 from canzona.cost import optimizer_names, runs_newton_schulz
 from canzona.errors import ConfigError
+from canzona.plan.buckets import resolve_bucket_size
 from canzona.plan.types import PlanConfig
 from canzona.results.schema import cell_key
 from canzona.spec.sections import (
@@ -214,9 +215,10 @@ class RunSpec:
 
     def resolve(self, *, gpu: bool) -> RunSpec:
         """A copy with every "auto" made concrete for a machine with (``gpu``) or without CUDA: the
-        ONE place ``device``, ``ns_dtype`` and ``attention`` "auto" and ``sequence_parallel``'s default
-        are resolved. Why before launch: the record and the cell key carry the concrete formats, and
-        the parent must reject a GPU run on a CUDA-less torch before forking or joining any group."""
+        ONE place ``device``, ``ns_dtype`` and ``attention`` "auto" and the defaults of
+        ``sequence_parallel`` and ``bucket_size`` (Megatron's rule for the run's DP) are resolved.
+        Why before launch: the record and the cell key carry the concrete formats, and the parent
+        must reject a GPU run on a CUDA-less torch before forking or joining any group."""
         import importlib.util
 
         self.validate(gpu=gpu)
@@ -232,7 +234,8 @@ class RunSpec:
             attention = ("te" if te else "sdpa") if on_gpu else "local"
         device = "gpu" if on_gpu else "cpu"
         sp = self.uses_sequence_parallel
-        return self.replace(device=device, ns_dtype=ns, attention=attention, sequence_parallel=sp)
+        bucket = resolve_bucket_size(self.plan.bucket_size, self.layout.dp)
+        return self.replace(device=device, ns_dtype=ns, attention=attention, sequence_parallel=sp, bucket_size=bucket)
 
 
 def plan_config_of(values: Mapping[str, Any]) -> PlanConfig:

@@ -132,7 +132,13 @@ class PlanSpec:
         lo=0.0,
         hi=1.0,
     )
-    bucket_size: int = knob(40_000_000, "gradient bucket size in elements", lo=1, hi=MAX_INT_FLAG)
+    # None: Megatron DDP's own rule, max(40M, 1M·DP) elements (megatron/core/distributed/
+    # distributed_data_parallel.py), the size the Megatron baselines run with; ``resolve`` makes it
+    # concrete. A fixed 40M would give Canzona 6x more buckets than Megatron at DP 256, each paying a
+    # collective's latency the baselines pay once.
+    bucket_size: int | None = knob(
+        None, "gradient bucket size in elements (default: Megatron's max(40M, 1M·DP))", lo=1, hi=MAX_INT_FLAG
+    )
     cost: Cost = knob("flops", "what the planner balances", canzona=True)
     cooperative: bool = knob(True, "a group of GPUs for the matrices above the mean (canzona + Muon)", canzona=True)
     dp_algo: str | None = knob(None, "the strategy's DP algorithm (default: the strategy's own)", canzona=True)

@@ -9,6 +9,7 @@ from typing import Any
 from canzona.analysis.projection.hardware import Profile
 from canzona.analysis.projection.overlap import Projection
 from canzona.analysis.projection.scenario import Scenario
+from canzona.plan.buckets import resolve_bucket_size
 
 MODEL_NAME = "canzona-projection-v1"
 
@@ -63,7 +64,7 @@ def to_record(p: Projection, env: dict[str, Any]) -> dict[str, Any]:
         # Newton-Schulz is modelled at the profile's matmul rate: bf16 on the GPU profiles, the
         # measured fp32 rate on the CPU profile -- the same format as the parameters
         "ns_dtype": ns_dtype_for(s.optimizer, p.profile.ns_dtype),
-        "bucket_size": s.bucket_size,
+        "bucket_size": resolve_bucket_size(s.bucket_size, s.layout.dp),  # concrete, as a run records it
         "warmup": 0,
         "iters": 0,
         "cost": s.cost,

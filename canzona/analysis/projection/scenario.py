@@ -66,7 +66,7 @@ class Scenario:
     global_batch: int = PAPER_BATCH.global_batch
     alpha: Alpha = PlanSpec.alpha  # "auto": chosen by the planner
     cost: Cost = PlanSpec.cost
-    bucket_size: int = PlanSpec.bucket_size
+    bucket_size: int | None = PlanSpec.bucket_size  # None: Megatron's max(40M, 1M·DP), as a run
     views: tuple[str, ...] = ()
     overlap: str = "none"  # none | megatron (see Projection)
     dp_algo: str | None = PlanSpec.dp_algo
