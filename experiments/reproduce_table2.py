@@ -122,9 +122,9 @@ BENCH_RUNS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
     ),
     ("widefc1_dp4_tp1", _WIDE, True),
     ("widefc1_dp4_tp1_nsfp32", (*_WIDE, "--ns-dtype", "fp32"), True),
-    # expert parallelism: qwen3-moe-tiny (top-2 of 8 experts) at DP 4 with the experts over EP 2. JSON
-    # only: Table 2's layout column (dp·tp·pp) does not show EP, so its row would read as a dense DP 4 one
-    ("moe_tiny_dp4_ep2", ("--model", "qwen3-moe-tiny", "--dp", "4", "--tp", "1", "--ep", "2"), False),
+    # expert parallelism: qwen3-moe-tiny (top-2 of 8 experts) at DP 4 with the experts over EP 2; its
+    # lines key by |ep=2 and Table 2 names the layout 4·1·1 (EP 2), apart from any dense DP 4 row
+    ("moe_tiny_dp4_ep2", ("--model", "qwen3-moe-tiny", "--dp", "4", "--tp", "1", "--ep", "2"), True),
 )
 # The reduced default's bench runs: Qwen3-32B's structure at 1/16 width in fp32 Newton–Schulz (what the
 # projection validates), every strategy, and Canzona without cooperation beside it (the paper's method,

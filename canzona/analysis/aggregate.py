@@ -36,7 +36,9 @@ GROUP_KEY = ("cell", "kind", "provenance", "source", "measured_at")
 # fields, so a field added to the cell key splits rows too: fp32 and bf16 cells of one layout are
 # two rows, never one row whose methods overwrite each other), plus where the numbers come from.
 # ns_dtype: a row compares methods in ONE Newton-Schulz number format (NaN where not recorded).
-ROW_KEY = (*(f for f in CELL_FIELDS if f != "method"), "kind", "provenance", "source", "measured_at")
+# ep: the EP size, which the cell key appends where > 1 (``schema.cell_key``; 1 on lines without it,
+# ``load``), so an expert-parallel cell is never the row of the dense cell of its dp·tp·pp.
+ROW_KEY = (*(f for f in CELL_FIELDS if f != "method"), "ep", "kind", "provenance", "source", "measured_at")
 TIMINGS = ("iteration", "fwd_bwd", "step")
 # What a row carries beside its config (``load.ROW_CONFIG_FIELDS``): where its numbers come from.
 # The plan a line ran (canzona.analysis.plans): one per cell, canzona.analysis.load checks it.

@@ -155,6 +155,7 @@ def _row(record: dict[str, Any], file: str, line: int) -> dict[str, Any]:
     }
     for k in ROW_CONFIG_FIELDS:
         row[k] = cfg.get(k)
+    row["ep"] = cfg.get("ep") or 1  # no EP and a line from before the field are one layout (as in the cell key)
     row.update(plan_columns(record))
     row.update(metric_columns(record))
     for key in TIMING_KEYS:
@@ -241,7 +242,7 @@ def records_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     df = pd.DataFrame([{k: v for k, v in r.items() if not k.startswith("_")} for r in rows])
     if df.empty:
         return df
-    for k in ("tp", "pp", "dp", "world", "seq_len", "micro_batch", "global_batch", "bucket_size"):
+    for k in ("tp", "pp", "dp", "ep", "world", "seq_len", "micro_batch", "global_batch", "bucket_size"):
         if k in df:
             df[k] = pd.to_numeric(df[k], errors="coerce").astype("Int64")
     return df
@@ -289,8 +290,8 @@ def load_results(paths: Iterable[str | Path] | str | Path, report: Callable[[str
     """One row per result line from files and/or folders; raises ResultsError naming file:line.
 
     Columns: file, line, cell, kind, provenance, source, provenance_label, the config fields
-    (model, tp, pp, dp, world, method, optimizer, seq_len, micro_batch, global_batch, alpha,
-    dtype, bucket_size, cost), ``<t>_ms`` / ``<t>_p90`` / ``<t>_n`` for t in iteration, fwd_bwd,
+    (model, tp, pp, dp, ep (1 without expert parallelism), world, method, optimizer, seq_len, micro_batch,
+    global_batch, alpha, dtype, bucket_size, cost), ``<t>_ms`` / ``<t>_p90`` / ``<t>_n`` for t in iteration, fwd_bwd,
     step, ``phase_<name>`` per phase, tokens_per_s and env fields.
     """
     return records_frame(load_rows(paths, report))

@@ -17,7 +17,7 @@ import math
 from typing import TYPE_CHECKING
 
 from canzona.analysis.aggregate import OURS, PAPER_OPTIMIZER, finite
-from canzona.analysis.markdown import markdown_table
+from canzona.analysis.markdown import layout_text, markdown_table
 from canzona.spec import method_names
 
 if TYPE_CHECKING:
@@ -73,9 +73,9 @@ def structure_rows(cells: pd.DataFrame, validation: pd.DataFrame | None = None) 
     sp = lambda st, b: st[b] / st[OURS] if finite(st.get(b)) and finite(st.get(OURS)) and st[OURS] > 0 else math.nan
     meas = cells[(cells["model"] == STRUCTURE_MODEL) & (cells["provenance"] == "measured")]
     rows = []
-    keys = ["dp", "tp", "pp", "kind", "source", "ns_dtype"]
-    for (dp, tp, pp, kind, src, ns), g in meas.groupby(keys, sort=False, dropna=False):
-        layout = f"{dp}·{tp}·{pp}"
+    keys = ["dp", "tp", "pp", "ep", "kind", "source", "ns_dtype"]
+    for (dp, tp, pp, ep, kind, src, ns), g in meas.groupby(keys, sort=False, dropna=False):
+        layout = layout_text({"dp": dp, "tp": tp, "pp": pp, "ep": ep})  # as projection.validate keys it
         step = {r["method"]: float(r["step_ms"]) for r in g.to_dict("records")}
         here, why = _projected_here(validation, layout, str(kind), str(ns))
         ratios, ok_ratio = [], True

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from canzona.analysis.markdown import fmt_ms, markdown_table
+from canzona.analysis.markdown import fmt_ms, layout_text, markdown_table
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -66,7 +66,7 @@ def metrics_markdown(cells: pd.DataFrame) -> str:
     body = [
         [
             r["model"],
-            f"{r['dp']}·{r['tp']}·{r['pp']}",
+            layout_text(r),
             r["ns_dtype"],
             r["method"],
             f"{fmt_ms(r['step_ms'])} / {fmt_ms(r['iteration_ms'])}",

@@ -72,7 +72,7 @@ def is_beyond(row: dict[str, Any]) -> bool:
 # What a row's configuration is, for checking that a pair differs in its compared knob alone: the
 # cell's fields and every knob the projection's source names (profile, view, cost, cooperation,
 # Newton–Schulz method, α, variant).
-PAIR_FIELDS = ("model", "tp", "pp", "dp", "method", "optimizer", "ns_dtype", "seq_len", "global_batch", "kind",
+PAIR_FIELDS = ("model", "tp", "pp", "dp", "ep", "method", "optimizer", "ns_dtype", "seq_len", "global_batch", "kind",
                "provenance")  # fmt: skip
 
 

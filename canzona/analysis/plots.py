@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from canzona.analysis.aggregate import PAPER_OPTIMIZER, finite, method_order
+from canzona.analysis.markdown import ep_text
 from canzona.analysis.projection.alpha_study import alpha_study, is_alpha_study_of
 from canzona.analysis.speedup_plots import machine_of, method_color, plot_headline, plot_measured
 from canzona.results.figures import pyplot, save_figure
@@ -89,7 +90,7 @@ def plot_phases(cells: pd.DataFrame, path: str | Path, max_panels: int = 6) -> P
         seen["step"] = ax.scatter(methods, steps, marker="D", color="black", zorder=3, label="step (median)")
         ax.set_ylabel("ms per optimizer step")
         ax.set_title(
-            f"{k['model']} dp{k['dp']}·tp{k['tp']}·pp{k['pp']} ({k['kind']})\n"
+            f"{k['model']} dp{k['dp']}·tp{k['tp']}·pp{k['pp']}{ep_text(k)} ({k['kind']})\n"
             f"{_source_title(str(g['provenance_label'].iloc[0]))}",
             fontsize=8,
         )

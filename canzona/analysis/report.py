@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from canzona.analysis.aggregate import OURS, PAPER_OPTIMIZER, ROW_KEY, finite
-from canzona.analysis.markdown import human_tokens, markdown_table
+from canzona.analysis.markdown import ep_text, human_tokens, markdown_table
 from canzona.analysis.pairs import BASELINE_TP, balance_pairs, config_text, is_beyond, source_tokens
 from canzona.analysis.projection_error import error_note, error_table, validation_markdown
 
@@ -135,7 +135,7 @@ def condition(row: dict[str, Any]) -> tuple[str, str]:
     ns = row.get("ns_dtype")
     ns_text = f" · NS {ns}" if isinstance(ns, str) else ""
     if row["provenance"] == "measured":
-        lay = f"dp{row['dp']}·tp{row['tp']}·pp{row['pp']}"
+        lay = f"dp{row['dp']}·tp{row['tp']}·pp{row['pp']}{ep_text(row)}"
         return f"measured · {setting} · {lay} · {tokens_text(row)}{ns_text}", str(row.get("provenance_label", ""))
     view = tok.get("overlap", "?")
     micro = ""

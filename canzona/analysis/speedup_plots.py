@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from canzona.analysis.aggregate import OURS, PAPER_OPTIMIZER, finite, method_order
+from canzona.analysis.markdown import LAYOUT_COL  # the column these figures read of Table 2's rows
 from canzona.analysis.pairs import is_beyond
 from canzona.results.figures import pyplot, save_figure
 
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
 KNOWN_COLORS = {"sc": "#7f7f7f", "layerwise": "#1f77b4", "asc": "#ff7f0e", "canzona": "#2ca02c"}
 TAB10 = ("#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#d62728", "#aec7e8", "#ffbb78", "#98df8a")
 TIMINGS = (("step", "optimizer step"), ("iter", "iteration"))
-LAYOUT_COL = "layout (dp·tp·pp = GPUs)"
 
 
 def method_color(name: str) -> str:

@@ -26,7 +26,7 @@ from canzona.analysis.aggregate import (
     speedups,
 )
 from canzona.analysis.lineages import authors_markdown, lineages_markdown
-from canzona.analysis.markdown import fmt_ms, fmt_speedup, human_tokens, markdown_table
+from canzona.analysis.markdown import LAYOUT_COL, fmt_ms, fmt_speedup, human_tokens, layout_text, markdown_table
 from canzona.analysis.measured_metrics import metrics_markdown
 from canzona.analysis.pairs import config_text, run_views_text
 from canzona.analysis.projection.baselines import BASELINES as MODELLED
@@ -34,7 +34,6 @@ from canzona.analysis.projection.baselines import BASELINES as MODELLED
 if TYPE_CHECKING:
     import pandas as pd
 
-LAYOUT_COL = "layout (dp·tp·pp = GPUs)"
 MEASURED_AT_COL = "measured at (host @ commit)"
 # the plan Canzona's line ran: with alpha "auto" the only place a reader sees which α was chosen
 PLAN_COL = f"{OURS} plan (α · DP layout · groups · profile · hash)"
@@ -78,7 +77,7 @@ def build_table2(cells: pd.DataFrame) -> pd.DataFrame:
         first = g.iloc[0]
         row: dict[str, Any] = {
             "model": k["model"],
-            LAYOUT_COL: f"{k['dp']}·{k['tp']}·{k['pp']} = {first['world']}",
+            LAYOUT_COL: f"{layout_text(k)} = {first['world']}",
             "optimizer": k["optimizer"],
             "dtype": k["dtype"],
             "ns_dtype": k["ns_dtype"] if isinstance(k["ns_dtype"], str) else math.nan,

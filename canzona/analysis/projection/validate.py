@@ -34,6 +34,7 @@ def validate_against(
 
     from canzona.analysis.aggregate import aggregate_cells, finite
     from canzona.analysis.load import load_results, split_latest
+    from canzona.analysis.markdown import layout_text
 
     want_backend = "gloo" if profile.kind == "cpu" else "nccl"
     df = load_results(results)
@@ -47,7 +48,7 @@ def validate_against(
     for r in cells[cells["provenance"] == "measured"].to_dict("records"):
         base = {
             "model": r["model"],
-            "layout": f"{r['dp']}·{r['tp']}·{r['pp']}",
+            "layout": layout_text(r),
             "method": r["method"],
             "kind": r["kind"],
             "ns_dtype": r.get("ns_dtype") if isinstance(r.get("ns_dtype"), str) else "",
@@ -111,20 +112,20 @@ def _skip_reason(r: dict[str, Any], profile: Profile) -> str | None:
 
 
 def _scenario_of(r: dict[str, Any], overlap: str) -> Scenario:
-    """The scenario of a measured cell: its layout, method, batch and plan knobs, and sequence
-    parallelism and split views as the line ran them."""
+    """The scenario of a measured cell: its layout (EP included), method, batch and plan knobs, and
+    sequence parallelism and split views as the line ran them."""
     from canzona.analysis.aggregate import finite
 
     alpha = float(r["alpha"]) if finite(r.get("alpha")) else DEFAULT_ALPHA
     bucket = int(r["bucket_size"]) if finite(r.get("bucket_size")) else 40_000_000
-    dp, tp, pp = int(r["dp"]), int(r["tp"]), int(r["pp"] or 1)
+    dp, tp, pp, ep = int(r["dp"]), int(r["tp"]), int(r["pp"] or 1), int(r["ep"]) if finite(r.get("ep")) else 1
     seq = int(r["seq_len"]) if finite(r.get("seq_len")) else 1
     gbatch = int(r["global_batch"]) if finite(r.get("global_batch")) else dp
     mbatch = int(r["micro_batch"]) if finite(r.get("micro_batch")) else 1
     cost: Cost = r["cost"] if isinstance(r.get("cost"), str) else "flops"  # Scenario checks its value
     return Scenario(
         r["model"],
-        Layout(dp, tp, pp),
+        Layout(dp, tp, pp, ep),  # EP inside DP: the experts' grads and params sync over expert-DP groups
         modelled_as(r["method"]),
         optimizer=r["optimizer"],
         seq_len=seq,
