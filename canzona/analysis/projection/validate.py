@@ -117,7 +117,7 @@ def _scenario_of(r: dict[str, Any], overlap: str) -> Scenario:
     from canzona.analysis.aggregate import finite
 
     alpha = float(r["alpha"]) if finite(r.get("alpha")) else DEFAULT_ALPHA
-    bucket = int(r["bucket_size"]) if finite(r.get("bucket_size")) else 40_000_000
+    bucket = int(r["bucket_size"]) if finite(r.get("bucket_size")) else None  # None: Megatron's rule, as a run
     dp, tp, pp, ep = int(r["dp"]), int(r["tp"]), int(r["pp"] or 1), int(r["ep"]) if finite(r.get("ep")) else 1
     seq = int(r["seq_len"]) if finite(r.get("seq_len")) else 1
     gbatch = int(r["global_batch"]) if finite(r.get("global_batch")) else dp
