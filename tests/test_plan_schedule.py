@@ -83,13 +83,13 @@ def test_rooted_gathers_are_one_uneven_all_gather_where_the_backend_has_one() ->
     3 · 14 + 22 = 64, all-reduce-broadcast 21 + 10 + 22 = 53, native unchanged at 77.344."""
     sizes = [1000] * 3 + [0] * 5
     gloo = CommModel("t", Link(bus_bw=1e9, base_latency_us=0.0), copy_bw=1e30, launch_us=10.0)
-    nccl = CommModel("t", Link(bus_bw=1e9, base_latency_us=0.0), copy_bw=1e30, launch_us=10.0, uneven_gather=True)
+    nccl = CommModel("t", Link(bus_bw=1e9, base_latency_us=0.0), copy_bw=1e30, launch_us=10.0, uneven_rooted=True)
     parts = (4000,) * 3 + (0,) * 5
-    assert mode_calls("all-reduce-broadcast", sizes, 4, uneven_gather=True) == [
+    assert mode_calls("all-reduce-broadcast", sizes, 4, uneven_rooted=True) == [
         ("all_reduce", 12000, ()),
         ("all_gather", 12000, parts),
     ]
-    assert mode_calls("per-root", sizes, 4, uneven_gather=False)[3:] == [("broadcast", 4000, ())] * 3
+    assert mode_calls("per-root", sizes, 4, uneven_rooted=False)[3:] == [("broadcast", 4000, ())] * 3
     assert mode_cost_us("per-root", sizes, 4, nccl) == pytest.approx(64)
     assert mode_cost_us("all-reduce-broadcast", sizes, 4, nccl) == pytest.approx(53)
     assert mode_cost_us("native", sizes, 4, nccl) == pytest.approx(mode_cost_us("native", sizes, 4, gloo))
@@ -97,7 +97,7 @@ def test_rooted_gathers_are_one_uneven_all_gather_where_the_backend_has_one() ->
     # layer-wise's owner gather is priced by its gather alone: the coalesced call, 22 µs
     assert mode_cost_us("per-root", sizes, 4, nccl, gather_only=True) == pytest.approx(22)
     assert mode_cost_us("per-root", sizes, 4, gloo, gather_only=True) == pytest.approx(3 * 14)
-    assert NCCL.uneven_gather and not GLOO.uneven_gather
+    assert NCCL.uneven_rooted and not GLOO.uneven_rooted
 
 
 def test_rooted_gather_lowers_per_backend() -> None:
@@ -127,7 +127,7 @@ def test_the_lowering_gathers_rooted_buckets_in_one_call_on_nccl_only() -> None:
             stage_schedules(plan, adamw, LowerSettings(model=m, collective_mode=mode, param_bytes=2))[1]
             for m in (NCCL, GLOO)
         )
-        assert nccl.uneven_gather and not gloo.uneven_gather
+        assert nccl.uneven_rooted and not gloo.uneven_rooted
         assert [o for o in nccl.ops if o.phase != "param_sync"] == [o for o in gloo.ops if o.phase != "param_sync"]
         rooted = [b for b in nccl.buckets if b.mode == mode]
         if strategy == "canzona":

@@ -5,7 +5,7 @@ gloo has no uneven all_gather (ProcessGroupGloo::allgather raises "invalid tenso
 forked ranks here run the call with ProcessGroupNCCL's semantics for uneven parts, written out
 below: rank r's input lands in every rank's ``tensor_list[r]`` (its not-same-size branch, one
 ``_broadcast_oop`` per rank), and the runtime is told its backend has the call
-(``collectives.UNEVEN_GATHER_BACKENDS``). What is checked is the runtime: that it issues exactly
+(``collectives.UNEVEN_ROOTED_BACKENDS``). What is checked is the runtime: that it issues exactly
 the NCCL schedule's calls (one all_gather of the bucket's exact regions, no broadcast), that its
 views land every slice where it belongs (the single-device update), and that the gradients keep
 their reduces / all-reduce."""
@@ -61,7 +61,7 @@ def _nccl_uneven_all_gather(broadcast):
 
 
 def _rank(info) -> dict:
-    collectives.UNEVEN_GATHER_BACKENDS = frozenset({"gloo"})
+    collectives.UNEVEN_ROOTED_BACKENDS = frozenset({"gloo"})
     dist.all_gather = _nccl_uneven_all_gather(dist.broadcast)  # the forked rank's own module state
     groups = dp_tp_groups(info.rank, DP, 1)
     out = {}

@@ -152,7 +152,7 @@ class CommModel:
     span: Span | None = None  # where the group's ranks sit: NCCL's latency model and rail busBw
     # the backend gathers uneven slices in ONE ``all_gather`` of a list of unequal tensors, which
     # ProcessGroupNCCL runs as one coalesced group of broadcasts (``coalesced_us``); gloo has none
-    uneven_gather: bool = False
+    uneven_rooted: bool = False
     _kinds: dict[str, Link] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -207,7 +207,7 @@ NCCL = CommModel(
     copy_bw=3.0e12,
     source="IB 50 GB/s per GPU (DeepSeek-V3 report sec. 3.2.2); NCCL tuning.cc Ring/Simple latencies 8.4 + 6.6 us/step",
     launch_us=HOST_LAUNCH_US,
-    uneven_gather=True,
+    uneven_rooted=True,
 )
 # gloo on one CPU host: per-kind fits of `canzona calibrate-cpu` (canzona/hardware/profiles/cpu-local.toml,
 # 2026-11-29, 2-core VM): broadcast and reduce move data faster than all_gather / reduce_scatter.
@@ -257,7 +257,7 @@ def profile_model(profile: Profile, span: int, name: str, members: int | None = 
         + (f", {nodes} nodes × {per_node}" if nodes > 1 else ""),
         launch_us=0.0 if profile.collectives else HOST_LAUNCH_US,
         span=where,
-        uneven_gather=not profile.collectives,
+        uneven_rooted=not profile.collectives,
     )
 
 
@@ -296,14 +296,14 @@ class Call(NamedTuple):
     parts: tuple[int, ...] = ()
 
 
-def mode_calls(mode: str, slice_sizes: Sequence[int], elem_bytes: int, uneven_gather: bool = False) -> list[Call]:
+def mode_calls(mode: str, slice_sizes: Sequence[int], elem_bytes: int, uneven_rooted: bool = False) -> list[Call]:
     """The calls of one bucket's gradient reduction + parameter gather in ``mode``
     (``slice_sizes``: its DP ranks' exact slices), as ``schedule`` lowers them:
 
       native / uneven       one reduce-scatter and one all-gather of the padded buffer (n · W);
       per-root              one reduce per non-empty slice, then the slices gathered: one broadcast
                             per non-empty slice, or, where the backend gathers uneven slices
-                            (``uneven_gather``: NCCL), ONE all-gather of the exact slices;
+                            (``uneven_rooted``: NCCL), ONE all-gather of the exact slices;
       all-reduce-broadcast  ONE all-reduce of the exact bucket (each owner then reads its slice
                             from the reduced buffer: no padding, and on NCCL a log-depth tree
                             instead of one ring chain per slice), then per-root's gather.
@@ -316,7 +316,7 @@ def mode_calls(mode: str, slice_sizes: Sequence[int], elem_bytes: int, uneven_ga
     if mode in ("per-root", "all-reduce-broadcast"):
         parts = tuple(w * elem_bytes for w in slice_sizes)
         gather = (
-            [Call("all_gather", sum(parts), parts)] if uneven_gather else [Call("broadcast", b) for b in parts if b]
+            [Call("all_gather", sum(parts), parts)] if uneven_rooted else [Call("broadcast", b) for b in parts if b]
         )
         if mode == "per-root":
             return [*(Call("reduce", b) for b in parts if b), *gather]
@@ -339,7 +339,7 @@ def mode_cost_us(
         mode = "native"  # equal slices need no staging
     calls = [
         c
-        for c in mode_calls(mode, slice_sizes, elem_bytes, model.uneven_gather)
+        for c in mode_calls(mode, slice_sizes, elem_bytes, model.uneven_rooted)
         if not gather_only or c.kind in GATHERS
     ]
     t = sum(model.issued_us(c.kind, n, c.nbytes, c.parts) for c in calls)

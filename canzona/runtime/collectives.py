@@ -14,7 +14,7 @@ the calls. Every call is async and returns a ``Pending``; nothing here synchroni
              per-root's gather: buckets with fewer matrices than ranks at large DP
   all-reduce the bucket reduced whole (sc, layer-wise), no parameter all-gather
 
-Which gather runs is the lowering's (``RankSchedule.uneven_gather``, from ``gathers_uneven`` of the
+Which gather runs is the lowering's (``RankSchedule.uneven_rooted``, from ``has_uneven_rooted`` of the
 process group's backend), so what is issued is what the schedule lists. Nothing else uses what
 breaks gloo (uneven list all_gather / all_to_all, uneven gather).
 """
@@ -65,12 +65,12 @@ def _global_rank(group: dist.ProcessGroup | None, r: int) -> int:
 # Backends whose ``all_gather`` takes a list of unequal tensors: ProcessGroupNCCL::allgather runs it
 # as one coalesced group of broadcasts (its not-same-size branch); ProcessGroupGloo::allgather raises
 # "invalid tensor size".
-UNEVEN_GATHER_BACKENDS = frozenset({"nccl"})
+UNEVEN_ROOTED_BACKENDS = frozenset({"nccl"})
 
 
-def gathers_uneven(backend: str) -> bool:
+def has_uneven_rooted(backend: str) -> bool:
     """Whether a process group of ``backend`` gathers uneven slices in one call (see above)."""
-    return str(backend).lower() in UNEVEN_GATHER_BACKENDS
+    return str(backend).lower() in UNEVEN_ROOTED_BACKENDS
 
 
 def rooted_gather(parts: Sequence[torch.Tensor], group: dist.ProcessGroup | None, uneven: bool) -> list[dist.Work]:
@@ -153,8 +153,8 @@ class Uneven(Mode):
 class PerRoot(Mode):
     name = "per-root"
 
-    def __init__(self, uneven_gather: bool = False) -> None:
-        self.uneven_gather = uneven_gather
+    def __init__(self, uneven_rooted: bool = False) -> None:
+        self.uneven_rooted = uneven_rooted
 
     def reduce(self, chunks: Sequence[torch.Tensor], group: dist.ProcessGroup | None) -> Pending:
         return Pending(
@@ -166,7 +166,7 @@ class PerRoot(Mode):
         )
 
     def gather(self, chunks: Sequence[torch.Tensor], group: dist.ProcessGroup | None) -> Pending:
-        return Pending(rooted_gather(chunks, group, self.uneven_gather))
+        return Pending(rooted_gather(chunks, group, self.uneven_rooted))
 
 
 class AllReduceBroadcast(PerRoot):
@@ -186,16 +186,16 @@ def make_mode(
     dp: int,
     dtypes: tuple[torch.dtype, torch.dtype],
     device: torch.device,
-    uneven_gather: bool = False,
+    uneven_rooted: bool = False,
 ) -> Mode:
     """The executor of a mode the lowering chose (``sizes``: the bucket's region sizes;
-    ``uneven_gather``: the schedule's, how rooted modes gather)."""
+    ``uneven_rooted``: the schedule's, how rooted modes gather)."""
     if name == "native":
         return Native()
     if name == "uneven":
         return Uneven(sizes, dp, dtypes, device)
     if name == "per-root":
-        return PerRoot(uneven_gather)
+        return PerRoot(uneven_rooted)
     if name == "all-reduce-broadcast":
-        return AllReduceBroadcast(uneven_gather)
+        return AllReduceBroadcast(uneven_rooted)
     raise ValueError(f"no executor for collective mode {name!r}")
