@@ -176,7 +176,7 @@ class DistributedOptimizer:
     def _lower(self) -> RankSchedule:
         comm, prec = self.config.comm, self.config.precision
         model = MODELS[comm.cost_model] if comm.cost_model else model_for_backend(self.backend)
-        # the calls this backend can issue: an uneven all_gather only where it has one (NCCL)
+        # the calls this backend can issue: uneven rooted all_gather / reduce_scatter only where it has them (NCCL)
         model = dataclasses.replace(model, uneven_rooted=has_uneven_rooted(self.backend))
         pdtype = self.params[next(iter(self.params))].dtype
         settings = LowerSettings(
