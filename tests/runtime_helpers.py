@@ -65,7 +65,7 @@ def dist_config(strategy: str, optimizer: str, **kw) -> DistConfig:
     # preconditions only sides whose factor is full rank (max_precond_dim 64), since eigh's basis of
     # a null space is arbitrary and would differ between any two summation orders.
     opts = dict(OPTIONS.get(optimizer, {}))
-    plan_fields = ("alpha", "dp_algo", "tp_mode", "capacity_bytes", "cooperative", "coop_force", "profile")
+    plan_fields = ("alpha", "dp_algo", "tp_mode", "capacity_bytes", "cooperative", "coop_force", "profile", "replicate")
     plan = {"bucket_size": 20_000, **{k: kw.pop(k) for k in (*plan_fields, "bucket_size", "dp_layout") if k in kw}}
     comm = {k: kw.pop(k) for k in ("collective_mode", "overlap_grad_sync", "overlap_param_sync") if k in kw}
     prec = {k: kw.pop(k) for k in ("grad_dtype",) if k in kw}
@@ -142,6 +142,7 @@ WRAPPED = {
     "broadcast": ("broadcast", 0),
     "reduce_scatter_tensor": ("reduce_scatter", 1),
     "reduce_scatter_single": ("reduce_scatter", 1),
+    "reduce_scatter": ("reduce_scatter", 1),  # a list of uneven inputs (NCCL's rooted reductions): their bytes summed
     "all_gather_into_tensor": ("all_gather", 0),
     "all_gather_single": ("all_gather", 0),
     "all_gather": ("all_gather", 0),  # a list of uneven parts (NCCL's rooted gathers): their bytes summed
@@ -160,7 +161,8 @@ def recorded(groups: dict[str, object]) -> Iterator[list[tuple]]:
 
         def call(*args, **kw):
             first = "tensor_list" if name == "all_gather" else "tensor"
-            t = args[which] if len(args) > which else kw.get(first if which == 0 else "input")
+            second = "input_list" if name == "reduce_scatter" else "input"
+            t = args[which] if len(args) > which else kw.get(first if which == 0 else second)
             group = kw.get("group")
             gname = next((k for k, g in groups.items() if g is group), "coop")  # cooperative DP sub-groups
             root = args[1] if kind in ("reduce", "broadcast") and len(args) > 1 else kw.get("dst", kw.get("src"))

@@ -9,6 +9,7 @@ from typing import cast
 import pytest
 
 from canzona.analysis.projection import Comm, Layout, load_profile
+from canzona.errors import ConfigError
 from canzona.plan.comm import GLOO, KINDS, CommModel, Link, profile_model, ring_terms
 from canzona.plan.readers.budget import links
 from canzona.plan.types import Plan
@@ -40,6 +41,21 @@ def test_single_rank_is_free_and_steps_by_hand() -> None:
     assert all(LINK.call_us(k, 1, 1e9) == 0.0 for k in KINDS)
     assert ring_terms("all_reduce", 4) == (1.5, 4)  # tree 4 < ring 6
     assert ring_terms("all_reduce", 3) == (pytest.approx(4 / 3), 4)  # tree 2·ceil(log2 3) = 4 = ring
+
+
+def test_uneven_parts_are_one_coalesced_group_by_hand() -> None:
+    """ProcessGroupNCCL runs a reduce_scatter of unequal inputs as one coalesced group of reduces and
+    an all_gather of unequal tensors as one of broadcasts, one rooted at each rank: one chain's
+    latency (10 + 3 · 2 µs on 4 ranks) and every part's bandwidth term (24 kB at 1 GB/s: 24 µs),
+    where the reduces issued apart pay the latency per non-empty part (3 · 16 + 24 = 72 µs). Only
+    those two kinds take parts."""
+    parts = (4000, 0, 8000, 12000)
+    assert LINK.call_us("reduce_scatter", 4, sum(parts), parts) == pytest.approx(16 + 24)
+    assert LINK.call_us("all_gather", 4, sum(parts), parts) == pytest.approx(16 + 24)
+    assert sum(LINK.call_us("reduce", 4, w) for w in parts if w) == pytest.approx(72)
+    for kind in ("reduce", "broadcast", "all_reduce", "all_to_all"):
+        with pytest.raises(ConfigError, match="uneven parts"):
+            LINK.call_us(kind, 4, sum(parts), parts)
 
 
 def test_calibrated_fit_carries_its_own_latency() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -41,18 +43,27 @@ def test_gloo_prefers_per_root_and_nccl_native() -> None:
 
 
 def test_mode_cost_counts_latency_per_call() -> None:
-    # per-root pays one latency per non-empty slice and kind; native two calls whatever DP is
+    # per-root issued a call per slice pays one latency per non-empty slice and kind; native two
+    # calls whatever DP is, and so does per-root as NCCL's two coalesced calls
     tiny = [1] * 64
-    assert mode_cost_us("per-root", tiny, 4, NCCL) > 20 * mode_cost_us("native", tiny, 4, NCCL)
+    per_slice = dataclasses.replace(NCCL, uneven_rooted=False)
+    assert mode_cost_us("per-root", tiny, 4, per_slice) > 20 * mode_cost_us("native", tiny, 4, NCCL)
+    assert mode_cost_us("per-root", tiny, 4, NCCL) == pytest.approx(mode_cost_us("native", tiny, 4, NCCL))
 
 
-def test_few_matrices_at_large_dp_all_reduce_and_broadcast() -> None:
+def test_few_matrices_at_large_dp_go_rooted() -> None:
     """Qwen3-1.7B's buckets at DP 256: ~21 matrices of ~12.6M elements each, every other slice
-    empty. Padding makes the native calls ~24x the bytes and per-root pays a 255-hop chain per
-    reduce; one all-reduce (log-depth tree) plus the broadcasts is cheapest on NCCL."""
+    empty. Padding makes the native calls ~24x the bytes. Coalesced (NCCL), per-root's reduces pay
+    one 255-hop chain and half an all-reduce's bytes: cheapest. Issued a call per slice, each
+    reduce pays the chain, and one all-reduce (log-depth tree) plus the broadcasts wins."""
     sizes = [12_582_912] * 21 + [0] * 235
-    costs = {m: mode_cost_us(m, sizes, 4, NCCL) for m in ("native", "uneven", "per-root", "all-reduce-broadcast")}
-    assert choose_mode(sizes, "auto", NCCL, 4) == "all-reduce-broadcast"
+    modes = ("native", "uneven", "per-root", "all-reduce-broadcast")
+    costs = {m: mode_cost_us(m, sizes, 4, NCCL) for m in modes}
+    assert choose_mode(sizes, "auto", NCCL, 4) == "per-root"
+    assert costs["per-root"] < costs["all-reduce-broadcast"] < costs["native"] < costs["uneven"]
+    per_slice = dataclasses.replace(NCCL, uneven_rooted=False)
+    costs = {m: mode_cost_us(m, sizes, 4, per_slice) for m in modes}
+    assert choose_mode(sizes, "auto", per_slice, 4) == "all-reduce-broadcast"
     assert costs["all-reduce-broadcast"] < costs["per-root"] < costs["native"] < costs["uneven"]
     calls = mode_calls("all-reduce-broadcast", sizes, 4)
     assert calls[0] == ("all_reduce", 21 * 12_582_912 * 4, ()) and [c.kind for c in calls[1:]] == ["broadcast"] * 21
@@ -76,28 +87,37 @@ def test_the_mode_choice_pays_a_host_launch_per_call() -> None:
     assert NCCL.issued_us("broadcast", 1, 100) == 0  # no call on one rank
 
 
-def test_rooted_gathers_are_one_uneven_all_gather_where_the_backend_has_one() -> None:
+def test_rooted_calls_are_one_uneven_call_each_where_the_backend_has_them() -> None:
     """3 slices of 1000 elements on 8 ranks, a link without latency at 1 GB/s, 10 µs a call. gloo
-    (no uneven all-gather) broadcasts each slice: per-root 84 µs, all-reduce-broadcast 73, native 77
-    (test above). NCCL gathers the slices in ONE coalesced call, 3 · 4 µs + 10 = 22 µs: per-root
-    3 · 14 + 22 = 64, all-reduce-broadcast 21 + 10 + 22 = 53, native unchanged at 77.344."""
+    (no uneven all-gather / reduce-scatter) reduces and broadcasts each slice: per-root 84 µs,
+    all-reduce-broadcast 73, native 77 (test above). NCCL reduces the slices in ONE coalesced call
+    and gathers them in another, 3 · 4 µs + 10 = 22 µs each: per-root 44, all-reduce-broadcast
+    21 + 10 + 22 = 53, native unchanged at 77.344."""
     sizes = [1000] * 3 + [0] * 5
     gloo = CommModel("t", Link(bus_bw=1e9, base_latency_us=0.0), copy_bw=1e30, launch_us=10.0)
-    nccl = CommModel("t", Link(bus_bw=1e9, base_latency_us=0.0), copy_bw=1e30, launch_us=10.0, uneven_gather=True)
+    nccl = CommModel("t", Link(bus_bw=1e9, base_latency_us=0.0), copy_bw=1e30, launch_us=10.0, uneven_rooted=True)
     parts = (4000,) * 3 + (0,) * 5
-    assert mode_calls("all-reduce-broadcast", sizes, 4, uneven_gather=True) == [
+    assert mode_calls("all-reduce-broadcast", sizes, 4, uneven_rooted=True) == [
         ("all_reduce", 12000, ()),
         ("all_gather", 12000, parts),
     ]
-    assert mode_calls("per-root", sizes, 4, uneven_gather=False)[3:] == [("broadcast", 4000, ())] * 3
-    assert mode_cost_us("per-root", sizes, 4, nccl) == pytest.approx(64)
+    assert mode_calls("per-root", sizes, 4, uneven_rooted=True) == [
+        ("reduce_scatter", 12000, parts),
+        ("all_gather", 12000, parts),
+    ]
+    assert (
+        mode_calls("per-root", sizes, 4, uneven_rooted=False)
+        == [("reduce", 4000, ())] * 3 + [("broadcast", 4000, ())] * 3
+    )
+    assert mode_cost_us("per-root", sizes, 4, nccl) == pytest.approx(44)
+    assert choose_mode(sizes, "auto", nccl, 4) == "per-root"
     assert mode_cost_us("all-reduce-broadcast", sizes, 4, nccl) == pytest.approx(53)
     assert mode_cost_us("native", sizes, 4, nccl) == pytest.approx(mode_cost_us("native", sizes, 4, gloo))
     assert mode_cost_us("native", sizes, 4, nccl) == pytest.approx(2 * (8 * 1024 * 4 * 7 / 8 / 1e3 + 10))
     # layer-wise's owner gather is priced by its gather alone: the coalesced call, 22 µs
     assert mode_cost_us("per-root", sizes, 4, nccl, gather_only=True) == pytest.approx(22)
     assert mode_cost_us("per-root", sizes, 4, gloo, gather_only=True) == pytest.approx(3 * 14)
-    assert NCCL.uneven_gather and not GLOO.uneven_gather
+    assert NCCL.uneven_rooted and not GLOO.uneven_rooted
 
 
 def test_rooted_gather_lowers_per_backend() -> None:
@@ -113,32 +133,38 @@ def test_rooted_gather_lowers_per_backend() -> None:
     assert NCCL.call_us("all_gather", 3, 12, (8, 0, 4)) == pytest.approx(coalesced_us(NCCL, "broadcast", 3, (8, 0, 4)))
 
 
-def test_the_lowering_gathers_rooted_buckets_in_one_call_on_nccl_only() -> None:
+def test_the_lowering_runs_rooted_buckets_in_one_call_each_way_on_nccl_only() -> None:
     """qwen3-micro at DP 4 in the exact layout, every bucket forced to a rooted mode: on NCCL each
-    bucket's parameters are ONE all_gather whose parts are the bucket's exact regions, and
-    layer-wise's owner gather is one too; on gloo the same bytes go out as one broadcast per part.
-    The gradient calls do not change."""
+    bucket's parameters are ONE all_gather whose parts are the bucket's exact regions, per-root's
+    gradients ONE reduce_scatter of them, and layer-wise's owner gather is one all_gather too; on
+    gloo the same bytes go out as one reduce / broadcast per part. Nothing else changes."""
     specs = list_params(get_model("qwen3-micro"))
     layout = Layout(4, 1)
     adamw = adamw_buckets(specs, layout, 30_000)
     for strategy, mode in (("canzona", "all-reduce-broadcast"), ("canzona", "per-root"), ("layerwise", "per-root")):
         plan = make_plan(specs, layout, PlanConfig(strategy=strategy, bucket_size=30_000, dp_layout="exact"))
         nccl, gloo = (
-            stage_schedules(plan, adamw, LowerSettings(model=m, collective_mode=mode, param_bytes=2))[1]
+            stage_schedules(plan, adamw, LowerSettings(model=m, collective_mode=mode, grad_bytes=4, param_bytes=2))[1]
             for m in (NCCL, GLOO)
         )
-        assert nccl.uneven_gather and not gloo.uneven_gather
-        assert [o for o in nccl.ops if o.phase != "param_sync"] == [o for o in gloo.ops if o.phase != "param_sync"]
+        assert nccl.uneven_rooted and not gloo.uneven_rooted
         rooted = [b for b in nccl.buckets if b.mode == mode]
         if strategy == "canzona":
             assert rooted, "the plan has no bucket in the forced mode"
+        apart = {b.tag for b in rooted} | {"owner"}
+        assert [o for o in nccl.ops if o.tag not in apart] == [o for o in gloo.ops if o.tag not in apart]
         for b in rooted:
-            parts = tuple((hi - lo) * 2 for lo, hi in b.regions)
-            assert [o for o in nccl.ops if o.tag == b.tag and o.phase == "param_sync"] == [
-                CommOp("param_sync", "all_gather", "dp", sum(parts), b.tag, parts=parts)
-            ]
-            sent = [(o.kind, o.root, o.nbytes) for o in gloo.ops if o.tag == b.tag and o.phase == "param_sync"]
-            assert sent == [("broadcast", r, w) for r, w in enumerate(parts) if w]
+            for phase, elem in (("grad_sync", 4), ("param_sync", 2)):
+                parts = tuple((hi - lo) * elem for lo, hi in b.regions)
+                ours, theirs = ([o for o in s.ops if o.tag == b.tag and o.phase == phase] for s in (nccl, gloo))
+                if phase == "grad_sync" and mode == "all-reduce-broadcast":
+                    assert ours == theirs and [o.kind for o in ours] == ["all_reduce"]
+                    continue
+                one, per_part = ("reduce_scatter", "reduce") if phase == "grad_sync" else ("all_gather", "broadcast")
+                assert ours == [CommOp(phase, one, "dp", sum(parts), b.tag, parts=parts)]
+                assert [(o.kind, o.root, o.nbytes) for o in theirs] == [
+                    (per_part, r, w) for r, w in enumerate(parts) if w
+                ]
         owner = [o for o in nccl.ops if o.tag == "owner"]
         assert (strategy == "layerwise") == bool(owner)
         if owner:

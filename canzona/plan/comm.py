@@ -18,6 +18,11 @@ whose full buffer is ``nbytes``:
   reduce/broadcast 1             n−1                           the buffer (a pipelined chain)
   all_to_all       (n−1)/n       1                             what one rank sends (n equal parts)
 
+An all_gather or reduce_scatter of UNEQUAL parts (``parts``: NCCL's rooted calls) is what
+ProcessGroupNCCL runs for it, one broadcast / reduce rooted at each rank in one coalesced group,
+priced as such a group (``coalesced_us``: one latency, every part's bandwidth term); with all
+parts equal it runs the plain ring call after a staging copy, which this prices the same.
+
 The steps follow how NCCL runs each kind (NVIDIA/nccl src/graph/tuning.cc, ``ncclTopoTuneModel``
 and ``ncclTopoGetAlgoTime``): only all-reduce has a second algorithm (``if (coll !=
 ncclCollAllReduce && a != NCCL_ALGO_RING) continue``), the double binary tree, whose latency grows
@@ -33,7 +38,9 @@ one GPU per node) are not modelled.
 
 A model may override (latency, bandwidth) per kind: gloo's kinds differ several-fold on our CPU
 hosts (``GLOO`` below: its broadcast and reduce outrun its all_gather / reduce_scatter), which is
-exactly what makes per-root calls the right choice there and the wrong one on NCCL. A calibrated
+what makes per-root calls the right choice there. On NCCL per-root is one coalesced call each way,
+which wins only where padding would inflate the native calls (few matrices per bucket at large
+DP); issued as a call per slice it would pay a ring chain's latency per slice. A calibrated
 fit carries its own measured latency (no per-step term): ``canzona calibrate-cpu`` fits latency and
 bus bandwidth per kind against ``ring_terms``'s factor.
 """
@@ -49,6 +56,8 @@ from canzona.errors import ConfigError
 from canzona.hardware import Profile
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "reduce", "broadcast", "all_to_all")
+# what ProcessGroupNCCL runs, inside one coalesced group, per rank of a call of uneven parts
+UNEVEN_AS = {"all_gather": "broadcast", "reduce_scatter": "reduce"}
 # how a DP bucket's uneven slices are reduced and gathered (the order breaks ties: ``choose_mode``)
 DP_MODES = ("native", "uneven", "per-root", "all-reduce-broadcast")
 REQUESTABLE_MODES = ("auto", *DP_MODES)
@@ -150,9 +159,10 @@ class CommModel:
     source: str = ""
     launch_us: float = 0.0  # host time to issue one call (``HOST_LAUNCH_US``); 0 where a fit includes it
     span: Span | None = None  # where the group's ranks sit: NCCL's latency model and rail busBw
-    # the backend gathers uneven slices in ONE ``all_gather`` of a list of unequal tensors, which
-    # ProcessGroupNCCL runs as one coalesced group of broadcasts (``coalesced_us``); gloo has none
-    uneven_gather: bool = False
+    # the backend runs a rooted mode's calls over uneven slices as ONE call each way: an ``all_gather``
+    # of a list of unequal tensors and a ``reduce_scatter`` of unequal inputs, which ProcessGroupNCCL
+    # runs as one coalesced group of broadcasts / of reduces (``coalesced_us``); gloo has neither
+    uneven_rooted: bool = False
     _kinds: dict[str, Link] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -160,12 +170,12 @@ class CommModel:
 
     def call_us(self, kind: str, n: int, nbytes: float, parts: Sequence[float] = ()) -> float:
         """Microseconds of one call of ``kind`` on ``n`` ranks with a ``nbytes`` buffer (0 if n == 1).
-        ``parts``: an all-gather of uneven parts (bytes per rank), priced as what NCCL runs for it,
-        one coalesced group of broadcasts (``coalesced_us``)."""
+        ``parts``: an all-gather or a reduce-scatter of uneven parts (bytes per rank), priced as what
+        NCCL runs for it, one coalesced group of broadcasts / of reduces (``coalesced_us``)."""
         if parts:
-            if kind != "all_gather":
-                raise ConfigError(f"only an all_gather has uneven parts, not {kind!r}")
-            return coalesced_us(self, "broadcast", n, parts)
+            if kind not in UNEVEN_AS:
+                raise ConfigError(f"only an all_gather or a reduce_scatter has uneven parts, not {kind!r}")
+            return coalesced_us(self, UNEVEN_AS[kind], n, parts)
         factor, steps = ring_terms(kind, n)
         if n <= 1:
             return 0.0
@@ -207,7 +217,7 @@ NCCL = CommModel(
     copy_bw=3.0e12,
     source="IB 50 GB/s per GPU (DeepSeek-V3 report sec. 3.2.2); NCCL tuning.cc Ring/Simple latencies 8.4 + 6.6 us/step",
     launch_us=HOST_LAUNCH_US,
-    uneven_gather=True,
+    uneven_rooted=True,
 )
 # gloo on one CPU host: per-kind fits of `canzona calibrate-cpu` (canzona/hardware/profiles/cpu-local.toml,
 # 2026-11-29, 2-core VM): broadcast and reduce move data faster than all_gather / reduce_scatter.
@@ -257,7 +267,7 @@ def profile_model(profile: Profile, span: int, name: str, members: int | None = 
         + (f", {nodes} nodes × {per_node}" if nodes > 1 else ""),
         launch_us=0.0 if profile.collectives else HOST_LAUNCH_US,
         span=where,
-        uneven_gather=not profile.collectives,
+        uneven_rooted=not profile.collectives,
     )
 
 
@@ -265,8 +275,9 @@ def coalesced_us(model: CommModel, kind: str, n: int, sizes: Sequence[float]) ->
     """Microseconds of calls of ``kind`` on one ``n``-rank group issued as ONE NCCL group
     (ncclGroupStart / ncclGroupEnd). That is what ProcessGroupNCCL does with an ``all_gather`` of
     uneven tensors (a broadcast per root inside one coalesced group), the call Megatron's layer-wise
-    optimizer issues, and Canzona's rooted parameter gathers on NCCL (``mode_calls``): the calls'
-    latencies overlap, so the group pays one latency and every call's bandwidth term."""
+    optimizer issues, and with a ``reduce_scatter`` of uneven inputs (a reduce per root): Canzona's
+    rooted gradient reductions and parameter gathers on NCCL (``mode_calls``). The calls' latencies
+    overlap, so the group pays one latency and every call's bandwidth term."""
     live = [w for w in sizes if w > 0]
     if n <= 1 or not live:
         return 0.0
@@ -288,39 +299,40 @@ def padded_width(slice_sizes: Sequence[int]) -> int:
 
 
 class Call(NamedTuple):
-    """One collective of a bucket's mode: its kind, buffer bytes and, for an uneven all-gather,
-    the bytes of each rank's part (``CommModel.call_us``)."""
+    """One collective of a bucket's mode: its kind, buffer bytes and, for an uneven all-gather or
+    reduce-scatter, the bytes of each rank's part (``CommModel.call_us``)."""
 
     kind: str
     nbytes: int
     parts: tuple[int, ...] = ()
 
 
-def mode_calls(mode: str, slice_sizes: Sequence[int], elem_bytes: int, uneven_gather: bool = False) -> list[Call]:
+def mode_calls(mode: str, slice_sizes: Sequence[int], elem_bytes: int, uneven_rooted: bool = False) -> list[Call]:
     """The calls of one bucket's gradient reduction + parameter gather in ``mode``
     (``slice_sizes``: its DP ranks' exact slices), as ``schedule`` lowers them:
 
       native / uneven       one reduce-scatter and one all-gather of the padded buffer (n · W);
-      per-root              one reduce per non-empty slice, then the slices gathered: one broadcast
-                            per non-empty slice, or, where the backend gathers uneven slices
-                            (``uneven_gather``: NCCL), ONE all-gather of the exact slices;
+      per-root              the exact slices reduced to their owners and gathered back: where the
+                            backend runs uneven rooted calls (``uneven_rooted``: NCCL) ONE
+                            reduce-scatter and ONE all-gather of the exact slices, else (gloo) one
+                            reduce and one broadcast per non-empty slice;
       all-reduce-broadcast  ONE all-reduce of the exact bucket (each owner then reads its slice
                             from the reduced buffer: no padding, and on NCCL a log-depth tree
                             instead of one ring chain per slice), then per-root's gather.
 
-    Why the last one: where a bucket holds fewer matrices than ranks (Qwen3-1.7B at DP 256: about
-    21 matrices per bucket) the padded buffer is ~24x the gradients, so any all-gather of it (the
-    uneven one included: 573 ms a bucket on H800) loses to the broadcasts (99 ms), while the
-    per-slice reduces pay a 255-step chain each that one all-reduce pays once."""
+    Why the rooted modes: where a bucket holds fewer matrices than ranks (Qwen3-1.7B at DP 256:
+    about 21 matrices per bucket) the padded buffer is ~24x the gradients, so any collective of it
+    loses to calls of the exact slices. Why the last one: where the reduces run one call per slice
+    (gloo), each pays a chain that one all-reduce pays once; coalesced (NCCL) they pay one chain's
+    latency and move half an all-reduce's bytes."""
     n = len(slice_sizes)
     if mode in ("per-root", "all-reduce-broadcast"):
         parts = tuple(w * elem_bytes for w in slice_sizes)
-        gather = (
-            [Call("all_gather", sum(parts), parts)] if uneven_gather else [Call("broadcast", b) for b in parts if b]
-        )
-        if mode == "per-root":
-            return [*(Call("reduce", b) for b in parts if b), *gather]
-        return [Call("all_reduce", sum(parts)), *gather]
+        if uneven_rooted:
+            reduce, gather = [Call("reduce_scatter", sum(parts), parts)], [Call("all_gather", sum(parts), parts)]
+        else:
+            reduce, gather = [Call("reduce", b) for b in parts if b], [Call("broadcast", b) for b in parts if b]
+        return [*(reduce if mode == "per-root" else [Call("all_reduce", sum(parts))]), *gather]
     full = n * padded_width(slice_sizes) * elem_bytes
     return [Call("reduce_scatter", full), Call("all_gather", full)]
 
@@ -339,7 +351,7 @@ def mode_cost_us(
         mode = "native"  # equal slices need no staging
     calls = [
         c
-        for c in mode_calls(mode, slice_sizes, elem_bytes, model.uneven_gather)
+        for c in mode_calls(mode, slice_sizes, elem_bytes, model.uneven_rooted)
         if not gather_only or c.kind in GATHERS
     ]
     t = sum(model.issued_us(c.kind, n, c.nbytes, c.parts) for c in calls)

@@ -13,12 +13,11 @@ Per DP bucket the schedule fixes a MODE and the runtime buffer LAYOUT that goes 
              ``all_gather_into_tensor`` (Megatron's ZeRO when slices are equal). Costs padding bytes.
   uneven     Megatron's layout with exact uneven slices, run through a padded staging copy and the
              same two native calls (extra copies, same bytes as native).
-  per-root   exact slices, one ``reduce`` per non-empty slice: no padding, DP calls; the parameters
-             gathered as ``rooted_gather`` lowers it for the backend (``CommModel.uneven_gather``):
-             on NCCL ONE ``all_gather`` of the uneven slices (ProcessGroupNCCL coalesces its
-             broadcasts into one group), on gloo, which has no uneven all-gather, a ``broadcast``
-             per non-empty slice. The gradients stay one ``reduce`` per slice on both: NCCL has no
-             uneven reduce-scatter, and coalescing reduces needs torch's private coalescing manager.
+  per-root   exact slices, no padding, each reduced to its owner and gathered back as the backend
+             runs rooted calls (``CommModel.uneven_rooted``): on NCCL ONE ``reduce_scatter`` and ONE
+             ``all_gather`` of the uneven slices (ProcessGroupNCCL runs each as one coalesced group
+             of reduces / broadcasts, one per rank); on gloo, which has neither call for uneven
+             slices, a ``reduce`` and a ``broadcast`` per non-empty slice (the gather: ``rooted_gather``).
   all-reduce-broadcast  exact slices; the gradients all-reduced whole (ONE call, each owner reads
              its slice from the reduced buffer) and the parameters gathered as ``per-root``
              does: for buckets with fewer matrices than ranks, where padding and per-slice chains cost most.
@@ -26,8 +25,9 @@ Per DP bucket the schedule fixes a MODE and the runtime buffer LAYOUT that goes 
 
 ``choose_mode`` picks among the first four with the α–β model of ``canzona.plan.comm`` (latency and
 host launch per call included, not bytes alone): native wins on NCCL unless padding is extreme;
-all-reduce-broadcast where few matrices leave most slices empty at large DP; per-root wins on gloo,
-whose broadcast / reduce outrun its all-gather / reduce-scatter.
+where few matrices leave most slices empty at large DP, per-root (its two coalesced calls) or, for
+small buckets whose time is latency, all-reduce-broadcast (a log-depth tree instead of one ring
+chain); per-root wins on gloo, whose broadcast / reduce outrun its all-gather / reduce-scatter.
 
 Per rank the schedule lists executors (which matrices are computed how) and the collective calls
 of one step in the order the runtime issues them when no gradient hook fired early:
@@ -102,7 +102,7 @@ class CommOp:
     nbytes: int
     tag: str
     root: int | None = None
-    parts: tuple[int, ...] = ()  # an all-gather of uneven parts: bytes per rank of the group (NCCL)
+    parts: tuple[int, ...] = ()  # an all-gather / reduce-scatter of uneven parts: bytes per rank of the group (NCCL)
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ class RankSchedule:
     ops: tuple[CommOp, ...]
     owner_gathers: tuple[OwnerGather, ...] = ()  # layer-wise: the dense one, then this EP rank's experts'
     computes: tuple[str, ...] = field(default=())
-    uneven_gather: bool = False  # rooted parameter gathers are ONE uneven all_gather (LowerSettings.model)
+    uneven_rooted: bool = False  # rooted modes' calls are ONE uneven reduce_scatter / all_gather (LowerSettings.model)
 
     def bucket(self, kind: str, index: int) -> BucketLayout:
         for b in self.buckets:
@@ -167,8 +167,8 @@ def stage_buffers(plan: Plan | None, adamw: Sequence[Bucket], dp: int, settings:
     g, p = settings.grad_bytes, settings.param_bytes
     ep = plan.layout.ep if plan is not None else 1
     gathers = tuple(_owner_gathers(plan, settings, e) if plan is not None else () for e in range(ep))
-    uneven = settings.model.uneven_gather
-    calls = {b.tag: _dp_calls(b, "grad_sync", _group_size(b, dp), g) for b in (*matrix, *adam)}
+    uneven = settings.model.uneven_rooted
+    calls = {b.tag: _dp_calls(b, "grad_sync", _group_size(b, dp), g, uneven) for b in (*matrix, *adam)}
     params = {b.tag: _dp_calls(b, "param_sync", _group_size(b, dp), p, uneven) for b in (*matrix, *adam)}
     mine = tuple(tuple(b for b in matrix if b.ep_rank in (None, e)) for e in range(ep))
     return StageBuffers(
@@ -241,9 +241,9 @@ def executor_specs(plan: Plan, dp_rank: int, owned: Sequence[PlanItem] | None = 
 
 
 # ----------------------------------------------------------------------------- calls
-def _dp_calls(b: BucketLayout, phase: str, group: int, elem: int, uneven_gather: bool = False) -> list[CommOp]:
+def _dp_calls(b: BucketLayout, phase: str, group: int, elem: int, uneven_rooted: bool = False) -> list[CommOp]:
     """``b``'s calls of ``phase`` over its group of ``group`` ranks (roots: positions in the group);
-    ``uneven_gather``: the backend gathers the exact slices of a rooted mode in ONE call."""
+    ``uneven_rooted``: the backend reduces / gathers the exact slices of a rooted mode in ONE call."""
     if group == 1 or not b.used:
         return []
     if b.mode == "all-reduce":
@@ -254,17 +254,19 @@ def _dp_calls(b: BucketLayout, phase: str, group: int, elem: int, uneven_gather:
     if b.mode in ("per-root", "all-reduce-broadcast"):
         parts = tuple((hi - lo) * elem for lo, hi in b.regions)
         if phase == "param_sync":
-            return rooted_gather(phase, b.group, b.tag, parts, uneven_gather)
+            return rooted_gather(phase, b.group, b.tag, parts, uneven_rooted)
+        if uneven_rooted:
+            return [CommOp(phase, "reduce_scatter", b.group, sum(parts), b.tag, parts=parts)]
         return [CommOp(phase, "reduce", b.group, w, b.tag, r) for r, w in enumerate(parts) if w]
     width = b.regions[0][1] - b.regions[0][0] if b.mode == "native" else padded_width([hi - lo for lo, hi in b.regions])
     return [CommOp(phase, kind, b.group, group * width * elem, b.tag)]
 
 
-def rooted_gather(phase: str, group: str, tag: str, parts: tuple[int, ...], uneven_gather: bool) -> list[CommOp]:
+def rooted_gather(phase: str, group: str, tag: str, parts: tuple[int, ...], uneven_rooted: bool) -> list[CommOp]:
     """Each rank's part (bytes, by group rank) sent to every rank: ONE ``all_gather`` of the uneven
     parts where the backend has it (ProcessGroupNCCL runs it as one coalesced group of broadcasts,
     ``comm.coalesced_us``), else one broadcast per non-empty part (gloo)."""
-    if uneven_gather:
+    if uneven_rooted:
         return [CommOp(phase, "all_gather", group, sum(parts), tag, parts=parts)]
     return [CommOp(phase, "broadcast", group, w, tag, r) for r, w in enumerate(parts) if w]
 
@@ -417,7 +419,7 @@ def lower(
         tuple(ops),
         buf.owner_gathers[e],
         computes,
-        settings.model.uneven_gather,
+        settings.model.uneven_rooted,
     )
 
 
@@ -436,19 +438,19 @@ def matrix_dp_calls(plan: Plan, settings: LowerSettings, ep_rank: int | None = N
         g = len(lay.group_ranks(b.ep_rank))
         cuts = plan.dp.cuts[i] if reduce_scatter else ()
         matrix.append((g, layout_with_cuts("matrix", b, cuts, g, settings, lay.ep)))
-    ops = [(g, op) for g, b in matrix for op in _dp_calls(b, "grad_sync", g, settings.grad_bytes)]
-    uneven = settings.model.uneven_gather
+    uneven = settings.model.uneven_rooted
+    ops = [(g, op) for g, b in matrix for op in _dp_calls(b, "grad_sync", g, settings.grad_bytes, uneven)]
     return ops + [
         (g, op) for g, b in reversed(matrix) for op in _dp_calls(b, "param_sync", g, settings.param_bytes, uneven)
     ]
 
 
-def _owner_gather_calls(plan: Plan, og: OwnerGather, elem: int, uneven_gather: bool) -> list[CommOp]:
+def _owner_gather_calls(plan: Plan, og: OwnerGather, elem: int, uneven_rooted: bool) -> list[CommOp]:
     tp = plan.layout.tp
     local = {it.name: (it.numel // tp if it.partition_dim is not None else it.numel) for it in plan.items}
     sizes = [sum(local[n] for n in names) for names in og.by_rank]
     if og.mode == "per-root":
-        return rooted_gather("param_sync", og.group, og.tag, tuple(s * elem for s in sizes), uneven_gather)
+        return rooted_gather("param_sync", og.group, og.tag, tuple(s * elem for s in sizes), uneven_rooted)
     return [CommOp("param_sync", "all_gather", og.group, len(sizes) * max(sizes) * elem, og.tag)]
 
 

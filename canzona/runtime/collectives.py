@@ -7,16 +7,17 @@ the calls. Every call is async and returns a ``Pending``; nothing here synchroni
   native     the buffer is owner-grouped and padded (every region DP equal parts): ONE in-place
              reduce_scatter_tensor and ONE in-place all_gather_into_tensor, NCCL's fastest path
   uneven     exact uneven regions through a persistent padded staging buffer (allocated once)
-  per-root   one reduce per non-empty region (DP calls, no padding), then ``rooted_gather``: on
-             NCCL ONE all_gather of the uneven regions (ProcessGroupNCCL issues it as one coalesced
-             group of broadcasts), on gloo one broadcast per non-empty region: what gloo does best
+  per-root   exact regions, no padding: on NCCL ONE reduce_scatter and ONE all_gather of the uneven
+             regions (ProcessGroupNCCL issues each as one coalesced group of reduces / broadcasts,
+             one per rank), on gloo one reduce and one broadcast per non-empty region (up to DP
+             calls each way): what gloo does best
   all-reduce-broadcast  ONE all-reduce of the exact bucket (owners read their regions), then
              per-root's gather: buckets with fewer matrices than ranks at large DP
   all-reduce the bucket reduced whole (sc, layer-wise), no parameter all-gather
 
-Which gather runs is the lowering's (``RankSchedule.uneven_gather``, from ``gathers_uneven`` of the
-process group's backend), so what is issued is what the schedule lists. Nothing else uses what
-breaks gloo (uneven list all_gather / all_to_all, uneven gather).
+Which rooted calls run is the lowering's (``RankSchedule.uneven_rooted``, from ``has_uneven_rooted``
+of the process group's backend), so what is issued is what the schedule lists. Nothing else uses
+what breaks gloo (uneven list all_gather / reduce_scatter / all_to_all, uneven gather).
 """
 
 from __future__ import annotations
@@ -62,15 +63,16 @@ def _global_rank(group: dist.ProcessGroup | None, r: int) -> int:
     return r if group is None else dist.get_global_rank(group, r)
 
 
-# Backends whose ``all_gather`` takes a list of unequal tensors: ProcessGroupNCCL::allgather runs it
-# as one coalesced group of broadcasts (its not-same-size branch); ProcessGroupGloo::allgather raises
-# "invalid tensor size".
-UNEVEN_GATHER_BACKENDS = frozenset({"nccl"})
+# Backends whose ``all_gather`` takes a list of unequal tensors and whose ``reduce_scatter`` takes
+# unequal inputs: ProcessGroupNCCL::allgather / ::reduce_scatter run them, in their not-same-size
+# branches, as one coalesced group of broadcasts / of reduces, one rooted at each rank (torch >= 2.1);
+# ProcessGroupGloo::allgather raises "invalid tensor size", and its reduce_scatter takes equal inputs only.
+UNEVEN_ROOTED_BACKENDS = frozenset({"nccl"})
 
 
-def gathers_uneven(backend: str) -> bool:
-    """Whether a process group of ``backend`` gathers uneven slices in one call (see above)."""
-    return str(backend).lower() in UNEVEN_GATHER_BACKENDS
+def has_uneven_rooted(backend: str) -> bool:
+    """Whether a process group of ``backend`` reduces and gathers uneven slices in one call each (see above)."""
+    return str(backend).lower() in UNEVEN_ROOTED_BACKENDS
 
 
 def rooted_gather(parts: Sequence[torch.Tensor], group: dist.ProcessGroup | None, uneven: bool) -> list[dist.Work]:
@@ -153,10 +155,18 @@ class Uneven(Mode):
 class PerRoot(Mode):
     name = "per-root"
 
-    def __init__(self, uneven_gather: bool = False) -> None:
-        self.uneven_gather = uneven_gather
+    def __init__(self, uneven_rooted: bool = False) -> None:
+        self.uneven_rooted = uneven_rooted
 
     def reduce(self, chunks: Sequence[torch.Tensor], group: dist.ProcessGroup | None) -> Pending:
+        """Every ``chunks[r]`` summed into rank r: ONE reduce_scatter of the uneven chunks where the
+        backend has it, else a reduce per non-empty chunk. Every rank's chunk is listed, empty ones
+        too (ProcessGroupNCCL issues one reduce per listed input, rooted at its index), and
+        ``output`` is this rank's own chunk: ProcessGroupNCCL reduces into ``output`` out of place,
+        and with equal chunks it copies the inputs to a flat buffer first, so the alias is safe."""
+        if self.uneven_rooted:
+            me = dist.get_rank(group)
+            return Pending([dist.reduce_scatter(chunks[me], list(chunks), group=group, async_op=True)])
         return Pending(
             [
                 dist.reduce(c, _global_rank(group, r), group=group, async_op=True)
@@ -166,7 +176,7 @@ class PerRoot(Mode):
         )
 
     def gather(self, chunks: Sequence[torch.Tensor], group: dist.ProcessGroup | None) -> Pending:
-        return Pending(rooted_gather(chunks, group, self.uneven_gather))
+        return Pending(rooted_gather(chunks, group, self.uneven_rooted))
 
 
 class AllReduceBroadcast(PerRoot):
@@ -186,16 +196,16 @@ def make_mode(
     dp: int,
     dtypes: tuple[torch.dtype, torch.dtype],
     device: torch.device,
-    uneven_gather: bool = False,
+    uneven_rooted: bool = False,
 ) -> Mode:
     """The executor of a mode the lowering chose (``sizes``: the bucket's region sizes;
-    ``uneven_gather``: the schedule's, how rooted modes gather)."""
+    ``uneven_rooted``: the schedule's, how rooted modes reduce and gather)."""
     if name == "native":
         return Native()
     if name == "uneven":
         return Uneven(sizes, dp, dtypes, device)
     if name == "per-root":
-        return PerRoot(uneven_gather)
+        return PerRoot(uneven_rooted)
     if name == "all-reduce-broadcast":
-        return AllReduceBroadcast(uneven_gather)
+        return AllReduceBroadcast(uneven_rooted)
     raise ValueError(f"no executor for collective mode {name!r}")

@@ -55,7 +55,7 @@ class DPSync:
                     sizes = [hi - lo for lo, hi in lay.regions]
                     dtypes = (bb.grad.dtype, bb.param.dtype)
                     self.modes[(kind, i)] = make_mode(
-                        lay.mode, sizes, len(sizes), dtypes, device, schedule.uneven_gather
+                        lay.mode, sizes, len(sizes), dtypes, device, schedule.uneven_rooted
                     )
         self.pending: dict[Key, Pending] = {}
         self.param_pending: dict[Key, Pending] = {}
@@ -135,7 +135,7 @@ class DPSync:
             mbufs = self.sets["matrix"]
             gathers = self.schedule.owner_gathers
             self.owners = {
-                og.tag: OwnerGatherer(og, mbufs, self.groups[og.group], self.device, self.schedule.uneven_gather)
+                og.tag: OwnerGatherer(og, mbufs, self.groups[og.group], self.device, self.schedule.uneven_rooted)
                 for og in gathers
             }
         self.owner_key = {n: (tag, 0) for tag, o in self.owners.items() for n in o.names()}

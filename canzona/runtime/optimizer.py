@@ -44,7 +44,7 @@ from canzona.plan.types import Layout, Plan
 from canzona.runtime import checkpoint, grad_norm
 from canzona.runtime.attest import Attestation, attest, check_known, check_ownership
 from canzona.runtime.buffers import DTYPES, FlatBuffers
-from canzona.runtime.collectives import gathers_uneven
+from canzona.runtime.collectives import has_uneven_rooted
 from canzona.runtime.config import DistConfig
 from canzona.runtime.dp_sync import DPSync
 from canzona.runtime.executors.base import StepContext, run_executors
@@ -176,8 +176,8 @@ class DistributedOptimizer:
     def _lower(self) -> RankSchedule:
         comm, prec = self.config.comm, self.config.precision
         model = MODELS[comm.cost_model] if comm.cost_model else model_for_backend(self.backend)
-        # the calls this backend can issue: an uneven all_gather only where it has one (NCCL)
-        model = dataclasses.replace(model, uneven_gather=gathers_uneven(self.backend))
+        # the calls this backend can issue: uneven rooted all_gather / reduce_scatter only where it has them (NCCL)
+        model = dataclasses.replace(model, uneven_rooted=has_uneven_rooted(self.backend))
         pdtype = self.params[next(iter(self.params))].dtype
         settings = LowerSettings(
             collective_mode=comm.collective_mode,

@@ -24,11 +24,11 @@ class OwnerGatherer:
         mbufs: FlatBuffers,
         group: dist.ProcessGroup | None,
         device: torch.device,
-        uneven_gather: bool,
+        uneven_rooted: bool,
     ) -> None:
-        """``uneven_gather``: the backend has an uneven all_gather (``RankSchedule.uneven_gather``), so a
+        """``uneven_rooted``: the backend has an uneven all_gather (``RankSchedule.uneven_rooted``), so a
         per-root gather is ONE call (``collectives.rooted_gather``)."""
-        self.og, self.mbufs, self.group, self.uneven_gather = og, mbufs, group, uneven_gather
+        self.og, self.mbufs, self.group, self.uneven_rooted = og, mbufs, group, uneven_rooted
         sizes = [sum(mbufs.param(n).numel() for n in names) for names in og.by_rank]
         dtype = mbufs.buckets[0].param.dtype
         self.width = max(sizes)
@@ -60,7 +60,7 @@ class OwnerGatherer:
                     o += k
 
         if self.og.mode == "per-root":
-            works = rooted_gather(staging, self.group, self.uneven_gather)
+            works = rooted_gather(staging, self.group, self.uneven_rooted)
         else:
             mine = self.flat[me * self.width : (me + 1) * self.width]
             works = [all_gather_flat(self.flat, mine, group=self.group, async_op=True)]
