@@ -26,10 +26,10 @@ def main(monkeypatch):
 def test_show_prints_layouts_with_reasons_and_nodes(main, capsys):
     assert main(["sweep", "show", TABLE2, "--profile", PROFILE]) == 0
     out = capsys.readouterr().out
-    assert "52 cells" in out and "qwen3-32b: TP=8 PP=1 DP=32, 32 nodes" in out and "NVLink" in out
+    assert "65 cells" in out and "qwen3-32b: TP=8 PP=1 DP=32, 32 nodes" in out and "NVLink" in out
     # every cell with its memory estimate (checked against the profile's HBM) and derived timeout
     cell_lines = [ln for ln in out.splitlines() if ln.startswith("[")]
-    assert len(cell_lines) == 52 and all(
+    assert len(cell_lines) == 65 and all(
         re.search(r"est\. \d+\.\d GB/GPU, timeout \d+ min\)$", ln) for ln in cell_lines
     )
 
@@ -69,13 +69,13 @@ def test_dry_run_writes_scripts_and_submits_nothing(main, capsys, tmp_path):
     )
     assert rc == 0
     out = capsys.readouterr().out
-    assert "dry run: 16 cell(s) in 7 job(s)" in out and "nothing submitted" in out
+    assert "dry run: 19 cell(s) in 8 job(s)" in out and "nothing submitted" in out
     assert "peak 128 node(s) at once (profile max_nodes 128)" in out
     # a 32B Muon cell (canzona.plan.readers.memory): fc1 in TP sub-groups of 2, padded DP layout (7% slice
     # padding), sequence parallelism on (the default at TP 8: 11.7 GB of norm and dropout activations less)
     assert "est. 39.0 GB/GPU (HBM 80)  timeout 26 min" in out
     scripts = sorted((tmp_path / "dry").glob("*.sbatch"))
-    assert len(scripts) == 7 and all(str(s) in out for s in scripts)
+    assert len(scripts) == 8 and all(str(s) in out for s in scripts)
     assert not (tmp_path / "runs" / "table2" / "jobs.json").exists()
 
 
@@ -124,7 +124,7 @@ def test_status_of_a_fresh_sweep_lists_every_cell_pending(main, capsys, tmp_path
         == 0
     )
     out = capsys.readouterr().out
-    assert "0 done, 0 failed, 52 pending of 52 cells" in out and out.count("not submitted") == 52
+    assert "0 done, 0 failed, 65 pending of 65 cells" in out and out.count("not submitted") == 65
 
 
 def test_reproduce_table2_slurm_mode_needs_a_profile(capsys):
@@ -173,4 +173,4 @@ def test_status_respects_only(main, capsys, tmp_path):
         == 0
     )
     out = capsys.readouterr().out
-    assert "52 pending" not in out and "4 pending of 4 cells" in out and "qwen3-8b" not in out
+    assert "65 pending" not in out and "4 pending of 4 cells" in out and "qwen3-8b" not in out

@@ -15,7 +15,7 @@ from canzona.sweep.definition import load_sweep, parse_sweep
 from canzona.sweep.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
-MODELS = ["qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b"]
+MODELS = ["qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b"]
 BUDGET_GB = 60.0
 
 
@@ -27,17 +27,18 @@ def test_table2_sweep_shape():
     muon = [c for c in ours if c.config()["optimizer"] == "muon"]
     extra = [c for c in ours if c.config()["optimizer"] != "muon"]
     assert {c.config()["method"] for c in muon} == {"sc", "layerwise", "asc", "canzona", "megatron-muon"}
-    # sc only where every GPU can hold every matrix's state (memory model): 1.7B and 4B
-    assert len(muon) == 5 * 4 + 2 and {c.config()["model"] for c in muon if c.config()["method"] == "sc"} == {
+    # sc only where every GPU can hold every matrix's state (memory model): 0.6B, 1.7B and 4B
+    assert len(muon) == 6 * 4 + 3 and {c.config()["model"] for c in muon if c.config()["method"] == "sc"} == {
+        "qwen3-0.6b",
         "qwen3-1.7b",
         "qwen3-4b",
     }
     assert {c.config()["optimizer"] for c in extra} == {"shampoo", "soap"} and "megatron-muon" not in {
         c.config()["method"] for c in extra
     }
-    # Shampoo/SOAP: layer-wise and canzona everywhere, asc on 1.7B/4B/14B, sc on 1.7B
-    assert len(extra) == (5 * 2 + 3 + 1) * 2
-    assert len({c.key for c in cells}) == len(cells) == 22 + 28 + 2
+    # Shampoo/SOAP: layer-wise and canzona everywhere, asc on 0.6B/1.7B/4B/14B, sc on 0.6B/1.7B
+    assert len(extra) == (6 * 2 + 4 + 2) * 2
+    assert len({c.key for c in cells}) == len(cells) == 27 + 36 + 2
     for c in ours:
         assert c.world == 256 and c.config()["global_batch"] % (c.config()["micro_batch"] * c.config()["dp"]) == 0
         assert c.config()["warmup"] > 0 and c.config()["iters"] > 0 and c.config()["seq_len"] == 4096

@@ -105,7 +105,7 @@ def test_table2_dry_run_is_a_preflight_five_model_allocations_and_a_collect(tmp_
     collect = text["collect.sbatch"]
     assert "canzona sweep collect" in " ".join(sruns(collect)[0]) and "gpus-per-node" not in directives(collect)
     manifest = json.loads(text["manifest.json"])
-    assert sum(len(j["cells"]) for j in manifest["jobs"]) == len(defn.cells()) == 52
+    assert sum(len(j["cells"]) for j in manifest["jobs"]) == len(defn.cells()) == 65
 
 
 @pytest.mark.multiproc
@@ -217,7 +217,7 @@ def test_peer_cells_are_left_out_with_one_line_without_their_interpreter(tmp_pat
     )
     assert main([*argv, "--profile", str(prof), "--out", str(tmp_path / "d"), "--runs-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert out.count("left out model=") == 5 and "megatron-muon needs megatron-core >= 0.19" in out
+    assert out.count("left out model=") == 6 and "megatron-muon needs megatron-core >= 0.19" in out
 
 
 def test_a_layout_over_the_profiles_hbm_exits_2_before_submitting(tmp_path, table2, capsys, fake_slurm):

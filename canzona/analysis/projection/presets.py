@@ -52,6 +52,7 @@ from canzona.spec.sections import Cost
 # slurm/sweeps/table2.toml (its memory rule picks TP; PP = 1), so projected and measured rows
 # line up. tests/test_analysis_projection.py checks that the two agree.
 PAPER_LAYOUTS: dict[str, Layout] = {
+    "qwen3-0.6b": Layout(dp=256, tp=1, pp=1),
     "qwen3-1.7b": Layout(dp=256, tp=1, pp=1),
     "qwen3-4b": Layout(dp=256, tp=1, pp=1),
     "qwen3-8b": Layout(dp=128, tp=2, pp=1),
