@@ -10,7 +10,9 @@ parameters; the plan is made from it, the runtime holds and steps the local part
 Layout (Megatron's, expert TP = TP): DP rank d holds EP rank ``d % ep``'s experts, a contiguous
 block of each layer's experts; its expert-DP group is DP ranks ``d % ep``, ``d % ep + ep``, …
 (``canzona.runtime.launch.expert_dp_group``), over which its expert buckets are reduced and
-gathered. Dense parameters are reduced over all of DP as without EP.
+gathered. Dense parameters are reduced over all of DP as without EP. At TP > 1 an expert matrix is
+cut across the TP ranks as a dense one is (the same TP group), so the TP executors host and gather
+it as they do a dense matrix; only its DP-side group differs.
 """
 
 from __future__ import annotations
