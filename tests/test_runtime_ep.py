@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from canzona.errors import ConfigError
 from canzona.harness.params import partial_grad
@@ -197,22 +198,29 @@ def test_ep_step_issues_the_lowered_schedule_with_expert_dp_calls() -> None:
             assert sum(c[1] == "global" for c in calls) == 1  # the one norm read
 
 
-def _wrong_group_rank(info) -> str:
+def _wrong_group_rank(info) -> list[str]:
+    """The DP group passed as the expert-DP group (other EP ranks' experts in it), and contiguous
+    pairs of DP ranks: the right size and this rank's right position, the wrong members."""
     dp_group, tp_group = dp_tp_groups(info.rank, DP, 1)
+    pairs = [dist.new_group([2 * i, 2 * i + 1]) for i in range(DP // 2)]
     mine = [s for s in STAGE if info.rank in holders(s)]
     params = [(s.name, s, torch.nn.Parameter(init_param(s, SEED))) for s in mine]
-    try:  # the DP group passed as the expert-DP group: it holds other EP ranks' experts
-        DistributedOptimizer(
-            params, dp_group, tp_group, dist_config("canzona", "muon"), experts=ExpertParallel(EP, dp_group, STAGE)
-        )
-    except ConfigError as e:
-        return str(e)
-    return ""
+    out = []
+    for group in (dp_group, pairs[info.rank // 2]):
+        try:
+            DistributedOptimizer(
+                params, dp_group, tp_group, dist_config("canzona", "muon"), experts=ExpertParallel(EP, group, STAGE)
+            )
+            out.append("")
+        except ConfigError as e:
+            out.append(str(e))
+    return out
 
 
 @pytest.mark.multiproc
 def test_a_wrong_expert_group_is_refused_naming_the_builder() -> None:
-    assert all("expert_dp_group" in msg for msg in launch(_wrong_group_rank, DP))
+    for msgs in launch(_wrong_group_rank, DP):
+        assert len(msgs) == 2 and all("expert_dp_group" in m for m in msgs), msgs
 
 
 def test_the_local_executor_runs_one_newton_schulz_per_shape() -> None:
