@@ -255,7 +255,8 @@ def _all_gather_padded(
     tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None, async_op: bool = False
 ) -> Any:
     """CPU stand-in for ``torch.distributed.all_gather`` that also takes parts of unequal first
-    dimension (gloo refuses them): each rank's part padded to the largest, gathered, cut back."""
+    dimension (gloo refuses them): each rank's part padded to the largest, gathered, cut back,
+    synchronously (megatron's uneven gather is a synchronous call)."""
     gather = _ORIGINALS["all_gather"]
     if all(t.shape == tensor.shape for t in tensor_list):
         return gather(tensor_list, tensor, group=group, async_op=async_op)

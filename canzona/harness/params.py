@@ -175,10 +175,10 @@ def partial_grad(spec: ParamSpec, tp: int, sequence_parallel: bool) -> bool:
 def tp_partial_names(named: list[NamedParam], tp: int, *, sequence_parallel: bool) -> list[str]:
     """Replicated params whose grads are partial sums per TP rank (summed by the optimizer; empty at TP=1).
 
-    Checked against megatron's own marks: the parameters megatron's norms mark
-    ``sequence_parallel`` (its finalize_model_grads sums exactly those, with the QK norms) must be
-    the rule's norm, router and gate weights under SP and none without it, so a megatron that marks, or a layer spec
-    that builds, other parameters stops the run instead of training on unsummed gradients."""
+    Checked against megatron's own marks: the parameters megatron marks ``sequence_parallel`` (its
+    finalize_model_grads sums exactly those, with the QK norms) must be the rule's norm, router and
+    gate weights under SP and none without it, so a megatron that marks, or a layer spec that
+    builds, other parameters stops the run instead of training on unsummed gradients."""
     names = [n for n, s, _ in named if partial_grad(s, tp, sequence_parallel)]
     marked = {n for n, _, p in named if getattr(p, "sequence_parallel", False)}
     want = {n for n in names if SP_PARTIAL_GRAD.search(n)} if sequence_parallel and tp > 1 else set()
