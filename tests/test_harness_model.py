@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+import torch.distributed as dist
 
 pytest.importorskip("megatron.core")
 import megatron.core.models.gpt  # noqa: F401 - import before forking
@@ -36,7 +37,7 @@ def spec(**fields: object) -> RunSpec:
 def test_shim_redirects_and_restores() -> None:
     from megatron.core.tensor_parallel import random as mrandom
 
-    before = (torch.cuda.current_device, torch.cuda.synchronize, mrandom._CUDA_RNG_STATE_TRACKER)
+    before = (torch.cuda.current_device, torch.cuda.synchronize, mrandom._CUDA_RNG_STATE_TRACKER, dist.all_gather)
     assert cpu_shim.install() and cpu_shim.installed()
     try:
         assert torch.cuda.current_device() == torch.device("cpu")
@@ -61,9 +62,33 @@ def test_shim_redirects_and_restores() -> None:
     finally:
         cpu_shim.uninstall()
     assert not cpu_shim.installed()
-    assert (torch.cuda.current_device, torch.cuda.synchronize, mrandom._CUDA_RNG_STATE_TRACKER) == before
+    assert (
+        torch.cuda.current_device,
+        torch.cuda.synchronize,
+        mrandom._CUDA_RNG_STATE_TRACKER,
+        dist.all_gather,
+    ) == before
     with cpu_shim.cuda_literals_to_cpu(), pytest.raises((AssertionError, RuntimeError)):  # off: no redirection
         torch.zeros([], device="cuda")
+
+
+def _uneven_gather_rank(info) -> list[list[float]]:
+    """Rank r gathers r + 1 rows of value r (the dispatcher's tokens per TP rank differ)."""
+    cpu_shim.install()
+    try:
+        parts = [torch.empty(r + 1, 2) for r in range(info.world)]
+        dist.all_gather(parts, torch.full((info.rank + 1, 2), float(info.rank)), group=dist.new_group([0, 1, 2]))
+        return [p[:, 0].tolist() for p in parts]
+    finally:
+        cpu_shim.uninstall()
+
+
+@needs_cpu
+def test_the_shim_gathers_parts_of_unequal_size_on_gloo() -> None:
+    """gloo's all_gather refuses unequal parts; megatron's MoE dispatcher at expert TP > 1 gathers
+    them. Under the shim every rank gets every rank's rows, exactly."""
+    want = [[0.0], [1.0, 1.0], [2.0, 2.0, 2.0]]
+    assert launch(_uneven_gather_rank, 3) == [want] * 3
 
 
 def test_tp_shard_matches_megatron_stride() -> None:

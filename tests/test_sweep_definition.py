@@ -269,6 +269,9 @@ def test_an_ep_layout_makes_cells_that_train_with_ep():
     assert argv[argv.index("--ep") + 1] == "2" and argv[argv.index("--dp") + 1] == "8"
     d["layout"].append(dict(d["layout"][1], ep=4))  # the same sizes at another EP are another layout
     assert len(parse_sweep(d, "x.toml").cells()) == 6
+    d["layout"].append({"model": "qwen3-moe-micro", "tp": 2, "pp": 1, "dp": 4, "ep": 2, "reason": "EP · TP"})
+    ep_tp = parse_sweep(d, "x.toml").cells()[-1].spec  # sequence parallelism on by default at TP > 1
+    assert (ep_tp.layout.tp, ep_tp.layout.ep, ep_tp.uses_sequence_parallel) == (2, 2, True)
 
 
 @pytest.mark.parametrize(
@@ -276,7 +279,7 @@ def test_an_ep_layout_makes_cells_that_train_with_ep():
     [
         ({"ep": 3}, {}, r"\[\[layout\]\] #2: qwen3-moe-micro: EP=3 needs routed experts divisible by it"),
         ({"ep": 8, "dp": 4, "tp": 2}, {}, r"#2: --ep 8 must divide --dp 4"),
-        ({"ep": 2, "dp": 4, "tp": 2}, {}, r"#2: --ep 2 with --tp 2"),
+        ({"ep": 2, "dp": 4, "tp": 2}, {"sequence_parallel": False}, r"'grid1': --ep 2 with --tp 2: .*sequence"),
         ({"ep": 2, "dp": 4, "pp": 2}, {}, r"#2: --ep 2 with --pp 2"),
         ({"ep": 0}, {}, "ep must be >= 1"),
         ({"ep": 2, "model": "qwen3-micro", "tp": 2, "dp": 4}, {}, "this model has none; use EP=1"),

@@ -27,6 +27,12 @@ schedules, so instead of copying megatron code we redirect exactly these call si
    (``maybe_move_tensor_to_cpu(..., as_numpy=True)``, which converts only CUDA tensors): on the CPU
    the sizes stay tensors, which ``all_to_all_single`` rejects as split sizes; the stand-in hands
    them over as NumPy arrays, what the GPU path hands over.
+7. ``torch.distributed.all_gather`` into parts of unequal size: gloo gathers equal parts only, and
+   the MoE all-to-all dispatcher at expert TP > 1 gathers its tokens across the expert-TP ranks
+   with as many rows as each received (megatron's ``gather_from_sequence_parallel_region`` with
+   split sizes). The stand-in gathers parts padded to the largest and copies each out (the same
+   values NCCL's uneven gather delivers); equal parts go straight through. Its counterpart,
+   the uneven ``reduce_scatter`` back, gloo runs itself.
 Not redirected, because the harness avoids the call instead: megatron's default causal-mask
 helper (hard-codes CUDA) — the loop passes an explicit mask; batched p2p (synchronize) is off
 on CPU via the model config.
@@ -43,6 +49,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 _ORIGINALS: dict[str, Any] = {}
 
@@ -127,6 +134,8 @@ def install() -> bool:
 
     _ORIGINALS["to_host"] = token_dispatcher.maybe_move_tensor_to_cpu
     token_dispatcher.maybe_move_tensor_to_cpu = _to_host
+    _ORIGINALS["all_gather"] = dist.all_gather
+    dist.all_gather = _all_gather_padded
     torch.cuda.current_device = _cpu_current_device  # type: ignore[assignment]  # a device where torch says int; megatron uses it as a device
     # model_parallel_cuda_manual_seed calls torch.cuda.manual_seed for the default stream; on
     # CPU the default stream IS the CPU generator, which the harness seeds itself.
@@ -242,6 +251,25 @@ def _to_host(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -
     return tensor.numpy() if as_numpy and torch.is_tensor(tensor) else tensor
 
 
+def _all_gather_padded(
+    tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None, async_op: bool = False
+) -> Any:
+    """CPU stand-in for ``torch.distributed.all_gather`` that also takes parts of unequal first
+    dimension (gloo refuses them): each rank's part padded to the largest, gathered, cut back,
+    synchronously (megatron's uneven gather is a synchronous call)."""
+    gather = _ORIGINALS["all_gather"]
+    if all(t.shape == tensor.shape for t in tensor_list):
+        return gather(tensor_list, tensor, group=group, async_op=async_op)
+    rows = max(t.shape[0] for t in tensor_list)
+    padded = tensor.new_zeros((rows, *tensor.shape[1:]))
+    padded[: tensor.shape[0]] = tensor
+    parts = [torch.empty_like(padded) for _ in tensor_list]
+    gather(parts, padded, group=group)
+    for out, part in zip(tensor_list, parts, strict=True):
+        out.copy_(part[: out.shape[0]])
+    return None
+
+
 def _noop_synchronize(device: Any = None) -> None:
     """CPU stand-in for ``torch.cuda.synchronize``: CPU kernels have already finished."""
 
@@ -258,6 +286,7 @@ def uninstall() -> None:
     from megatron.core.transformer.moe import token_dispatcher
 
     token_dispatcher.maybe_move_tensor_to_cpu = _ORIGINALS["to_host"]
+    dist.all_gather = _ORIGINALS["all_gather"]
     for name in _STREAM_PATCHES:
         setattr(torch.cuda, name, _ORIGINALS["stream:" + name])
     mrandom._CUDA_RNG_STATE_TRACKER, mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = _ORIGINALS["tracker"]

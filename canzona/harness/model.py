@@ -15,7 +15,9 @@ Qwen3-MoE (``experts`` > 0): every layer's MLP is megatron's MoELayer — a top-
 (no load-balancing loss: ``moe_aux_loss_coeff`` 0 keeps the loss the language-model loss, so a run
 at any EP is the same model math as one rank), the all-to-all token dispatcher over the EP ranks,
 and megatron's SequentialMLP experts (the local spec; grouped GEMM needs Transformer Engine and is
-not built here).
+not built here). At TP > 1 the experts are TP-sharded (expert TP = TP) and the run needs sequence
+parallelism, as megatron's MoE layer does: the dispatcher gathers each EP rank's tokens across
+the TP ranks and reduce-scatters the experts' output back to the sequence parts.
 """
 
 from __future__ import annotations
@@ -81,10 +83,12 @@ def kernel_flags(*, gpu: bool, attention: str) -> dict[str, bool]:
     return {"masked_softmax_fusion": softmax, "persist_layer_norm": False, "batch_p2p_comm": gpu, "batch_p2p_sync": gpu}
 
 
-def moe_options(cfg: Qwen3Config, ep: int) -> dict[str, Any]:
-    """megatron TransformerConfig fields of a MoE ``cfg`` at EP ``ep`` (none for a dense model);
-    ConfigError for what the harness does not build (a shared expert, dense layers among MoE ones,
-    no top-k)."""
+def moe_options(cfg: Qwen3Config, ep: int, tp: int) -> dict[str, Any]:
+    """megatron TransformerConfig fields of a MoE ``cfg`` at EP ``ep`` and TP ``tp`` (none for a
+    dense model); ConfigError for what the harness does not build (a shared expert, dense layers
+    among MoE ones, no top-k). Expert TP is TP, named rather than left to megatron's default,
+    because the optimizer's layout assumes it (``canzona.runtime.experts``): each expert matrix is
+    cut across the TP ranks as a dense one is, and replicated over its expert-DP group."""
     if not cfg.experts:
         return {}
     if cfg.shared_expert_ffn or cfg.moe_layers is not None or cfg.top_k < 1:
@@ -103,6 +107,7 @@ def moe_options(cfg: Qwen3Config, ep: int) -> dict[str, Any]:
         "moe_aux_loss_coeff": 0.0,
         "moe_router_load_balancing_type": "none",
         "expert_model_parallel_size": ep,
+        "expert_tensor_parallel_size": tp,
     }
 
 
@@ -171,7 +176,7 @@ def transformer_config(
         gradient_accumulation_fusion=False,
         deallocate_pipeline_outputs=False,
         **kernel_flags(gpu=gpu, attention=attention),
-        **moe_options(cfg, ep),
+        **moe_options(cfg, ep, tp),
     )
 
 

@@ -37,9 +37,11 @@ _EXPERT = re.compile(r"\.local_experts\.(\d+)\.")
 # normalise each head, and each TP rank holds only its own heads (megatron's
 # finalize_model_grads sums these across TP for the same reason) ...
 TP_PARTIAL_GRAD = re.compile(r"\.(q_layernorm|k_layernorm)\.")
-# ... and, under sequence parallelism, every norm weight: each TP rank normalises its own part of
-# the sequence (megatron marks these weights ``sequence_parallel`` and sums them the same way).
-SP_PARTIAL_GRAD = re.compile(r"(^|\.)\w*layernorm\.weight$")
+# ... and, under sequence parallelism, every replicated weight applied token by token to the
+# sequence-split hidden states: the norm weights (each TP rank normalises its own part of the
+# sequence) and a MoE layer's router (each TP rank routes its own tokens) and shared-expert gate.
+# megatron marks exactly these ``sequence_parallel`` and sums them the same way.
+SP_PARTIAL_GRAD = re.compile(r"(^|\.)(\w*layernorm\.weight|router\.weight|gate_weight)$")
 
 
 # Transformer-Engine layer specs fuse the pre-attention / pre-MLP norms into the following
@@ -164,7 +166,7 @@ def tp_shard(full: torch.Tensor, dim: int, stride: int, tp: int, rank: int) -> t
 
 def partial_grad(spec: ParamSpec, tp: int, sequence_parallel: bool) -> bool:
     """Whether ``spec``'s gradient is a partial sum per TP rank: a replicated QK-norm weight, or
-    any replicated norm weight under sequence parallelism (never at TP = 1)."""
+    under sequence parallelism any replicated norm weight or MoE router / gate (never at TP = 1)."""
     if tp == 1 or spec.partition_dim is not None:
         return False
     return bool(TP_PARTIAL_GRAD.search(spec.name) or (sequence_parallel and SP_PARTIAL_GRAD.search(spec.name)))
@@ -173,18 +175,18 @@ def partial_grad(spec: ParamSpec, tp: int, sequence_parallel: bool) -> bool:
 def tp_partial_names(named: list[NamedParam], tp: int, *, sequence_parallel: bool) -> list[str]:
     """Replicated params whose grads are partial sums per TP rank (summed by the optimizer; empty at TP=1).
 
-    Checked against megatron's own marks: the parameters megatron's norms mark
-    ``sequence_parallel`` (its finalize_model_grads sums exactly those, with the QK norms) must be
-    the rule's norm weights under SP and none without it, so a megatron that marks, or a layer spec
-    that builds, other parameters stops the run instead of training on unsummed gradients."""
+    Checked against megatron's own marks: the parameters megatron marks ``sequence_parallel`` (its
+    finalize_model_grads sums exactly those, with the QK norms) must be the rule's norm, router and
+    gate weights under SP and none without it, so a megatron that marks, or a layer spec that
+    builds, other parameters stops the run instead of training on unsummed gradients."""
     names = [n for n, s, _ in named if partial_grad(s, tp, sequence_parallel)]
     marked = {n for n, _, p in named if getattr(p, "sequence_parallel", False)}
     want = {n for n in names if SP_PARTIAL_GRAD.search(n)} if sequence_parallel and tp > 1 else set()
     if marked != want:
         raise ConfigError(
             f"megatron marks {sorted(marked - want)[:3]} sequence-parallel but not {sorted(want - marked)[:3]}; "
-            "the harness sums the norm weights' gradients across TP under SP and nothing else: check the layer "
-            "spec (canzona.harness.model.layer_spec) against this megatron-core version"
+            "the harness sums the norm and router weights' gradients across TP under SP and nothing else: check the "
+            "layer spec (canzona.harness.model.layer_spec) against this megatron-core version"
         )
     return names
 

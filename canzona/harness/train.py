@@ -18,9 +18,11 @@ How the pieces fit megatron:
   at TP > 1), every norm weight (each TP rank normalises its part of the sequence). The optimizer
   sums exactly those (``params.tp_partial_names``) across TP after the DP reduction, in ONE
   all-reduce, as megatron's finalize_model_grads does.
-* MoE (``--ep``): megatron's MoE layer with the all-to-all dispatcher over the EP ranks; the
-  optimizer gets the stage's full inventory and the expert-DP group (``ExpertParallel``), reduces
-  each expert over that group and every dense parameter over DP (canzona.runtime.experts).
+* MoE (``--ep``): megatron's MoE layer with the all-to-all dispatcher over the EP ranks, expert
+  TP = TP (with sequence parallelism at TP > 1, where the routers' grads are TP-partial like the
+  norms'); the optimizer gets the stage's full inventory and the expert-DP group
+  (``ExpertParallel``), reduces each expert over that group and every dense parameter over DP
+  (canzona.runtime.experts).
 * Tied embeddings with PP>1 are rejected by config validation (their cross-stage gradient
   all-reduce is not implemented); PP otherwise runs through megatron's own schedules.
 * The megatron-muon peer swaps in megatron's DDP + Muon (``peer_megatron.py``) behind the same
@@ -249,6 +251,7 @@ def train(
         tensor_model_parallel_size=run.layout.tp,
         pipeline_model_parallel_size=run.layout.pp,
         expert_model_parallel_size=run.layout.ep,
+        expert_tensor_parallel_size=run.layout.tp,  # the optimizer's layout (canzona.runtime.experts)
         **megatron_group_options(run, ps.initialize_model_parallel),
     )
     try:

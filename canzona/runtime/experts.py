@@ -10,7 +10,9 @@ parameters; the plan is made from it, the runtime holds and steps the local part
 Layout (Megatron's, expert TP = TP): DP rank d holds EP rank ``d % ep``'s experts, a contiguous
 block of each layer's experts; its expert-DP group is DP ranks ``d % ep``, ``d % ep + ep``, …
 (``canzona.runtime.launch.expert_dp_group``), over which its expert buckets are reduced and
-gathered. Dense parameters are reduced over all of DP as without EP.
+gathered. Dense parameters are reduced over all of DP as without EP. At TP > 1 an expert matrix is
+cut across the TP ranks as a dense one is (the same TP group), so the TP executors host and gather
+it as they do a dense matrix; only its DP-side group differs.
 """
 
 from __future__ import annotations
@@ -53,19 +55,24 @@ def held_by(stage_specs: Sequence[ParamSpec], ep: int, dp_rank: int) -> list[Par
 
 
 def check_expert_layout(
-    ex: ExpertParallel, local: Mapping[str, ParamSpec], dp: int, dp_rank: int, matrix_optimizer: bool
+    ex: ExpertParallel, local: Mapping[str, ParamSpec], dp_group: dist.ProcessGroup | None, matrix_optimizer: bool
 ) -> None:
     """Raise ConfigError unless ``local`` is exactly this DP rank's part of ``ex.stage_specs`` under
-    EP = ``ex.size`` and ``ex.group`` is its expert-DP group: a wrong group would reduce expert
-    gradients with ranks that hold other experts."""
+    EP = ``ex.size`` and ``ex.group`` is its expert-DP group: the DP group's ranks e, e + ep, … (e
+    this rank's EP rank), in that order. A wrong group would reduce expert gradients with ranks that
+    hold other experts; checking members, not only the size, catches a framework whose expert groups
+    are laid out otherwise (megatron-core's order tp-ep-dp is the one assumed)."""
     ep = ex.size
+    dp, dp_rank = dist.get_world_size(dp_group), dist.get_rank(dp_group)
     if ep < 1 or dp % ep:
         raise ConfigError(f"EP={ep} must divide DP={dp} (experts are sharded inside DP); pick EP | DP")
-    size, pos = dist.get_world_size(ex.group), dist.get_rank(ex.group)
-    if (size, pos) != (dp // ep, dp_rank // ep):
+    e = dp_rank % ep
+    members = dist.get_process_group_ranks(dp_group)[e::ep]
+    held = dist.get_process_group_ranks(ex.group)
+    if held != members:
         raise ConfigError(
-            f"the expert-DP group has {size} ranks (this rank at {pos}); EP={ep} of DP={dp} needs {dp // ep} with "
-            f"this rank at {dp_rank // ep}: build it with canzona.runtime.launch.expert_dp_group"
+            f"the expert-DP group holds ranks {held[:8]}; at EP={ep} of DP={dp} it must hold the DP group's "
+            f"positions {e}, {e + ep}, … (ranks {members[:8]}): build it with canzona.runtime.launch.expert_dp_group"
         )
     if not matrix_optimizer:
         raise ConfigError("EP > 1 shards expert matrices for a matrix optimizer; choose muon, shampoo or soap")

@@ -125,7 +125,7 @@ class DistributedOptimizer:
         use_matrix = config.optimizer is not None
         self.ep, self.edp_group = (experts.size, experts.group) if experts is not None else (1, None)
         if experts is not None:
-            check_expert_layout(experts, self.specs, self.dp, self.dp_rank, use_matrix)
+            check_expert_layout(experts, self.specs, dp_group, use_matrix)
         # the stage's parameters in registration order: what every rank of the stage plans and attests
         self.stage_specs = list(experts.stage_specs) if experts is not None else list(self.specs.values())
         self.matrix_names = [n for n, s, _ in named_params if use_matrix and s.route == "matrix"]

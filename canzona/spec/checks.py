@@ -147,8 +147,8 @@ def split_views(spec: RunSpec, world: int | None, gpu: bool | None) -> None:
 @add_check
 def expert_layout(spec: RunSpec, world: int | None, gpu: bool | None) -> None:
     """EP divides the routed experts and DP, and the run is one the harness trains under EP: a
-    Canzona method with a matrix optimizer, TP 1 (megatron-core's MoE layer needs sequence
-    parallelism at expert TP > 1, which the harness does not run), one pipeline stage."""
+    Canzona method with a matrix optimizer, sequence parallelism at TP > 1 (megatron-core's MoE
+    layer refuses to train at expert TP > 1 without it; expert TP is TP), one pipeline stage."""
     ep, tp, pp, dp = spec.layout.ep, spec.layout.tp, spec.layout.pp, spec.layout.dp
     if ep == 1:
         return
@@ -158,10 +158,10 @@ def expert_layout(spec: RunSpec, world: int | None, gpu: bool | None) -> None:
     if dp % ep:
         divisors = [e for e in range(1, dp + 1) if dp % e == 0]
         raise ConfigError(f"--ep {ep} must divide --dp {dp} (experts are sharded inside DP); pick --ep in {divisors}")
-    if tp > 1:
+    if tp > 1 and not spec.uses_sequence_parallel:
         raise ConfigError(
-            f"--ep {ep} with --tp {tp}: megatron-core's MoE layer needs sequence parallelism at expert TP > 1, which "
-            "the harness does not run yet; use --tp 1 (and the DP ranks for --dp)"
+            f"--ep {ep} with --tp {tp}: megatron-core's MoE layer needs sequence parallelism at expert TP > 1; "
+            "drop --no-sequence-parallel"
         )
     if pp > 1:
         raise ConfigError(f"--ep {ep} with --pp {pp}: the harness trains EP on one pipeline stage; use --pp 1")
