@@ -68,6 +68,18 @@ def test_megatron_baselines_sum_the_same_norms_over_tp(sp: bool) -> None:
     assert b.grad_buckets == [b.comm("all_reduce", "tp", cell.tp_summed_elems() * H800.grad_bytes)]
 
 
+@pytest.mark.parametrize("model", ["qwen3-micro", "qwen3-moe-micro"])
+@pytest.mark.parametrize("sp", [False, True])
+def test_baselines_and_our_lowering_sum_the_same_gradients_over_tp(model: str, sp: bool) -> None:
+    """What Megatron all-reduces over TP after the DP sync (QK norms; under SP every norm and a MoE
+    router's weight, which megatron marks sequence_parallel) is what our runtime sums: the same
+    elements on both sides of a comparison."""
+    params = tuple(list_params(get_model(model), tp=2))
+    ours = tp_partial_names([p for p in params if p.route != "matrix"], 2, sequence_parallel=sp)
+    cell = Cell(params, LAYOUT, H800, "muon", CostSettings(), sequence_parallel=sp)
+    assert cell.tp_summed_elems() == sum(p.numel for p in params if p.name in ours) > 0
+
+
 def test_split_qkv_is_one_plan_item_priced_by_three_parts() -> None:
     """Our runtime keeps a fused QKV one parameter: one plan item (one owner, one gather) whose
     parts are Q, K and V; the projection charges their updates one after the other."""

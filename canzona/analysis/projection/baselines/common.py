@@ -19,6 +19,7 @@ from canzona.analysis.projection.hardware import Comm, Profile, matrix_ms
 from canzona.analysis.projection.stage import RankTimes, StageProjection
 from canzona.cost import CostSettings, matrix_flops, priced_on
 from canzona.errors import ConfigError
+from canzona.models.routing import is_router
 from canzona.models.spec import ParamSpec
 from canzona.models.split import SPLITS
 from canzona.plan.types import Layout
@@ -32,10 +33,13 @@ QKV_SUFFIX = SPLITS["qkv"][0]  # linear_qkv.weight: the weight Megatron's attent
 def tp_summed(p: ParamSpec, sequence_parallel: bool) -> bool:
     """Whether Megatron sums ``p``'s gradient over TP after the DP sync (finalize_model_grads.py
     ``_allreduce_non_tensor_model_parallel_grads``, 0.19.2): the q/k layernorm weights
-    (``qk_layernorm``) and, under sequence parallelism, the parameters its norms mark
-    ``sequence_parallel`` (every norm's weight: each TP rank normalised its part of the sequence)."""
+    (``qk_layernorm``) and, under sequence parallelism, the parameters it marks
+    ``sequence_parallel``: every norm's weight (each TP rank normalised its part of the sequence)
+    and a MoE router's weight (transformer/moe/router.py ``Router.__init__`` sets it: each TP rank
+    routed its own tokens)."""
     norm = "layernorm" in p.name and p.partition_dim is None
-    return norm and (sequence_parallel or "q_layernorm" in p.name or "k_layernorm" in p.name)
+    qk = norm and ("q_layernorm" in p.name or "k_layernorm" in p.name)
+    return qk or (sequence_parallel and p.partition_dim is None and (norm or is_router(p.name)))
 
 
 @dataclass(frozen=True)
