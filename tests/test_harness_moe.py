@@ -90,6 +90,7 @@ def test_ep_matches_one_rank_in_loss_and_final_weights(dp: int, tp: int, ep: int
         assert got[name][1] == pytest.approx(norm, rel=RTOL), name
         assert got[name][0] == pytest.approx(s, rel=1e-4, abs=1e-4 * norm), name
     assert all(o["checks"]["replica_max_abs_diff"] == 0.0 for o in ep_run)
+    assert {o["record"]["env"]["expert_mlp"] for o in (one[0], ep_run[0])} == {"SequentialMLP"}  # the CPU's
 
 
 @pytest.mark.parametrize(

@@ -14,10 +14,11 @@ from hidden), tied or untied embeddings per size.
 Qwen3-MoE (``experts`` > 0): every layer's MLP is megatron's MoELayer — a top-k softmax router
 (no load-balancing loss: ``moe_aux_loss_coeff`` 0 keeps the loss the language-model loss, so a run
 at any EP is the same model math as one rank), the all-to-all token dispatcher over the EP ranks,
-and megatron's SequentialMLP experts (the local spec; grouped GEMM needs Transformer Engine and is
-not built here). At TP > 1 the experts are TP-sharded (expert TP = TP) and the run needs sequence
-parallelism, as megatron's MoE layer does: the dispatcher gathers each EP rank's tokens across
-the TP ranks and reduce-scatters the experts' output back to the sequence parts.
+and the experts ``expert_mlp`` names: TEGroupedMLP (grouped GEMM) under the Transformer-Engine
+spec, megatron's SequentialMLP under the local one (CPU, or a GPU without TE). At TP > 1 the
+experts are TP-sharded (expert TP = TP) and the run needs sequence parallelism, as megatron's MoE
+layer does: the dispatcher gathers each EP rank's tokens across the TP ranks and reduce-scatters
+the experts' output back to the sequence parts.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import torch.nn.functional as F
 
 from canzona.errors import ConfigError
 from canzona.harness.norm import SequenceParallelRMSNorm
-from canzona.harness.params import tp_shard
+from canzona.harness.params import mark_grouped_experts, tp_shard
 from canzona.models.qwen3 import Qwen3Config
 from canzona.models.spec import ParamSpec
 
@@ -83,8 +84,24 @@ def kernel_flags(*, gpu: bool, attention: str) -> dict[str, bool]:
     return {"masked_softmax_fusion": softmax, "persist_layer_norm": False, "batch_p2p_comm": gpu, "batch_p2p_sync": gpu}
 
 
-def moe_options(cfg: Qwen3Config, ep: int, tp: int) -> dict[str, Any]:
-    """megatron TransformerConfig fields of a MoE ``cfg`` at EP ``ep`` and TP ``tp`` (none for a
+def expert_mlp(cfg: Qwen3Config, attention: str) -> str | None:
+    """The megatron expert MLP a MoE ``cfg`` trains with under ``attention``'s layer spec (None for
+    a dense model), and what the record's ``expert_mlp`` says.
+
+    TEGroupedMLP under the Transformer-Engine spec: grouped GEMM, one kernel for all of a rank's
+    experts where SequentialMLP launches two GEMMs per expert (thousands per step on a large MoE,
+    launch-bound on a GPU; production Megatron MoE runs ``--moe-grouped-gemm``). SequentialMLP
+    under megatron's local spec: on CPU, and on a GPU without TE (TE's grouped linears are the
+    grouped GEMM megatron-core builds). Either holds the same experts, named for the optimizer
+    alike (``canzona.harness.params.canonical_name``)."""
+    if not cfg.experts:
+        return None
+    return "TEGroupedMLP" if attention == "te" else "SequentialMLP"
+
+
+def moe_options(cfg: Qwen3Config, ep: int, tp: int, attention: str) -> dict[str, Any]:
+    """megatron TransformerConfig fields of a MoE ``cfg`` at EP ``ep`` and TP ``tp`` under
+    ``attention``'s layer spec (grouped GEMM where ``expert_mlp`` is TEGroupedMLP; none for a
     dense model); ConfigError for what the harness does not build (a shared expert, dense layers
     among MoE ones, no top-k). Expert TP is TP, named rather than left to megatron's default,
     because the optimizer's layout assumes it (``canzona.runtime.experts``): each expert matrix is
@@ -103,7 +120,7 @@ def moe_options(cfg: Qwen3Config, ep: int, tp: int) -> dict[str, Any]:
         "moe_router_topk": cfg.top_k,
         "moe_router_pre_softmax": False,  # Qwen3-MoE: softmax over the top-k logits (norm_topk_prob)
         "moe_token_dispatcher_type": "alltoall",
-        "moe_grouped_gemm": False,
+        "moe_grouped_gemm": expert_mlp(cfg, attention) == "TEGroupedMLP",
         "moe_aux_loss_coeff": 0.0,
         "moe_router_load_balancing_type": "none",
         "expert_model_parallel_size": ep,
@@ -176,14 +193,14 @@ def transformer_config(
         gradient_accumulation_fusion=False,
         deallocate_pipeline_outputs=False,
         **kernel_flags(gpu=gpu, attention=attention),
-        **moe_options(cfg, ep, tp),
+        **moe_options(cfg, ep, tp, attention),
     )
 
 
 def layer_spec(cfg: Qwen3Config, attention: str) -> Any:
     """megatron layer spec for an attention backend (``RunSpec.machine.attention``, resolved):
 
-    te     Transformer-Engine spec (fused attention, norms and linears; CUDA only)
+    te     Transformer-Engine spec (fused attention, norms and linears; TEGroupedMLP experts; CUDA only)
     sdpa   megatron's local spec with ``SdpaAttention`` (torch's fused kernels) as core attention
     local  megatron's local spec as is (``DotProductAttention``: builds the s×s score matrix)
 
@@ -197,7 +214,11 @@ def layer_spec(cfg: Qwen3Config, attention: str) -> Any:
                 "attention te: Transformer Engine is installed but does not import on this GPU; "
                 "fix the TE install or run with --attention sdpa"
             )
-        return specs.get_gpt_layer_with_transformer_engine_spec(num_experts=cfg.experts or None, qk_layernorm=True)
+        return specs.get_gpt_layer_with_transformer_engine_spec(
+            num_experts=cfg.experts or None,
+            moe_grouped_gemm=expert_mlp(cfg, attention) == "TEGroupedMLP",
+            qk_layernorm=True,
+        )
     spec = specs.get_gpt_layer_local_spec(num_experts=cfg.experts or None, qk_layernorm=True, normalization="RMSNorm")
     attn = spec.submodules.self_attention.submodules
     spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = SequenceParallelRMSNorm
@@ -277,7 +298,23 @@ def build_model(
         position_embedding_type="rope",
         rotary_base=ROPE_BASE,
     )
+    if cfg.experts:
+        check_experts(model, expert_mlp(cfg, attention))
+        mark_grouped_experts(model)
     return model.to(device)
+
+
+def check_experts(model: torch.nn.Module, want: str | None) -> None:
+    """ConfigError unless every MoE layer of ``model`` built the expert MLP ``want``: the record
+    says which one ran from ``expert_mlp``, so a megatron-core that fell back to another (its
+    legacy GroupedMLP, where Transformer Engine is older than 1.9 and has no grouped linears)
+    stops the run instead of being recorded as the one asked for."""
+    built = {type(m).__name__ for n, m in model.named_modules() if n.endswith("mlp.experts")}
+    if built - {want}:
+        raise ConfigError(
+            f"megatron-core built {sorted(built)} experts where the harness expects {want}: "
+            "install Transformer Engine 1.9 or newer, or run with --attention sdpa (SequentialMLP)"
+        )
 
 
 def init_std(name: str, cfg: Qwen3Config) -> float | None:

@@ -7,7 +7,7 @@ megatron rank only holds its TP shard. Megatron marks sharded params with
 the planners use, so the runtime executes exactly the plan the offline tools compute.
 
 Names are megatron's ``named_parameters`` names with wrapper prefixes (``module.``) removed,
-Transformer-Engine's fused-norm names mapped to the local-spec ones, and, under PP, the
+Transformer-Engine's fused-norm and grouped-expert names mapped to the local-spec ones, and, under PP, the
 stage-local layer index (``decoder.layers.0`` on stage 1) rewritten to the
 global one, as in ``canzona.models.list_params``; under expert parallelism a rank's local expert
 index (``local_experts.0`` of EP rank 1) likewise becomes the global one (EP rank e holds experts
@@ -52,12 +52,43 @@ TE_ALIASES = {
 }
 
 
+# TEGroupedMLP (the TE spec's experts, grouped GEMM) holds a layer's local experts as the numbered
+# weights of two grouped linears, ``mlp.experts.linear_fc1.weight<i>``; SequentialMLP, whose names
+# the inventory uses, as ``mlp.experts.local_experts.<i>.linear_fc1.weight`` (megatron's
+# TEGroupedMLP.sharded_state_dict maps the one onto the other for its checkpoints).
+_GROUPED = re.compile(r"(^|\.)experts\.(linear_fc1|linear_fc2)\.weight(\d+)$")
+# Each expert's TP cut as SequentialMLP's column/row-parallel linears mark it (partition_dim,
+# partition_stride): fc1 along its rows, SwiGLU's [gate; up] at stride 2; fc2 along its columns.
+GROUPED_TP = {"linear_fc1": (0, 2), "linear_fc2": (1, 1)}
+
+
 def canonical_name(name: str) -> str:
-    """Local-spec name of a (possibly TE-spec) megatron parameter name."""
+    """Local-spec name of a (possibly TE-spec) megatron parameter name; a grouped expert weight
+    keeps its local expert index (``global_expert`` makes it global)."""
+    m = _GROUPED.search(name)
+    if m is not None:
+        return f"{name[: m.start(2)]}local_experts.{m.group(3)}.{m.group(2)}.weight"
     for te, local in TE_ALIASES.items():
         if name.endswith("." + te):
             return name[: -len(te)] + local
     return name
+
+
+def mark_grouped_experts(model: torch.nn.Module) -> None:
+    """Give TEGroupedMLP's expert weights the TP marks SequentialMLP's linears carry (``GROUPED_TP``).
+
+    Why: megatron runs the experts' TP communication itself whenever expert TP or EP exceeds 1,
+    so it tells Transformer Engine nothing of the cut, and TE marks every grouped weight
+    partition_dim 0, stride 1. megatron-core 0.16 keeps those marks (fc2, cut along dim 1, would
+    read as cut along dim 0); 0.19 restores the dim but not SwiGLU's stride. ``full_shape`` and
+    ``init_weights`` read the marks, so with them an expert has the same full shape and starts
+    from the same weights under grouped GEMM as under SequentialMLP."""
+    for name, p in model.named_parameters():
+        m = _GROUPED.search(name)
+        if m is not None:
+            dim, stride = GROUPED_TP[m.group(2)]
+            for attr, value in (("tensor_model_parallel", True), ("partition_dim", dim), ("partition_stride", stride)):
+                setattr(p, attr, value)
 
 
 def strip_wrappers(name: str) -> str:

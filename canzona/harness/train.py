@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 from canzona.errors import ConfigError
 from canzona.harness import collectives, cpu_shim
-from canzona.harness.model import build_model, causal_mask, init_weights
+from canzona.harness.model import build_model, causal_mask, expert_mlp, init_weights
 from canzona.harness.params import NamedParam, named_params, replica_divergence, tp_partial_names
 from canzona.harness.record import append_checks, attestation_section, plan_section, stage_entry
 from canzona.harness.timing import IterationLog, Marks, aggregate, peak_memory_mb
@@ -476,6 +476,7 @@ def _record(
     _, mem_kind = peak_memory_mb(device)
     extra: dict[str, Any] = {
         "layer_spec": "transformer_engine" if run.machine.attention == "te" else "local",
+        "expert_mlp": expert_mlp(get_transformer(run.model), run.machine.attention),  # None: a dense model
         "cpu_shim": cpu_shim.installed(),
         **cluster_environment(device, hosts),
     }
