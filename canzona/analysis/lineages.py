@@ -77,14 +77,18 @@ def authors_markdown(auth: pd.DataFrame) -> str:
         for r in auth.to_dict("records")
     ]
     span = lambda col: f"{auth[col].min():.2f}–{auth[col].max():.2f}×"
+    calibrated = ", ".join(
+        f"{e:g}" for e in auth.loc[auth["ns_rate"].str.startswith("calibrated"), "ns_efficiency"].unique()
+    )
     return "\n".join(
         [
             "## The authors' setting as ranges (projected, Qwen3-32B, 256 GPUs, H800)",
             "",
             "The authors' setting (128 × 2048 at DP32·TP8) is our extrapolation of their public script (32 GPUs, "
             "TP4·DP8, micro-batch 4), so its micro-batch, the MFU and the Newton–Schulz rate are ranges. Canzona "
-            "paper-compatible (no cooperation, cost numel, α 1, overlap `megatron`). The 0.527 row is the rate "
-            "calibrated to App. F.2's 71.7 ms, the paper's own Canzona step; 0.797 (788.6 TFLOP/s, an H200 GEMM "
+            "paper-compatible (no cooperation, cost numel, α 1, overlap `megatron`). The "
+            f"{calibrated} row is the rate calibrated to App. F.2's 71.7 ms, the paper's own Canzona "
+            "step; 0.797 (788.6 TFLOP/s, an H200 GEMM "
             "burst) and MFU 0.47 (Megatron's H100 figure) are upper bounds. Iteration vs `megatron-2602+duplicated` "
             f"spans {span('speedup iteration vs megatron-2602+duplicated')}, vs `megatron-2602` "
             f"{span('speedup iteration vs megatron-2602')}, vs `megatron-main` "

@@ -136,8 +136,13 @@ AUTHORS_MFU = {
     0.37: "TP 8 on H800 with SP off (nearer its NVLink)",
     0.47: "Megatron's H100 figure: an upper bound on H800",
 }
+# 0.597: the rate at which the paper-compatible Canzona step of ``AUTHORS`` is App. F.2's 71.7 ms
+# (bisected on H800). It was 0.527 while uneven reductions were one reduce per slice: with one
+# coalesced reduce_scatter on NCCL the planner takes the exact layout here (modelled step 633 vs
+# 654 ms for padded), whose busiest GPU carries more Newton–Schulz, so the same 71.7 ms means a
+# faster kernel.
 AUTHORS_NS_EFFICIENCY = {
-    0.527: "calibrated to App. F.2's 71.7 ms (the paper's own Canzona step)",
+    0.597: "calibrated to App. F.2's 71.7 ms (the paper's own Canzona step)",
     0.65: "mid",
     0.797: "788.6 TFLOP/s, an H200 GEMM burst: an upper bound",
 }
