@@ -193,3 +193,56 @@ def test_cooperation_is_not_planned_under_ep(moe_file: str) -> None:
         plan_model(get_model(moe_file), Layout(dp=4, ep=2), PlanConfig(coop_force=((fc1, 2),), bucket_size=2000))
     (plan,) = plan_model(get_model(moe_file), Layout(dp=4, ep=2), PlanConfig(bucket_size=2000))
     assert not plan.coop
+
+
+@pytest.mark.parametrize("layout", [Layout(dp=4, ep=2), Layout(dp=8, tp=2, ep=4)])
+def test_sc_charges_each_rank_the_dense_matrices_and_its_own_experts(layout: Layout, moe_file: str) -> None:
+    """sc under EP: a DP rank holds and updates every dense matrix and its EP rank's experts
+    (``runtime.experts.held_by``), not the other EP ranks' ones; its cost, its held bytes and its
+    reductions (dense over DP, experts over the expert-DP group) are those of what it holds."""
+    from canzona.plan.readers.metrics import gpu_loads
+    from canzona.runtime.experts import held_by
+
+    moe = get_model(moe_file)
+    stage = [s for s in list_params(moe, tp=layout.tp) if s.route == "matrix"]
+    (plan,) = plan_model(moe, layout, PlanConfig(strategy="sc", bucket_size=2000, cooperative=False))
+    cost = {it.name: it.cost for it in plan.items}
+    loads, gb = gpu_loads(plan), plan.config.grad_dtype_bytes
+    for d in range(layout.dp):
+        held = held_by(stage, layout.ep, d)
+        assert len(held) < len(stage)
+        assert loads.cost[d] == tuple(pytest.approx(sum(cost[s.name] for s in held)) for _ in range(layout.tp))
+        mine = [b for b in plan.dp.buckets if b.ep_rank in (None, d % layout.ep)]
+        assert loads.slice_bytes[d] == sum(b.size for b in mine) * gb
+        reduced = sum(round(2 * (g - 1) * b.size / g) for b in mine for g in [len(layout.group_ranks(b.ep_rank))])
+        assert loads.sent["grad"][d] == (reduced * gb,) * layout.tp
+
+
+def test_sc_with_hosts_under_ep_schedules_only_what_each_rank_holds(moe_file: str) -> None:
+    """sc with a host TP mode: a DP rank's micro-groups host its TP-split dense matrices and its EP
+    rank's experts, so every rank lowers (micro-groups holding other EP ranks' experts would not)."""
+    from canzona.plan.schedule import executor_specs
+    from canzona.runtime.experts import held_by
+
+    layout = Layout(dp=8, tp=2, ep=4)
+    moe = get_model(moe_file)
+    stage = [s for s in list_params(moe, tp=layout.tp) if s.route == "matrix"]
+    (plan,) = plan_model(moe, layout, PlanConfig(strategy="sc", tp_mode="sorted", bucket_size=2000))
+    for d in range(layout.dp):
+        (spec,) = [s for s in executor_specs(plan, d) if s.kind == "micro-group"]
+        assert sorted(spec.names) == sorted(s.name for s in held_by(stage, layout.ep, d) if s.partition_dim is not None)
+
+
+def test_layerwise_under_ep_gathers_each_matrix_over_its_group(moe_file: str) -> None:
+    """Layer-wise's owner gather under EP: each matrix goes from its owner to the other ranks of its
+    group (an expert to its expert-DP group, not to all of DP)."""
+    from canzona.plan.readers.metrics import gpu_loads
+
+    layout = Layout(dp=8, ep=2)
+    (plan,) = plan_model(get_model(moe_file), layout, PlanConfig(strategy="layerwise", bucket_size=2000))
+    owner = {n: o for n, (o,) in plan.dp.owner_map().items()}
+    loads, gb = gpu_loads(plan), plan.config.grad_dtype_bytes
+    for d in range(layout.dp):
+        sent = sum((len(layout.group_ranks(it.ep_rank)) - 1) * it.numel for it in plan.items if owner[it.name] == d)
+        got = sum(it.numel for it in plan.items if owner[it.name] != d and d in layout.group_ranks(it.ep_rank))
+        assert (loads.sent["param"][d][0], loads.recv["param"][d][0]) == (sent * gb, got * gb)

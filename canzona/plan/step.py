@@ -28,18 +28,16 @@ from canzona.plan.types import Plan
 
 def matrix_shares(plan: Plan) -> dict[str, list[tuple[int, float]]]:
     """Per matrix: (DP rank, fraction of its compute) for every rank that computes it. DP ``sc``:
-    every rank, and so does a replicated bucket's matrix (``dp.replicate``); a matrix owned by k > 1
-    DP ranks is shared by element overlap of the plan's cuts, else equally."""
-    dp = plan.layout.dp
+    every rank of the matrix's group (all of DP; under EP an expert's expert-DP group, the ranks
+    that hold it), and so does a replicated bucket's matrix (``dp.replicate``); a matrix owned by
+    k > 1 DP ranks is shared by element overlap of the plan's cuts, else equally."""
     local = {e.name: e.numel for b in plan.dp.buckets for e in b.entries}
     where = {e.name: (b.index, e.start) for b in plan.dp.buckets for e in b.entries}
     out = {}
     for name, owners in plan.dp.owners:
-        if plan.dp.strategy == "sc":
-            out[name] = [(d, 1.0) for d in range(dp)]
-        elif len(owners) == 1:
+        if len(owners) == 1:
             out[name] = [(owners[0], 1.0)]
-        elif plan.dp.cuts and not plan.dp.cuts[where[name][0]]:  # a replicated bucket (dp.replicate)
+        elif plan.dp.strategy == "sc" or (plan.dp.cuts and not plan.dp.cuts[where[name][0]]):  # sc / dp.replicate
             out[name] = [(d, 1.0) for d in owners]
         elif plan.dp.cuts:  # split by the cuts (zero's element shares)
             bi, s = where[name]

@@ -202,7 +202,7 @@ def _per_rank(
             continue
         owners = owner_map[it.name]
         if all_owned:
-            for d in range(dp):
+            for d in owners:
                 per_rank[d].append(it)
         elif len(owners) == 1:
             per_rank[owners[0]].append(it)
@@ -223,8 +223,9 @@ def schedule_tp(
 ) -> TPSchedule:
     """Micro-groups per DP rank for the TP-sharded matrices it owns.
 
-    A matrix enters rank d's groups when d is its single owner, or for every d when ``all_owned``
-    (DP ``sc``: every DP rank updates every matrix). Matrices owned by a group of k > 1 DP ranks
+    A matrix enters rank d's groups when d is its single owner, or for every owner d when
+    ``all_owned`` (DP ``sc``: every DP rank of the matrix's group updates it; under EP an expert's
+    group is its expert-DP group). Matrices owned by a group of k > 1 DP ranks
     (reserved for cooperative updates) are not scheduled here, nor are the cooperative matrices of
     a TP group (``spans``: name -> k, priced at their member cost): those take k slots in the LPT
     (``coop_slots`` says which) and are updated by their group, not by a host.

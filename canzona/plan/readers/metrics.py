@@ -5,7 +5,8 @@ TP rank t) carries the full-matrix cost of every matrix it computes:
 the matrices it hosts (TP modes no/sorted/global), every matrix its DP rank owns (TP ``sc``,
 "duplicated"), replicated matrices of its DP rank (always, on every TP rank), or 1/tp of its DP
 rank's element share (``shard``, zero's element-wise reference). DP ``sc`` means every DP rank
-computes every matrix. A matrix owned by k > 1 DP ranks (zero's split matrices; reserved for
+computes every matrix of its group (under EP: the dense ones and its EP rank's experts, what it
+holds). A matrix owned by k > 1 DP ranks (zero's split matrices; reserved for
 cooperative updates) is shared by element overlap when the plan has cuts, else equally.
 
 Bytes (per GPU, element size ``grad_dtype_bytes``), as the plan's buckets lay them out (padded
@@ -13,9 +14,9 @@ plans carry their padding in the slices, exact plans send their uneven slices un
   grad   reduce-scatter(-v): sends S_b − w_d, receives (G−1)·w_d per bucket (w_d = its slice, G the
          bucket's group: all DP ranks, or the expert-DP group under EP); a replicated bucket
          (``dp.replicate``, empty cuts): the all-reduce's volume, no parameter gather;
-         all-reduce (ring): 2·(DP−1)/DP·S_b each way.
-  param  all-gather(-v) with cuts: sends (DP−1)·w_d, receives S_b − w_d; layer-wise all-gather-v:
-         the same with w_d = elements of the matrices d owns; ``none``: 0.
+         all-reduce (ring): 2·(G−1)/G·S_b each way, on the G ranks of the bucket's group.
+  param  all-gather(-v) with cuts: sends (G−1)·w_d, receives S_b − w_d; layer-wise all-gather-v:
+         each owned matrix to the other G−1 ranks of its group; ``none``: 0.
   tp_gather / tp_scatter  micro-groups: every non-host TP rank sends its shard (numel/tp) to the
          host, the host receives (tp−1) shards; the scatter mirrors it. TP ``sc``: a ring
          all-gather of every owned sharded matrix ((tp−1) shards each way), no scatter.
@@ -109,18 +110,26 @@ def _dp_elements(plan: Plan, local: dict[str, int]) -> tuple[list[int], list[lis
                         p_s[d] += (G - 1) * w[k]
                         p_r[d] += S - w[k]
         return slice_elems, [g_s, g_r, p_s, p_r]
-    if plan.dp.strategy == "sc":
-        slice_elems = [sum(sizes)] * dp
-    else:
-        for it in plan.items:
-            for d in om[it.name]:
-                slice_elems[d] += local[it.name] // len(om[it.name])
-    total_owned = sum(slice_elems)
-    for d in range(dp if dp > 1 else 0):
-        g_s[d] = g_r[d] = sum(round(2 * (dp - 1) * S / dp) for S in sizes)
-        if gather:
-            p_s[d] = (dp - 1) * slice_elems[d]
-            p_r[d] = total_owned - slice_elems[d]
+    # no cuts: every bucket all-reduced over its group (all of DP; under EP an expert bucket over its
+    # expert-DP group); sc holds every bucket of its groups, the others hold the matrices they own and
+    # gather them to the rest of the matrix's group
+    sc = plan.dp.strategy == "sc"
+    for b, S in zip(plan.dp.buckets, sizes, strict=True):
+        ranks = plan.layout.group_ranks(b.ep_rank)
+        for d in ranks:
+            g_s[d] += round(2 * (len(ranks) - 1) * S / len(ranks))
+            g_r[d] += round(2 * (len(ranks) - 1) * S / len(ranks))
+            if sc:
+                slice_elems[d] += S
+    for it in () if sc else plan.items:
+        ranks = plan.layout.group_ranks(it.ep_rank)
+        share = local[it.name] // len(om[it.name])
+        for d in om[it.name]:
+            slice_elems[d] += share
+            if gather:
+                p_s[d] += (len(ranks) - 1) * share
+                for r in (r for r in ranks if r != d):
+                    p_r[r] += share
     return slice_elems, [g_s, g_r, p_s, p_r]
 
 
