@@ -132,7 +132,10 @@ def headline_figure(table: pd.DataFrame, profile: str = "H800", overlap: str = "
     bases = baselines(family) if not family.empty else []  # the projected ones: a measured-only peer has no bar
     claims = paper_claims()
     sides = (("paper-compatible: no cooperation, standard NS", False), ("beyond the paper: our additions", True))
-    fig, axes = plt.subplots(2, 2, figsize=(12, 7.5), squeeze=False)
+    # each model's group holds a bar per baseline, each labelled: the panels widen with the models
+    # so the rotated labels of neighbouring bars never overprint (tests/test_analysis_figures.py)
+    per_side = max((sum(_beyond(r) == beyond for r in rows) for _, beyond in sides), default=0)
+    fig, axes = plt.subplots(2, 2, figsize=(max(12.0, 2 * (0.14 * len(bases) * per_side + 1.2)), 7.5), squeeze=False)
     for j, (side, beyond) in enumerate(sides):
         mine = [r for r in rows if _beyond(r) == beyond]
         for i, (timing, label) in enumerate(TIMINGS):
