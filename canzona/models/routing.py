@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cache
 
 from canzona.models.spec import Route
 
@@ -29,8 +30,16 @@ its ``gate_proj`` is a matrix). A 2-D weight whose rows score experts, not a lin
 orthogonalized update is meant for: AdamW by design, and the attestation says so."""
 
 
+@cache
+def _any_of(patterns: tuple[str, ...]) -> re.Pattern[str]:
+    """One compiled alternation for ``any(re.search(p, name) for p in patterns)``: a MoE
+    inventory routes ~25k names per stage, and matching its patterns one by one through
+    ``re.search`` took a third of a second per 235B stage plan (profiled in #36's planner goal)."""
+    return re.compile("|".join(f"(?:{p})" for p in patterns)) if patterns else re.compile(r"(?!)")
+
+
 def is_router(name: str) -> bool:
-    return any(re.search(p, name) for p in ROUTER)
+    return _any_of(ROUTER).search(name) is not None
 
 
 @dataclass(frozen=True)
@@ -43,9 +52,9 @@ class RoutingRule:
     def route(self, name: str, ndim: int) -> Route:
         if ndim != 2:
             return "adamw"
-        if any(re.search(p, name) for p in self.adamw):
+        if _any_of(tuple(self.adamw)).search(name):
             return "adamw"
-        if any(re.search(p, name) for p in self.matrix):
+        if _any_of(tuple(self.matrix)).search(name):
             return "matrix"
         return "adamw"
 

@@ -34,9 +34,9 @@ work budget proportional to the number of items.
 
 from __future__ import annotations
 
-import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from operator import itemgetter
 
 import numpy as np
 
@@ -67,37 +67,38 @@ class _State:
     """Per-rank compute (exact LPT over TP slots when items arrive cost-descending) and per-bucket slices.
 
     ``low`` keeps each rank's least loaded TP slot so a placement is scored without scanning slots.
+    Plain lists, not numpy: a placement reads and writes a few numbers of one bucket group (an
+    expert-DP group of 235B at 256 GPUs and DP 16 is 2 ranks), where numpy's per-call overhead
+    outweighed the arithmetic (the 235B-class inventory places ~150k items per plan).
     """
 
     def __init__(self, p: DPProblem):
         self.p = p
         self.simple = p.tp == 1 or p.tp_mode == "sc"
-        self.G = np.zeros(p.dp)
-        self.low = np.zeros(p.dp)
-        # per rank its TP slots' loads as a list: a placement touches TP (≤ 8) numbers, where numpy's
-        # per-call overhead outweighs the arithmetic (the 235B-class inventory places ~150k items)
+        self.G = [0.0] * p.dp
+        self.low = [0.0] * p.dp
         self.slots = [[0.0] * max(p.tp, 1) for _ in range(p.dp)]
-        self.S = np.zeros((len(p.buckets), p.dp))
+        self.S = [[0.0] * p.dp for _ in p.buckets]
 
-    def landing(self, ranks: slice | np.ndarray, i: int) -> tuple[np.ndarray, np.ndarray]:
-        """(new per-GPU max, load of the TP slot the item lands on) for each candidate rank."""
+    def landing(self, gather: Gather, i: int) -> tuple[list[float], list[float]]:
+        """(new per-GPU max, load of the TP slot the item lands on) for each rank ``gather`` picks."""
         c = self.p.cost[i]
         if self.simple or not self.p.sharded[i]:
-            g = self.G[ranks] + c
+            g = [x + c for x in gather(self.G)]
             return g, g
-        low = self.low[ranks] + c
-        return np.maximum(self.G[ranks], low), low
+        low = [x + c for x in gather(self.low)]
+        return list(map(max, gather(self.G), low)), low
 
     def place(self, i: int, r: int) -> None:
         p = self.p
         c = p.cost[i]
-        self.S[p.bucket_of[i], r] += p.width[i]
+        self.S[p.bucket_of[i]][r] += p.width[i]
         if self.simple:
             self.G[r] += c
             return
         slots = self.slots[r]
         if p.sharded[i]:
-            slots[slots.index(min(slots))] += c  # the first least loaded slot, as np.argmin
+            slots[slots.index(min(slots))] += c  # the first least loaded slot
         else:
             slots[:] = [x + c for x in slots]
         self.G[r] = max(slots)
@@ -116,43 +117,47 @@ def pack(p: DPProblem, alpha: float, slack: float | None) -> list[int]:
     a = 1.0 if slack is None else alpha
     weight = [a * p.cost[i] / tc + (1 - a) * p.width[i] / tw for i in range(n)]
     order = sorted(range(n), key=lambda i: (-weight[i], -p.cost[i], i))
-    # a group of evenly spaced DP ranks (all of DP; an expert-DP group: every EP-th rank) is indexed
-    # by a slice, a view, instead of a copy per placement; others by their rank array
-    groups = [_as_slice(g) for g in p.groups]
-    sizes = [len(g) for g in p.groups]
+    groups = [list(g) for g in p.groups]
+    gathers = [_gather(g) for g in groups]
+    beta = 1 - alpha
     st = _State(p)
     owner = [-1] * n
     for i in order:
         b = p.bucket_of[i]
-        ranks = groups[b]
-        g, land = st.landing(ranks, i)
-        s = st.S[b, ranks] + p.width[i]
-        p.work += sizes[b]
-        if slack is None:
-            key = g
-        else:
-            key = alpha * g / gs + (1 - alpha) * s / bounds[b]
-            room = s <= slack * bounds[b] * (1 + REL_EPS)
-            if room.all():
-                pass
-            elif room.any():
-                key = np.where(room, key, np.inf)
-            else:
+        ranks, gather = groups[b], gathers[b]
+        g, land = st.landing(gather, i)
+        w = p.width[i]
+        s = [x + w for x in gather(st.S[b])]
+        p.work += len(ranks)
+        key = g
+        if slack is not None:
+            lb = bounds[b]
+            cap = slack * lb * (1 + REL_EPS)
+            key = [alpha * gk / gs + beta * sk / lb for gk, sk in zip(g, s, strict=True)]
+            room = [sk <= cap for sk in s]
+            if not any(room):
                 key = s
-        best = key.min()
-        tied = key <= best + REL_EPS * max(1.0, abs(best))
-        k = int(np.argmin(land if tied.all() else np.where(tied, land, np.inf)))
-        owner[i] = ranks.start + k * ranks.step if isinstance(ranks, slice) else int(ranks[k])
+            elif not all(room):
+                key = [kk if ok else math.inf for kk, ok in zip(key, room, strict=True)]
+        best = min(key)
+        tie = best + REL_EPS * max(1.0, abs(best))
+        # the least loaded landing slot among the ranks tied on the key; the first such rank on a tie
+        tied = [k for k, kk in enumerate(key) if kk <= tie]
+        k = tied[0] if len(tied) == 1 else min(tied, key=land.__getitem__)
+        owner[i] = ranks[k]
         st.place(i, owner[i])
     return owner
 
 
-def _as_slice(g: Sequence[int]) -> slice | np.ndarray:
-    """``g`` as slice(start, stop, step) when its ranks are evenly spaced, else as an index array."""
-    step = g[1] - g[0] if len(g) > 1 else 1
-    if step > 0 and all(b - a == step for a, b in itertools.pairwise(g)):
-        return slice(g[0], g[-1] + 1, step)
-    return np.asarray(g)
+Gather = Callable[[list[float]], tuple[float, ...]]
+
+
+def _gather(ranks: Sequence[int]) -> Gather:
+    """The values of ``ranks`` from a per-rank list, as a tuple, in one C call (``itemgetter``)."""
+    if len(ranks) == 1:
+        r = ranks[0]
+        return lambda xs: (xs[r],)
+    return itemgetter(*ranks)
 
 
 def lpt(p: DPProblem, alpha: float = 1.0) -> list[int]:
@@ -230,6 +235,7 @@ class Search:
         np.add.at(self.H, self.owner, np.where(self.sh, self.c, 0.0))
         self.G = np.array([self.exact_g(m) for m in self.members])
         self._donor: dict[tuple[object, ...], float] = {}  # _donor_g's values, per step
+        self._scored: dict[tuple[object, ...], tuple[list[tuple[np.ndarray, ...]], int]] = {}  # per rank scored
         # what _score reads of the state, fixed while a step scores (a tried move is undone exactly,
         # integer widths and recomputed G, and a kept one ends the step): the widest slice per bucket,
         # their sum, G's three largest ranks, and per bucket its three widest slices
@@ -298,7 +304,24 @@ class Search:
 
     def _item_candidates(self, a: int, i: int) -> list[tuple[np.ndarray, ...]]:
         """Scored moves of item i (on rank a) to every rank of its group, and swaps with every item of
-        its bucket on another rank: arrays (J, T, Φ, kind, partner) filtered to improving ones."""
+        its bucket on another rank: arrays (J, T, Φ, kind, partner).
+
+        Why cached: while a step scores one rank's items, the state is fixed, and what the candidates of i read of i
+        is its bucket, cost, width and sharding (and, through ``_donor_g``, its index only in TP
+        mode ``no``). A DP rank of a MoE holds thousands of same-shape experts in one bucket, whose
+        candidates are the same arrays; they are scored once per rank. The work count advances per
+        item as before, so the search's budget, and so its plans, are unchanged."""
+        key: tuple[object, ...] = (a, int(self.bk[i]), self.c[i], self.w[i], bool(self.sh[i]))
+        if self.p.tp_mode == "no" and not self.simple:
+            key += (i,)
+        if key not in self._scored:
+            self._scored[key] = self._scored_candidates(a, i)
+        out, work = self._scored[key]
+        self.p.work += work
+        return out
+
+    def _scored_candidates(self, a: int, i: int) -> tuple[list[tuple[np.ndarray, ...]], int]:
+        """``_item_candidates`` computed: (the arrays, the work they count)."""
         p = self.p
         b = int(self.bk[i])
         ci, wi, shi = self.c[i], self.w[i], bool(self.sh[i])
@@ -332,8 +355,7 @@ class Search:
                 Hq = self.H[qb] - np.where(shj, cj, 0.0) + (ci if shi else 0.0)
                 gq2 = self._g_in(qb, Rq, Hq, np.full(js.size, ci if shi else 0.0))
             out.append((*self._score(a, b, qb, ga2, sa2, gq2, sq2), np.ones(js.size), js))
-        p.work += int(q.size + js.size)
-        return out
+        return out, int(q.size + js.size)
 
     def _critical(self) -> list[tuple[int, int | None]]:
         crit: list[tuple[int, int | None]] = []
@@ -354,6 +376,7 @@ class Search:
         self._fixed = (wmax, float(wmax.sum()), np.argsort(-self.G, kind="stable")[:3])
         self._s_top.clear()
         for a, bucket in self._critical():
+            self._scored.clear()  # a tried move leaves R and H within rounding, so the cache is per scoring
             cols: list[list[np.ndarray]] = [[], [], [], [], [], []]
             for i in self.members[a]:
                 if bucket is not None and self.bk[i] != bucket:
