@@ -1,8 +1,9 @@
 """The harness trains megatron-core's MoE Qwen3 (top-2 router, all-to-all token dispatcher,
 SequentialMLP experts) with expert parallelism on forked gloo ranks, and EP 2 over DP 4 (world 4:
-two EP ranks, expert-DP groups of two) and EP 2 · TP 2 over DP 2 (world 4: sequence parallelism,
-experts TP-sharded, expert-DP groups of one) end where one rank ends: the same loss curve and the
-same final dense AND expert weights, to fp32 rounding.
+two EP ranks, expert-DP groups of two), EP 2 · TP 2 over DP 2 (world 4: sequence parallelism,
+experts TP-sharded, expert-DP groups of one) and EP 2 over DP 2 on two pipeline stages (world 4:
+one layer and its experts per stage, expert-DP groups of one per stage) end where one rank ends:
+the same loss curve and the same final dense AND expert weights, to fp32 rounding.
 
 Why one rank is the reference: the data are global batches independent of the layout, weights are
 drawn per global parameter name, the router has no load-balancing loss (its coefficient is 0), so
@@ -46,15 +47,16 @@ RTOL = 1e-5
 
 
 @functools.cache
-def _run(dp: int, ep: int, method: str, tp: int = 1) -> tuple[dict, ...]:
-    spec = RunSpec().replace(**SETTINGS, dp=dp, tp=tp, ep=ep, method=method).resolve(gpu=False)
-    spec.validate(dp * tp, gpu=False)
-    return tuple(launch(train, dp * tp, spec, None, timeout_s=300))
+def _run(dp: int, ep: int, method: str, tp: int = 1, pp: int = 1) -> tuple[dict, ...]:
+    spec = RunSpec().replace(**SETTINGS, dp=dp, tp=tp, pp=pp, ep=ep, method=method).resolve(gpu=False)
+    spec.validate(dp * tp * pp, gpu=False)
+    return tuple(launch(train, dp * tp * pp, spec, None, timeout_s=300))
 
 
 def _weights(outs: tuple[dict, ...], tp: int) -> dict[str, tuple[float, float]]:
     """Every parameter's digest, from the ranks holding it (their copies must agree): a TP-sharded
-    one's from the shards of one TP group (rank = d·tp + t), sums added, norms in quadrature."""
+    one's from the shards of one TP group (rank = s·dp·tp + d·tp + t), sums added, norms in
+    quadrature; each pipeline stage's ranks hold that stage's parameters only."""
     sharded = {s.name for s in list_params(get_transformer(SETTINGS["model"]), tp=tp) if s.partition_dim is not None}
     out: dict[str, tuple[float, float]] = {}
     for d in range(0, len(outs), tp):
@@ -70,15 +72,17 @@ def _weights(outs: tuple[dict, ...], tp: int) -> dict[str, tuple[float, float]]:
     return out
 
 
-LAYOUTS = [(4, 1, 2, "canzona"), (4, 1, 2, "layerwise"), (2, 2, 2, "canzona")]
+LAYOUTS = [(4, 1, 1, 2, "canzona"), (4, 1, 1, 2, "layerwise"), (2, 2, 1, 2, "canzona"), (2, 1, 2, 2, "canzona")]
 
 
 @pytest.mark.parametrize(
-    ("dp", "tp", "ep", "method"), LAYOUTS, ids=[f"dp{d}-tp{t}-ep{e}-{m}" for d, t, e, m in LAYOUTS]
+    ("dp", "tp", "pp", "ep", "method"),
+    LAYOUTS,
+    ids=[f"dp{d}-tp{t}-pp{p}-ep{e}-{m}" for d, t, p, e, m in LAYOUTS],
 )
-def test_ep_matches_one_rank_in_loss_and_final_weights(dp: int, tp: int, ep: int, method: str) -> None:
+def test_ep_matches_one_rank_in_loss_and_final_weights(dp: int, tp: int, pp: int, ep: int, method: str) -> None:
     one = _run(1, 1, "canzona")
-    ep_run = _run(dp, ep, method, tp)
+    ep_run = _run(dp, ep, method, tp, pp)
     want_loss, got_loss = one[0]["loss_curve"], ep_run[0]["loss_curve"]
     assert got_loss == pytest.approx(want_loss, rel=RTOL) and got_loss[-1] < got_loss[0]
     want, got = _weights(one, 1), _weights(ep_run, tp)
@@ -99,8 +103,8 @@ def test_ep_matches_one_rank_in_loss_and_final_weights(dp: int, tp: int, ep: int
         (["--dp", "4", "--ep", "3"], "EP=3 needs routed experts divisible by it"),
         (["--dp", "6", "--ep", "4", "--global-batch", "12"], "must divide --dp 6"),
         (["--dp", "2", "--tp", "2", "--ep", "2", "--no-sequence-parallel"], "drop --no-sequence-parallel"),
-        (["--dp", "2", "--tp", "2", "--pp", "2", "--ep", "2", "--global-batch", "8"], "one pipeline stage"),
         (["--dp", "4", "--ep", "2", "--model", "qwen3-micro"], "has none"),
+        (["--dp", "2", "--pp", "3", "--ep", "2", "--global-batch", "8"], "PP=3 does not divide the 2 layers"),
     ],
 )
 def test_bad_ep_input_is_one_line_and_exit_2(argv: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -272,6 +272,9 @@ def test_an_ep_layout_makes_cells_that_train_with_ep():
     d["layout"].append({"model": "qwen3-moe-micro", "tp": 2, "pp": 1, "dp": 4, "ep": 2, "reason": "EP · TP"})
     ep_tp = parse_sweep(d, "x.toml").cells()[-1].spec  # sequence parallelism on by default at TP > 1
     assert (ep_tp.layout.tp, ep_tp.layout.ep, ep_tp.uses_sequence_parallel) == (2, 2, True)
+    d["layout"].append({"model": "qwen3-moe-micro", "tp": 1, "pp": 2, "dp": 4, "ep": 2, "reason": "EP · PP"})
+    ep_pp = parse_sweep(d, "x.toml").cells()[-1].spec  # each stage's experts over their own groups
+    assert (ep_pp.layout.pp, ep_pp.layout.ep) == (2, 2)
 
 
 @pytest.mark.parametrize(
@@ -280,7 +283,7 @@ def test_an_ep_layout_makes_cells_that_train_with_ep():
         ({"ep": 3}, {}, r"\[\[layout\]\] #2: qwen3-moe-micro: EP=3 needs routed experts divisible by it"),
         ({"ep": 8, "dp": 4, "tp": 2}, {}, r"#2: --ep 8 must divide --dp 4"),
         ({"ep": 2, "dp": 4, "tp": 2}, {"sequence_parallel": False}, r"'grid1': --ep 2 with --tp 2: .*sequence"),
-        ({"ep": 2, "dp": 4, "pp": 2}, {}, r"#2: --ep 2 with --pp 2"),
+        ({"ep": 2, "dp": 4, "pp": 3}, {}, r"#2: qwen3-moe-micro: PP=3 does not divide the 2 layers"),
         ({"ep": 0}, {}, "ep must be >= 1"),
         ({"ep": 2, "model": "qwen3-micro", "tp": 2, "dp": 4}, {}, "this model has none; use EP=1"),
         ({"ep": 2}, {"optimizers": ["adamw"]}, r"\[\[grid\]\] 'grid1': --ep 2 shards expert matrices"),

@@ -148,7 +148,8 @@ def split_views(spec: RunSpec, world: int | None, gpu: bool | None) -> None:
 def expert_layout(spec: RunSpec, world: int | None, gpu: bool | None) -> None:
     """EP divides the routed experts and DP, and the run is one the harness trains under EP: a
     Canzona method with a matrix optimizer, sequence parallelism at TP > 1 (megatron-core's MoE
-    layer refuses to train at expert TP > 1 without it; expert TP is TP), one pipeline stage."""
+    layer refuses to train at expert TP > 1 without it; expert TP is TP). Any PP the model's
+    layers take: each stage's experts form their own expert-DP groups (``expert_dp_group``)."""
     ep, tp, pp, dp = spec.layout.ep, spec.layout.tp, spec.layout.pp, spec.layout.dp
     if ep == 1:
         return
@@ -163,8 +164,6 @@ def expert_layout(spec: RunSpec, world: int | None, gpu: bool | None) -> None:
             f"--ep {ep} with --tp {tp}: megatron-core's MoE layer needs sequence parallelism at expert TP > 1; "
             "drop --no-sequence-parallel"
         )
-    if pp > 1:
-        raise ConfigError(f"--ep {ep} with --pp {pp}: the harness trains EP on one pipeline stage; use --pp 1")
     if spec.is_peer:
         raise ConfigError(
             f"--ep {ep}: the peer method {spec.plan.method} is not run with EP here; use a Canzona method"

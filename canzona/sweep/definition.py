@@ -274,7 +274,7 @@ def _parse_layout(t: Any, w: str, s: dict[str, Any]) -> Layout:
     except ConfigError as exc:
         raise ConfigError(f"{w}: {exc}") from None
     lay = Layout(model, v["tp"], v["pp"], v["dp"], v["reason"].strip(), v.get("time_min"), ep)
-    # EP dividing the experts and DP, at PP 1: `canzona train --ep`'s own check (a grid without SP at TP > 1: cells())
+    # EP dividing the experts and DP: `canzona train --ep`'s own check (a grid without SP at TP > 1: cells())
     _check_experts(w, RunSpec(model=model).replace(tp=lay.tp, pp=lay.pp, dp=lay.dp, ep=ep))
     if not lay.reason:
         raise ConfigError(f"{w}: reason is empty; write down why this TP/PP/DP was chosen")
