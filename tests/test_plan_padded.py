@@ -229,3 +229,25 @@ def test_donor_loads_reused_within_a_step_give_the_same_plan(prob: tuple, alpha:
         )
         fresh = _plan(params, layout, alpha=alpha, dp_layout="padded", bucket_size=2000)
     assert cached.dp.owner_map() == fresh.dp.owner_map() and cached.work == fresh.work
+
+
+def _scored_afresh(self, a: int, i: int) -> list:
+    out, work = self._scored_candidates(a, i)
+    self.p.work += work
+    return out
+
+
+@SETTINGS
+@given(inventories(), st.sampled_from([0.5, 1.0]))
+def test_candidates_scored_once_per_rank_give_the_same_plan(prob: tuple, alpha: float) -> None:
+    """``Search._item_candidates`` scores the same-bucket, same-shape items of one rank once per
+    scoring (a MoE rank holds thousands of such experts); scoring every item afresh (what it
+    replaced) must give the very same plan and spend the very same work."""
+    from canzona.plan.dp import padded as dp_padded
+
+    params, layout = prob
+    cached = _plan(params, layout, alpha=alpha, dp_layout="padded", bucket_size=2000)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dp_padded.Search, "_item_candidates", _scored_afresh)
+        fresh = _plan(params, layout, alpha=alpha, dp_layout="padded", bucket_size=2000)
+    assert cached.dp.owner_map() == fresh.dp.owner_map() and cached.work == fresh.work
