@@ -193,7 +193,7 @@ def test_a_group_that_fills_one_node_is_priced_on_the_node_link() -> None:
     """H800 nodes hold 8 GPUs (Megatron order: TP innermost, then DP): a TP group of 8 and a DP group
     spanning 8 GPUs are intra-node; a DP group spanning 16 GPUs is not."""
     from canzona.analysis.projection import Comm, Link
-    from canzona.plan.comm import CommModel
+    from canzona.plan.comm import CommModel, profile_model
 
     prof = load_profile("H800")
     assert prof.gpus_per_node == 8
@@ -211,6 +211,9 @@ def test_a_group_that_fills_one_node_is_priced_on_the_node_link() -> None:
             on(link).call_us("reduce_scatter", n, 1e8)
         )
     assert prof.intra.bus_bw > prof.inter.bus_bw  # so the three cases differ
+    # one node's group is priced from its Span either way; the link it reports must say so as well
+    assert "[links.intra]" in profile_model(prof, 8, "one node", members=8).source
+    assert "[links.inter], 2 nodes" in profile_model(prof, 16, "two nodes", members=16).source
 
 
 def test_shipped_profiles_load_with_sources() -> None:
