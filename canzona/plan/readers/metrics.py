@@ -116,9 +116,10 @@ def _dp_elements(plan: Plan, local: dict[str, int]) -> tuple[list[int], list[lis
     sc = plan.dp.strategy == "sc"
     for b, S in zip(plan.dp.buckets, sizes, strict=True):
         ranks = plan.layout.group_ranks(b.ep_rank)
+        ring = round(2 * (len(ranks) - 1) * S / len(ranks))  # a ring all-reduce's volume, each way
         for d in ranks:
-            g_s[d] += round(2 * (len(ranks) - 1) * S / len(ranks))
-            g_r[d] += round(2 * (len(ranks) - 1) * S / len(ranks))
+            g_s[d] += ring
+            g_r[d] += ring
             if sc:
                 slice_elems[d] += S
     for it in () if sc else plan.items:
