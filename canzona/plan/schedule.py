@@ -423,25 +423,41 @@ def lower(
     )
 
 
+def matrix_buckets(plan: Plan, ep_rank: int | None = None) -> list[tuple[Bucket, tuple[int, ...], int]]:
+    """(bucket, its DP cuts, its group's size) of every matrix bucket a rank of EP rank ``ep_rank``
+    holds, in plan order: the dense buckets over all of DP, that EP rank's expert buckets over its
+    expert-DP group; no cuts where the plan reduces buckets whole."""
+    lay = plan.layout
+    reduce_scatter = plan.dp.grad_sync == "reduce-scatter"
+    return [
+        (b, tuple(plan.dp.cuts[i]) if reduce_scatter else (), len(lay.group_ranks(b.ep_rank)))
+        for i, b in enumerate(plan.dp.buckets)
+        if b.ep_rank in (None, ep_rank)
+    ]
+
+
+def bucket_dp_calls(
+    b: Bucket, cuts: tuple[int, ...], group: int, settings: LowerSettings, ep: int
+) -> tuple[list[CommOp], list[CommOp]]:
+    """(gradient reduction, parameter gather) calls of one matrix bucket over its group of ``group``
+    ranks, in the mode ``layout_with_cuts`` chooses for ``cuts``."""
+    layout = layout_with_cuts("matrix", b, cuts, group, settings, ep)
+    uneven = settings.model.uneven_rooted
+    return (
+        _dp_calls(layout, "grad_sync", group, settings.grad_bytes, uneven),
+        _dp_calls(layout, "param_sync", group, settings.param_bytes, uneven),
+    )
+
+
 def matrix_dp_calls(plan: Plan, settings: LowerSettings, ep_rank: int | None = None) -> list[tuple[int, CommOp]]:
     """The DP collectives of the plan's matrix buckets (gradient reduction and parameter gather) as
     every rank of the stage issues them, each with the size of its group: what choosing between
     plans of one stage needs to compare (the AdamW buffer, the norm and the TP calls do not depend
     on the DP cuts). Under EP > 1: the dense buckets over all of DP and EP rank ``ep_rank``'s expert
-    buckets over its expert-DP group."""
-    lay = plan.layout
-    reduce_scatter = plan.dp.grad_sync == "reduce-scatter"
-    matrix = []
-    for i, b in enumerate(plan.dp.buckets):
-        if b.ep_rank not in (None, ep_rank):
-            continue
-        g = len(lay.group_ranks(b.ep_rank))
-        cuts = plan.dp.cuts[i] if reduce_scatter else ()
-        matrix.append((g, layout_with_cuts("matrix", b, cuts, g, settings, lay.ep)))
-    uneven = settings.model.uneven_rooted
-    ops = [(g, op) for g, b in matrix for op in _dp_calls(b, "grad_sync", g, settings.grad_bytes, uneven)]
-    return ops + [
-        (g, op) for g, b in reversed(matrix) for op in _dp_calls(b, "param_sync", g, settings.param_bytes, uneven)
+    buckets over its expert-DP group (``matrix_buckets``). Gathers run last bucket first."""
+    calls = [(g, bucket_dp_calls(b, c, g, settings, plan.layout.ep)) for b, c, g in matrix_buckets(plan, ep_rank)]
+    return [(g, op) for g, (grad, _) in calls for op in grad] + [
+        (g, op) for g, (_, param) in reversed(calls) for op in param
     ]
 
 

@@ -19,11 +19,13 @@ the model leaves them out; with every collective exposed (the runtime's step) bo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
+from canzona.plan.comm import CommModel
 from canzona.plan.coop import CoopSettings
 from canzona.plan.dp.problem import forced_mean, pigeonhole_bound
-from canzona.plan.schedule import LowerSettings, matrix_dp_calls
-from canzona.plan.types import Plan
+from canzona.plan.schedule import LowerSettings, bucket_dp_calls, matrix_buckets
+from canzona.plan.types import Bucket, Plan
 
 
 def matrix_shares(plan: Plan) -> dict[str, list[tuple[int, float]]]:
@@ -115,15 +117,32 @@ class StepPrice:
 
 
 def dp_comm_seconds(plan: Plan, coop: CoopSettings) -> float:
-    """The α–β time of the matrix buckets' DP collectives (see the module docstring)."""
+    """The α–β time of the matrix buckets' DP collectives (see the module docstring), summed in
+    ``schedule.matrix_dp_calls``'s order: every reduction, then the gathers last bucket first."""
     if plan.layout.dp == 1:
         return 0.0
-    settings = LowerSettings(model=coop.dp)
-    comm = max(  # under EP the busiest rank's: the dense buckets and the costliest EP rank's expert buckets
-        sum(coop.dp.issued_us(op.kind, g, op.nbytes, op.parts) for g, op in matrix_dp_calls(plan, settings, e))
-        for e in ([None] if plan.layout.ep == 1 else range(plan.layout.ep))
+    ep = plan.layout.ep
+
+    def issued(e: int | None) -> float:
+        priced = [_bucket_us(b, c, g, coop.dp, ep) for b, c, g in matrix_buckets(plan, e)]
+        return sum([*(u for grad, _ in priced for u in grad), *(u for _, param in reversed(priced) for u in param)])
+
+    # under EP the busiest rank's: the dense buckets and the costliest EP rank's expert buckets
+    return max(issued(e) for e in ([None] if ep == 1 else range(ep))) * 1e-6
+
+
+@lru_cache(maxsize=1 << 16)
+def _bucket_us(
+    b: Bucket, cuts: tuple[int, ...], group: int, model: CommModel, ep: int
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Microseconds of each of one bucket's (reduction, gather) calls as issued. Memoised: a pure
+    function of its arguments, and a stage's candidates share most of their buckets and cuts (the
+    2000-matrix exact-layout plan of tests/test_plan_padded.py prices 573 candidates, each of
+    every bucket: the layout, the mode choice and the calls were most of its planner time)."""
+    grad, param = bucket_dp_calls(b, cuts, group, LowerSettings(model=model), ep)
+    return tuple(model.issued_us(op.kind, group, op.nbytes, op.parts) for op in grad), tuple(
+        model.issued_us(op.kind, group, op.nbytes, op.parts) for op in param
     )
-    return comm * 1e-6
 
 
 def step_price(plan: Plan, coop: CoopSettings) -> StepPrice:
