@@ -12,7 +12,12 @@ STAMP := $(VENV)/.canzona-installed
 # Both environments install this tree in editable mode, which writes canzona.egg-info here: one at a
 # time when reproduce-table2 builds them side by side.
 EDITABLE_LOCK := .canzona-editable.lock
-PYTEST_ARGS ?= -n 2 -q
+# -n 2: one worker per core; worksteal: a worker that ran out of tests takes half of the other's
+# queue, so the suite does not end on one worker's tail of multi-rank tests; --durations=25 prints
+# the slowest tests, where a change that slowed the suite shows first.
+PYTEST_ARGS ?= -n 2 -q --dist worksteal --durations=25
+# make test's wall-time budget on the 2-core machine, lint included (issue #47; docs/CONTRIBUTING.md)
+TEST_BUDGET_S ?= 600
 
 .PHONY: help install lint test test-fast test-hypothesis test-slurm slurm-up slurm-down mutants reproduce-table2 table2 notebook planner-bench bench-step bench-ns soak clean-venv megatron-peer-env gpu-check gpu-wheels
 
@@ -58,8 +63,14 @@ lint: $(STAMP)
 	$(VPY) -m ruff format --check .
 	$(VPY) -m mypy
 
-test: lint
-	$(VPY) -m pytest $(PYTEST_ARGS)
+# Lint and the suite, timed together against TEST_BUDGET_S: the last line says how long it took
+# (printed, never a failure: a slow machine is not a broken commit; CI reads the line).
+test: $(STAMP)
+	@t0=$$(date +%s); rc=0; \
+	$(MAKE) --no-print-directory lint && $(VPY) -m pytest $(PYTEST_ARGS) || rc=$$?; \
+	t=$$(( $$(date +%s) - t0 )); \
+	echo "suite budget: make test took $$t s (lint included) of its $(TEST_BUDGET_S) s$$([ $$t -le $(TEST_BUDGET_S) ] || echo ': OVER BUDGET, see docs/CONTRIBUTING.md')"; \
+	exit $$rc
 
 # The inner loop: every test that starts no process and needs no megatron (markers in
 # tests/conftest.py), no lint. `make test` stays the full suite.
@@ -83,8 +94,10 @@ slurm-up:
 slurm-down:
 	tools/slurm-local/down.sh
 
+# SLURM_MARK='slurm and accounting': only the tests whose verdicts read accounting (.ci/run's second mode).
+SLURM_MARK ?= slurm
 test-slurm: $(STAMP)
-	$(VPY) -m pytest tests/slurm -m slurm -n 0 -q -ra --durations=0 $(SLURM_TEST_ARGS)
+	$(VPY) -m pytest tests/slurm -m "$(SLURM_MARK)" -n 0 -q -ra --durations=0 $(SLURM_TEST_ARGS)
 
 # The mutation check (tools/mutants.py, the list in tools/mutants.toml): every mutant in its own copy
 # of the tree, its listed tests run there; minutes long, so not part of `make test`.

@@ -3,8 +3,13 @@ n2 on this host, with or without slurmdbd): what a cluster user does, with real 
 scancel, scontrol and torchrun per node, on qwen3-micro with 2 nodes x 2 gloo ranks (and, in the
 shipped sweep, one expert-parallel cell of qwen3-moe-micro at DP 4 EP 2 in a second allocation).
 
-Each test names the defect of issue #24 it pins. They run in .ci/run after `make test`, once
-without accounting and once with slurmdbd (``-m slurm``; `make test` leaves them out).
+Each test names the defect of issue #24 it pins. They run in .ci/run after `make test` (``-m
+slurm``; `make test` leaves them out): every test without accounting, the tests marked
+``accounting`` once more with slurmdbd. Those are the ones whose verdicts read job states that
+accounting answers when it is there (``sweep.slurm_state.sacct_states``: sacct first, the
+controller for the rest): --wait through a requeue, and a rerun after scancel. The other two read
+no job state from accounting (step exit files and node logs; a refusal before submission), so a
+second run of them with slurmdbd would test nothing new (issue #47: it cost 138 s of CI).
 """
 
 from __future__ import annotations
@@ -170,6 +175,7 @@ def cell_dir(paths: SweepPaths, job: str, cell) -> Path:
     return paths.logs / job / cell.slug
 
 
+@pytest.mark.accounting
 def test_sweep_end_to_end_with_a_requeue_then_table2_rows(cluster, tmp_path, cancel_after):
     """The shipped CPU sweep: preflight job -> one allocation with three srun steps, then the EP
     cell's allocation -> lines -> collect -> `make table2`'s collection and table. The allocation is requeued (scontrol
@@ -242,6 +248,7 @@ def test_failures_are_named_and_the_allocation_moves_on(cluster, tmp_path, cance
     no_orphans(tmp_path)
 
 
+@pytest.mark.accounting
 def test_scancel_mid_cell_then_rerun_without_force(cluster, tmp_path, cancel_after):
     """scancel while the first cell runs: no process of it survives; status says the cell was
     interrupted (defect 6) and the next one not reached; a plain rerun resubmits both (no
