@@ -15,13 +15,22 @@ the FSDP dimension. torchtitan 0.3.0 applies TP to its own Qwen3 through ``model
 ``ParallelDims`` its trainer builds, which this bench does not. muon-fsdp2 0.3.0 refuses a 2-D mesh at
 its first step (``TpFsdp2dWork``: "not implemented"); the refusal is recorded as DistMuon's is.
 
+Newton–Schulz runs, for every method and peer, in the format the ranks' device multiplies natively
+(``canzona.optim.precision.native_bf16_matmul``): bf16 on GPUs and on CPUs with AVX512-BF16 / AMX,
+fp32 elsewhere, where torch emulates bf16 matmuls 60-100x slower (on a 2-core AMD EPYC without
+AVX-512 the bf16 run of ``make bench-fsdp2`` passed 10 minutes with no output; the CPU-native run is
+the one that measures the methods, not the emulation). The JSON and the text say which ran.
+
 Peers: muon-fsdp2 (``muon_fsdp2.Muon``: one gather to the owner and one scatter back per matrix,
-owners round-robin by index), set to Canzona's update (the Moonlight scale, bf16 Newton–Schulz, the
-same AdamW), so the loss curves agree to bf16 rounding. torchtitan's DistMuon is tried and, where
-it refuses, the exception is recorded word for word with the file, line and function that raised
-it. torchtitan 0.3.0 refuses CPU in ``DistMuon._validate_parameter_storage`` (every parameter's
-local tensor must sit on one device of type "cuda"; no constructor option changes that), and past
-that check its redistribution runtime (``_CommunicationContext.create``) would build a side stream
+owners round-robin by index), set to Canzona's update (the Moonlight scale, the same Newton–Schulz
+format, the same AdamW), so the loss curves agree to that format's rounding. muon-fsdp2 0.3.0 casts
+to bf16 inside ``zeropower_via_newtonschulz5``; where fp32 is native the bench gives it the same
+function in fp32 (its cast made fp32, its own compiled ``nsloop_torch`` and coefficients kept).
+torchtitan's DistMuon is tried and, where it refuses, the exception is recorded word for word with
+the file, line and function that raised it. torchtitan 0.3.0 refuses CPU in
+``DistMuon._validate_parameter_storage`` (every parameter's local tensor must sit on one device of
+type "cuda"; no constructor option changes that), and past that check its redistribution runtime
+(``_CommunicationContext.create``) would build a side stream
 ``torch.get_device_module(device).Stream(device=device, priority=0)`` and events to overlap its
 packed all_to_all_single with Newton–Schulz: ``torch.cpu.Stream`` takes neither argument. gloo
 itself is no obstacle (it has all_to_all_single).
@@ -51,6 +60,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, Ro
 from canzona.argtypes import int_in, output_file, positive_int
 from canzona.errors import ConfigError
 from canzona.models import get_model, get_transformer
+from canzona.optim.precision import native_bf16_matmul
 from canzona.plan.types import PlanConfig
 from canzona.results.env import environment, git_commit
 from canzona.results.schema import write_atomic
@@ -270,11 +280,15 @@ def _build(
     mats = [p for n, p in named if default_route(n, tuple(p.shape)) == "matrix"]
     rest = [p for n, p in named if default_route(n, tuple(p.shape)) != "matrix"]
     if method in OURS:
-        muon = optimizer_config("muon", lr=LR, compute_dtype="bf16")  # bf16 Newton–Schulz, as both peers
+        muon = optimizer_config("muon", lr=LR, compute_dtype=args.ns_dtype)  # the peers' format (run())
         cfg = DistConfig(optimizer=muon, adamw=ADAMW, plan=PlanConfig(strategy=method))
         return net, FSDP2Optimizer(net, cfg), loss
     if method == "muon-fsdp2":
+        import muon_fsdp2
         from muon_fsdp2 import Muon
+
+        if args.ns_dtype == "fp32":
+            muon_fsdp2.zeropower_via_newtonschulz5 = _muon_fsdp2_zeropower_fp32
 
         # rms_scale: Moonlight's 0.2·sqrt(max(m, n)), Canzona's Muon scale; its Nesterov EMA momentum is
         # Canzona's up to a factor Newton–Schulz normalises away
@@ -297,6 +311,19 @@ def _build(
     return net, _WithAdamW(opt, rest), loss
 
 
+def _muon_fsdp2_zeropower_fp32(G: torch.Tensor, steps: int) -> torch.Tensor:
+    """muon-fsdp2 0.3.0's ``zeropower_via_newtonschulz5`` with its cast to bf16 made fp32: the same
+    orientation, norm, coefficients and compiled loop (``muon_fsdp2.nsloop_torch``), on a device
+    where fp32 is the native format (the module docstring)."""
+    import muon_fsdp2
+
+    tall = G.size(-2) > G.size(-1)
+    X = G.float().mT if tall else G.float()
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)
+    X = muon_fsdp2.nsloop_torch(X, steps)
+    return X.mT if tall else X
+
+
 def _refusal(e: BaseException) -> str:
     """The exception word for word, and the frame that raised it (file from its package, line, function)."""
     frame = traceback.extract_tb(e.__traceback__)[-1]
@@ -317,6 +344,7 @@ def _rank(info: Any, methods: list[str], args: argparse.Namespace) -> dict[str, 
     times: dict[str, list[float]] = {m: [] for m in runs}
     losses: dict[str, list[float]] = {m: [] for m in runs}
     calls: dict[str, list[tuple[str, int]]] = {}
+    started = time.perf_counter()
     for step in range(args.steps):
         g = torch.Generator().manual_seed(1000 * step + info.rank // args.tp)  # one batch per DP rank
         tokens = torch.randint(0, get_transformer(args.model).vocab, (BATCH, args.seq + 1), generator=g)
@@ -341,6 +369,8 @@ def _rank(info: Any, methods: list[str], args: argparse.Namespace) -> dict[str, 
             total = loss.detach().clone()
             dist.all_reduce(total)
             losses[m].append(total.item())
+        if info.rank == 0:
+            _progress(step + 1, args.steps, {m: t[-1] for m, t in times.items() if t}, time.perf_counter() - started)
     med = torch.tensor(
         [statistics.median(times[m][args.warmup :]) for m in runs], dtype=torch.float64, device=info.device
     )
@@ -353,6 +383,14 @@ def _rank(info: Any, methods: list[str], args: argparse.Namespace) -> dict[str, 
         "loss": losses,
         "refused": refused,
     }
+
+
+def _progress(done: int, steps: int, last_ms: dict[str, float], elapsed_s: float) -> None:
+    """One line per step as it ends (rank 0): each method's step time and what is left, so a long run
+    is never silent (the methods are stepped side by side, so they end together)."""
+    left = elapsed_s / done * (steps - done)
+    each = ", ".join(f"{m} {ms:.1f}" for m, ms in last_ms.items())
+    print(f"step {done}/{steps} ({each} ms): about {left:.0f} s left", flush=True)
 
 
 def _synchronize(device: torch.device) -> None:
@@ -389,6 +427,8 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.backend == "nccl" and not cuda_visible():
         raise ConfigError("--backend nccl needs a CUDA device per rank and this machine has none; use --backend gloo")
+    args.ns_dtype = "bf16" if native_bf16_matmul("cuda" if args.backend == "nccl" else "cpu") else "fp32"
+    print(f"Newton–Schulz in {args.ns_dtype} for every method and peer (this device's native format)", flush=True)
     t0 = time.time()
     per_rank = launch(_rank, args.nproc, methods, args, backend=args.backend, timeout_s=600)
     r0 = per_rank[0]
@@ -415,6 +455,8 @@ def run(args: argparse.Namespace) -> int:
         },
         "steps": args.steps,
         "warmup": args.warmup,
+        "ns_dtype": args.ns_dtype,
+        "ns_dtype_why": "the format this device multiplies natively, for every method and peer",
         "methods": rows,
         "not_run": r0["refused"],
         "versions": {
