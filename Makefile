@@ -150,8 +150,8 @@ NS_OUT ?= results/bench_ns/cpu_fp32.json
 # drift shows here; tests/test_soak.py runs a short version in the suite).
 SOAK_STEPS ?= 2000
 soak: $(STAMP)
-	$(VPY) -m canzona.runtime.front.soak --engine megatron --nproc 4 --steps $(SOAK_STEPS) --out results/soak/megatron_qwen3-micro_4gloo.json
-	$(VPY) -m canzona.runtime.front.soak --engine fsdp2 --nproc 4 --steps $(SOAK_STEPS) --out results/soak/fsdp2_qwen3-micro_4gloo.json
+	$(VPY) -m canzona.commands.soak --engine megatron --nproc 4 --steps $(SOAK_STEPS) --out results/soak/megatron_qwen3-micro_4gloo.json
+	$(VPY) -m canzona.commands.soak --engine fsdp2 --nproc 4 --steps $(SOAK_STEPS) --out results/soak/fsdp2_qwen3-micro_4gloo.json
 
 bench-ns: $(STAMP)
 	$(NS_PY) -m canzona bench-ns --shapes $(NS_SHAPES) --methods standard,gram,auto,torch,emerging --dtype fp32 --threads 1 --repeats 7 --out $(NS_OUT)

@@ -1,3 +1,3 @@
-from canzona.cli import main
+from canzona.commands.cli import main
 
 raise SystemExit(main())

@@ -1,7 +1,7 @@
 """argparse types every command shares, so a bad value fails at parse time with one line naming it.
 
 Each function takes the flag's text and returns the value, or raises ``argparse.ArgumentTypeError``
-with the fix; ``canzona.cli`` prints that as one line and exits 2. Numbers are finite and in range
+with the fix; ``canzona.commands.cli`` prints that as one line and exits 2. Numbers are finite and in range
 (``1e400`` and ``nan`` are refused, not overflowed), input files must exist, be files of the
 expected kind and decode as UTF-8, and output paths must be writable where they point.
 """

@@ -1,7 +1,7 @@
 """A torchtitan job that trains with Canzona: torchtitan's Qwen3 (qwen3-micro's dimensions), its
 tokenizer and text dataloader on the small files in examples/torchtitan_assets, its LR schedule and
 its CheckpointManager, with CanzonaOptimizers (Muon on the block matrices, AdamW on the rest) as the
-optimizer (canzona.runtime.fsdp2.torchtitan_trainer).
+optimizer (canzona.harness.torchtitan_trainer).
 
 torchtitan 0.3.0 reads no TOML: a job is a function returning ``Trainer.Config`` in a module named by
 ``--module`` and ``--config`` (torchtitan/config/manager.py), each field overridable on the command
@@ -10,7 +10,7 @@ line. This module is that job file:
     # on GPU nodes, torchtitan's own trainer (from this repository's root, so `examples` imports):
     torchrun --nproc-per-node 8 -m torchtitan.train --module examples.torchtitan_canzona \\
         --config canzona_qwen3_micro --optimizer.lr 0.01
-    # on CPU gloo ranks: torchtitan's trainer machinery (canzona.runtime.fsdp2.torchtitan_cpu says
+    # on CPU gloo ranks: torchtitan's trainer machinery (canzona.harness.torchtitan_cpu says
     # which torchtitan calls refuse a CPU-only torch, and what runs instead)
     python examples/torchtitan_canzona.py --nproc 2 --steps 4 --optimizer.name soap --optimizer.lr 3e-3
 
@@ -36,9 +36,9 @@ from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.trainer import Trainer
 
 from canzona.errors import ConfigError
+from canzona.harness.torchtitan_qwen3 import qwen3_config
+from canzona.harness.torchtitan_trainer import CanzonaOptimizers
 from canzona.models import get_transformer
-from canzona.runtime.fsdp2.torchtitan_qwen3 import qwen3_config
-from canzona.runtime.fsdp2.torchtitan_trainer import CanzonaOptimizers
 from canzona.runtime.launch import launch
 
 ASSETS = Path(__file__).resolve().parent / "torchtitan_assets"
@@ -72,8 +72,8 @@ def canzona_qwen3_micro() -> Trainer.Config:
 
 def run(info: Any, overrides: list[str]) -> dict[str, Any]:
     """One gloo rank: the job through torchtitan's config manager and builders
-    (canzona.runtime.fsdp2.torchtitan_cpu); the per-step global loss and the final weights."""
-    from canzona.runtime.fsdp2.torchtitan_cpu import CpuTrainer, parse
+    (canzona.harness.torchtitan_cpu); the per-step global loss and the final weights."""
+    from canzona.harness.torchtitan_cpu import CpuTrainer, parse
 
     trainer = CpuTrainer(parse("examples.torchtitan_canzona", "canzona_qwen3_micro", *overrides), info.world, info.rank)
     losses = trainer.train()
@@ -83,7 +83,7 @@ def run(info: Any, overrides: list[str]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     """Any other argument is a torchtitan override (``--optimizer.name soap``); the job is parsed
     and Canzona's part of it checked here, so bad input stops before a rank starts (exit 2)."""
-    from canzona.runtime.fsdp2.torchtitan_cpu import parse
+    from canzona.harness.torchtitan_cpu import parse
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nproc", type=int, default=2)

@@ -1,6 +1,6 @@
 """Canzona in torchtitan: torchtitan's own Qwen3 model (at qwen3-micro's dimensions) sharded by
 torchtitan's own FSDP2 wrapper (``apply_fsdp_to_decoder``), trained with FSDP2Optimizer in place of
-torchtitan's optimizers (canzona.runtime.fsdp2.torchtitan_qwen3 builds the model and says what
+torchtitan's optimizers (canzona.harness.torchtitan_qwen3 builds the model and says what
 differs from torchtitan's defaults on CPU).
 
     make install        # the torchtitan extra, and torchtitan==0.3.0 with --no-deps
@@ -17,11 +17,11 @@ from typing import Any
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 
+from canzona.harness.torchtitan_qwen3 import apply_fsdp, loss, qwen3
 from canzona.models import get_transformer
 from canzona.plan import PlanConfig
 from canzona.runtime import DistConfig, optimizer_config
 from canzona.runtime.fsdp2 import FSDP2Optimizer
-from canzona.runtime.fsdp2.torchtitan_qwen3 import apply_fsdp, loss, qwen3
 from canzona.runtime.launch import launch
 
 MODEL, SEQ, BATCH = get_transformer("qwen3-micro"), 16, 2

@@ -523,7 +523,7 @@ def banner(step: Step) -> None:
 
 
 def slurm_mode(args: argparse.Namespace) -> int:
-    from canzona.sweep.cli import report_waited
+    from canzona.commands.sweep import report_waited
     from canzona.sweep.definition import load_sweep
     from canzona.sweep.profile import load_profile
     from canzona.sweep.slurm import describe, submit_slurm, wait_for

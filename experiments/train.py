@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from canzona.harness.cli import main
+from canzona.commands.train import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

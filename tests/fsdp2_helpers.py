@@ -16,11 +16,11 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 
+from canzona.commands.bench_fsdp2 import replicate_over_tp
 from canzona.optim.adamw import AdamWConfig, make_adamw
 from canzona.optim.base import apply_update
 from canzona.plan.types import PlanConfig
 from canzona.runtime import DistConfig, optimizer_config
-from canzona.runtime.front.bench_fsdp2 import replicate_over_tp
 from canzona.runtime.fsdp2 import FSDP2Optimizer, checkpoint
 from canzona.runtime.fsdp2.layout import default_route
 from tests.runtime_helpers import OPTIONS as RUNTIME_OPTIONS
@@ -81,7 +81,7 @@ def require_torchtitan() -> None:
     """Skip, naming the missing module, unless torchtitan's Qwen3 imports (torchtitan, triton,
     spmd_types, tyro: ``make install`` puts the torchtitan extra and torchtitan==0.3.0 in)."""
     try:
-        import canzona.runtime.fsdp2.torchtitan_qwen3  # noqa: F401
+        import canzona.harness.torchtitan_qwen3  # noqa: F401
     except ImportError as e:
         pytest.skip(f"{e.name} is not installed: torchtitan's Qwen3 needs the torchtitan extra (make install)")
 

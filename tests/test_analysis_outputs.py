@@ -82,11 +82,11 @@ def _table2_cli(argv: list[str]) -> int:
     """Run the `canzona table2` module as the CLI would (its own parser, no other commands imported)."""
     import argparse
 
-    from canzona.analysis import cli
+    from canzona.commands import table2
 
     p = argparse.ArgumentParser()
-    cli.configure(p)
-    return cli.run(p.parse_args(argv))
+    table2.configure(p)
+    return table2.run(p.parse_args(argv))
 
 
 def test_table2_reads_only_what_it_is_given(tmp_path: Path) -> None:

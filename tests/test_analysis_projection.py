@@ -514,8 +514,8 @@ def test_scenario_fields_are_the_specs_leaves() -> None:
     import dataclasses
     import typing
 
-    from canzona.analysis.cli_project import KNOBS
     from canzona.analysis.projection import scenario as sc
+    from canzona.commands.project import KNOBS
     from canzona.spec.run import leaves
 
     hints = typing.get_type_hints(sc.Scenario)

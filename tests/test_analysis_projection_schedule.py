@@ -188,7 +188,7 @@ def test_modes_follow_the_profile() -> None:
 
 
 def test_scenario_knobs_and_cli(capsys) -> None:
-    from canzona.cli import main
+    from canzona.commands.cli import main
 
     with pytest.raises(ConfigError, match="Newton–Schulz method"):
         Scenario("qwen3-micro", Layout(2, 1, 1), "canzona", ns_method="fast")

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from canzona.cli import main
+from canzona.commands.cli import main
 from canzona.hardware import load_profile
 
 

@@ -1,7 +1,8 @@
 """The architecture rules of README "Layout of the repository" and docs/architecture.md, checked on the
 source: each layer imports only the layers before it, at module level and inside functions alike; no
 import circle between modules (imports under ``if TYPE_CHECKING:`` aside, as they never run); the
-README lists the layers in this order; no module over 500 lines, no function over 80 lines unless its
+README lists the layers in this order; no library module imports a command (``canzona.commands``,
+the top layer); no module over 500 lines, no function over 80 lines unless its
 docstring says why ("Over 80 lines: ...")."""
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "canzona"
-# Base utilities first (errors; argtypes; the CLI table, which imports subcommands by name only),
-# then the layers in the order the README lists them. "front" is every `front/` folder of the
-# library layers (their commands, benches, reports and plots): it comes after results, so the
-# library layers never import results, and before the application layers that use it. "spec" (the
-# run description) derives the runtime's config and the record's, so it follows runtime and results.
-BASE = ("errors", "argtypes", "cli")
-LAYERS = ("hardware", "models", "cost", "optim", "plan", "runtime", "results", "spec", "front", "harness", "sweep")
-LAYERS += ("analysis",)
+# Base utilities first (errors; argtypes), then the layers in the order the README lists them.
+# "spec" (the run description) derives the runtime's config and the record's, so it follows runtime
+# and results. "commands" is every command (the CLI table, which imports its commands by name only,
+# and each command's module, benches, reports and plots): the top layer, so no library package
+# imports a command (test_no_library_module_imports_a_command).
+BASE = ("errors", "argtypes")
+LAYERS = ("hardware", "models", "cost", "optim", "plan", "runtime", "results", "spec", "harness", "sweep")
+LAYERS += ("analysis", "commands")
 ORDER = (*BASE, *LAYERS, "__main__")
 FILES = sorted(p for p in PKG.rglob("*.py"))
 
@@ -33,7 +34,7 @@ def _module(path: Path) -> str:
 
 def _layer(module: str) -> str:
     parts = module.split(".")[1:]
-    return "front" if "front" in parts else (parts[0] if parts else "__init__")
+    return parts[0] if parts else "__init__"
 
 
 MODULES = {_module(p): p for p in FILES}
@@ -83,19 +84,34 @@ def test_imports_only_earlier_layers(path: Path) -> None:
     assert not upward, f"{module} ({_layer(module)}) imports later layers {upward}"
 
 
+def test_no_library_module_imports_a_command() -> None:
+    """The commands are the top layer: no module outside ``canzona.commands`` imports one, at module
+    or function level, under ``if TYPE_CHECKING:`` too; the package's own ``__init__`` (which the
+    layer test skips) included. Only ``canzona/__main__.py`` (``python -m canzona``) starts the CLI."""
+    bad = {
+        m: sorted(i for i in _imports(ast.parse(p.read_text())) if _layer(i) == "commands")
+        for m, p in MODULES.items()
+        if _layer(m) not in ("commands", "__main__")
+    }
+    assert {m: r for m, r in bad.items() if r} == {}
+    assert ORDER.index("commands") > max(ORDER.index(layer) for layer in LAYERS if layer != "commands")
+    src = "def f():\n    from canzona.commands.plan_report import md_table\n"
+    assert _upward("canzona.analysis.report", ast.parse(src)) == ["canzona.commands.plan_report"]
+
+
 def test_a_function_level_upward_import_is_caught() -> None:
     """The walk sees imports inside functions and classes too (the ones that hide circles)."""
     src = "import torch\n\ndef f():\n    if True:\n        from canzona.results.schema import write_atomic\n"
     assert _upward("canzona.plan.build", ast.parse(src)) == ["canzona.results.schema"]
-    assert _upward("canzona.plan.front.cli", ast.parse(src)) == []
-    assert _layer("canzona.plan.readers.metrics") == "plan" and _layer("canzona.runtime.front.bench") == "front"
+    assert _upward("canzona.commands.plan", ast.parse(src)) == []
+    assert _layer("canzona.plan.readers.metrics") == "plan" and _layer("canzona.commands.bench_step") == "commands"
 
 
 def _deciding(module: str) -> bool:
-    """A module that decides a plan: under ``canzona.plan`` but not its readers, its front folders
-    or the package ``__init__`` (which re-exports readers for callers)."""
+    """A module that decides a plan: under ``canzona.plan`` but not its readers or the package
+    ``__init__`` (which re-exports readers for callers)."""
     parts = module.split(".")
-    return parts[:2] == ["canzona", "plan"] and len(parts) > 2 and parts[2] not in ("readers", "front")
+    return parts[:2] == ["canzona", "plan"] and len(parts) > 2 and parts[2] != "readers"
 
 
 def test_no_deciding_module_imports_the_readers() -> None:
@@ -108,7 +124,7 @@ def test_no_deciding_module_imports_the_readers() -> None:
     }
     assert {m: r for m, r in bad.items() if r} == {}
     assert _deciding("canzona.plan.build") and _deciding("canzona.plan.dp.padded")
-    assert not any(map(_deciding, ("canzona.plan", "canzona.plan.readers.metrics", "canzona.plan.front.report")))
+    assert not any(map(_deciding, ("canzona.plan", "canzona.plan.readers.metrics", "canzona.commands.plan_report")))
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -159,7 +175,7 @@ def test_cycle_finder_finds_a_circle() -> None:
 def test_readme_lists_the_layers_in_this_order() -> None:
     block = (ROOT / "README.md").read_text().split("## Layout of the repository", 1)[1].split("```")[1]
     listed = [m.group(1) for line in block.splitlines() if (m := re.match(r"canzona/(\S+)", line))]
-    names = ["front" if x == "*/front" else x.removesuffix(".py") for x in listed]
+    names = [x.removesuffix(".py") for x in listed]
     assert names == list(LAYERS), f"README lists {names}, the layer order is {list(LAYERS)}"
 
 

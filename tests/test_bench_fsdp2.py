@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from canzona.cli import main
+from canzona.commands.cli import main
 from canzona.optim.precision import native_bf16_matmul
 from tests.fsdp2_helpers import require_torchtitan
 
@@ -56,12 +56,12 @@ def test_bench_fsdp2_names_the_missing_torchtitan(monkeypatch: pytest.MonkeyPatc
     """Without torchtitan, --model-impl torchtitan is a one-line error naming the fix, before any rank."""
     import sys
 
-    import canzona.runtime.fsdp2
+    import canzona.harness
 
     for name in [n for n in sys.modules if n == "torchtitan" or n.startswith("torchtitan.")] or ["torchtitan"]:
         monkeypatch.setitem(sys.modules, name, None)  # import torchtitan(.*) -> ImportError
-    monkeypatch.delitem(sys.modules, "canzona.runtime.fsdp2.torchtitan_qwen3", raising=False)
-    monkeypatch.delattr(canzona.runtime.fsdp2, "torchtitan_qwen3", raising=False)
+    monkeypatch.delitem(sys.modules, "canzona.harness.torchtitan_qwen3", raising=False)
+    monkeypatch.delattr(canzona.harness, "torchtitan_qwen3", raising=False)
     assert main(["bench-fsdp2", "--model-impl", "torchtitan"]) == 2
     err = capsys.readouterr().err
     assert "torchtitan" in err and "make install" in err and "--model-impl local" in err
@@ -82,7 +82,7 @@ def test_a_matrix_only_peer_is_paired_with_the_shared_adamw() -> None:
     rest beside it, and zeroes both, so its loss curve is comparable."""
     import torch
 
-    from canzona.runtime.front.bench_fsdp2 import ADAMW, _WithAdamW
+    from canzona.commands.bench_fsdp2 import ADAMW, _WithAdamW
 
     w, b = torch.nn.Parameter(torch.ones(2, 2)), torch.nn.Parameter(torch.ones(2))
     pair = _WithAdamW(torch.optim.SGD([w], lr=0.5), [b])

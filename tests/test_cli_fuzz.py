@@ -20,7 +20,7 @@ import tomllib
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from canzona.cli import COMMANDS, build_parser, main
+from canzona.commands.cli import COMMANDS, build_parser, main
 from tests.hypothesis_profiles import examples
 
 BAD_NUMBERS = ("0", "-1", "1e400", "nan", "inf", "abc", "1.5e", "")

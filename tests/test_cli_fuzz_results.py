@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from canzona.cli import main
+from canzona.commands.cli import main
 from canzona.results.schema import REQUIRED_CONFIG, REQUIRED_TOP, ResultsError, validate
 from canzona.sweep.definition import load_sweep
 from tests.results_variants import REPO, Variant, variants

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from canzona.cli import main
+from canzona.commands.cli import main
 from tests.doc_command_forms import FORMS, Forms
 from tests.doc_commands import ROOT, DocCommand, doc_commands, flags
 

@@ -83,7 +83,7 @@ def test_torchtitan_qwen3_matches_single_device() -> None:
     batch by 8e-4 to 2e-2. (With bf16 Newton–Schulz, the default on a CPU with native bf16, the
     reordering alone moves the weights by 5e-3: the test pins fp32.)"""
     ex = _torchtitan_example()
-    from canzona.runtime.fsdp2.torchtitan_qwen3 import loss, qwen3
+    from canzona.harness.torchtitan_qwen3 import loss, qwen3
     from tests.fsdp2_helpers import single_device
 
     steps = 6

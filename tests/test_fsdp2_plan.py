@@ -121,7 +121,7 @@ def test_fsdp2_layout_errors_name_the_fix(kw: dict, msg: str) -> None:
 
 
 def test_cli_reports_owners_beside_round_robin_and_the_bound(capsys: pytest.CaptureFixture[str]) -> None:
-    from canzona.cli import main
+    from canzona.commands.cli import main
 
     rc = main(["plan", "--engine", "fsdp2", "--model", "qwen3-0.6b", "--dp", "16", "--shard-group", "8", "--json"])
     out = json.loads(capsys.readouterr().out)
@@ -144,7 +144,7 @@ def test_cli_reports_owners_beside_round_robin_and_the_bound(capsys: pytest.Capt
     ],
 )
 def test_cli_bad_engine_input_is_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], msg: str) -> None:
-    from canzona.cli import main
+    from canzona.commands.cli import main
 
     assert main(["plan", "--model", "qwen3-micro", *argv]) == 2
     err = capsys.readouterr().err.strip()

@@ -1,5 +1,5 @@
-"""Canzona inside torchtitan's trainer machinery (canzona.runtime.fsdp2.torchtitan_trainer, the job
-examples/torchtitan_canzona.py, the CPU assembly canzona.runtime.fsdp2.torchtitan_cpu): torchtitan's
+"""Canzona inside torchtitan's trainer machinery (canzona.harness.torchtitan_trainer, the job
+examples/torchtitan_canzona.py, the CPU assembly canzona.harness.torchtitan_cpu): torchtitan's
 config manager selects CanzonaOptimizers from the job, and a run resumed through torchtitan's
 CheckpointManager continues bit-identically to an uninterrupted one."""
 
@@ -33,8 +33,8 @@ def test_the_job_selects_canzona_through_torchtitans_config_manager() -> None:
     """torchtitan's ConfigManager (tyro underneath) keeps the job's optimizer config class, so that
     ``config.optimizer.build`` builds CanzonaOptimizers, and its CLI overrides reach Canzona's fields."""
     _example()
-    from canzona.runtime.fsdp2.torchtitan_cpu import parse
-    from canzona.runtime.fsdp2.torchtitan_trainer import CanzonaOptimizers
+    from canzona.harness.torchtitan_cpu import parse
+    from canzona.harness.torchtitan_trainer import CanzonaOptimizers
 
     config = parse(*JOB, "--optimizer.lr", "0.005", "--optimizer.strategy", "asc", "--optimizer.name", "soap")
     assert isinstance(config.optimizer, CanzonaOptimizers.Config)
@@ -44,7 +44,7 @@ def test_the_job_selects_canzona_through_torchtitans_config_manager() -> None:
 
 
 def test_torchtitans_trainer_refuses_a_cpu_only_torch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Why canzona.runtime.fsdp2.torchtitan_cpu exists: on a CPU-only torch, torchtitan 0.3.0's
+    """Why canzona.harness.torchtitan_cpu exists: on a CPU-only torch, torchtitan 0.3.0's
     ``Trainer.__init__`` stops at ``device_module.set_device`` (torch.cuda's: torchtitan falls back to
     "cuda" without an accelerator). When a torchtitan release starts here, this fails, and the CPU
     path should become ``Trainer`` itself."""
@@ -53,7 +53,7 @@ def test_torchtitans_trainer_refuses_a_cpu_only_torch(monkeypatch: pytest.Monkey
         pytest.skip("a CUDA torch: torchtitan's Trainer starts here")
     from torchtitan.trainer import Trainer
 
-    from canzona.runtime.fsdp2.torchtitan_cpu import parse
+    from canzona.harness.torchtitan_cpu import parse
 
     monkeypatch.setenv("LOCAL_RANK", "0")  # torchtitan reads its device index from the launcher's env
     with pytest.raises(AttributeError, match="_cuda_setDevice") as refused:
@@ -68,7 +68,7 @@ def test_param_groups_are_refused_with_the_fix() -> None:
     from torchtitan.components.optimizer import ParamGroupConfig
 
     from canzona.errors import ConfigError
-    from canzona.runtime.fsdp2.torchtitan_trainer import CanzonaOptimizers
+    from canzona.harness.torchtitan_trainer import CanzonaOptimizers
 
     groups = [ParamGroupConfig(pattern=".*", optimizer_name="AdamW", optimizer_kwargs={"lr": 1e-3})]
     with pytest.raises(ConfigError, match=r"leave optimizer\.param_groups empty"):
@@ -89,7 +89,8 @@ def test_bad_input_stops_before_any_rank_starts(capsys: pytest.CaptureFixture[st
 @pytest.mark.multiproc
 def test_importing_canzona_imports_no_torchtitan() -> None:
     """The integration is optional: canzona, its CLI and the FSDP2 engine load without torchtitan."""
-    code = "import sys, canzona, canzona.cli, canzona.runtime.fsdp2; print([m for m in sys.modules if 'titan' in m])"
+    code = "import sys, canzona, canzona.commands.cli, canzona.runtime.fsdp2; "
+    code += "print([m for m in sys.modules if 'titan' in m])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]", out.stdout
 

@@ -15,8 +15,8 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 from torch.distributed.tensor.placement_types import Placement, _StridedShard
 
+from canzona.commands.bench_fsdp2 import replicate_over_tp
 from canzona.errors import ConfigError
-from canzona.runtime.front.bench_fsdp2 import replicate_over_tp
 from canzona.runtime.fsdp2 import FSDP2Optimizer
 from canzona.runtime.fsdp2.tiles import matrix_tiles
 from canzona.runtime.launch import launch

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from canzona.cli import main
-from canzona.harness import gpu_check, gpu_summary, gpu_train
+from canzona.commands import gpu_check
+from canzona.commands.cli import main
+from canzona.harness import gpu_summary, gpu_train
 from canzona.harness.gpu_train import GPU_RUN, predicted_memory
 from canzona.harness.step_probe import StepProbe
 from canzona.models import get_model, list_params

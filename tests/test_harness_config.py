@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from canzona.cli import main as canzona_main
+from canzona.commands.cli import main as canzona_main
 from canzona.errors import ConfigError
 from canzona.harness.config import load_config, named_configs
 from canzona.spec import RunSpec
@@ -213,7 +213,7 @@ def test_cli_bad_config_exits_2_before_launch(no_launch, capsys, extra: list[str
 def test_cli_rejects_unknown_method_choice(no_launch, capsys) -> None:
     assert canzona_main(["train", "--model", "qwen3-micro", "--method", "fsdp"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--method" in err[0]  # argparse errors are one line too (canzona.cli.Parser)
+    assert len(err) == 1 and "--method" in err[0]  # argparse errors are one line too (canzona.commands.cli.Parser)
 
 
 @pytest.mark.megatron  # peer_megatron.available() imports megatron-core to read its version

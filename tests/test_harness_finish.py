@@ -132,7 +132,7 @@ def test_a_failing_check_keeps_the_line(tmp_path: Path, monkeypatch: pytest.Monk
     import megatron.core.models.gpt  # noqa: F401 - import before the CLI forks ranks
 
     import canzona.harness.train
-    from canzona.cli import main as canzona_main
+    from canzona.commands.cli import main as canzona_main
     from canzona.results import schema
 
     monkeypatch.setattr(canzona.harness.train, "replica_divergence", _fails)  # the forked ranks inherit it
@@ -161,7 +161,7 @@ def test_a_failing_end_of_run_gather_keeps_the_line(tmp_path: Path, monkeypatch:
     pytest.importorskip("megatron.core")
     import megatron.core.models.gpt  # noqa: F401 - import before the CLI forks ranks
 
-    from canzona.cli import main as canzona_main
+    from canzona.commands.cli import main as canzona_main
     from canzona.results import schema
 
     monkeypatch.setattr(dist, "all_gather_object", _gather_fails)  # the forked ranks inherit it

@@ -63,9 +63,9 @@ SCRIPT = textwrap.dedent(
     launch_mod.launch = start
     command = sys.argv[1:]
     if command[0] == "bench-fsdp2":
-        import canzona.runtime.front.bench_fsdp2 as bench
+        import canzona.commands.bench_fsdp2 as bench
         bench.launch = start
-    from canzona.cli import main
+    from canzona.commands.cli import main
     try:
         main(command)
     except Started:
@@ -99,7 +99,7 @@ def test_gpu_run_resolves_in_the_parent_without_cuda(monkeypatch: pytest.MonkeyP
     """Every "auto" of a GPU run resolves in the parent by rules that ask no CUDA (sm >= 8.0 from
     the profile, TE by find_spec), and the resolved spec crosses to a spawned rank by pickle."""
     import canzona.runtime.launch
-    from canzona.cli import main as canzona_main
+    from canzona.commands.cli import main as canzona_main
 
     monkeypatch.setattr("torch.cuda.device_count", lambda: 8)
     starts: list[Any] = []

@@ -23,7 +23,7 @@ import pytest
 pytest.importorskip("megatron.core")
 import megatron.core.models.gpt  # noqa: F401 - import before forking ranks
 
-from canzona.cli import main as canzona_main
+from canzona.commands.cli import main as canzona_main
 from canzona.harness.train import train
 from canzona.models.qwen3 import get_transformer, list_params
 from canzona.runtime.launch import launch

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("megatron.core")
 import megatron.core.models.gpt  # noqa: F401 - import before the CLI forks ranks
 
-from canzona.cli import main as canzona_main
+from canzona.commands.cli import main as canzona_main
 from canzona.hardware import DEFAULT_CPU
 from canzona.harness.record import checks_path
 from canzona.results import schema

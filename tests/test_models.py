@@ -299,7 +299,7 @@ def test_unknown_route_is_an_error_not_a_silent_drop() -> None:
 
 
 def test_models_cli_prints_a_file_inventory_and_its_count(tmp_path, capsys) -> None:
-    from canzona.cli import main
+    from canzona.commands.cli import main
 
     assert main(["models"]) == 0
     listing = capsys.readouterr().out

@@ -79,7 +79,7 @@ def test_train_at_tp2_builds_the_padded_vocab(tmp_path: Path) -> None:
     pytest.importorskip("megatron.core")
     import megatron.core.models.gpt  # noqa: F401 - import before the CLI forks ranks
 
-    from canzona.cli import main as canzona_main
+    from canzona.commands.cli import main as canzona_main
     from canzona.results import schema
 
     path = tmp_path / "config.json"

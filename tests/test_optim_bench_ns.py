@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from canzona.cli import main
+from canzona.commands.bench_ns import parse_shapes
+from canzona.commands.cli import main
 from canzona.cost import muon_ns_flops
-from canzona.optim.front.bench_ns import parse_shapes
 
 
 def run_cli(*argv: str) -> tuple[int, str, str]:
@@ -71,7 +71,7 @@ def test_model_preset_has_every_matrix_shape_full_and_sharded() -> None:
 def test_peak_on_cuda_is_timed_by_events_around_back_to_back_calls(monkeypatch: pytest.MonkeyPatch) -> None:
     """On CUDA the peak's samples are CUDA-event intervals around PEAK_CALLS back-to-back matmuls,
     with no host synchronisation between them (played here with a fake event on CPU)."""
-    from canzona.optim.front import bench_ns
+    from canzona.commands import bench_ns
 
     trace: list[str] = []
 
@@ -101,7 +101,7 @@ def test_newton_schulz_samples_are_back_to_back_calls_between_events(monkeypatch
     timer with a device sync around a single orthogonalisation."""
     import argparse
 
-    from canzona.optim.front import bench_ns
+    from canzona.commands import bench_ns
 
     samples: list[int] = []
     real = bench_ns.time_calls

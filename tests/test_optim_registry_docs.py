@@ -15,7 +15,7 @@ import torch
 
 import canzona.cost
 import canzona.optim.registry
-from canzona.cli import build_parser, main
+from canzona.commands.cli import build_parser, main
 from canzona.cost import CostModel, CostSettings, MatrixCost, matrix_optimizer_names, optimizer_names
 from canzona.errors import ConfigError
 from canzona.optim import Muon, make_matrix_optimizer, optimizer_entry, register_optimizer

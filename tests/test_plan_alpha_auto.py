@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import pytest
 
-from canzona.cli import main
+from canzona.commands.cli import main
 from canzona.cost import CostModel
 from canzona.errors import ConfigError
 from canzona.hardware import load_profile

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from canzona.cli import main
+from canzona.commands.cli import main
 from canzona.plan import Plan, plans_from_json
 
 KEYS = (

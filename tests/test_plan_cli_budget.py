@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from canzona.cli import main
+from canzona.commands.cli import main
 from canzona.models import get_model, list_params
 from canzona.plan import Layout, PlanConfig, plan_model
 from canzona.plan.build import adamw_buckets

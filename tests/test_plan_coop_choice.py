@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from canzona.cli import main
+from canzona.commands.bench_coop import coop_cell
+from canzona.commands.cli import main
 from canzona.cost import CostModel
 from canzona.hardware import load_profile
 from canzona.models import get_model, list_params
@@ -20,7 +21,6 @@ from canzona.plan import Layout, PlanConfig, make_plan, plan_model
 from canzona.plan.build import stage_candidates
 from canzona.plan.choice import COOP_MIN_SAVING
 from canzona.plan.coop import coop_settings, load_bound, member_cost
-from canzona.plan.front.bench_coop import coop_cell
 from canzona.plan.readers.metrics import gpu_loads
 from canzona.plan.step import step_seconds
 from canzona.plan.types import PlanItem

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from canzona.cli import main
+from canzona.commands.cli import main
 from canzona.errors import ConfigError
 from canzona.models import get_model, list_params
 from canzona.plan import Layout, PlanConfig, plan_model
@@ -158,8 +158,8 @@ def test_the_projection_prices_expert_dp_calls_on_their_group(moe_file: str) -> 
 
 
 def test_a_numel_plan_repriced_by_flops_keeps_its_owners(moe_file: str) -> None:
+    from canzona.commands.bench_moe import flops_priced
     from canzona.cost import CostModel
-    from canzona.plan.front.bench_moe import flops_priced
 
     (plan,) = plan_model(get_model(moe_file), Layout(dp=4, ep=2), PlanConfig(cost="numel", cooperative=False))
     priced = flops_priced(plan)

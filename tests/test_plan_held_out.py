@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import pytest
 
+from canzona.commands.bench_held_out import CELLS, MIN_RATIO, NAMED, held_out_row, not_slower
 from canzona.models import count_params, get_model, list_params
-from canzona.plan.front.bench_held_out import CELLS, MIN_RATIO, NAMED, held_out_row, not_slower
 from canzona.plan.types import Layout
 
 # the three layouts the issue names, and Mixtral's lowest default efficiencies (dense TP8, EP8)

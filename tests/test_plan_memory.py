@@ -66,7 +66,7 @@ def test_terms_beside_the_tensors_come_from_the_profile_with_their_sources(capsy
     """NCCL buffers (bytes per communicator × the communicators the step uses), the CUDA context and
     the allocator's fragmentation: named terms of the breakdown, priced from the profile's [memory]
     section, and printed by `canzona plan --memory` with the profile's source for each."""
-    from canzona.cli import main
+    from canzona.commands.cli import main
     from canzona.hardware.profile import load_profile
     from canzona.plan.readers.memory import SYSTEM, TENSORS, system_memory
 

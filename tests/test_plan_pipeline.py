@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 
-from canzona.cli import main
+from canzona.commands.cli import main
 from canzona.plan import Layout, PlanConfig, plan_model
 from canzona.plan.build import plans_from_json
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from canzona.cli import build_parser, main
+from canzona.commands.cli import build_parser, main
 from canzona.errors import ConfigError
 from canzona.plan import Layout, PlanConfig, Strategy, make_plan, plan_model, register_strategy
 from canzona.plan.strategies import STRATEGIES, resolve_algo, unregister_strategy

@@ -12,7 +12,7 @@ import pytest
 from canzona.analysis.projection import Layout, Scenario, load_profile, make_plans, project, to_record
 from canzona.analysis.projection.presets import MOE_LAYOUTS, get_preset
 from canzona.analysis.projection.scenario import METHODS
-from canzona.cli import main
+from canzona.commands.cli import main
 from canzona.models import get_model, list_params
 
 MICRO = "qwen3-moe-micro"  # 2 layers, 8 experts, expert matrices 32 x 64 / 64 x 32

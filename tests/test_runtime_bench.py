@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from canzona.cli import main
+from canzona.commands.cli import main
 from canzona.results.schema import iter_records
 
 

@@ -187,7 +187,7 @@ def test_a_split_the_model_or_tp_cannot_take_is_refused() -> None:
 
 
 def test_a_split_on_a_model_without_its_fused_matrix_exits_2(tmp_path, capsys) -> None:
-    from canzona.cli import main
+    from canzona.commands.cli import main
 
     toml = tmp_path / "mlp.toml"
     toml.write_text(

@@ -1,4 +1,4 @@
-"""The soak's short version (canzona.runtime.front.soak; ``make soak`` runs 2000 steps per engine):
+"""The soak's short version (canzona.commands.soak; ``make soak`` runs 2000 steps per engine):
 after warm-up, neither the Python objects the collector tracks nor the tensors the optimizer holds
 grow, on either engine; a planted per-step leak is caught.
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from canzona.runtime.front import soak
+from canzona.commands import soak
 from canzona.runtime.launch import launch
 from canzona.runtime.optimizer import DistributedOptimizer
 

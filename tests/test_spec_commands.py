@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from canzona.cli import COMMANDS, main
+from canzona.commands.cli import COMMANDS, main
 from canzona.spec import leaves
 from canzona.spec.flags import NOT_FLAGS, Knobs
 
@@ -83,7 +83,7 @@ def test_project_takes_the_layout_as_spec_flags_or_in_one(capsys: pytest.Capture
 
 def test_a_knob_reaches_train_and_its_plan() -> None:
     """The plan a train run executes is priced on the run's --profile (a knob of plan and train)."""
-    from canzona.harness.cli import config_from_args
+    from canzona.commands.train import config_from_args
 
     p = parser_of("train")
     spec = config_from_args(p.parse_args(["--model", "qwen3-micro", "--profile", "H200", "--dp-algo", "lpt"]))

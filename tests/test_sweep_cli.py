@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import canzona.cli as top
+import canzona.commands.cli as top
 from tests.experiment_helpers import reproduce_module
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -208,7 +208,7 @@ def test_peer_cells_are_left_out_with_one_line_without_their_interpreter(tmp_pat
     assert {k for k, _ in plan.excluded} == {c.key for c in defn.cells() if c.config()["method"] == "megatron-muon"}
     assert all("python_for" in why for _, why in plan.excluded)
     assert all(s.cell.config()["method"] != "megatron-muon" for s in plan.steps)
-    from canzona.cli import main
+    from canzona.commands.cli import main
 
     argv = ["sweep", "run", str(ROOT / "slurm/sweeps/table2.toml"), "--backend", "slurm", "--dry-run"]
     prof = tmp_path / "p.toml"
@@ -221,7 +221,7 @@ def test_peer_cells_are_left_out_with_one_line_without_their_interpreter(tmp_pat
 
 
 def test_a_layout_over_the_profiles_hbm_exits_2_before_submitting(tmp_path, table2, capsys, fake_slurm):
-    from canzona.cli import main
+    from canzona.commands.cli import main
 
     prof = tmp_path / "p.toml"
     prof.write_text(

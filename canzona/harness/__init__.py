@@ -10,10 +10,11 @@ distributed optimizer (or Megatron's own Muon as a peer), timed, and recorded as
   record.py        the results record
   collectives.py   the collective calls an iteration issues, by group role and kind
   peer_megatron.py the Megatron peers: megatron-muon, megatron-layerwise (its layer-wise optimizer)
-  cli.py           `canzona train` (torchrun/srun rank, or forked local gloo ranks)
-  gpu_check.py     `canzona gpu-check`: one GPU in <= 8 min (wheels install, parts, budget)
-  gpu_train.py     its training part: one in-process rank, step probe, memory-model prediction
+  gpu_train.py     `canzona gpu-check`'s training part: one in-process rank, step probe, memory-model prediction
   gpu_summary.py   its SUMMARY.md and goal verdicts, computed from the JSON files
   step_probe.py    host syncs (CUDA sync-debug warnings / host reads) and allocator around opt.step()
+  torchtitan_*.py  torchtitan integration: its Qwen3 under FSDP2 (qwen3), Canzona as its trainer's
+                   optimizer container (trainer), that trainer on CPU (cpu)
+The commands (`canzona train`, `canzona gpu-check`) are in canzona.commands.
 Heavy imports (megatron) happen inside functions, so importing this package is cheap.
 """

@@ -11,8 +11,8 @@ The data model lives in ``canzona.plan.types`` (Plan, DPPlan, TPSchedule, ...); 
 in ``canzona.plan.schedule`` (RankSchedule, BucketLayout, ExecSpec, CommOp, LowerSettings).
 
 Folders: ``dp/`` the DP partitioners, ``readers/`` what reads plans and schedules (metrics, memory,
-budget), ``front/`` the commands, benches, reports and plots (after ``canzona.results`` in the layer
-order; the library never imports them).
+budget). The commands, benches, reports and plots (``canzona plan``, ``canzona plan-bench``) are in
+``canzona.commands``; the library never imports them.
 """
 
 from canzona.plan.build import (

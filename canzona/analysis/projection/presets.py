@@ -62,7 +62,7 @@ PAPER_LAYOUTS: dict[str, Layout] = {
 # The MoE rows' layouts (preset ``moe``): the README's expert-parallel example for Qwen3-30B-A3B
 # (TP 2 · DP 128 · EP 8 = 256 GPUs), and Qwen3-235B-A22B's 94 layers at TP 4 · PP 8 with
 # Megatron's uneven end stages (11 + 6 · 12 + 11 layers) and EP 8, at DP 8 (256 GPUs) and DP 32
-# (1024 GPUs) -- the planner's 235B benchmark layouts (canzona.plan.front.bench_moe).
+# (1024 GPUs) -- the planner's 235B benchmark layouts (canzona.commands.bench_moe).
 MOE_LAYOUTS: tuple[tuple[str, Layout], ...] = (
     ("qwen3-30b-a3b", Layout(dp=128, tp=2, pp=1, ep=8)),
     ("qwen3-235b-a22b", Layout(dp=8, tp=4, pp=8, ep=8, first_stage_layers=11, last_stage_layers=11)),

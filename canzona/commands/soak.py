@@ -1,11 +1,11 @@
 """Soak: train qwen3-micro for many steps on gloo ranks and record what would show a leak or a drift.
 
-    python -m canzona.runtime.front.soak --engine megatron --nproc 4 --steps 2000 --out /tmp/soak-megatron.json
-    python -m canzona.runtime.front.soak --engine fsdp2 --nproc 4 --steps 2000 --out /tmp/soak-fsdp2.json
+    python -m canzona.commands.soak --engine megatron --nproc 4 --steps 2000 --out /tmp/soak-megatron.json
+    python -m canzona.commands.soak --engine fsdp2 --nproc 4 --steps 2000 --out /tmp/soak-fsdp2.json
 
 (``make soak`` runs both; its Makefile target names the committed files.) The model is the
 plain-torch Qwen3 at qwen3-micro's dimensions of ``canzona bench-fsdp2``
-(canzona.runtime.front.bench_fsdp2.Qwen3Like): under fully_shard with FSDP2Optimizer (fsdp2), or
+(canzona.commands.bench_fsdp2.Qwen3Like): under fully_shard with FSDP2Optimizer (fsdp2), or
 replicated per rank with DistributedOptimizer doing the DP reductions (megatron). Per step and
 rank: the step's wall time (forward, backward, optimizer step) and the resident set size. At the
 warm-up's end and at the end: the Python objects the collector tracks and the tensors the
@@ -37,13 +37,13 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from canzona.argtypes import output_file, positive_int
+from canzona.commands.bench_fsdp2 import BATCH, Qwen3Like
 from canzona.models import get_transformer
 from canzona.models.spec import ParamSpec
 from canzona.plan.types import PlanConfig
 from canzona.results.env import environment
 from canzona.results.schema import write_atomic
 from canzona.runtime.config import DistConfig, optimizer_config
-from canzona.runtime.front.bench_fsdp2 import BATCH, Qwen3Like
 from canzona.runtime.fsdp2 import FSDP2Optimizer
 from canzona.runtime.fsdp2.layout import default_route
 from canzona.runtime.launch import dp_tp_groups, launch
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     out = run(args.engine, args.nproc, args.steps, args.warmup)
     env = environment(torch.device("cpu"), "gloo")
     doc = {
-        "command": "python -m canzona.runtime.front.soak " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python -m canzona.commands.soak " + " ".join(sys.argv[1:] if argv is None else argv),
         "env": env,
         "summary": summarize(out["ranks"], args.warmup),
         **out,

@@ -32,7 +32,7 @@ from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.config import TORCH_DTYPE_MAP, ConfigManager
 from torchtitan.distributed import utils as dist_utils
 
-from canzona.runtime.fsdp2.torchtitan_qwen3 import apply_fsdp
+from canzona.harness.torchtitan_qwen3 import apply_fsdp
 
 
 class TrainState(Stateful):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from canzona.plan.front.report import md_table
+from canzona.commands.plan_report import md_table
 
 # the suite's layouts at 256 GPUs as (dp, shard group, tp): plain FSDP over all of them; HSDP with one
 # node's 8 GPUs as the shard group (32 replicas), where the owners' all-to-alls stay on NVLink; and

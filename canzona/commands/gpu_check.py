@@ -143,9 +143,9 @@ def install(commands: list[list[str]]) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------- budget
 def estimate_s(gpu: bool, quick: bool, parts: tuple[str, ...], wheels: bool) -> dict[str, float]:
     """Seconds per part on one H200 (or on this CPU), from the FLOPs each part does."""
+    from canzona.commands.bench_ns import NS_CALLS, PEAK_CALLS, parse_shapes
     from canzona.cost import muon_ns_flops
     from canzona.harness.gpu_train import run_config
-    from canzona.optim.front.bench_ns import NS_CALLS, PEAK_CALLS, parse_shapes
 
     out: dict[str, float] = {"install": EST_INSTALL_S if wheels else 0.0}
     if not gpu:
@@ -182,9 +182,9 @@ def _warm_up(device: torch.device, size: int, seconds: float = 2.0) -> None:
 
 def ns_check(gpu: bool, quick: bool, path: Path) -> dict[str, Any]:
     """Part (a): `canzona bench-ns` in this process, then the peak measured once more."""
-    from canzona.cli import build_parser
-    from canzona.optim.front import bench_ns
-    from canzona.optim.front.bench_ns import OURS
+    from canzona.commands import bench_ns
+    from canzona.commands.bench_ns import OURS
+    from canzona.commands.cli import build_parser
 
     s = ns_settings(gpu, quick)
     device = torch.device("cuda" if gpu else "cpu")

@@ -6,7 +6,7 @@ collectives and the bytes this rank hands to them per step (counted by wrapping 
 and the loss curve.
 
 The model (``--model-impl``): ``torchtitan``, torchtitan's own Qwen3 at the inventory's dimensions,
-sharded by torchtitan's ``apply_fsdp_to_decoder`` (canzona.runtime.fsdp2.torchtitan_qwen3; fused
+sharded by torchtitan's ``apply_fsdp_to_decoder`` (canzona.harness.torchtitan_qwen3; fused
 wqkv); ``local``, a stand-in in torchtitan's unfused wq/wk/wv/wo/w1/w2/w3 layout, for machines
 without torchtitan. ``--tp T`` (the stand-in): an (nproc / T, T) FSDP x TP mesh built in torchtitan's
 order, TP first with the plan of its Llama / Qwen3 recipes (wq wk wv w1 w3 and the output layer
@@ -211,7 +211,7 @@ def _model(
         return net, lambda tokens: net(tokens) / world  # TP ranks repeat their DP rank's loss: the sum / world
     mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("fsdp",))
     if args.model_impl == "torchtitan":
-        from canzona.runtime.fsdp2 import torchtitan_qwen3
+        from canzona.harness import torchtitan_qwen3
 
         titan = torchtitan_qwen3.qwen3(get_transformer(args.model), args.layers, args.seq).to(device)
         torchtitan_qwen3.apply_fsdp(titan, mesh)
@@ -410,7 +410,7 @@ def run(args: argparse.Namespace) -> int:
     get_model(args.model)  # a bad name is a one-line error here, before any rank starts
     if args.model_impl == "torchtitan":
         try:
-            from canzona.runtime.fsdp2 import torchtitan_qwen3
+            from canzona.harness import torchtitan_qwen3
 
             torchtitan_qwen3.qwen3_config(get_transformer(args.model), 1, args.seq)
         except ImportError as e:

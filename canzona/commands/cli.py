@@ -34,46 +34,46 @@ class Parser(argparse.ArgumentParser):
 
 # name -> (module, one-line help). Order is the order `canzona --help` lists them.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "models": ("canzona.models.front.cli", "list model inventories and parameter counts"),
+    "models": ("canzona.commands.models", "list model inventories and parameter counts"),
     "plan": (
-        "canzona.plan.front.cli",
+        "canzona.commands.plan",
         "plan DP buckets and TP micro-groups for a model and layout; report, compare, plot, save",
     ),
     "plan-bench": (
-        "canzona.plan.front.bench",
+        "canzona.commands.plan_bench",
         "planner quality at 256 GPUs for every model/layout -> results/planner/",
     ),
     "train": (
-        "canzona.harness.cli",
+        "canzona.commands.train",
         "train a Qwen3 model on megatron-core with a Canzona (or peer) optimizer; one results line",
     ),
     "bench-step": (
-        "canzona.runtime.front.bench",
+        "canzona.commands.bench_step",
         "optimizer-step latency of sc/layerwise/asc/canzona side by side (forked ranks)",
     ),
     "bench-fsdp2": (
-        "canzona.runtime.front.bench_fsdp2",
+        "canzona.commands.bench_fsdp2",
         "FSDP2 optimizer step of canzona / round-robin / all-gather beside muon-fsdp2 and DistMuon (forked ranks)",
     ),
     "bench-ns": (
-        "canzona.optim.front.bench_ns",
+        "canzona.commands.bench_ns",
         "Newton–Schulz methods (standard, gram, peers) timed side by side: ms, TFLOP/s, error vs fp64",
     ),
     "gpu-check": (
-        "canzona.harness.gpu_check",
+        "canzona.commands.gpu_check",
         "one GPU in <= 8 min: Newton–Schulz vs peers at Qwen3-32B shapes, a bf16 training run's syncs and memory",
     ),
-    "sweep": ("canzona.sweep.cli", "run, render (Slurm dry run), resume, inspect and collect benchmark sweeps"),
+    "sweep": ("canzona.commands.sweep", "run, render (Slurm dry run), resume, inspect and collect benchmark sweeps"),
     "table2": (
-        "canzona.analysis.cli",
+        "canzona.commands.table2",
         "results JSON lines -> results/table2.{csv,md} with the paper-claims report, and figures",
     ),
     "project": (
-        "canzona.analysis.cli_project",
+        "canzona.commands.project",
         "projected step/iteration time per method from the planner's plans + hardware profiles",
     ),
     "calibrate-cpu": (
-        "canzona.analysis.calibrate",
+        "canzona.commands.calibrate",
         "measure this CPU (compute, memory, gloo collectives) -> the cpu-local profile",
     ),
 }

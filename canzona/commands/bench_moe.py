@@ -20,10 +20,10 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from canzona.commands.plan_report import md_table
 from canzona.cost import CostModel
 from canzona.models import get_transformer
 from canzona.plan.build import plan_model
-from canzona.plan.front.report import md_table
 from canzona.plan.readers.metrics import plan_metrics
 from canzona.plan.types import Layout, Plan, PlanConfig
 

@@ -36,8 +36,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from canzona.commands.plan_report import md_table
 from canzona.cost import matrix_optimizer_names
-from canzona.plan.front.report import md_table
 
 MODELS = ("qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b")
 TPS = (1, 2, 4, 8)
@@ -270,7 +270,7 @@ def _qwen3_suite(b: _Bench, out: Path) -> str:
 
 
 def _plots(out: Path, bound_rows: list[dict[str, Any]], sweep_rows: list[dict[str, Any]], optimizer: str) -> None:
-    from canzona.plan.front.plot import plot_alpha_sweep, plot_bounds
+    from canzona.commands.plan_plot import plot_alpha_sweep, plot_bounds
 
     plot_bounds(bound_rows, out / "bounds.png", title=f"atomic lower bound at {WORLD} GPUs ({optimizer} FLOPs)")
     for sm, stp, spp, sdp in SWEEPS:
@@ -287,11 +287,11 @@ def _plots(out: Path, bound_rows: list[dict[str, Any]], sweep_rows: list[dict[st
 
 def _goal_suite(b: _Bench, out: Path, name: str) -> str:
     """Issue #11's (``comm``), #13's (``models``) or #12's (``coop``) goals -> <name>_goals.csv and .md."""
-    from canzona.plan.front import bench_goals
-    from canzona.plan.front.bench_coop import coop_suite
-    from canzona.plan.front.bench_held_out import held_out_suite
-    from canzona.plan.front.bench_moe import balance_suite, moe_suite
-    from canzona.plan.front.fsdp2_report import suite as fsdp2_suite
+    from canzona.commands import bench_goals
+    from canzona.commands.bench_coop import coop_suite
+    from canzona.commands.bench_held_out import held_out_suite
+    from canzona.commands.bench_moe import balance_suite, moe_suite
+    from canzona.commands.fsdp2_report import suite as fsdp2_suite
     from canzona.results.schema import write_atomic
 
     suites = {

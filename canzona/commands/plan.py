@@ -179,12 +179,12 @@ def _cost_model(args: argparse.Namespace, specs):
 
 
 def run(args: argparse.Namespace) -> int:
+    from canzona.commands.plan_report import compare, format_budget, format_compare, format_memory, format_report
     from canzona.hardware import describe
     from canzona.models import get_model, list_params
     from canzona.models.split import split_names
     from canzona.plan.build import plan_model, plans_to_json, stage_adamw
     from canzona.plan.engines import get_engine
-    from canzona.plan.front.report import compare, format_budget, format_compare, format_memory, format_report
     from canzona.plan.readers.metrics import plan_metrics
     from canzona.results.schema import write_atomic
 
@@ -214,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
     if args.save:
         write_atomic(args.save, plans_to_json(plans))
     if args.plot:
-        from canzona.plan.front.plot import plot_plan
+        from canzona.commands.plan_plot import plot_plan
 
         plot_plan(
             plans,
@@ -352,10 +352,10 @@ FSDP2_REFUSES: dict[str, object] = {
 def _run_fsdp2(args: argparse.Namespace) -> int:
     """--engine fsdp2: Canzona's owners of the shard group beside the peers' and the whole-matrix bound
     (canzona.plan.readers.fsdp2.compare), as a report or one JSON object."""
+    from canzona.commands.fsdp2_report import format_report
     from canzona.hardware import describe
     from canzona.models import get_model
     from canzona.plan.engines import get_engine
-    from canzona.plan.front.fsdp2_report import format_report
     from canzona.plan.readers.fsdp2 import compare
 
     given = [f"--{k.replace('_', '-')}" for k, v in FSDP2_REFUSES.items() if getattr(args, k, v) != v]

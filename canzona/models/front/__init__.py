@@ -1,1 +1,0 @@
-"""The models' front: ``canzona models`` (``cli``)."""
