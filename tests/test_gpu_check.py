@@ -107,7 +107,7 @@ def test_a_hanging_cell_path_is_stopped_and_costs_no_other_part(
     pid_file = tmp_path / "worker.pid"
     hang = [sys.executable, "-c", HANGING_LAUNCHER, str(pid_file)]
     monkeypatch.setattr(gpu_train, "cell_command", lambda run, results, port: hang)
-    monkeypatch.setattr(gpu_train, "CELL_TIMEOUT_S", 15.0)
+    monkeypatch.setattr(gpu_train, "CELL_TIMEOUT_S", 6.0)  # its pid file is written in under 1 s
     monkeypatch.setattr(gpu_train, "STOP_GRACE_S", 1.0)
     out = tmp_path / "out"
     rc, _, _ = run_cli("--out", str(out), "--parts", "ns,train,cell")
@@ -116,7 +116,7 @@ def test_a_hanging_cell_path_is_stopped_and_costs_no_other_part(
     assert ns["status"] == "ok" and train["status"] == "ok" and train["record"] is not None
     cell = json.loads((out / "cell.json").read_text())
     assert (cell["status"], cell["rc"], cell["timed_out"]) == ("failed", None, True), cell
-    assert "timed out after 15 s" in cell["reason"]
+    assert "timed out after 6 s" in cell["reason"]
     assert _gone(int(pid_file.read_text()))  # the worker in its own session went too
     summary = (out / "SUMMARY.md").read_text()
     assert "- cell: failed" in summary and "- train: ok" in summary and "## Training run" in summary

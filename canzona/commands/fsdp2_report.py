@@ -7,6 +7,7 @@ whole-matrix bound); this module only lays its rows out as text and as the suite
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from canzona.commands.plan_report import md_table
@@ -110,8 +111,8 @@ def format_report(out: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def suite() -> tuple[list[dict[str, Any]], str]:
-    """`canzona plan-bench --suite fsdp2`: every SUITE_MODELS × SUITE_LAYOUTS at 256 GPUs on H800."""
+def suite(models: Sequence[str] = SUITE_MODELS) -> tuple[list[dict[str, Any]], str]:
+    """`canzona plan-bench --suite fsdp2`: every model (SUITE_MODELS) × SUITE_LAYOUTS at 256 GPUs on H800."""
     from canzona.hardware import DEFAULT_GPU, load_profile
     from canzona.models import get_model
     from canzona.plan.readers.fsdp2 import compare
@@ -119,7 +120,7 @@ def suite() -> tuple[list[dict[str, Any]], str]:
     profile = load_profile(DEFAULT_GPU)
     rows: list[dict[str, Any]] = []
     headline = []
-    for name in SUITE_MODELS:
+    for name in models:
         for dp, shard, tp in SUITE_LAYOUTS:
             out = compare(get_model(name), dp, tp=tp, shard=shard, profile=profile)
             head = {k: out[k] for k in ("model", "dp", "tp", "shard_group", "replicas", "matrices", "optimizer")}

@@ -71,6 +71,8 @@ METRIC_COLS = (
 
 
 SUITES = ("qwen3", "comm", "models", "coop", "held-out", "fsdp2", "moe", "moe-balance")
+# the suites whose cells are models × their layouts, so --models picks them; the others have fixed cells
+MODEL_SUITES = ("qwen3", "models", "coop", "fsdp2")
 DEFAULT_SUITES = SUITES[:5]  # fsdp2 writes its own folder: --suite fsdp2 --out results/fsdp2_plan; moe: --suite moe
 BOUND_COLS = (
     "model",
@@ -89,7 +91,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     from canzona.argtypes import output_dir, positive_int
 
     p.add_argument("--out", type=output_dir, default="results/planner", help="output folder")
-    p.add_argument("--models", default=",".join(MODELS), help="comma-separated models of the qwen3 suite")
+    p.add_argument(
+        "--models",
+        default=None,
+        help=f"comma-separated models of the {', '.join(MODEL_SUITES)} suites (default: each suite's own; "
+        f"the qwen3 suite's: {','.join(MODELS)})",
+    )
     p.add_argument(
         "--layouts",
         type=_layouts,
@@ -229,7 +236,7 @@ def _qwen3_suite(b: _Bench, out: Path) -> str:
     from canzona.results.schema import write_atomic
 
     args, alpha = b.args, DEFAULT_ALPHA
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    models = _models(args) or list(MODELS)
     layouts = args.layouts or [(m, tp, pp) for m in models for tp in TPS for pp in PPS]
     models = list(dict.fromkeys(m for m, _, _ in layouts))
     t0 = time.perf_counter()
@@ -303,7 +310,8 @@ def _goal_suite(b: _Bench, out: Path, name: str) -> str:
         "moe": moe_suite,
         "moe-balance": balance_suite,
     }
-    rows, md = suites[name]()
+    models = _models(b.args)
+    rows, md = suites[name](models) if models else suites[name]()
     rows = [{**r, **b.tag} for r in rows]
     head = f"# Planner goals: {name} ({PROVENANCE}, commit {b.commit}, {b.stamp}; `canzona plan-bench --suite {name}`)"
     stem = name.replace("-", "_") + "_goals"
@@ -312,12 +320,23 @@ def _goal_suite(b: _Bench, out: Path, name: str) -> str:
     return md
 
 
+def _models(args: argparse.Namespace) -> list[str]:
+    """The models --models names ([] when not given: each suite's own)."""
+    return [m.strip() for m in (args.models or "").split(",") if m.strip()]
+
+
 def run(args: argparse.Namespace) -> int:
+    from canzona.errors import ConfigError
     from canzona.models import get_model
 
-    for m in [*args.models.split(","), *(m for m, _, _ in args.layouts or ())]:
-        if m.strip():
-            get_model(m.strip())  # an unknown model is a ConfigError before any work
+    for m in [*_models(args), *(m for m, _, _ in args.layouts or ())]:
+        get_model(m)  # an unknown model is a ConfigError before any work
+    fixed = [s for s in args.suite or DEFAULT_SUITES if s not in MODEL_SUITES]
+    if args.models is not None and fixed:
+        raise ConfigError(
+            f"--models picks the models of the {', '.join(MODEL_SUITES)} suites; the {', '.join(fixed)} suite(s) "
+            "plan fixed cells: run them without --models"
+        )
     b = _Bench(args)
     out = Path(args.out)
     for suite in args.suite or DEFAULT_SUITES:
