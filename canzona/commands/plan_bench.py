@@ -32,7 +32,7 @@ import datetime as dt
 import io
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -301,7 +301,7 @@ def _goal_suite(b: _Bench, out: Path, name: str) -> str:
     from canzona.commands.fsdp2_report import suite as fsdp2_suite
     from canzona.results.schema import write_atomic
 
-    suites = {
+    suites: dict[str, Callable[..., tuple[list[dict[str, Any]], str]]] = {
         "comm": bench_goals.comm_suite,
         "models": bench_goals.models_suite,
         "coop": coop_suite,

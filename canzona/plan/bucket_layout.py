@@ -2,7 +2,7 @@
 schedule (``canzona.plan.schedule``) that fixes each bucket's collective mode and buffer layout.
 
 Why apart from the schedule: the bucket layout is what both the per-rank schedule and the
-planner's choice between plans (``schedule.matrix_dp_calls``) price, and it is the one place the
+planner's choice between plans (``schedule.bucket_dp_calls``) price, and it is the one place the
 native / uneven / per-root / all-reduce modes turn into offsets (see the schedule's docstring). A
 bucket's group is all of DP, or an expert bucket's expert-DP group under EP.
 """

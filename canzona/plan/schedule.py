@@ -424,9 +424,9 @@ def lower(
 
 
 def matrix_buckets(plan: Plan, ep_rank: int | None = None) -> list[tuple[Bucket, tuple[int, ...], int]]:
-    """(bucket, its DP cuts, its group's size) of every matrix bucket a rank of EP rank ``ep_rank``
-    holds, in plan order: the dense buckets over all of DP, that EP rank's expert buckets over its
-    expert-DP group; no cuts where the plan reduces buckets whole."""
+    """(bucket, DP cuts, group size) of the matrix buckets a rank of EP rank ``ep_rank`` holds, in plan
+    order: what choosing between a stage's plans compares (``step.dp_comm_seconds``; the rest does not
+    depend on the cuts). Dense buckets span DP, expert buckets their expert-DP group; no cuts: whole."""
     lay = plan.layout
     reduce_scatter = plan.dp.grad_sync == "reduce-scatter"
     return [
@@ -439,26 +439,14 @@ def matrix_buckets(plan: Plan, ep_rank: int | None = None) -> list[tuple[Bucket,
 def bucket_dp_calls(
     b: Bucket, cuts: tuple[int, ...], group: int, settings: LowerSettings, ep: int
 ) -> tuple[list[CommOp], list[CommOp]]:
-    """(gradient reduction, parameter gather) calls of one matrix bucket over its group of ``group``
-    ranks, in the mode ``layout_with_cuts`` chooses for ``cuts``."""
+    """(gradient reduction, parameter gather) calls of one matrix bucket over its ``group`` ranks,
+    in the mode ``layout_with_cuts`` chooses for ``cuts``."""
     layout = layout_with_cuts("matrix", b, cuts, group, settings, ep)
     uneven = settings.model.uneven_rooted
     return (
         _dp_calls(layout, "grad_sync", group, settings.grad_bytes, uneven),
         _dp_calls(layout, "param_sync", group, settings.param_bytes, uneven),
     )
-
-
-def matrix_dp_calls(plan: Plan, settings: LowerSettings, ep_rank: int | None = None) -> list[tuple[int, CommOp]]:
-    """The DP collectives of the plan's matrix buckets (gradient reduction and parameter gather) as
-    every rank of the stage issues them, each with the size of its group: what choosing between
-    plans of one stage needs to compare (the AdamW buffer, the norm and the TP calls do not depend
-    on the DP cuts). Under EP > 1: the dense buckets over all of DP and EP rank ``ep_rank``'s expert
-    buckets over its expert-DP group (``matrix_buckets``). Gathers run last bucket first."""
-    calls = [(g, bucket_dp_calls(b, c, g, settings, plan.layout.ep)) for b, c, g in matrix_buckets(plan, ep_rank)]
-    return [(g, op) for g, (grad, _) in calls for op in grad] + [
-        (g, op) for g, (_, param) in reversed(calls) for op in param
-    ]
 
 
 def _owner_gather_calls(plan: Plan, og: OwnerGather, elem: int, uneven_rooted: bool) -> list[CommOp]:

@@ -8,7 +8,7 @@ report: ``plan.readers`` import from here, never the other way round.
   compute  the busiest GPU's optimizer work (``gpu_costs``: the full-matrix cost of every matrix a
            GPU computes, in the cost model's units) at the profile's Newton–Schulz rate;
   comm     the α–β time of the matrix buckets' DP collectives as the lowering issues them
-           (``schedule.matrix_dp_calls``, each bucket in the mode ``comm.choose_mode`` picks, per
+           (``schedule.bucket_dp_calls``, each bucket in the mode ``comm.choose_mode`` picks, per
            call latency and host launch included), on the DP group's link; under EP the busiest EP
            rank's.
 
@@ -118,7 +118,7 @@ class StepPrice:
 
 def dp_comm_seconds(plan: Plan, coop: CoopSettings) -> float:
     """The α–β time of the matrix buckets' DP collectives (see the module docstring), summed in
-    ``schedule.matrix_dp_calls``'s order: every reduction, then the gathers last bucket first."""
+    the runtime's order: every reduction, then the gathers last bucket first."""
     if plan.layout.dp == 1:
         return 0.0
     ep = plan.layout.ep
