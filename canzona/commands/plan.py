@@ -259,7 +259,7 @@ def _memory_flags(args: argparse.Namespace) -> None:
     sizing = [
         f"--{f.replace('_', '-')}"
         for f in ("seq_len", "micro_batch", "sequence_parallel")
-        if getattr(args, f) is not None
+        if getattr(args, f) not in (None, False)  # --no-sequence-parallel asks for nothing to size
     ]
     if sizing and not (args.memory and args.seq_len is not None):
         raise ConfigError(

@@ -453,11 +453,12 @@ def iter_records(
 def classified_lines(path: str | Path) -> Iterator[tuple[int, dict[str, Any], str, str | None]]:
     """(line number, upgraded record or {}, the raw line, None or the problem naming file:line) of
     every non-blank line: the one place a results file is parsed and validated. Bytes that are not
-    UTF-8 are a garbled line, not an unreadable file."""
+    UTF-8 are a garbled line, not an unreadable file; a byte-order mark (an editor's UTF-8 with BOM)
+    is not part of the first line."""
     p = Path(path)
     with p.open("rb") as f:
         for no, raw_b in enumerate(f, 1):
-            raw = raw_b.decode(errors="replace")
+            raw = raw_b.decode("utf-8-sig" if no == 1 else "utf-8", errors="replace")
             if not raw.strip():
                 continue
             where = f"{p}:{no}"
