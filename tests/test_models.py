@@ -369,7 +369,10 @@ def test_uneven_stages_split_as_megatron_does(pp: int, first: int | None, last: 
         (Pipeline(4), "PP=4 does not divide the 94 layers.*--first-stage-layers"),
         (Pipeline(4, 20, 21), "94 - first - last divides by the 2 stage"),
         (Pipeline(2, 40, 50), "first \\+ last = 94"),
-        (Pipeline(8, 47, 47), "leave 0 of the 94 layers for the 6 stage\\(s\\) between them, so a stage would be empty"),
+        (
+            Pipeline(8, 47, 47),
+            "leave 0 of the 94 layers for the 6 stage\\(s\\) between them, so a stage would be empty",
+        ),
         (Pipeline(4, 21), "with 21 layer\\(s\\) first do not add up"),
     ],
 )
@@ -385,7 +388,7 @@ def test_a_pp_split_that_does_not_add_up_names_the_fix(pipe: Pipeline, needle: s
 def test_an_empty_middle_stage_is_named_and_no_count_is_none() -> None:
     """Issue 51 item 8: 32 + 32 of 64 layers at PP 3 leaves the middle stage empty, said so; a stage
     flag not given is not printed as "None"."""
-    with pytest.raises(ConfigError, match="leave 0 of the 64 layers .* a stage would be empty") as err:
+    with pytest.raises(ConfigError, match=r"leave 0 of the 64 layers .* a stage would be empty") as err:
         get_model("qwen3-32b").validate_layout(pp=Pipeline(3, 32, 32))
     with pytest.raises(ConfigError, match="with 63 layer\\(s\\) first do not add up") as one:
         get_model("qwen3-32b").validate_layout(pp=Pipeline(3, 63))
