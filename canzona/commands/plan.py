@@ -51,9 +51,6 @@ KNOBS = Knobs(
         "seq_len": Derived("none: --memory counts activations only with --seq-len"),
         "micro_batch": Derived("1 where --seq-len is given"),
         "ns_method": Derived("standard, where the optimizer runs Newton–Schulz"),
-        # off here, unlike a run: the planner's tables and goals (results/planner) price fused matrices,
-        # and inventories need not have heads; --split-qkv plans what `canzona train` runs by default
-        "split_qkv": False,
     },
     names={"method": ("--strategy", "--method")},
     values={
