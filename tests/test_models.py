@@ -406,3 +406,15 @@ def test_the_memory_model_counts_each_end_stage_with_its_own_layers() -> None:
     assert estimate_memory_gb("qwen3-32b", 8, Pipeline(4, 10, 10), 8, 4096, 1, **sp) > estimate_memory_gb(
         "qwen3-32b", 8, 4, 8, 4096, 1, **sp
     )
+
+
+def test_models_takes_the_stage_flags_its_pp_error_names(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 51 item 4: `canzona models` takes --first/--last-stage-layers, which its 94-layer PP
+    error tells the user to give."""
+    from canzona.commands.cli import main
+
+    assert main(["models", "qwen3-235b-a22b", "--pp", "8"]) == 2
+    assert "--first-stage-layers" in capsys.readouterr().err
+    argv = ["models", "qwen3-235b-a22b", "--pp", "8", "--first-stage-layers", "11", "--last-stage-layers", "11"]
+    assert main([*argv, "--stage", "7"]) == 0
+    assert "layers.93." in capsys.readouterr().out
