@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from canzona.analysis.projection.scenario import PAPER_BATCH
-from canzona.argtypes import OutputPath, existing_path, int_in
+from canzona.argtypes import OutputPath, existing_path
 from canzona.spec.flags import MATRIX_OPTIMIZERS, NOT_PRICED, Derived, Knobs, add_flags, flag, overrides
 
 # The run knobs `canzona project` takes (canzona.spec.flags), and where a projection departs from a run.
@@ -74,8 +74,6 @@ KNOBS = Knobs(
         "methods": "the methods projected side by side (the method knob as a list)",
         "overlap": "the overlap views projected (none, megatron): a projection's, not a run's",
         "views": "split views of fused parameters; a run registers them fused, as Megatron does",
-        "first_stage_layers": "uneven PP stages (Megatron's num_layers_in_first_pipeline_stage), as `canzona plan`",
-        "last_stage_layers": "uneven PP stages (Megatron's num_layers_in_last_pipeline_stage), as `canzona plan`",
         "out": "output file or folder",
         "append": "output: add to an existing --out file instead of refusing it",
         "json": "output form",
@@ -100,13 +98,6 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="compare with measured result lines (files/folders)",
     )
     p.add_argument("--layout", type=_layout_arg, default=None, help="dp,tp,pp (not with --dp/--tp/--pp or --preset)")
-    for end in ("first", "last"):
-        p.add_argument(
-            f"--{end}-stage-layers",
-            type=int_in(1, 1 << 20),
-            default=None,
-            help=f"layers of the {end} PP stage (Megatron's num_layers_in_{end}_pipeline_stage; default: even stages)",
-        )
     p.add_argument("--methods", default=None, help=f"methods side by side (default {DEFAULT_METHODS})")
     p.add_argument(
         "--overlap", action="append", choices=("none", "megatron"), help="overlap view; repeatable (default none)"
@@ -162,8 +153,7 @@ def _knobs(args: argparse.Namespace) -> dict[str, Any]:
         lay = _layout(args.layout)
         given |= {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp}
     spec = RunSpec().replace(**KNOBS.base()).replace(**{k: v for k, v in given.items() if k not in KNOBS.repeat})
-    ends = {k: getattr(args, k) for k in ("first_stage_layers", "last_stage_layers")}
-    return {n: spec.flat()[n] for n in KNOBS.fields if n not in KNOBS.repeat} | ends
+    return {n: spec.flat()[n] for n in KNOBS.fields if n not in KNOBS.repeat}
 
 
 def _speedups(res: dict[str, Any]) -> dict[str, dict[str, float]]:

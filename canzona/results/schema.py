@@ -153,9 +153,13 @@ def cell_key(config: dict[str, Any]) -> str:
     skip cells already done), and with ``alpha = "auto"`` the α is an outcome of the run. Lines of
     one cell that ran different plans are told apart by the analysis (``canzona.analysis.load``
     compares their plan hashes), not by the key. An expert-parallel run's key ends in its EP size;
-    a run without EP keeps the key it had before EP existed (its records lack the field)."""
+    a run without EP keeps the key it had before EP existed (its records lack the field); so do
+    uneven PP end stages (``first_stage_layers`` / ``last_stage_layers``, absent or None when even)."""
     ep = config.get("ep")
-    return "|".join(f"{k}={config.get(k)}" for k in CELL_FIELDS) + (f"|ep={ep}" if ep not in (None, 1) else "")
+    ends = "".join(
+        f"|{k}={config[k]}" for k in ("first_stage_layers", "last_stage_layers") if config.get(k) is not None
+    )
+    return "|".join(f"{k}={config.get(k)}" for k in CELL_FIELDS) + (f"|ep={ep}" if ep not in (None, 1) else "") + ends
 
 
 def ns_dtype_for(optimizer: str, ns_dtype: str | None) -> str | None:
