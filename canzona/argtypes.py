@@ -175,17 +175,25 @@ def output_problem(p: Path, *, folder: bool = False) -> str | None:
     return None
 
 
-def output_file(text: str) -> str:
-    """A file to (over)write or append to: not a folder, and its folder exists or can be created."""
-    problem = output_problem(Path(text)) if text else "expected a file path, got an empty string"
-    if problem:
-        raise _fail(problem)
-    return text
+class OutputPath:
+    """The type of every option that names something a command writes: a file, a folder to write
+    into, or (``file_suffixes``) a file when the name ends in one of them and a folder otherwise.
+    One class, so the CLI finds every output option of every command by ``isinstance`` and refuses
+    one that would write over an input (``canzona.commands.cli``) before any work."""
+
+    def __init__(self, kind: str, file_suffixes: tuple[str, ...] = ()) -> None:
+        self.__name__ = kind  # argparse and the tests name the type by it
+        self.folder = kind == "output_dir"
+        self.file_suffixes = file_suffixes
+
+    def __call__(self, text: str) -> str:
+        folder = self.folder or bool(self.file_suffixes and not text.endswith(self.file_suffixes))
+        what = "a folder path" if folder else "a file path"
+        problem = output_problem(Path(text), folder=folder) if text else f"expected {what}, got an empty string"
+        if problem:
+            raise _fail(problem)
+        return text
 
 
-def output_dir(text: str) -> str:
-    """A folder to write into: not an existing file, and creatable where it does not exist."""
-    problem = output_problem(Path(text), folder=True) if text else "expected a folder path, got an empty string"
-    if problem:
-        raise _fail(problem)
-    return text
+output_file = OutputPath("output_file")  # a file to (over)write or append to; its folder exists or can be created
+output_dir = OutputPath("output_dir")  # a folder to write into: not an existing file, creatable where missing

@@ -25,19 +25,30 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from torchtitan.components.checkpoint import CheckpointManager
-from torchtitan.components.loss import CrossEntropyLoss
-from torchtitan.components.metrics import MetricsProcessor
-from torchtitan.components.optimizer import LRSchedulersContainer
-from torchtitan.config import TrainingConfig
-from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
-from torchtitan.models.qwen3.parallelize import parallelize_qwen3
-from torchtitan.protocols.model_spec import ModelSpec
-from torchtitan.trainer import Trainer
-
 from canzona.errors import ConfigError
-from canzona.harness.torchtitan_qwen3 import qwen3_config
-from canzona.harness.torchtitan_trainer import CanzonaOptimizers
+
+try:  # torchtitan is an optional extra: run as a script without it, say what to install, not a traceback
+    from torchtitan.components.checkpoint import CheckpointManager
+    from torchtitan.components.loss import CrossEntropyLoss
+    from torchtitan.components.metrics import MetricsProcessor
+    from torchtitan.components.optimizer import LRSchedulersContainer
+    from torchtitan.config import TrainingConfig
+    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
+    from torchtitan.models.qwen3.parallelize import parallelize_qwen3
+    from torchtitan.protocols.model_spec import ModelSpec
+    from torchtitan.trainer import Trainer
+
+    from canzona.harness.torchtitan_qwen3 import qwen3_config
+    from canzona.harness.torchtitan_trainer import CanzonaOptimizers
+except ModuleNotFoundError as exc:
+    if __name__ != "__main__":  # imported (by torchtitan's own trainer, by the tests): the caller's error
+        raise
+    print(
+        f"error: this job needs torchtitan 0.3.0 and the torchtitan extra ({exc.name} is not installed): "
+        "run `make install`",
+        file=sys.stderr,
+    )
+    raise SystemExit(2) from None
 from canzona.models import get_transformer
 from canzona.runtime.launch import launch
 

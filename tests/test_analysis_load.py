@@ -218,3 +218,18 @@ def test_fp32_and_bf16_cells_of_one_layout_are_two_rows(tmp_path) -> None:
     assert (by["fp32"]["canzona iter ms"], by["bf16"]["canzona iter ms"]) == (10.0, 4.0)
     assert by["fp32"]["canzona vs sc (iter)"] == pytest.approx(3.0)
     assert by["bf16"]["canzona vs sc (iter)"] == pytest.approx(2.0)
+
+
+def test_a_bom_is_read_and_an_input_of_nothing_is_an_error(tmp_path) -> None:
+    """Issue 51 item 10: a results file saved with a UTF-8 byte-order mark keeps its first line; an
+    empty file (or a folder without results) is an error, not an empty report."""
+    data = (FIXTURES / "measured_cpu.jsonl").read_bytes()
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + data)
+    assert len(load_results(bom)) == len(load_results(FIXTURES / "measured_cpu.jsonl"))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    (tmp_path / "none").mkdir()
+    for nothing in (empty, tmp_path / "none"):
+        with pytest.raises(ResultsError, match="no results line in"):
+            load_results(nothing)

@@ -120,3 +120,24 @@ def test_bench_fsdp2_at_fsdp_x_tp(tmp_path: Path) -> None:
 def test_bench_fsdp2_tp_errors_name_the_fix(extra: list[str], msg: str, capsys) -> None:
     assert main(["bench-fsdp2", *(["--model-impl", "local"] if "3" in extra else []), *extra]) == 2
     assert msg in capsys.readouterr().err
+
+
+def test_a_layout_that_measures_nothing_exits_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 51 item 6: a --tp the model's heads do not divide stops before any rank starts (no
+    launch: it would fail the test), and a run where no method ran is exit 2 naming the refusals."""
+    import canzona.commands.bench_fsdp2 as bench
+
+    def no_ranks(*_: object, **__: object) -> None:
+        raise AssertionError("ranks started")
+
+    monkeypatch.setattr(bench, "launch", no_ranks)
+    argv = ["bench-fsdp2", "--model-impl", "local", "--model", "qwen3-micro", "--nproc", "3", "--tp", "3"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "TP=3 does not divide" in err and len(err.strip().splitlines()) == 1
+    refusals = {m: "ConfigError: no" for m in (*bench.OURS, *bench.PEERS)}
+    monkeypatch.setattr(bench, "launch", lambda *_, **__: [{"step_ms": {}, "refused": refusals}])
+    assert main([*argv[:-4], "--nproc", "2"]) == 2
+    assert "no method ran: canzona: ConfigError: no" in capsys.readouterr().err

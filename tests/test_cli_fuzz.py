@@ -4,7 +4,6 @@ and start no work. The count is printed (``pytest -s`` shows it) and must stay >
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import math
@@ -20,7 +19,9 @@ import tomllib
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from canzona.commands.cli import COMMANDS, build_parser, main
+from canzona.argtypes import OutputPath
+from canzona.commands.cli import main
+from tests.cli_helpers import command_parsers as _command_parsers
 from tests.hypothesis_profiles import examples
 
 BAD_NUMBERS = ("0", "-1", "1e400", "nan", "inf", "abc", "1.5e", "")
@@ -325,25 +326,6 @@ def typed_value_cases(tmp: Path) -> list[tuple[str, list[str]]]:
     return out
 
 
-def _command_parsers() -> list[tuple[list[str], argparse.ArgumentParser]]:
-    """(command words, parser) of every command and sub-action of the CLI."""
-    out = []
-
-    def walk(words: list[str], p: argparse.ArgumentParser) -> None:
-        subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
-        if not subs:
-            out.append((words, p))
-        for a in subs:
-            for name, q in a.choices.items():
-                walk([*words, name], q)
-
-    for name in COMMANDS:
-        top = build_parser(name)
-        (sub,) = (a for a in top._actions if isinstance(a, argparse._SubParsersAction))
-        walk([name], sub.choices[name])
-    return out
-
-
 def _base(words: list[str]) -> list[str]:
     """Arguments that make ``words`` a complete command (the fuzzed flag comes after them)."""
     if words[0] == "sweep":
@@ -371,7 +353,7 @@ def output_path_cases(tmp: Path) -> list[tuple[str, list[str]]]:
     for words, p in _command_parsers():
         for a in p._actions:
             kind = getattr(a.type, "__name__", "")
-            if kind not in ("output_file", "output_dir", "_out_arg") or not a.option_strings:
+            if not isinstance(a.type, OutputPath) or not a.option_strings:
                 continue
             bad = dict(bad_for_any)
             bad["a folder" if kind == "output_file" else "a file"] = (

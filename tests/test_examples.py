@@ -99,3 +99,20 @@ def test_torchtitan_qwen3_matches_single_device() -> None:
     for n, w in runs[0]["weights"].items():
         err = ((w - ref_weights[n]).norm() / ref_weights[n].norm()).item()
         assert err < 1e-5, (n, err)
+
+
+def test_the_torchtitan_job_without_torchtitan_names_the_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 51 item 7: `python examples/torchtitan_canzona.py --help` where torchtitan is not
+    installed (every torchtitan module made unimportable) is one line naming `make install`, exit 2."""
+    import runpy
+    import sys
+
+    for name in [m for m in sys.modules if m == "torchtitan" or m.startswith("torchtitan.")] + ["torchtitan"]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setattr(sys, "argv", ["torchtitan_canzona.py", "--help"])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_path(str(ROOT / "examples" / "torchtitan_canzona.py"), run_name="__main__")
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "make install" in err and len(err.strip().splitlines()) == 1

@@ -124,7 +124,7 @@ def _fwd_bwd_rank(info, run: RunSpec, gpu: bool = False) -> dict:
         model = build_model(
             cfg,
             tp=run.layout.tp,
-            pp=run.layout.pp,
+            pp=run.pipeline,
             seq_len=run.batch.seq_len,
             dtype=dtype,
             device=info.device,
@@ -132,7 +132,7 @@ def _fwd_bwd_rank(info, run: RunSpec, gpu: bool = False) -> dict:
             attention=attention,
             gpu=gpu,
         )
-        named = named_params(model, cfg, tp=run.layout.tp, pp=run.layout.pp, stage=stage)
+        named = named_params(model, cfg, tp=run.layout.tp, pp=run.pipeline, stage=stage)
         init_weights(named, cfg, seed=run.loop.seed, tp_rank=tp_rank, tp=run.layout.tp)
         data = SyntheticTokens(cfg.vocab, run.batch.seq_len, run.batch.global_batch, run.loop.seed)
         micro = data.microbatches(0, ps.get_data_parallel_rank(), run.layout.dp, run.batch.micro_batch, info.device)
@@ -208,6 +208,21 @@ def test_param_specs_match_inventory() -> None:
         assert o["specs"] == want
     # stage 1 names carry GLOBAL layer indices, like list_params
     assert any(n.startswith("decoder.layers.1.") for n, *_ in outs[-1]["specs"])
+
+
+def test_uneven_stages_build_what_the_planner_splits() -> None:
+    """Issue 51 item 4: --first-stage-layers reaches megatron (num_layers_in_first_pipeline_stage):
+    qwen3-tiny's 4 layers at PP 2 as 1 + 3, each stage's parameters the inventory's stage, with
+    global layer indices, and the loss PP 1's."""
+    common = dict(model="qwen3-tiny", seq_len=8, micro_batch=1, global_batch=2, dp=1, tp=1)
+    ref = launch(_fwd_bwd_rank, 1, spec(**common).validate(1), timeout_s=120)[0]
+    run = spec(**common, pp=2, first_stage_layers=1).validate(2)
+    outs = launch(_fwd_bwd_rank, 2, run, timeout_s=120)
+    for o in outs:
+        want = list_params(get_model(run.model), pp=run.pipeline, stage=o["stage"])
+        assert o["specs"] == [(s.name, s.shape, s.partition_dim, s.route, s.layer) for s in want]
+    assert {s[4] for s in outs[1]["specs"]} - {None} == {1, 2, 3}
+    assert outs[-1]["loss"] == pytest.approx(ref["loss"], rel=1e-6)
 
 
 @pytest.mark.parametrize(

@@ -195,6 +195,16 @@ def test_hf_families_by_hand() -> None:
     assert len(experts) == 2 * 4 * 2 and {p.shape for p in experts} == {(64, 64), (64, 32)}
 
 
+def test_hf_qwen3_moe_follows_its_model_class(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 51 item 9: Qwen3MoeForCausalLM builds no shared expert, whatever the config.json says;
+    the ignored key is named. The same key on qwen2_moe builds one."""
+    q3 = dict(HF["qwen2_moe"], model_type="qwen3_moe")
+    without = {k: v for k, v in q3.items() if k != "shared_expert_intermediate_size"}
+    assert count_params(from_hf_config(q3, "q3")) == count_params(from_hf_config(without, "q3"))
+    assert "shared_expert_intermediate_size ignored" in capsys.readouterr().err
+    assert not any("shared_experts" in p.name for p in list_params(from_hf_config(q3, "q3")))
+
+
 @pytest.mark.parametrize(
     ("patch", "needle"),
     [
@@ -359,7 +369,11 @@ def test_uneven_stages_split_as_megatron_does(pp: int, first: int | None, last: 
         (Pipeline(4), "PP=4 does not divide the 94 layers.*--first-stage-layers"),
         (Pipeline(4, 20, 21), "94 - first - last divides by the 2 stage"),
         (Pipeline(2, 40, 50), "first \\+ last = 94"),
-        (Pipeline(8, 47, 47), "94 - first - last"),
+        (
+            Pipeline(8, 47, 47),
+            "leave 0 of the 94 layers for the 6 stage\\(s\\) between them, so a stage would be empty",
+        ),
+        (Pipeline(4, 21), "with 21 layer\\(s\\) first do not add up"),
     ],
 )
 def test_a_pp_split_that_does_not_add_up_names_the_fix(pipe: Pipeline, needle: str) -> None:
@@ -369,6 +383,16 @@ def test_a_pp_split_that_does_not_add_up_names_the_fix(pipe: Pipeline, needle: s
         Pipeline(1, first=2)
     with pytest.raises(ConfigError, match="positive integer"):
         Pipeline(4, first=0)
+
+
+def test_an_empty_middle_stage_is_named_and_no_count_is_none() -> None:
+    """Issue 51 item 8: 32 + 32 of 64 layers at PP 3 leaves the middle stage empty, said so; a stage
+    flag not given is not printed as "None"."""
+    with pytest.raises(ConfigError, match=r"leave 0 of the 64 layers .* a stage would be empty") as err:
+        get_model("qwen3-32b").validate_layout(pp=Pipeline(3, 32, 32))
+    with pytest.raises(ConfigError, match="with 63 layer\\(s\\) first do not add up") as one:
+        get_model("qwen3-32b").validate_layout(pp=Pipeline(3, 63))
+    assert "None" not in str(err.value) + str(one.value)
 
 
 def test_the_memory_model_counts_each_end_stage_with_its_own_layers() -> None:
@@ -382,3 +406,15 @@ def test_the_memory_model_counts_each_end_stage_with_its_own_layers() -> None:
     assert estimate_memory_gb("qwen3-32b", 8, Pipeline(4, 10, 10), 8, 4096, 1, **sp) > estimate_memory_gb(
         "qwen3-32b", 8, 4, 8, 4096, 1, **sp
     )
+
+
+def test_models_takes_the_stage_flags_its_pp_error_names(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 51 item 4: `canzona models` takes --first/--last-stage-layers, which its 94-layer PP
+    error tells the user to give."""
+    from canzona.commands.cli import main
+
+    assert main(["models", "qwen3-235b-a22b", "--pp", "8"]) == 2
+    assert "--first-stage-layers" in capsys.readouterr().err
+    argv = ["models", "qwen3-235b-a22b", "--pp", "8", "--first-stage-layers", "11", "--last-stage-layers", "11"]
+    assert main([*argv, "--stage", "7"]) == 0
+    assert "layers.93." in capsys.readouterr().out

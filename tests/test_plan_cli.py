@@ -153,3 +153,12 @@ def test_plan_bench_on_chosen_layouts_only(capsys: pytest.CaptureFixture[str], t
 def test_plan_bench_bad_layout_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path, layout: str) -> None:
     assert main(["plan-bench", "--layouts", layout, "--out", str(tmp_path)]) == 2
     assert layout in capsys.readouterr().err
+
+
+def test_sp_off_needs_no_memory_and_fsdp2_blames_only_what_was_given(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 51 item 8: --no-sequence-parallel asks for nothing to size (accepted without --memory);
+    --engine fsdp2 --ep 8 names --ep, not a --pp never given."""
+    rc, _, err = run(capsys, "--model", "qwen3-micro", "--dp", "2", "--no-sequence-parallel", "--json")
+    assert rc == 0, err
+    rc, _, err = run(capsys, "--model", "qwen3-micro", "--engine", "fsdp2", "--dp", "8", "--ep", "8")
+    assert rc == 2 and "drop --ep or" in err and "--pp" not in err and len(err.strip().splitlines()) == 1

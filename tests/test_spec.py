@@ -25,6 +25,8 @@ NON_DEFAULT = {
     "pp": 2,
     "dp": 4,
     "sequence_parallel": False,
+    "first_stage_layers": 1,  # qwen3-tiny's 4 layers at PP 2: 1 + 3
+    "last_stage_layers": 3,
     "ep": 2,
     "seq_len": 64,
     "micro_batch": 2,

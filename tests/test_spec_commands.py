@@ -90,3 +90,16 @@ def test_a_knob_reaches_train_and_its_plan() -> None:
     pc = spec.plan_config()
     assert (pc.profile, pc.dp_algo) == ("H200", "lpt")
     assert spec.record_config()["profile"] == "H200"
+
+
+def test_the_planned_matrices_are_the_run_s_on_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 51 item 3: the split views (what a matrix IS to the optimizer) default as the run spec
+    says on every command that takes them, so `canzona plan` at a layout shows the plan `canzona
+    train` runs there."""
+    from canzona.spec import RunSpec
+
+    for command in RUN_COMMANDS:
+        departs = {"split_qkv", "split_gate_up"} & set(knobs_of(command).defaults)
+        assert not departs, f"{command} departs from the run's {departs}"
+    assert main(["plan", "--model", "qwen3-micro", "--dp", "2", "--json"]) == 0
+    assert tuple(json.loads(capsys.readouterr().out)["split_views"]) == RunSpec(model="qwen3-micro").splits == ("qkv",)

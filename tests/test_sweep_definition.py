@@ -307,3 +307,17 @@ def test_the_slurm_cpu_sweep_has_one_ep_cell():
         ("qwen3-micro", "canzona", 1),
         ("qwen3-moe-micro", "canzona", 2),
     ]
+
+
+def test_a_layout_takes_uneven_stages_into_its_cells():
+    """Issue 51 item 4: [[layout]] takes first_stage_layers / last_stage_layers as `canzona train`
+    does: each cell runs them (its argv, its key), and stages that do not add up name the fix."""
+    d = copy.deepcopy(GOOD)
+    d["sweep"]["world"] = 2
+    d["layout"] = [{"model": "qwen3-tiny", "tp": 1, "pp": 2, "dp": 1, "reason": "r", "first_stage_layers": 1}]
+    d["sweep"]["global_batch"] = 2
+    (cell,) = parse_sweep(d, "x.toml").cells()
+    assert cell.spec.pipeline.layers(4) == (1, 3) and cell.key.endswith("|first_stage_layers=1")
+    d["layout"][0]["last_stage_layers"] = 2
+    with pytest.raises(ConfigError, match="do not add up to the 4 layers"):
+        parse_sweep(d, "x.toml")

@@ -251,18 +251,21 @@ def records_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
 def load_rows(paths: Iterable[str | Path] | str | Path, report: Callable[[str], None] = _warn) -> list[dict[str, Any]]:
     """Validated rows from every file (folders: every *.jsonl below them), duplicates checked; each
     bad line is passed to ``report`` (one message naming file:line) and left out. Input of only
-    bad lines raises, naming the first."""
-    if isinstance(paths, (str, Path)):
-        paths = [paths]
+    bad lines, or of none at all (empty files, a folder without results), raises, naming the first
+    or the files: a report of nothing is not a report."""
+    given = [paths] if isinstance(paths, (str, Path)) else list(paths)
     rows: list[dict[str, Any]] = []
     bad: list[str] = []
-    files = _expand(paths)
+    files = _expand(given)
     for f in files:
         for no, rec in iter_records(f, report=bad.append):
             rows.append(_row(rec, str(f), no))
     if bad and not rows:  # nothing to keep: one error, not a table of nothing after a page of warnings
         more = f" and {len(bad) - 1} more bad line(s)" if len(bad) > 1 else ""
         raise ResultsError(f"no valid results line in {', '.join(map(str, files))}: {bad[0]}{more}")
+    if not rows:
+        where = ", ".join(map(str, files or given))
+        raise ResultsError(f"no results line in {where}: give a file or folder with measured or projected lines")
     for message in bad:
         report(message)
     check_duplicates(rows)

@@ -407,7 +407,9 @@ def _version(dist_name: str) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     methods = [*OURS, *PEERS]
-    get_model(args.model)  # a bad name is a one-line error here, before any rank starts
+    # a bad name, or a --tp the model's heads and FFN do not divide (the stand-in splits them as
+    # torchtitan's TP plan does), is a one-line error here, before any rank starts
+    get_model(args.model).validate_layout(tp=args.tp)
     if args.model_impl == "torchtitan":
         try:
             from canzona.harness import torchtitan_qwen3
@@ -432,6 +434,8 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.time()
     per_rank = launch(_rank, args.nproc, methods, args, backend=args.backend, timeout_s=600)
     r0 = per_rank[0]
+    if not r0["step_ms"]:  # a benchmark of nothing is not a result: the cause, exit 2
+        raise ConfigError("no method ran: " + "; ".join(f"{m}: {why}" for m, why in r0["refused"].items()))
     rows = {}
     for m in r0["step_ms"]:
         rows[m] = {

@@ -34,6 +34,8 @@ KNOBS = Knobs(
     not_taken={
         "method": "set per entry by --strategies: the strategies are timed side by side in one run",
         "pp": "one stage: the benchmark builds every matrix of the model on dp·tp ranks",
+        "first_stage_layers": "one stage: no PP stages to size",
+        "last_stage_layers": "one stage: no PP stages to size",
         "sequence_parallel": "an optimizer step has no activations to split, and the benchmark registers "
         "matrices only, so no norm gradient to sum across TP (its records hold None)",
         "batch": "an optimizer step has no batch (its records hold None)",

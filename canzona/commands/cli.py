@@ -14,8 +14,10 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from canzona import __version__
+from canzona.argtypes import OutputPath
 from canzona.errors import ConfigError
 
 # optional dependencies a command may need: missing -> one line saying what to install
@@ -117,6 +119,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        refuse_writing_inputs(
+            chosen_actions(parser, args),
+            args,
+            getattr(importlib.import_module(COMMANDS[args.command][0]), "WRITES", {}),
+        )
         return int(args._run(args) or 0)
     except ConfigError as exc:
         return _user_error(args.command, str(exc))
@@ -134,6 +141,53 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _user_error(args.command, f"{exc.filename}: {exc.strerror or exc}")
     except UnicodeDecodeError as exc:  # a user file that is not UTF-8 text (ours are all written as UTF-8)
         return _user_error(args.command, f"an input file is not UTF-8 text ({exc.reason} at byte {exc.start})")
+
+
+def chosen_actions(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[argparse.Action]:
+    """Every option of the (sub)commands the command line chose: `canzona sweep run`'s are the
+    top parser's, sweep's and run's."""
+    actions: list[argparse.Action] = []
+    p: argparse.ArgumentParser | None = parser
+    while p is not None:
+        actions += p._actions
+        sub = next((a for a in p._actions if isinstance(a, argparse._SubParsersAction)), None)
+        chosen = getattr(args, sub.dest, None) if sub is not None else None
+        p = sub.choices[chosen] if sub is not None and chosen is not None else None
+    return actions
+
+
+def refuse_writing_inputs(
+    actions: Sequence[argparse.Action], args: argparse.Namespace, writes: dict[str, tuple[str, ...]]
+) -> None:
+    """ConfigError, before any work, when an output option would write over a file the same command
+    line gives as an input (any other option naming an existing file: --results, --model's
+    config.json, a sweep file). Compared by what the file IS (os.path.samefile: the same inode
+    through a symlink, a hard link or another spelling of the path), against the output file
+    itself or, for an output folder, the files already in it that the command writes (``writes``:
+    fnmatch patterns per option dest, a module's ``WRITES``; every file in the folder where a
+    command declares none)."""
+    inputs: list[tuple[str, str]] = []
+    outputs: list[tuple[argparse.Action, str]] = []
+    for a in actions:
+        value = getattr(args, a.dest, None) if a.dest != argparse.SUPPRESS else None
+        for v in value if isinstance(value, list) else [value]:
+            if not isinstance(v, str) or not v:
+                continue
+            if isinstance(a.type, OutputPath):
+                outputs.append((a, v))
+            elif os.path.isfile(v):
+                inputs.append((a.option_strings[0] if a.option_strings else a.dest, v))
+    for a, out in outputs:
+        folder = Path(out)
+        written = [folder] if folder.is_file() else [q for pat in writes.get(a.dest, ("*",)) for q in folder.glob(pat)]
+        for q in written:
+            clash = next((f"{name} {v}" for name, v in inputs if q.is_file() and os.path.samefile(q, v)), None)
+            if clash is not None:
+                where = "" if q == folder else f" would write {q}, which"
+                raise ConfigError(
+                    f"{a.option_strings[0]} {out}{where} is the input {clash}: give another {a.option_strings[0]} "
+                    "path (no command writes over its own input)"
+                )
 
 
 def _user_error(command: str, message: str) -> int:

@@ -47,6 +47,7 @@ from typing import Any, TextIO
 
 import torch
 
+from canzona.argtypes import output_dir
 from canzona.errors import ConfigError
 from canzona.results.env import REPO_ROOT
 
@@ -95,7 +96,7 @@ def ns_settings(gpu: bool, quick: bool) -> NSSettings:
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="results/gpu", help="folder for the JSON files and SUMMARY.md")
+    p.add_argument("--out", type=output_dir, default="results/gpu", help="folder for the JSON files and SUMMARY.md")
     p.add_argument("--wheels", help="install every wheel in this folder first (no index; `make gpu-wheels`)")
     p.add_argument("--quick", action="store_true", help="smoke subset: two Newton–Schulz shapes, 3 iterations")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {', '.join(PARTS)}")

@@ -18,6 +18,13 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", help="a model name, a HuggingFace config.json or a TOML inventory")
     p.add_argument("--pp", type=int_in(1, 1024), default=1, help="PP size, to show one stage")
     p.add_argument("--stage", type=int_in(0, 1023), default=None)
+    for end in ("first", "last"):
+        p.add_argument(
+            f"--{end}-stage-layers",
+            type=int_in(1, 1 << 20),
+            default=None,
+            help=f"layers of the {end} PP stage (Megatron's num_layers_in_{end}_pipeline_stage; default: even stages)",
+        )
     p.add_argument("--tp", type=int_in(1, 1024), default=1, help="check that this TP size divides the model")
     p.add_argument("--ep", type=int_in(1, 1 << 16), default=1, help="check that this EP size divides the experts")
     p.add_argument("--view", action="append", default=[], choices=tuple(VIEWS), help="split view; repeatable")
@@ -35,6 +42,7 @@ def _row(name: str, m) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from canzona.models import MODELS, count_params, get_model, list_params, shipped_configs
+    from canzona.models.stages import Pipeline
 
     if args.model is None:
         print(
@@ -46,8 +54,9 @@ def run(args: argparse.Namespace) -> int:
             print(_row(name, get_model(str(path))) + f"   ({path.name})")
         return 0
     cfg = get_model(args.model)
-    cfg.validate_layout(tp=args.tp, pp=args.pp, ep=args.ep)
-    specs = list_params(cfg, tp=args.tp, pp=args.pp, stage=args.stage, views=args.view)
+    pipe = Pipeline(args.pp, args.first_stage_layers, args.last_stage_layers)
+    cfg.validate_layout(tp=args.tp, pp=pipe, ep=args.ep)
+    specs = list_params(cfg, tp=args.tp, pp=pipe, stage=args.stage, views=args.view)
     for s in specs:
         extra = f" expert={s.expert}" if s.expert is not None else ""
         print(f"{s.name:<60} {s.shape!s:<16} tp_dim={s.partition_dim!s:<4} {s.route}{extra}")

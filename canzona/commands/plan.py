@@ -51,9 +51,6 @@ KNOBS = Knobs(
         "seq_len": Derived("none: --memory counts activations only with --seq-len"),
         "micro_batch": Derived("1 where --seq-len is given"),
         "ns_method": Derived("standard, where the optimizer runs Newton–Schulz"),
-        # off here, unlike a run: the planner's tables and goals (results/planner) price fused matrices,
-        # and inventories need not have heads; --split-qkv plans what `canzona train` runs by default
-        "split_qkv": False,
     },
     names={"method": ("--strategy", "--method")},
     values={
@@ -68,8 +65,6 @@ KNOBS = Knobs(
         "under a client's own loop (examples/fsdp2_loop.py), not a run of this project's harness",
         "shard_group": "--engine fsdp2's FSDP shard group (HSDP replicas)",
         "world": "a check: dp·tp·pp must equal it (and --dp defaults to world / (tp·pp))",
-        "first_stage_layers": "uneven PP stages (Megatron's num_layers_in_first_pipeline_stage), planned and priced",
-        "last_stage_layers": "uneven PP stages (Megatron's num_layers_in_last_pipeline_stage), planned and priced",
         "cost_table": "input file of --cost measured",
         "strict": "--cost measured: a shape missing from the table is an error",
         "view": "fused parameters planned as separate pieces (qkv, gate_up), an analysis: a run registers them "
@@ -102,14 +97,6 @@ def configure(p: argparse.ArgumentParser) -> None:
         default=None,
         help="fsdp2: the FSDP shard group (HSDP with dp / shard-group replicas; default: all of --dp)",
     )
-    for end in ("first", "last"):
-        p.add_argument(
-            f"--{end}-stage-layers",
-            type=int_in(1, 1 << 20),
-            default=None,
-            help=f"layers of the {end} PP stage (Megatron's num_layers_in_{end}_pipeline_stage; the other stages "
-            "share the rest evenly; default: even stages)",
-        )
     p.add_argument("--world", type=int_in(1, MAX_DP * 1024), default=None, help="check dp·tp·pp against this")
     p.add_argument(
         "--cost-table", type=readable_file(".json"), default=None, help="measured µs per shape for --cost measured"
@@ -259,7 +246,7 @@ def _memory_flags(args: argparse.Namespace) -> None:
     sizing = [
         f"--{f.replace('_', '-')}"
         for f in ("seq_len", "micro_batch", "sequence_parallel")
-        if getattr(args, f) is not None
+        if getattr(args, f) not in (None, False)  # --no-sequence-parallel asks for nothing to size
     ]
     if sizing and not (args.memory and args.seq_len is not None):
         raise ConfigError(

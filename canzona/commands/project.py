@@ -30,7 +30,10 @@ activation traffic is modelled, with SP or without).
 ``--ep`` prices an expert-parallel layout (expert buckets reduced and owned over expert-DP groups
 of dp / ep ranks, for Canzona's strategies and the modelled Megatron baselines alike), and
 ``--first-stage-layers`` / ``--last-stage-layers`` Megatron's uneven end stages.
-``--validate`` writes ``OUT/projection_validation.csv``.
+``--validate`` writes ``OUT/projection_validation.csv``. A custom projection's ``--out`` (a .jsonl
+file, or ``projected_custom.jsonl`` in a folder) that exists is refused unless ``--append`` adds
+to it: projected lines never replace, nor join, a file of measured ones unasked. ``--preset``
+refuses every other flag it would override (``--profile`` and ``--out`` it takes).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from canzona.analysis.projection.scenario import PAPER_BATCH
-from canzona.argtypes import existing_path, int_in
+from canzona.argtypes import OutputPath, existing_path
 from canzona.spec.flags import MATRIX_OPTIMIZERS, NOT_PRICED, Derived, Knobs, add_flags, flag, overrides
 
 # The run knobs `canzona project` takes (canzona.spec.flags), and where a projection departs from a run.
@@ -71,12 +74,17 @@ KNOBS = Knobs(
         "methods": "the methods projected side by side (the method knob as a list)",
         "overlap": "the overlap views projected (none, megatron): a projection's, not a run's",
         "views": "split views of fused parameters; a run registers them fused, as Megatron does",
-        "first_stage_layers": "uneven PP stages (Megatron's num_layers_in_first_pipeline_stage), as `canzona plan`",
-        "last_stage_layers": "uneven PP stages (Megatron's num_layers_in_last_pipeline_stage), as `canzona plan`",
         "out": "output file or folder",
+        "append": "output: add to an existing --out file instead of refusing it",
         "json": "output form",
     },
 )
+
+
+DEFAULT_METHODS = "sc,layerwise,asc,canzona"
+# what --out receives (a preset's file and studies, a custom projection, --validate's CSV): the CLI
+# refuses an input among them before any work
+WRITES = {"out": ("projected*.jsonl", "projection_*.csv")}
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -90,24 +98,23 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="compare with measured result lines (files/folders)",
     )
     p.add_argument("--layout", type=_layout_arg, default=None, help="dp,tp,pp (not with --dp/--tp/--pp or --preset)")
-    for end in ("first", "last"):
-        p.add_argument(
-            f"--{end}-stage-layers",
-            type=int_in(1, 1 << 20),
-            default=None,
-            help=f"layers of the {end} PP stage (Megatron's num_layers_in_{end}_pipeline_stage; default: even stages)",
-        )
-    p.add_argument("--methods", default="sc,layerwise,asc,canzona")
+    p.add_argument("--methods", default=None, help=f"methods side by side (default {DEFAULT_METHODS})")
     p.add_argument(
         "--overlap", action="append", choices=("none", "megatron"), help="overlap view; repeatable (default none)"
     )
     p.add_argument(
-        "--views", default="", help="split views, e.g. qkv,gate_up (default none: fused as Megatron registers them)"
+        "--views", default=None, help="split views, e.g. qkv,gate_up (default none: fused as Megatron registers them)"
     )
     p.add_argument(
         "--out",
-        type=_out_arg,
+        type=OutputPath("output_path", file_suffixes=(".jsonl",)),
         help="folder for projected.jsonl / projection_*.csv (presets, --validate) or a .jsonl file",
+    )
+    p.add_argument(
+        "--append",
+        action="store_true",
+        help="add the projected lines to an existing --out .jsonl file (without it, an existing file is refused: "
+        "projected lines never go into a file of measured ones unasked)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
@@ -119,12 +126,6 @@ def _layout_arg(text: str) -> str:
     except ValueError as exc:  # ConfigError is a ValueError
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
-
-
-def _out_arg(text: str) -> str:
-    from canzona.argtypes import output_dir, output_file
-
-    return output_file(text) if text.endswith(".jsonl") else output_dir(text)
 
 
 def _layout(text: str):
@@ -152,8 +153,7 @@ def _knobs(args: argparse.Namespace) -> dict[str, Any]:
         lay = _layout(args.layout)
         given |= {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp}
     spec = RunSpec().replace(**KNOBS.base()).replace(**{k: v for k, v in given.items() if k not in KNOBS.repeat})
-    ends = {k: getattr(args, k) for k in ("first_stage_layers", "last_stage_layers")}
-    return {n: spec.flat()[n] for n in KNOBS.fields if n not in KNOBS.repeat} | ends
+    return {n: spec.flat()[n] for n in KNOBS.fields if n not in KNOBS.repeat}
 
 
 def _speedups(res: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -194,19 +194,24 @@ def run(args: argparse.Namespace) -> int:
 
     default = ["cpu-local"] if args.validate else ["H800"]  # our measured runs are CPU gloo runs
     profiles = [load_profile(p) for p in (args.profile or default)]
-    if args.validate:
-        return _validate(args.validate, profiles, Path(args.out or "results"))
     if args.preset:
-        lay = ("layout", "dp", "tp", "pp", "ep", "first_stage_layers", "last_stage_layers")
-        given = [flag(n) for n in lay if getattr(args, n) is not None]
+        given = [flag(n) for n, v in vars(args).items() if n not in PRESET_TAKES and v not in (None, False)]
         if given:
             from canzona.errors import ConfigError
 
             raise ConfigError(
-                f"--preset {args.preset} projects its own layouts; drop {'/'.join(given)} (or drop --preset)"
+                f"--preset {args.preset} projects its own models, layouts and knobs; drop {' '.join(given)} "
+                "(or drop --preset)"
             )
         return _write_preset(args.preset, Path(args.out or "results"), profiles if args.profile else None)
+    if args.validate:
+        return _validate(args.validate, profiles, Path(args.out or "results"))
     return _custom(args, profiles)
+
+
+# What a preset takes from the command line (every other option is one the preset sets itself, so
+# typing it is refused, never silently overridden: each option here defaults to None or False).
+PRESET_TAKES = ("command", "_run", "preset", "profile", "out")
 
 
 def _validate(results: list[str], profiles: list[Any], out: Path) -> int:
@@ -262,15 +267,16 @@ def _custom(args: argparse.Namespace, profiles: list[Any]) -> int:
     """One model and layout from the flags, every method and overlap view asked for."""
     from canzona.analysis.projection import METHODS, Scenario, project_grid, projected_env, to_record
     from canzona.errors import ConfigError
-    from canzona.results.schema import write_atomic
+    from canzona.results.schema import append_record, write_atomic
 
     overlaps = args.overlap or ["none"]
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    methods = [m.strip() for m in (args.methods or DEFAULT_METHODS).split(",") if m.strip()]
     bad = [m for m in methods if m not in METHODS]
     if bad:
         raise ConfigError(f"the projection models {', '.join(METHODS)}; not {', '.join(bad)}")
+    path = _custom_out(args)
     knobs = _knobs(args)
-    views = tuple(v for v in args.views.split(",") if v)
+    views = tuple(v for v in (args.views or "").split(",") if v)
     scen = [Scenario.of(knobs, method=m, views=views, overlap=ov) for ov in overlaps for m in methods]
     projs = project_grid(scen, profiles)
     rows = [
@@ -286,14 +292,33 @@ def _custom(args: argparse.Namespace, profiles: list[Any]) -> int:
         print(_as_json(rows))
     else:
         _print(rows)
-    if args.out:
+    if path is not None:
         env = projected_env()
-        path = Path(args.out)
-        if path.suffix != ".jsonl":
-            path = path / "projected_custom.jsonl"
-        write_atomic(path, "".join(json.dumps(to_record(p, env), sort_keys=True) + "\n" for p in projs))
-        print(f"wrote {path}")
+        if args.append:
+            for p in projs:
+                append_record(path, to_record(p, env))
+        else:
+            write_atomic(path, "".join(json.dumps(to_record(p, env), sort_keys=True) + "\n" for p in projs))
+        print(f"{'appended to' if args.append else 'wrote'} {path}")
     return 0
+
+
+def _custom_out(args: argparse.Namespace) -> Path | None:
+    """The file a custom projection writes: --out's .jsonl, or projected_custom.jsonl in its folder.
+    An existing file is refused without --append, before any work: it may hold measured lines, which
+    projected ones must never replace nor join unasked."""
+    from canzona.errors import ConfigError
+
+    if args.out is None:
+        if args.append:
+            raise ConfigError("--append adds to the --out file: give --out FILE.jsonl, or drop --append")
+        return None
+    path = Path(args.out)
+    if path.suffix != ".jsonl":
+        path = path / "projected_custom.jsonl"
+    if path.exists() and not args.append:
+        raise ConfigError(f"{path} exists: add --append to add the projected lines to it, or give another --out path")
+    return path
 
 
 def _write_preset(name: str, out: Path, profiles: list[Any] | None) -> int:

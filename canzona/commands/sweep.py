@@ -17,6 +17,10 @@ from typing import Any
 
 from canzona.argtypes import nonneg_int, output_dir, positive_float, positive_int, readable_file
 
+# what each output folder receives (per-sweep run folders, the collected <sweep>.jsonl, the dry run's
+# scripts): the CLI refuses an input among them before any work
+WRITES = {"runs_dir": ("*/**/*",), "results_dir": ("*.jsonl",), "out": ("*",)}
+
 
 def configure(p: argparse.ArgumentParser) -> None:
     """Subcommands show / run / status / collect, all taking the sweep file first."""

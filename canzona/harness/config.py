@@ -54,7 +54,7 @@ def check_host_memory(run: RunSpec, local_ranks: int) -> None:
 
     lay, b = run.layout, run.batch
     need = estimate_memory_gb(
-        run.model, lay.tp, lay.pp, lay.dp, b.seq_len, b.micro_batch, sequence_parallel=run.uses_sequence_parallel
+        run.model, lay.tp, run.pipeline, lay.dp, b.seq_len, b.micro_batch, sequence_parallel=run.uses_sequence_parallel
     )
     have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
     if need * local_ranks > have:

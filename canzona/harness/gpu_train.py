@@ -86,13 +86,15 @@ def predicted_memory(run: RunSpec) -> MemoryBreakdown:
     from canzona.plan.types import Layout
 
     lay, machine = run.layout, run.machine
-    layout = Layout(lay.dp, lay.tp, lay.pp)
+    layout = Layout(
+        lay.dp, lay.tp, lay.pp, first_stage_layers=lay.first_stage_layers, last_stage_layers=lay.last_stage_layers
+    )
     param_bytes = 2 if machine.dtype == "bf16" else 4
     prec = MemoryPrecision(param_bytes=param_bytes, grad_bytes=4, ns_bytes=2 if run.optim.ns_dtype == "bf16" else 4)
     settings = LowerSettings(model=MODELS["nccl" if machine.device == "gpu" else "gloo"], param_bytes=param_bytes)
     worst = []
     for stage, plan in enumerate(plan_model(run.model, layout, run.plan_config(), split=run.splits)):
-        specs = list_params(get_model(run.model), tp=lay.tp, pp=lay.pp, stage=stage, split=run.splits)
+        specs = list_params(get_model(run.model), tp=lay.tp, pp=run.pipeline, stage=stage, split=run.splits)
         worst.append(peak(stage_memory(plan, specs, settings, prec)))
     return peak(worst)
 

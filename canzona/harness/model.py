@@ -38,6 +38,7 @@ from canzona.harness.norm import SequenceParallelRMSNorm
 from canzona.harness.params import mark_grouped_experts, tp_shard
 from canzona.models.qwen3 import Qwen3Config
 from canzona.models.spec import ParamSpec
+from canzona.models.stages import Pipeline, pipeline
 
 ROPE_BASE = 1_000_000  # Qwen3's rope_theta
 NORM_EPS = 1e-6
@@ -142,7 +143,7 @@ def transformer_config(
     cfg: Qwen3Config,
     *,
     tp: int,
-    pp: int,
+    pp: int | Pipeline,
     dtype: torch.dtype,
     gpu: bool,
     attention: str,
@@ -177,7 +178,10 @@ def transformer_config(
         hidden_dropout=0.0,
         attention_dropout=0.0,
         tensor_model_parallel_size=tp,
-        pipeline_model_parallel_size=pp,
+        pipeline_model_parallel_size=pipeline(pp).pp,
+        # uneven end stages (None: even), as the planner splits them (canzona.models.stages.Pipeline)
+        num_layers_in_first_pipeline_stage=pipeline(pp).first,
+        num_layers_in_last_pipeline_stage=pipeline(pp).last,
         sequence_parallel=sequence_parallel,
         params_dtype=dtype,
         pipeline_dtype=dtype,
@@ -255,7 +259,7 @@ def build_model(
     cfg: Qwen3Config,
     *,
     tp: int,
-    pp: int,
+    pp: int | Pipeline,
     seq_len: int,
     dtype: torch.dtype,
     device: torch.device,

@@ -29,6 +29,7 @@ from canzona.errors import ConfigError
 from canzona.models.qwen3 import Qwen3Config, list_params
 from canzona.models.routing import DEFAULT_ROUTING, RoutingRule
 from canzona.models.spec import ParamSpec
+from canzona.models.stages import Pipeline, pipeline
 
 NamedParam = tuple[str, ParamSpec, torch.nn.Parameter]
 _LAYER = re.compile(r"(^|\.)layers\.(\d+)\.")
@@ -131,7 +132,7 @@ def named_params(
     cfg: Qwen3Config,
     *,
     tp: int,
-    pp: int,
+    pp: int | Pipeline,
     stage: int,
     routing: RoutingRule = DEFAULT_ROUTING,
     split: tuple[str, ...] = (),
@@ -145,7 +146,7 @@ def named_params(
     Raises ConfigError when megatron's model and the inventory of ``cfg`` disagree in names or
     shapes (a wrong config, or a megatron version that renamed something).
     """
-    offset = stage * (cfg.layers // pp)
+    offset = sum(pipeline(pp).layers(cfg.layers)[:stage])  # layers of the stages before this one
     block = cfg.experts // ep if cfg.experts else 0
     got: dict[str, tuple[ParamSpec, torch.nn.Parameter]] = {}
     for raw, p in model.named_parameters():

@@ -120,7 +120,7 @@ def build_optimizer(
     if run.layout.ep > 1:  # the stage's every expert is planned on every rank; this rank steps its own
         stage = ps.get_pipeline_model_parallel_rank()
         stage_specs = list_params(
-            get_transformer(run.model), tp=run.layout.tp, pp=run.layout.pp, stage=stage, split=run.splits
+            get_transformer(run.model), tp=run.layout.tp, pp=run.pipeline, stage=stage, split=run.splits
         )
         experts = ExpertParallel(run.layout.ep, ps.get_expert_data_parallel_group(), tuple(stage_specs))
     # stage_group = this PP stage's TP×DP ranks (stages hold different params, hence different
@@ -208,7 +208,7 @@ def stage_model(run: RunSpec, mcfg: Any, device: torch.device) -> tuple[torch.nn
     at every layout (parallel_state must be initialised)."""
     from megatron.core import parallel_state as ps
 
-    tp, pp, ep, stage = run.layout.tp, run.layout.pp, run.layout.ep, ps.get_pipeline_model_parallel_rank()
+    tp, pp, ep, stage = run.layout.tp, run.pipeline, run.layout.ep, ps.get_pipeline_model_parallel_rank()
     model = build_model(
         mcfg,
         tp=tp,

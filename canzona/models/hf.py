@@ -14,6 +14,7 @@ HuggingFace modeling code: Qwen2 has biases on q/k/v; Qwen3 has per-head RMSNorm
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -102,9 +103,7 @@ def from_hf_config(d: dict[str, Any], name: str, source: str = "") -> Transforme
             **common, experts=_get(d, "num_local_experts"), expert_ffn=common["ffn"], top_k=_top_k(d)
         )
     if kind in ("qwen2_moe", "qwen3_moe"):
-        shared = d.get("shared_expert_intermediate_size", 0) or 0
-        if kind == "qwen2_moe":
-            shared = _get(d, "shared_expert_intermediate_size")
+        shared = _get(d, "shared_expert_intermediate_size") if kind == "qwen2_moe" else _ignored(d, kind)
         return TransformerConfig(
             **common,
             experts=_get(d, "num_experts"),
@@ -114,6 +113,26 @@ def from_hf_config(d: dict[str, Any], name: str, source: str = "") -> Transforme
             top_k=_top_k(d),
         )
     return TransformerConfig(**common)
+
+
+# Keys a family's config may carry that its HuggingFace model class never reads: Qwen3MoeForCausalLM
+# (transformers' modeling_qwen3_moe) builds no shared expert, unlike Qwen2MoeForCausalLM, so a
+# Qwen3-MoE config.json copied from a Qwen2-MoE one still says shared_expert_intermediate_size.
+IGNORED = {"qwen3_moe": ("Qwen3MoeForCausalLM", ("shared_expert_intermediate_size",))}
+
+
+def _ignored(d: dict[str, Any], kind: str) -> int:
+    """0 (no shared expert: the model class builds none), saying on stderr which keys were ignored,
+    so the count follows the model that runs, not a key the model never reads."""
+    model_class, unread = IGNORED.get(kind, ("", ()))
+    keys = [k for k in unread if d.get(k)]
+    if keys:
+        print(
+            f"note: config.json: {', '.join(keys)} ignored: {kind}'s model class (transformers' {model_class}) "
+            "builds no shared expert",
+            file=sys.stderr,
+        )
+    return 0
 
 
 def _top_k(d: dict[str, Any]) -> int:

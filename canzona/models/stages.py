@@ -58,6 +58,12 @@ class Pipeline:
             return (n_layers // self.pp,) * self.pp
         ends = [v for v in (self.first, self.last) if v is not None]
         rest, others = n_layers - sum(ends), self.pp - len(ends)
+        given = " and ".join(f"{v} layer(s) {end}" for end, v in (("first", self.first), ("last", self.last)) if v)
+        if others and rest <= 0:
+            raise ConfigError(
+                f"PP={self.pp} stages with {given} leave {max(rest, 0)} of the {n_layers} layers for the {others} "
+                f"stage(s) between them, so a stage would be empty; lower the end stages' layers or PP"
+            )
         if (others == 0 and rest) or (others and (rest < others or rest % others)):
             between = (
                 f"{n_layers} - first - last divides by the {others} stage(s) between them"
@@ -65,8 +71,8 @@ class Pipeline:
                 else (f"first + last = {n_layers}")
             )
             raise ConfigError(
-                f"PP={self.pp} stages with {self.first} layer(s) first and {self.last} last do not add up to the "
-                f"{n_layers} layers; pick first/last stage layers so that {between}"
+                f"PP={self.pp} stages with {given} do not add up to the {n_layers} layers; pick first/last "
+                f"stage layers so that {between}"
             )
         per = rest // others if others else 0
         return (self.first or per, *([per] * (self.pp - 2)), self.last or per)

@@ -41,10 +41,12 @@ def _megatron_layout(dp: int, tp: int, pp: int, ep: int, shard: int | None) -> L
 
 
 def _fsdp2_layout(dp: int, tp: int, pp: int, ep: int, shard: int | None) -> Layout:
-    if pp > 1 or ep > 1:
+    given = {name: v for name, v in (("pp", pp), ("ep", ep)) if v > 1}  # name only what the user set
+    if given:
         raise ConfigError(
-            f"the fsdp2 engine plans FSDP / HSDP (with TP); pp={pp}, ep={ep} are Megatron layouts: "
-            "drop --pp / --ep or choose the megatron engine"
+            f"the fsdp2 engine plans FSDP / HSDP (with TP); {', '.join(f'{k}={v}' for k, v in given.items())} "
+            f"{'is a Megatron layout' if len(given) == 1 else 'are Megatron layouts'}: drop "
+            f"{' / '.join('--' + k for k in given)} or choose the megatron engine"
         )
     s = dp if shard is None else shard
     if s < 1 or dp % s:

@@ -153,9 +153,13 @@ def cell_key(config: dict[str, Any]) -> str:
     skip cells already done), and with ``alpha = "auto"`` the α is an outcome of the run. Lines of
     one cell that ran different plans are told apart by the analysis (``canzona.analysis.load``
     compares their plan hashes), not by the key. An expert-parallel run's key ends in its EP size;
-    a run without EP keeps the key it had before EP existed (its records lack the field)."""
+    a run without EP keeps the key it had before EP existed (its records lack the field); so do
+    uneven PP end stages (``first_stage_layers`` / ``last_stage_layers``, absent or None when even)."""
     ep = config.get("ep")
-    return "|".join(f"{k}={config.get(k)}" for k in CELL_FIELDS) + (f"|ep={ep}" if ep not in (None, 1) else "")
+    ends = "".join(
+        f"|{k}={config[k]}" for k in ("first_stage_layers", "last_stage_layers") if config.get(k) is not None
+    )
+    return "|".join(f"{k}={config.get(k)}" for k in CELL_FIELDS) + (f"|ep={ep}" if ep not in (None, 1) else "") + ends
 
 
 def ns_dtype_for(optimizer: str, ns_dtype: str | None) -> str | None:
@@ -453,11 +457,12 @@ def iter_records(
 def classified_lines(path: str | Path) -> Iterator[tuple[int, dict[str, Any], str, str | None]]:
     """(line number, upgraded record or {}, the raw line, None or the problem naming file:line) of
     every non-blank line: the one place a results file is parsed and validated. Bytes that are not
-    UTF-8 are a garbled line, not an unreadable file."""
+    UTF-8 are a garbled line, not an unreadable file; a byte-order mark (an editor's UTF-8 with BOM)
+    is not part of the first line."""
     p = Path(path)
     with p.open("rb") as f:
         for no, raw_b in enumerate(f, 1):
-            raw = raw_b.decode(errors="replace")
+            raw = raw_b.decode("utf-8-sig" if no == 1 else "utf-8", errors="replace")
             if not raw.strip():
                 continue
             where = f"{p}:{no}"

@@ -72,7 +72,7 @@ def model_layout(spec: RunSpec, world: int | None, gpu: bool | None) -> None:
 
     cfg = get_model(spec.model)  # unknown model -> ConfigError listing the known ones
     tp, pp, dp = spec.layout.tp, spec.layout.pp, spec.layout.dp
-    cfg.validate_layout(tp=tp, pp=pp)  # heads, KV heads, FFN, vocab, layers
+    cfg.validate_layout(tp=tp, pp=spec.pipeline)  # heads, KV heads, FFN, vocab, layers, end stages
     if getattr(cfg, "tied_embeddings", False) and pp > 1:
         raise ConfigError(
             f"{cfg.name} ties its embeddings; PP>1 would need the shared embedding's gradient all-reduced "
@@ -150,12 +150,14 @@ def expert_layout(spec: RunSpec, world: int | None, gpu: bool | None) -> None:
     Canzona method with a matrix optimizer, sequence parallelism at TP > 1 (megatron-core's MoE
     layer refuses to train at expert TP > 1 without it; expert TP is TP). Any PP the model's
     layers take: each stage's experts form their own expert-DP groups (``expert_dp_group``)."""
-    ep, tp, pp, dp = spec.layout.ep, spec.layout.tp, spec.layout.pp, spec.layout.dp
+    ep, tp, dp = spec.layout.ep, spec.layout.tp, spec.layout.dp
     if ep == 1:
         return
     from canzona.models import get_model
 
-    get_model(spec.model).validate_layout(tp=tp, pp=pp, ep=ep)  # a dense model, or EP not dividing the experts
+    get_model(spec.model).validate_layout(
+        tp=tp, pp=spec.pipeline, ep=ep
+    )  # a dense model, or EP not dividing the experts
     if dp % ep:
         divisors = [e for e in range(1, dp + 1) if dp % e == 0]
         raise ConfigError(f"--ep {ep} must divide --dp {dp} (experts are sharded inside DP); pick --ep in {divisors}")

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from canzona.argtypes import MAX_INT_FLAG
 from canzona.cost import optimizer_names, runs_newton_schulz
 from canzona.errors import ConfigError
+from canzona.models.stages import Pipeline
 from canzona.plan.buckets import resolve_bucket_size
 from canzona.plan.types import PlanConfig
 from canzona.results.schema import cell_key
@@ -71,6 +72,11 @@ class RunSpec:
     @property
     def world(self) -> int:
         return self.layout.tp * self.layout.pp * self.layout.dp
+
+    @property
+    def pipeline(self) -> Pipeline:
+        """The PP stages: ``pp`` of them, the end stages' own layer counts where given."""
+        return Pipeline(self.layout.pp, self.layout.first_stage_layers, self.layout.last_stage_layers)
 
     @property
     def uses_sequence_parallel(self) -> bool:

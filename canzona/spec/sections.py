@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from canzona.argtypes import MAX_INT_FLAG
+from canzona.models.transformer import MAX_LAYERS
 from canzona.plan.comm import REQUESTABLE_MODES
 from canzona.plan.types import ALPHA_AUTO, DEFAULT_ALPHA, DP_LAYOUTS, MAX_DP
 
@@ -64,6 +65,23 @@ class LayoutSpec:
         None,
         "sequence parallelism: norms and dropout on 1/TP of the sequence, their weight grads summed across TP "
         "(default: on where tp > 1)",
+    )
+    # None: even stages. Megatron's num_layers_in_first/last_pipeline_stage: the end stages, which also
+    # hold the embedding and the output layer, get their own layer count and the others share the rest
+    # (how a 94-layer model runs at PP 4, 8, 16); the planner, the projection and the harness read them.
+    first_stage_layers: int | None = knob(
+        None,
+        "layers of the first PP stage (Megatron's num_layers_in_first_pipeline_stage; the other stages share the "
+        "rest evenly; default: even stages)",
+        lo=1,
+        hi=MAX_LAYERS,
+    )
+    last_stage_layers: int | None = knob(
+        None,
+        "layers of the last PP stage (Megatron's num_layers_in_last_pipeline_stage; the other stages share the "
+        "rest evenly; default: even stages)",
+        lo=1,
+        hi=MAX_LAYERS,
     )
     ep: int = knob(
         1,

@@ -37,7 +37,9 @@ def cell_memory_gb(cell: Cell) -> float:
     if run.is_peer or run.optim.optimizer not in matrix_optimizer_names():
         lay, b = run.layout, run.batch
         sp = run.uses_sequence_parallel
-        return estimate_memory_gb(run.model, lay.tp, lay.pp, lay.dp, b.seq_len, b.micro_batch, sequence_parallel=sp)
+        return estimate_memory_gb(
+            run.model, lay.tp, run.pipeline, lay.dp, b.seq_len, b.micro_batch, sequence_parallel=sp
+        )
     return _canzona_memory_gb(run)
 
 
@@ -48,9 +50,10 @@ def _canzona_memory_gb(run: RunSpec) -> float:
     from canzona.plan.schedule import LowerSettings
     from canzona.plan.types import Layout
 
-    model, (tp, pp, dp) = run.model, (run.layout.tp, run.layout.pp, run.layout.dp)
+    model, (tp, pp, dp) = run.model, (run.layout.tp, run.pipeline, run.layout.dp)
     seq_len, micro_batch, sp = run.batch.seq_len, run.batch.micro_batch, run.uses_sequence_parallel
-    plans = plan_model(model, Layout(dp, tp, pp), run.plan_config(), split=run.splits)
+    layout = Layout(dp, tp, pp.pp, first_stage_layers=pp.first, last_stage_layers=pp.last)
+    plans = plan_model(model, layout, run.plan_config(), split=run.splits)
     param_bytes = 2 if run.machine.dtype == "bf16" else 4
     prec = MemoryPrecision(param_bytes=param_bytes, ns_bytes=2 if run.optim.ns_dtype == "bf16" else 4)
     settings = LowerSettings(param_bytes=param_bytes)

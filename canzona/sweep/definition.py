@@ -38,7 +38,21 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # ns_dtypes), the sweep-wide device, and the named configuration.
 NS_FORMATS = ("fp32", "bf16")  # a sweep names concrete formats: "auto" would differ between nodes
 REQUIRED_SETTINGS = ("seq_len", "micro_batch", "global_batch", "warmup", "iters")  # no silent defaults
-NOT_SETTINGS = ("model", "tp", "pp", "dp", "ep", "method", "optimizer", "ns_dtype", "device", "variant", "name")
+NOT_SETTINGS = (
+    "model",
+    "tp",
+    "pp",
+    "dp",
+    "ep",
+    "first_stage_layers",
+    "last_stage_layers",
+    "method",
+    "optimizer",
+    "ns_dtype",
+    "device",
+    "variant",
+    "name",
+)
 
 
 def _toml_types(t: Any) -> tuple[type, ...]:
@@ -59,7 +73,8 @@ SETTINGS: dict[str, tuple[type, ...]] = {
 @dataclass(frozen=True)
 class Layout:
     """One model's parallel layout; ``reason`` records why these TP/PP/DP sizes were chosen.
-    ``ep``: expert parallelism inside DP (an MoE model's experts sharded over ``ep`` DP ranks)."""
+    ``ep``: expert parallelism inside DP (an MoE model's experts sharded over ``ep`` DP ranks);
+    ``first_stage_layers`` / ``last_stage_layers``: uneven PP end stages (None: even)."""
 
     model: str
     tp: int
@@ -68,6 +83,14 @@ class Layout:
     reason: str
     time_min: int | None = None
     ep: int = 1
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
+
+    @property
+    def knobs(self) -> dict[str, Any]:
+        """The run knobs this layout sets."""
+        ends = {"first_stage_layers": self.first_stage_layers, "last_stage_layers": self.last_stage_layers}
+        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep, **ends}
 
     @property
     def world(self) -> int:
@@ -173,7 +196,7 @@ class SweepDefinition:
                     continue
                 for method, opt, ns in itertools.product(g.methods, g.optimizers, g.ns_dtypes or (self.ns_dtype,)):
                     base = RunSpec(model=lay.model).replace(
-                        tp=lay.tp, pp=lay.pp, dp=lay.dp, ep=lay.ep, method=method, optimizer=opt, device=self.device
+                        **lay.knobs, method=method, optimizer=opt, device=self.device
                     )
                     run = base.replace(
                         **{k: v for k, v in st.items() if base.applies(k)},
@@ -264,18 +287,21 @@ def _parse_layout(t: Any, w: str, s: dict[str, Any]) -> Layout:
             "reason": (str, True),
             "time_min": (int, False),
             "ep": (int, False),
+            "first_stage_layers": (int, False),
+            "last_stage_layers": (int, False),
         },
     )
     ep = v.get("ep", 1)
-    _positive(w, tp=v["tp"], pp=v["pp"], dp=v["dp"], ep=ep, time_min=v.get("time_min"))
+    ends = {k: v.get(k) for k in ("first_stage_layers", "last_stage_layers")}
+    _positive(w, tp=v["tp"], pp=v["pp"], dp=v["dp"], ep=ep, time_min=v.get("time_min"), **ends)
     model = get_model(v["model"]).name
+    lay = Layout(model, v["tp"], v["pp"], v["dp"], v["reason"].strip(), v.get("time_min"), ep, **ends)
     try:
-        get_model(model).validate_layout(tp=v["tp"], pp=v["pp"])
+        get_model(model).validate_layout(tp=v["tp"], pp=RunSpec(model=model).replace(**lay.knobs).pipeline)
     except ConfigError as exc:
         raise ConfigError(f"{w}: {exc}") from None
-    lay = Layout(model, v["tp"], v["pp"], v["dp"], v["reason"].strip(), v.get("time_min"), ep)
     # EP dividing the experts and DP: `canzona train --ep`'s own check (a grid without SP at TP > 1: cells())
-    _check_experts(w, RunSpec(model=model).replace(tp=lay.tp, pp=lay.pp, dp=lay.dp, ep=ep))
+    _check_experts(w, RunSpec(model=model).replace(**lay.knobs))
     if not lay.reason:
         raise ConfigError(f"{w}: reason is empty; write down why this TP/PP/DP was chosen")
     if lay.world != s["world"]:
@@ -385,7 +411,7 @@ def parse_sweep(data: dict[str, Any], source: str = "<sweep>") -> SweepDefinitio
         w = f"{source} [[layout]] #{i + 1}"
         lay = _parse_layout(t, w, s)
         _check_batch(w, lay, s["global_batch"], s["micro_batch"])
-        if any((o.model, o.tp, o.pp, o.dp, o.ep) == (lay.model, lay.tp, lay.pp, lay.dp, lay.ep) for o in layouts):
+        if any((o.model, o.knobs) == (lay.model, lay.knobs) for o in layouts):
             raise ConfigError(f"{w}: {lay.model} TP={lay.tp} PP={lay.pp} DP={lay.dp} EP={lay.ep} is listed twice")
         layouts.append(lay)
 
