@@ -52,7 +52,8 @@ def _canzona_memory_gb(run: RunSpec) -> float:
     seq_len, micro_batch, sp = run.batch.seq_len, run.batch.micro_batch, run.uses_sequence_parallel
     plans = plan_model(model, Layout(dp, tp, pp), run.plan_config(), split=run.splits)
     param_bytes = 2 if run.machine.dtype == "bf16" else 4
-    prec = MemoryPrecision(param_bytes=param_bytes, ns_bytes=2 if run.optim.ns_dtype == "bf16" else 4)
+    ns_bytes = 2 if run.optim.ns_dtype == "bf16" else 4
+    prec = MemoryPrecision(param_bytes=param_bytes, ns_bytes=ns_bytes, ns_batch_bytes=run.optim.ns_batch_mb << 20)
     settings = LowerSettings(param_bytes=param_bytes)
     worst = 0.0
     for stage, plan in enumerate(plans):
