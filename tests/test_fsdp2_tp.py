@@ -152,3 +152,26 @@ def test_a_matrix_replicated_over_tp_is_refused_before_the_first_step() -> None:
     for msg in launch(_replicated_matrix, 4):
         assert msg.startswith("layers.0.proj.weight: replicated over the TP mesh dimension"), msg
         assert "ColwiseParallel / RowwiseParallel or route it to adamw" in msg
+
+
+def test_tiles_permute_without_a_host_list_per_call() -> None:
+    """On CUDA, indexing with a Python list is a blocking host-to-device copy: after the first call
+    the permutations run on index tensors made once, with no list turned into a tensor."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    tiles = matrix_tiles("w", (16, 24), _StridedShard(0, split_factor=2), Shard(0), 2, 2)
+    m = torch.randn(16, 24)
+    tiles.to_matrix(tiles.to_stacked(m))  # the first call per device makes the index tensors
+    with Ops() as seen:
+        back = tiles.to_matrix(tiles.to_stacked(m))
+    assert torch.equal(back, m)
+    assert not [op for op in seen.ops if op.startswith(("aten.index.Tensor", "aten.lift_fresh"))], seen.ops

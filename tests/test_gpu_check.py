@@ -11,6 +11,7 @@ import io
 import json
 import sys
 import warnings
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from canzona.harness import gpu_summary, gpu_train
 from canzona.harness.gpu_train import GPU_RUN, predicted_memory
 from canzona.harness.step_probe import StepProbe
 from canzona.models import get_model, list_params
+from canzona.optim.muon import ns_batch, ns_working_bytes
 from canzona.results.env import REPO_ROOT
 
 FIXTURE = Path(__file__).parent / "fixtures" / "gpu_check" / "failing_goals.json"
@@ -269,8 +271,12 @@ def test_gpu_run_fits_the_budget_and_its_memory_is_the_hand_count() -> None:
     other = sum(s.numel for s in specs if s.route != "matrix")
     # world 1: bf16 params + fp32 main grads + fp32 masters of everything, Muon momentum, AdamW's two moments
     assert b.total_bytes - b.workspace == (matrix + other) * (2 + 4 + 4) + 4 * matrix + 8 * other
-    m, n = 2 * 6144, 2048  # fc1, the largest matrix: fp32 grad + update, bf16 X, X', and two n×n Gram terms
-    assert b.workspace == m * n * (4 + 4 + 2 + 2) + 2 * n * n * 2
+    m, n = 2 * 6144, 2048  # fc1: fp32 momentum copy + update, bf16 X, X', result, and two n×n Gram terms
+    assert ns_working_bytes((m, n), 2) == m * n * (4 + 4 + 2 + 2 + 2) + 2 * n * n * 2
+    # world 1: every matrix is local, each shape's layers batched under the default 1 GiB budget
+    count = Counter(s.shape for s in specs if s.route == "matrix")
+    budget = run.optim.ns_batch_mb << 20
+    assert b.workspace == max(min(c, ns_batch(sh, 2, budget)) * ns_working_bytes(sh, 2) for sh, c in count.items())
 
 
 @pytest.mark.multiproc

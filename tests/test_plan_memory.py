@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from canzona.models import get_model, list_params
+from canzona.optim.muon import ns_batch, ns_working_bytes
 from canzona.plan.build import plan_model
 from canzona.plan.readers.memory import MemoryPrecision, peak, stage_memory
 from canzona.plan.schedule import LowerSettings
@@ -42,8 +43,8 @@ def test_qwen3_32b_canzona_matches_the_hand_computation() -> None:
     assert b.master * 1.01 >= 4 * LOCAL / DP and b.master <= 4 * (LOCAL / DP + FC1)
     # state: the momentum of the hosted fc1 (fp32, full matrix) + AdamW's two fp32 moments of a 1/32 slice
     assert b.optimizer == pytest.approx(4 * FULL_FC1 + 2 * 4 * ADAMW_LOCAL / DP, rel=0.02)
-    # one update's peak: fp32 gradient + update of fc1 and its bf16 NS working set (X, X', A, B)
-    assert b.workspace == FULL_FC1 * (4 + 4 + 2 + 2) + 2 * 5120 * 5120 * 2
+    # one update's peak: fp32 gradient + update of fc1 and its bf16 NS working set (X, X', result, A, B)
+    assert b.workspace == FULL_FC1 * (4 + 4 + 2 + 2 + 2) + 2 * 5120 * 5120 * 2
     assert b.total_bytes < 80e9  # fits an 80 GB GPU with room for activations
 
 
@@ -86,3 +87,22 @@ def test_terms_beside_the_tensors_come_from_the_profile_with_their_sources(capsy
     for term in SYSTEM:
         assert f"  {term} " in out and f"  {term}: " in out  # its row and its source
     assert "NCCL_BUFFSIZE 4 MiB" in out and "expandable_segments:True" in out
+
+
+def test_expert_batch_is_charged_by_its_budget_not_the_expert_count() -> None:
+    """Qwen3-30B-A3B at TP 1, EP 8: an owner's experts across 48 layers are hundreds of fc1 (1536, 2048)
+    and fc2 (2048, 768) matrices run as batched Newton–Schulz; the workspace is the largest chunk the
+    budget holds (``Muon.batch_size``: 20 fc1 per GiB), not one matrix and not all of them."""
+    plans = plan_model("qwen3-30b-a3b", Layout(8, 1, 1, ep=8), PlanConfig(strategy="canzona"))
+    specs = list_params(get_model("qwen3-30b-a3b"))
+    fc1, fc2 = (2 * 768, 2048), (2048, 768)
+
+    def workspace(budget: int) -> int:
+        prec = MemoryPrecision(ns_batch_bytes=budget)
+        return max(b.workspace for b in stage_memory(plans[0], specs, LowerSettings(param_bytes=2), prec))
+
+    for gib in (1, 4):
+        budget = gib << 30
+        chunk = max(ns_batch(shape, 2, budget) * ns_working_bytes(shape, 2) for shape in (fc1, fc2))
+        assert workspace(budget) == chunk <= budget
+    assert ns_batch(fc1, 2, 1 << 30) == 20

@@ -14,6 +14,7 @@ from canzona.plan import make_plan
 from canzona.plan.build import adamw_buckets
 from canzona.plan.comm import (
     GLOO,
+    HOST_COPY_US,
     HOST_LAUNCH_US,
     NCCL,
     SLICE_ALIGN,
@@ -85,6 +86,20 @@ def test_the_mode_choice_pays_a_host_launch_per_call() -> None:
     assert choose_mode(sizes, "auto", model(10.0), 4) == "all-reduce-broadcast"
     assert NCCL.launch_us == HOST_LAUNCH_US > 0 and GLOO.launch_us == 0  # a calibrated fit includes it
     assert NCCL.issued_us("broadcast", 1, 100) == 0  # no call on one rank
+
+
+def test_uneven_pays_a_host_launch_per_staging_copy() -> None:
+    """At DP 256 the uneven mode's staging launches 2 x 256 + 1 copies per bucket (each slice in, its
+    own out; its own in, the others out), 256 for a gather alone, each priced at ``copy_launch_us``."""
+    sizes = [1000, 999] * 128
+
+    def model(copy_launch: float) -> CommModel:
+        return CommModel("t", Link(bus_bw=1e9, base_latency_us=0.0), copy_bw=1e12, copy_launch_us=copy_launch)
+
+    for gather_only, copies in ((False, 513), (True, 256)):
+        with_launches = mode_cost_us("uneven", sizes, 4, model(5.0), gather_only)
+        assert with_launches == pytest.approx(mode_cost_us("uneven", sizes, 4, model(0.0), gather_only) + 5 * copies)
+    assert NCCL.copy_launch_us == HOST_COPY_US > 0 and GLOO.copy_launch_us == 0  # CPU copies: memcpy, in copy_bw
 
 
 def test_rooted_calls_are_one_uneven_call_each_where_the_backend_has_them() -> None:

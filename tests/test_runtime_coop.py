@@ -145,10 +145,14 @@ def test_cooperation_is_canzona_muon_only() -> None:
         make_plan(specs, Layout(1, 2), PlanConfig(coop_force=((FC1.format(0), 4),)))
 
 
-def _split_groups_rank(info, dp: int, tp: int, split: bool) -> dict:
+ALL_KEYS = {(4, 1): ("dp0+2", "dp2+2", "dp0+4"), (1, 4): ("tp0/2", "tp1/2"), (2, 2): ()}
+
+
+def _split_groups_rank(info, dp: int, tp: int, split: bool, used: dict[int, tuple[str, ...]] | None = None) -> dict:
     """coop_comms's groups on this rank; ``split``: every ``new_group`` first waits for the WHOLE
     world, as NCCL's communicator split does when the default group was initialised with
-    ``device_id`` (gloo cannot bind a device, so the split's rendezvous is played by a barrier)."""
+    ``device_id`` (gloo cannot bind a device, so the split's rendezvous is played by a barrier).
+    ``used``: the keys each rank's plan uses (default: every sub-group of the layout)."""
     import torch.distributed as dist
 
     from canzona.runtime.executors.coop import coop_comms
@@ -164,7 +168,8 @@ def _split_groups_rank(info, dp: int, tp: int, split: bool) -> dict:
     dist.new_group = new_group
     try:
         dp_group, tp_group = dp_tp_groups(info.rank, dp, tp)
-        comms = coop_comms(dp_group, tp_group, dp, tp, timeout_s=120.0)
+        keys = ALL_KEYS[(dp, tp)] if used is None else used.get(info.rank, ())
+        comms = coop_comms(dp_group, tp_group, dp, tp, timeout_s=120.0, used=frozenset(keys))
     finally:
         dist.new_group = real
     sums = {}
@@ -197,3 +202,15 @@ def test_sub_groups_are_created_by_every_rank_in_one_order(dp: int, tp: int, spl
             assert {k: r for k, (r, _) in o["groups"].items()} == {f"tp{t % 2}/2": [t % 2, t % 2 + 2]}
         else:
             assert o["groups"] == {}
+
+
+@pytest.mark.multiproc
+def test_only_the_sub_groups_some_plan_uses_are_created_by_every_rank() -> None:
+    """Rank 0's plan (a PP stage's, say) uses the pair of DP ranks 0-1, the others none: every rank
+    makes that one group (of each parent) and no other, instead of all three."""
+    outs = launch(_split_groups_rank, 4, 4, 1, False, {0: ("dp0+2",)}, timeout_s=30)
+    assert all(o["calls"] == outs[0]["calls"] for o in outs)
+    # dp_tp_groups makes the world, DP and TP groups; coop_comms one pair, not also 2-3 and 0-3
+    assert [c for c in outs[0]["calls"] if len(c[0]) == 2] == [([0, 1], False)]
+    assert outs[0]["calls"][-1] == ([0, 1], False)
+    assert [sorted(o["groups"]) for o in outs] == [["dp0+2"], ["dp0+2"], [], []]

@@ -41,6 +41,7 @@ NON_DEFAULT = {
     "adamw_weight_decay": 0.01,
     "ns_dtype": "bf16",
     "ns_method": "gram",
+    "ns_batch_mb": 256,
     "split_qkv": False,
     "split_gate_up": True,
     "method": "canzona",
@@ -84,8 +85,9 @@ def test_round_trips_of_a_spec_changing_every_field() -> None:
     peer = spec.replace(method="megatron-muon", muon_tp_mode="blockwise")
     peer = dataclasses.replace(peer, plan=type(peer.plan)(method="megatron-muon", alpha=1.0, bucket_size=1000))
     peer = dataclasses.replace(peer, comm=type(peer.comm)(collective_timeout_s=30))
-    # Megatron's Muon splits QKV only, and the peer is not run with EP (spec.checks.expert_layout)
-    peer = peer.replace(ns_method="standard", split_gate_up=False, ep=1)
+    # Megatron's Muon splits QKV only, the peer is not run with EP (spec.checks.expert_layout), and
+    # it batches no Newton–Schulz of Canzona's
+    peer = peer.replace(ns_method="standard", split_gate_up=False, ep=1, ns_batch_mb=1024)
     peer.validate()
     assert parse_argv(to_argv(peer)) == peer and RunSpec.from_record(peer.record_config()) == peer
     rec = peer.record_config()

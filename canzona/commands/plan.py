@@ -280,8 +280,13 @@ def _extras(model, plans, args: argparse.Namespace, profile) -> dict:
     if args.memory and plans[0].dp.strategy != "zero":
         system = system_memory(profile)
         acts, sources = _activations(model, plans, args)
-        prec = MemoryPrecision(param_bytes=param_bytes, ns_bytes=param_bytes)
+        prec = MemoryPrecision(param_bytes=param_bytes, ns_bytes=param_bytes, ns_batch_bytes=args.ns_batch_mb << 20)
         b = plans_memory(model, plans, settings, prec, system, acts)
+        if plans[0].config.optimizer == "muon":
+            sources["workspace"] = (
+                "the largest update, or the largest batched Newton-Schulz of one shape's local matrices (an owner's "
+                f"experts across layers), chunked to the budget --ns-batch-mb {args.ns_batch_mb} MiB"
+            )
         mem = b.to_dict() | {"sources": dict(system.sources) | sources}
         if args.hbm_gb is not None:
             mem["hbm_gb"] = args.hbm_gb

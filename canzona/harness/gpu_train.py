@@ -90,7 +90,12 @@ def predicted_memory(run: RunSpec) -> MemoryBreakdown:
         lay.dp, lay.tp, lay.pp, first_stage_layers=lay.first_stage_layers, last_stage_layers=lay.last_stage_layers
     )
     param_bytes = 2 if machine.dtype == "bf16" else 4
-    prec = MemoryPrecision(param_bytes=param_bytes, grad_bytes=4, ns_bytes=2 if run.optim.ns_dtype == "bf16" else 4)
+    prec = MemoryPrecision(
+        param_bytes=param_bytes,
+        grad_bytes=4,
+        ns_bytes=2 if run.optim.ns_dtype == "bf16" else 4,
+        ns_batch_bytes=run.optim.ns_batch_mb << 20,
+    )
     settings = LowerSettings(model=MODELS["nccl" if machine.device == "gpu" else "gloo"], param_bytes=param_bytes)
     worst = []
     for stage, plan in enumerate(plan_model(run.model, layout, run.plan_config(), split=run.splits)):

@@ -63,6 +63,12 @@ class MatrixOptimizer(ABC):
         launch per small matrix: an owner's experts are thousands of them."""
         return [self.direction(g, s, step) for g, s in zip(grads, states, strict=True)]
 
+    def batch_size(self, shape: tuple[int, int], device: torch.device) -> int:
+        """How many matrices of ``shape`` one ``directions`` call may take: a batched core holds its
+        working set for all of them at once, so the caller chunks by this to bound the peak. One
+        here: without a batched core a bigger call saves nothing."""
+        return 1
+
     def check_inputs(self, grad: torch.Tensor, state_like: torch.Tensor, step: int) -> None:
         """Validate a direction() call: 2-D non-empty grad, 1-based step, state of the grad's shape."""
         check_matrix(grad, self.name)

@@ -36,6 +36,27 @@ NSMethodSetting = Literal["standard", "gram", "auto"]
 # In fp32 the drift of R over 5 iterations is ~1e-5, so fp32 skips restarts and keeps Gram's
 # full FLOP saving. docs/newton-schulz.md has the numbers.
 PUBLISHED_RESTARTS = (2,)
+# The most bytes one batched Newton–Schulz of same-shape matrices may hold (``ns_working_bytes`` per
+# matrix): an owner's experts of one shape across every layer are hundreds of matrices (Qwen3-30B-A3B
+# at TP 1, EP 8: ~32 GiB for fc1 in one call), while a few dozen already fill a GPU's matmul units.
+DEFAULT_BATCH_BYTES = 1 << 30
+FP32 = 4
+
+
+def ns_working_bytes(shape: tuple[int, int], ns_bytes: int, k: int = 1) -> int:
+    """Peak bytes of one matrix's update: its fp32 (Nesterov) momentum copy and fp32 update plus the
+    Newton–Schulz working set (X, next X and the result in ``ns_bytes``, and the s×s Gram A = X·Xᵀ
+    and B): 14 bytes per element in bf16, 20 in fp32, as measured on the meta device
+    (tests/test_runtime_ns_batch.py); a cooperative member (``k`` ranks per matrix) holds 1/k of the
+    matrix but the whole Gram."""
+    m, n = shape
+    s = min(m, n)
+    return m * n // k * (2 * FP32 + 3 * ns_bytes) + 2 * s * s * ns_bytes
+
+
+def ns_batch(shape: tuple[int, int], ns_bytes: int, budget: int) -> int:
+    """Matrices of ``shape`` per batched Newton–Schulz call that ``budget`` bytes hold (at least one)."""
+    return max(1, budget // ns_working_bytes(shape, ns_bytes))
 
 
 def half_precision_restarts(steps: int) -> tuple[int, ...]:
@@ -54,8 +75,14 @@ class MuonConfig(OptimizerConfig):
     compute_dtype: ComputeDtype = "auto"  # auto: bf16 where the device has native bf16 matmul (precision.py)
     ns_method: NSMethodSetting = "standard"  # auto: gram on long-thin shapes (canzona.cost.ns_method_for)
     ns_restarts: tuple[int, ...] | None = None  # None: half_precision_restarts in bf16, none in fp32
+    batch_bytes: int = DEFAULT_BATCH_BYTES  # the most one batched Newton–Schulz of same-shape matrices holds
 
     def __post_init__(self) -> None:
+        if not isinstance(self.batch_bytes, int) or self.batch_bytes < 1:
+            raise ConfigError(
+                f"muon batch_bytes must be a positive number of bytes, got {self.batch_bytes!r}; "
+                f"the default {DEFAULT_BATCH_BYTES} bounds each batched Newton–Schulz at 1 GiB"
+            )
         if not 0.0 <= self.momentum < 1.0:
             raise ConfigError(f"muon momentum must be in [0, 1), got {self.momentum}")
         if self.ns_steps < 1:
@@ -91,12 +118,18 @@ class Muon(MatrixOptimizer):
     def directions(self, grads: Sequence[torch.Tensor], states: Sequence[State], step: int) -> list[torch.Tensor]:
         """Same-shape matrices: momentum each, then ONE Newton–Schulz on their stack (a batch of
         matrices, each normalised and iterated on its own: never mixed across matrices), then
-        the scale. Standard and Gram both run batched (canzona.optim.newton_schulz)."""
+        the scale. Standard and Gram both run batched (canzona.optim.newton_schulz). Callers hand
+        at most ``batch_size`` matrices per call."""
         if len(grads) == 1:
             return [self.direction(grads[0], states[0], step)]
         stacked = torch.stack([self.before(g, s, step) for g, s in zip(grads, states, strict=True)])
         ortho = self.orthogonalize(stacked)
         return [self.after(o, tuple(g.shape)) for o, g in zip(ortho, grads, strict=True)]
+
+    def batch_size(self, shape: tuple[int, int], device: torch.device) -> int:
+        """``ns_batch`` under ``config.batch_bytes`` in the Newton–Schulz format on ``device``: the
+        peak follows the budget, not the number of matrices (the memory model charges the same chunk)."""
+        return ns_batch(shape, compute_dtype_for(self.config.compute_dtype, device).itemsize, self.config.batch_bytes)
 
     def orthogonalize(self, M: torch.Tensor) -> torch.Tensor:
         """Newton–Schulz of the whole matrix ``M`` (or of each of a batch (b, m, n)) with the

@@ -158,6 +158,7 @@ class CommModel:
     copy_bw: float = 1e12  # bytes/s of a local staging copy (read + write)
     source: str = ""
     launch_us: float = 0.0  # host time to issue one call (``HOST_LAUNCH_US``); 0 where a fit includes it
+    copy_launch_us: float = 0.0  # host time to launch one staging copy (``HOST_COPY_US``); no fit includes it
     span: Span | None = None  # where the group's ranks sit: NCCL's latency model and rail busBw
     # the backend runs a rooted mode's calls over uneven slices as ONE call each way: an ``all_gather``
     # of a list of unequal tensors and a ``reduce_scatter`` of unequal inputs, which ProcessGroupNCCL
@@ -205,6 +206,12 @@ class CommModel:
 # a native mode pays it once (NVIDIA/nccl issue #725: ~1000 grouped reduce-scatters far slower than
 # one concatenated call). Calibrated fits (the CPU profile, GLOO) measure whole calls and carry 0.
 HOST_LAUNCH_US = 10.0
+# Host time to launch one device copy from PyTorch (a ``Tensor.copy_`` between slices: dispatch and a
+# kernel launch). ASSUMPTION, not measured here: ~5 us, half a collective's (no Work object, no
+# events). The uneven mode's staging issues about 2 x DP of them per bucket (each rank's slice into
+# the padded buffer before the reduce-scatter, the others' out after the all-gather): ~510 launches
+# per bucket at DP 256 on the thread that launches the compute.
+HOST_COPY_US = 5.0
 
 
 # Defaults the runtime uses to choose a DP collective mode when the caller gives no model.
@@ -217,6 +224,7 @@ NCCL = CommModel(
     copy_bw=3.0e12,
     source="IB 50 GB/s per GPU (DeepSeek-V3 report sec. 3.2.2); NCCL tuning.cc Ring/Simple latencies 8.4 + 6.6 us/step",
     launch_us=HOST_LAUNCH_US,
+    copy_launch_us=HOST_COPY_US,
     uneven_rooted=True,
 )
 # gloo on one CPU host: per-kind fits of `canzona calibrate-cpu` (canzona/hardware/profiles/cpu-local.toml,
@@ -266,6 +274,7 @@ def profile_model(profile: Profile, span: int, name: str, members: int | None = 
         source=f"hardware profile {profile.name} [links.{which}]"
         + (f", {nodes} nodes × {per_node}" if nodes > 1 else ""),
         launch_us=0.0 if profile.collectives else HOST_LAUNCH_US,
+        copy_launch_us=HOST_COPY_US,
         span=where,
         uneven_rooted=not profile.collectives,
     )
@@ -344,7 +353,8 @@ def mode_cost_us(
     mode: str, slice_sizes: Sequence[int], elem_bytes: int, model: CommModel, gather_only: bool = False
 ) -> float:
     """Gradient reduction + parameter gather of one bucket in ``mode`` (µs, α–β model plus the
-    host time to issue each call, ``CommModel.issued_us``); uneven adds its staging copies.
+    host time to issue each call, ``CommModel.issued_us``); uneven adds its staging copies, their
+    bytes and the host time to launch each (``staging_copies``).
     ``gather_only``: the gather alone (layer-wise's owner gather, whose gradients are all-reduced)."""
     n = len(slice_sizes)
     if all(w == slice_sizes[0] for w in slice_sizes) and mode == "uneven":
@@ -357,7 +367,15 @@ def mode_cost_us(
     t = sum(model.issued_us(c.kind, n, c.nbytes, c.parts) for c in calls)
     if mode == "uneven":
         t += (1 if gather_only else 2) * model.copy_us(n * padded_width(slice_sizes) * elem_bytes)
+        t += staging_copies(n, gather_only) * model.copy_launch_us
     return t
+
+
+def staging_copies(n: int, gather_only: bool = False) -> int:
+    """Copies the uneven mode launches per bucket of ``n`` slices (canzona.runtime.collectives.Uneven):
+    the reduction stages every slice in and its own out (n + 1), the gather its own in and the
+    others out (n)."""
+    return n if gather_only else 2 * n + 1
 
 
 def choose_mode(

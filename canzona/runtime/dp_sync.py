@@ -2,8 +2,14 @@
 all-gathers (optionally overlapped with the next forward), executed as the schedule lowered them.
 
 Gradients: a post-accumulate hook folds each ``.grad`` into its main grad; when the last parameter
-of a bucket has its gradient, the bucket's reduction is launched (async) while backward continues.
-``finish`` launches what the hooks did not, waits for everything, then sums the TP-partial
+of a bucket has its gradient, the bucket is ready. Reductions are launched (async, while backward
+continues) in ONE order on every rank, ``launch_order``: the order backward makes buckets ready (the
+bucket whose first parameter comes last in the model first, over both kinds), each only after every
+bucket before it. Why not as hooks fire: a parameter with no gradient on some rank (an expert that
+got no tokens, a skipped branch) leaves its bucket unready there, and a bucket launched late on one
+rank pairs different buckets in one collective (wrong sums for equal sizes, a hang otherwise). Its
+main grad stays zero, so a missing gradient counts as zeros (as Megatron's buffers). ``finish``
+launches what the hooks did not, in that order, waits for everything, then sums the TP-partial
 gradients (QK-norm weights) across TP in ONE all-reduce.
 
 Parameters: ``launch_param_sync`` issues every bucket's all-gather last bucket first (the last
@@ -19,7 +25,7 @@ an expert's gradient on one rank already sums the tokens its EP group's ranks ro
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -42,8 +48,12 @@ class DPSync:
         tp_partial: frozenset[str],
         device: torch.device,
         timer: PhaseTimer,
+        param_order: Sequence[str],
     ) -> None:
         self.schedule, self.sets, self.groups = schedule, sets, groups
+        self.launch_order = launch_order(sets, param_order)
+        self.ready: set[Key] = set()
+        self.launched = 0  # launch_order[:launched] are launched this step
         self.dp_group, self.tp_group = groups["dp"], groups["tp"]
         self.group_size = {k: dist.get_world_size(g) for k, g in groups.items()}  # edp only under EP
         self.dp, self.device, self.timer = schedule.dp, device, timer
@@ -97,8 +107,19 @@ class DPSync:
         else:
             self.pending[(kind, b)] = self.modes[(kind, b)].reduce(bb.chunks("grad"), group)
 
+    def on_ready(self, kind: str, b: int) -> None:
+        """Bucket ``(kind, b)`` has every gradient: launch it and every ready bucket after it, in
+        ``launch_order``, up to the first one not ready."""
+        self.ready.add((kind, b))
+        self._launch_through(lambda key: key in self.ready)
+
+    def _launch_through(self, ok: Callable[[Key], bool]) -> None:
+        while self.launched < len(self.launch_order) and ok(self.launch_order[self.launched]):
+            self.launch(*self.launch_order[self.launched])
+            self.launched += 1
+
     def hook_callbacks(self, kind: str, overlap: bool) -> tuple[Callable, Callable, Callable]:
-        return (lambda b: self.launch(kind, b), lambda: overlap and self.sync_enabled, self.zero_if_needed)
+        return (lambda b: self.on_ready(kind, b), lambda: overlap and self.sync_enabled, self.zero_if_needed)
 
     def finish(self) -> None:
         """Fold hand-set ``.grad``s, launch every bucket not launched, wait for all, sum TP partials."""
@@ -110,12 +131,12 @@ class DPSync:
                         f"a .grad was set on a parameter of {kind} bucket {b} after the bucket's reduction was "
                         "launched; set gradients before backward finishes or call finish_grad_sync() once"
                     )
-        for kind, bufs in self.sets.items():
-            for b in range(len(bufs.buckets)):
-                self.launch(kind, b)
+        self._launch_through(lambda key: True)
         for p in self.pending.values():
             p.wait()
         self.pending.clear()
+        self.ready.clear()
+        self.launched = 0
         for bufs in self.sets.values():
             bufs.reset_ready()
         if self.partial:
@@ -190,3 +211,13 @@ class DPSync:
                     module.register_forward_pre_hook(lambda _m, _a, keys=keys: self.wait_before_forward(keys))
                 )
         return handles
+
+
+def launch_order(sets: dict[str, FlatBuffers], param_order: Sequence[str]) -> list[Key]:
+    """Every bucket of every kind in the order backward makes them ready: by the position of each
+    bucket's first parameter in ``param_order`` (the model's), last first. A function of the
+    buckets and the parameter order alone, so every rank launches the same sequence."""
+    pos = {n: i for i, n in enumerate(param_order)}
+    buckets = [((kind, b), bb.where) for kind, bufs in sets.items() for b, bb in enumerate(bufs.buckets)]
+    first = {key: min((pos[n] for n in where), default=-1) for key, where in buckets}  # empty: never ready, last
+    return sorted(first, key=lambda key: -first[key])

@@ -26,7 +26,9 @@ def sum_of_squares(tensors: Sequence[torch.Tensor], device: torch.device) -> tor
     live = [t for t in tensors if t.numel()]
     if not live:
         return torch.zeros((), dtype=torch.float64, device=device)
-    norms = torch._foreach_norm(live, 2.0)  # one fused kernel per dtype/device, as clip_grad_norm_ uses
+    # one fused kernel per dtype/device, as clip_grad_norm_ uses; each norm comes out in fp32 whatever the
+    # gradients' dtype: a bf16 norm is rounded to 8 bits before squaring (up to 0.8% off the clip coefficient)
+    norms = torch._foreach_norm(live, 2.0, dtype=torch.float32)
     # stack first, cast once: a per-norm cast is one tiny launch per tensor (~700 a step at 32B)
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for n in norms:

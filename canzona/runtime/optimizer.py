@@ -48,7 +48,7 @@ from canzona.runtime.collectives import has_uneven_rooted
 from canzona.runtime.config import DistConfig
 from canzona.runtime.dp_sync import DPSync
 from canzona.runtime.executors.base import StepContext, run_executors
-from canzona.runtime.executors.coop import coop_comms, held_pieces, ns_rounds
+from canzona.runtime.executors.coop import coop_comms, held_pieces, ns_rounds, used_comms
 from canzona.runtime.executors.tp import select_executors
 from canzona.runtime.experts import ExpertParallel, check_expert_layout
 from canzona.runtime.timers import PhaseTimer
@@ -197,11 +197,12 @@ class DistributedOptimizer:
         layouts = {k: [b for b in s.buckets if b.kind == k] for k in ("matrix", "adamw")}
         self.sets = {k: FlatBuffers(v, self.params, gdtype, self.dp_rank, self.device) for k, v in layouts.items() if v}
         groups = {"dp": self.dp_group, "tp": self.tp_group, **({"edp": self.edp_group} if self.ep > 1 else {})}
-        self.dps = DPSync(s, self.sets, groups, self.tp_partial, self.device, self.timer)
+        self.dps = DPSync(s, self.sets, groups, self.tp_partial, self.device, self.timer, list(self.params))
         coop = next((e.coop for e in s.executors if e.kind == "cooperative"), ())
         comms = {"tp": self.tp_group, "dp": self.dp_group}
         if self.plan is not None and self.plan.config.cooperative:
-            comms.update(coop_comms(self.dp_group, self.tp_group, self.dp, self.tp, self.config.comm.timeout_s))
+            used = used_comms(self.plan, self.tp)
+            comms.update(coop_comms(self.dp_group, self.tp_group, self.dp, self.tp, self.config.comm.timeout_s, used))
         self.comms = comms
         self.executors = select_executors(s.executors, self.specs, comms, self.device)
         self.applied = [n for spec in s.executors for n in spec.names]

@@ -124,7 +124,7 @@ class RunSpec:
         if o.optimizer != "adamw":
             opts = {"lr": o.lr, "weight_decay": o.weight_decay}
         if self.runs_newton_schulz:
-            opts.update(compute_dtype=o.ns_dtype, ns_method=o.ns_method)
+            opts.update(compute_dtype=o.ns_dtype, ns_method=o.ns_method, batch_bytes=o.ns_batch_mb << 20)
         return DistConfig(
             optimizer=optimizer_config(o.optimizer, **opts),
             adamw=AdamWConfig(lr=o.adamw_lr, betas=(0.9, 0.95), weight_decay=o.adamw_weight_decay),
@@ -182,8 +182,8 @@ class RunSpec:
 
         f = f or leaves()[name][1]
         method = get_method(self.plan.method)
-        if name in ("ns_dtype", "ns_method"):
-            return self.runs_newton_schulz
+        if name in ("ns_dtype", "ns_method", "ns_batch_mb"):
+            return self.runs_newton_schulz and (name != "ns_batch_mb" or not method.peer)
         if name in ("split_qkv", "split_gate_up"):
             return self.optim.optimizer != "adamw"  # views of a matrix optimizer's matrices
         if f.metadata.get("canzona"):

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from canzona.argtypes import MAX_INT_FLAG
 from canzona.models.transformer import MAX_LAYERS
+from canzona.optim.muon import DEFAULT_BATCH_BYTES
 from canzona.plan.comm import REQUESTABLE_MODES
 from canzona.plan.types import ALPHA_AUTO, DEFAULT_ALPHA, DP_LAYOUTS, MAX_DP
 
@@ -122,6 +123,15 @@ class OptimSpec:
         "auto: bf16 where the device computes it natively, bf16 for the peer; the record holds the concrete one",
     )
     ns_method: NsMethod = knob("standard", "Newton–Schulz method (auto: Gram on long-thin shapes, per shape)")
+    # Muon's batch_bytes: an owner's same-shape matrices (experts across layers) go through batched
+    # Newton–Schulz calls of at most this many MiB each, so the peak follows it, not the expert count
+    ns_batch_mb: int = knob(
+        DEFAULT_BATCH_BYTES >> 20,
+        "MiB one batched Newton–Schulz of same-shape matrices (an owner's experts) may hold; the memory model "
+        "charges that chunk",
+        lo=1,
+        canzona=True,
+    )
     # Split views (canzona.models.split): the defaults are Megatron's Muon's. megatron-core's
     # OptimizerConfig.muon_split_qkv = True, and its Muon splits only the parameters it tags is_qkv
     # (linear_qkv, per query group); linear_fc1 is orthogonalised whole. Read in megatron-core 0.16.1

@@ -55,7 +55,8 @@ def _canzona_memory_gb(run: RunSpec) -> float:
     layout = Layout(dp, tp, pp.pp, first_stage_layers=pp.first, last_stage_layers=pp.last)
     plans = plan_model(model, layout, run.plan_config(), split=run.splits)
     param_bytes = 2 if run.machine.dtype == "bf16" else 4
-    prec = MemoryPrecision(param_bytes=param_bytes, ns_bytes=2 if run.optim.ns_dtype == "bf16" else 4)
+    ns_bytes = 2 if run.optim.ns_dtype == "bf16" else 4
+    prec = MemoryPrecision(param_bytes=param_bytes, ns_bytes=ns_bytes, ns_batch_bytes=run.optim.ns_batch_mb << 20)
     settings = LowerSettings(param_bytes=param_bytes)
     worst = 0.0
     for stage, plan in enumerate(plans):

@@ -18,7 +18,9 @@ Per GPU, in bytes:
   tp_staging    the TP executors' fused buffers (fp32): micro-group ping-pong pairs, or the
                 duplicated all-gather's send + receive buffers
   workspace     the transient peak of one update: the assembled fp32 gradient and update of the
-                largest computed matrix plus its Newton–Schulz working set
+                largest computed matrix plus its Newton–Schulz working set; under Muon, of the
+                largest batched Newton–Schulz of same-shape local matrices (experts across layers),
+                chunked to ``ns_batch_bytes``
   activations   what the caller says the stage holds at its 1F1B peak (zero when not given)
 What the process holds beside the tensors, from the hardware profile's ``[memory]`` section
 (``SystemMemory``; zero where a profile has none, as the CPU one):
@@ -34,6 +36,7 @@ every GPU (sc), the duplicated TP gather and state on every TP rank, the owner-g
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -42,6 +45,7 @@ from canzona.hardware.profile import MEMORY_KEYS, Profile
 from canzona.models import list_params
 from canzona.models.spec import ParamSpec
 from canzona.models.transformer import Model
+from canzona.optim.muon import DEFAULT_BATCH_BYTES, ns_batch, ns_working_bytes
 from canzona.plan.build import adamw_buckets
 from canzona.plan.schedule import BucketLayout, LowerSettings, RankSchedule, stage_schedules
 from canzona.plan.types import Plan
@@ -93,11 +97,13 @@ def communicators(s: RankSchedule) -> int:
 
 @dataclass(frozen=True)
 class MemoryPrecision:
-    """Element sizes: parameters (2 = bf16), main grads, Newton–Schulz working set."""
+    """Element sizes: parameters (2 = bf16), main grads, Newton–Schulz working set; and the bytes one
+    batched Newton–Schulz may hold (``MuonConfig.batch_bytes``, the run's ``--ns-batch-mb``)."""
 
     param_bytes: int = 2
     grad_bytes: int = 4
     ns_bytes: int = 2
+    ns_batch_bytes: int = DEFAULT_BATCH_BYTES
 
 
 @dataclass(frozen=True)
@@ -132,12 +138,25 @@ def _region(b: BucketLayout, dp_rank: int) -> int:
     return hi - lo
 
 
-def _ns_workspace(shape: tuple[int, int], prec: MemoryPrecision, k: int = 1) -> int:
-    """Assembled fp32 gradient + fp32 update + NS working set (X, next X, A = X·Xᵀ, B) of one matrix;
-    a cooperative member holds 1/k of the matrix but the whole m×m Gram."""
-    m, n = shape
-    s = min(m, n)
-    return m * n // k * (2 * FP32 + 2 * prec.ns_bytes) + 2 * s * s * prec.ns_bytes
+def _workspace(s: RankSchedule, plan: Plan | None, prec: MemoryPrecision) -> int:
+    """The largest single update this rank runs (``ns_working_bytes``; a cooperative member's 1/k),
+    or, for Muon, the largest batched Newton–Schulz of a local executor's same-shape matrices:
+    ``ns_batch`` of them under ``prec.ns_batch_bytes``, as ``Muon.directions`` chunks them."""
+    if plan is None:
+        return 0
+    items = {it.name: it for it in plan.items}
+    k = {g.name: g.k for g in plan.coop}
+    work = max((ns_working_bytes(items[n].shape, prec.ns_bytes, k.get(n, 1)) for n in s.computes), default=0)
+    if plan.config.optimizer != "muon":
+        return work
+    for spec in s.executors:
+        if spec.kind != "local":
+            continue
+        count = Counter(items[n].shape for n in spec.names if not items[n].parts)
+        for shape, c in count.items():
+            batch = min(c, ns_batch(shape, prec.ns_bytes, prec.ns_batch_bytes))
+            work = max(work, batch * ns_working_bytes(shape, prec.ns_bytes))
+    return work
 
 
 def _tp_staging(s: RankSchedule, plan: Plan) -> int:
@@ -198,7 +217,6 @@ def rank_memory(
     adam = sum(_region(b, s.dp_rank) for b in s.buckets if b.kind == "adamw")
     k = {g.name: g.k for g in plan.coop} if plan is not None else {}  # cooperative: blocks of 1/k
     state = sum(cost.state_bytes(items[n].shape) // k.get(n, 1) for n in s.computes) if cost is not None else 0
-    work = max((_ns_workspace(items[n].shape, prec, k.get(n, 1)) for n in s.computes), default=0)
     tensors = {
         "params": size * prec.param_bytes,
         "main_grads": size * prec.grad_bytes,
@@ -206,7 +224,7 @@ def rank_memory(
         "optimizer": state + 2 * adam * FP32,
         "dp_staging": _dp_staging(s, plan, prec),
         "tp_staging": _tp_staging(s, plan) if plan is not None else 0,
-        "workspace": work,
+        "workspace": _workspace(s, plan, prec),
         "activations": activations,
     }
     return MemoryBreakdown(

@@ -344,33 +344,47 @@ def ns_rounds(plan: Plan | None, math: MatrixOptimizer | None, device: torch.dev
     return {"ns_steps": muon.config.ns_steps, "ns_restarts": muon.ns_restarts_for(dtype)}
 
 
-def coop_comms(
-    dp_group: dist.ProcessGroup | None, tp_group: dist.ProcessGroup | None, dp: int, tp: int, timeout_s: float
-) -> dict[str, dist.ProcessGroup]:
-    """The cooperative sub-groups this rank belongs to, for every group size of canzona.plan.coop,
-    created once whatever this stage's plan chose: at TP = 1 the aligned DP sub-groups, at TP > 1
-    the strided TP sub-groups (k < TP; the whole TP group is "tp").
+def used_comms(plan: Plan, tp: int) -> frozenset[str]:
+    """The sub-group keys (``coop_comm_key``) of ``plan``'s cooperative groups: what ``coop_comms`` builds."""
+    return frozenset(coop_comm_key(g, tp) for g in plan.coop)
 
-    Every rank of the world creates every sub-group of every parent (each DP group at TP = 1, each
-    TP group otherwise) in the same order, as Megatron creates its groups: ``new_group`` is
+
+def coop_comms(
+    dp_group: dist.ProcessGroup | None,
+    tp_group: dist.ProcessGroup | None,
+    dp: int,
+    tp: int,
+    timeout_s: float,
+    used: frozenset[str],
+) -> dict[str, dist.ProcessGroup]:
+    """The cooperative sub-groups this rank belongs to, of the keys ``used`` (``used_comms`` of this
+    stage's plan): at TP = 1 aligned DP sub-groups, at TP > 1 strided TP sub-groups (k < TP; the
+    whole TP group is "tp").
+
+    Every rank of the world creates the same sub-groups of every parent (each DP group at TP = 1,
+    each TP group otherwise) in the same order, as Megatron creates its groups: ``new_group`` is
     collective over the default group, and where the default group was initialised with
     ``device_id`` NCCL makes a sub-group by splitting the default communicator, which needs every
     rank of it, so a group created by its members alone (``use_local_synchronization``) hangs
-    there. The parents' rank lists come from one ``all_gather_object`` over the world; the set of
-    sub-groups does not depend on the plan (PP stages plan differently) and goes by increasing k.
-    At 256 GPUs this is one small all-gather and, at DP 256 × TP 1, 128 + 64 + 32 ``new_group``
-    calls, once, at construction. Each gets ``timeout_s`` (the run's one timeout for every group).
+    there. PP stages plan differently, so the parents' rank lists and each rank's ``used`` keys come
+    from one ``all_gather_object`` over the world, and every rank builds the union of the keys, for
+    every parent, by increasing k: only groups some stage's plan uses (none under EP or without a
+    cooperative matrix, where building all of them cost up to 224 ``new_group`` calls). Each gets
+    ``timeout_s`` (the run's one timeout for every group).
     """
     group, size = (dp_group, dp) if tp == 1 else (tp_group, tp)
     mine = tuple(dist.get_process_group_ranks(group) if group is not None else range(dist.get_world_size()))
     every: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, mine)
+    dist.all_gather_object(every, (mine, sorted(used)))
+    wanted = {key for _, keys in every for key in keys}
     out = {}
     for k in GROUP_SIZES:
         if size % k or k >= size + (tp == 1):  # DP: k <= DP; TP: k < TP
             continue
-        for parent in sorted(set(every)):
+        for parent in sorted({p for p, _ in every}):
             for key, ranks in _sub_groups(k, size, tp):
+                if key not in wanted:
+                    continue
                 g = dist.new_group([parent[r] for r in ranks], timeout=timedelta(seconds=timeout_s))
                 if parent == mine and dist.get_rank() in (parent[r] for r in ranks):
                     out[key] = g

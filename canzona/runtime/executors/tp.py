@@ -46,7 +46,9 @@ def _assemble(pieces: Sequence[torch.Tensor], spec: ParamSpec, tp: int) -> torch
 class LocalTP(NoTransfers):
     """Owned matrices that need no TP communication (TP = 1 or not TP-split). Those of one shape
     are computed together (``MatrixOptimizer.directions``: Muon runs them as one batched
-    Newton–Schulz), in order of their first appearance."""
+    Newton–Schulz), in order of their first appearance, in chunks of ``MatrixOptimizer.batch_size``
+    (Muon's ``batch_bytes``): an owner's experts across layers would otherwise hold the batch's
+    working set and every fp32 update at once."""
 
     kind: ClassVar[str] = "local"
 
@@ -58,7 +60,7 @@ class LocalTP(NoTransfers):
         device: torch.device,
     ) -> None:
         self.names = list(spec.names)
-        self.specs = specs
+        self.specs, self.device = specs, device
         # a fused matrix under a split view is updated part by part (ctx.compute: canzona.optim.split),
         # so it batches only with matrices of its shape and the same split
         self.by_shape: dict[tuple[tuple[int, ...], RowSplit | None], list[str]] = {}
@@ -68,13 +70,17 @@ class LocalTP(NoTransfers):
     def run(self, ctx: StepContext) -> None:
         for (shape, split), names in self.by_shape.items():
             with ctx.timer.phase("compute"):
-                grads = [ctx.grad_of(n).view(shape) for n in names]
-                if ctx.math is None or len(names) == 1 or split is not None:
-                    us = [ctx.compute(n, g) for n, g in zip(names, grads, strict=True)]
-                else:
-                    us = ctx.math.directions(grads, [ctx.state(n) for n in names], ctx.step)
-                for n, u in zip(names, us, strict=True):
-                    ctx.apply(n, u)
+                math = ctx.math
+                per = math.batch_size((shape[0], shape[1]), self.device) if math is not None and split is None else 1
+                for i in range(0, len(names), per):  # each chunk applied before the next holds its working set
+                    chunk = names[i : i + per]
+                    grads = [ctx.grad_of(n).view(shape) for n in chunk]
+                    if ctx.math is None or len(chunk) == 1:
+                        us = [ctx.compute(n, g) for n, g in zip(chunk, grads, strict=True)]
+                    else:
+                        us = ctx.math.directions(grads, [ctx.state(n) for n in chunk], ctx.step)
+                    for n, u in zip(chunk, us, strict=True):
+                        ctx.apply(n, u)
 
 
 class AllGatherTP(NoTransfers):

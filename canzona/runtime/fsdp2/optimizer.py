@@ -59,7 +59,7 @@ from canzona.runtime import grad_norm
 from canzona.runtime.attest import Attestation, attest, check_known, check_ownership
 from canzona.runtime.config import DistConfig
 from canzona.runtime.executors.base import StepContext, run_executors
-from canzona.runtime.executors.coop import Held, coop_comms, held_pieces, ns_rounds
+from canzona.runtime.executors.coop import Held, coop_comms, held_pieces, ns_rounds, used_comms
 from canzona.runtime.executors.tp import select_executors
 from canzona.runtime.fsdp2.layout import as_dtensor, default_route, param_specs, shard_mesh
 from canzona.runtime.optimizer import StepInfo, check_plan_agreement
@@ -118,7 +118,8 @@ class FSDP2Optimizer:
         self.schedule = self._lower()
         comms: dict[str, dist.ProcessGroup | None] = {"tp": self.group}
         if self.plan is not None and self.plan.config.cooperative:  # every rank, whatever its groups
-            comms.update(coop_comms(None, self.group, 1, self.owners, config.comm.timeout_s))
+            used = used_comms(self.plan, self.owners)
+            comms.update(coop_comms(None, self.group, 1, self.owners, config.comm.timeout_s, used))
         self.executors = select_executors(self.schedule.executors, self.specs, comms, self.device)
         coop = next((e.coop for e in self.schedule.executors if e.kind == "cooperative"), ())
         applied = [n for e in self.schedule.executors for n in e.names]

@@ -23,7 +23,7 @@ cannot take is raised while the optimizer is built, before the first step.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.distributed.tensor import Replicate, Shard
@@ -42,6 +42,11 @@ class Tiles:
     shape: tuple[int, int]
     grid: tuple[int, int]
     slots: tuple[int, ...]
+    # per device: (owner rank of each slot, slot of each owner rank) as index tensors, made on the first call.
+    # Indexing with a Python list copies it host to device and blocks, twice per tiled matrix per step on CUDA
+    _index: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @property
     def identity(self) -> bool:
@@ -51,21 +56,30 @@ class Tiles:
     def _block(self) -> tuple[int, int]:
         return self.shape[0] // self.grid[0], self.shape[1] // self.grid[1]
 
+    def _indices(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(owner rank of each slot, slot of each owner rank) on ``device``, built once per device."""
+        if device not in self._index:
+            order = [0] * len(self.slots)
+            for g, slot in enumerate(self.slots):
+                order[slot] = g
+            self._index[device] = (
+                torch.tensor(order, dtype=torch.long, device=device),
+                torch.tensor(self.slots, dtype=torch.long, device=device),
+            )
+        return self._index[device]
+
     def to_matrix(self, stacked: torch.Tensor) -> torch.Tensor:
         """The matrix from the G pieces laid end to end in owner-rank order."""
         (gr, gc), (bh, bw) = self.grid, self._block()
         by_rank = stacked.reshape(len(self.slots), bh, bw)
-        order = [0] * len(self.slots)
-        for g, slot in enumerate(self.slots):
-            order[slot] = g
-        by_slot = by_rank[order]
+        by_slot = by_rank.index_select(0, self._indices(stacked.device)[0])
         return by_slot.reshape(gr, gc, bh, bw).permute(0, 2, 1, 3).reshape(self.shape)
 
     def to_stacked(self, matrix: torch.Tensor) -> torch.Tensor:
         """The inverse: each owner rank's block, row-major, laid end to end in rank order."""
         (gr, gc), (bh, bw) = self.grid, self._block()
         by_slot = matrix.reshape(gr, bh, gc, bw).permute(0, 2, 1, 3).reshape(gr * gc, bh, bw)
-        return by_slot[list(self.slots)].reshape(self.shape)
+        return by_slot.index_select(0, self._indices(matrix.device)[1]).reshape(self.shape)
 
 
 def _even(name: str, what: str, size: int, parts: int) -> None:
