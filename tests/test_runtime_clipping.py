@@ -161,7 +161,7 @@ class _Ops(TorchDispatchMode):
 
 
 def test_sum_of_squares_launches_do_not_grow_with_the_tensor_count() -> None:
-    """The per-tensor norms are stacked and cast to float64 once per dtype: ~700 matrices of a 32B
+    """The per-tensor norms (fp32) are stacked and cast to float64 once: ~700 matrices of a 32B
     stage must not cost ~700 cast launches a step. Same value as casting each norm on its own."""
     gen = torch.Generator().manual_seed(0)
     counts = {}
@@ -170,7 +170,9 @@ def test_sum_of_squares_launches_do_not_grow_with_the_tensor_count() -> None:
         with _Ops() as mode:
             got = sum_of_squares(tensors, torch.device("cpu"))
         counts[n] = len(mode.ops)
-        want = torch.stack([x.to(torch.float64) for x in torch._foreach_norm(tensors, 2.0)]).pow(2).sum()
+        # each norm in fp32 whatever the gradient's dtype (a bf16 norm squared would be 0.8% off)
+        norms = torch._foreach_norm(tensors, 2.0, dtype=torch.float32)
+        want = torch.stack([x.to(torch.float64) for x in norms]).pow(2).sum()
         assert float(got) == pytest.approx(float(want), rel=1e-12)
-        assert mode.ops.count("_to_copy") <= 2, mode.ops  # one cast per dtype
+        assert mode.ops.count("_to_copy") <= 1, mode.ops  # one cast for all the norms
     assert counts[40] == counts[3], counts

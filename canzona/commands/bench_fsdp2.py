@@ -407,6 +407,8 @@ def _version(dist_name: str) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     methods = [*OURS, *PEERS]
+    if args.nproc % args.tp:  # the mesh first: no model fits a TP the ranks cannot form
+        raise ConfigError(f"--tp {args.tp} must divide --nproc {args.nproc} (the mesh is nproc / tp x tp)")
     # a bad name, or a --tp the model's heads and FFN do not divide (the stand-in splits them as
     # torchtitan's TP plan does), is a one-line error here, before any rank starts
     get_model(args.model).validate_layout(tp=args.tp)
@@ -420,8 +422,6 @@ def run(args: argparse.Namespace) -> int:
                 f"--model-impl torchtitan needs {e.name}: make install (the torchtitan extra, torchtitan==0.3.0 "
                 "--no-deps), or --model-impl local"
             ) from e
-    if args.nproc % args.tp:
-        raise ConfigError(f"--tp {args.tp} must divide --nproc {args.nproc} (the mesh is nproc / tp x tp)")
     if args.tp > 1 and args.model_impl == "torchtitan":
         raise ConfigError(
             "--tp needs --model-impl local: torchtitan 0.3.0 applies TP to its Qwen3 through model.parallelize "

@@ -3,14 +3,14 @@ all-gathers (optionally overlapped with the next forward), executed as the sched
 
 Gradients: a post-accumulate hook folds each ``.grad`` into its main grad; when the last parameter
 of a bucket has its gradient, the bucket is ready. Reductions are launched (async, while backward
-continues) in ONE order on every rank, ``launch_order``: the order backward makes buckets ready (the
-bucket whose first parameter comes last in the model first, over both kinds), each only after every
-bucket before it. Why not as hooks fire: a parameter with no gradient on some rank (an expert that
-got no tokens, a skipped branch) leaves its bucket unready there, and a bucket launched late on one
-rank pairs different buckets in one collective (wrong sums for equal sizes, a hang otherwise). Its
-main grad stays zero, so a missing gradient counts as zeros (as Megatron's buffers). ``finish``
-launches what the hooks did not, in that order, waits for everything, then sums the TP-partial
-gradients (QK-norm weights) across TP in ONE all-reduce.
+continues) in ONE order on every rank, ``launch_order``: the lowered schedule's (the plan's matrix
+buckets, then the AdamW buckets, each kind by index, which is the order backward fills a kind's
+buckets), each only after every bucket before it. Why not as hooks fire: a parameter with no
+gradient on some rank (an expert that got no tokens, a skipped branch) leaves its bucket unready
+there, and a bucket launched late on one rank pairs different buckets in one collective (wrong sums
+for equal sizes, a hang otherwise). Its main grad stays zero, so a missing gradient counts as zeros
+(as Megatron's buffers). ``finish`` launches what the hooks did not, in that order, waits for
+everything, then sums the TP-partial gradients (QK-norm weights) across TP in ONE all-reduce.
 
 Parameters: ``launch_param_sync`` issues every bucket's all-gather last bucket first (the last
 bucket holds the first layers, which the next forward needs first). With ``attach``, each module
@@ -25,7 +25,7 @@ an expert's gradient on one rank already sums the tokens its EP group's ranks ro
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -48,10 +48,9 @@ class DPSync:
         tp_partial: frozenset[str],
         device: torch.device,
         timer: PhaseTimer,
-        param_order: Sequence[str],
     ) -> None:
         self.schedule, self.sets, self.groups = schedule, sets, groups
-        self.launch_order = launch_order(sets, param_order)
+        self.launch_order = launch_order(sets)
         self.ready: set[Key] = set()
         self.launched = 0  # launch_order[:launched] are launched this step
         self.dp_group, self.tp_group = groups["dp"], groups["tp"]
@@ -213,11 +212,8 @@ class DPSync:
         return handles
 
 
-def launch_order(sets: dict[str, FlatBuffers], param_order: Sequence[str]) -> list[Key]:
-    """Every bucket of every kind in the order backward makes them ready: by the position of each
-    bucket's first parameter in ``param_order`` (the model's), last first. A function of the
-    buckets and the parameter order alone, so every rank launches the same sequence."""
-    pos = {n: i for i, n in enumerate(param_order)}
-    buckets = [((kind, b), bb.where) for kind, bufs in sets.items() for b, bb in enumerate(bufs.buckets)]
-    first = {key: min((pos[n] for n in where), default=-1) for key, where in buckets}  # empty: never ready, last
-    return sorted(first, key=lambda key: -first[key])
+def launch_order(sets: dict[str, FlatBuffers]) -> list[Key]:
+    """Every bucket of every kind in the lowered schedule's order of gradient reductions (the matrix
+    buckets, then the AdamW ones, each by index): a function of the plan alone, so every rank
+    launches the same sequence, and the one the schedule (and the collective budget tests) lists."""
+    return [(kind, b) for kind, bufs in sets.items() for b in range(len(bufs.buckets))]

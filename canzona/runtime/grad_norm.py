@@ -30,14 +30,7 @@ def sum_of_squares(tensors: Sequence[torch.Tensor], device: torch.device) -> tor
     # gradients' dtype: a bf16 norm is rounded to 8 bits before squaring (up to 0.8% off the clip coefficient)
     norms = torch._foreach_norm(live, 2.0, dtype=torch.float32)
     # stack first, cast once: a per-norm cast is one tiny launch per tensor (~700 a step at 32B)
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for n in norms:
-        by_dtype.setdefault(n.dtype, []).append(n)
-    parts = [torch.stack(ns).to(torch.float64).pow(2).sum() for ns in by_dtype.values()]
-    total = parts[0]
-    for part in parts[1:]:
-        total = total + part
-    return total
+    return torch.stack(norms).to(torch.float64).pow(2).sum()
 
 
 def global_norm(local_sumsq: torch.Tensor, group: dist.ProcessGroup | None) -> float:

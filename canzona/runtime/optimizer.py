@@ -197,7 +197,7 @@ class DistributedOptimizer:
         layouts = {k: [b for b in s.buckets if b.kind == k] for k in ("matrix", "adamw")}
         self.sets = {k: FlatBuffers(v, self.params, gdtype, self.dp_rank, self.device) for k, v in layouts.items() if v}
         groups = {"dp": self.dp_group, "tp": self.tp_group, **({"edp": self.edp_group} if self.ep > 1 else {})}
-        self.dps = DPSync(s, self.sets, groups, self.tp_partial, self.device, self.timer, list(self.params))
+        self.dps = DPSync(s, self.sets, groups, self.tp_partial, self.device, self.timer)
         coop = next((e.coop for e in s.executors if e.kind == "cooperative"), ())
         comms = {"tp": self.tp_group, "dp": self.dp_group}
         if self.plan is not None and self.plan.config.cooperative:
