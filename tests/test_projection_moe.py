@@ -37,7 +37,7 @@ def test_ep_scenario_plans_expert_buckets_and_charges_them_over_the_expert_dp_gr
     else:  # one owner per matrix: each expert once in its expert-DP group, never split
         assert done == len(params)
     rec = to_record(project(s, prof, plans), {"host": "test"})
-    assert rec["config"]["ep"] == 2 and rec["cell"].endswith("|ep=2") and " ep=2" in rec["provenance_detail"]
+    assert rec["config"]["ep"] == 2 and "|ep=2|" in rec["cell"] + "|" and " ep=2" in rec["provenance_detail"]
 
 
 def test_moe_preset_holds_the_mixed_shape_rows_like_for_like() -> None:

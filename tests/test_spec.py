@@ -44,6 +44,7 @@ NON_DEFAULT = {
     "ns_batch_mb": 256,
     "split_qkv": False,
     "split_gate_up": True,
+    "clip_grad": 0.5,
     "method": "canzona",
     "alpha": 1.0,
     "bucket_size": 1000,
@@ -55,6 +56,8 @@ NON_DEFAULT = {
     "capacity_bytes": 4096,
     "profile": "H200",
     "overlap_param_sync": True,
+    "grad_reduce_dtype": "bf16",
+    "pipelined_step": False,
     "collective_mode": "uneven",
     "collective_timeout_s": 30,
     "muon_tp_mode": "duplicated",
@@ -97,11 +100,19 @@ def test_round_trips_of_a_spec_changing_every_field() -> None:
 def test_cell_key_is_stable() -> None:
     """The key of a spec is the schema's key of its record: the fields and their order never move
     (a committed results line must keep matching its sweep cell)."""
-    assert BASE.cell_key == (
+    before = (
         "model=qwen3-micro|tp=2|pp=1|dp=2|method=canzona|optimizer=muon|seq_len=128|global_batch=4|dtype=fp32|ns_dtype=auto"
     )
+    # the window's knobs are named only where a run differs from what every run did before them (no
+    # clipping, the serialized step, an fp32 reduce), so the lines written then keep their keys
+    assert BASE.replace(clip_grad=0.0, pipelined_step=False).cell_key == before
+    assert BASE.cell_key == before + "|clip_grad=1.0|pipelined_step=True"
+    assert BASE.replace(grad_reduce_dtype="bf16").cell_key == (
+        before + "|clip_grad=1.0|grad_reduce_dtype=bf16|pipelined_step=True"
+    )
     # an EP run's key names its EP size; EP 1 keeps the key of the lines written before EP existed
-    assert BASE.replace(ep=2).cell_key == BASE.cell_key + "|ep=2"
+    legacy = BASE.replace(clip_grad=0.0, pipelined_step=False)
+    assert legacy.replace(ep=2).cell_key == legacy.cell_key + "|ep=2"
     assert BASE.replace(cooperative=False, ns_method="gram", alpha=1.0).cell_key == BASE.cell_key
 
 

@@ -41,7 +41,7 @@ def test_show_and_dry_run_carry_the_ep_layout(main, capsys, tmp_path):
     assert main(["sweep", "show", sweep]) == 0
     out = capsys.readouterr().out
     assert "qwen3-moe-micro: TP=1 PP=1 DP=4 EP=2," in out and "qwen3-micro: TP=2 PP=1 DP=2," in out
-    assert sum(ln.startswith("[") and ln.split("  (")[0].endswith("|ep=2") for ln in out.splitlines()) == 1
+    assert sum(ln.startswith("[") and "|ep=2|" in ln.split("  (")[0] + "|" for ln in out.splitlines()) == 1
     argv = ["sweep", "run", sweep, "--backend", "slurm", "--profile", local, "--dry-run", "--out", str(tmp_path)]
     assert main(argv) == 0
     script = (tmp_path / "alloc01-qwen3-moe-micro.sbatch").read_text()

@@ -182,7 +182,7 @@ def build(run: RunSpec, model: torch.nn.Module) -> tuple[torch.nn.Module, Megatr
     sharded = get_method(run.plan.method).sharded_update
     layer_wise = sharded or layer_wise_supported(str(dist.get_backend()))
     ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True,
+        grad_reduce_in_fp32=run.comm.grad_reduce_dtype == "fp32",  # the byte lever, as the run sets it
         overlap_grad_reduce=True,
         # the shard-aligned path reduce-scatters gradients into, and all-gathers parameters out of,
         # DDP's buffers, as Megatron-LM's training loop sets it up for the layer-wise optimizer
@@ -205,7 +205,7 @@ def build(run: RunSpec, model: torch.nn.Module) -> tuple[torch.nn.Module, Megatr
         adam_beta1=0.9,
         adam_beta2=0.95,
         adam_eps=1e-8,
-        clip_grad=0.0,
+        clip_grad=run.optim.clip_grad,  # Megatron's --clip-grad; 0 is off there too
         muon_tp_mode=run.peer.muon_tp_mode,
         use_layer_wise_distributed_optimizer=layer_wise,
         # the same update as Canzona's Muon, so --lr means the same step and the work per matrix is

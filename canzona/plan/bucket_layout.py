@@ -31,6 +31,7 @@ class LowerSettings:
     global_world: int | None = None  # ranks of the norm's group (every stage); None: this stage's dp·tp
     ns_steps: int = 5  # cooperative Newton–Schulz rounds: the Muon config's iterations ...
     ns_restarts: tuple[int, ...] = ()  # ... and Gram restarts (one Gram all-reduce each)
+    pipelined: bool = False  # the pipelined step: each wave's TP calls right after its bucket's reduction
 
     def __post_init__(self) -> None:
         if self.collective_mode not in REQUESTABLE_MODES:

@@ -34,6 +34,12 @@ of one step in the order the runtime issues them when no gradient hook fired ear
 grad_sync (matrix buckets, then AdamW buckets, in bucket order) → tp_partial (QK-norm-style
 partial grads summed across TP) → norm (one all-reduce: grad norm and non-finite flag) → TP
 executor calls (micro-groups: G0 G1 S0 G2 S1 … S_last) → param_sync (buckets last-first).
+
+The pipelined step (``LowerSettings.pipelined``, canzona.runtime.window) runs the same executors in
+WAVES, one per matrix bucket in the order the buckets are reduced (``waves``): each wave's TP calls
+follow the grad_sync calls directly, wave by wave, and tp_partial and norm come after the last wave.
+A wave is a function of the plan alone, so every rank of a TP group or cooperative group issues the
+same calls in the same order whichever bucket happens to land first on it.
 """
 
 from __future__ import annotations
@@ -91,6 +97,51 @@ class ExecSpec:
 
 
 @dataclass(frozen=True)
+class Wave:
+    """The matrices this rank updates once matrix bucket ``bucket`` (its position in the rank's matrix
+    buckets, i.e. in reduction order) has landed: the rank's executors restricted to them. A TP
+    micro-group or cooperative matrix belongs to the bucket it lies in; a micro-group whose matrices
+    straddle buckets waits for the later one (its one fused all-to-all needs them all)."""
+
+    bucket: int
+    executors: tuple[ExecSpec, ...]
+
+
+def waves(execs: Sequence[ExecSpec], matrix: Sequence[BucketLayout]) -> tuple[Wave, ...]:
+    """``execs`` cut into one wave per matrix bucket holding something this rank updates, in bucket
+    order; within a wave the executors keep their order (local, cooperative, TP)."""
+    where = {n: i for i, b in enumerate(matrix) for n, _, _ in b.entries}
+    per: dict[int, list[ExecSpec]] = {}
+    for e in execs:
+        for w, spec in _cut(e, where).items():
+            per.setdefault(w, []).append(spec)
+    return tuple(Wave(w, tuple(per[w])) for w in sorted(per))
+
+
+def _cut(e: ExecSpec, where: dict[str, int]) -> dict[int, ExecSpec]:
+    """Executor spec ``e`` per bucket position (``where``: a matrix's bucket)."""
+    out: dict[int, ExecSpec] = {}
+    if e.kind == "micro-group":
+        groups: dict[int, list[tuple[tuple[str, int], ...]]] = {}
+        for g in e.groups:
+            groups.setdefault(max(where[n] for n, _ in g), []).append(g)
+        for w, gs in groups.items():
+            inside = {n for g in gs for n, _ in g}
+            out[w] = ExecSpec(e.kind, tuple(n for n in e.names if n in inside), tuple(gs))
+    elif e.kind == "cooperative":
+        coop: dict[int, list[CoopGroup]] = {}
+        for c in e.coop:
+            coop.setdefault(where[c.name], []).append(c)
+        out = {w: ExecSpec(e.kind, tuple(c.name for c in cs), coop=tuple(cs)) for w, cs in coop.items()}
+    else:
+        names: dict[int, list[str]] = {}
+        for n in e.names:
+            names.setdefault(where[n], []).append(n)
+        out = {w: ExecSpec(e.kind, tuple(ns)) for w, ns in names.items()}
+    return out
+
+
+@dataclass(frozen=True)
 class CommOp:
     """One collective call. ``nbytes``: the call's buffer in the nccl-tests sense (reduce-scatter:
     the full input; all-gather: the full output; all-to-all: what this rank sends; rooted calls:
@@ -132,6 +183,7 @@ class RankSchedule:
     owner_gathers: tuple[OwnerGather, ...] = ()  # layer-wise: the dense one, then this EP rank's experts'
     computes: tuple[str, ...] = field(default=())
     uneven_rooted: bool = False  # rooted modes' calls are ONE uneven reduce_scatter / all_gather (LowerSettings.model)
+    waves: tuple[Wave, ...] = ()  # the pipelined step's executors per matrix bucket (empty: the serialized step)
 
     def bucket(self, kind: str, index: int) -> BucketLayout:
         for b in self.buckets:
@@ -395,18 +447,19 @@ def lower(
     execs = executor_specs(plan, dp_rank, buf.owned[dp_rank]) if plan is not None else ()
     ops: list[CommOp] = [*buf.grad_calls[e]]
     partial = _tp_partial_elems(adam, dp_rank, settings.tp_partial) if tp > 1 else 0
+    check: list[CommOp] = []
     if partial:
-        ops.append(CommOp("tp_partial", "all_reduce", "tp", partial * settings.grad_bytes, "tp-partial"))
+        check.append(CommOp("tp_partial", "all_reduce", "tp", partial * settings.grad_bytes, "tp-partial"))
     if settings.norm_check and (settings.global_world or dp * tp) > 1:
-        ops.append(CommOp("norm", "all_reduce", "global", 8, "norm"))
-    calls = [
-        (_coop_calls if e.kind == "cooperative" else _tp_calls)(e, plan, settings, tp_rank, buf.shard)
-        for e in execs
-        if plan
-    ]
-    for part in range(3):  # every executor's start, then run, then finish (canzona.runtime.executors.base)
-        for c in calls:
-            ops += c[part]
+        check.append(CommOp("norm", "all_reduce", "global", 8, "norm"))
+    waved = waves(execs, matrix) if plan is not None and settings.pipelined else ()
+    if plan is not None and waved:  # each wave's calls as its bucket lands, the verdict after the last
+        for w in waved:
+            ops += _executor_calls(w.executors, plan, settings, tp_rank, buf.shard)
+        ops += check
+    else:
+        ops += check
+        ops += _executor_calls(execs, plan, settings, tp_rank, buf.shard) if plan is not None else []
     ops += (*buf.matrix_param_calls[e], *buf.owner_gather_calls[e], *buf.adam_param_calls)
     computes = tuple(n for s in execs for n in s.computed_by(tp_rank))
     return RankSchedule(
@@ -420,7 +473,16 @@ def lower(
         buf.owner_gathers[e],
         computes,
         settings.model.uneven_rooted,
+        waved,
     )
+
+
+def _executor_calls(
+    execs: Sequence[ExecSpec], plan: Plan, settings: LowerSettings, tp_rank: int, shard: dict[str, int]
+) -> list[CommOp]:
+    """Every executor's start calls, then every run's, then every finish's (canzona.runtime.executors.base)."""
+    calls = [(_coop_calls if e.kind == "cooperative" else _tp_calls)(e, plan, settings, tp_rank, shard) for e in execs]
+    return [op for part in range(3) for c in calls for op in c[part]]
 
 
 def matrix_buckets(plan: Plan, ep_rank: int | None = None) -> list[tuple[Bucket, tuple[int, ...], int]]:

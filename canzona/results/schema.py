@@ -85,6 +85,13 @@ from canzona.results.fields import is_int as _is_int
 
 SCHEMA_VERSION = 4
 CELL_FIELDS = ("model", "tp", "pp", "dp", "method", "optimizer", "seq_len", "global_batch", "dtype", "ns_dtype")
+# The optimizer window's knobs: a cell key names them only where a run differs from what every run
+# did before they existed (no clipping, an fp32 reduce, the serialized step), so older keys stand.
+WINDOW_FIELDS: dict[str, tuple[Any, ...]] = {
+    "clip_grad": (None, 0, 0.0),
+    "grad_reduce_dtype": (None, "fp32"),
+    "pipelined_step": (None, False),
+}
 CELL_FIELDS_V1 = ("model", "tp", "pp", "dp", "method", "optimizer", "seq_len", "global_batch")
 REQUIRED_CONFIG = ("model", "tp", "pp", "dp", "world", "method", "optimizer", "dtype", "ns_dtype")
 DTYPES = ("fp32", "bf16")
@@ -154,12 +161,19 @@ def cell_key(config: dict[str, Any]) -> str:
     one cell that ran different plans are told apart by the analysis (``canzona.analysis.load``
     compares their plan hashes), not by the key. An expert-parallel run's key ends in its EP size;
     a run without EP keeps the key it had before EP existed (its records lack the field); so do
-    uneven PP end stages (``first_stage_layers`` / ``last_stage_layers``, absent or None when even)."""
+    uneven PP end stages (``first_stage_layers`` / ``last_stage_layers``, absent or None when even) and the window's
+    knobs at their old behaviour (``WINDOW_FIELDS``)."""
     ep = config.get("ep")
     ends = "".join(
         f"|{k}={config[k]}" for k in ("first_stage_layers", "last_stage_layers") if config.get(k) is not None
     )
-    return "|".join(f"{k}={config.get(k)}" for k in CELL_FIELDS) + (f"|ep={ep}" if ep not in (None, 1) else "") + ends
+    levers = "".join(f"|{k}={config[k]}" for k, before in WINDOW_FIELDS.items() if config.get(k) not in before)
+    return (
+        "|".join(f"{k}={config.get(k)}" for k in CELL_FIELDS)
+        + (f"|ep={ep}" if ep not in (None, 1) else "")
+        + ends
+        + levers
+    )
 
 
 def ns_dtype_for(optimizer: str, ns_dtype: str | None) -> str | None:

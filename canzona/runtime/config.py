@@ -54,6 +54,9 @@ class CommConfig:
     overlap_grad_sync   launch each bucket's reduction from grad hooks while backward runs
     overlap_param_sync  step() returns with parameter all-gathers in flight; modules passed to
                         ``attach`` wait for their own buckets just before their forward
+    pipelined_step      after the last micro-batch, each matrix bucket is updated as soon as its
+                        reduction lands, in the plan's order, while later buckets still reduce; exact
+                        under clipping and the non-finite skip (canzona.runtime.window)
     timeout_s           the timeout of every process group the optimizer creates (the cooperative
                         sub-groups): give the one the world group was initialised with, so that
                         no group waits longer or shorter than the others (torch's default for a
@@ -65,6 +68,7 @@ class CommConfig:
     overlap_grad_sync: bool = True
     overlap_param_sync: bool = False
     timeout_s: float = 600.0
+    pipelined_step: bool = True
 
     def __post_init__(self) -> None:
         if self.collective_mode not in REQUESTABLE_MODES:

@@ -122,6 +122,11 @@ class DPSync:
 
     def finish(self) -> None:
         """Fold hand-set ``.grad``s, launch every bucket not launched, wait for all, sum TP partials."""
+        self.launch_all()
+        self.wait_all()
+
+    def launch_all(self) -> None:
+        """Fold hand-set ``.grad``s and launch every bucket not launched yet (in ``launch_order``)."""
         self.zero_if_needed()
         for kind, bufs in self.sets.items():
             for b in bufs.fold_grads():
@@ -131,6 +136,17 @@ class DPSync:
                         "launched; set gradients before backward finishes or call finish_grad_sync() once"
                     )
         self._launch_through(lambda key: True)
+
+    def wait_through(self, kind: str, b: int) -> None:
+        """Block until the reductions of ``kind``'s buckets 0..b have landed (the pipelined step, wave
+        by wave: a wave may read any bucket up to its own, a TP micro-group straddling buckets)."""
+        for i in range(b + 1):
+            p = self.pending.pop((kind, i), None)
+            if p is not None:
+                p.wait()
+
+    def wait_all(self) -> None:
+        """Wait for every launched reduction not waited yet, then sum the TP partials; resets."""
         for p in self.pending.values():
             p.wait()
         self.pending.clear()

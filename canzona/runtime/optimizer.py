@@ -2,7 +2,7 @@
 
     opt = DistributedOptimizer(named_params, dp_group, tp_group, DistConfig(plan=PlanConfig(strategy="canzona")))
     loss.backward()            # hooks fold grads into fp32 main grads and launch bucket reductions
-    opt.finish_grad_sync()
+    opt.finish_grad_sync()     # every reduction launched (and, unless the step is pipelined, waited)
     info = opt.step()          # StepInfo(grad_norm, skipped, clip_coef); one host sync
     opt.zero_grad()            # optional: a step's gradients are zeroed before the next backward
 
@@ -13,6 +13,8 @@ class only wires them together:
   executors    matrix updates, local / TP all-gather / micro-groups (canzona.runtime.executors.tp)
   ZeroAdamW    the non-matrix parameters, ZeRO-1 (canzona.runtime.zero_adamw)
   grad_norm    the step's single reduction: global norm + non-finite flag (canzona.runtime.grad_norm)
+  window       the pipelined step: each matrix bucket updated as its reduction lands, exact under
+               clipping and the non-finite skip (canzona.runtime.window)
   checkpoint   DCP state in full-matrix space (canzona.runtime.checkpoint)
 
 Mixed precision: parameters keep the model's dtype; updates are applied to fp32 masters of what
@@ -22,7 +24,7 @@ this rank owns and cast into the parameter buffer before the all-gather.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -52,6 +54,7 @@ from canzona.runtime.executors.coop import coop_comms, held_pieces, ns_rounds, u
 from canzona.runtime.executors.tp import select_executors
 from canzona.runtime.experts import ExpertParallel, check_expert_layout
 from canzona.runtime.timers import PhaseTimer
+from canzona.runtime.window import Speculation, WindowTimeline
 from canzona.runtime.zero_adamw import ZeroAdamW
 
 if TYPE_CHECKING:
@@ -132,6 +135,7 @@ class DistributedOptimizer:
         self.adamw_names = [n for n in self.params if n not in set(self.matrix_names)]
         self.step_count = 0
         self.timer = PhaseTimer(self.device, enabled=config.timers)
+        self.timeline = WindowTimeline(self.device, enabled=config.timers)
         self._synced = False
         self.plan = self._make_plan() if self.matrix_names else None
         self.schedule = self._lower()
@@ -186,11 +190,23 @@ class DistributedOptimizer:
             param_bytes=pdtype.itemsize,
             tp_partial=self.tp_partial,
             global_world=dist.get_world_size(self.global_group),
+            pipelined=self._pipelined(),
             **ns_rounds(self.plan, getattr(self, "math", None), self.device),
         )
         size = resolve_bucket_size(self.config.plan.bucket_size, self.dp)
         adamw = build_buckets([(n, self.params[n].numel()) for n in self.adamw_names], self.dp, size)
         return lower(self.plan, adamw, self.dp_rank, self.tp_rank, settings, Layout(self.dp, self.tp, 1))
+
+    def _pipelined(self) -> bool:
+        """The pipelined step where it is asked for and can gain: a plan of two or more matrix buckets
+        (one bucket has nothing to overlap its update with). A function of the plan and the config,
+        so every rank of the stage decides alike."""
+        return self.config.comm.pipelined_step and self.plan is not None and len(self.plan.dp.buckets) > 1
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether this optimizer runs the pipelined step (canzona.runtime.window)."""
+        return bool(self.schedule.waves)
 
     def _build(self) -> None:
         s, gdtype = self.schedule, DTYPES[self.config.precision.grad_dtype]
@@ -204,7 +220,14 @@ class DistributedOptimizer:
             used = used_comms(self.plan, self.tp)
             comms.update(coop_comms(self.dp_group, self.tp_group, self.dp, self.tp, self.config.comm.timeout_s, used))
         self.comms = comms
-        self.executors = select_executors(s.executors, self.specs, comms, self.device)
+        # the pipelined step runs the executors wave by wave (one per matrix bucket), else all at once
+        self.waves = [select_executors(w.executors, self.specs, comms, self.device) for w in s.waves]
+        self.executors = (
+            [ex for wave in self.waves for ex in wave]
+            if s.waves
+            else select_executors(s.executors, self.specs, comms, self.device)
+        )
+        self.exec_specs = [spec for w in s.waves for spec in w.executors] if s.waves else list(s.executors)
         self.applied = [n for spec in s.executors for n in spec.names]
         self.held = held_pieces(self.specs, coop, (self.dp_rank, self.tp_rank), self.applied, self.tp)
         self.masters = self._masters()
@@ -299,7 +322,7 @@ class DistributedOptimizer:
             self.matrix_names,
             self.config.optimizer is not None,
             ranks,
-            [(sp.kind, ex.kind) for sp, ex in zip(self.schedule.executors, self.executors, strict=True)],
+            [(sp.kind, ex.kind) for sp, ex in zip(self.exec_specs, self.executors, strict=True)],
             None if self.plan is None else self.plan.plan_hash,
             self.math.ns_planned(self.device) if self.matrix_names else None,
         )
@@ -331,11 +354,23 @@ class DistributedOptimizer:
             self.dps.sync_enabled = prev
 
     def finish_grad_sync(self) -> None:
-        """Launch whatever the hooks did not, wait for every bucket's DP reduction, sum TP partials."""
+        """Launch whatever the hooks did not; unless the step is pipelined, wait for every bucket's DP
+        reduction and sum TP partials. The pipelined step waits inside ``step``, bucket by bucket:
+        read reduced gradients there only after ``wait_grad_sync``."""
         with self.timer.phase("grad_sync"):
             self.dps.wait_params()
-            self.dps.finish()
+            if self.pipelined:
+                self.dps.launch_all()
+            else:
+                self.dps.finish()
         self._synced = True
+
+    def wait_grad_sync(self) -> None:
+        """Launch and wait for every DP reduction now (the pipelined step would wait bucket by bucket)."""
+        if not self._synced:
+            self.finish_grad_sync()
+        with self.timer.phase("grad_sync"):
+            self.dps.wait_all()
 
     # ---------------------------------------------------------------- step
     def _compute(self, name: str, full_grad: torch.Tensor) -> torch.Tensor:
@@ -353,11 +388,13 @@ class DistributedOptimizer:
         if publish is not None:
             publish.copy_(master)
 
-    def _check(self) -> StepInfo:
+    def _check(self, spec: Speculation | None = None) -> StepInfo:
         with self.timer.phase("check"):
             sumsq = grad_norm.sum_of_squares(self.norm_tensors, self.device)
             norm = grad_norm.global_norm(sumsq, self.global_group)
         if norm != norm or norm == float("inf"):
+            if spec is not None:  # the speculative waves advanced states: back as they were, before raising
+                spec.restore(self.states)
             if self.config.nonfinite == "raise":
                 bad = next((f"{n}" for n in self.params if not torch.isfinite(self._grad_of(n)).all()), "")
                 raise NonFiniteGradientError(
@@ -370,6 +407,17 @@ class DistributedOptimizer:
     def _grad_of(self, name: str) -> torch.Tensor:
         return next(bufs.grad(name) for bufs in self.sets.values() if name in bufs.index)
 
+    def _context(self, apply: Callable[[str, torch.Tensor], None], step: int) -> StepContext:
+        return StepContext(
+            self._grad_piece,
+            self._compute,
+            apply,
+            self.timer,
+            self.math if self.matrix_names else None,  # no matrix optimizer when all is AdamW
+            self.states.__getitem__,
+            step,
+        )
+
     def step(self) -> StepInfo:
         """One optimizer step. Issues the schedule's calls; ONE host sync (the global norm)."""
         if self.attestation.digest.steps == 0:  # once: a trainable parameter nobody holds is never stepped
@@ -377,21 +425,8 @@ class DistributedOptimizer:
         if not self._synced:
             self.finish_grad_sync()
         with self.timer.phase("total"):
-            info = self._check()
-            self.attestation.digest.add(info.grad_norm, info.clip_coef, info.skipped)
+            info = self._pipelined_step() if self.pipelined else self._serialized_step()
             if not info.skipped:
-                grad_norm.scale_(self.scaled_tensors, info.clip_coef)
-                self.step_count += 1
-                ctx = StepContext(
-                    self._grad_piece,
-                    self._compute,
-                    self._apply,
-                    self.timer,
-                    self.math if self.matrix_names else None,  # no matrix optimizer when all is AdamW
-                    self.states.__getitem__,
-                    self.step_count,
-                )
-                run_executors(self.executors, ctx)
                 with self.timer.phase("compute"):
                     self.adamw.step()
                 with self.timer.phase("param_sync"):
@@ -402,6 +437,56 @@ class DistributedOptimizer:
         self._synced = False
         return info
 
+    def _serialized_step(self) -> StepInfo:
+        """Every bucket landed (finish_grad_sync), then the verdict, then every matrix."""
+        info = self._check()
+        self.attestation.digest.add(info.grad_norm, info.clip_coef, info.skipped)
+        if not info.skipped:
+            grad_norm.scale_(self.scaled_tensors, info.clip_coef)
+            self.step_count += 1
+            run_executors(self.executors, self._context(self._apply, self.step_count))
+        return info
+
+    def _pipelined_step(self) -> StepInfo:
+        """Each wave updated speculatively as its bucket lands, then the verdict commits, redoes or
+        restores (canzona.runtime.window). Same calls as the lowered schedule on a step that does
+        not clip; a clipping step runs every wave's calls once more."""
+        spec = Speculation()
+        self.step_count += 1  # the step the waves compute (``_compute`` reads it); taken back on a skip
+        ctx = self._context(spec.stage, self.step_count)
+        self.timeline.begin()
+        for wave, executors in zip(self.schedule.waves, self.waves, strict=True):
+            with self.timer.phase("grad_sync"):
+                self.dps.wait_through("matrix", wave.bucket)
+            landed = self.timeline.event()
+            spec.snapshot(self.states, (n for ex in executors for n in ex.names))
+            run_executors(executors, ctx)
+            self.timeline.wave(wave.bucket, landed, self.timeline.event())
+        with self.timer.phase("grad_sync"):
+            self.dps.wait_all()
+        self.timeline.landed()
+        try:
+            info = self._check(spec)
+        except NonFiniteGradientError:
+            self.step_count -= 1
+            raise
+        self.attestation.digest.add(info.grad_norm, info.clip_coef, info.skipped)
+        redo = not info.skipped and info.clip_coef != 1.0
+        if info.skipped:
+            spec.restore(self.states)
+        elif redo:  # the speculative updates were at coefficient 1: redo every wave at the clipped one
+            spec.restore(self.states)
+            grad_norm.scale_(self.scaled_tensors, info.clip_coef)
+            redo_ctx = self._context(self._apply, self.step_count)
+            for executors in self.waves:
+                run_executors(executors, redo_ctx)
+        else:
+            spec.commit(self._apply)
+        if info.skipped:
+            self.step_count -= 1
+        self.timeline.end(redo)
+        return info
+
     def timings(self) -> dict[str, float]:
         """{phase: ms} of the steps since the last call, max across the stage; ``total`` includes
         grad_sync. Synchronises: call it outside the step. Needs DistConfig(timers=True)."""
@@ -410,6 +495,15 @@ class DistributedOptimizer:
         ms = self.timer.collect(self.stage_group)
         ms["total"] += ms["grad_sync"]
         return ms
+
+    def window_timeline(self) -> list[dict[str, object]]:
+        """This rank's pipelined-step timeline of every step since the last call (ms from each step's
+        start: per bucket when it landed and when its update was done, when the last bucket landed,
+        the verdict, whether the step was redone). Synchronises: call it after the timed loop.
+        Needs DistConfig(timers=True); empty for the serialized step."""
+        if not self.config.timers:
+            raise ConfigError("phase timers are off; build the optimizer with DistConfig(timers=True)")
+        return self.timeline.collect()
 
     def end_iteration(self) -> None:
         """Close this iteration's phase times without synchronising (a timed loop calls it between

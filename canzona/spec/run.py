@@ -49,6 +49,11 @@ if TYPE_CHECKING:
     from canzona.runtime.config import DistConfig
 
 
+# What a record written before a knob existed ran with, where that differs from the knob's default:
+# SP off, no clipping, the serialized step.
+LEGACY: dict[str, Any] = {"sequence_parallel": False, "clip_grad": 0.0, "pipelined_step": False}
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """Everything that defines one run (one results line)."""
@@ -115,7 +120,7 @@ class RunSpec:
         ``resolve``): optimizer options by the optimizer's capabilities, ``plan_config`` as the
         PlanConfig, the comm section as the CommConfig. ``timers``: phase timers (benchmarks)."""
         from canzona.optim.adamw import AdamWConfig
-        from canzona.runtime.config import CommConfig, DistConfig, optimizer_config
+        from canzona.runtime.config import CommConfig, DistConfig, PrecisionConfig, optimizer_config
 
         o = self.optim
         if self.is_peer:
@@ -133,7 +138,10 @@ class RunSpec:
                 collective_mode=self.comm.collective_mode,
                 overlap_param_sync=self.comm.overlap_param_sync,
                 timeout_s=self.comm.collective_timeout_s,
+                pipelined_step=self.comm.pipelined_step,
             ),
+            precision=PrecisionConfig(grad_dtype=self.comm.grad_reduce_dtype),
+            max_grad_norm=self.optim.clip_grad or None,  # 0: off, as Megatron's --clip-grad 0
             timers=timers,
         )
 
@@ -171,7 +179,14 @@ class RunSpec:
         """The record's ``config``: every leaf, ``world`` and ``num_microbatches``; None where a field
         does not apply (Newton–Schulz fields of other optimizers, Canzona-runtime fields of a peer,
         a peer's own fields of every other method)."""
-        out: dict[str, Any] = {"world": self.world, "num_microbatches": self.num_microbatches}
+        # param_gather_dtype: every method gathers parameters in their own format (no runtime here has
+        # another, e.g. Megatron's fp8 parameter gather, which needs Transformer Engine), recorded so a
+        # reader compares the bytes of the gather like for like
+        out: dict[str, Any] = {
+            "world": self.world,
+            "num_microbatches": self.num_microbatches,
+            "param_gather_dtype": self.machine.dtype,
+        }
         for name, f, value in _walk(self):
             out[name] = value if self.applies(name, f) else None
         return out
@@ -197,8 +212,9 @@ class RunSpec:
         """The spec of a record's ``config`` (None: the field did not apply; a field a record
         written before it existed lacks takes its default)."""
         data = {k: v for k, v in config.items() if k in leaves() and v is not None}
-        if "sequence_parallel" not in config:  # written before the knob: every run then had SP off
-            data["sequence_parallel"] = False
+        for name, then in LEGACY.items():  # written before the knob: what every run then did
+            if name not in config:
+                data[name] = then
         spec = cls.from_flat(data, where)
         if config.get("world") not in (None, spec.world):
             raise ConfigError(f"{where}: world {config['world']} != tp·pp·dp of its config ({spec.world})")

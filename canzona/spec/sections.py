@@ -28,6 +28,7 @@ DpLayout = Literal["auto", "padded", "exact"]
 Alpha = float | Literal["auto"]  # "auto": the planner chooses α by modelled step (canzona.plan.build.make_plan)
 CollectiveMode = Literal["auto", "native", "uneven", "per-root", "all-reduce-broadcast"]
 MuonTpMode = Literal["duplicated", "distributed", "blockwise"]
+GradReduceDtype = Literal["fp32", "bf16"]
 # Hard limits of a run (beyond them a value is a typo, and would fork or loop for hours before failing)
 MAX_TP = 1024
 MAX_PP = 1024
@@ -146,6 +147,11 @@ class OptimSpec:
         False,
         "update gate and up of each SwiGLU linear_fc1 as separate matrices (off: Megatron's Muon updates fc1 whole)",
     )
+    # Megatron's --clip-grad, whose default is 1.0 (megatron/training/arguments.py): the production path
+    # clips, so every measured cell runs the clipping branch of the step (and pays for it when it clips).
+    clip_grad: float = knob(
+        1.0, "clip the global gradient norm to this value, as Megatron's --clip-grad (default 1.0); 0: off", lo=0.0
+    )
 
 
 @dataclass(frozen=True)
@@ -191,6 +197,21 @@ class PlanSpec:
 @dataclass(frozen=True)
 class CommSpec:
     overlap_param_sync: bool = knob(False, "parameter all-gathers overlap the next forward", canzona=True)
+    # The byte lever Megatron ships: DDPConfig.grad_reduce_in_fp32 (False: gradients accumulate and
+    # reduce in the parameters' bf16, half the DP bytes of the chain after the last micro-batch).
+    grad_reduce_dtype: GradReduceDtype = knob(
+        "fp32",
+        "number format of the main gradients and their DP reduction (bf16: Megatron's grad_reduce_in_fp32=False, "
+        "half the reduce bytes)",
+    )
+    # canzona.runtime.window: each matrix bucket updated as soon as its reduction lands, exact under
+    # clipping and the non-finite skip (a speculative update redone or restored when the norm says so)
+    pipelined_step: bool = knob(
+        True,
+        "update each matrix bucket as soon as its gradient reduction lands, while later buckets still reduce "
+        "(off: wait for every bucket, then step)",
+        canzona=True,
+    )
     collective_mode: CollectiveMode = knob("auto", "DP bucket collectives (auto: the α–β model)", canzona=True)
     # Seconds a collective may wait before the process group fails it: on gloo the step then names
     # its phase; on NCCL the watchdog aborts the process after this many seconds.

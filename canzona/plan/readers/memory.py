@@ -16,7 +16,11 @@ Per GPU, in bytes:
                 momentum, Shampoo/SOAP factors) + AdamW's two fp32 moments of its regions
   dp_staging    persistent staging of ``uneven`` buckets and layer-wise's owner gather
   tp_staging    the TP executors' fused buffers (fp32): micro-group ping-pong pairs, or the
-                duplicated all-gather's send + receive buffers
+                duplicated all-gather's send + receive buffers; the pipelined step keeps one set
+                per wave
+  window        the pipelined step's speculation (canzona.runtime.window), held from the first wave
+                to the verdict: a copy of the state of every matrix this GPU computes and the
+                staged fp32 update of every piece it holds; zero for the serialized step
   workspace     the transient peak of one update: the assembled fp32 gradient and update of the
                 largest computed matrix plus its Newton–Schulz working set; under Muon, of the
                 largest batched Newton–Schulz of same-shape local matrices (experts across layers),
@@ -47,10 +51,20 @@ from canzona.models.spec import ParamSpec
 from canzona.models.transformer import Model
 from canzona.optim.muon import DEFAULT_BATCH_BYTES, ns_batch, ns_working_bytes
 from canzona.plan.build import adamw_buckets
-from canzona.plan.schedule import BucketLayout, LowerSettings, RankSchedule, stage_schedules
+from canzona.plan.schedule import BucketLayout, ExecSpec, LowerSettings, RankSchedule, stage_schedules
 from canzona.plan.types import Plan
 
-TENSORS = ("params", "main_grads", "master", "optimizer", "dp_staging", "tp_staging", "workspace", "activations")
+TENSORS = (
+    "params",
+    "main_grads",
+    "master",
+    "optimizer",
+    "window",
+    "dp_staging",
+    "tp_staging",
+    "workspace",
+    "activations",
+)
 SYSTEM = ("nccl_buffers", "cuda_context", "fragmentation")
 COMPONENTS = TENSORS + SYSTEM
 FP32 = 4
@@ -118,6 +132,7 @@ class MemoryBreakdown:
     tp_staging: int
     workspace: int
     activations: int = 0
+    window: int = 0
     nccl_buffers: int = 0
     cuda_context: int = 0
     fragmentation: int = 0
@@ -163,7 +178,7 @@ def _tp_staging(s: RankSchedule, plan: Plan) -> int:
     tp = plan.layout.tp
     shard = {it.name: it.numel // tp for it in plan.items}
     out = 0
-    for spec in s.executors:
+    for spec in _executor_specs(s):
         if spec.kind == "all-gather":
             total = sum(shard[n] for n in spec.names)
             out += (total + tp * total) * FP32
@@ -180,6 +195,17 @@ def _tp_staging(s: RankSchedule, plan: Plan) -> int:
     return out
 
 
+def _executor_specs(s: RankSchedule) -> list[ExecSpec]:
+    """The executors the runtime builds: one set per wave for the pipelined step."""
+    return [e for w in s.waves for e in w.executors] if s.waves else list(s.executors)
+
+
+def _window(s: RankSchedule, state: int, held: dict[str, int]) -> int:
+    """The pipelined step's speculation: every computed matrix's state copied, every held piece's
+    update staged in fp32 (canzona.runtime.window.Speculation)."""
+    return state + sum(held[n] for spec in s.executors for n in spec.names) * FP32 if s.waves else 0
+
+
 def _dp_staging(s: RankSchedule, plan: Plan | None, prec: MemoryPrecision) -> int:
     out = 0
     for b in s.buckets:
@@ -194,6 +220,20 @@ def _dp_staging(s: RankSchedule, plan: Plan | None, prec: MemoryPrecision) -> in
         sizes = [sum(local[n] for n in names) for names in og.by_rank]
         out += (sum(sizes) if og.mode == "per-root" else len(sizes) * max(sizes)) * prec.param_bytes
     return out
+
+
+def _held(plan: Plan) -> dict[str, int]:
+    """Elements of each matrix this rank applies an update to: its TP shard, a cooperative block."""
+    tp = plan.layout.tp
+    k = {g.name: g.k for g in plan.coop}
+    return {
+        it.name: it.numel // k[it.name]
+        if it.name in k
+        else it.numel // tp
+        if it.partition_dim is not None
+        else it.numel
+        for it in plan.items
+    }
 
 
 def rank_memory(
@@ -222,6 +262,7 @@ def rank_memory(
         "main_grads": size * prec.grad_bytes,
         "master": master,
         "optimizer": state + 2 * adam * FP32,
+        "window": _window(s, state, _held(plan)) if plan is not None else 0,
         "dp_staging": _dp_staging(s, plan, prec),
         "tp_staging": _tp_staging(s, plan) if plan is not None else 0,
         "workspace": _workspace(s, plan, prec),
