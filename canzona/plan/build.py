@@ -39,7 +39,7 @@ from canzona.plan.dp.problem import make_problem, padding_floor
 from canzona.plan.dp.replicate import replicate, replication_choices
 from canzona.plan.step import step_price
 from canzona.plan.strategies import STRATEGIES, get_strategy, resolve_algo
-from canzona.plan.tp import TP_MODES, check_tp_mode, schedule_tp
+from canzona.plan.tp import TP_MODES, bucket_waves, check_tp_mode, schedule_tp
 from canzona.plan.types import (
     ALPHA_AUTO,
     ALPHA_GRID,
@@ -319,6 +319,7 @@ def _plain_plan(
         cfg.capacity_bytes,
         cfg.grad_dtype_bytes,
         all_owned=cfg.strategy == "sc",
+        bucket_of=bucket_waves(dpp, cfg),
     )
     return Plan(
         layout, cfg, items, dpp, tps, input_hash(layout, cfg, items), time.perf_counter() - t0, work=problem.work

@@ -396,7 +396,7 @@ def plan_cooperative(
     with its member cost (``tp.coop_slots``). TP = 1: block-aware partitioning (canzona.plan.dp.coop)."""
     from canzona.plan.dp.coop import plan_dp_coop
     from canzona.plan.strategies import plan_dp
-    from canzona.plan.tp import coop_slots, schedule_tp
+    from canzona.plan.tp import bucket_waves, coop_slots, schedule_tp
 
     dp, tp = layout.dp, layout.tp
     slots: dict[str, tuple[int, ...]] = {}
@@ -422,7 +422,15 @@ def plan_cooperative(
         placing = tuple(dataclasses.replace(it, cost=chosen[it.name][1]) if it.name in chosen else it for it in items)
         spans = {n: k for n, (k, _, _) in chosen.items()}
         tps = schedule_tp(
-            placing, dpp.owner_map(), dp, tp, cfg.tp_mode, cfg.capacity_bytes, cfg.grad_dtype_bytes, spans=spans
+            placing,
+            dpp.owner_map(),
+            dp,
+            tp,
+            cfg.tp_mode,
+            cfg.capacity_bytes,
+            cfg.grad_dtype_bytes,
+            spans=spans,
+            bucket_of=bucket_waves(dpp, cfg),
         )
         slots = coop_slots(placing, dpp.owner_map(), dp, tp, spans)
     else:
@@ -430,7 +438,16 @@ def plan_cooperative(
         if not chosen:
             return None
         dpp = plan_dp_coop(items, buckets, dp, {n: (k, c) for n, (k, c, _) in chosen.items()}, cfg.resolved_alpha)
-        tps = schedule_tp(items, dpp.owner_map(), dp, tp, cfg.tp_mode, cfg.capacity_bytes, cfg.grad_dtype_bytes)
+        tps = schedule_tp(
+            items,
+            dpp.owner_map(),
+            dp,
+            tp,
+            cfg.tp_mode,
+            cfg.capacity_bytes,
+            cfg.grad_dtype_bytes,
+            bucket_of=bucket_waves(dpp, cfg),
+        )
     total = tuple(
         dataclasses.replace(it, cost=chosen[it.name][0] * chosen[it.name][1]) if it.name in chosen else it
         for it in items

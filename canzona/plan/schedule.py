@@ -99,9 +99,9 @@ class ExecSpec:
 @dataclass(frozen=True)
 class Wave:
     """The matrices this rank updates once matrix bucket ``bucket`` (its position in the rank's matrix
-    buckets, i.e. in reduction order) has landed: the rank's executors restricted to them. A TP
-    micro-group or cooperative matrix belongs to the bucket it lies in; a micro-group whose matrices
-    straddle buckets waits for the later one (its one fused all-to-all needs them all)."""
+    buckets, i.e. in reduction order) has landed: the rank's executors restricted to them. A wave
+    reads its own bucket's gradients only: a plan for the pipelined step never lets a TP micro-group
+    straddle two buckets (``PlanConfig.bucket_waves``)."""
 
     bucket: int
     executors: tuple[ExecSpec, ...]
@@ -112,6 +112,12 @@ def waves(execs: Sequence[ExecSpec], matrix: Sequence[BucketLayout]) -> tuple[Wa
     order; within a wave the executors keep their order (local, cooperative, TP)."""
     where = {n: i for i, b in enumerate(matrix) for n, _, _ in b.entries}
     per: dict[int, list[ExecSpec]] = {}
+    straddle = next((g for e in execs for g in e.groups if len({where[n] for n, _ in g}) > 1), None)
+    if straddle is not None:
+        raise ConfigError(
+            f"TP micro-group {[n for n, _ in straddle]} straddles two DP buckets: the pipelined step needs a plan "
+            "made with PlanConfig(bucket_waves=True), as the runtime makes it"
+        )
     for e in execs:
         for w, spec in _cut(e, where).items():
             per.setdefault(w, []).append(spec)
@@ -124,7 +130,7 @@ def _cut(e: ExecSpec, where: dict[str, int]) -> dict[int, ExecSpec]:
     if e.kind == "micro-group":
         groups: dict[int, list[tuple[tuple[str, int], ...]]] = {}
         for g in e.groups:
-            groups.setdefault(max(where[n] for n, _ in g), []).append(g)
+            groups.setdefault(where[g[0][0]], []).append(g)
         for w, gs in groups.items():
             inside = {n for g in gs for n, _ in g}
             out[w] = ExecSpec(e.kind, tuple(n for n in e.names if n in inside), tuple(gs))
@@ -190,6 +196,17 @@ class RankSchedule:
             if (b.kind, b.index) == (kind, index):
                 return b
         raise KeyError((kind, index))
+
+    @property
+    def clipping_ops(self) -> tuple[CommOp, ...]:
+        """The calls of a step whose norm clips: the pipelined step redoes every wave after the
+        verdict (canzona.runtime.window), so its waves' calls come once more before the gathers."""
+        if not self.waves:
+            return self.ops
+        first = next((i for i, o in enumerate(self.ops) if o.phase != "grad_sync"), len(self.ops))
+        check = next((i for i, o in enumerate(self.ops) if o.phase in ("tp_partial", "norm")), first)
+        gathers = next((i for i, o in enumerate(self.ops) if o.phase == "param_sync"), len(self.ops))
+        return (*self.ops[:gathers], *self.ops[first:check], *self.ops[gathers:])
 
     def counts(self, group: str | None = None) -> dict[str, int]:
         """Collective calls per step by kind (optionally of one group)."""

@@ -35,10 +35,17 @@ import warnings
 from collections.abc import Sequence
 
 from canzona.errors import ConfigError
-from canzona.plan.types import MicroGroup, PlanItem, TPSchedule
+from canzona.plan.types import DPPlan, MicroGroup, PlanConfig, PlanItem, TPSchedule
 
 TP_MODES = ("sc", "no", "sorted", "global", "shard")
 DEFAULT_CAPACITY_DEPTH = 4  # the default C aims at >= this many groups per slot (pipelining depth)
+
+
+def bucket_waves(dpp: DPPlan, cfg: PlanConfig) -> dict[str, int] | None:
+    """name -> DP bucket where the plan is for the pipelined step (``PlanConfig.bucket_waves``)."""
+    if not cfg.bucket_waves:
+        return None
+    return {e.name: i for i, b in enumerate(dpp.buckets) for e in b.entries}
 
 
 def check_tp_mode(mode: str) -> str:
@@ -154,14 +161,20 @@ def _schedule_one(
     index: dict[str, int],
     halve: bool = False,
     spans: dict[str, int] | None = None,
+    bucket_of: dict[str, int] | None = None,
 ) -> tuple[MicroGroup, ...]:
     order = _ordered(owned, mode, index)
     if mode in ("no", "sorted"):
+        cuts = _by_bucket(order, bucket_of)
         return tuple(
-            MicroGroup(tuple((it.name, k) for k, it in enumerate(order[g : g + tp]))) for g in range(0, len(order), tp)
+            MicroGroup(tuple((it.name, k) for k, it in enumerate(part[g : g + tp])))
+            for part in cuts
+            for g in range(0, len(part), tp)
         )
     placed = _hosts(order, tp, spans)
     pairs = [(it, s) for it, s in zip(order, placed, strict=True) if it.name not in (spans or {})]
+    if bucket_of is not None:  # stable: cost order within each bucket, the LPT's hosts kept
+        pairs.sort(key=lambda p: bucket_of[p[0].name])
     order, slots = [it for it, _ in pairs], [s for _, s in pairs]
     hosted = [slots.count(t) for t in range(tp)]
     # the default schedule's per-host cap: a host with m >= 2 matrices puts at most ⌈m/2⌉ in one group
@@ -182,7 +195,8 @@ def _schedule_one(
                 open_hosts, open_bytes, open_count = [], [0] * tp, [0] * tp
             groups.append(MicroGroup(((it.name, s),)))
             continue
-        if open_hosts and (open_bytes[s] + nbytes > capacity or open_count[s] >= cap_per_host[s]):  # seal, reopen
+        crossed = bucket_of is not None and bucket_of[it.name] != bucket_of[open_hosts[-1][0]] if open_hosts else False
+        if open_hosts and (crossed or open_bytes[s] + nbytes > capacity or open_count[s] >= cap_per_host[s]):  # seal
             groups.append(MicroGroup(tuple(open_hosts)))
             open_hosts, open_bytes, open_count = [], [0] * tp, [0] * tp
         open_hosts.append((it.name, s))
@@ -191,6 +205,16 @@ def _schedule_one(
     if open_hosts:
         groups.append(MicroGroup(tuple(open_hosts)))
     return tuple(groups)
+
+
+def _by_bucket(order: list[PlanItem], bucket_of: dict[str, int] | None) -> list[list[PlanItem]]:
+    """``order`` cut into one run per bucket, in bucket order (one run without ``bucket_of``)."""
+    if bucket_of is None:
+        return [order]
+    runs: dict[int, list[PlanItem]] = {}
+    for it in order:
+        runs.setdefault(bucket_of[it.name], []).append(it)
+    return [runs[b] for b in sorted(runs)]
 
 
 def _per_rank(
@@ -220,6 +244,7 @@ def schedule_tp(
     *,
     all_owned: bool = False,
     spans: dict[str, int] | None = None,
+    bucket_of: dict[str, int] | None = None,
 ) -> TPSchedule:
     """Micro-groups per DP rank for the TP-sharded matrices it owns.
 
@@ -228,7 +253,9 @@ def schedule_tp(
     group is its expert-DP group). Matrices owned by a group of k > 1 DP ranks
     (reserved for cooperative updates) are not scheduled here, nor are the cooperative matrices of
     a TP group (``spans``: name -> k, priced at their member cost): those take k slots in the LPT
-    (``coop_slots`` says which) and are updated by their group, not by a host.
+    (``coop_slots`` says which) and are updated by their group, not by a host. ``bucket_of`` (name ->
+    DP bucket, ``PlanConfig.bucket_waves``): groups never straddle two buckets; each bucket's groups
+    follow in bucket order, and every matrix keeps the host the schedule gives it without buckets.
     """
     check_tp_mode(mode)
     if capacity_bytes is not None and capacity_bytes <= 0:
@@ -245,7 +272,7 @@ def schedule_tp(
         cap = capacity_bytes if capacity_bytes is not None else default_capacity(hosted, dp, tp, grad_dtype_bytes)
     per_rank = _per_rank(items, owner_map, dp, all_owned)
     groups = tuple(
-        _schedule_one(owned, mode, tp, cap or 0, grad_dtype_bytes, index, halve, spans) for owned in per_rank
+        _schedule_one(owned, mode, tp, cap or 0, grad_dtype_bytes, index, halve, spans, bucket_of) for owned in per_rank
     )
     return TPSchedule(mode, cap, groups)
 

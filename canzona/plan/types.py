@@ -240,6 +240,10 @@ class PlanConfig:
     # None: H800 offline, the backend's at run time (cpu-local on gloo)
     profile: str | None = None
     coop_force: tuple[tuple[str, int], ...] = ()  # (matrix, k) groups taken as given (experiments, tests)
+    # the pipelined step (canzona.runtime.window) updates each matrix bucket in its own wave: TP
+    # micro-groups are sealed at bucket boundaries (the hosts the LPT chose stay), else a group
+    # straddling two buckets waits for the later one
+    bucket_waves: bool = False
     alpha_chosen: bool = False  # True: ``alpha`` was chosen by the planner ("auto"), not given
 
     @property
@@ -384,13 +388,16 @@ _OLD_COOP_PROFILES = {"nvlink": "H800", "cpu": "cpu-local"}
 
 
 def _hashed_config(config: PlanConfig) -> dict[str, Any]:
-    """The config as the hashes see it: ``alpha_chosen`` only when set and ``replicate`` only when
-    off, so a plan hashes as it did before the planner could choose α or replicate buckets."""
+    """The config as the hashes see it: ``alpha_chosen`` and ``bucket_waves`` only when set and
+    ``replicate`` only when off, so a plan hashes as it did before the planner could choose α,
+    replicate buckets or seal micro-groups at bucket boundaries."""
     d = asdict(config)
     if not config.alpha_chosen:
         del d["alpha_chosen"]
     if config.replicate:
         del d["replicate"]
+    if not config.bucket_waves:
+        del d["bucket_waves"]
     return d
 
 

@@ -137,13 +137,11 @@ class DPSync:
                     )
         self._launch_through(lambda key: True)
 
-    def wait_through(self, kind: str, b: int) -> None:
-        """Block until the reductions of ``kind``'s buckets 0..b have landed (the pipelined step, wave
-        by wave: a wave may read any bucket up to its own, a TP micro-group straddling buckets)."""
-        for i in range(b + 1):
-            p = self.pending.pop((kind, i), None)
-            if p is not None:
-                p.wait()
+    def wait(self, key: Key) -> None:
+        """Block until bucket ``key``'s reduction has landed (the pipelined step, wave by wave)."""
+        p = self.pending.pop(key, None)
+        if p is not None:
+            p.wait()
 
     def wait_all(self) -> None:
         """Wait for every launched reduction not waited yet, then sum the TP partials; resets."""

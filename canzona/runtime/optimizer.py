@@ -167,6 +167,7 @@ class DistributedOptimizer:
             pc,
             bucket_size=resolve_bucket_size(pc.bucket_size, self.dp),
             profile=pc.profile or (DEFAULT_CPU if self.backend == "gloo" else DEFAULT_GPU),
+            bucket_waves=pc.bucket_waves or (self.config.comm.pipelined_step and self.tp > 1),
         )
         plan = make_plan(
             [s for s in self.stage_specs if s.route == "matrix"],
@@ -457,7 +458,7 @@ class DistributedOptimizer:
         self.timeline.begin()
         for wave, executors in zip(self.schedule.waves, self.waves, strict=True):
             with self.timer.phase("grad_sync"):
-                self.dps.wait_through("matrix", wave.bucket)
+                self.dps.wait(("matrix", wave.bucket))
             landed = self.timeline.event()
             spec.snapshot(self.states, (n for ex in executors for n in ex.names))
             run_executors(executors, ctx)

@@ -3,8 +3,9 @@
 Why: after the last micro-batch the DP reductions land one bucket at a time, and the serialized step
 waits for every one of them before it updates any matrix, so the update sits behind the whole chain
 of reductions (at Qwen3-32B on 256 GPUs the GPUs idle about 4× the step after the backward). Here the
-matrices of bucket ``b`` (the lowering's ``Wave``, canzona.plan.schedule.waves) are updated as soon as
-bucket ``b`` has landed, while the later buckets still reduce; the order is the plan's, never the
+matrices of bucket ``b`` (the lowering's ``Wave``, canzona.plan.schedule.waves: the plan seals TP
+micro-groups at bucket boundaries) are updated as soon as bucket ``b`` has landed, while the later
+buckets still reduce; the order is the plan's, never the
 order in which buckets happen to land on a rank, so every rank issues the same calls.
 
 Exact how: the clip coefficient and the non-finite verdict need the global norm, which only the last

@@ -269,7 +269,12 @@ def plan_config_of(values: Mapping[str, Any]) -> PlanConfig:
     names = {"method": "strategy", "optimizer": "optimizer"} | {
         f.name: f.name for f in dataclasses.fields(PlanSpec) if f.name in known
     }
-    return PlanConfig(**{to: v for name, to in names.items() if (v := values.get(name)) is not None})
+    # the pipelined step's micro-groups never straddle buckets (PlanConfig.bucket_waves); only TP > 1
+    # has micro-groups, so a TP-1 plan hashes as before
+    waves = bool(values.get("pipelined_step")) and (values.get("tp") or 1) > 1
+    return PlanConfig(
+        **{to: v for name, to in names.items() if (v := values.get(name)) is not None}, bucket_waves=waves
+    )
 
 
 def _native_ns_dtype(gpu: bool) -> str:
