@@ -23,6 +23,13 @@ cooperative layout exchange sees every rank as this one (what the fake group han
 ownership check is not run (it needs every rank's counts; the exactness tests run it), and the
 step's grad norm is issued as its all-reduce and read as 0.0, a finite stand-in, so the step takes
 its normal path without clipping. Nothing else in the runtime changes for a dry run.
+
+Where it is not a GPU run: the fake tensors live on the CPU, so torch picks its CPU forms where it
+picks by device. The one that shows is AdamW's step: per tensor on the CPU (two fp32 temporaries of
+the largest shard), foreach on CUDA (one of every shard at once, which the memory model charges);
+where AdamW's step is the peak (a large vocabulary at DP 1) the two differ by that. And the fake
+backend is not NCCL, so the lowering gathers ``per-root`` buckets as on gloo (a broadcast per
+slice: no bytes either way) and prices the modes on NCCL's α–β model, as for any backend but gloo.
 """
 
 from __future__ import annotations
