@@ -66,6 +66,9 @@ def test_cpu_flavour_runs_the_whole_flow_and_says_so(tmp_path: Path) -> None:
     assert syncs["max_per_measured_step"] == 1 and syncs["sites"] == ["item in canzona.runtime.grad_norm"]
     assert "**met** — host syncs per training step ≤ 1" in summary
     assert train["memory"]["predicted"]["total_bytes"] > 0 and "activations" in train["memory"]["model_excludes"]
+    dry = train["memory"]["dry_run"]  # the same run built with fake tensors: the model's terms within 10%
+    assert dry["at_step_start"] < dry["peak"] and abs(dry["ratio_to_model"] - 1) <= 0.1
+    assert "- canzona dry-run (fake tensors, no activations): " in summary
     cell = json.loads((tmp_path / "cell.json").read_text())  # the path a Slurm cell takes
     assert cell["status"] == "ok" and cell["rc"] == 0, cell["stderr_tail"]
     assert "torch.distributed.run" in cell["command"] and cell["record"]["cell"] == train["record"]["cell"]
