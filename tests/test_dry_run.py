@@ -62,6 +62,17 @@ def test_bad_input_exits_2_naming_the_fix(argv: list[str], says: str, capsys: py
     assert says in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_a_process_with_a_process_group_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """The fake world would replace the caller's: exit 2 instead, and leave the caller's group alone."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        assert main(["dry-run", "--model", "qwen3-micro"]) == 2
+        assert dist.get_backend() == "gloo"
+    finally:
+        dist.destroy_process_group()
+    assert "builds its own fake process group; run it in a process that has none" in capsys.readouterr().err
+
+
 def test_live_bytes_counts_each_storage_once_while_it_lives() -> None:
     base = torch.zeros(4)  # made outside: never counted, not even when an operator returns it
     with LiveBytes() as seen:
