@@ -120,6 +120,10 @@ FORMS: dict[str, Forms] = {
         "the same long and square aspect at 1/8 the size, one timed call",
         ("multiproc",),
     ),
+    "canzona dry-run --model qwen3-32b --tp 8 --dp 32 --dtype bf16 [--rank R] [--json]": Forms(
+        ("canzona dry-run --model qwen3-tiny --tp 2 --dp 2 --dtype bf16 --rank 3 --json",),
+        "a rank of Qwen3-32B takes 20 s here; the same flags on qwen3-tiny at TP 2 · DP 2 (2 s), both options in one",
+    ),
     "canzona train --model qwen3-tiny --tp 2 --pp 1 --dp 2 --method canzona --optimizer muon --seq-len 128 "
     "--micro-batch 1 --global-batch 8 --warmup 2 --iters 8 --results results/train.jsonl --nproc 4": Forms(
         (

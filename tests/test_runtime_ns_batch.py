@@ -1,19 +1,17 @@
 """An owner's same-shape matrices (experts across layers) go through batched Newton–Schulz in chunks of
-Muon's ``batch_bytes``: the live bytes of the local executor's step, measured on the meta device,
-follow the budget, not the number of matrices; chunking changes no update; the memory model charges
-the same chunk."""
+Muon's ``batch_bytes``: the live bytes of the local executor's step, measured on the meta device
+(``canzona.harness.live_bytes``, as `canzona dry-run` counts them), follow the budget, not the
+number of matrices; chunking changes no update; the memory model charges the same chunk."""
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from canzona.errors import ConfigError
+from canzona.harness.live_bytes import LiveBytes
 from canzona.models.spec import ParamSpec
 from canzona.optim.muon import Muon, MuonConfig, ns_working_bytes
 from canzona.plan.schedule import ExecSpec
@@ -22,39 +20,6 @@ from canzona.runtime.executors.tp import LocalTP
 from canzona.runtime.timers import PhaseTimer
 
 SHAPE = (32, 64)
-
-
-class LiveBytes(TorchDispatchMode):
-    """Bytes of the storages that ops made inside the mode and that some tensor still holds (a view
-    keeps its storage live), and their peak: an allocator's view of a step on the meta device."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.live = self.peak = 0
-        self.holders: dict[int, list[int]] = {}  # storage -> [tensors alive, bytes]
-
-    def _drop(self, key: int) -> None:
-        self.holders[key][0] -= 1
-        if self.holders[key][0] == 0:
-            self.live -= self.holders.pop(key)[1]
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        out = func(*args, **(kwargs or {}))
-        inputs = {a.untyped_storage()._cdata for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)}
-        for t in tree_flatten(out)[0]:
-            if not isinstance(t, torch.Tensor):
-                continue
-            key = t.untyped_storage()._cdata
-            if key in self.holders:
-                self.holders[key][0] += 1
-            elif key in inputs:  # in place, or a view of a tensor made outside
-                continue
-            else:
-                self.holders[key] = [1, t.untyped_storage().nbytes()]
-                self.live += t.untyped_storage().nbytes()
-                self.peak = max(self.peak, self.live)
-            weakref.finalize(t, self._drop, key)
-        return out
 
 
 def _local_step(count: int, budget: int, device: str, grads: list[torch.Tensor] | None = None) -> dict[str, Any]:

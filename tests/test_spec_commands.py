@@ -16,7 +16,7 @@ from canzona.spec import leaves
 from canzona.spec.flags import NOT_FLAGS, Knobs
 
 # command -> the module attribute holding its declaration
-RUN_COMMANDS = ("train", "bench-step", "plan", "project")
+RUN_COMMANDS = ("train", "bench-step", "plan", "project", "dry-run")
 SECTIONS = {section for section, _, _ in leaves().values() if section}
 
 

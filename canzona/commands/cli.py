@@ -49,6 +49,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "canzona.commands.train",
         "train a Qwen3 model on megatron-core with a Canzona (or peer) optimizer; one results line",
     ),
+    "dry-run": (
+        "canzona.commands.dry_run",
+        "one rank of a real layout on this CPU (fake tensors, fake process group): peak bytes beside the memory model",
+    ),
     "bench-step": (
         "canzona.commands.bench_step",
         "optimizer-step latency of sc/layerwise/asc/canzona side by side (forked ranks)",

@@ -11,10 +11,12 @@ distributed optimizer (or Megatron's own Muon as a peer), timed, and recorded as
   collectives.py   the collective calls an iteration issues, by group role and kind
   peer_megatron.py the Megatron peers: megatron-muon, megatron-layerwise (its layer-wise optimizer)
   gpu_train.py     `canzona gpu-check`'s training part: one in-process rank, step probe, memory-model prediction
+  dry_run.py       `canzona dry-run`: one rank of a real layout with fake tensors on a fake process group
+  live_bytes.py    its count of live tensor bytes per phase (a dispatch mode)
   gpu_summary.py   its SUMMARY.md and goal verdicts, computed from the JSON files
   step_probe.py    host syncs (CUDA sync-debug warnings / host reads) and allocator around opt.step()
   torchtitan_*.py  torchtitan integration: its Qwen3 under FSDP2 (qwen3), Canzona as its trainer's
                    optimizer container (trainer), that trainer on CPU (cpu)
-The commands (`canzona train`, `canzona gpu-check`) are in canzona.commands.
+The commands (`canzona train`, `canzona gpu-check`, `canzona dry-run`) are in canzona.commands.
 Heavy imports (megatron) happen inside functions, so importing this package is cheap.
 """

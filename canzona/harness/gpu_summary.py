@@ -238,6 +238,12 @@ def _train_section(train: dict[str, Any]) -> list[str]:
         )
     elif m:
         lines.append(f"- measured: {m['note']}")
+    dry = mem.get("dry_run")
+    if dry:
+        lines.append(
+            f"- canzona dry-run (fake tensors, no activations): {_size(dry['at_step_start'])} when the step starts, "
+            f"peak {_size(dry['peak'])}, {dry['ratio_to_model']:.3f} of the model's optimizer terms"
+        )
     return lines
 
 

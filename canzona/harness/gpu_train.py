@@ -11,7 +11,9 @@ Memory: the memory model (canzona.plan.readers.memory) predicts the bytes the op
 this model and layout — parameters, main grads, masters, state, staging and the transient
 update workspace — and excludes activations. The allocator's reading when a step starts
 (backward done, activations freed) is compared with the prediction without its workspace; the
-run's peak (``torch.cuda.max_memory_allocated``) includes activations and is reported beside it.
+run's peak (``torch.cuda.max_memory_allocated``) includes activations and is reported beside it,
+and so is `canzona dry-run`'s count of the same run (``canzona.harness.dry_run``: fake tensors on
+the CPU, no activations), when the step starts and at its peak.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -35,6 +37,9 @@ from canzona.harness.step_probe import StepProbe
 from canzona.plan.readers.memory import MemoryBreakdown
 from canzona.spec import RunSpec
 from canzona.spec.flags import to_argv
+
+if TYPE_CHECKING:
+    from canzona.harness.dry_run import DryRun
 
 # GPU: a few layers of Qwen3-1.7B shapes, bf16 params, two micro-batches (so no_sync runs).
 GPU_RUN = RunSpec(model="qwen3-1.7b-4l").replace(
@@ -117,13 +122,21 @@ def single_gpu_group() -> Iterator[Any]:
         dist.destroy_process_group()
 
 
-def memory_report(predicted: MemoryBreakdown, reading: dict[str, Any] | None, record: dict[str, Any]) -> dict[str, Any]:
-    """The model's bytes beside the allocator's (``reading``: ``StepProbe.memory``, None without CUDA)."""
+def memory_report(
+    predicted: MemoryBreakdown, reading: dict[str, Any] | None, record: dict[str, Any], dry: DryRun
+) -> dict[str, Any]:
+    """The model's bytes beside the allocator's (``reading``: ``StepProbe.memory``, None without CUDA)
+    and beside `canzona dry-run`'s count of the same run (``dry``: fake tensors, no activations)."""
     persistent = predicted.total_bytes - predicted.workspace
     out: dict[str, Any] = {
         "predicted": predicted.to_dict(),
         "predicted_persistent_bytes": persistent,
         "model_excludes": MODEL_EXCLUDES,
+        "dry_run": {
+            "at_step_start": next(p.end for p in dry.phases if p.name == "gradients"),
+            "peak": dry.peak,
+            "ratio_to_model": dry.ratio,
+        },
     }
     if reading is None:
         t = record["timings"]
@@ -321,6 +334,7 @@ def train_check(gpu: bool, quick: bool) -> dict[str, Any]:
     that has held a gloo group and megatron's parallel state must not fork ranks later (the tests
     do, in the same worker), and the CPU shim stays in the child."""
     need_megatron()
+    from canzona.harness.dry_run import dry_run
     from canzona.runtime.launch import launch
 
     run = run_config(gpu, quick).resolve(gpu=gpu)
@@ -341,5 +355,5 @@ def train_check(gpu: bool, quick: bool) -> dict[str, Any]:
         "record": got["record"],
         "phase_clock": "CUDA events" if gpu else "wall clock (CPU)",
         "syncs": got["syncs"],
-        "memory": memory_report(predicted_memory(run), got["memory"], got["record"]),
+        "memory": memory_report(predicted_memory(run), got["memory"], got["record"], dry_run(run, 0)),
     }

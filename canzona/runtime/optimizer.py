@@ -44,11 +44,12 @@ from canzona.plan.schedule import LowerSettings, RankSchedule, lower
 from canzona.plan.strategies import get_strategy
 from canzona.plan.types import Layout, Plan
 from canzona.runtime import checkpoint, grad_norm
-from canzona.runtime.attest import Attestation, attest, check_known, check_ownership
+from canzona.runtime.attest import Attestation, attest, check_known
 from canzona.runtime.buffers import DTYPES, FlatBuffers
 from canzona.runtime.collectives import has_uneven_rooted
 from canzona.runtime.config import DistConfig
 from canzona.runtime.dp_sync import DPSync
+from canzona.runtime.exchange import COLLECTIVES, RankExchange
 from canzona.runtime.executors.base import StepContext, run_executors
 from canzona.runtime.executors.coop import coop_comms, held_pieces, ns_rounds, used_comms
 from canzona.runtime.executors.tp import select_executors
@@ -91,7 +92,9 @@ class DistributedOptimizer:
     is a partial sum per TP rank (QK-norm weights): summed across TP after the DP reduction.
     ``experts``: expert parallelism (canzona.runtime.experts): the stage's full inventory and this
     rank's expert-DP group; ``named_params`` are then this rank's dense parameters and its EP
-    rank's experts, and expert buckets are reduced and gathered over the expert-DP group."""
+    rank's experts, and expert buckets are reduced and gathered over the expert-DP group.
+    ``exchange``: how the values other ranks contribute are read on the host (canzona.runtime.exchange;
+    default: as collectives; `canzona dry-run` passes its own)."""
 
     def __init__(
         self,
@@ -104,12 +107,14 @@ class DistributedOptimizer:
         global_group: dist.ProcessGroup | None = None,
         tp_partial: Sequence[str] = (),
         experts: ExpertParallel | None = None,
+        exchange: RankExchange = COLLECTIVES,
     ) -> None:
         if not isinstance(config, DistConfig):
             raise ConfigError(f"DistributedOptimizer needs a DistConfig, got {type(config).__name__}")
         if not named_params:
             raise ConfigError("DistributedOptimizer got no parameters")
         self.config = config
+        self.exchange = exchange
         self.dp_group, self.tp_group = dp_group, tp_group
         self.stage_group, self.global_group = stage_group, global_group
         self.dp, self.dp_rank = dist.get_world_size(dp_group), dist.get_rank(dp_group)
@@ -219,7 +224,8 @@ class DistributedOptimizer:
         comms = {"tp": self.tp_group, "dp": self.dp_group}
         if self.plan is not None and self.plan.config.cooperative:
             used = used_comms(self.plan, self.tp)
-            comms.update(coop_comms(self.dp_group, self.tp_group, self.dp, self.tp, self.config.comm.timeout_s, used))
+            timeout = self.config.comm.timeout_s
+            comms.update(coop_comms(self.dp_group, self.tp_group, self.dp, self.tp, timeout, used, self.exchange))
         self.comms = comms
         # the pipelined step runs the executors wave by wave (one per matrix bucket), else all at once
         self.waves = [select_executors(w.executors, self.specs, comms, self.device) for w in s.waves]
@@ -260,7 +266,9 @@ class DistributedOptimizer:
             h = self.held[n]
             if (n, h.a, h.b) in inside:
                 m, p = inside[(n, h.a, h.b)]
-                out[n] = (m, None if m.data_ptr() == p.data_ptr() else p)
+                # the master IS the param region exactly where the parameters are fp32 (BucketBuffers):
+                # told by dtype, not by data pointer, which a fake tensor (canzona dry-run) has none of
+                out[n] = (m, None if m.dtype == p.dtype else p)
             else:  # bucket reduced whole (sc, layer-wise): a master per owned parameter
                 p = self.sets["matrix"].param(n)[h.a : h.b]
                 out[n] = (p, None) if p.dtype == torch.float32 else (p.float(), p)
@@ -316,7 +324,7 @@ class DistributedOptimizer:
         group = {it.name: len(plan.layout.group_ranks(it.ep_rank)) for it in plan.items} if plan is not None else {}
         replicas = lambda n: group[n] if n in group and (everywhere or n in shared) else 1
         owned = [(s.name, mine[s.name], s.shard_numel(self.tp) * self.tp * replicas(s.name)) for s in self.stage_specs]
-        ranks = check_ownership(owned, self.stage_group, self.device)
+        ranks = self.exchange.ownership(owned, self.stage_group, self.device)
         return attest(
             "megatron",
             self.specs,
@@ -392,7 +400,7 @@ class DistributedOptimizer:
     def _check(self, spec: Speculation | None = None) -> StepInfo:
         with self.timer.phase("check"):
             sumsq = grad_norm.sum_of_squares(self.norm_tensors, self.device)
-            norm = grad_norm.global_norm(sumsq, self.global_group)
+            norm = self.exchange.norm(sumsq, self.global_group)
         if norm != norm or norm == float("inf"):
             if spec is not None:  # the speculative waves advanced states: back as they were, before raising
                 spec.restore(self.states)

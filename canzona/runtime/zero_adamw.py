@@ -43,7 +43,7 @@ class ZeroAdamW:
             grad = p.grad
             if grad is None:  # set in __init__; only a caller's zero_grad(set_to_none) on the shards drops it
                 raise RuntimeError("ZeroAdamW shard lost its .grad; do not zero the optimizer's own shards")
-            if grad.data_ptr() != bb.grad.data_ptr() + bb.region[0] * bb.grad.element_size():
+            if grad.dtype != bb.grad.dtype:  # a separate fp32 copy of bf16 main grads (__init__), else a view
                 grad.copy_(bb.grad[bb.region[0] : bb.region[1]])
         self.opt.step()
         for bb in self.buckets:

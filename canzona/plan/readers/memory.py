@@ -24,7 +24,9 @@ Per GPU, in bytes:
   workspace     the transient peak of one update: the assembled fp32 gradient and update of the
                 largest computed matrix plus its Newton–Schulz working set; under Muon, of the
                 largest batched Newton–Schulz of same-shape local matrices (experts across layers),
-                chunked to ``ns_batch_bytes``
+                chunked to ``ns_batch_bytes``; or AdamW's step where that is larger: torch's AdamW
+                in its foreach form (its default on CUDA) holds one fp32 temporary (√v) for every
+                element of this rank's AdamW regions at once (``canzona dry-run`` measured it)
   activations   what the caller says the stage holds at its 1F1B peak (zero when not given)
 What the process holds beside the tensors, from the hardware profile's ``[memory]`` section
 (``SystemMemory``; zero where a profile has none, as the CPU one):
@@ -265,7 +267,7 @@ def rank_memory(
         "window": _window(s, state, _held(plan)) if plan is not None else 0,
         "dp_staging": _dp_staging(s, plan, prec),
         "tp_staging": _tp_staging(s, plan) if plan is not None else 0,
-        "workspace": _workspace(s, plan, prec),
+        "workspace": max(_workspace(s, plan, prec), adam * FP32),  # the larger of the matrix and AdamW steps
         "activations": activations,
     }
     return MemoryBreakdown(

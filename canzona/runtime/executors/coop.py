@@ -35,6 +35,7 @@ from canzona.plan.coop import GROUP_SIZES
 from canzona.plan.schedule import ExecSpec, coop_comm_key
 from canzona.plan.tp import block_slots
 from canzona.plan.types import CoopGroup, Plan
+from canzona.runtime.exchange import COLLECTIVES, RankExchange
 from canzona.runtime.executors.base import ShardOf, StepContext
 
 
@@ -356,6 +357,7 @@ def coop_comms(
     tp: int,
     timeout_s: float,
     used: frozenset[str],
+    exchange: RankExchange = COLLECTIVES,
 ) -> dict[str, dist.ProcessGroup]:
     """The cooperative sub-groups this rank belongs to, of the keys ``used`` (``used_comms`` of this
     stage's plan): at TP = 1 aligned DP sub-groups, at TP > 1 strided TP sub-groups (k < TP; the
@@ -367,15 +369,14 @@ def coop_comms(
     ``device_id`` NCCL makes a sub-group by splitting the default communicator, which needs every
     rank of it, so a group created by its members alone (``use_local_synchronization``) hangs
     there. PP stages plan differently, so the parents' rank lists and each rank's ``used`` keys come
-    from one ``all_gather_object`` over the world, and every rank builds the union of the keys, for
-    every parent, by increasing k: only groups some stage's plan uses (none under EP or without a
+    from one ``all_gather_object`` over the world (``exchange.objects``), and every rank builds the
+    union of the keys, for every parent, by increasing k: only groups some stage's plan uses (none under EP or without a
     cooperative matrix, where building all of them cost up to 224 ``new_group`` calls). Each gets
     ``timeout_s`` (the run's one timeout for every group).
     """
     group, size = (dp_group, dp) if tp == 1 else (tp_group, tp)
     mine = tuple(dist.get_process_group_ranks(group) if group is not None else range(dist.get_world_size()))
-    every: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, (mine, sorted(used)))
+    every = exchange.objects((mine, sorted(used)))
     wanted = {key for _, keys in every for key in keys}
     out = {}
     for k in GROUP_SIZES:
