@@ -161,12 +161,18 @@ def _workspace(s: RankSchedule, plan: Plan | None, prec: MemoryPrecision) -> int
     ``ns_batch`` of them under ``prec.ns_batch_bytes``, as ``Muon.directions`` chunks them."""
     if plan is None:
         return 0
+    return _work(s.executors, s.tp_rank, plan, prec)
+
+
+def _work(execs: Sequence[ExecSpec], tp_rank: int, plan: Plan, prec: MemoryPrecision) -> int:
+    """``_workspace`` of the updates ``execs`` run on TP rank ``tp_rank``."""
     items = {it.name: it for it in plan.items}
     k = {g.name: g.k for g in plan.coop}
-    work = max((ns_working_bytes(items[n].shape, prec.ns_bytes, k.get(n, 1)) for n in s.computes), default=0)
+    computes = [n for e in execs for n in e.computed_by(tp_rank)]
+    work = max((ns_working_bytes(items[n].shape, prec.ns_bytes, k.get(n, 1)) for n in computes), default=0)
     if plan.config.optimizer != "muon":
         return work
-    for spec in s.executors:
+    for spec in execs:
         if spec.kind != "local":
             continue
         count = Counter(items[n].shape for n in spec.names if not items[n].parts)
@@ -202,10 +208,25 @@ def _executor_specs(s: RankSchedule) -> list[ExecSpec]:
     return [e for w in s.waves for e in w.executors] if s.waves else list(s.executors)
 
 
-def _window(s: RankSchedule, state: int, held: dict[str, int]) -> int:
-    """The pipelined step's speculation: every computed matrix's state copied, every held piece's
-    update staged in fp32 (canzona.runtime.window.Speculation)."""
-    return state + sum(held[n] for spec in s.executors for n in spec.names) * FP32 if s.waves else 0
+def _window(s: RankSchedule, plan: Plan, cost: CostModel | None, prec: MemoryPrecision) -> int:
+    """The pipelined step's speculation beyond the workspace: each wave copies the state of the
+    matrices it computes and stages the fp32 update of every piece it applies
+    (canzona.runtime.window.Speculation), all held to the verdict. The step's transient peak is the
+    larger of all of it together (after the last wave) and, over the waves, what the waves before
+    hold plus one wave's own working set; this term is what that peak adds to ``_workspace``."""
+    if not s.waves:
+        return 0
+    items = {it.name: it for it in plan.items}
+    k = {g.name: g.k for g in plan.coop}
+    held = _held(plan)
+    state = lambda n: cost.state_bytes(items[n].shape) // k.get(n, 1) if cost is not None else 0
+    before = peak = 0  # what the earlier waves hold; the peak so far
+    for w in s.waves:
+        copies = sum(state(n) for e in w.executors for n in e.computed_by(s.tp_rank))
+        # a wave's working set already holds the updates it stages (the copy outlives it)
+        peak = max(peak, before + copies + _work(w.executors, s.tp_rank, plan, prec))
+        before += copies + sum(held[n] for e in w.executors for n in e.names) * FP32
+    return max(0, max(peak, before) - _workspace(s, plan, prec))
 
 
 def _dp_staging(s: RankSchedule, plan: Plan | None, prec: MemoryPrecision) -> int:
@@ -264,7 +285,7 @@ def rank_memory(
         "main_grads": size * prec.grad_bytes,
         "master": master,
         "optimizer": state + 2 * adam * FP32,
-        "window": _window(s, state, _held(plan)) if plan is not None else 0,
+        "window": _window(s, plan, cost, prec) if plan is not None else 0,
         "dp_staging": _dp_staging(s, plan, prec),
         "tp_staging": _tp_staging(s, plan) if plan is not None else 0,
         "workspace": max(_workspace(s, plan, prec), adam * FP32),  # the larger of the matrix and AdamW steps
