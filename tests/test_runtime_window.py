@@ -127,7 +127,15 @@ def _micro_rank(info, pipelined: bool) -> dict:
                 opt.finish_grad_sync()
                 opt.step()
         per_micro.append(issued)
-    return {"calls": per_micro, "params": {n: p.detach().clone() for n, p in params.items()}, "on": opt.pipelined}
+    # a speculation over the window budget: the plan's busiest GPU would hold more, so the step stays serialized
+    tight = dataclasses.replace(cfg, comm=dataclasses.replace(cfg.comm, window_bytes=1))
+    over = DistributedOptimizer([(s.name, s, params[s.name]) for s in SPECS], groups[0], groups[1], tight)
+    return {
+        "calls": per_micro,
+        "params": {n: p.detach().clone() for n, p in params.items()},
+        "on": opt.pipelined,
+        "over_budget": over.pipelined,
+    }
 
 
 @pytest.mark.multiproc
@@ -135,7 +143,7 @@ def test_nothing_starts_before_the_last_micro_batch() -> None:
     piped = launch(_micro_rank, DP, True)
     serial = launch(_micro_rank, DP, False)
     for p, s in zip(piped, serial, strict=True):
-        assert p["on"] and not s["on"]
+        assert p["on"] and not s["on"] and not p["over_budget"]
         assert p["calls"][0] == p["calls"][1] == []  # the first micro-batches reduce nothing, update nothing
         assert p["calls"][2] == s["calls"][2]  # the last one: the same calls
         for name, w in s["params"].items():

@@ -58,6 +58,7 @@ NON_DEFAULT = {
     "overlap_param_sync": True,
     "grad_reduce_dtype": "bf16",
     "pipelined_step": False,
+    "window_mb": 64,
     "collective_mode": "uneven",
     "collective_timeout_s": 30,
     "muon_tp_mode": "duplicated",
@@ -100,7 +101,10 @@ def test_round_trips_of_a_spec_changing_every_field() -> None:
 def test_cell_key_is_stable() -> None:
     """The key of a spec is the schema's key of its record: the fields and their order never move
     (a committed results line must keep matching its sweep cell)."""
-    before = "model=qwen3-micro|tp=2|pp=1|dp=2|method=canzona|optimizer=muon|seq_len=128|global_batch=4|dtype=fp32|ns_dtype=auto"
+    before = (
+        "model=qwen3-micro|tp=2|pp=1|dp=2|method=canzona|optimizer=muon|seq_len=128|global_batch=4"
+        "|dtype=fp32|ns_dtype=auto"
+    )
     # the window's knobs are named only where a run differs from what every run did before them (no
     # clipping, the serialized step, an fp32 reduce), so the lines written then keep their keys
     assert BASE.replace(clip_grad=0.0, pipelined_step=False).cell_key == before

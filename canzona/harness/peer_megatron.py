@@ -142,6 +142,10 @@ class MegatronMuonStep:
         self._steps_ms = []
         return [{"total": t} for t in ms.tolist()]
 
+    def window_timeline(self) -> list[dict[str, object]]:
+        """Megatron's step waits for every bucket: no pipelined-step timeline to record."""
+        return []
+
     def work(self) -> float:
         """Newton–Schulz FLOPs of the matrices THIS rank orthogonalises per step (``canzona.cost``):
         the Muon params its optimizer holds after Megatron's sharding, each at the shape Megatron

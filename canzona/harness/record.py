@@ -182,6 +182,8 @@ def build_record(
             "peak_mem_kind": mem_kind,
             "max_across_ranks": True,
             "warmup_excluded": warmup,
+            "pipelined_step_ran": timings.pipelined,
+            **({"window": timings.window[warmup:]} if timings.window[warmup:] else {}),
         },
         "loss": {"first": timings.loss_curve[0], "last": timings.loss_curve[-1], "curve": timings.loss_curve},
         "cell": schema.cell_key(config),

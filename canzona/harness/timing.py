@@ -77,6 +77,9 @@ class IterationLog:
     phases_ms: list[dict[str, float]] = field(default_factory=list)
     loss: list[float] = field(default_factory=list)  # this rank's DP-local loss, 0 where not a loss rank
     collectives: list[dict[str, int]] = field(default_factory=list)  # this rank's calls, "role:kind" -> n
+    # the pipelined step's timeline of each iteration on this rank (canzona.runtime.window); empty otherwise
+    window: list[dict[str, object]] = field(default_factory=list)
+    pipelined: bool | None = None  # whether the pipelined step ran (None: an optimizer without one, a peer)
 
     def add(
         self,
@@ -107,6 +110,8 @@ class RunTimings:
     peak_mem_mb: list[float]  # per rank
     collectives: list[dict[str, int]] = field(default_factory=list)  # this rank's, per iteration
     work_per_rank: list[float] | None = None  # the matrix optimizer's work per step, per rank
+    window: list[dict[str, object]] = field(default_factory=list)  # rank 0's pipelined-step timeline, per iteration
+    pipelined: bool | None = None
 
 
 def per_iteration(calls: list[dict[str, int]], warmup: int) -> dict[str, float]:
@@ -167,6 +172,8 @@ def aggregate(
         peak_mem_mb=mems.cpu().tolist(),
         collectives=log.collectives,
         work_per_rank=per_rank_work if min(per_rank_work, default=-1.0) >= 0 else None,
+        window=log.window,
+        pipelined=log.pipelined,
     )
 
 

@@ -25,6 +25,13 @@ A record (schema_version 4):
                                                issued (role dp | tp | world | other; canzona.harness.collectives)
                     work_per_rank              the matrix optimizer's work per step on each rank (Newton–Schulz
                                                FLOPs for the Megatron peers; the plan's cost units for Canzona)
+                    pipelined_step_ran         whether the step ran pipelined (config.pipelined_step asks; the
+                                               plan decides: 2+ matrix buckets, speculation within window_mb);
+                                               null for a peer
+                    window                     the pipelined step's timeline on rank 0, per measured iteration
+                                               (canzona.runtime.window.WindowTimeline: per matrix bucket when
+                                               its reduction had landed and its update was done, ms from the
+                                               step's start; when every bucket had landed; the verdict; redo)
   loss            {"first", "last"} (null for kind "step")
   cell            the cell key (see ``cell_key``) so sweeps can tell which cell a line belongs to
   plan            the plan that ran (required on measured "train" lines, checked wherever present):

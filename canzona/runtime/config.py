@@ -57,6 +57,8 @@ class CommConfig:
     pipelined_step      after the last micro-batch, each matrix bucket is updated as soon as its
                         reduction lands, in the plan's order, while later buckets still reduce; exact
                         under clipping and the non-finite skip (canzona.runtime.window)
+    window_bytes        what that speculation may hold per GPU (``window_bytes`` of the plan's busiest
+                        DP rank); above it the step runs serialized
     timeout_s           the timeout of every process group the optimizer creates (the cooperative
                         sub-groups): give the one the world group was initialised with, so that
                         no group waits longer or shorter than the others (torch's default for a
@@ -69,6 +71,7 @@ class CommConfig:
     overlap_param_sync: bool = False
     timeout_s: float = 600.0
     pipelined_step: bool = True
+    window_bytes: int = 4 << 30
 
     def __post_init__(self) -> None:
         if self.collective_mode not in REQUESTABLE_MODES:

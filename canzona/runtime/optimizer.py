@@ -40,6 +40,7 @@ from canzona.optim.split import init_split_state, split_direction
 from canzona.plan import make_plan
 from canzona.plan.buckets import build_buckets, resolve_bucket_size
 from canzona.plan.comm import MODELS, model_for_backend
+from canzona.plan.readers.memory import window_bytes
 from canzona.plan.schedule import LowerSettings, RankSchedule, lower
 from canzona.plan.strategies import get_strategy
 from canzona.plan.types import Layout, Plan
@@ -204,10 +205,14 @@ class DistributedOptimizer:
         return lower(self.plan, adamw, self.dp_rank, self.tp_rank, settings, Layout(self.dp, self.tp, 1))
 
     def _pipelined(self) -> bool:
-        """The pipelined step where it is asked for and can gain: a plan of two or more matrix buckets
-        (one bucket has nothing to overlap its update with). A function of the plan and the config,
-        so every rank of the stage decides alike."""
-        return self.config.comm.pipelined_step and self.plan is not None and len(self.plan.dp.buckets) > 1
+        """The pipelined step where it is asked for, can gain and fits: a plan of two or more matrix
+        buckets (one bucket has nothing to overlap its update with) whose speculation stays within
+        ``window_bytes``. A function of the plan and the config, so every rank of the stage decides
+        alike (a rank stepping the other way would issue its calls in another order)."""
+        comm, plan = self.config.comm, self.plan
+        if not comm.pipelined_step or plan is None or len(plan.dp.buckets) < 2:
+            return False
+        return window_bytes(plan, self.math.cost_model(cast("CostKind", plan.config.cost))) <= comm.window_bytes
 
     @property
     def pipelined(self) -> bool:

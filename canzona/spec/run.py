@@ -139,6 +139,7 @@ class RunSpec:
                 overlap_param_sync=self.comm.overlap_param_sync,
                 timeout_s=self.comm.collective_timeout_s,
                 pipelined_step=self.comm.pipelined_step,
+                window_bytes=self.comm.window_mb << 20,
             ),
             precision=PrecisionConfig(grad_dtype=self.comm.grad_reduce_dtype),
             max_grad_norm=self.optim.clip_grad or None,  # 0: off, as Megatron's --clip-grad 0

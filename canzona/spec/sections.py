@@ -212,6 +212,17 @@ class CommSpec:
         "(off: wait for every bucket, then step)",
         canzona=True,
     )
+    # The speculation holds a copy of the state and the fp32 update of every matrix a rank computes
+    # until the verdict: 0.86 GB at Qwen3-32B DP32·TP8, 29 GB at Qwen3-30B-A3B DP8·EP8 (canzona dry-run).
+    # Above this budget the step stays serialized rather than run out of memory.
+    window_mb: int = knob(
+        4096,
+        "MiB the pipelined step's speculation may hold per GPU (state copies and staged updates, the plan's "
+        "busiest DP rank); above it the step runs serialized",
+        lo=0,
+        hi=MAX_INT_FLAG,
+        canzona=True,
+    )
     collective_mode: CollectiveMode = knob("auto", "DP bucket collectives (auto: the α–β model)", canzona=True)
     # Seconds a collective may wait before the process group fails it: on gloo the step then names
     # its phase; on NCCL the watchdog aborts the process after this many seconds.

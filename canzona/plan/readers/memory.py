@@ -229,6 +229,26 @@ def _window(s: RankSchedule, plan: Plan, cost: CostModel | None, prec: MemoryPre
     return max(0, max(peak, before) - _workspace(s, plan, prec))
 
 
+def window_bytes(plan: Plan, cost: CostModel) -> int:
+    """What the pipelined step's speculation holds at most on one GPU, from the plan alone (so every
+    rank decides alike): the state and fp32 update of every matrix a GPU computes, a cooperative
+    one's 1/k on each member, a TP-split one's 1/TP on each TP rank of its owner (its host holds it
+    whole, the LPT spreads the hosts), a replicated one whole on each; the busiest GPU's."""
+    tp, owners = plan.layout.tp, plan.dp.owner_map()
+    per: Counter[tuple[int, int]] = Counter()
+    coop = {g.name: g for g in plan.coop}
+    for it in plan.items:
+        nbytes = cost.state_bytes(it.shape) + it.numel * FP32
+        if it.name in coop:
+            for m in coop[it.name].members:
+                per[m] += nbytes // coop[it.name].k
+            continue
+        for d in owners[it.name]:
+            for t in range(tp):
+                per[(d, t)] += nbytes // tp if it.partition_dim is not None else nbytes
+    return max(per.values(), default=0)
+
+
 def _dp_staging(s: RankSchedule, plan: Plan | None, prec: MemoryPrecision) -> int:
     out = 0
     for b in s.buckets:
