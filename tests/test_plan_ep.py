@@ -225,7 +225,7 @@ def test_sc_charges_each_rank_the_dense_matrices_and_its_own_experts(layout: Lay
 def test_sc_with_hosts_under_ep_schedules_only_what_each_rank_holds(moe_file: str) -> None:
     """sc with a host TP mode: a DP rank's micro-groups host its TP-split dense matrices and its EP
     rank's experts, so every rank lowers (micro-groups holding other EP ranks' experts would not)."""
-    from canzona.plan.schedule import executor_specs
+    from canzona.plan.executors import executor_specs
     from canzona.runtime.experts import held_by
 
     layout = Layout(dp=8, tp=2, ep=4)

@@ -35,8 +35,12 @@ def test_micro_groups_stay_inside_their_bucket_and_keep_their_hosts(tp_mode: str
     assert _straddles(waved) == 0
     assert waved.dp == loose.dp  # the DP plan is untouched
     host = lambda p: {n: h for groups in p.tp.groups for g in groups for n, h in g.hosts}
-    if tp_mode == "global":  # the LPT's hosts are kept; "sorted" deals hosts by position, per bucket
+    if tp_mode == "global":  # the LPT's hosts are kept
         assert host(waved) == host(loose)
+    else:  # one matrix per slot, slots dealt round-robin across buckets: no slot takes every bucket's first
+        for groups in waved.tp.groups:
+            per_slot = [sum(h == t for g in groups for _, h in g.hosts) for t in range(LAYOUT.tp)]
+            assert max(per_slot) - min(per_slot) <= 1, per_slot
     assert waved.input_hash != loose.input_hash and _plan(tp_mode=tp_mode).input_hash == loose.input_hash
 
 

@@ -14,7 +14,7 @@ from canzona.errors import ConfigError
 from canzona.models import get_model, list_params
 from canzona.plan import make_plan
 from canzona.plan.coop import check_ownership
-from canzona.plan.schedule import coop_comm_key
+from canzona.plan.executors import coop_comm_key
 from canzona.plan.types import Layout, PlanConfig
 from canzona.runtime import checkpoint
 from canzona.runtime.launch import dp_tp_groups, launch

@@ -226,7 +226,7 @@ def test_a_wrong_expert_group_is_refused_naming_the_builder() -> None:
 def test_the_local_executor_runs_one_newton_schulz_per_shape() -> None:
     """An owner's same-shape matrices (its experts' fc1s, their fc2s, ...) go through ONE batched
     Newton–Schulz per shape, and each gets the update it gets alone."""
-    from canzona.plan.schedule import ExecSpec
+    from canzona.plan.executors import ExecSpec
     from canzona.runtime.executors.base import StepContext
     from canzona.runtime.executors.tp import LocalTP
     from canzona.runtime.timers import PhaseTimer

@@ -14,7 +14,7 @@ from canzona.errors import ConfigError
 from canzona.harness.live_bytes import LiveBytes
 from canzona.models.spec import ParamSpec
 from canzona.optim.muon import Muon, MuonConfig, ns_working_bytes
-from canzona.plan.schedule import ExecSpec
+from canzona.plan.executors import ExecSpec
 from canzona.runtime.executors.base import StepContext
 from canzona.runtime.executors.tp import LocalTP
 from canzona.runtime.timers import PhaseTimer

@@ -74,6 +74,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "canzona.commands.table2",
         "results JSON lines -> results/table2.{csv,md} with the paper-claims report, and figures",
     ),
+    "window-report": (
+        "canzona.commands.window_report",
+        "the optimizer window from train lines: pipelined vs serialized step, Muon over AdamW, per-bucket timeline",
+    ),
     "project": (
         "canzona.commands.project",
         "projected step/iteration time per method from the planner's plans + hardware profiles",

@@ -165,12 +165,14 @@ def _schedule_one(
 ) -> tuple[MicroGroup, ...]:
     order = _ordered(owned, mode, index)
     if mode in ("no", "sorted"):
-        cuts = _by_bucket(order, bucket_of)
-        return tuple(
-            MicroGroup(tuple((it.name, k) for k, it in enumerate(part[g : g + tp])))
-            for part in cuts
-            for g in range(0, len(part), tp)
-        )
+        # one matrix per TP slot in each group; slots dealt round-robin across buckets, so cutting the
+        # groups at bucket boundaries never piles a bucket's first matrices on slot 0
+        dealt: list[MicroGroup] = []
+        for part in _by_bucket(order, bucket_of):
+            for g in range(0, len(part), tp):
+                first = sum(len(m.hosts) for m in dealt)
+                dealt.append(MicroGroup(tuple((it.name, (first + k) % tp) for k, it in enumerate(part[g : g + tp]))))
+        return tuple(dealt)
     placed = _hosts(order, tp, spans)
     pairs = [(it, s) for it, s in zip(order, placed, strict=True) if it.name not in (spans or {})]
     if bucket_of is not None:  # stable: cost order within each bucket, the LPT's hosts kept

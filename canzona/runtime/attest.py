@@ -38,6 +38,8 @@ from canzona.errors import ConfigError
 from canzona.models.routing import is_router
 from canzona.models.spec import ParamSpec
 from canzona.models.split import views_of
+from canzona.plan.strategies import get_strategy
+from canzona.plan.types import Plan
 
 # why a parameter is on AdamW (the keys of ``Attestation.adamw_why``)
 NO_MATRIX_OPTIMIZER = "no matrix optimizer"
@@ -210,3 +212,36 @@ def attest(
         ns_planned=ns_planned,
         split_views=views_of(specs[n] for n in on_matrix),
     )
+
+
+def check_plan_agreement(h: str, group: dist.ProcessGroup | None, device: torch.device, what: str) -> None:
+    """Every rank of ``group`` must execute the same plan (``h``, its input hash); a mismatch would
+    deadlock or corrupt. Once at set-up, on both engines: two MIN/MAX all-reduces of one int64,
+    whatever the group size. ``what`` names what every rank must pass alike."""
+    v = torch.tensor([int(h, 16) & ((1 << 62) - 1)], dtype=torch.int64, device=device)
+    lo, hi = v.clone(), v.clone()
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=group)
+    dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=group)
+    if lo.item() != hi.item():
+        raise ConfigError(f"plan hash differs across ranks (this rank: {h}); every rank must {what} and DistConfig")
+
+
+def expected_updates(plan: Plan | None, specs: Sequence[ParamSpec], tp: int) -> list[tuple[str, int]]:
+    """(name, elements its stage updates per step) of every parameter of ``specs``, the Megatron
+    engine's ownership check's expectation: every element of a TP shard once per TP rank (a
+    TP-replicated parameter once on each), and every matrix once per DP rank under a strategy whose
+    DP ranks all update it (``Strategy.updates_everywhere``) or in a bucket the plan replicated
+    (empty cuts: ``plan.dp.replicate``); a DP rank here is one of the matrix's group (all of DP, or
+    an expert's expert-DP group)."""
+    everywhere = plan is not None and get_strategy(plan.config.strategy).updates_everywhere
+    shared = (
+        set()
+        if plan is None
+        else {e.name for b, c in zip(plan.dp.buckets, plan.dp.cuts, strict=False) if not c for e in b.entries}
+    )
+    group = {it.name: len(plan.layout.group_ranks(it.ep_rank)) for it in plan.items} if plan is not None else {}
+
+    def replicas(n: str) -> int:
+        return group[n] if n in group and (everywhere or n in shared) else 1
+
+    return [(s.name, s.shard_numel(tp) * tp * replicas(s.name)) for s in specs]

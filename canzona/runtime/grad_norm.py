@@ -15,10 +15,45 @@ matrices TP does not split) only TP rank 0's copy. PP stages hold disjoint param
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from canzona.errors import NonFiniteGradientError
+from canzona.models.spec import ParamSpec
+from canzona.plan.types import Plan
+from canzona.runtime.buffers import FlatBuffers
+
+
+def canonical_grads(
+    plan: Plan | None,
+    applied: Sequence[str],
+    grad_piece: Callable[[str], torch.Tensor],
+    adamw: FlatBuffers | None,
+    specs: Mapping[str, ParamSpec],
+    dp_rank: int,
+    tp_rank: int,
+) -> list[torch.Tensor]:
+    """The gradients a rank of the Megatron engine counts in the global norm (the module docstring's
+    rule): of the matrices it ``applied`` (``grad_piece``: the reduced piece it holds), those its DP
+    rank canonically holds and every block of a DP sub-group's cooperative matrix; its region of
+    every AdamW bucket; a TP-replicated parameter on TP rank 0 only."""
+    out = []
+    counts = lambda n: specs[n].partition_dim is not None or tp_rank == 0
+    if plan is not None:
+        owners = plan.dp.owner_map()
+        blocks = {g.name for g in plan.coop if g.members[0][1] == g.members[-1][1]}  # DP sub-groups
+        mine = [n for n in applied if n in blocks or min(owners[n]) == dp_rank]
+        out += [grad_piece(n) for n in mine if n in blocks or counts(n)]
+    for bb in adamw.buckets if adamw is not None else []:
+        lo, hi = bb.region
+        for n, (off, numel) in bb.where.items():
+            a, b = max(off, lo), min(off + numel, hi)
+            if a < b and counts(n):
+                out.append(bb.grad[a:b])
+    return out
 
 
 def sum_of_squares(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
@@ -52,3 +87,26 @@ def scale_(tensors: Sequence[torch.Tensor], coef: float) -> None:
     live = [t for t in tensors if t.numel()]
     if coef != 1.0 and live:
         torch._foreach_mul_(live, coef)
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What a step did: the global grad norm before clipping, whether it was skipped, the clip scale."""
+
+    grad_norm: float
+    skipped: bool
+    clip_coef: float = 1.0
+
+
+def verdict(norm: float, nonfinite: str, max_grad_norm: float | None, culprit: Callable[[], str]) -> StepInfo:
+    """The step's verdict on the global ``norm``, the same on both engines: a non-finite one skips the
+    step or raises (``nonfinite``; ``culprit`` names what to blame, asked only then), a finite one
+    gives the clip coefficient."""
+    if math.isfinite(norm):
+        return StepInfo(norm, False, clip_coefficient(norm, max_grad_norm))
+    if nonfinite == "raise":
+        raise NonFiniteGradientError(
+            f"non-finite gradient ({culprit()}); state and parameters left untouched. Lower the LR, clip gradients "
+            "(max_grad_norm), or set DistConfig(nonfinite='skip')"
+        )
+    return StepInfo(norm, True)

@@ -24,15 +24,15 @@ this rank owns and cast into the parameter buffer before the all-gather.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
 
-from canzona.errors import ConfigError, NonFiniteGradientError
+from canzona.errors import ConfigError
 from canzona.hardware import DEFAULT_CPU, DEFAULT_GPU
 from canzona.models.spec import ParamSpec
 from canzona.optim.base import State, apply_update, matrix_shape
@@ -42,10 +42,9 @@ from canzona.plan.buckets import build_buckets, resolve_bucket_size
 from canzona.plan.comm import MODELS, model_for_backend
 from canzona.plan.readers.memory import window_bytes
 from canzona.plan.schedule import LowerSettings, RankSchedule, lower
-from canzona.plan.strategies import get_strategy
 from canzona.plan.types import Layout, Plan
 from canzona.runtime import checkpoint, grad_norm
-from canzona.runtime.attest import Attestation, attest, check_known
+from canzona.runtime.attest import Attestation, attest, check_known, check_plan_agreement, expected_updates
 from canzona.runtime.buffers import DTYPES, FlatBuffers
 from canzona.runtime.collectives import has_uneven_rooted
 from canzona.runtime.config import DistConfig
@@ -55,6 +54,7 @@ from canzona.runtime.executors.base import StepContext, run_executors
 from canzona.runtime.executors.coop import coop_comms, held_pieces, ns_rounds, used_comms
 from canzona.runtime.executors.tp import select_executors
 from canzona.runtime.experts import ExpertParallel, check_expert_layout
+from canzona.runtime.grad_norm import StepInfo
 from canzona.runtime.timers import PhaseTimer
 from canzona.runtime.window import Speculation, WindowTimeline
 from canzona.runtime.zero_adamw import ZeroAdamW
@@ -63,27 +63,6 @@ if TYPE_CHECKING:
     from canzona.cost import CostKind
 
 NamedParam = tuple[str, ParamSpec, torch.nn.Parameter]
-
-
-@dataclass(frozen=True)
-class StepInfo:
-    """What a step did: the global grad norm before clipping, whether it was skipped, the clip scale."""
-
-    grad_norm: float
-    skipped: bool
-    clip_coef: float = 1.0
-
-
-def check_plan_agreement(h: str, group: dist.ProcessGroup | None, device: torch.device, what: str) -> None:
-    """Every rank of ``group`` must execute the same plan (``h``, its input hash); a mismatch would
-    deadlock or corrupt. Once at set-up, on both engines: two MIN/MAX all-reduces of one int64,
-    whatever the group size. ``what`` names what every rank must pass alike."""
-    v = torch.tensor([int(h, 16) & ((1 << 62) - 1)], dtype=torch.int64, device=device)
-    lo, hi = v.clone(), v.clone()
-    dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=group)
-    dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=group)
-    if lo.item() != hi.item():
-        raise ConfigError(f"plan hash differs across ranks (this rank: {h}); every rank must {what} and DistConfig")
 
 
 class DistributedOptimizer:
@@ -145,6 +124,7 @@ class DistributedOptimizer:
         self._synced = False
         self.plan = self._make_plan() if self.matrix_names else None
         self.schedule = self._lower()
+        self.pipelined = bool(self.schedule.waves)  # the pipelined step runs (canzona.runtime.window)
         self._build()
         self._model: torch.nn.Module | None = None
         self.attestation = self._attest()
@@ -214,11 +194,6 @@ class DistributedOptimizer:
             return False
         return window_bytes(plan, self.math.cost_model(cast("CostKind", plan.config.cost))) <= comm.window_bytes
 
-    @property
-    def pipelined(self) -> bool:
-        """Whether this optimizer runs the pipelined step (canzona.runtime.window)."""
-        return bool(self.schedule.waves)
-
     def _build(self) -> None:
         s, gdtype = self.schedule, DTYPES[self.config.precision.grad_dtype]
         layouts = {k: [b for b in s.buckets if b.kind == k] for k in ("matrix", "adamw")}
@@ -245,7 +220,9 @@ class DistributedOptimizer:
         self.masters = self._masters()
         self.states = {n: self._init_state(n) for n in s.computes}
         self.adamw = ZeroAdamW(self.sets["adamw"].buckets if "adamw" in self.sets else [], self.config.adamw)
-        self.norm_tensors = self._canonical_grads()
+        self.norm_tensors = grad_norm.canonical_grads(
+            self.plan, self.applied, self._grad_piece, self.sets.get("adamw"), self.specs, self.dp_rank, self.tp_rank
+        )
         self.scaled_tensors = [*(self._grad_piece(n) for n in self.applied), *self.adamw.grads()]
         overlap = self.config.comm.overlap_grad_sync
         self._hooks = [
@@ -284,34 +261,12 @@ class DistributedOptimizer:
         h = self.held[name]
         return self.sets["matrix"].grad(name)[h.a : h.b]
 
-    def _canonical_grads(self) -> list[torch.Tensor]:
-        """The gradients this rank counts in the global norm (each parameter once; module docstring
-        of canzona.runtime.grad_norm)."""
-        out = []
-        sharded = lambda n: self.specs[n].partition_dim is not None and self.tp > 1
-        counts = lambda n: sharded(n) or self.tp_rank == 0
-        if self.plan is not None:
-            owners = self.plan.dp.owner_map()
-            blocks = {g.name for g in self.plan.coop if g.members[0][1] == g.members[-1][1]}  # DP sub-groups
-            mine = [n for n in self.applied if n in blocks or min(owners[n]) == self.dp_rank]
-            out += [self._grad_piece(n) for n in mine if n in blocks or counts(n)]
-        for bb in self.sets["adamw"].buckets if "adamw" in self.sets else []:
-            lo, hi = bb.region
-            for n, (off, numel) in bb.where.items():
-                a, b = max(off, lo), min(off + numel, hi)
-                if a < b and counts(n):
-                    out.append(bb.grad[a:b])
-        return out
-
     def _attest(self) -> Attestation:
         """The plan attestation (canzona.runtime.attest), with its ownership check: ONE all-reduce
         over the stage. Each rank counts the elements it updates: its matrices' held pieces and
-        its ZeRO regions of the AdamW buckets. A stage updates every element of a TP shard once per
-        TP rank (a TP-replicated parameter once on each), and every matrix once per DP rank under a
-        strategy whose DP ranks all update it (``Strategy.updates_everywhere``) or in a bucket the plan
-        replicated (empty cuts: ``plan.dp.replicate``); a DP rank here is one of the matrix's group
-        (all of DP, or an expert's expert-DP group). Under EP every rank counts every parameter of
-        the stage, the other EP ranks' experts as 0, so the counts line up across the stage."""
+        its ZeRO regions of the AdamW buckets, against ``expected_updates``. Under EP every rank
+        counts every parameter of the stage, the other EP ranks' experts as 0, so the counts line
+        up across the stage."""
         mine = dict.fromkeys((s.name for s in self.stage_specs), 0)
         for n in self.applied:
             mine[n] += self.held[n].b - self.held[n].a
@@ -319,16 +274,7 @@ class DistributedOptimizer:
             lo, hi = bb.region
             for n, (off, numel) in bb.where.items():
                 mine[n] += max(0, min(off + numel, hi) - max(off, lo))
-        plan = self.plan
-        everywhere = plan is not None and get_strategy(plan.config.strategy).updates_everywhere
-        shared = (
-            set()
-            if plan is None
-            else {e.name for b, c in zip(plan.dp.buckets, plan.dp.cuts, strict=False) if not c for e in b.entries}
-        )
-        group = {it.name: len(plan.layout.group_ranks(it.ep_rank)) for it in plan.items} if plan is not None else {}
-        replicas = lambda n: group[n] if n in group and (everywhere or n in shared) else 1
-        owned = [(s.name, mine[s.name], s.shard_numel(self.tp) * self.tp * replicas(s.name)) for s in self.stage_specs]
+        owned = [(n, mine[n], want) for n, want in expected_updates(self.plan, self.stage_specs, self.tp)]
         ranks = self.exchange.ownership(owned, self.stage_group, self.device)
         return attest(
             "megatron",
@@ -387,13 +333,13 @@ class DistributedOptimizer:
             self.dps.wait_all()
 
     # ---------------------------------------------------------------- step
-    def _compute(self, name: str, full_grad: torch.Tensor) -> torch.Tensor:
+    def _compute(self, name: str, full_grad: torch.Tensor, step: int) -> torch.Tensor:
         """The update of a whole matrix on the rank that holds it; a split view splits it here, after
         the gather, so splitting adds no collective."""
         split = self.specs[name].split
         if split is not None:
-            return split_direction(self.math, split, full_grad, self.states[name], self.step_count)
-        return self.math.direction(full_grad, self.states[name], self.step_count)
+            return split_direction(self.math, split, full_grad, self.states[name], step)
+        return self.math.direction(full_grad, self.states[name], step)
 
     def _apply(self, name: str, update_shard: torch.Tensor) -> None:
         master, publish = self.masters[name]
@@ -406,25 +352,19 @@ class DistributedOptimizer:
         with self.timer.phase("check"):
             sumsq = grad_norm.sum_of_squares(self.norm_tensors, self.device)
             norm = self.exchange.norm(sumsq, self.global_group)
-        if norm != norm or norm == float("inf"):
-            if spec is not None:  # the speculative waves advanced states: back as they were, before raising
-                spec.restore(self.states)
-            if self.config.nonfinite == "raise":
-                bad = next((f"{n}" for n in self.params if not torch.isfinite(self._grad_of(n)).all()), "")
-                raise NonFiniteGradientError(
-                    f"non-finite gradient ({bad or 'on another rank'}); state and parameters left untouched. "
-                    "Lower the LR, clip gradients (max_grad_norm), or set DistConfig(nonfinite='skip')"
-                )
-            return StepInfo(norm, True)
-        return StepInfo(norm, False, grad_norm.clip_coefficient(norm, self.config.max_grad_norm))
+        if spec is not None and not math.isfinite(norm):  # the speculative waves advanced states: restore first
+            spec.restore(self.states)
+        return grad_norm.verdict(norm, self.config.nonfinite, self.config.max_grad_norm, self._culprit)
 
-    def _grad_of(self, name: str) -> torch.Tensor:
-        return next(bufs.grad(name) for bufs in self.sets.values() if name in bufs.index)
+    def _culprit(self) -> str:
+        """The first parameter whose main grad is not finite on this rank (a raise names it)."""
+        bad = (n for bufs in self.sets.values() for n in bufs.index if not torch.isfinite(bufs.grad(n)).all())
+        return next(bad, "on another rank")
 
     def _context(self, apply: Callable[[str, torch.Tensor], None], step: int) -> StepContext:
         return StepContext(
             self._grad_piece,
-            self._compute,
+            lambda name, grad: self._compute(name, grad, step),
             apply,
             self.timer,
             self.math if self.matrix_names else None,  # no matrix optimizer when all is AdamW
@@ -465,9 +405,8 @@ class DistributedOptimizer:
         """Each wave updated speculatively as its bucket lands, then the verdict commits, redoes or
         restores (canzona.runtime.window). Same calls as the lowered schedule on a step that does
         not clip; a clipping step runs every wave's calls once more."""
-        spec = Speculation()
-        self.step_count += 1  # the step the waves compute (``_compute`` reads it); taken back on a skip
-        ctx = self._context(spec.stage, self.step_count)
+        spec, step = Speculation(), self.step_count + 1  # the step counts only once the verdict keeps it
+        ctx = self._context(spec.stage, step)
         self.timeline.begin()
         for wave, executors in zip(self.schedule.waves, self.waves, strict=True):
             with self.timer.phase("grad_sync"):
@@ -479,11 +418,7 @@ class DistributedOptimizer:
         with self.timer.phase("grad_sync"):
             self.dps.wait_all()
         self.timeline.landed()
-        try:
-            info = self._check(spec)
-        except NonFiniteGradientError:
-            self.step_count -= 1
-            raise
+        info = self._check(spec)
         self.attestation.digest.add(info.grad_norm, info.clip_coef, info.skipped)
         redo = not info.skipped and info.clip_coef != 1.0
         if info.skipped:
@@ -491,21 +426,23 @@ class DistributedOptimizer:
         elif redo:  # the speculative updates were at coefficient 1: redo every wave at the clipped one
             spec.restore(self.states)
             grad_norm.scale_(self.scaled_tensors, info.clip_coef)
-            redo_ctx = self._context(self._apply, self.step_count)
+            redo_ctx = self._context(self._apply, step)
             for executors in self.waves:
                 run_executors(executors, redo_ctx)
         else:
             spec.commit(self._apply)
-        if info.skipped:
-            self.step_count -= 1
+        self.step_count += not info.skipped
         self.timeline.end(redo)
         return info
+
+    def _timers_on(self) -> None:
+        if not self.config.timers:
+            raise ConfigError("phase timers are off; build the optimizer with DistConfig(timers=True)")
 
     def timings(self) -> dict[str, float]:
         """{phase: ms} of the steps since the last call, max across the stage; ``total`` includes
         grad_sync. Synchronises: call it outside the step. Needs DistConfig(timers=True)."""
-        if not self.config.timers:
-            raise ConfigError("phase timers are off; build the optimizer with DistConfig(timers=True)")
+        self._timers_on()
         ms = self.timer.collect(self.stage_group)
         ms["total"] += ms["grad_sync"]
         return ms
@@ -515,8 +452,7 @@ class DistributedOptimizer:
         start: per bucket when it landed and when its update was done, when the last bucket landed,
         the verdict, whether the step was redone). Synchronises: call it after the timed loop.
         Needs DistConfig(timers=True); empty for the serialized step."""
-        if not self.config.timers:
-            raise ConfigError("phase timers are off; build the optimizer with DistConfig(timers=True)")
+        self._timers_on()
         return self.timeline.collect()
 
     def end_iteration(self) -> None:
@@ -527,8 +463,7 @@ class DistributedOptimizer:
     def iteration_timings(self) -> list[dict[str, float]]:
         """``timings()`` of every iteration closed by ``end_iteration``, in order: one device wait
         and one all-reduce for all of them, so a timed loop never synchronises between steps."""
-        if not self.config.timers:
-            raise ConfigError("phase timers are off; build the optimizer with DistConfig(timers=True)")
+        self._timers_on()
         rows = self.timer.collect_records(self.stage_group)
         for ms in rows:
             ms["total"] += ms["grad_sync"]

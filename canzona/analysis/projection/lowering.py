@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from canzona.analysis.projection.hardware import Profile, comm_model
 from canzona.models.spec import ParamSpec
 from canzona.plan.build import adamw_buckets
-from canzona.plan.schedule import LowerSettings, RankSchedule, coop_comm_key, stage_schedules
+from canzona.plan.executors import coop_comm_key
+from canzona.plan.schedule import LowerSettings, RankSchedule, stage_schedules
 from canzona.plan.types import CoopGroup, Layout, Plan
 
 MICRO_GROUP_TAG = "mg"  # canzona.plan.schedule tags the i-th micro-group's all-to-alls mg<i>

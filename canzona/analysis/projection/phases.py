@@ -47,7 +47,8 @@ from canzona.analysis.projection.timeline import Task, simulate
 from canzona.cost import CostSettings, matrix_flops, priced_on
 from canzona.errors import ConfigError
 from canzona.models.spec import ParamSpec
-from canzona.plan.schedule import TP_BLOCKS_TAG, CommOp, ExecSpec, RankSchedule
+from canzona.plan.executors import ExecSpec
+from canzona.plan.schedule import TP_BLOCKS_TAG, CommOp, RankSchedule
 from canzona.plan.types import Layout, Plan
 
 GROUPS = {"dp": "dp", "edp": "edp", "tp": "tp", "global": "world"}  # schedule group -> hardware.Comm group

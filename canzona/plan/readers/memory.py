@@ -53,7 +53,8 @@ from canzona.models.spec import ParamSpec
 from canzona.models.transformer import Model
 from canzona.optim.muon import DEFAULT_BATCH_BYTES, ns_batch, ns_working_bytes
 from canzona.plan.build import adamw_buckets
-from canzona.plan.schedule import BucketLayout, ExecSpec, LowerSettings, RankSchedule, stage_schedules
+from canzona.plan.executors import ExecSpec
+from canzona.plan.schedule import BucketLayout, LowerSettings, RankSchedule, stage_schedules
 from canzona.plan.types import Plan
 
 TENSORS = (

@@ -32,7 +32,7 @@ from canzona.optim.muon import Muon, require_muon
 from canzona.optim.newton_schulz import newton_schulz_blocks
 from canzona.optim.precision import compute_dtype_for
 from canzona.plan.coop import GROUP_SIZES
-from canzona.plan.schedule import ExecSpec, coop_comm_key
+from canzona.plan.executors import ExecSpec, coop_comm_key
 from canzona.plan.tp import block_slots
 from canzona.plan.types import CoopGroup, Plan
 from canzona.runtime.exchange import COLLECTIVES, RankExchange

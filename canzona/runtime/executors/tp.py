@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from canzona.models.spec import ParamSpec, RowSplit
-from canzona.plan.schedule import ExecSpec
+from canzona.plan.executors import ExecSpec
 from canzona.runtime.collectives import all_gather_flat
 from canzona.runtime.executors.base import Apply, Compute, MatrixExecutor, NoTransfers, ShardOf, StepContext
 from canzona.runtime.executors.coop import CooperativeTP

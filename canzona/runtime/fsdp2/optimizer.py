@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 import torch.distributed as dist
 
-from canzona.errors import ConfigError, NonFiniteGradientError
+from canzona.errors import ConfigError
 from canzona.hardware import DEFAULT_CPU, DEFAULT_GPU
 from canzona.models.spec import Route as SpecRoute
 from canzona.optim.adamw import make_adamw
@@ -56,13 +56,13 @@ from canzona.plan.engines import FSDP2
 from canzona.plan.schedule import LowerSettings, RankSchedule, lower
 from canzona.plan.types import Plan
 from canzona.runtime import grad_norm
-from canzona.runtime.attest import Attestation, attest, check_known, check_ownership
+from canzona.runtime.attest import Attestation, attest, check_known, check_ownership, check_plan_agreement
 from canzona.runtime.config import DistConfig
 from canzona.runtime.executors.base import StepContext, run_executors
 from canzona.runtime.executors.coop import Held, coop_comms, held_pieces, ns_rounds, used_comms
 from canzona.runtime.executors.tp import select_executors
 from canzona.runtime.fsdp2.layout import as_dtensor, default_route, param_specs, shard_mesh
-from canzona.runtime.optimizer import StepInfo, check_plan_agreement
+from canzona.runtime.grad_norm import StepInfo
 from canzona.runtime.timers import PhaseTimer
 
 if TYPE_CHECKING:
@@ -218,14 +218,7 @@ class FSDP2Optimizer:
         mine = [g for n, g in grads.items() if self.counted[n]]
         with self.timer.phase("check"):
             norm = grad_norm.global_norm(grad_norm.sum_of_squares(mine, self.device), self.group)
-        if norm != norm or norm == float("inf"):
-            if self.config.nonfinite == "raise":
-                raise NonFiniteGradientError(
-                    "non-finite gradient; state and parameters left untouched. Lower the LR, clip gradients "
-                    "(max_grad_norm), or set DistConfig(nonfinite='skip')"
-                )
-            return StepInfo(norm, True)
-        return StepInfo(norm, False, grad_norm.clip_coefficient(norm, self.config.max_grad_norm))
+        return grad_norm.verdict(norm, self.config.nonfinite, self.config.max_grad_norm, lambda: "on some rank")
 
     def _compute(self, name: str, stacked: torch.Tensor) -> torch.Tensor:
         """The update of a matrix from the pieces the executor assembled, as the executor cuts it
