@@ -39,7 +39,11 @@ KNOBS = Knobs(
     not_taken={
         **NOT_PRICED,
         "global_batch": "a plan does not depend on the batch; --memory counts one stage's micro-batches in flight",
-        "comm": "the runtime's: a plan lists the buckets, the runtime issues and times their collectives",
+        # the window's levers (--grad-reduce-dtype, --pipelined-step) are taken: they set the reduction bytes,
+        # the lowered order of the TP calls and --memory's window term, and the printed window
+        "overlap_param_sync": "the runtime's: a plan lists the buckets, the runtime issues and times their collectives",
+        "collective_mode": "the α–β model picks each bucket's collectives, as a run's default auto",
+        "collective_timeout_s": "no collective waits in a plan",
         "device": "a plan is priced on --profile, not run",
         "attention": "a plan is priced on --profile, not run",
     },
