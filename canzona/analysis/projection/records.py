@@ -127,8 +127,8 @@ def to_record(p: Projection, env: dict[str, Any]) -> dict[str, Any]:
         )
         if s.overlap == "megatron":
             timings.update(
-                exposed_ms=p.iteration_ms - p.fwd_bwd_ms,
-                floor_ms=p.window().floor,
+                exposed_ms=one(p.iteration_ms - p.fwd_bwd_ms),
+                floor_ms=one(p.window().floor),
                 iteration_clipping_ms=one(p.clipping_iteration_ms),
                 **({"adamw_iteration_ms": one(p.adamw_iteration_ms)} if planned else {}),
             )

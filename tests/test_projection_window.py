@@ -1,0 +1,58 @@
+"""The projection's optimizer window: the levers in every projected line, the pipelined step priced
+by canzona.plan.window for Canzona's strategies only, bf16 halving the reductions."""
+
+from __future__ import annotations
+
+import pytest
+
+from canzona.analysis.projection import Layout, Scenario, load_profile, project, to_record
+
+LAYOUT = Layout(4, 2, 1)
+
+
+def _project(method: str, **kw: object):
+    s = Scenario("qwen3-0.6b", LAYOUT, method, overlap="megatron", seq_len=1024, global_batch=16, **kw)
+    return project(s, load_profile("H800"))
+
+
+@pytest.fixture(scope="module")
+def ours():
+    return {
+        (dt, pipe): _project("canzona", grad_reduce_dtype=dt, pipelined_step=pipe)
+        for dt in ("fp32", "bf16")
+        for pipe in (False, True)
+    }
+
+
+def test_records_carry_the_levers_and_the_window(ours) -> None:
+    env = {"git_commit": "x", "hostname": "h", "timestamp": "t"}
+    rec = to_record(ours[("bf16", True)], env)
+    c, t = rec["config"], rec["timings"]
+    assert (c["clip_grad"], c["grad_reduce_dtype"], c["pipelined_step"]) == (1.0, "bf16", True)
+    assert c["param_gather_dtype"] == "bf16"
+    assert "reduce=bf16" in rec["provenance_detail"] and "pipelined=on" in rec["provenance_detail"]
+    assert t["exposed_ms"]["median"] == pytest.approx(t["iteration_ms"]["median"] - t["fwd_bwd_ms"]["median"])
+    assert t["floor_ms"]["median"] > 0 and t["iteration_clipping_ms"]["median"] >= t["iteration_ms"]["median"]
+    assert t["adamw_iteration_ms"]["median"] > 0
+    serial = to_record(ours[("fp32", False)], env)
+    assert serial["config"]["pipelined_step"] is False and "pipelined" not in serial["provenance_detail"]
+    base = to_record(_project("megatron-main"), env)
+    assert base["config"]["pipelined_step"] is None and base["config"]["clip_grad"] == 1.0
+    assert "adamw_iteration_ms" not in base["timings"]
+
+
+def test_pipelining_hides_updates_and_bf16_halves_the_reductions(ours) -> None:
+    for dt in ("fp32", "bf16"):
+        ser, pipe = ours[(dt, False)], ours[(dt, True)]
+        assert pipe.iteration_ms <= ser.iteration_ms
+        assert pipe.step_ms == ser.step_ms  # the step's work is the same; what it overlaps is not
+        # a clipping step pays one more full serialized update; the serialized step pays nothing more
+        assert pipe.clipping_iteration_ms >= pipe.iteration_ms and ser.clipping_iteration_ms == ser.iteration_ms
+    fp32, bf16 = ours[("fp32", False)].stages[0], ours[("bf16", False)].stages[0]
+    assert sum(bf16.grad_bucket_ms) < sum(fp32.grad_bucket_ms)
+    assert bf16.param_bucket_ms == fp32.param_bucket_ms  # the gathers move parameters
+
+
+def test_a_baseline_keeps_its_serialized_step() -> None:
+    on, off = _project("megatron-main", pipelined_step=True), _project("megatron-main", pipelined_step=False)
+    assert on.iteration_ms == off.iteration_ms and not on.window().pipelined
