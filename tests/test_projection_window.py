@@ -38,6 +38,8 @@ def test_records_carry_the_levers_and_the_window(ours) -> None:
     assert serial["config"]["pipelined_step"] is False and "pipelined" not in serial["provenance_detail"]
     base = to_record(_project("megatron-main"), env)
     assert base["config"]["pipelined_step"] is None and base["config"]["clip_grad"] == 1.0
+    # one detail for every method of a row (the table pairs them on it): the scenario's knob
+    assert base["provenance_detail"] == to_record(ours[("fp32", True)], env)["provenance_detail"]
     assert "adamw_iteration_ms" not in base["timings"]
 
 
@@ -56,3 +58,27 @@ def test_pipelining_hides_updates_and_bf16_halves_the_reductions(ours) -> None:
 def test_a_baseline_keeps_its_serialized_step() -> None:
     on, off = _project("megatron-main", pipelined_step=True), _project("megatron-main", pipelined_step=False)
     assert on.iteration_ms == off.iteration_ms and not on.window().pipelined
+
+
+def test_table2_carries_the_window(ours, tmp_path) -> None:
+    import json
+
+    from canzona.analysis.aggregate import aggregate_cells
+    from canzona.analysis.load import load_results
+    from canzona.analysis.table2 import build_table2, headline_markdown, table2_markdown
+    from canzona.analysis.window_columns import ADAMW_COL, CLIPPING_COL, EXPOSED_COL, FLOOR_COL
+
+    env = {"git_commit": "x", "hostname": "h", "timestamp": "t"}
+    p = ours[("fp32", True)]
+    lines = [to_record(p, env), to_record(_project("megatron-main"), env)]
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    table = build_table2(aggregate_cells(load_results(f)))
+    row = table.iloc[0]
+    assert row[EXPOSED_COL] == pytest.approx((p.iteration_ms - p.fwd_bwd_ms) / p.iteration_ms)
+    floor = p.window().floor
+    assert row[FLOOR_COL] == pytest.approx(floor / (p.fwd_bwd_ms + floor))
+    assert row[CLIPPING_COL] == pytest.approx(p.clipping_iteration_ms)
+    assert row[ADAMW_COL] == pytest.approx(p.iteration_ms / p.adamw_iteration_ms)
+    assert f"{row[EXPOSED_COL]:.1%}" in table2_markdown(table)
+    assert "canzona exposed / floor" in headline_markdown(table.assign(model="qwen3-32b"))

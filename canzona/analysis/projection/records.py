@@ -14,12 +14,14 @@ from canzona.plan.buckets import resolve_bucket_size
 MODEL_NAME = "canzona-projection-v1"
 
 
-def detail_string(s: Scenario, profile: Profile, pipelined: bool = False) -> str:
+def detail_string(s: Scenario, profile: Profile) -> str:
     """The projection's provenance: model version, profile, view and every knob a verdict may pair
     rows on (cost, cooperation, Newton–Schulz method, α, sequence parallelism, the split views a
     run executes), so two rows of a comparison can be checked to differ in the compared knob alone.
-    A bf16 gradient reduction adds ``reduce=bf16`` and a pipelined step ``pipelined=on`` (a line
-    priced as every line was before them keeps its detail). An expert-parallel layout adds its EP
+    A bf16 gradient reduction adds ``reduce=bf16`` and, in the ``megatron`` view, the pipelined
+    step asked for ``pipelined=on`` (the scenario's knob, the same for every method of a row:
+    a modelled baseline keeps its serialized step; a line priced as every line was before them
+    keeps its detail). An expert-parallel layout adds its EP
     size and Megatron's uneven first/last stages their layer counts (a dense, evenly staged line
     keeps the detail it had before EP existed)."""
     views = ",".join(s.views) or "none"
@@ -32,7 +34,7 @@ def detail_string(s: Scenario, profile: Profile, pipelined: bool = False) -> str
         + f" coop={'on' if s.cooperative else 'off'} ns_method={s.ns_method} alpha={alpha}"
         + f" sp={'on' if s.uses_sequence_parallel else 'off'} split={','.join(s.splits) or 'none'}"
         + (f" reduce={s.grad_reduce_dtype}" if s.grad_reduce_dtype != "fp32" else "")
-        + (" pipelined=on" if pipelined else "")
+        + (" pipelined=on" if s.pipelined_step and s.overlap == "megatron" else "")
         + (f" ep={lay.ep}" if lay.ep > 1 else "")
         + (f" first_stage_layers={lay.first_stage_layers}" if lay.first_stage_layers is not None else "")
         + (f" last_stage_layers={lay.last_stage_layers}" if lay.last_stage_layers is not None else "")
@@ -101,7 +103,7 @@ def to_record(p: Projection, env: dict[str, Any]) -> dict[str, Any]:
     }
     one = lambda v: {"median": v, "p90": v, "n": 0}
     has_iter = math.isfinite(p.fwd_bwd_ms)
-    detail, cell = detail_string(s, p.profile, pipelined), cell_key(cfg)
+    detail, cell = detail_string(s, p.profile), cell_key(cfg)
     timings: dict[str, Any] = {
         "step_ms": one(p.step_ms),
         "runtime_total_ms": one(p.runtime_total_ms),
