@@ -27,6 +27,12 @@ Megatron's Muon) are taken as a run takes them: the step's TP all-reduce of SP-p
 gradients, the activation memory, and each split matrix priced by its parts, for Canzona's
 strategies and the modelled Megatron baselines alike. fwd/bwd stays priced by MFU (no TP
 activation traffic is modelled, with SP or without).
+``--grad-reduce-dtype bf16`` (Megatron's grad_reduce_in_fp32=False) halves every method's reduction
+bytes; ``--pipelined-step`` (the run's default) prices Canzona's strategies with the pipelined step in
+the ``megatron`` view (the modelled baselines keep their serialized step); ``--clip-grad`` is recorded.
+The ``megatron`` view prints each method's window: iteration − fwd/bwd as a share beside the floor
+the DP link sets, the iteration when every step clips, and the iteration over Canzona's own AdamW at
+the same layout and buckets (``canzona.plan.window``).
 ``--ep`` prices an expert-parallel layout (expert buckets reduced and owned over expert-DP groups
 of dp / ep ranks, for Canzona's strategies and the modelled Megatron baselines alike), and
 ``--first-stage-layers`` / ``--last-stage-layers`` Megatron's uneven end stages.

@@ -98,6 +98,11 @@ class Projection:
                   ignores bucket geometry and stays inside the step. Windows per stage under 1F1B:
                   ``Windows``; the last (first) bucket is always exposed beyond the bubble. step =
                   Megatron's "optimizer" timer: check + TP + compute + any non-overlappable param gather.
+                  What stays exposed is priced by the optimizer window (``canzona.plan.window``), bucket
+                  by bucket: serialized, or, where the scenario asks for Canzona's pipelined step
+                  (``pipelines``), each matrix bucket updated as it lands, the overlapped work coming
+                  off the exposed remainder (the step keeps its work); ``clipping_iteration_ms`` prices
+                  a step that clips and ``adamw_iteration_ms`` Canzona's own AdamW at the same buckets.
 
     ``microbatches``: m = global_batch / (micro_batch · dp), the gradient-accumulation steps.
     """
