@@ -82,3 +82,10 @@ def test_table2_carries_the_window(ours, tmp_path) -> None:
     assert row[ADAMW_COL] == pytest.approx(p.iteration_ms / p.adamw_iteration_ms)
     assert f"{row[EXPOSED_COL]:.1%}" in table2_markdown(table)
     assert "canzona exposed / floor" in headline_markdown(table.assign(model="qwen3-32b"))
+
+
+def test_a_speculation_over_the_budget_keeps_the_serialized_step(ours) -> None:
+    """--window-mb, as the runtime decides: a plan whose speculation does not fit runs serialized."""
+    tight = _project("canzona", window_mb=0)
+    assert not tight.window().pipelined and ours[("fp32", True)].window().pipelined
+    assert tight.iteration_ms == pytest.approx(ours[("fp32", False)].iteration_ms)

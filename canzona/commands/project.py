@@ -60,8 +60,8 @@ KNOBS = Knobs(
     not_taken={
         "method": "--methods: the projection sets methods side by side, with today's Megatron layer-wise",
         **NOT_PRICED,
-        # the window's levers (--grad-reduce-dtype, --pipelined-step) are taken: they set the reduction bytes
-        # and the step a run executes (canzona.analysis.projection.overlap.Projection.pipelines)
+        # the window's levers (--grad-reduce-dtype, --pipelined-step, --window-mb) are taken: they set the
+        # reduction bytes and the step a run executes (canzona.analysis.projection.overlap.Projection.pipelines)
         "overlap_param_sync": "the overlap view (--overlap) stands for what the runtime overlaps",
         "collective_mode": "the α–β model picks each bucket's collectives, as a run's default auto",
         "collective_timeout_s": "no collective waits in a projection",

@@ -119,11 +119,13 @@ class Projection:
     def pipelines(self, st: StageProjection) -> bool:
         """Whether the stage's step is the pipelined one (``canzona.runtime.window``): asked for by the
         scenario, in the ``megatron`` view (``none`` prices the runtime's step with nothing
-        overlapped), for a planned stage of two or more matrix buckets (the runtime's condition); a
-        modelled baseline keeps its peer's serialized step (Megatron main forbids overlapping its
-        optimizer with the parameter gather)."""
-        w = st.window
-        return self.scenario.pipelined_step and self.scenario.overlap == "megatron" and w is not None and w.matrix > 1
+        overlapped), for a planned stage of two or more matrix buckets whose speculation fits the
+        scenario's ``window_mb`` (the runtime's condition); a modelled baseline keeps its peer's
+        serialized step (Megatron main forbids overlapping its optimizer with the parameter gather)."""
+        w, s = st.window, self.scenario
+        if not (s.pipelined_step and s.overlap == "megatron" and w is not None):
+            return False
+        return w.matrix > 1 and w.speculation_bytes <= s.window_mb << 20
 
     def window_inputs(self, st: StageProjection, *, adamw: bool = False) -> WindowInputs:
         """The stage's window (``canzona.plan.window``) from its charged calls and phase times;

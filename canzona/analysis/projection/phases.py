@@ -44,9 +44,10 @@ from canzona.analysis.projection.lowering import (
 )
 from canzona.analysis.projection.stage import RankTimes, StageProjection, StageWindow
 from canzona.analysis.projection.timeline import Task, simulate
-from canzona.cost import CostSettings, matrix_flops, priced_on
+from canzona.cost import CostModel, CostSettings, matrix_flops, priced_on
 from canzona.errors import ConfigError
 from canzona.models.spec import ParamSpec
+from canzona.plan.readers.memory import window_bytes
 from canzona.plan.schedule import TP_BLOCKS_TAG, CommOp, ExecSpec, RankSchedule
 from canzona.plan.types import Layout, Plan
 
@@ -144,6 +145,8 @@ def _window_parts(ch: _Charger, ranks: dict[tuple[int, int], RankTimes], reducti
         adamw_all=max(_adamw_ms(ch.profile, ch.ops.adamw_owned(ch.ops.schedules[k]) + ch.matrix_elems) for k in ranks),
         reduce_tags=tuple(tags),
         gather_tags=tuple(gather_tags),
+        # state bytes do not depend on the balancing cost, so the FLOPs model prices them for every plan
+        speculation_bytes=window_bytes(ch.ops.plan, CostModel(ch.ops.plan.config.optimizer, "flops", ch.settings)),
     )
 
 

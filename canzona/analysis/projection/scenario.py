@@ -82,10 +82,11 @@ class Scenario:
     # the optimizer window's knobs (issue #48): Megatron's --clip-grad (a projection prices a step that
     # does not clip and one that does: ``Projection.clipping_iteration_ms``), its grad_reduce_in_fp32
     # (bf16: half the reduction bytes, for every method: each Megatron lineage ships it) and Canzona's
-    # pipelined step (``Projection.pipelines``)
+    # pipelined step within its memory budget (``Projection.pipelines``)
     clip_grad: float = OptimSpec.clip_grad
     grad_reduce_dtype: GradReduceDtype = CommSpec.grad_reduce_dtype
     pipelined_step: bool = CommSpec.pipelined_step
+    window_mb: int = CommSpec.window_mb
 
     def __post_init__(self) -> None:
         """The spec's choices for every string knob but the method (``make_plans`` checks it against

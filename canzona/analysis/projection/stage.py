@@ -41,7 +41,9 @@ class StageWindow:
     (ms): per rank its update of each of the ``matrix`` matrix buckets (reduction order), the
     slowest rank's norm check and AdamW step, and ``adamw_all``: the AdamW step of the busiest rank
     were every parameter AdamW's (Canzona's distributed AdamW at the same layout and buckets).
-    ``reduce_tags`` / ``gather_tags``: the buckets of ``grad_bucket_ms`` / ``param_bucket_ms``."""
+    ``reduce_tags`` / ``gather_tags``: the buckets of ``grad_bucket_ms`` / ``param_bucket_ms``.
+    ``speculation_bytes``: what the pipelined step's speculation holds on the busiest GPU
+    (``canzona.plan.readers.memory.window_bytes``), which the run's ``window_mb`` must cover."""
 
     matrix: int
     updates: tuple[tuple[float, ...], ...]
@@ -50,6 +52,7 @@ class StageWindow:
     adamw_all: float
     reduce_tags: tuple[str, ...]
     gather_tags: tuple[str, ...]
+    speculation_bytes: int = 0
 
 
 @dataclass(frozen=True)
