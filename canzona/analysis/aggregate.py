@@ -39,7 +39,7 @@ GROUP_KEY = ("cell", "kind", "provenance", "source", "measured_at")
 # ep: the EP size, which the cell key appends where > 1 (``schema.cell_key``; 1 on lines without it,
 # ``load``), so an expert-parallel cell is never the row of the dense cell of its dp·tp·pp.
 ROW_KEY = (*(f for f in CELL_FIELDS if f != "method"), "ep", "kind", "provenance", "source", "measured_at")
-TIMINGS = ("iteration", "fwd_bwd", "step")
+TIMINGS = ("iteration", "fwd_bwd", "step", "exposed", "floor", "iteration_clipping", "adamw_iteration")
 # What a row carries beside its config (``load.ROW_CONFIG_FIELDS``): where its numbers come from.
 # The plan a line ran (canzona.analysis.plans): one per cell, canzona.analysis.load checks it.
 ROW_RECORD_FIELDS = (

@@ -54,7 +54,9 @@ if TYPE_CHECKING:
 # Lines of one group disagreeing on any of those outside the cell key are not repetitions of one experiment.
 ROW_CONFIG_FIELDS = ("world", *(k for k in timed_knobs() if k != "device"), "overlap")
 EXPERIMENT_FIELDS = tuple(k for k in ROW_CONFIG_FIELDS if k not in CELL_FIELDS)
-TIMING_KEYS = ("iteration_ms", "fwd_bwd_ms", "step_ms")
+# the optimizer window's (projected lines in the megatron view: canzona.analysis.projection.records)
+WINDOW_TIMING_KEYS = ("exposed_ms", "floor_ms", "iteration_clipping_ms", "adamw_iteration_ms")
+TIMING_KEYS = ("iteration_ms", "fwd_bwd_ms", "step_ms", *WINDOW_TIMING_KEYS)
 
 
 class DuplicateRunError(ResultsError):

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from canzona.analysis import window_columns as wc
 from canzona.analysis.aggregate import (
     BASELINES,
     OURS,
@@ -98,7 +99,7 @@ def build_table2(cells: pd.DataFrame) -> pd.DataFrame:
             for t, label in (("iter", "iter"), ("step", "step")):
                 col = f"speedup_{t}_vs_{b}"
                 row[f"{OURS} vs {b} ({label})"] = float(srow[col]) if srow is not None and col in srow else math.nan
-        ours = by.get(OURS)
+        row.update(wc.window_columns(ours := by.get(OURS)))
         row[PLAN_COL] = ours.get("plan") if ours is not None else None
         row[ATTEST_COL] = ours.get("attest") if ours is not None else None
         row["runs (min)"] = int(g["runs"].min())
@@ -113,7 +114,7 @@ def build_table2(cells: pd.DataFrame) -> pd.DataFrame:
         )
         rows.append(row)
     df = pd.DataFrame(rows).sort_values("_sort", kind="stable").drop(columns="_sort").reset_index(drop=True)
-    for col in (PLAN_COL, ATTEST_COL):  # no line records it (peers, projections, lines before schema 3 / 4)
+    for col in (PLAN_COL, ATTEST_COL, *wc.WINDOW_COLS):  # no line records it (peers, projections, older lines)
         if df[col].isna().all():
             df = df.drop(columns=col)
     return df
@@ -139,8 +140,8 @@ def table2_markdown(table: pd.DataFrame) -> str:
             v = rec[h]
             if h.endswith(" ms"):
                 out.append(fmt_ms(v))
-            elif " vs " in h:
-                out.append(fmt_speedup(v))
+            elif " vs " in h or h in wc.WINDOW_COLS:
+                out.append(wc.cell_text(h, v))
             elif v is None or (isinstance(v, float) and not math.isfinite(v)):
                 out.append("–")
             elif isinstance(v, float) and v.is_integer():
@@ -225,8 +226,8 @@ def _condition(prov: str) -> str:
 
 
 def headline_markdown(table: pd.DataFrame, profile: str = "H800") -> str:
-    """The compact table results/table2.md opens with: model and layout, condition, batch, per
-    method step / iteration ms, then Canzona's speedup over each baseline (step / iteration)."""
+    """The compact table results/table2.md opens with: model and layout, condition, batch, per method
+    step / iteration ms, Canzona's speedup over each baseline (step / iteration), its window (``wc``)."""
     rows = headline_rows(table, profile)
     if rows.empty:
         return "_No result lines were found._"
@@ -247,7 +248,7 @@ def headline_markdown(table: pd.DataFrame, profile: str = "H800") -> str:
         out.append(line)
     header = ["model", "dp·tp·pp", "condition", "kind", "batch (seq × len)", "NS"]
     header += [f"{m} step / iter ms" for m in methods] + [f"{OURS} vs {b} step / iter" for b in bases]
-    return markdown_table(header, out)
+    return markdown_table(*wc.with_window(header, out, rows))
 
 
 def batch_markdown(batch: pd.DataFrame, target: float = 1.57) -> str:
@@ -270,7 +271,7 @@ def batch_markdown(batch: pd.DataFrame, target: float = 1.57) -> str:
 
 def _drop_empty(df: pd.DataFrame) -> pd.DataFrame:
     """Drop method / speedup columns with no value in any row of this section."""
-    keep = [c for c in df.columns if not ((c.endswith(" ms") or " vs " in c) and df[c].isna().all())]
+    keep = [c for c in df.columns if not ((c.endswith(" ms") or " vs " in c or wc.listed(c)) and df[c].isna().all())]
     return df[keep]
 
 

@@ -39,7 +39,11 @@ KNOBS = Knobs(
     not_taken={
         **NOT_PRICED,
         "global_batch": "a plan does not depend on the batch; --memory counts one stage's micro-batches in flight",
-        "comm": "the runtime's: a plan lists the buckets, the runtime issues and times their collectives",
+        # the window's levers (--grad-reduce-dtype, --pipelined-step, --window-mb) are taken: the reduction bytes,
+        # the lowered order of the TP calls and --memory's window term, and the printed window
+        "overlap_param_sync": "the runtime's: a plan lists the buckets, the runtime issues and times their collectives",
+        "collective_mode": "the α–β model picks each bucket's collectives, as a run's default auto",
+        "collective_timeout_s": "no collective waits in a plan",
         "device": "a plan is priced on --profile, not run",
         "attention": "a plan is priced on --profile, not run",
     },
@@ -173,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
     from canzona.plan.build import plan_model, plans_to_json, stage_adamw
     from canzona.plan.engines import get_engine
     from canzona.plan.readers.metrics import plan_metrics
+    from canzona.plan.readers.window import format_window
     from canzona.results.schema import write_atomic
 
     if not get_engine(args.engine).dp_buckets:  # Shard(0) owners: no buckets to report, owners vs peers
@@ -189,14 +194,14 @@ def run(args: argparse.Namespace) -> int:
     metrics["views"] = list(args.view)
     metrics["split_views"] = list(split)
     metrics["plan_hashes"] = [p.plan_hash for p in plans]
-    metrics.update(_extras(cfg, plans, args, profile))
+    metrics.update(_extras(cfg, plans, args, profile, cost_model))
     compared = (
         compare(cfg, layout, config, args.view, cost_model=cost_model, profile=profile, split=split)
         if args.compare
         else None
     )
     for row, row_plans in compared or []:
-        row.update(_extras(cfg, row_plans, args, profile))
+        row.update(_extras(cfg, row_plans, args, profile, cost_model))
     rows = [r for r, _ in compared] if compared is not None else None
     if args.save:
         write_atomic(args.save, plans_to_json(plans))
@@ -223,6 +228,8 @@ def run(args: argparse.Namespace) -> int:
     print(describe(profile))
     print(format_report(plans, model=cfg.name, unit=cost_model.unit, adamw_elems=adamw // layout.dp))
     print(format_budget(metrics))
+    if "window" in metrics:
+        print(format_window(metrics["window"]))
     if "memory" in metrics:
         print(format_memory(metrics["memory"], args.hbm_gb))
     if rows is not None:
@@ -266,21 +273,35 @@ def _config(args: argparse.Namespace):
     return config, hardware_for(config, None)
 
 
-def _extras(model, plans, args: argparse.Namespace, profile) -> dict:
-    """The communication budget and cooperation of ``plans`` (canzona.plan.readers.budget.summary) and, with
-    --memory, the per-GPU bytes of the GPU that holds the most (canzona.plan.readers.memory), both on
-    ``profile`` (its parameter and gradient bytes unless --dtype says otherwise)."""
+def _extras(model, plans, args: argparse.Namespace, profile, cost_model) -> dict:
+    """The communication budget and cooperation of ``plans`` (canzona.plan.readers.budget.summary), the
+    optimizer window of an executable plan (canzona.plan.readers.window) and, with --memory, the
+    per-GPU bytes of the GPU that holds the most (canzona.plan.readers.memory), all on ``profile``
+    (its parameter bytes unless --dtype says otherwise), lowered as the run would: its gradient
+    reduction format (--grad-reduce-dtype) and step (--pipelined-step within --window-mb)."""
     from canzona.plan.readers.budget import summary
-    from canzona.plan.readers.memory import MemoryPrecision, plans_memory, system_memory
+    from canzona.plan.readers.memory import MemoryPrecision, plans_memory, system_memory, window_bytes
+    from canzona.plan.readers.window import plan_window
     from canzona.plan.schedule import LowerSettings
+    from canzona.plan.strategies import get_strategy
 
     param_bytes = {"bf16": 2, "fp32": 4}.get(args.dtype, profile.param_bytes)
-    settings = LowerSettings(param_bytes=param_bytes, grad_bytes=profile.grad_bytes)
+    grad_bytes = {"bf16": 2, "fp32": 4}[args.grad_reduce_dtype]
+    executable = get_strategy(plans[0].config.strategy).executable
+    # the run's step (canzona.runtime.optimizer._pipelined): where asked, for a plan of 2+ matrix buckets
+    # whose speculation fits --window-mb
+    fits = lambda p: len(p.dp.buckets) > 1 and window_bytes(p, cost_model) <= args.window_mb << 20
+    pipelined = args.pipelined_step and executable and any(fits(p) for p in plans)
+    settings = LowerSettings(param_bytes=param_bytes, grad_bytes=grad_bytes, pipelined=pipelined)
     out = summary(model, plans, settings, profile)
+    if executable:
+        out["window"] = plan_window(model, plans, settings, profile)
     if args.memory and plans[0].dp.strategy != "zero":
         system = system_memory(profile)
         acts, sources = _activations(model, plans, args)
-        prec = MemoryPrecision(param_bytes=param_bytes, ns_bytes=param_bytes, ns_batch_bytes=args.ns_batch_mb << 20)
+        prec = MemoryPrecision(
+            param_bytes=param_bytes, grad_bytes=grad_bytes, ns_bytes=param_bytes, ns_batch_bytes=args.ns_batch_mb << 20
+        )
         b = plans_memory(model, plans, settings, prec, system, acts)
         if plans[0].config.optimizer == "muon":
             sources["workspace"] = (

@@ -27,6 +27,12 @@ Megatron's Muon) are taken as a run takes them: the step's TP all-reduce of SP-p
 gradients, the activation memory, and each split matrix priced by its parts, for Canzona's
 strategies and the modelled Megatron baselines alike. fwd/bwd stays priced by MFU (no TP
 activation traffic is modelled, with SP or without).
+``--grad-reduce-dtype bf16`` (Megatron's grad_reduce_in_fp32=False) halves every method's reduction
+bytes; ``--pipelined-step`` (the run's default) prices Canzona's strategies with the pipelined step in
+the ``megatron`` view (the modelled baselines keep their serialized step); ``--clip-grad`` is recorded.
+The ``megatron`` view prints each method's window: iteration − fwd/bwd as a share beside the floor
+the DP link sets, the iteration when every step clips, and the iteration over Canzona's own AdamW at
+the same layout and buckets (``canzona.plan.window``).
 ``--ep`` prices an expert-parallel layout (expert buckets reduced and owned over expert-DP groups
 of dp / ep ranks, for Canzona's strategies and the modelled Megatron baselines alike), and
 ``--first-stage-layers`` / ``--last-stage-layers`` Megatron's uneven end stages.
@@ -54,7 +60,11 @@ KNOBS = Knobs(
     not_taken={
         "method": "--methods: the projection sets methods side by side, with today's Megatron layer-wise",
         **NOT_PRICED,
-        "comm": "the overlap view (--overlap) stands for what the runtime overlaps; the α–β model picks collectives",
+        # the window's levers (--grad-reduce-dtype, --pipelined-step, --window-mb) are taken: they set the
+        # reduction bytes and the step a run executes (canzona.analysis.projection.overlap.Projection.pipelines)
+        "overlap_param_sync": "the overlap view (--overlap) stands for what the runtime overlaps",
+        "collective_mode": "the α–β model picks each bucket's collectives, as a run's default auto",
+        "collective_timeout_s": "no collective waits in a projection",
         "machine": "priced on the profile: its parameter format (Profile.param_bytes), no device or kernel choice",
     },
     defaults={
@@ -187,6 +197,26 @@ def _print(rows: list[tuple[str, str, dict[str, Any]]]) -> None:
             print(f"  {m:<10} {p.step_ms:10.1f} {p.fwd_bwd_ms:11.1f} {p.iteration_ms:10.1f}   {ph}")
         for b, s in _speedups(res).items():
             print(f"  canzona vs {b:<10} step {s['step']:6.2f}x   iteration {s['iteration']:5.2f}x")
+        if ov == "megatron":
+            _print_windows(res)
+
+
+def _print_windows(res: dict[str, Any]) -> None:
+    """The optimizer window per method (``canzona.plan.window``): iteration − fwd/bwd as a share of
+    the iteration beside the floor the DP link sets, the iteration of a step that clips, and
+    Muon's (the matrix optimizer's) iteration over Canzona's own AdamW at the same buckets."""
+    print(f"  {'method':<14} {'step':<10} {'exposed':>8} {'floor':>7} {'clip iter ms':>13} {'/ AdamW':>8}")
+    for m, p in res.items():
+        if not math.isfinite(p.fwd_bwd_ms):
+            continue
+        w, it = p.window(), p.iteration_ms
+        floor = w.floor / (p.fwd_bwd_ms + w.floor)
+        ratio = it / p.adamw_iteration_ms if math.isfinite(p.adamw_iteration_ms) else math.nan
+        kind = "pipelined" if w.pipelined else "serialized"
+        print(
+            f"  {m:<14} {kind:<10} {(it - p.fwd_bwd_ms) / it:8.1%} {floor:7.1%} "
+            f"{p.clipping_iteration_ms:13.1f} {ratio:7.3f}x"
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -252,6 +282,7 @@ def _as_json(rows: list[tuple[str, str, dict[str, Any]]]) -> str:
                         "iteration_ms": nan_none(p.iteration_ms),
                         "fwd_bwd_ms": nan_none(p.fwd_bwd_ms),
                         "phases_ms": p.phase_ms(),
+                        **({"window": _window_json(p)} if ov == "megatron" and math.isfinite(p.fwd_bwd_ms) else {}),
                     }
                     for m, p in res.items()
                 },
@@ -261,6 +292,15 @@ def _as_json(rows: list[tuple[str, str, dict[str, Any]]]) -> str:
         ],
         sort_keys=True,
     )
+
+
+def _window_json(p: Any) -> dict[str, Any]:
+    """The slowest stage's window (``Projection.window``), the clipping iteration and the AdamW twin's."""
+    nan_none = lambda v: v if math.isfinite(v) else None
+    return p.window().to_dict() | {
+        "iteration_clipping_ms": p.clipping_iteration_ms,
+        "adamw_iteration_ms": nan_none(p.adamw_iteration_ms),
+    }
 
 
 def _custom(args: argparse.Namespace, profiles: list[Any]) -> int:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from canzona.analysis.projection.hardware import Profile
 from canzona.analysis.projection.stage import StageProjection
 from canzona.errors import ConfigError
+from canzona.plan.window import Window, WindowInputs, forward_end, price, reduce_ends
 
 if TYPE_CHECKING:
     from canzona.analysis.projection.scenario import Scenario
@@ -68,22 +69,12 @@ class Windows:
         return max(0.0, param_timeline(bucket_ms, self.forward, self.before) - self.before - self.forward)
 
 
-def _shares(bucket_ms: tuple[float, ...], span: float) -> list[float]:
-    """Each bucket's share of a fwd or bwd pass of ``span`` ms, in proportion to its call time (the
-    calls of one view run on one link, so their times follow their bucket sizes)."""
-    total = sum(bucket_ms)
-    return [span * ms / total if total > 0 else span / len(bucket_ms) for ms in bucket_ms]
-
-
 def grad_timeline(bucket_ms: tuple[float, ...], backward: float) -> float:
     """When the last gradient bucket's reduction ends, from the start of the last backward: bucket i
     (reduction order) is ready once its share of that backward is done, and the reductions run one
     after another on one communicator, so reduction i starts at max(ready_i, end of reduction i−1)."""
-    end = ready = 0.0
-    for ms, share in zip(bucket_ms, _shares(bucket_ms, backward), strict=True):
-        ready += share
-        end = max(ready, end) + ms
-    return end
+    ends = reduce_ends(WindowInputs(bucket_ms, 0, (), backward=backward))
+    return ends[-1] if ends else 0.0
 
 
 def param_timeline(bucket_ms: tuple[float, ...], forward: float, before: float = 0.0) -> float:
@@ -91,12 +82,7 @@ def param_timeline(bucket_ms: tuple[float, ...], forward: float, before: float =
     forward needs them) run back to back from the start; the stage's first forward begins after its
     bubble ``before``, and its segment i (its share of the forward) starts once gather i has landed
     and segment i−1 is done."""
-    landed = 0.0
-    end = before
-    for ms, share in zip(bucket_ms, _shares(bucket_ms, forward), strict=True):
-        landed += ms
-        end = max(landed, end) + share
-    return end if bucket_ms else before + forward
+    return forward_end(bucket_ms, forward, before)
 
 
 @dataclass(frozen=True)
@@ -112,6 +98,11 @@ class Projection:
                   ignores bucket geometry and stays inside the step. Windows per stage under 1F1B:
                   ``Windows``; the last (first) bucket is always exposed beyond the bubble. step =
                   Megatron's "optimizer" timer: check + TP + compute + any non-overlappable param gather.
+                  What stays exposed is priced by the optimizer window (``canzona.plan.window``), bucket
+                  by bucket: serialized, or, where the scenario asks for Canzona's pipelined step
+                  (``pipelines``), each matrix bucket updated as it lands, the overlapped work coming
+                  off the exposed remainder (the step keeps its work); ``clipping_iteration_ms`` prices
+                  a step that clips and ``adamw_iteration_ms`` Canzona's own AdamW at the same buckets.
 
     ``microbatches``: m = global_batch / (micro_batch · dp), the gradient-accumulation steps.
     """
@@ -125,20 +116,66 @@ class Projection:
     def windows(self, stage: int) -> Windows:
         return Windows.of(self.fwd_bwd_ms, self.microbatches, self.scenario.layout.pp, stage)
 
-    def _stage_view(self, st: StageProjection) -> tuple[float, float, dict[str, float]]:
-        """(step ms, extra exposed ms outside the step, phases) of one stage under the overlap view."""
+    def pipelines(self, st: StageProjection) -> bool:
+        """Whether the stage's step is the pipelined one (``canzona.runtime.window``): asked for by the
+        scenario, in the ``megatron`` view (``none`` prices the runtime's step with nothing
+        overlapped), for a planned stage of two or more matrix buckets whose speculation fits the
+        scenario's ``window_mb`` (the runtime's condition); a modelled baseline keeps its peer's
+        serialized step (Megatron main forbids overlapping its optimizer with the parameter gather)."""
+        w, s = st.window, self.scenario
+        if not (s.pipelined_step and s.overlap == "megatron" and w is not None):
+            return False
+        return w.matrix > 1 and w.speculation_bytes <= s.window_mb << 20
+
+    def window_inputs(self, st: StageProjection, *, adamw: bool = False) -> WindowInputs:
+        """The stage's window (``canzona.plan.window``) from its charged calls and phase times;
+        ``adamw``: Canzona's own distributed AdamW at the same layout and buckets (every parameter
+        AdamW's, the serialized step)."""
+        w, win = st.window, self.windows(st.stage)
+        core = st.optimizer_core_ms
+        if adamw and w is not None:
+            core = w.check + w.adamw_all
+        return WindowInputs(
+            reduce=st.grad_bucket_ms,
+            matrix=w.matrix if w is not None and not adamw else 0,
+            updates=w.updates if w is not None and not adamw else (),
+            gather=st.param_bucket_ms,
+            check=w.check if w is not None else st.phase_ms()["check"],
+            adamw=w.adamw if w is not None else 0.0,
+            fixed=st.param_fixed_ms,
+            serial_core=core,
+            backward=win.backward,
+            forward=win.forward,
+            after=win.after,
+            before=win.before,
+            reduce_tags=w.reduce_tags if w is not None else (),
+            gather_tags=w.gather_tags if w is not None else (),
+        )
+
+    def stage_window(self, st: StageProjection, *, clipping: bool = False, adamw: bool = False) -> Window:
+        """The stage's optimizer window in the ``megatron`` view, pipelined where ``pipelines`` says
+        (``clipping``: a step whose norm clips; ``adamw``: the AdamW twin, serialized)."""
+        pipelined = self.pipelines(st) and not adamw
+        return price(self.window_inputs(st, adamw=adamw), pipelined=pipelined, clipping=clipping)
+
+    def _stage_view(self, st: StageProjection, clipping: bool = False) -> tuple[float, float, dict[str, float]]:
+        """(step ms, extra exposed ms outside the step, phases) of one stage under the overlap view.
+        The step is the optimizer's work (the serialized step's); in the ``megatron`` view the window
+        (``canzona.plan.window``) gives iteration − fwd/bwd, and what the pipelined step overlaps
+        comes off the exposed remainder outside it."""
         ph = st.phase_ms()
         if self.scenario.overlap == "none":
             return st.step_ms, 0.0, ph
         w = self.windows(st.stage)
-        g_exposed = w.grad_exposed(st.grad_bucket_ms)
-        p_hidden_exposed = w.param_exposed(st.param_bucket_ms)
+        win = self.stage_window(st, clipping=clipping)
+        p_exposed = max(0.0, param_timeline(st.param_bucket_ms, w.forward, w.before) - w.before - w.forward)
         step = st.optimizer_core_ms + st.param_fixed_ms
-        ph = dict(ph, grad_sync=g_exposed, param_sync=st.param_fixed_ms + p_hidden_exposed)
-        return step, g_exposed + p_hidden_exposed, ph
+        outside = win.exposed - step
+        ph = dict(ph, grad_sync=max(0.0, outside - p_exposed), param_sync=st.param_fixed_ms + p_exposed)
+        return step, outside, ph
 
-    def _worst(self) -> tuple[float, float, dict[str, float]]:
-        views = [self._stage_view(st) for st in self.stages]
+    def _worst(self, clipping: bool = False) -> tuple[float, float, dict[str, float]]:
+        views = [self._stage_view(st, clipping) for st in self.stages]
         return max(views, key=lambda v: v[0] + v[1])
 
     @property
@@ -148,8 +185,30 @@ class Projection:
 
     @property
     def iteration_ms(self) -> float:
+        """The iteration when the step does not clip (the pipelined step commits its speculation)."""
         step, outside, _ = self._worst()
         return self.fwd_bwd_ms + step + outside
+
+    @property
+    def clipping_iteration_ms(self) -> float:
+        """The iteration when the step clips: the pipelined step redoes every wave (one more full
+        serialized update); the serialized step's is unchanged."""
+        step, outside, _ = self._worst(clipping=True)
+        return self.fwd_bwd_ms + step + outside
+
+    def window(self, *, clipping: bool = False, adamw: bool = False) -> Window:
+        """The optimizer window of the slowest stage (``megatron`` view)."""
+        key = lambda st: self.stage_window(st, clipping=clipping, adamw=adamw).exposed
+        return self.stage_window(max(self.stages, key=key), clipping=clipping, adamw=adamw)
+
+    @property
+    def adamw_iteration_ms(self) -> float:
+        """The iteration of Canzona's own distributed AdamW at the same layout, buckets and levers (the
+        ``megatron`` view; NaN for a modelled baseline or the ``none`` view): every parameter AdamW's,
+        the same reductions and gathers, the serialized step."""
+        if self.scenario.overlap == "none" or any(st.window is None for st in self.stages):
+            return math.nan
+        return self.fwd_bwd_ms + max(self.stage_window(st, adamw=True).exposed for st in self.stages)
 
     def phase_ms(self) -> dict[str, float]:
         """Exposed ms per phase of the slowest stage (max across its ranks, as the runtime's timers report).

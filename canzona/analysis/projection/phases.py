@@ -42,12 +42,13 @@ from canzona.analysis.projection.lowering import (
     lower_stage,
     tp_partial_names,
 )
-from canzona.analysis.projection.stage import RankTimes, StageProjection
+from canzona.analysis.projection.stage import RankTimes, StageProjection, StageWindow
 from canzona.analysis.projection.timeline import Task, simulate
-from canzona.cost import CostSettings, matrix_flops, priced_on
+from canzona.cost import CostModel, CostSettings, matrix_flops, priced_on
 from canzona.errors import ConfigError
 from canzona.models.spec import ParamSpec
 from canzona.plan.executors import ExecSpec
+from canzona.plan.readers.memory import window_bytes
 from canzona.plan.schedule import TP_BLOCKS_TAG, CommOp, RankSchedule
 from canzona.plan.types import Layout, Plan
 
@@ -107,7 +108,52 @@ def charge_stage(
     total_flops = sum(ch.mat_flops.values())
     lb = max(total_flops / (layout.dp * layout.tp), max(ch.mat_flops.values(), default=0.0))
     grad, aligned, fixed = _bucket_ms(ranks)
-    return StageProjection(stage, ranks, ops.modes, lb, total_flops, grad, aligned, fixed, tasks)
+    window = _window_parts(ch, ranks, len(grad))
+    return StageProjection(stage, ranks, ops.modes, lb, total_flops, grad, aligned, fixed, tasks, window=window)
+
+
+def _window_parts(ch: _Charger, ranks: dict[tuple[int, int], RankTimes], reductions: int) -> StageWindow | None:
+    """What the pipelined window needs beyond the bucket calls (``canzona.plan.window``): per rank its
+    update of each matrix bucket, its optimizer work (TP, compute, cooperation; no check, no AdamW)
+    split over the buckets by the compute of the matrices its executors handle in each (a TP
+    micro-group's ranks all move in step, so every rank of it weighs the group's matrices). Each
+    bucket's matrices are taken as one wave of their own (the planner keeps TP micro-groups inside a
+    bucket). None where the ranks' matrix buckets differ in number (EP ranks holding different
+    expert buckets): such a stage is priced serialized."""
+    first = ranks[min(ranks)].charged
+    tags = list(dict.fromkeys(o.tag for o, _ in first if o.phase == "grad_sync"))
+    tags += ["tp-partial"] * (reductions - len(tags))  # the TP sum of partial gradients, last (``_bucket_ms``)
+    gather_tags = list(dict.fromkeys(o.tag for o, _ in first if o.phase == "param_sync" and o.tag != "owner"))
+    updates = []
+    for key, r in ranks.items():
+        s = ch.ops.schedules[key]
+        matrix = [b for b in s.buckets if b.kind == "matrix"]
+        if len(matrix) != sum(t.startswith("matrix") for t in tags):
+            return None
+        where = {n: i for i, b in enumerate(matrix) for n, _, _ in b.entries}
+        weight = [0.0] * len(matrix)
+        for spec in s.executors:
+            for n in spec.names:
+                weight[where[n]] += ch.mat_ms[n]
+        work = r.total - sum(r.phases[p] for p in ("grad_sync", "param_sync", "check")) - r.adamw_ms
+        total = sum(weight)
+        updates.append(tuple(work * w / total if total > 0 else 0.0 for w in weight))
+    return StageWindow(
+        matrix=len(updates[0]) if updates else 0,
+        updates=tuple(updates),
+        check=max(r.phases["check"] for r in ranks.values()),
+        adamw=max(r.adamw_ms for r in ranks.values()),
+        adamw_all=max(_adamw_ms(ch.profile, ch.ops.adamw_owned(ch.ops.schedules[k]) + ch.matrix_elems) for k in ranks),
+        reduce_tags=tuple(tags),
+        gather_tags=tuple(gather_tags),
+        # state bytes do not depend on the balancing cost, so the FLOPs model prices them for every plan
+        speculation_bytes=window_bytes(ch.ops.plan, CostModel(ch.ops.plan.config.optimizer, "flops", ch.settings)),
+    )
+
+
+def _adamw_ms(profile: Profile, elems: float) -> float:
+    """AdamW on ``elems`` elements: memory bound, ``adamw_passes`` fp32 passes."""
+    return elems * profile.adamw_passes * 4 / profile.mem_bw * 1e3
 
 
 def _by_tag(charged: Sequence[tuple[CommOp, float]]) -> dict[str, float]:
@@ -144,6 +190,9 @@ class _Charger:
         self.mat_ms = {n: sum(matrix_ms(profile, opt, s, settings) for s in ps) for n, ps in parts.items()}
         self.mat_flops = {n: sum(matrix_flops(opt, s, settings) for s in ps) for n, ps in parts.items()}
         self._priced: dict[tuple[object, ...], float] = {}
+        # Canzona's own AdamW at the same layout (``StageWindow.adamw_all``): every matrix ZeRO-sharded
+        # over the stage's DP·TP ranks, beside each rank's AdamW slices
+        self.matrix_elems = sum(it.numel for it in ops.plan.items) / (layout.dp * layout.tp)
 
     def op_ms(self, s: RankSchedule, op: CommOp) -> float:
         """One call, priced once: every rank of a group lists the same call (a micro-group's
@@ -223,7 +272,8 @@ class _Charger:
         tl += start + run + finish
         if self.profile.comm_compute_overlap and coop_core and pipe:
             self._overlap(r, coop_core, pipe, hosted)
-        adamw_ms = self.ops.adamw_owned(s) * self.profile.adamw_passes * 4 / self.profile.mem_bw * 1e3
+        adamw_ms = _adamw_ms(self.profile, self.ops.adamw_owned(s))
+        r.adamw_ms = adamw_ms
         r.phases["compute"] += adamw_ms
         tl.append(Task("compute", adamw_ms))
         params = of("param_sync")

@@ -20,7 +20,7 @@ from canzona.errors import ConfigError
 from canzona.plan.types import Layout, Plan, PlanConfig
 from canzona.spec import BatchSpec, OptimSpec, PlanSpec, get_method, method_names
 from canzona.spec.run import choices, leaves, plan_config_of
-from canzona.spec.sections import Alpha, Cost, DpLayout, LayoutSpec, NsMethod
+from canzona.spec.sections import Alpha, CommSpec, Cost, DpLayout, GradReduceDtype, LayoutSpec, NsMethod
 
 if TYPE_CHECKING:
     from canzona.optim.base import MatrixOptimizer
@@ -79,6 +79,14 @@ class Scenario:
     sequence_parallel: bool | None = LayoutSpec.sequence_parallel  # None: on where tp > 1, as a run
     split_qkv: bool = OptimSpec.split_qkv
     split_gate_up: bool = OptimSpec.split_gate_up
+    # the optimizer window's knobs (issue #48): Megatron's --clip-grad (a projection prices a step that
+    # does not clip and one that does: ``Projection.clipping_iteration_ms``), its grad_reduce_in_fp32
+    # (bf16: half the reduction bytes, for every method: each Megatron lineage ships it) and Canzona's
+    # pipelined step within its memory budget (``Projection.pipelines``)
+    clip_grad: float = OptimSpec.clip_grad
+    grad_reduce_dtype: GradReduceDtype = CommSpec.grad_reduce_dtype
+    pipelined_step: bool = CommSpec.pipelined_step
+    window_mb: int = CommSpec.window_mb
 
     def __post_init__(self) -> None:
         """The spec's choices for every string knob but the method (``make_plans`` checks it against
@@ -199,6 +207,7 @@ def project(
     not depend on the overlap view or the batch), to skip charging them again."""
     from canzona.models import get_model, list_params
 
+    profile = reduced_in(s, profile)
     cfg = get_model(s.model)
     cfg.validate_layout(tp=s.layout.tp, pp=s.layout.pipeline, ep=s.layout.ep)
     if stages is None and s.method in BASELINES:
@@ -236,6 +245,13 @@ def project(
             f"global_batch {s.global_batch} is not a multiple of micro_batch·dp = {s.micro_batch}·{s.layout.dp}"
         )
     return _with_tokens(Projection(s, profile, tuple(stages), math.nan), s.global_batch * s.seq_len)
+
+
+def reduced_in(s: Scenario, profile: Profile) -> Profile:
+    """``profile`` with the scenario's gradient reduction format: bf16 (Megatron's
+    grad_reduce_in_fp32=False) halves the main gradients and every reduction's bytes; fp32 keeps
+    the profile's."""
+    return dataclasses.replace(profile, grad_bytes=2) if s.grad_reduce_dtype == "bf16" else profile
 
 
 def _with_tokens(p: Projection, tokens: float) -> Projection:

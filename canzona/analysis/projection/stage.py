@@ -28,10 +28,31 @@ class RankTimes:
     flops: float = 0.0
     matrices: int = 0
     charged: tuple[tuple[CommOp, float], ...] = ()
+    adamw_ms: float = 0.0  # its AdamW step (part of ``compute``)
 
     @property
     def total(self) -> float:
         return sum(self.phases.values())
+
+
+@dataclass(frozen=True)
+class StageWindow:
+    """What the optimizer window (``canzona.plan.window``) needs of a stage beyond its bucket calls
+    (ms): per rank its update of each of the ``matrix`` matrix buckets (reduction order), the
+    slowest rank's norm check and AdamW step, and ``adamw_all``: the AdamW step of the busiest rank
+    were every parameter AdamW's (Canzona's distributed AdamW at the same layout and buckets).
+    ``reduce_tags`` / ``gather_tags``: the buckets of ``grad_bucket_ms`` / ``param_bucket_ms``.
+    ``speculation_bytes``: what the pipelined step's speculation holds on the busiest GPU
+    (``canzona.plan.readers.memory.window_bytes``), which the run's ``window_mb`` must cover."""
+
+    matrix: int
+    updates: tuple[tuple[float, ...], ...]
+    check: float
+    adamw: float
+    adamw_all: float
+    reduce_tags: tuple[str, ...]
+    gather_tags: tuple[str, ...]
+    speculation_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -57,6 +78,7 @@ class StageProjection:
     param_fixed_ms: float = 0.0
     tasks: dict[tuple[int, int], tuple[Task, ...]] = field(default_factory=dict, compare=False)
     calls: Mapping[str, int] | None = None  # NCCL calls per step by kind; None: count the charged ops
+    window: StageWindow | None = field(default=None, compare=False)  # a planned stage's; None: a baseline's
 
     @property
     def step_ms(self) -> float:
