@@ -5,23 +5,21 @@ measured figure, and gpu_load.png's lines named for what they bound."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from canzona.analysis.aggregate import aggregate_cells
 from canzona.analysis.load import load_results, split_latest
 from canzona.analysis.table2 import build_table2
 from canzona.results.figures import legend_labels, overlapping_texts, pyplot
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.experiment_helpers import reproduce_module
 
 
 @pytest.fixture(scope="module")
 def table():
-    """The committed lines, as `canzona table2` plots them: this machine's newest measurement and
-    the H800 projection."""
-    here, _ = split_latest(load_results([REPO / "results"]))
+    """The committed lines Table 2 is built from (``result_files``: results/ holds other measured
+    lines too, the optimizer window's), as `canzona table2` plots them: this machine's newest
+    measurement and the H800 projection."""
+    here, _ = split_latest(load_results(reproduce_module().result_files()))
     t = build_table2(aggregate_cells(here))
     return t[t["provenance"].map(lambda p: p.startswith(("measured", "projected on H800 ")))]
 
