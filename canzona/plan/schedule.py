@@ -160,6 +160,12 @@ class StageBuffers:
     owner_gather_calls: tuple[tuple[CommOp, ...], ...]  # per EP rank
     owned: tuple[tuple[PlanItem, ...], ...] = ()  # per DP rank the items it owns, in registration order
     shard: dict[str, int] = field(default_factory=dict)  # a matrix's TP shard (numel // TP)
+    # per DP rank, what ``lower`` derives from the rank's DP position alone (its executors, its
+    # TP-partial gradient elements), filled as it lowers the TP ranks of that DP rank: once per DP
+    # rank, not once per rank (a stage at TP 8 lowers each DP rank's 8 ranks)
+    per_dp: dict[tuple[int, int, frozenset[str]], tuple[tuple[ExecSpec, ...], int]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
 
 def stage_buffers(plan: Plan | None, adamw: Sequence[Bucket], dp: int, settings: LowerSettings) -> StageBuffers:
@@ -392,9 +398,14 @@ def lower(
     buf = stage if stage is not None else stage_buffers(plan, adamw, dp, settings)
     e = dp_rank % len(buf.matrix)  # this rank's EP rank (rank order tp-ep-dp, Layout)
     matrix, adam = buf.matrix[e], buf.adam
-    execs = executor_specs(plan, dp_rank, buf.owned[dp_rank]) if plan is not None else ()
+    key = (dp_rank, tp, settings.tp_partial)
+    if key not in buf.per_dp:
+        buf.per_dp[key] = (
+            executor_specs(plan, dp_rank, buf.owned[dp_rank]) if plan is not None else (),
+            _tp_partial_elems(adam, dp_rank, settings.tp_partial) if tp > 1 else 0,
+        )
+    execs, partial = buf.per_dp[key]
     ops: list[CommOp] = [*buf.grad_calls[e]]
-    partial = _tp_partial_elems(adam, dp_rank, settings.tp_partial) if tp > 1 else 0
     if partial:
         ops.append(CommOp("tp_partial", "all_reduce", "tp", partial * settings.grad_bytes, "tp-partial"))
     if settings.norm_check and (settings.global_world or dp * tp) > 1:
