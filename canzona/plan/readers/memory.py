@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from canzona.cost import CostModel
 from canzona.hardware.profile import MEMORY_KEYS, Profile
@@ -47,8 +47,8 @@ from canzona.models.spec import ParamSpec
 from canzona.models.transformer import Model
 from canzona.optim.muon import DEFAULT_BATCH_BYTES, ns_batch, ns_working_bytes
 from canzona.plan.build import adamw_buckets
-from canzona.plan.schedule import BucketLayout, LowerSettings, RankSchedule, stage_schedules
-from canzona.plan.types import Plan
+from canzona.plan.schedule import BucketLayout, LowerSettings, OwnerGather, RankSchedule, stage_schedules
+from canzona.plan.types import Plan, PlanItem
 
 TENSORS = ("params", "main_grads", "master", "optimizer", "dp_staging", "tp_staging", "workspace", "activations")
 SYSTEM = ("nccl_buffers", "cuda_context", "fragmentation")
@@ -133,19 +133,49 @@ class MemoryBreakdown:
         return {**asdict(self), "total_bytes": self.total_bytes}
 
 
+@dataclass(frozen=True)
+class _PlanTables:
+    """What every rank of a plan looks up by matrix name, built once per plan (``stage_memory``
+    lowers every rank of a stage; these tables are the same for all of them)."""
+
+    items: dict[str, PlanItem]
+    k: dict[str, int]  # cooperative matrices: group size
+    shard: dict[str, int]  # numel // TP
+    local: dict[str, int]  # the TP-local elements (numel // TP where TP-split)
+    # an owner gather's elements per source rank, by the gather object (the ranks of a stage share
+    # them; the object is kept beside its sizes, so its id stays its own)
+    gather_sizes: dict[int, tuple[OwnerGather, list[int]]] = field(default_factory=dict)
+
+    def sizes(self, og: OwnerGather) -> list[int]:
+        hit = self.gather_sizes.get(id(og))
+        if hit is None:
+            hit = self.gather_sizes[id(og)] = (og, [sum(self.local[n] for n in names) for names in og.by_rank])
+        return hit[1]
+
+    @staticmethod
+    def of(plan: Plan) -> _PlanTables:
+        tp = plan.layout.tp
+        return _PlanTables(
+            {it.name: it for it in plan.items},
+            {g.name: g.k for g in plan.coop},
+            {it.name: it.numel // tp for it in plan.items},
+            {it.name: it.numel // tp if it.partition_dim is not None else it.numel for it in plan.items},
+        )
+
+
 def _region(b: BucketLayout, dp_rank: int) -> int:
     lo, hi = b.region(dp_rank)
     return hi - lo
 
 
-def _workspace(s: RankSchedule, plan: Plan | None, prec: MemoryPrecision) -> int:
+def _workspace(s: RankSchedule, plan: Plan | None, prec: MemoryPrecision, t: _PlanTables | None = None) -> int:
     """The largest single update this rank runs (``ns_working_bytes``; a cooperative member's 1/k),
     or, for Muon, the largest batched Newton–Schulz of a local executor's same-shape matrices:
     ``ns_batch`` of them under ``prec.ns_batch_bytes``, as ``Muon.directions`` chunks them."""
     if plan is None:
         return 0
-    items = {it.name: it for it in plan.items}
-    k = {g.name: g.k for g in plan.coop}
+    t = t or _PlanTables.of(plan)
+    items, k = t.items, t.k
     work = max((ns_working_bytes(items[n].shape, prec.ns_bytes, k.get(n, 1)) for n in s.computes), default=0)
     if plan.config.optimizer != "muon":
         return work
@@ -159,9 +189,9 @@ def _workspace(s: RankSchedule, plan: Plan | None, prec: MemoryPrecision) -> int
     return work
 
 
-def _tp_staging(s: RankSchedule, plan: Plan) -> int:
+def _tp_staging(s: RankSchedule, plan: Plan, t: _PlanTables | None = None) -> int:
     tp = plan.layout.tp
-    shard = {it.name: it.numel // tp for it in plan.items}
+    shard = (t or _PlanTables.of(plan)).shard
     out = 0
     for spec in s.executors:
         if spec.kind == "all-gather":
@@ -180,7 +210,7 @@ def _tp_staging(s: RankSchedule, plan: Plan) -> int:
     return out
 
 
-def _dp_staging(s: RankSchedule, plan: Plan | None, prec: MemoryPrecision) -> int:
+def _dp_staging(s: RankSchedule, plan: Plan | None, prec: MemoryPrecision, t: _PlanTables | None = None) -> int:
     out = 0
     for b in s.buckets:
         if b.mode == "uneven":
@@ -188,10 +218,9 @@ def _dp_staging(s: RankSchedule, plan: Plan | None, prec: MemoryPrecision) -> in
             out += len(b.regions) * width * (prec.grad_bytes + prec.param_bytes)  # the group's staging copy
     if plan is None:
         return out
-    tp = plan.layout.tp
-    local = {it.name: it.numel // tp if it.partition_dim is not None else it.numel for it in plan.items}
+    t = t or _PlanTables.of(plan)
     for og in s.owner_gathers:
-        sizes = [sum(local[n] for n in names) for names in og.by_rank]
+        sizes = t.sizes(og)
         out += (sum(sizes) if og.mode == "per-root" else len(sizes) * max(sizes)) * prec.param_bytes
     return out
 
@@ -203,28 +232,35 @@ def rank_memory(
     prec: MemoryPrecision,
     system: SystemMemory = NO_SYSTEM,
     activations: int = 0,
+    *,
+    tables: _PlanTables | None = None,
 ) -> MemoryBreakdown:
-    """One GPU's breakdown (see the module docstring); ``activations``: its stage's bytes, if counted."""
+    """One GPU's breakdown (see the module docstring); ``activations``: its stage's bytes, if counted.
+    ``tables``: ``_PlanTables.of(plan)``, when the caller breaks down many ranks of the plan."""
     size = sum(b.size for b in s.buckets)
     owned = sum(_region(b, s.dp_rank) for b in s.buckets if b.regions)
-    items = {it.name: it for it in plan.items} if plan is not None else {}
+    t = (tables or _PlanTables.of(plan)) if plan is not None else None
+    items = t.items if t is not None else {}
     tp = s.tp
-    local = {n: it.numel // tp if it.partition_dim is not None and tp > 1 else it.numel for n, it in items.items()}
+    if t is not None and plan is not None and tp == plan.layout.tp:
+        local = t.local
+    else:
+        local = {n: it.numel // tp if it.partition_dim is not None and tp > 1 else it.numel for n, it in items.items()}
     whole = [b for b in s.buckets if not b.regions]  # reduced whole: owners keep masters per matrix
     applied = {n for spec in s.executors for n in spec.names}
     whole_owned = sum(local[n] for b in whole for n, _, _ in b.entries if n in applied)
     master = (owned + whole_owned) * FP32 if prec.param_bytes != FP32 else 0
     adam = sum(_region(b, s.dp_rank) for b in s.buckets if b.kind == "adamw")
-    k = {g.name: g.k for g in plan.coop} if plan is not None else {}  # cooperative: blocks of 1/k
+    k = t.k if t is not None else {}  # cooperative: blocks of 1/k
     state = sum(cost.state_bytes(items[n].shape) // k.get(n, 1) for n in s.computes) if cost is not None else 0
     tensors = {
         "params": size * prec.param_bytes,
         "main_grads": size * prec.grad_bytes,
         "master": master,
         "optimizer": state + 2 * adam * FP32,
-        "dp_staging": _dp_staging(s, plan, prec),
-        "tp_staging": _tp_staging(s, plan) if plan is not None else 0,
-        "workspace": _workspace(s, plan, prec),
+        "dp_staging": _dp_staging(s, plan, prec, t),
+        "tp_staging": _tp_staging(s, plan, t) if plan is not None else 0,
+        "workspace": _workspace(s, plan, prec, t),
         "activations": activations,
     }
     return MemoryBreakdown(
@@ -249,7 +285,10 @@ def stage_memory(
     each of its GPUs holds, if counted)."""
     adamw = adamw_buckets(specs, plan.layout, plan.config.bucket_size)
     cost = CostModel(plan.config.optimizer, "flops")
-    return [rank_memory(s, plan, cost, prec, system, activations) for s in stage_schedules(plan, adamw, settings)]
+    t = _PlanTables.of(plan)
+    return [
+        rank_memory(s, plan, cost, prec, system, activations, tables=t) for s in stage_schedules(plan, adamw, settings)
+    ]
 
 
 def peak(breakdowns: Sequence[MemoryBreakdown]) -> MemoryBreakdown:
