@@ -33,6 +33,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
 
@@ -86,8 +87,16 @@ def priced_on(profile: Profile, settings: CostSettings | None = None) -> CostSet
     """``settings`` (default: the defaults) with ``profile``'s decomposition weights, its matmul
     rate over its eigh and QR rates: what every cost priced on that profile uses (Muon has no
     decomposition, so its costs do not change)."""
-    w = SolverWeights(eigh=profile.flops_rate / profile.eigh_flops, qr=profile.flops_rate / profile.qr_flops)
-    return replace(settings or CostSettings(), solver_weights=w)
+    return _priced(
+        profile.flops_rate / profile.eigh_flops, profile.flops_rate / profile.qr_flops, settings or CostSettings()
+    )
+
+
+@lru_cache(maxsize=4096)
+def _priced(eigh: float, qr: float, settings: CostSettings) -> CostSettings:
+    """``priced_on``'s result, once per (weights, settings): the projection prices every matrix of
+    every rank on its profile, and the frozen settings are equal whichever call built them."""
+    return replace(settings, solver_weights=SolverWeights(eigh=eigh, qr=qr))
 
 
 @dataclass(frozen=True)
@@ -112,6 +121,11 @@ class CostSettings:
     ns_method: str = "standard"  # Muon: standard | gram | auto (per shape, ns_method_for)
     ns_restarts: tuple[int, ...] = ()  # Muon Gram NS: iterations before which R is recomputed from X
     solver_weights: SolverWeights = SolverWeights()  # Shampoo/SOAP: matmul FLOPs per eigh / QR FLOP
+
+    def __post_init__(self) -> None:
+        # hashable whatever sequence the restarts came in: the costs are memoised on the settings
+        if not isinstance(self.ns_restarts, tuple):
+            object.__setattr__(self, "ns_restarts", tuple(self.ns_restarts))
 
 
 def _dims(shape: Sequence[int]) -> tuple[int, int]:
@@ -315,6 +329,17 @@ def matrix_flops(optimizer: str, shape: Sequence[int], settings: CostSettings = 
     the matmul FLOPs plus each decomposition's FLOPs times its ``settings.solver_weights``."""
     m, n = _dims(shape)
     cost = cost_for(optimizer)
+    if type(cost).__hash__ is None:  # an unhashable cost (a dataclass with eq): priced every time
+        return cost.flops(m, n, settings) + cost.solver_flops(m, n, settings).weighted(settings.solver_weights)
+    return _matrix_flops(cost, m, n, settings)
+
+
+@lru_cache(maxsize=65536)
+def _matrix_flops(cost: MatrixCost, m: int, n: int, settings: CostSettings) -> float:
+    """``matrix_flops`` once per (cost, shape, settings): a pure function of its arguments, asked
+    for the same few shapes by every rank the projection charges and every plan the planner
+    prices. Keyed on the registered cost object itself, so a re-registered optimizer is priced
+    afresh."""
     return cost.flops(m, n, settings) + cost.solver_flops(m, n, settings).weighted(settings.solver_weights)
 
 

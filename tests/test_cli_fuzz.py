@@ -9,6 +9,7 @@ import json
 import math
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -384,7 +385,20 @@ def huge_size_cases() -> list[tuple[str, list[str], bool]]:
 
 
 def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
-    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
+    """Size and mtime of every regular file under ``root`` (symlinks to files followed, symlinked
+    folders not entered, as ``Path.rglob`` + ``is_file``), one ``stat`` per file: it runs after
+    every case, over a sandbox that holds the hundreds of generated input files."""
+    out = {}
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(folder, name)
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:  # a dangling link: not a file
+                continue
+            if stat.S_ISREG(st.st_mode):
+                out[path] = (st.st_size, st.st_mtime_ns)
+    return out
 
 
 class _TooLong(Exception):

@@ -498,14 +498,42 @@ def _node(tmp_path, monkeypatch, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+def _node_here(tmp_path, monkeypatch, capfd, *args: str) -> subprocess.CompletedProcess:
+    """``_node`` without the interpreter start: the node entry's ``main`` in this process, in the
+    environment and folder a Slurm step gives it (its torchrun is still a child process)."""
+    import signal
+
+    from canzona.sweep import node
+
+    for k, v in (("SLURM_JOB_ID", "77"), ("SLURM_JOB_NUM_NODES", "1"), ("SLURM_NODEID", "0"), ("SLURM_PROCID", "0")):
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("SLURM_JOB_NODELIST", socket.gethostname())
+    monkeypatch.chdir(tmp_path)
+    handler = signal.getsignal(signal.SIGTERM)  # main() installs its own: this process's comes back
+    capfd.readouterr()
+    try:
+        rc = node.main(["--nproc-per-node", "1", "--port", "29650", *args])
+    except SystemExit as exc:  # argparse's usage errors
+        rc = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    out = capfd.readouterr()
+    return subprocess.CompletedProcess(args, rc, out.out, out.err)
+
+
 @pytest.mark.multiproc
-def test_node_launcher_skips_done_cells_and_names_its_node_on_failure(tmp_path, monkeypatch):
+def test_node_launcher_skips_done_cells_and_names_its_node_on_failure(tmp_path, monkeypatch, capfd):
+    """The entry a Slurm step runs: once as ``python -m canzona.sweep.node`` (a done cell is skipped),
+    the other cases through its ``main`` in this process (issue #47: each interpreter start imports
+    torch; the torchrun a failing case starts is a real child process either way)."""
     defn = parse_sweep(SMALL, "s.toml")
     cell = defn.cells()[0]
     results = tmp_path / "r.jsonl"
     append_record(results, _record(cell))
     never = str(tmp_path / "never-created")
-    done = _node(tmp_path, monkeypatch, "--timeout-s", "60", "--key", cell.key, "--results", str(results), "--")
+    done = _node_here(
+        tmp_path, monkeypatch, capfd, "--timeout-s", "60", "--key", cell.key, "--results", str(results), "--"
+    )
     assert done.returncode == 2  # argparse: a command is required after --
     done = _node(
         tmp_path,
@@ -524,10 +552,14 @@ def test_node_launcher_skips_done_cells_and_names_its_node_on_failure(tmp_path, 
     assert done.returncode == 0 and "already done" in done.stdout and not Path(never).exists()
     # a failing command under torchrun (1 node, 1 rank): the harness's exit 3 (method unavailable)
     # survives torchrun (which exits 1) and the node is named
-    failed = _node(tmp_path, monkeypatch, "--timeout-s", "60", "--", sys.executable, "-c", "raise SystemExit(3)")
+    failed = _node_here(
+        tmp_path, monkeypatch, capfd, "--timeout-s", "60", "--", sys.executable, "-c", "raise SystemExit(3)"
+    )
     assert failed.returncode == 3
     assert f"canzona-node: FAILED on {socket.gethostname()} (node 0): exit code 3 (method unavailable" in failed.stderr
-    other = _node(tmp_path, monkeypatch, "--timeout-s", "60", "--", sys.executable, "-c", "raise SystemExit(7)")
+    other = _node_here(
+        tmp_path, monkeypatch, capfd, "--timeout-s", "60", "--", sys.executable, "-c", "raise SystemExit(7)"
+    )
     assert other.returncode == 1 and "exit code 7" in other.stderr
 
 

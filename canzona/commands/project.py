@@ -369,6 +369,7 @@ def _write_preset(name: str, out: Path, profiles: list[Any] | None) -> int:
     from canzona.analysis.projection import load_profile, project_grid, projected_env, to_record
     from canzona.analysis.projection.alpha_study import HEADLINE, alpha_study
     from canzona.analysis.projection.presets import get_preset
+    from canzona.analysis.projection.scenario import shared_work
     from canzona.analysis.projection.studies import (
         authors_sensitivity,
         batch_study,
@@ -380,22 +381,23 @@ def _write_preset(name: str, out: Path, profiles: list[Any] | None) -> int:
 
     preset = get_preset(name)
     profs = profiles or [load_profile(n) for n in preset.profiles]
-    projs = project_grid(preset.scenarios(), profs, preset.keep)
-    env = projected_env()
-    text = "".join(json.dumps(to_record(p, env), sort_keys=True) + "\n" for p in projs)
-    written = [out / preset.out_file]
-    write_atomic(written[0], text)
-    studies: dict[str, list[dict[str, Any]]] = {}
-    if name == "paper":
-        studies = {
-            "projection_sensitivity.csv": sensitivity("H800"),
-            "projection_batch.csv": batch_study(profs),
-            "projection_beyond.csv": beyond_study([load_profile("H800")]),
-            "projection_lineages.csv": lineage_study("H800"),
-            "projection_alpha.csv": alpha_study(*HEADLINE[:4], profile=HEADLINE[4]).to_dict("records"),
-        }
-    if name == "authors":
-        studies = {"projection_authors.csv": authors_sensitivity("H800")}
+    with shared_work():  # the studies ask for many of the grid's plans and stages again: once each
+        projs = project_grid(preset.scenarios(), profs, preset.keep)
+        env = projected_env()
+        text = "".join(json.dumps(to_record(p, env), sort_keys=True) + "\n" for p in projs)
+        written = [out / preset.out_file]
+        write_atomic(written[0], text)
+        studies: dict[str, list[dict[str, Any]]] = {}
+        if name == "paper":
+            studies = {
+                "projection_sensitivity.csv": sensitivity("H800"),
+                "projection_batch.csv": batch_study(profs),
+                "projection_beyond.csv": beyond_study([load_profile("H800")]),
+                "projection_lineages.csv": lineage_study("H800"),
+                "projection_alpha.csv": alpha_study(*HEADLINE[:4], profile=HEADLINE[4]).to_dict("records"),
+            }
+        if name == "authors":
+            studies = {"projection_authors.csv": authors_sensitivity("H800")}
     if studies:
         for fname, rows in studies.items():
             write_atomic(out / fname, pd.DataFrame(rows).to_csv(index=False))

@@ -147,3 +147,14 @@ def bucket_layouts(
 
 
 __all__ = ["BucketLayout", "LowerSettings", "bucket_layouts", "equal_cuts", "layout_bucket", "layout_with_cuts"]
+
+
+def tp_partial_elems(adam: Sequence[BucketLayout], dp_rank: int, names: frozenset[str]) -> int:
+    """Elements of the TP-partial parameters ``names`` in DP rank ``dp_rank``'s slices of ``adam``."""
+    total = 0
+    for b in adam:
+        lo, hi = b.regions[dp_rank]
+        for n, o, k in b.entries:
+            if n in names:
+                total += max(0, min(o + k, hi) - max(o, lo))
+    return total

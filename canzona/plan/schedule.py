@@ -56,6 +56,7 @@ from canzona.plan.bucket_layout import (
     equal_cuts,
     layout_bucket,
     layout_with_cuts,
+    tp_partial_elems,
 )
 from canzona.plan.comm import choose_mode, padded_width
 from canzona.plan.executors import ExecSpec, Wave, coop_comm_key, executor_specs, waves
@@ -148,6 +149,10 @@ class StageBuffers:
     owner_gather_calls: tuple[tuple[CommOp, ...], ...]  # per EP rank
     owned: tuple[tuple[PlanItem, ...], ...] = ()  # per DP rank the items it owns, in registration order
     shard: dict[str, int] = field(default_factory=dict)  # a matrix's TP shard (numel // TP)
+    # per DP rank its executors and TP-partial elements: ``lower`` derives them once for all its TP ranks
+    per_dp: dict[tuple[int, int, frozenset[str]], tuple[tuple[ExecSpec, ...], int]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
 
 def stage_buffers(plan: Plan | None, adamw: Sequence[Bucket], dp: int, settings: LowerSettings) -> StageBuffers:
@@ -278,16 +283,6 @@ def _tp_calls(spec: ExecSpec, plan: Plan, settings: LowerSettings, tp_rank: int,
     return [gathers[0]], [*ops, scatters[-1]], []
 
 
-def _tp_partial_elems(adam: Sequence[BucketLayout], dp_rank: int, names: frozenset[str]) -> int:
-    total = 0
-    for b in adam:
-        lo, hi = b.regions[dp_rank]
-        for n, o, k in b.entries:
-            if n in names:
-                total += max(0, min(o + k, hi) - max(o, lo))
-    return total
-
-
 def _owner_gathers(plan: Plan, settings: LowerSettings, ep_rank: int) -> tuple[OwnerGather, ...]:
     """Layer-wise: the gathers EP rank ``ep_rank``'s ranks take part in, the dense matrices' over
     DP, then (EP > 1) that EP rank's experts' over its expert-DP group."""
@@ -342,9 +337,12 @@ def lower(
     buf = stage if stage is not None else stage_buffers(plan, adamw, dp, settings)
     e = dp_rank % len(buf.matrix)  # this rank's EP rank (rank order tp-ep-dp, Layout)
     matrix, adam = buf.matrix[e], buf.adam
-    execs = executor_specs(plan, dp_rank, buf.owned[dp_rank]) if plan is not None else ()
+    key = (dp_rank, tp, settings.tp_partial)
+    if key not in buf.per_dp:
+        execs = executor_specs(plan, dp_rank, buf.owned[dp_rank]) if plan is not None else ()
+        buf.per_dp[key] = (execs, tp_partial_elems(adam, dp_rank, settings.tp_partial) if tp > 1 else 0)
+    execs, partial = buf.per_dp[key]
     ops: list[CommOp] = [*buf.grad_calls[e]]
-    partial = _tp_partial_elems(adam, dp_rank, settings.tp_partial) if tp > 1 else 0
     check: list[CommOp] = []
     if partial:
         check.append(CommOp("tp_partial", "all_reduce", "tp", partial * settings.grad_bytes, "tp-partial"))

@@ -47,6 +47,7 @@ from canzona.spec.sections import (
 
 if TYPE_CHECKING:
     from canzona.runtime.config import DistConfig
+    from canzona.spec.methods import Method
 
 
 # What a record written before a knob existed ran with, where that differs from the knob's default:
@@ -180,6 +181,8 @@ class RunSpec:
         """The record's ``config``: every leaf, ``world`` and ``num_microbatches``; None where a field
         does not apply (Newton–Schulz fields of other optimizers, Canzona-runtime fields of a peer,
         a peer's own fields of every other method)."""
+        from canzona.spec.methods import get_method, peer_options
+
         # param_gather_dtype: every method gathers parameters in their own format (no runtime here has
         # another, e.g. Megatron's fp8 parameter gather, which needs Transformer Engine), recorded so a
         # reader compares the bytes of the gather like for like
@@ -188,23 +191,25 @@ class RunSpec:
             "num_microbatches": self.num_microbatches,
             "param_gather_dtype": self.machine.dtype,
         }
+        method, peer = get_method(self.plan.method), peer_options()  # once, not once per leaf
         for name, f, value in _walk(self):
-            out[name] = value if self.applies(name, f) else None
+            out[name] = value if self._applies(name, f, method, peer) else None
         return out
 
     def applies(self, name: str, f: dataclasses.Field[Any] | None = None) -> bool:
         """Whether field ``name`` means anything for this run's method and optimizer."""
         from canzona.spec.methods import get_method, peer_options
 
-        f = f or leaves()[name][1]
-        method = get_method(self.plan.method)
+        return self._applies(name, f or leaves()[name][1], get_method(self.plan.method), peer_options())
+
+    def _applies(self, name: str, f: dataclasses.Field[Any], method: Method, peer: tuple[str, ...]) -> bool:
         if name in ("ns_dtype", "ns_method", "ns_batch_mb"):
             return self.runs_newton_schulz and (name != "ns_batch_mb" or not method.peer)
         if name in ("split_qkv", "split_gate_up"):
             return self.optim.optimizer != "adamw"  # views of a matrix optimizer's matrices
         if f.metadata.get("canzona"):
             return not method.peer
-        if name in peer_options():
+        if name in peer:
             return name in method.peer_options
         return True
 
@@ -346,17 +351,27 @@ def number_words(t: Any) -> tuple[Any, tuple[str, ...]]:
     return None, ()
 
 
+@cache
+def _leaf_types() -> dict[str, tuple[bool, Any, Any, tuple[str, ...]]]:
+    """Leaf name -> (optional, its type without None, number_words of that type): what
+    ``check_types`` reads of each leaf's annotation, worked out once (the annotations are fixed)."""
+    out: dict[str, tuple[bool, Any, Any, tuple[str, ...]]] = {}
+    for name, (_, _, t) in leaves().items():
+        optional = type(None) in typing.get_args(t)
+        base = next((a for a in typing.get_args(t) if a is not type(None)), t) if optional else t
+        out[name] = (optional, base, *number_words(base))
+    return out
+
+
 def check_types(spec: RunSpec) -> None:
     """Every leaf has its annotated type, lies in its range and, for string knobs, among its choices."""
+    types = _leaf_types()
     for name, f, value in _walk(spec):
-        t = leaves()[name][2]
-        optional = type(None) in typing.get_args(t)
+        optional, base, number, words = types[name]
         if value is None:
             if not optional:
                 raise ConfigError(f"{name.replace('_', '-')} must be set")
             continue
-        base = next((a for a in typing.get_args(t) if a is not type(None)), t) if optional else t
-        number, words = number_words(base)
         if number is not None:
             if isinstance(value, str):
                 if value not in words:

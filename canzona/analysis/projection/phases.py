@@ -193,10 +193,27 @@ class _Charger:
         # Canzona's own AdamW at the same layout (``StageWindow.adamw_all``): every matrix ZeRO-sharded
         # over the stage's DP·TP ranks, beside each rank's AdamW slices
         self.matrix_elems = sum(it.numel for it in ops.plan.items) / (layout.dp * layout.tp)
+        # the same priced call by the object's id: the ranks of a stage share their DP calls' CommOp
+        # objects (StageBuffers), which ``ops`` keeps alive as long as this charger
+        self._by_id: dict[int, float] = {}
+        self._tasks: dict[tuple[str, float, tuple[object, ...] | None], Task] = {}
+
+    def task(self, phase: str, ms: float, group: tuple[object, ...] | None = None) -> Task:
+        """``Task(phase, ms, group)``, one object per value (Task is frozen: equal values, equal tasks)."""
+        key = (phase, ms, group)
+        t = self._tasks.get(key)
+        if t is None:
+            t = self._tasks[key] = Task(phase, ms, group)
+        return t
 
     def op_ms(self, s: RankSchedule, op: CommOp) -> float:
         """One call, priced once: every rank of a group lists the same call (a micro-group's
         all-to-all is priced per TP group, from its ranks' bytes)."""
+        per_dp = op.phase in ("tp_gather", "tp_scatter")
+        if not per_dp:
+            ms = self._by_id.get(id(op))
+            if ms is not None:
+                return ms
         key = (
             op.phase,
             op.kind,
@@ -207,6 +224,8 @@ class _Charger:
         )
         if key not in self._priced:
             self._priced[key] = self._price(s, op)
+        if not per_dp:
+            self._by_id[id(op)] = self._priced[key]
         return self._priced[key]
 
     def _price(self, s: RankSchedule, op: CommOp) -> float:
@@ -244,7 +263,8 @@ class _Charger:
         of = lambda *ph: [x for p in ph for x in phase.get(p, ())]
         grad = of("grad_sync", "tp_partial")
         # dense and expert-DP reductions of a rank share its links: one stream per TP rank
-        tl = [Task("grad_sync", ms, ("dp", t) if o.group in ("dp", "edp") else ("tp", d)) for o, ms in grad]
+        dp_stream, tp_stream = ("dp", t), ("tp", d)
+        tl = [self.task("grad_sync", ms, dp_stream if o.group in ("dp", "edp") else tp_stream) for o, ms in grad]
         r.phases["grad_sync"] = sum(ms for _, ms in grad)
         read_ms = self.ops.owned_elems(s) * self.profile.grad_bytes / self.profile.mem_bw * 1e3
         norm = of("norm")
@@ -278,7 +298,7 @@ class _Charger:
         tl.append(Task("compute", adamw_ms))
         params = of("param_sync")
         r.phases["param_sync"] = sum(ms for _, ms in params)
-        tl += [Task("param_sync", ms, ("dp", t)) for _, ms in params]
+        tl += [self.task("param_sync", ms, dp_stream) for _, ms in params]
         return r, tl
 
     def _compute(self, r: RankTimes, tl: list[Task], names: Sequence[str]) -> None:

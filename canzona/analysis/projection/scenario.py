@@ -4,9 +4,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -167,10 +168,39 @@ def cost_settings_for(s: Scenario, profile: Profile | None = None) -> CostSettin
     return priced_on(profile, settings) if profile is not None else settings
 
 
+# The work ``shared_work`` shares: planned stages and charged stages by what they depend on (one
+# dict per open block; none outside, so a caller that changes the code or the registries between
+# two projections always gets fresh ones).
+_SHARED: list[dict[tuple[Any, ...], Any]] = []
+
+
+@contextlib.contextmanager
+def shared_work() -> Iterator[None]:
+    """Inside the block, ``make_plans`` plans a (scenario, profile) once and ``project`` charges a
+    stage once, however many studies ask for them (``canzona project --preset paper`` runs six
+    studies over many of the same cells). Both are pure functions of what the cache keys hold: the
+    scenario less its overlap view (``plan_key``), the profile's every field, the plans themselves
+    (by identity, kept alive beside the entry) and the scenario fields the charging reads."""
+    _SHARED.append({})
+    try:
+        yield
+    finally:
+        _SHARED.pop()
+
+
 def make_plans(s: Scenario, profile: Profile | None = None) -> list[Plan]:
     """One plan per PP stage from the planner (``canzona.plan.plan_model``), priced with the
     scenario's optimizer settings (``cost_settings_for``); none for a baseline, which is modelled
-    from the peer's code (``baselines``), not planned."""
+    from the peer's code (``baselines``), not planned. Inside ``shared_work``, once per request."""
+    if _SHARED:
+        key = ("plans", dataclasses.replace(s, overlap="none"), repr(profile))
+        if key not in _SHARED[-1]:
+            _SHARED[-1][key] = _make_plans(s, profile)
+        return list(_SHARED[-1][key])
+    return _make_plans(s, profile)
+
+
+def _make_plans(s: Scenario, profile: Profile | None = None) -> list[Plan]:
     import canzona.plan as cplan
     from canzona.models import get_model
 
@@ -205,37 +235,36 @@ def project(
     ``settings`` to the scenario's optimizer settings on ``profile`` (``cost_settings_for``).
     ``stages``: the charged stages of a projection of the same plans on the same profile (they do
     not depend on the overlap view or the batch), to skip charging them again."""
-    from canzona.models import get_model, list_params
+    from canzona.models import get_model
 
     profile = reduced_in(s, profile)
     cfg = get_model(s.model)
     cfg.validate_layout(tp=s.layout.tp, pp=s.layout.pipeline, ep=s.layout.ep)
-    if stages is None and s.method in BASELINES:
-        settings = settings or cost_settings_for(s, profile)
-        split = dict(split_qkv=s.split_qkv, split_gate_up=s.split_gate_up)
-        stages = BASELINES[s.method].stages(
-            s.model, s.layout, profile, s.optimizer, settings, sequence_parallel=s.uses_sequence_parallel, **split
-        )
     if stages is None:
-        plans = list(plans) if plans is not None else make_plans(s, profile)
+        if s.method not in BASELINES:
+            plans = list(plans) if plans is not None else make_plans(s, profile)
         settings = settings or cost_settings_for(s, profile)
-        if len(plans) != s.layout.pp:
-            raise ConfigError(f"expected {s.layout.pp} stage plans, got {len(plans)}")
-        stages = []
-        for st, plan in enumerate(plans):
-            adamw = [p for p in list_params(cfg, tp=s.layout.tp, pp=s.layout.pipeline, stage=st) if p.route != "matrix"]
-            stages.append(
-                project_stage(
-                    plan,
-                    adamw,
-                    profile,
-                    stage=st,
-                    world=s.layout.world,
-                    settings=settings,
-                    bucket_size=s.bucket_size,
-                    sequence_parallel=s.uses_sequence_parallel,
-                )
+        held = tuple(plans or ()) if s.method not in BASELINES else ()
+        if _SHARED:
+            key = (
+                "stages",
+                tuple(map(id, held)),  # alive: the entry holds them
+                s.model,
+                s.layout,
+                s.method,
+                s.optimizer,
+                s.bucket_size,
+                s.uses_sequence_parallel,
+                s.split_qkv,
+                s.split_gate_up,
+                repr(profile),
+                settings,
             )
+            if key not in _SHARED[-1]:
+                _SHARED[-1][key] = (held, _charge(s, profile, held, settings))
+            stages = _SHARED[-1][key][1]
+        else:
+            stages = _charge(s, profile, held, settings)
     if s.overlap not in OVERLAPS:
         raise ConfigError(f"unknown overlap view {s.overlap!r}; choose from {', '.join(OVERLAPS)}")
     if s.overlap == "megatron" and profile.mfu is None:
@@ -252,6 +281,41 @@ def reduced_in(s: Scenario, profile: Profile) -> Profile:
     grad_reduce_in_fp32=False) halves the main gradients and every reduction's bytes; fp32 keeps
     the profile's."""
     return dataclasses.replace(profile, grad_bytes=2) if s.grad_reduce_dtype == "bf16" else profile
+
+
+def _charge(
+    s: Scenario, profile: Profile, plans: Sequence[Plan], settings: CostSettings
+) -> tuple[StageProjection, ...]:
+    """The charged stages of ``project``: a baseline's from its model of the peer's code, else each
+    PP stage's ``plans`` (``project_stage``)."""
+    from canzona.models import get_model, list_params
+
+    if s.method in BASELINES:
+        split = dict(split_qkv=s.split_qkv, split_gate_up=s.split_gate_up)
+        return tuple(
+            BASELINES[s.method].stages(
+                s.model, s.layout, profile, s.optimizer, settings, sequence_parallel=s.uses_sequence_parallel, **split
+            )
+        )
+    if len(plans) != s.layout.pp:
+        raise ConfigError(f"expected {s.layout.pp} stage plans, got {len(plans)}")
+    cfg = get_model(s.model)
+    stages = []
+    for st, plan in enumerate(plans):
+        adamw = [p for p in list_params(cfg, tp=s.layout.tp, pp=s.layout.pipeline, stage=st) if p.route != "matrix"]
+        stages.append(
+            project_stage(
+                plan,
+                adamw,
+                profile,
+                stage=st,
+                world=s.layout.world,
+                settings=settings,
+                bucket_size=s.bucket_size,
+                sequence_parallel=s.uses_sequence_parallel,
+            )
+        )
+    return tuple(stages)
 
 
 def _with_tokens(p: Projection, tokens: float) -> Projection:
