@@ -280,7 +280,7 @@ def _extras(model, plans, args: argparse.Namespace, profile, cost_model) -> dict
     (its parameter bytes unless --dtype says otherwise), lowered as the run would: its gradient
     reduction format (--grad-reduce-dtype) and step (--pipelined-step within --window-mb)."""
     from canzona.plan.readers.budget import summary
-    from canzona.plan.readers.memory import MemoryPrecision, plans_memory, system_memory, window_bytes
+    from canzona.plan.readers.memory import MemoryPrecision, pipelines, plans_memory, system_memory
     from canzona.plan.readers.window import plan_window
     from canzona.plan.schedule import LowerSettings
     from canzona.plan.strategies import get_strategy
@@ -288,10 +288,8 @@ def _extras(model, plans, args: argparse.Namespace, profile, cost_model) -> dict
     param_bytes = {"bf16": 2, "fp32": 4}.get(args.dtype, profile.param_bytes)
     grad_bytes = {"bf16": 2, "fp32": 4}[args.grad_reduce_dtype]
     executable = get_strategy(plans[0].config.strategy).executable
-    # the run's step (canzona.runtime.optimizer._pipelined): where asked, for a plan of 2+ matrix buckets
-    # whose speculation fits --window-mb
-    fits = lambda p: len(p.dp.buckets) > 1 and window_bytes(p, cost_model) <= args.window_mb << 20
-    pipelined = args.pipelined_step and executable and any(fits(p) for p in plans)
+    # the run's step, as the runtime decides it
+    pipelined = executable and pipelines(plans, cost_model, args.pipelined_step, args.window_mb << 20)
     settings = LowerSettings(param_bytes=param_bytes, grad_bytes=grad_bytes, pipelined=pipelined)
     out = summary(model, plans, settings, profile)
     if executable:

@@ -40,7 +40,7 @@ from canzona.optim.split import init_split_state, split_direction
 from canzona.plan import make_plan
 from canzona.plan.buckets import build_buckets, resolve_bucket_size
 from canzona.plan.comm import MODELS, model_for_backend
-from canzona.plan.readers.memory import window_bytes
+from canzona.plan.readers.memory import pipelines
 from canzona.plan.schedule import LowerSettings, RankSchedule, lower
 from canzona.plan.types import Layout, Plan
 from canzona.runtime import checkpoint, grad_norm
@@ -190,9 +190,10 @@ class DistributedOptimizer:
         ``window_bytes``. A function of the plan and the config, so every rank of the stage decides
         alike (a rank stepping the other way would issue its calls in another order)."""
         comm, plan = self.config.comm, self.plan
-        if not comm.pipelined_step or plan is None or len(plan.dp.buckets) < 2:
+        if plan is None:
             return False
-        return window_bytes(plan, self.math.cost_model(cast("CostKind", plan.config.cost))) <= comm.window_bytes
+        cost = self.math.cost_model(cast("CostKind", plan.config.cost))
+        return pipelines([plan], cost, comm.pipelined_step, comm.window_bytes)
 
     def _build(self) -> None:
         s, gdtype = self.schedule, DTYPES[self.config.precision.grad_dtype]

@@ -45,8 +45,9 @@ def cell_memory_gb(cell: Cell) -> float:
 
 @functools.lru_cache(maxsize=256)
 def _canzona_memory_gb(run: RunSpec) -> float:
+    from canzona.cost import CostModel
     from canzona.plan.build import plan_model
-    from canzona.plan.readers.memory import MemoryPrecision, peak, stage_memory
+    from canzona.plan.readers.memory import MemoryPrecision, peak, pipelines, stage_memory
     from canzona.plan.schedule import LowerSettings
     from canzona.plan.types import Layout
 
@@ -57,7 +58,10 @@ def _canzona_memory_gb(run: RunSpec) -> float:
     param_bytes = 2 if run.machine.dtype == "bf16" else 4
     ns_bytes = 2 if run.optim.ns_dtype == "bf16" else 4
     prec = MemoryPrecision(param_bytes=param_bytes, ns_bytes=ns_bytes, ns_batch_bytes=run.optim.ns_batch_mb << 20)
-    settings = LowerSettings(param_bytes=param_bytes)
+    # the run's step: pipelined where it fits its window budget (its speculation is then held too)
+    cost = CostModel(run.optim.optimizer) if run.optim.optimizer != "adamw" else None
+    piped = cost is not None and pipelines(plans, cost, run.comm.pipelined_step, run.comm.window_mb << 20)
+    settings = LowerSettings(param_bytes=param_bytes, pipelined=piped)
     worst = 0.0
     for stage, plan in enumerate(plans):
         specs = list_params(get_model(model), tp=tp, pp=pp, stage=stage)

@@ -42,7 +42,8 @@ def detail_string(s: Scenario, profile: Profile) -> str:
 
 
 def to_record(p: Projection, env: dict[str, Any]) -> dict[str, Any]:
-    """A schema record (kind "train", provenance "projected") for one projection.
+    """A schema record (kind "train", provenance "projected") for one projection. Over 80 lines: one
+    flat literal of the record's fields, which reads best in the order the schema lists them.
 
     Beyond the schema: ``run_id`` (hash of detail + cell: projections share host and timestamp),
     ``config.cost`` (the planner's balancing cost), ``config.overlap``, ``config.cooperative`` and

@@ -230,6 +230,13 @@ def _window(s: RankSchedule, plan: Plan, cost: CostModel | None, prec: MemoryPre
     return max(0, max(peak, before) - _workspace(s, plan, prec))
 
 
+def pipelines(plans: Sequence[Plan], cost: CostModel, requested: bool, budget_bytes: int) -> bool:
+    """Whether a run of these plans steps pipelined (canzona.runtime.window): where asked, for a plan
+    of two or more matrix buckets (one has nothing to overlap) whose speculation fits the budget
+    (``window_bytes``). The one rule the runtime, ``canzona plan`` and the sweep's fit check apply."""
+    return requested and any(len(p.dp.buckets) > 1 and window_bytes(p, cost) <= budget_bytes for p in plans)
+
+
 def window_bytes(plan: Plan, cost: CostModel) -> int:
     """What the pipelined step's speculation holds at most on one GPU, from the plan alone (so every
     rank decides alike): the state and fp32 update of every matrix a GPU computes, a cooperative
