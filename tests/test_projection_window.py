@@ -89,3 +89,11 @@ def test_a_speculation_over_the_budget_keeps_the_serialized_step(ours) -> None:
     tight = _project("canzona", window_mb=0)
     assert not tight.window().pipelined and ours[("fp32", True)].window().pipelined
     assert tight.iteration_ms == pytest.approx(ours[("fp32", False)].iteration_ms)
+
+
+def test_the_bf16_reduce_leaves_megatrons_tp_gathers_in_fp32() -> None:
+    """Megatron's Muon gathers the fp32 main parameters' gradients over TP (TP duplicated), as
+    Canzona's TP calls move fp32: the bf16 reduce halves the DP reduction only, on both sides."""
+    fp32, bf16 = (_project("megatron-main", grad_reduce_dtype=dt) for dt in ("fp32", "bf16"))
+    assert bf16.phase_ms()["tp_gather"] == fp32.phase_ms()["tp_gather"] > 0
+    assert sum(bf16.stages[0].grad_bucket_ms) < sum(fp32.stages[0].grad_bucket_ms)

@@ -37,9 +37,11 @@ the projection's ``megatron`` view of it (``canzona.analysis.projection.overlap`
 The FLOOR (issue #48) is what the DP link alone leaves exposed whatever the optimizer does: the
 link's busy time (every reduction and gather) minus the part of the window it can use (from the
 first bucket's readiness to the end of the backward, the bubbles, and the first forward), plus the
-forward segment that can only run after the last gather, the call latencies no bucket hides (the
-norm all-reduce and its read), and the critical bucket's own update (the last-reduced matrix
-bucket on its busiest rank: the next forward's first layers wait for it).
+forward segment that can only run after the last gather (these two only where the link is the
+bottleneck), the call latencies no bucket hides (the norm all-reduce and its read), the AdamW step
+(and a fixed gather) the gathers wait for, and the critical bucket's own update (the last-reduced
+matrix bucket on its busiest rank: the next forward's first layers wait for it) beyond the
+reductions after it (AdamW buckets, the TP sum), which hide its start.
 """
 
 from __future__ import annotations
@@ -186,13 +188,20 @@ def forward_end(gather: Sequence[float], forward: float, before: float = 0.0) ->
 
 
 def floor(w: WindowInputs) -> float:
-    """The DP link's floor on the exposed remainder (see the module docstring)."""
+    """The DP link's floor on the exposed remainder (see the module docstring): a lower bound of
+    ``price(w, ...).exposed`` for either step (tests/test_plan_window.py checks it on random inputs).
+
+    Between the last reduction and the first gather both steps pay the verdict, AdamW and any fixed
+    gather, and the pipelined step the critical bucket's update where the reductions after it (the
+    AdamW buckets, the TP sum) do not hide it; the link's excess over the window it can use and the
+    forward's last segment come on top only where the link is the bottleneck."""
     busy = sum(w.reduce) + sum(w.gather)
     first_ready = shares(w.reduce, w.backward)[0] if w.reduce else 0.0
     usable = w.backward - first_ready + w.after + w.before + w.forward
     last_segment = shares(w.gather, w.forward)[-1] if w.gather else 0.0
-    critical = max((u[w.matrix - 1] for u in w.updates if w.matrix), default=0.0)
-    return max(0.0, busy - usable) + last_segment + w.check + critical
+    after_critical = sum(w.reduce[w.matrix :])
+    critical = max((max(0.0, u[w.matrix - 1] - after_critical) for u in w.updates if w.matrix), default=0.0)
+    return w.check + critical + w.adamw + w.fixed + max(0.0, busy - usable + last_segment)
 
 
 def price(w: WindowInputs, *, pipelined: bool, clipping: bool = False) -> Window:

@@ -27,6 +27,11 @@ from canzona.analysis.projection.baselines.common import StepBuilder, ns_cost
 from canzona.models.spec import ParamSpec
 
 TP_MODES = ("blockwise", "duplicated", "layer-sharded")
+# What Megatron's Muon moves over TP: the gradients of the optimizer's fp32 main parameters (the
+# distributed optimizer copies each main_grad into them as fp32), whatever DDP reduced in
+# (grad_reduce_in_fp32); Canzona's TP calls move fp32 too (LowerSettings.tp_bytes). So the bf16 reduce
+# (scenario.reduced_in) halves the DP reduction of both sides, never their TP calls.
+OPTIMIZER_GRAD_BYTES = 4
 
 
 def run_tp_mode(b: StepBuilder, mode: str, d: int, owned: Sequence[ParamSpec]) -> None:
@@ -43,7 +48,7 @@ def run_tp_mode(b: StepBuilder, mode: str, d: int, owned: Sequence[ParamSpec]) -
         group = [(d, t) for t in range(tp)]
         # one all-gather per matrix orthogonalised: per part of a split QKV (its local shard's part)
         full = [s for p in split for s in cell.parts(p, p.shape)]
-        gather = sum(b.call("all_gather", "tp", r * c * cell.profile.grad_bytes, on=group) for r, c in full)
+        gather = sum(b.call("all_gather", "tp", r * c * OPTIMIZER_GRAD_BYTES, on=group) for r, c in full)
         for t in range(tp):
             b.ranks[(d, t)].phases["tp_gather"] += gather
             b.compute((d, t), full)
@@ -70,7 +75,7 @@ def _layer_sharded(b: StepBuilder, d: int, split: Sequence[ParamSpec]) -> None:
     if not split:
         return
     home = homes(split, tp)
-    shard = [p.shard_numel(tp) * b.cell.profile.grad_bytes for p in split]
+    shard = [p.shard_numel(tp) * OPTIMIZER_GRAD_BYTES for p in split]
     sent = [sum(s for s, h in zip(shard, home, strict=True) if h != t) for t in range(tp)]
     got = [sum((tp - 1) * s for s, h in zip(shard, home, strict=True) if h == t) for t in range(tp)]
     busiest = max(max(sent), max(got))
