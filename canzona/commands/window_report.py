@@ -1,6 +1,6 @@
 """`canzona window-report`: the optimizer window as measured train lines show it.
 
-    canzona sweep run slurm/sweeps/window.toml --results results/window/window.jsonl
+    canzona sweep run slurm/sweeps/window.toml --results-dir results/window
     canzona window-report results/window/window.jsonl --plot results/figures/window.png
 
 From Canzona train lines (``timings.pipelined_step_ran``, ``timings.window``; canzona.runtime.window):
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     if not lines:
         raise ConfigError(
             f"no Canzona train lines in {', '.join(args.results)}; write them with "
-            "`canzona sweep run slurm/sweeps/window.toml --results FILE`"
+            "`canzona sweep run slurm/sweeps/window.toml --results-dir DIR`"
         )
     print(report(lines))
     piped = [r for r in lines if r["timings"].get("window") and r["config"].get("optimizer") != "adamw"]
