@@ -22,8 +22,9 @@ from tests.runtime_helpers import SPECS, dist_config, full_grad, init_param, rec
 
 SEED = 11
 DP, TP = 2, 2
-# gradient scale per step against max_grad_norm 1: the norm stays under it, clips, is NaN (skipped), stays under
-SCALES = (1e-4, 10.0, float("nan"), 1e-4)
+# gradient scale per step against max_grad_norm 1: under it, clips, under it (the step after a clip runs
+# serialized), NaN (a speculative step skipped: its states restored), under it
+SCALES = (1e-4, 10.0, 1e-4, float("nan"), 1e-4)
 CASES = [(o, d) for o in ("muon", "shampoo", "soap", "adamw") for d in ("fp32", "bf16")]
 
 
@@ -69,6 +70,7 @@ def _rank(info) -> dict:
                 "waves": len(opt.schedule.waves),
                 "ops": [(o.kind, o.group, o.nbytes, o.root) for o in opt.schedule.ops],
                 "clipping_ops": [(o.kind, o.group, o.nbytes, o.root) for o in opt.schedule.clipping_ops],
+                "serialized_ops": [(o.kind, o.group, o.nbytes, o.root) for o in opt.schedule.serialized_ops],
                 "timeline": opt.window_timeline(),
             }
         out[(optimizer, dtype)] = ran
@@ -84,21 +86,26 @@ def test_the_pipelined_step_gives_the_serialized_parameters_in_every_branch() ->
             # every parameter through ZeRO AdamW: no matrix waves, the elementwise step after the verdict
             matrices = key[0] != "adamw"
             assert piped["pipelined"] == matrices and (piped["waves"] >= 2) == matrices and not serial["pipelined"]
-            # the same verdicts: no clip, clip, skip, no clip
+            # the same verdicts: no clip, clip, no clip, skip, no clip
             assert repr(piped["infos"]) == repr(serial["infos"]), (rank, key)  # repr: NaN == NaN
-            assert [i[1] for i in piped["infos"]] == [False, False, True, False]
+            assert [i[1] for i in piped["infos"]] == [False, False, False, True, False]
             assert piped["infos"][1][2] < 1.0 and piped["infos"][0][2] == 1.0
             for name, p in serial["params"].items():
                 assert torch.equal(piped["params"][name], p), (rank, key, name)
-            # the timeline: one entry per step that got to the verdict, waves in plan order, the redo on the clip
+            # the timeline: one entry per speculative step, waves in plan order, the redo on the clip; the step
+            # after a clip runs serialized (no entry)
             tl = piped["timeline"]
             assert [s["redo"] for s in tl] == ([False, True, False, False] if matrices else []), (rank, key)
             for s in tl:
                 buckets = [b["bucket"] for b in s["buckets"]]
                 assert buckets == sorted(buckets) and all(b["updated_ms"] >= b["landed_ms"] for b in s["buckets"])
-            # the calls: the lowered ones on a step that does not clip, the waves once more on one that clips
-            assert piped["calls"][0] == piped["ops"], (rank, key)
+            # the calls: the lowered ones on a step that does not clip, the waves once more on one that clips,
+            # the serialized order on the step after it
+            assert piped["calls"][0] == piped["calls"][4] == piped["ops"], (rank, key)
             assert piped["calls"][1] == piped["clipping_ops"], (rank, key)
+            assert piped["calls"][2] == piped["serialized_ops"], (rank, key)
+            skipped = piped["calls"][3]  # the waves and the verdict, then nothing: no gather of a skipped step
+            assert skipped == piped["ops"][: len(skipped)] and skipped[-1][:2] == ("all_reduce", "global")
     # every rank of a group issues the same sequence of calls on it, whichever bucket lands first
     for key in res[0]:
         for step in range(len(SCALES)):

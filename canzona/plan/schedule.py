@@ -128,6 +128,17 @@ class RankSchedule:
         gathers = next((i for i, o in enumerate(self.ops) if o.phase == "param_sync"), len(self.ops))
         return (*self.ops[:gathers], *self.ops[first:check], *self.ops[gathers:])
 
+    @property
+    def serialized_ops(self) -> tuple[CommOp, ...]:
+        """The calls of a pipelined plan's step run serialized (after a step that clipped): the
+        reductions, the verdict's calls, then the waves' calls, then the gathers."""
+        if not self.waves:
+            return self.ops
+        first = next((i for i, o in enumerate(self.ops) if o.phase != "grad_sync"), len(self.ops))
+        check = next((i for i, o in enumerate(self.ops) if o.phase in ("tp_partial", "norm")), first)
+        gathers = next((i for i, o in enumerate(self.ops) if o.phase == "param_sync"), len(self.ops))
+        return (*self.ops[:first], *self.ops[check:gathers], *self.ops[first:check], *self.ops[gathers:])
+
     def counts(self, group: str | None = None) -> dict[str, int]:
         """Collective calls per step by kind (optionally of one group)."""
         return dict(Counter(o.kind for o in self.ops if group is None or o.group == group))

@@ -122,6 +122,7 @@ class DistributedOptimizer:
         self.timer = PhaseTimer(self.device, enabled=config.timers)
         self.timeline = WindowTimeline(self.device, enabled=config.timers)
         self._synced = False
+        self._clipped = False  # the last verdict clipped (the next step then runs serialized)
         self.plan = self._make_plan() if self.matrix_names else None
         self.schedule = self._lower()
         self.pipelined = bool(self.schedule.waves)  # the pipelined step runs (canzona.runtime.window)
@@ -161,7 +162,8 @@ class DistributedOptimizer:
             pc,
             cost_model=self.math.cost_model(cast("CostKind", pc.cost)),  # CostModel rejects unknown kinds
         )
-        self._check_agreement(plan.input_hash)
+        what = "pass the same parameter names, shapes, layout"
+        check_plan_agreement(plan.input_hash, self.stage_group, self.device, what)
         return plan
 
     def _lower(self) -> RankSchedule:
@@ -293,9 +295,6 @@ class DistributedOptimizer:
         ns = self.math.ns_ran() if self.matrix_names else None
         return self.attestation.entry(ns, len(self.schedule.computes))
 
-    def _check_agreement(self, h: str) -> None:
-        check_plan_agreement(h, self.stage_group, self.device, "pass the same parameter names, shapes, layout")
-
     @property
     def collective_modes(self) -> dict[str, str]:
         """The mode of every DP bucket (and layer-wise's owner gather), as the lowering chose."""
@@ -316,8 +315,8 @@ class DistributedOptimizer:
 
     def finish_grad_sync(self) -> None:
         """Launch whatever the hooks did not; unless the step is pipelined, wait for every bucket's DP
-        reduction and sum TP partials. The pipelined step waits inside ``step``, bucket by bucket:
-        read reduced gradients there only after ``wait_grad_sync``."""
+        reduction and sum TP partials. The pipelined step waits inside ``step``, bucket by bucket (to
+        read reduced gradients before the step, build with CommConfig(pipelined_step=False))."""
         with self.timer.phase("grad_sync"):
             self.dps.wait_params()
             if self.pipelined:
@@ -325,13 +324,6 @@ class DistributedOptimizer:
             else:
                 self.dps.finish()
         self._synced = True
-
-    def wait_grad_sync(self) -> None:
-        """Launch and wait for every DP reduction now (the pipelined step would wait bucket by bucket)."""
-        if not self._synced:
-            self.finish_grad_sync()
-        with self.timer.phase("grad_sync"):
-            self.dps.wait_all()
 
     # ---------------------------------------------------------------- step
     def _compute(self, name: str, full_grad: torch.Tensor, step: int) -> torch.Tensor:
@@ -380,7 +372,14 @@ class DistributedOptimizer:
         if not self._synced:
             self.finish_grad_sync()
         with self.timer.phase("total"):
-            info = self._pipelined_step() if self.pipelined else self._serialized_step()
+            # speculate unless the last verdict clipped (a clip redoes every wave: while the norm keeps
+            # clipping, serialized is cheaper); the verdict is global, so every rank steps alike
+            speculate = self.pipelined and not self._clipped
+            if self.pipelined and not speculate:
+                with self.timer.phase("grad_sync"):
+                    self.dps.wait_all()  # finish_grad_sync only launched them
+            info = self._pipelined_step() if speculate else self._serialized_step()
+            self._clipped = not info.skipped and info.clip_coef < 1.0
             if not info.skipped:
                 with self.timer.phase("compute"):
                     self.adamw.step()
@@ -399,7 +398,9 @@ class DistributedOptimizer:
         if not info.skipped:
             grad_norm.scale_(self.scaled_tensors, info.clip_coef)
             self.step_count += 1
-            run_executors(self.executors, self._context(self._apply, self.step_count))
+            ctx = self._context(self._apply, self.step_count)
+            for executors in self.waves or [self.executors]:  # wave by wave where the plan has waves
+                run_executors(executors, ctx)
         return info
 
     def _pipelined_step(self) -> StepInfo:
@@ -422,15 +423,13 @@ class DistributedOptimizer:
         info = self._check(spec)
         self.attestation.digest.add(info.grad_norm, info.clip_coef, info.skipped)
         redo = not info.skipped and info.clip_coef != 1.0
-        if info.skipped:
-            spec.restore(self.states)
-        elif redo:  # the speculative updates were at coefficient 1: redo every wave at the clipped one
+        if redo:  # the speculative updates were at coefficient 1: redo every wave at the clipped one
             spec.restore(self.states)
             grad_norm.scale_(self.scaled_tensors, info.clip_coef)
             redo_ctx = self._context(self._apply, step)
             for executors in self.waves:
                 run_executors(executors, redo_ctx)
-        else:
+        elif not info.skipped:  # (a skipped step's states were restored by the check)
             spec.commit(self._apply)
         self.step_count += not info.skipped
         self.timeline.end(redo)
@@ -449,10 +448,8 @@ class DistributedOptimizer:
         return ms
 
     def window_timeline(self) -> list[dict[str, object]]:
-        """This rank's pipelined-step timeline of every step since the last call (ms from each step's
-        start: per bucket when it landed and when its update was done, when the last bucket landed,
-        the verdict, whether the step was redone). Synchronises: call it after the timed loop.
-        Needs DistConfig(timers=True); empty for the serialized step."""
+        """This rank's timeline of every speculative step since the last call (canzona.runtime.window.
+        WindowTimeline). Synchronises: call it after the timed loop. Needs DistConfig(timers=True)."""
         self._timers_on()
         return self.timeline.collect()
 
