@@ -11,9 +11,7 @@ From Canzona train lines (``timings.pipelined_step_ran``, ``timings.window``; ca
     updates were done before the last bucket had landed;
   * lines that differ only in the gradient reduce format (fp32 / bf16): the largest loss difference
     over the curve.
-``--plot``: the timeline as one bar per bucket, the pipelined step measured and, beside it, the same
-updates run after the last bucket has landed, as the serialized step runs them (their measured
-durations, moved: a picture of the order, not a second measurement).
+``--plot``: that timeline as one bar per bucket (``timeline_figure``).
 """
 
 from __future__ import annotations
@@ -92,8 +90,9 @@ def _pipelined_vs_serialized(lines: list[dict[str, Any]]) -> list[str]:
         if len(pair) < 2:
             continue
         p, s = pair[True], pair[False]
+        clip = key[LAYOUT.index("clip_grad")] or "off"
         out.append(
-            f"  {key[0]} tp{key[1]} dp{key[3]} {key[-2]}: iteration {_ms(p, 'iteration_ms'):.1f} vs "
+            f"  {key[0]} tp{key[1]} dp{key[3]} {key[-2]}, clip {clip}: iteration {_ms(p, 'iteration_ms'):.1f} vs "
             f"{_ms(s, 'iteration_ms'):.1f} ms ({_ms(s, 'iteration_ms') / _ms(p, 'iteration_ms'):.3f}x), "
             f"step {_ms(p, 'step_ms'):.1f} vs {_ms(s, 'step_ms'):.1f} ms"
         )
@@ -176,31 +175,25 @@ def plot_timeline(r: dict[str, Any], path: str | Path) -> Path:
 
 
 def timeline_figure(r: dict[str, Any]) -> Any:
-    """One bar per bucket: the pipelined step as measured, and the same update durations after the
-    last bucket landed (the serialized order)."""
+    """One bar per matrix bucket: when its update ran in the pipelined step, from the moment its
+    reduction was seen landed; the dashed line is when every bucket had landed. Measured, rank 0,
+    medians over the line's measured iterations."""
     from canzona.results.figures import pyplot
 
     plt = pyplot()
     rows, last = bucket_medians(r)
-    fig, axes = plt.subplots(2, 1, figsize=(8, 1.6 + 0.9 * len(rows)), sharex=True)
-    t, serial = last, []
-    for b, a, u in rows:
-        serial.append((b, t, t + (u - a)))
-        t += u - a
-    panels = (
-        (axes[0], rows, "pipelined (measured)"),
-        (axes[1], serial, "serialized order (the same update durations after the last bucket)"),
-    )
-    for ax, bars, title in panels:
-        for i, (b, start, end) in enumerate(bars):
-            ax.barh(i, end - start, left=start, color="tab:blue")
-            ax.text(end, i, f" bucket {b}", va="center", fontsize=8)
-        ax.axvline(last, color="tab:red", linestyle="--")
-        ax.set_yticks([])
-        ax.set_ylim(-0.6, len(bars) - 0.4)
-        ax.set_title(f"{title}; dashed: every bucket landed", fontsize=9)
-    axes[1].set_xlabel("ms from the start of the step")
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.5 * len(rows)))
+    for i, (b, start, end) in enumerate(rows):
+        ax.barh(i, end - start, left=start, color="tab:blue")
+        ax.text(end, i, f" bucket {b}", va="center", fontsize=8)
+    ax.axvline(last, color="tab:red", linestyle="--")
+    ax.set_yticks([])
+    ax.set_ylim(-0.6, len(rows) - 0.4)
+    ax.set_xlabel("ms from the start of the step (dashed: every bucket had landed)")
     c = r["config"]
-    fig.suptitle(f"{c['model']} DP{c['dp']}·TP{c['tp']} {c['optimizer']}: matrix bucket updates", fontsize=10)
+    ax.set_title(
+        f"{c['model']} DP{c['dp']}·TP{c['tp']} {c['optimizer']}: each matrix bucket's update in the pipelined step",
+        fontsize=9,
+    )
     fig.tight_layout()
     return fig
