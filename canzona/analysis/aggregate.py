@@ -23,7 +23,7 @@ import numpy as np
 from canzona.analysis.load import ROW_CONFIG_FIELDS
 from canzona.analysis.measured_metrics import METRIC_COLUMNS
 from canzona.analysis.plans import PLAN_COLUMNS
-from canzona.results.schema import CELL_FIELDS, WINDOW_FIELDS
+from canzona.results.schema import CELL_FIELDS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -38,12 +38,14 @@ GROUP_KEY = ("cell", "kind", "provenance", "source", "measured_at")
 # ns_dtype: a row compares methods in ONE Newton-Schulz number format (NaN where not recorded).
 # ep: the EP size, which the cell key appends where > 1 (``schema.cell_key``; 1 on lines without it,
 # ``load``), so an expert-parallel cell is never the row of the dense cell of its dp·tp·pp.
-# the window's knobs (schema.WINDOW_FIELDS): lines that differ in them are different rows (absent on
-# lines written before them, so those group as they did)
+# the window's levers every method has (clipping, the reduce format): lines that differ in them are
+# different rows (absent on lines written before them, so those group as they did); Canzona's step
+# mode is a method variant instead (``load.SERIALIZED``), so its rows keep their baselines
 ROW_KEY = (
     *(f for f in CELL_FIELDS if f != "method"),
     "ep",
-    *WINDOW_FIELDS,
+    "clip_grad",
+    "grad_reduce_dtype",
     "kind",
     "provenance",
     "source",

@@ -43,6 +43,7 @@ from canzona.analysis.measured_metrics import metric_columns
 from canzona.analysis.plans import plan_columns
 from canzona.results.env import measurement_key
 from canzona.results.schema import CELL_FIELDS, ResultsError, iter_records
+from canzona.runtime.config import strategies
 from canzona.spec.run import timed_knobs
 
 if TYPE_CHECKING:
@@ -54,6 +55,9 @@ if TYPE_CHECKING:
 # Lines of one group disagreeing on any of those outside the cell key are not repetitions of one experiment.
 ROW_CONFIG_FIELDS = ("world", *(k for k in timed_knobs() if k != "device"), "overlap")
 EXPERIMENT_FIELDS = tuple(k for k in ROW_CONFIG_FIELDS if k not in CELL_FIELDS)
+# a Canzona runtime strategy run with --no-pipelined-step is a method of its own in the tables, beside
+# its pipelined step (lines written before the knob have none: they keep the method's name)
+SERIALIZED = " (serialized step)"
 # the optimizer window's (projected lines in the megatron view: canzona.analysis.projection.records)
 WINDOW_TIMING_KEYS = ("exposed_ms", "floor_ms", "iteration_clipping_ms", "adamw_iteration_ms")
 TIMING_KEYS = ("iteration_ms", "fwd_bwd_ms", "step_ms", *WINDOW_TIMING_KEYS)
@@ -158,6 +162,8 @@ def _row(record: dict[str, Any], file: str, line: int) -> dict[str, Any]:
     for k in ROW_CONFIG_FIELDS:
         row[k] = cfg.get(k)
     row["ep"] = cfg.get("ep") or 1  # no EP and a line from before the field are one layout (as in the cell key)
+    if cfg.get("pipelined_step") is False and row["method"] in strategies():
+        row["method"] = f"{row['method']}{SERIALIZED}"  # a runtime strategy's serialized step: its own column
     row.update(plan_columns(record))
     row.update(metric_columns(record))
     for key in TIMING_KEYS:
