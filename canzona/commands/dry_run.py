@@ -52,11 +52,9 @@ KNOBS = Knobs(
 
 def configure(p: argparse.ArgumentParser) -> None:
     """The layout and optimizer knobs of `canzona train` (canzona.spec.flags), plus the rank to build."""
-    from canzona.harness.config import named_configs
+    from canzona.commands.train import add_config_flag
 
-    p.add_argument(
-        "--config", help=f"named configuration or .toml file; flags override it (named: {', '.join(named_configs())})"
-    )
+    add_config_flag(p)
     add_flags(p, KNOBS)
     p.add_argument(
         "--rank",

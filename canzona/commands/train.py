@@ -38,13 +38,18 @@ KNOBS = Knobs(
 
 def configure(p: argparse.ArgumentParser) -> None:
     """Every RunSpec field as a flag (canzona.spec.flags), plus where to run and write."""
-    p.add_argument(
-        "--config", help=f"named configuration or .toml file; flags override it (named: {', '.join(named_configs())})"
-    )
+    add_config_flag(p)
     add_flags(p, KNOBS)
     p.add_argument("--results", type=output_file, help="append the run's JSON line to this .jsonl file")
     p.add_argument("--nproc", type=int, help="start this many local ranks (default tp·pp·dp); ignored under torchrun")
     p.add_argument("--json", action="store_true", help="also print the record on stdout")
+
+
+def add_config_flag(p: argparse.ArgumentParser) -> None:
+    """--config, the base ``config_from_args`` reads (train's and every command that builds its run)."""
+    p.add_argument(
+        "--config", help=f"named configuration or .toml file; flags override it (named: {', '.join(named_configs())})"
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> RunSpec:

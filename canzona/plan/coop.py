@@ -399,7 +399,6 @@ def plan_cooperative(
     from canzona.plan.tp import bucket_waves, coop_slots, schedule_tp
 
     dp, tp = layout.dp, layout.tp
-    slots: dict[str, tuple[int, ...]] = {}
     if tp > 1:
         planning = tuple(
             dataclasses.replace(it, partition_dim=None, cost=chosen[it.name][0] * chosen[it.name][1] / tp)
@@ -420,34 +419,26 @@ def plan_cooperative(
             ep=layout.ep,
         )
         placing = tuple(dataclasses.replace(it, cost=chosen[it.name][1]) if it.name in chosen else it for it in items)
-        spans = {n: k for n, (k, _, _) in chosen.items()}
-        tps = schedule_tp(
-            placing,
-            dpp.owner_map(),
-            dp,
-            tp,
-            cfg.tp_mode,
-            cfg.capacity_bytes,
-            cfg.grad_dtype_bytes,
-            spans=spans,
-            bucket_of=bucket_waves(dpp, cfg),
-        )
-        slots = coop_slots(placing, dpp.owner_map(), dp, tp, spans)
+        spans: dict[str, int] | None = {n: k for n, (k, _, _) in chosen.items()}
     else:
         chosen = fit_buckets(chosen, buckets, dp, forced=bool(cfg.coop_force), items=items)
         if not chosen:
             return None
         dpp = plan_dp_coop(items, buckets, dp, {n: (k, c) for n, (k, c, _) in chosen.items()}, cfg.resolved_alpha)
-        tps = schedule_tp(
-            items,
-            dpp.owner_map(),
-            dp,
-            tp,
-            cfg.tp_mode,
-            cfg.capacity_bytes,
-            cfg.grad_dtype_bytes,
-            bucket_of=bucket_waves(dpp, cfg),
-        )
+        placing, spans = tuple(items), None
+    owners = dpp.owner_map()
+    tps = schedule_tp(
+        placing,
+        owners,
+        dp,
+        tp,
+        cfg.tp_mode,
+        cfg.capacity_bytes,
+        cfg.grad_dtype_bytes,
+        spans=spans,
+        bucket_of=bucket_waves(dpp, cfg),
+    )
+    slots = coop_slots(placing, owners, dp, tp, spans) if spans is not None else {}
     total = tuple(
         dataclasses.replace(it, cost=chosen[it.name][0] * chosen[it.name][1]) if it.name in chosen else it
         for it in items

@@ -161,7 +161,7 @@ class StageBuffers:
     owned: tuple[tuple[PlanItem, ...], ...] = ()  # per DP rank the items it owns, in registration order
     shard: dict[str, int] = field(default_factory=dict)  # a matrix's TP shard (numel // TP)
     # per DP rank its executors and TP-partial elements: ``lower`` derives them once for all its TP ranks
-    per_dp: dict[tuple[int, int, frozenset[str]], tuple[tuple[ExecSpec, ...], int]] = field(
+    per_dp: dict[tuple[int, int, frozenset[str], bool], tuple[tuple[ExecSpec, ...], int, tuple[Wave, ...]]] = field(
         default_factory=dict, compare=False, repr=False
     )
 
@@ -348,18 +348,18 @@ def lower(
     buf = stage if stage is not None else stage_buffers(plan, adamw, dp, settings)
     e = dp_rank % len(buf.matrix)  # this rank's EP rank (rank order tp-ep-dp, Layout)
     matrix, adam = buf.matrix[e], buf.adam
-    key = (dp_rank, tp, settings.tp_partial)
+    key = (dp_rank, tp, settings.tp_partial, settings.pipelined)
     if key not in buf.per_dp:
         execs = executor_specs(plan, dp_rank, buf.owned[dp_rank]) if plan is not None else ()
-        buf.per_dp[key] = (execs, tp_partial_elems(adam, dp_rank, settings.tp_partial) if tp > 1 else 0)
-    execs, partial = buf.per_dp[key]
+        waved = waves(execs, matrix) if plan is not None and settings.pipelined else ()
+        buf.per_dp[key] = (execs, tp_partial_elems(adam, dp_rank, settings.tp_partial) if tp > 1 else 0, waved)
+    execs, partial, waved = buf.per_dp[key]
     ops: list[CommOp] = [*buf.grad_calls[e]]
     check: list[CommOp] = []
     if partial:
         check.append(CommOp("tp_partial", "all_reduce", "tp", partial * settings.grad_bytes, "tp-partial"))
     if settings.norm_check and (settings.global_world or dp * tp) > 1:
         check.append(CommOp("norm", "all_reduce", "global", 8, "norm"))
-    waved = waves(execs, matrix) if plan is not None and settings.pipelined else ()
     if plan is not None and waved:  # each wave's calls as its bucket lands, the verdict after the last
         for w in waved:
             ops += _executor_calls(w.executors, plan, settings, tp_rank, buf.shard)
