@@ -25,7 +25,7 @@ help:
 	@echo "make reproduce-table2   run the Table-2 reproduction (Slurm if present, else the embedded local default; FULL=1: every suite)"
 	@echo "make test               install test deps if missing, lint (ruff, mypy), run the whole suite"
 	@echo "make test-hypothesis    the long randomised property run (fresh seed, 20x examples; minutes)"
-	@echo "make test-fast          the suite without forked ranks, subprocesses or megatron (the inner loop)"
+	@echo "make test-fast          the suite without forked ranks, subprocesses, megatron or slow commands (the inner loop)"
 	@echo "make lint               ruff check + ruff format --check + mypy (type check of canzona/)"
 	@echo "make slurm-up           a real single-host Slurm (2 emulated nodes; root, installs packages) [ACCOUNTING=1]"
 	@echo "make test-slurm         the sweep tests against it (tests/slurm, marker slurm; minutes); make slurm-down stops it"
@@ -75,7 +75,7 @@ test: $(STAMP)
 # The inner loop: every test that starts no process and needs no megatron (markers in
 # tests/conftest.py), no lint. `make test` stays the full suite.
 test-fast: $(STAMP)
-	$(VPY) -m pytest $(PYTEST_ARGS) -m "not multiproc and not megatron and not slurm"
+	$(VPY) -m pytest $(PYTEST_ARGS) -m "not multiproc and not megatron and not slow and not slurm"
 
 # The long randomised property run (not part of `make test`, whose hypothesis draws are fixed): the
 # `search` profile of tests/hypothesis_profiles.py, 20x the examples, a fresh seed (printed; rerun a

@@ -7,8 +7,10 @@ Markers (registered in pyproject.toml):
             by being named for it;
   multiproc the test starts processes (forks gloo ranks through ``canzona.runtime.launch``, or
             runs a command in a subprocess);
-  megatron  the test imports megatron-core (~6 s on the 2-core VM).
-``make test-fast`` runs ``-m "not multiproc and not megatron and not slurm"``; ``make test`` runs
+  megatron  the test imports megatron-core (~6 s on the 2-core VM);
+  slow      the test runs a whole command over results/ or plans a full-size model at hundreds of
+            GPUs (seconds each, no process): kept out of the inner loop, set by hand.
+``make test-fast`` runs ``-m "not multiproc and not megatron and not slow and not slurm"``; ``make test`` runs
 everything but the real-Slurm tests (``slurm``, which start processes too).
 
 The two guards make the markers trustworthy: a test not marked ``multiproc`` that starts a process

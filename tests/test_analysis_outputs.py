@@ -60,6 +60,7 @@ def test_alpha_study_columns_and_its_subject(tmp_path: Path) -> None:
     assert not is_alpha_study_of(back.drop(columns="model"), "qwen3-micro", 2, 2, 1, "H800")
 
 
+@pytest.mark.slow
 def test_figures_draw_a_given_alpha_study_without_planning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """table2 and the notebook pass projection_alpha.csv: the α figure is drawn from it, no plan made."""
     from canzona.analysis import plots
@@ -162,6 +163,7 @@ def test_notebook_default_parameters_name_repository_paths() -> None:
     assert "REPO_ROOT" in code and "at_repo(r) for r in RESULTS" in code
 
 
+@pytest.mark.slow
 def test_committed_table2_md_regenerates_from_the_committed_lines(tmp_path: Path, monkeypatch) -> None:
     """results/table2.md is exactly what `canzona table2` makes of the committed result lines and
     study CSVs (verdicts included): no hand edits, no stale report. Whatever results/ holds after

@@ -20,6 +20,8 @@ from canzona.results.schema import REQUIRED_CONFIG, REQUIRED_TOP, ResultsError, 
 from canzona.sweep.definition import load_sweep
 from tests.results_variants import REPO, Variant, variants
 
+pytestmark = pytest.mark.slow  # each case runs a whole command over a copy of results/
+
 # numbers a table is computed from: a NaN or an infinity there would become a median
 _TIMING_NUMBERS = ("median", "p90", "n", "tokens_per_s", "model_tflops", "peak_mem_mb", "optimizer_share")
 

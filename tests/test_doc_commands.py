@@ -21,6 +21,8 @@ from canzona.commands.cli import main
 from tests.doc_command_forms import FORMS, Forms
 from tests.doc_commands import ROOT, DocCommand, doc_commands, flags
 
+pytestmark = pytest.mark.slow  # each case runs a whole README command
+
 COMMANDS = doc_commands()
 
 

@@ -203,7 +203,6 @@ def test_load_bound_sees_that_items_do_not_split(shape: tuple[int, int]) -> None
     assert work_only == pytest.approx(1.5 * whole) and work_only * 1.01 < bound <= best * (1 + 1e-9)
 
 
-
 def test_cooperative_groups_are_cut_in_the_layout_the_plain_plans_chose() -> None:
     """Qwen3-0.6B at DP32·TP2: the exact layout's plain plan is the faster one (13.63 against
     14.04 ms modelled on the default profile), so a cooperative group is planned in it, not in the

@@ -54,6 +54,7 @@ def _plan(argv: str, capsys: pytest.CaptureFixture[str], *extra: str) -> str:
     return capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", [*README_256, *AT_1024])
 def test_the_moe_commands_plan_and_report_their_expert_dp_calls(argv: str, capsys) -> None:
     got = json.loads(_plan(argv, capsys, "--json"))
@@ -67,6 +68,7 @@ def test_the_moe_commands_plan_and_report_their_expert_dp_calls(argv: str, capsy
     assert got["efficiency"] >= 0.9 and got["efficiency"] <= got["tight_efficiency"] + 1e-9
 
 
+@pytest.mark.slow
 def test_the_readme_moe_example_prints_its_report(capsys) -> None:
     out = _plan(README_256[0], capsys)
     assert "layout dp=128 tp=2 pp=1 ep=8 (world 256)" in out

@@ -19,6 +19,8 @@ from canzona.commands.bench_held_out import CELLS, MIN_RATIO, NAMED, held_out_ro
 from canzona.models import count_params, get_model, list_params
 from canzona.plan.types import Layout
 
+pytestmark = pytest.mark.slow  # plans full-size held-out models at up to 256 GPUs
+
 # the three layouts the issue names, and Mixtral's lowest default efficiencies (dense TP8, EP8)
 CHECKED = (*NAMED, ("mixtral-8x7b", Layout(dp=32, tp=8)), ("mixtral-8x7b", Layout(dp=64, tp=4, ep=8)))
 

@@ -91,6 +91,7 @@ def test_padded_refine_never_worse_than_largest_first(prob: tuple, alpha: float)
     assert sorted(e.name for b in ours.dp.buckets for e in b.entries) == sorted(p.name for p in params)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(inventories(), st.sampled_from([0.0, 0.5, 1.0]))
 def test_exact_refine_never_worse_than_largest_first_under_contiguity(prob: tuple, alpha: float) -> None:
@@ -130,6 +131,7 @@ def test_lowered_buffers_carry_the_padding_the_plan_reports(prob: tuple, layout_
         assert m["padding_fraction"] == pytest.approx((padded - used) / padded)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(inventories())
 def test_two_micro_groups_wherever_a_host_computes_two_matrices(prob: tuple) -> None:
@@ -152,6 +154,7 @@ def test_qwen3_32b_headline_meets_the_comm_goals() -> None:
     assert m["min_micro_groups_per_host"] is None or m["min_micro_groups_per_host"] >= 2
 
 
+@pytest.mark.slow
 def test_moe_at_256_gpus_within_a_counted_work_budget() -> None:
     """Qwen3-30B-A3B (12,384 matrices) on DP256: the work is counted, not timed. Padded (the auto
     choice here): one greedy pass per seed over every rank of each item's group, then a bounded search."""
@@ -166,6 +169,7 @@ def test_moe_at_256_gpus_within_a_counted_work_budget() -> None:
     assert sum(1 for p in params if p.route == "matrix") == n
 
 
+@pytest.mark.slow
 def test_exact_layout_work_is_bounded_too() -> None:
     params = [ParamSpec(f"decoder.layers.{k}.w", (64 * (1 + k % 7), 256), 0, "matrix", k) for k in range(2000)]
     plan = make_plan(params, Layout(dp=64), PlanConfig(dp_layout="exact", bucket_size=200_000))

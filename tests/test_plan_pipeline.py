@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from canzona.commands.cli import main
 from canzona.plan import Layout, PlanConfig, plan_model
 from canzona.plan.build import plans_from_json
@@ -29,6 +31,7 @@ def _layers(plan) -> list[int]:
     return sorted({int(m.group(1)) for it in plan.items if (m := LAYER.match(it.name))})
 
 
+@pytest.mark.slow
 def test_a_94_layer_moe_plans_at_pp16_with_short_end_stages() -> None:
     layout = Layout(dp=4, tp=4, pp=16, ep=4, first_stage_layers=5, last_stage_layers=5)  # 256 GPUs
     plans = plan_model("qwen3-235b-a22b", layout, PlanConfig())

@@ -23,6 +23,7 @@ def main(monkeypatch):
     return top.main
 
 
+@pytest.mark.slow
 def test_show_prints_layouts_with_reasons_and_nodes(main, capsys):
     assert main(["sweep", "show", TABLE2, "--profile", PROFILE]) == 0
     out = capsys.readouterr().out
