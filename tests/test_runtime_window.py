@@ -37,21 +37,29 @@ def _build(rank: int, optimizer: str, dtype: str, pipelined: bool, groups) -> tu
     return DistributedOptimizer([(s.name, s, params[s.name]) for s in SPECS], groups[0], groups[1], cfg), params
 
 
-def _steps(opt: DistributedOptimizer, params: dict, rank: int) -> tuple[list, list]:
+def _steps(opt: DistributedOptimizer, params: dict, rank: int) -> tuple[list, list, list]:
     d, t = rank // TP, rank % TP
-    infos, calls = [], []
+    infos, calls, waits = [], [], []
     names = {"dp": opt.dp_group, "tp": opt.tp_group, "global": None}
+    wait = opt.dps.wait
+
+    def logged_wait(key) -> None:  # the buckets a step waits for one by one, in order
+        waits[-1].append(key)
+        wait(key)
+
+    opt.dps.wait = logged_wait  # type: ignore[method-assign]
     for step, scale in enumerate(SCALES):
         for s in SPECS:
             g = shard(full_grad(s, step, d, SEED) * scale, s, TP, t)
             params[s.name].grad = g.to(params[s.name].dtype)
+        waits.append([])
         with recorded(names) as issued:
             opt.finish_grad_sync()
             info = opt.step()
         infos.append(dataclasses.astuple(info))
         calls.append(issued)
         opt.zero_grad()
-    return infos, calls
+    return infos, calls, waits
 
 
 def _rank(info) -> dict:
@@ -61,11 +69,13 @@ def _rank(info) -> dict:
         ran = {}
         for pipelined in (False, True):
             opt, params = _build(info.rank, optimizer, dtype, pipelined, groups)
-            infos, calls = _steps(opt, params, info.rank)
+            infos, calls, waits = _steps(opt, params, info.rank)
             ran[pipelined] = {
                 "params": {n: p.detach().clone() for n, p in params.items()},
                 "infos": infos,
                 "calls": calls,
+                "waits": waits,
+                "wave_buckets": [("matrix", w.bucket) for w in opt.schedule.waves],
                 "pipelined": opt.pipelined,
                 "waves": len(opt.schedule.waves),
                 "ops": [(o.kind, o.group, o.nbytes, o.root) for o in opt.schedule.ops],
@@ -99,6 +109,10 @@ def test_the_pipelined_step_gives_the_serialized_parameters_in_every_branch() ->
             for s in tl:
                 buckets = [b["bucket"] for b in s["buckets"]]
                 assert buckets == sorted(buckets) and all(b["updated_ms"] >= b["landed_ms"] for b in s["buckets"])
+            # each wave waits for its own bucket's reduction before its update, in plan order (speculative
+            # steps: all but the one after the clip)
+            for step in (0, 1, 3, 4):
+                assert piped["waits"][step] == (piped["wave_buckets"] if matrices else []), (rank, key, step)
             # the calls: the lowered ones on a step that does not clip, the waves once more on one that clips,
             # the serialized order on the step after it
             assert piped["calls"][0] == piped["calls"][4] == piped["ops"], (rank, key)
