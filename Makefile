@@ -64,7 +64,7 @@ lint: $(STAMP)
 
 # Lint and the suite, timed together against TEST_BUDGET_S: the last line says how long it took
 # (printed, never a failure: a slow machine is not a broken commit; CI reads the line). No $(MAKE)
-# in the recipe: make runs such a line even under `make -n test`, which the README tests call.
+# in the recipe: make runs such a line even under `make -n test`, which the doc-command tests call.
 test: $(STAMP)
 	@t0=$$(date +%s); rc=0; \
 	$(LINT) && $(VPY) -m pytest $(PYTEST_ARGS) || rc=$$?; \
@@ -187,7 +187,7 @@ $(PEER_STAMP): pyproject.toml
 # has Python 3.12 and a CUDA torch but no package index and no .venv: build the wheels here with
 # `make gpu-wheels` (megatron-core 0.19 is a cp312 x86-64 wheel, emerging-optimizers pure Python;
 # their other needs — torch, numpy, packaging, absl-py, triton — are on that machine), carry .whl,
-# and run `make gpu-check WHEELS=.whl` there (README "GPU check" has the exact call). Without CUDA it
+# and run `make gpu-check WHEELS=.whl` there (docs/gpu-check.md has the exact call). Without CUDA it
 # runs the CPU flavour, which refuses results/gpu: pass GPU_OUT=<folder>. QUICK=1: smoke subset.
 GPU_PYTHON ?= $(if $(wildcard $(VPY)),$(VPY),python3)
 GPU_OUT ?= results/gpu

@@ -159,7 +159,7 @@ def native_ns_dtype() -> str:
     return compute_dtype_name("auto", "cpu")
 
 
-# Step budgets in seconds on our idle 2-core VM (README "Set up"): reduced from the wall time each step
+# Step budgets in seconds on our idle 2-core VM (docs/reproduce-table2.md): reduced from the wall time each step
 # took at b342f7b (a VM without AVX-512, NS fp32; the α study since moved from table2 and the notebook
 # into the projection), full from the step times measured before. They are what the progress line's
 # estimate of the rest is made of, scaled by how fast this run has gone so far against them (a loaded

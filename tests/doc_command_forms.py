@@ -28,11 +28,11 @@ class Forms:
     dropped: dict[str, str] = field(default_factory=dict)
 
 
-_MINUTES = "takes minutes (README's timing table); `make -n` checks the recipe resolves, nothing runs"
+_MINUTES = "takes minutes (docs/reproduce-table2.md's timing table); `make -n` checks the recipe resolves, nothing runs"
 MICRO_TRAIN = "--seq-len 16 --micro-batch 1 --global-batch 2 --warmup 1 --iters 2"
 
 FORMS: dict[str, Forms] = {
-    # --- Set up
+    # --- README.md, Set up
     "make reproduce-table2": Forms(
         ("make -n reproduce-table2 CLUSTER=local", "{py} experiments/reproduce_table2.py --help"),
         f"the main job {_MINUTES}; its sweep and bench steps run for real in tests/test_reproduce_here.py",
@@ -40,7 +40,7 @@ FORMS: dict[str, Forms] = {
     ),
     "make test": Forms(("make -n test",), "the suite itself: running it here would recurse", ("multiproc",)),
     "make test-fast": Forms(("make -n test-fast",), "a subset of the suite itself", ("multiproc",)),
-    # --- Usage
+    # --- docs/usage.md
     "canzona models [qwen3-32b | llama-3-8b | FILE]": Forms(
         (
             "canzona models",
@@ -81,7 +81,7 @@ FORMS: dict[str, Forms] = {
     "canzona plan-bench --suite moe --suite moe-balance --out results/planner": Forms(
         ("canzona plan-bench --help",),
         "the MoE suites plan Qwen3-235B-A22B (24k matrices) at 256 and 1024 GPUs: minutes; tests/test_plan_ep.py"
-        " plans the README's MoE layouts, --help lists the suites",
+        " plans docs/usage.md's MoE layouts, --help lists the suites",
         dropped={"--suite": "moe and moe-balance take minutes (see why)", "--out": "nothing is written by --help"},
     ),
     "canzona plan-bench --suite fsdp2 --out results/fsdp2_plan": Forms(
@@ -186,7 +186,7 @@ FORMS: dict[str, Forms] = {
         ("canzona gpu-check --out {tmp}/gpu --wheels {wheels} --quick --dry-run",),
         "needs a GPU and 8 minutes: its dry run prints the install commands and the budget",
     ),
-    # --- FSDP2, In torchtitan
+    # --- docs/fsdp2.md, In torchtitan
     "torchrun --nproc-per-node 8 -m torchtitan.train --module examples.torchtitan_canzona "
     "--config canzona_qwen3_micro": Forms(
         ("{py} -m torchtitan.config.manager --module examples.torchtitan_canzona --config canzona_qwen3_micro",),
@@ -195,7 +195,7 @@ FORMS: dict[str, Forms] = {
         ("multiproc",),
         dropped={"--nproc-per-node": "8 ranks of torchtitan.train need 8 GPUs"},
     ),
-    # --- GPU check
+    # --- docs/gpu-check.md
     "timeout -k 10 470 python3 -m canzona gpu-check --wheels .whl --out results/gpu": Forms(
         ("timeout -k 10 120 {py} -m canzona gpu-check --wheels {wheels} --out {tmp}/gpu --dry-run",),
         "the GPU machine's one command, as its dry run, under the same timeout wrapper",

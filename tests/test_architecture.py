@@ -1,7 +1,7 @@
-"""The architecture rules of README "Layout of the repository" and docs/architecture.md, checked on the
+"""The architecture rules of docs/architecture.md (with its "Layout of the repository"), checked on the
 source: each layer imports only the layers before it, at module level and inside functions alike; no
 import circle between modules (imports under ``if TYPE_CHECKING:`` aside, as they never run); the
-README lists the layers in this order; no library module imports a command (``canzona.commands``,
+layout lists the layers in this order; no library module imports a command (``canzona.commands``,
 the top layer); no module over 500 lines, no function over 80 lines unless its
 docstring says why ("Over 80 lines: ...")."""
 
@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "canzona"
-# Base utilities first (errors; argtypes), then the layers in the order the README lists them.
+# Base utilities first (errors; argtypes), then the layers in the order docs/architecture.md lists them.
 # "spec" (the run description) derives the runtime's config and the record's, so it follows runtime
 # and results. "commands" is every command (the CLI table, which imports its commands by name only,
 # and each command's module, benches, reports and plots): the top layer, so no library package
@@ -172,11 +172,12 @@ def test_cycle_finder_finds_a_circle() -> None:
     assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
-def test_readme_lists_the_layers_in_this_order() -> None:
-    block = (ROOT / "README.md").read_text().split("## Layout of the repository", 1)[1].split("```")[1]
+def test_the_layout_lists_the_layers_in_this_order() -> None:
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    block = doc.split("## Layout of the repository", 1)[1].split("```")[1]
     listed = [m.group(1) for line in block.splitlines() if (m := re.match(r"canzona/(\S+)", line))]
     names = [x.removesuffix(".py") for x in listed]
-    assert names == list(LAYERS), f"README lists {names}, the layer order is {list(LAYERS)}"
+    assert names == list(LAYERS), f"docs/architecture.md lists {names}, the layer order is {list(LAYERS)}"
 
 
 def test_module_and_function_sizes() -> None:

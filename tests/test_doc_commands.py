@@ -1,9 +1,9 @@
-"""What the README shows is what the tests run (issue #38): every command line of the README's
-Set-up, Usage, FSDP2 (with its In-torchtitan part), GPU-check and Results sections, of
-slurm/README.md and of docs/*.md runs here, as printed or in the reduced form
-tests/doc_command_forms.py gives it, and fails when it exits non-zero. A printed command the table
-does not list runs as printed, so a new README command cannot escape: one with ``[options]`` or
-placeholders fails until the table says how it runs. The flags a command prints must exist (its
+"""What the README and the docs show is what the tests run (issue #38): every command line of
+README.md, of every page under docs/ and of slurm/README.md runs here, as printed or in the reduced
+form tests/doc_command_forms.py gives it, and fails when it exits non-zero. A printed command the
+table does not list runs as printed, so a new command cannot escape: one with ``[options]`` or
+placeholders fails until the table says how it runs, and a page with commands that is not scanned
+fails until it is (or ``NOT_RUN`` says why not). The flags a command prints must exist (its
 ``--help`` lists them) and its reduced forms keep them all."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 
 from canzona.commands.cli import main
 from tests.doc_command_forms import FORMS, Forms
-from tests.doc_commands import ROOT, DocCommand, doc_commands, flags
+from tests.doc_commands import DOCS, NOT_RUN, ROOT, DocCommand, doc_commands, flags, page_commands
 
 pytestmark = pytest.mark.slow  # each case runs a whole README command
 
@@ -39,8 +39,10 @@ def _in_process(form: str) -> bool:
 
 
 def _id(cmd: DocCommand) -> str:
-    """An ASCII test id (``-k`` friendly): where, and the command's first words."""
-    where = "README" if cmd.source.startswith("README") else Path(cmd.source).parent.name or Path(cmd.source).stem
+    """An ASCII test id (``-k`` friendly): the page (README, slurm for slurm/README.md, usage for
+    docs/usage.md), and the command's first words."""
+    page = Path(cmd.source.split(" § ")[0])
+    where = page.stem if page.stem != "README" else page.parent.name or "README"
     return re.sub(r"[^\w.=-]+", "_", f"{where}-{cmd.command[:48]}").strip("_")
 
 
@@ -68,8 +70,29 @@ def _run(form: str, tmp: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int,
 
 def test_the_docs_print_commands() -> None:
     sources = {c.source.split(" § ")[0] for c in COMMANDS}
-    assert {"README.md", "slurm/README.md"} <= sources
-    assert sum(c.source.startswith("README.md § Usage") for c in COMMANDS) >= 15
+    assert {"README.md", "slurm/README.md", "docs/usage.md", "docs/fsdp2.md", "docs/gpu-check.md"} <= sources
+    assert sum(c.source.startswith("docs/usage.md") for c in COMMANDS) >= 15
+
+
+def _pages() -> list[Path]:
+    """Every markdown page of the repository: hidden folders (the virtual environments) and the
+    git-ignored output folders aside."""
+    pages = []
+    for folder, subfolders, files in os.walk(ROOT):
+        subfolders[:] = [s for s in subfolders if not s.startswith(".") and s not in ("runs", "build", "dist-build")]
+        pages += [Path(folder) / f for f in files if f.endswith(".md")]
+    return pages
+
+
+def test_every_page_with_commands_is_scanned() -> None:
+    """A page that prints a command is in DOCS, whose commands run, or in NOT_RUN with why: a new page
+    under docs/ (or anywhere) cannot print commands no test runs."""
+    with_commands = {rel for p in _pages() if page_commands(p.read_text(), rel := str(p.relative_to(ROOT)))}
+    assert "docs/usage.md" in with_commands
+    unscanned = sorted(with_commands - set(DOCS) - set(NOT_RUN))
+    assert not unscanned, f"{unscanned} print commands no test runs: add them to DOCS in tests/doc_commands.py"
+    assert set(NOT_RUN) <= with_commands, "NOT_RUN lists pages that print no command"
+    assert not set(NOT_RUN) & set(DOCS)
 
 
 def test_every_listed_command_is_still_printed() -> None:

@@ -1,11 +1,14 @@
-"""The numbers the README's Results section prints match the result files it cites (issue #38).
+"""The numbers the README's headline and docs/results.md print match the result files they cite
+(issue #38).
 
-A paragraph or list item that names a committed report (``results/....md`` or ``.csv``, or its file
-name in backticks) is checked against it: every decimal number printed there must be one of the
+A paragraph, list item or table that names a committed report (``results/....md`` or ``.csv``, or
+its file name in backticks), or that the paragraph introducing it (a list's, a table's) names, is
+checked against it: every decimal number printed there must be one of the
 file's numbers at the precision printed (6.28 matches 6.2834; 0.90 matches 0.9), so a regenerated
-report that moves a number fails here until the README says the new one. Version numbers
+report that moves a number fails here until the page says the new one. Version numbers
 (``2.13.0``), and items citing no report or only JSON lines (ratios computed from raw lines), are
-not checked, nor an item that names the command its numbers come from and no report;
+not checked, nor an item that names the command its numbers come from where neither it nor its
+introduction names a report;
 ``NOT_FROM_THE_FILE`` lists the numbers an item states beside a report that come from elsewhere,
 with why."""
 
@@ -29,19 +32,22 @@ NOT_FROM_THE_FILE = {
 }
 
 
-def _results_section() -> str:
-    return (ROOT / "README.md").read_text().split("\n## Results\n", 1)[1].split("\n## ", 1)[0]
+def _checked_text() -> str:
+    """The README's headline section and the whole of docs/results.md."""
+    readme = (ROOT / "README.md").read_text().split("\n## The headline answer\n", 1)[1].split("\n## ", 1)[0]
+    return f"{readme}\n\n{(ROOT / 'docs' / 'results.md').read_text()}"
 
 
 def _items() -> list[tuple[str, str]]:
-    """(item, context) for the paragraphs and list items of the Results section (a list item ends
-    at the next one); a list item's context is the paragraph that introduces its list, whose
-    citations the items share."""
+    """(item, context) for the paragraphs, list items and tables of the checked text (a list item
+    ends at the next one); the context of a list item or a table is the paragraph that introduces
+    it, whose citations it shares."""
     out, intro = [], ""
-    for part in (p.strip() for p in re.split(r"\n\n|\n(?=- )", _results_section())):
+    for part in (p.strip() for p in re.split(r"\n\n|\n(?=- )", _checked_text())):
         if part:
-            intro = intro if part.startswith("- ") else part
-            out.append((part, intro if part.startswith("- ") else ""))
+            introduced = part.startswith(("- ", "|"))
+            intro = intro if introduced else part
+            out.append((part, intro if introduced else ""))
     return out
 
 
@@ -75,16 +81,15 @@ def matches(printed: str, numbers: frozenset[float]) -> bool:
 def _checked() -> list[tuple[str, list[Path]]]:
     out = []
     for item, intro in _items():
-        own = cited_reports(item)
-        if not own and "`canzona " in item:
-            continue  # its numbers come from the command it names, not from a file
-        if (files := own + cited_reports(intro)) and NUMBER.search(item):
+        files = cited_reports(item) + cited_reports(intro)
+        if files and NUMBER.search(item):
             out.append((item, files))
     return out
 
 
-def test_the_results_section_cites_reports_beside_numbers() -> None:
-    assert len(_checked()) >= 5
+def test_the_results_pages_cite_reports_beside_numbers() -> None:
+    assert len(_checked()) >= 10
+    assert any("3.94× / 1.09×" in item for item, _ in _checked()), "the README's headline table is not checked"
 
 
 @pytest.mark.parametrize("item,files", _checked(), ids=lambda v: re.sub(r"\W+", "_", str(v)[:40]).strip("_"))
@@ -92,7 +97,7 @@ def test_every_printed_number_is_in_the_report_it_cites(item: str, files: list[P
     numbers = frozenset().union(*(_numbers_of(f) for f in files))
     missing = [n for n in NUMBER.findall(item) if not matches(n, numbers) and n not in NOT_FROM_THE_FILE]
     cited = ", ".join(str(f.relative_to(ROOT)) for f in files)
-    assert not missing, f"README Results prints {missing} beside {cited}, which has no such number: {item[:200]!r}"
+    assert not missing, f"the results pages print {missing} beside {cited}, which has no such number: {item[:200]!r}"
 
 
 def test_a_moved_number_is_caught() -> None:

@@ -2,7 +2,7 @@
 process group: its peak agrees with the memory model's optimizer terms for that rank within the
 tolerance, what the optimizer's objects hold after the step IS the model's steady terms, and bad
 input exits 2 naming the fix. The layouts issue #52 names (Qwen3-32B at DP 32 · TP 8, Qwen3-30B-A3B
-at EP 8, Qwen3-235B-A22B at PP 8 · EP 8) take 15 to 60 s each and are in README's Usage; here the
+at EP 8, Qwen3-235B-A22B at PP 8 · EP 8) take 15 to 60 s each and are in docs/usage.md; here the
 same code paths (TP micro-groups and cooperative groups; PP with EP) on small models."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Expert parallelism in the planner end to end: the README's MoE commands through the CLI at 256
+"""Expert parallelism in the planner end to end: docs/usage.md's MoE layouts through the CLI at 256
 and 1024 GPUs, and the lowering of an EP plan — each rank holds the dense buckets and its EP rank's
 expert buckets, reduced over that EP rank's expert-DP group (``edp``), never over all of DP."""
 
@@ -36,9 +36,9 @@ MOE_TINY = {
     "tie_word_embeddings": False,
 }
 
-# The README's MoE commands (section Usage and the issue that found them broken), world 256, and
-# two layouts of 1024 GPUs.
-README_256 = (
+# The MoE layouts of docs/usage.md and of the issue that found them broken, world 256, and two
+# layouts of 1024 GPUs.
+AT_256 = (
     "--tp 2 --dp 128 --ep 8",
     "--tp 4 --pp 2 --dp 32 --ep 8",
     "--tp 4 --dp 64 --ep 8",
@@ -55,7 +55,7 @@ def _plan(argv: str, capsys: pytest.CaptureFixture[str], *extra: str) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("argv", [*README_256, *AT_1024])
+@pytest.mark.parametrize("argv", [*AT_256, *AT_1024])
 def test_the_moe_commands_plan_and_report_their_expert_dp_calls(argv: str, capsys) -> None:
     got = json.loads(_plan(argv, capsys, "--json"))
     flags = dict(zip(argv.split()[::2], map(int, argv.split()[1::2]), strict=True))
@@ -70,7 +70,7 @@ def test_the_moe_commands_plan_and_report_their_expert_dp_calls(argv: str, capsy
 
 @pytest.mark.slow
 def test_the_readme_moe_example_prints_its_report(capsys) -> None:
-    out = _plan(README_256[0], capsys)
+    out = _plan(AT_256[0], capsys)
     assert "layout dp=128 tp=2 pp=1 ep=8 (world 256)" in out
     assert "edp: " in out and "reduce_scatter" in out
 

@@ -2,9 +2,9 @@
 
 Qwen3-235B-A22B (94 layers × 128 experts, 24,252 matrices; the shipped HuggingFace config) at 256
 and 1024 GPUs, expert parallel, even and uneven pipeline stages (Megatron's first/last stage
-layer counts where PP does not divide 94), and Qwen3-30B-A3B on the README's three 256-GPU
-layouts. Each cell is planned once with ``PlanConfig()`` (α 0.5, layout and cooperation chosen by
-modelled step) on the H800 profile with Muon's FLOPs cost.
+layer counts where PP does not divide 94), and Qwen3-30B-A3B on three 256-GPU layouts (those
+tests/test_plan_ep.py plans). Each cell is planned once with ``PlanConfig()`` (α 0.5, layout and
+cooperation chosen by modelled step) on the H800 profile with Muon's FLOPs cost.
 
 Columns: ``efficiency`` the atomic whole-matrix bound over the busiest GPU (``plan_metrics``; the
 goal is ≥ 0.98, within 2% of the bound), ``tight_efficiency`` against the tighter pigeonhole bound,

@@ -59,7 +59,7 @@ PAPER_LAYOUTS: dict[str, Layout] = {
     "qwen3-14b": Layout(dp=64, tp=4, pp=1),
     "qwen3-32b": Layout(dp=32, tp=8, pp=1),
 }
-# The MoE rows' layouts (preset ``moe``): the README's expert-parallel example for Qwen3-30B-A3B
+# The MoE rows' layouts (preset ``moe``): docs/usage.md's expert-parallel example for Qwen3-30B-A3B
 # (TP 2 · DP 128 · EP 8 = 256 GPUs), and Qwen3-235B-A22B's 94 layers at TP 4 · PP 8 with
 # Megatron's uneven end stages (11 + 6 · 12 + 11 layers) and EP 8, at DP 8 (256 GPUs) and DP 32
 # (1024 GPUs) -- the planner's 235B benchmark layouts (canzona.commands.bench_moe).
