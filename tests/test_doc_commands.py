@@ -21,7 +21,7 @@ from canzona.commands.cli import main
 from tests.doc_command_forms import FORMS, Forms
 from tests.doc_commands import DOCS, NOT_RUN, ROOT, DocCommand, doc_commands, flags, page_commands
 
-pytestmark = pytest.mark.slow  # each case runs a whole README command
+pytestmark = pytest.mark.slow  # each case runs a whole command the README or a docs page prints
 
 COMMANDS = doc_commands()
 
