@@ -162,11 +162,11 @@ class ParallelLayout:
     # ---- expert parallelism inside DP × CP ------------------------------------------------
     def ep_rank(self, dp_cp_rank: int) -> int:
         """The EP rank of position ``dp_cp_rank`` of a DP × CP group (the DP rank when CP = 1)."""
-        return dp_cp_rank % self.ep
+        return ep_rank_of(dp_cp_rank, self.ep)
 
     def edp_rank(self, dp_cp_rank: int) -> int:
         """The position of DP × CP position ``dp_cp_rank`` in its expert-DP group."""
-        return dp_cp_rank // self.ep
+        return edp_rank_of(dp_cp_rank, self.ep)
 
     def edp_positions(self, ep_rank: int) -> tuple[int, ...]:
         """The DP × CP positions (DP ranks when CP = 1) of EP rank ``ep_rank``'s expert-DP group, in
@@ -174,6 +174,28 @@ class ParallelLayout:
         if not 0 <= ep_rank < self.ep:
             raise ConfigError(f"EP rank {ep_rank} is outside EP={self.ep}")
         return tuple(range(ep_rank, self.dp * self.cp, self.ep))
+
+
+def divide_world(world: int, *sizes: int) -> int:
+    """The size of the one dimension left once ``sizes`` are given: ``world`` over their product
+    (DP from a world and TP, PP; PP from a world and DP, TP). ConfigError where it does not divide."""
+    per = 1
+    for n in sizes:
+        per *= n
+    if per < 1 or world < per or world % per:
+        raise ConfigError(f"a world of {world} ranks is not a multiple of {'·'.join(map(str, sizes))} = {per}")
+    return world // per
+
+
+def ep_rank_of(dp_cp_rank: int, ep: int) -> int:
+    """The EP rank of position ``dp_cp_rank`` of a DP × CP group at EP = ``ep`` (EP is the faster
+    digit of the expert generator's DP × CP span); for holders of the EP size alone (a bucket)."""
+    return dp_cp_rank % ep
+
+
+def edp_rank_of(dp_cp_rank: int, ep: int) -> int:
+    """The position of DP × CP position ``dp_cp_rank`` in its expert-DP group at EP = ``ep``."""
+    return dp_cp_rank // ep
 
 
 def _span(axes: list[tuple[int, int]]) -> list[int]:

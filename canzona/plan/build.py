@@ -150,7 +150,7 @@ def matrix_buckets(
     ep_of = {it.name: it.ep_rank for it in items}
     out: list[Bucket] = []
     for ep_rank in [None, *range(layout.ep)] if layout.ep > 1 else [None]:
-        group = layout.dp if ep_rank is None else layout.dp // layout.ep
+        group = layout.dp if ep_rank is None else layout.parallel.edp
         local = [(s.name, s.shard_numel(layout.tp)) for s in params if s.name in ep_of and ep_of[s.name] == ep_rank]
         if chunked:
             bks = [packed_bucket(0, c, group, ep_rank) for c in matrix_chunks(local, group, size)]

@@ -243,7 +243,7 @@ class StepBuilder:
         lay = self.cell.layout
         work = [self.cell.flops(s) for p in self.cell.matrices for s in self.cell.parts(p, p.shape)]
         total, atom = sum(work), max(work, default=0.0)
-        lb = max(total / (lay.dp * lay.tp), atom)  # the atomic lower bound, as Canzona's stages report it
+        lb = max(total / lay.parallel.stage_size, atom)  # the atomic lower bound, as Canzona's stages report it
         return StageProjection(
             self.cell.stage,
             self.ranks,
