@@ -7,8 +7,8 @@ one module. What counts (the parallel sizes are names or attributes ``dp``, ``tp
 * a world size: a product of parallel sizes that includes ``pp`` or ``cp`` or three of them, or two
   read off an object (``lay.dp * lay.tp``: a layout's stage size);
 * its inverse: a ``world`` divided by (or taken modulo) a parallel size;
-* a rank order: a rank (a name with ``rank`` in it) divided by or taken modulo a parallel size, or a
-  ``range`` / slice stepping by one.
+* a rank order: a rank (a name with ``rank`` in it; a node's ``local_rank`` aside) divided by or
+  taken modulo anything, or a ``range`` / slice of ranks stepping by a parallel size.
 
 Products of two plain integers ``dp * tp`` inside the planners' arithmetic (GPUs of a stage handed
 in as numbers) are not a layout's rule and are left alone."""
@@ -66,7 +66,7 @@ def violations(source: str) -> list[str]:
                 out.append((n.lineno, ast.unparse(n)))
         elif isinstance(n, ast.BinOp) and isinstance(n.op, (ast.FloorDiv, ast.Mod)):
             world = "world" in _names(n.left) and _has_size(n.right, SIZES)
-            rank = any("rank" in s for s in _names(n.left)) and _has_size(n.right, DIVISORS)
+            rank = any("rank" in s and not s.startswith("local") for s in _names(n.left))  # a device index aside
             if world or rank:
                 out.append((n.lineno, ast.unparse(n)))
         elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "range" and len(n.args) == 3:
@@ -106,6 +106,7 @@ def test_no_module_outside_the_layout_computes_the_world_or_a_rank_order() -> No
         "t = rank % tp",
         "s = rank // (dp * tp)",
         "e = dp_rank % ep",
+        "e = dp_rank % len(buf.matrix)",
         "g = list(range(e, dp, ep))",
         "m = members[e::ep]",
         "m = dist.get_process_group_ranks(dp_group)[e::ep]",
@@ -121,4 +122,5 @@ def test_what_is_not_a_layout_rule_passes() -> None:
     """A planner's GPUs of a stage from plain integers, a shape cut by TP, a layout's own property."""
     ok = "gpus = dp * tp\nrows = shape[0] // tp\nn = lay.world\nk = len(x) % tp\nblock = experts // ep\n"
     ok += "g = self.dp * self.tp\nparts = range(0, len(part), tp)\nmine = pieces[rank::tp]\n"
+    ok += "index = local_rank % torch.cuda.device_count()\n"
     assert violations(ok) == []
