@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
-from canzona.errors import NotSupportedError
+from canzona.errors import ConfigError, NotSupportedError
 from canzona.layout import ParallelLayout
 from canzona.runtime.groups import ProcessGroups
 from canzona.runtime.launch import RankInfo, expert_dp_group, launch, stage_groups
@@ -16,7 +16,10 @@ pytestmark = pytest.mark.multiproc
 
 
 def _members(info: RankInfo, layout: ParallelLayout) -> dict[str, list[int]]:
-    g = ProcessGroups.build(layout, info.rank)
+    g = ProcessGroups.build(layout, info.rank).check_members()
+    swapped = ProcessGroups(layout, info.rank, dp=g.tp, tp=g.dp, stage=g.stage, edp=g.edp)
+    with pytest.raises(ConfigError, match="group holds ranks"):
+        swapped.check_members()  # the TP group where DP belongs, and the other way round
     out = {k: dist.get_process_group_ranks(getattr(g, k)) for k in ("dp", "tp", "stage")}
     if g.edp is not None:
         out["edp"] = dist.get_process_group_ranks(g.edp)

@@ -113,27 +113,32 @@ def build_optimizer(
 
         return peer_megatron.build(run, model)
     from canzona.runtime import DistributedOptimizer
-    from canzona.runtime.experts import ExpertParallel
+    from canzona.runtime.groups import ProcessGroups
 
     # timers on: a benchmark harness reads the phases once per iteration, outside the step
     cfg = run.dist_config(timers=True)
-    experts = None
+    stage_specs = []
     if run.layout.ep > 1:  # the stage's every expert is planned on every rank; this rank steps its own
         stage = ps.get_pipeline_model_parallel_rank()
         stage_specs = list_params(
             get_transformer(run.model), tp=run.layout.tp, pp=run.pipeline, stage=stage, split=run.splits
         )
-        experts = ExpertParallel(run.layout.ep, ps.get_expert_data_parallel_group(), tuple(stage_specs))
-    # stage_group = this PP stage's TP×DP ranks (stages hold different params, hence different
-    # plans); the norm and the non-finite verdict span every stage (the default group).
+    # megatron-core's groups, checked against the layout's: stage = this PP stage's TP×DP ranks
+    # (stages hold different params, hence different plans); the norm and the non-finite verdict
+    # span every stage (the default group).
+    groups = ProcessGroups(
+        run.layout.parallel,
+        dist.get_rank(),
+        dp=ps.get_data_parallel_group(),
+        tp=ps.get_tensor_model_parallel_group(),
+        stage=ps.get_tensor_and_data_parallel_group(),
+        edp=ps.get_expert_data_parallel_group() if run.layout.ep > 1 else None,
+    ).check_members()
     opt = DistributedOptimizer(
         named,
-        ps.get_data_parallel_group(),
-        ps.get_tensor_model_parallel_group(),
-        cfg,
-        stage_group=ps.get_tensor_and_data_parallel_group(),
+        config=cfg,
         tp_partial=tp_partial_names(named, run.layout.tp, sequence_parallel=run.uses_sequence_parallel),
-        experts=experts,
+        **groups.optimizer_groups(stage_specs),
     )
     if dist.get_rank() == 0:  # the plan attestation of stage 0, at build (every stage's goes into the record)
         print(opt.attestation.line(), flush=True)

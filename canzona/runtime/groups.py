@@ -16,6 +16,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from canzona.errors import ConfigError
 from canzona.layout import GroupKind, ParallelLayout
 from canzona.models.spec import ParamSpec
 from canzona.runtime.experts import ExpertParallel
@@ -55,6 +56,22 @@ class ProcessGroups:
         dp, tp, stage = (new_group(layout, k, rank, timeout_s=timeout_s) for k in ("dp", "tp", "stage"))
         edp = new_group(layout, "edp", rank, timeout_s=timeout_s) if layout.ep > 1 else None
         return cls(layout, rank, dp, tp, stage, edp)
+
+    def check_members(self) -> ProcessGroups:
+        """Raise ConfigError unless every group holds the layout's members for this rank, in order:
+        groups another framework built (megatron-core's ``parallel_state``) must be laid out as the
+        plan assumes, or gradients would be reduced with ranks that hold other parameters."""
+        kinds: dict[GroupKind, dist.ProcessGroup | None] = {"dp": self.dp, "tp": self.tp, "stage": self.stage}
+        if self.layout.ep > 1:
+            kinds["edp"] = self.edp
+        for kind, group in kinds.items():
+            held, want = dist.get_process_group_ranks(group), list(self.layout.group(kind, self.rank))
+            if held != want:
+                raise ConfigError(
+                    f"rank {self.rank}'s {kind} group holds ranks {held[:8]}, but {self.layout} puts it with "
+                    f"{want[:8]} (megatron-core's order tp-cp-ep-dp-pp)"
+                )
+        return self
 
     def optimizer_groups(self, stage_specs: Sequence[ParamSpec] = ()) -> dict[str, Any]:
         """``DistributedOptimizer``'s group arguments from this one collection: DP, TP, stage and
