@@ -187,6 +187,12 @@ def divide_world(world: int, *sizes: int) -> int:
     return world // per
 
 
+def expert_ep_rank(expert: int, experts: int, ep: int) -> int:
+    """The EP rank holding routed expert ``expert`` of a layer's ``experts``: contiguous blocks of
+    experts / ep, as megatron-core shards a layer's local experts."""
+    return expert // (experts // ep)
+
+
 def ep_rank_of(dp_cp_rank: int, ep: int) -> int:
     """The EP rank of position ``dp_cp_rank`` of a DP × CP group at EP = ``ep`` (EP is the faster
     digit of the expert generator's DP × CP span); for holders of the EP size alone (a bucket)."""

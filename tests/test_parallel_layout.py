@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from canzona.errors import ConfigError, NotSupportedError
-from canzona.layout import GROUP_KINDS, ParallelLayout
+from canzona.layout import GROUP_KINDS, ParallelLayout, expert_ep_rank
 from tests.hypothesis_profiles import examples
 
 
@@ -134,3 +134,9 @@ def test_groups_are_megatron_cores(lay: ParallelLayout) -> None:
     assert [list(g) for g in lay.groups("ep")] == expert.get_ranks("ep")
     assert [list(g) for g in lay.groups("edp")] == expert.get_ranks("dp")
     assert [list(g) for g in lay.groups("tp")] == expert.get_ranks("tp")
+
+
+def test_experts_go_to_ep_ranks_in_contiguous_blocks() -> None:
+    """megatron-core's local experts: EP rank e holds a layer's experts e·E/EP … (e + 1)·E/EP − 1."""
+    assert [expert_ep_rank(x, 8, 4) for x in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert {expert_ep_rank(x, 128, 1) for x in range(128)} == {0}

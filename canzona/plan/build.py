@@ -31,6 +31,7 @@ from dataclasses import replace
 from canzona.cost import CostModel, cost_for, priced_on
 from canzona.errors import ConfigError
 from canzona.hardware import DEFAULT_GPU, Profile, load_profile
+from canzona.layout import expert_ep_rank
 from canzona.models import Model, ParamSpec, get_model, list_params
 from canzona.plan.buckets import build_buckets, matrix_chunks, packed_bucket, resolve_bucket_size
 from canzona.plan.choice import Candidate, choose, kept
@@ -118,7 +119,7 @@ def make_items(params: Sequence[ParamSpec], cost_model: CostModel, ep: int = 1) 
             continue
         if len(s.shape) != 2:
             raise ConfigError(f"{s.name}: routed to the matrix optimizer but has shape {s.shape}; route it to adamw")
-        ep_rank = s.expert // (experts // ep) if ep > 1 and s.expert is not None else None
+        ep_rank = expert_ep_rank(s.expert, experts, ep) if ep > 1 and s.expert is not None else None
         parts = s.split.shapes(s.shape[1]) if s.split is not None else ()
         cost = sum(float(cost_model(p)) for p in parts) if parts else float(cost_model(s.shape))
         items.append(PlanItem(s.name, (int(s.shape[0]), int(s.shape[1])), s.partition_dim, cost, ep_rank, parts))

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from canzona.errors import ConfigError
-from canzona.layout import ParallelLayout
+from canzona.layout import ParallelLayout, expert_ep_rank
 from canzona.layout import ep_rank_of as layout_ep_rank
 from canzona.models.spec import ParamSpec
 
@@ -47,7 +47,7 @@ def experts_per_layer(specs: Sequence[ParamSpec]) -> int:
 
 def ep_rank_of(spec: ParamSpec, experts: int, ep: int) -> int | None:
     """The EP rank holding ``spec`` (contiguous blocks of each layer's experts), None if dense."""
-    return None if spec.expert is None else spec.expert // (experts // ep)
+    return None if spec.expert is None else expert_ep_rank(spec.expert, experts, ep)
 
 
 def held_by(stage_specs: Sequence[ParamSpec], ep: int, dp_rank: int) -> list[ParamSpec]:
