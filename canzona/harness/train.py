@@ -112,8 +112,8 @@ def build_optimizer(
         from canzona.harness import peer_megatron
 
         return peer_megatron.build(run, model)
+    from canzona.harness.model import megatron_groups
     from canzona.runtime import DistributedOptimizer
-    from canzona.runtime.groups import ProcessGroups
 
     # timers on: a benchmark harness reads the phases once per iteration, outside the step
     cfg = run.dist_config(timers=True)
@@ -123,17 +123,9 @@ def build_optimizer(
         stage_specs = list_params(
             get_transformer(run.model), tp=run.layout.tp, pp=run.pipeline, stage=stage, split=run.splits
         )
-    # megatron-core's groups, checked against the layout's: stage = this PP stage's TP×DP ranks
-    # (stages hold different params, hence different plans); the norm and the non-finite verdict
-    # span every stage (the default group).
-    groups = ProcessGroups(
-        run.layout.parallel,
-        dist.get_rank(),
-        dp=ps.get_data_parallel_group(),
-        tp=ps.get_tensor_model_parallel_group(),
-        stage=ps.get_tensor_and_data_parallel_group(),
-        edp=ps.get_expert_data_parallel_group() if run.layout.ep > 1 else None,
-    ).check_members()
+    # stages hold different params, hence different plans: the plan is agreed over the stage group;
+    # the norm and the non-finite verdict span every stage (the default group)
+    groups = megatron_groups(run.layout.parallel)
     opt = DistributedOptimizer(
         named,
         config=cfg,
