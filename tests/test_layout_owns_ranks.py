@@ -5,7 +5,7 @@ one module. What counts (the parallel sizes are names or attributes ``dp``, ``tp
 ``ep`` too where a rank is divided):
 
 * a world size: a product of parallel sizes that includes ``pp`` or ``cp`` or three of them, or two
-  read off an object (``lay.dp * lay.tp``: a layout's stage size);
+  with one read off an object (``lay.dp * tp``: a layout's stage size);
 * its inverse: a ``world`` divided by (or taken modulo) a parallel size;
 * a rank order: a rank (a name with ``rank`` in it; a node's ``local_rank`` aside) divided by or
   taken modulo anything, or a ``range`` / slice of ranks stepping by a parallel size.
@@ -62,7 +62,7 @@ def violations(source: str) -> list[str]:
         if _is_product(n) and id(n) not in products:  # the outermost product of a chain
             sizes = [s for f in _factors(n) if (s := _size(f))]
             read_off = [f for f in _factors(n) if isinstance(f, ast.Attribute) and _size(f) and _owner(f) != "self"]
-            if len(sizes) >= 3 or (len(sizes) >= 2 and ({"pp", "cp"} & set(sizes) or len(read_off) >= 2)):
+            if len(sizes) >= 3 or (len(sizes) >= 2 and ({"pp", "cp"} & set(sizes) or read_off)):
                 out.append((n.lineno, ast.unparse(n)))
         elif isinstance(n, ast.BinOp) and isinstance(n.op, (ast.FloorDiv, ast.Mod)):
             world = "world" in _names(n.left) and _has_size(n.right, SIZES)
@@ -102,6 +102,7 @@ def test_no_module_outside_the_layout_computes_the_world_or_a_rank_order() -> No
         "world = self.dp * self.tp * self.pp",
         "n = tp * pp",
         "n = lay.dp * lay.tp",
+        "n = plan.layout.dp * tp",
         "dp = world // (tp * pp)",
         "t = rank % tp",
         "s = rank // (dp * tp)",

@@ -213,7 +213,7 @@ def _grid(
                 **{k: fused[k] for k in ("model", "tp", "pp", "dp", "world")},
                 "matrices_fused": fused["matrices"],
                 "matrices_split": split["matrices"],
-                "gpus_per_stage": layout.dp * tp,
+                "gpus_per_stage": layout.parallel.stage_size,
                 "bound_fused": fused["lower_bound"],
                 "bound_split": split["lower_bound"],
                 "tight_bound_fused": fused["tight_lower_bound"],
