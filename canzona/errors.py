@@ -11,3 +11,9 @@ class ConfigError(ValueError):
 
 class NonFiniteGradientError(FloatingPointError):
     """A gradient holds NaN or Inf and the policy is to raise."""
+
+
+class NotSupportedError(ConfigError):
+    """A valid request that Canzona does not run yet (context parallelism beyond the layout, issue
+    #50); a ``ConfigError``, so the CLI reports it in one line and exits 2, never a run that
+    quietly ignores the request. The message names the issue that tracks the work."""

@@ -15,12 +15,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "canzona"
-# Base utilities first (errors; argtypes), then the layers in the order docs/architecture.md lists them.
+# Base utilities first (errors; argtypes; layout: the parallel layout, which the planner and the
+# runtime both read), then the layers in the order docs/architecture.md lists them.
 # "spec" (the run description) derives the runtime's config and the record's, so it follows runtime
 # and results. "commands" is every command (the CLI table, which imports its commands by name only,
 # and each command's module, benches, reports and plots): the top layer, so no library package
 # imports a command (test_no_library_module_imports_a_command).
-BASE = ("errors", "argtypes")
+BASE = ("errors", "argtypes", "layout")
 LAYERS = ("hardware", "models", "cost", "optim", "plan", "runtime", "results", "spec", "harness", "sweep")
 LAYERS += ("analysis", "commands")
 ORDER = (*BASE, *LAYERS, "__main__")

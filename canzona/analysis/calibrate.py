@@ -48,6 +48,7 @@ from typing import Any
 from canzona.analysis.calibrate_solvers import SOLVER_DIMS, measure_solvers, median_time, solver_lines
 from canzona.analysis.projection import COLLECTIVES, PROFILE_DIR
 from canzona.cost import matrix_flops, runs_newton_schulz
+from canzona.layout import ParallelLayout
 from canzona.plan.comm import ring_terms
 
 DEFAULT_SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)  # bytes per collective buffer (up to a qwen3-tiny bucket)
@@ -207,7 +208,7 @@ def calibrate(
 
     from canzona.runtime.launch import launch
 
-    if dp * tp != nproc:
+    if ParallelLayout(dp=dp, tp=tp).world != nproc:
         from canzona.errors import ConfigError
 
         raise ConfigError(f"dp·tp = {dp}·{tp} must equal --nproc {nproc}")

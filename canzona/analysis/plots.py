@@ -241,7 +241,7 @@ def gpu_load_data(
         for p in plans:
             costs = [it.cost for it in p.items]
             bounds["largest matrix"] = max(bounds["largest matrix"], max(costs, default=0.0))
-            bounds["mean"] = max(bounds["mean"], sum(costs) / (dp * tp))
+            bounds["mean"] = max(bounds["mean"], sum(costs) / layout.parallel.stage_size)
     if optimizer == "muon":
         settings, hw = CostModel(optimizer, "flops").settings, coop_settings(load_profile(profile), layout)
         plans = make_plans(Scenario(model, layout, "canzona", optimizer=optimizer, cooperative=False))

@@ -32,6 +32,7 @@ from typing import Any
 
 from canzona.cost import CostModel
 from canzona.hardware import DEFAULT_GPU, Profile, describe, load_profile
+from canzona.layout import divide_world
 from canzona.models import get_model, list_params
 from canzona.plan.build import plan_model, stage_adamw, stage_candidates
 from canzona.plan.choice import kept
@@ -113,7 +114,7 @@ def coop_suite(models: Sequence[str] = MODELS) -> tuple[list[dict[str, Any]], st
     """Rows for every cell and the Markdown report (goal per cell, the misses named)."""
     cm = CostModel("muon", "flops")
     hw = load_profile(DEFAULT_GPU)
-    grid = [Layout(dp=WORLD // (tp * pp), tp=tp, pp=pp) for tp in TPS for pp in PPS]
+    grid = [Layout(dp=divide_world(WORLD, tp, pp), tp=tp, pp=pp) for tp in TPS for pp in PPS]
     rows = [coop_cell(m, lay, cm, hw) for m in models for lay in grid]
     cols: tuple[str, ...] = (
         "model",

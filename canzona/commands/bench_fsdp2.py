@@ -59,6 +59,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, Ro
 
 from canzona.argtypes import int_in, output_file, positive_int
 from canzona.errors import ConfigError
+from canzona.layout import ParallelLayout, divide_world
 from canzona.models import get_model, get_transformer
 from canzona.optim.precision import native_bf16_matmul
 from canzona.plan.types import PlanConfig
@@ -203,7 +204,7 @@ def _model(
     if args.tp > 1:
         torch.manual_seed(0)
         net = Qwen3Like(args.model, args.layers).to(device)
-        mesh = init_device_mesh(device.type, (world // args.tp, args.tp), mesh_dim_names=("fsdp", "tp"))
+        mesh = init_device_mesh(device.type, (divide_world(world, args.tp), args.tp), mesh_dim_names=("fsdp", "tp"))
         apply_tp(net, mesh["tp"])
         for layer in net.layers:
             fully_shard(layer, mesh=mesh["fsdp"])
@@ -345,8 +346,10 @@ def _rank(info: Any, methods: list[str], args: argparse.Namespace) -> dict[str, 
     losses: dict[str, list[float]] = {m: [] for m in runs}
     calls: dict[str, list[tuple[str, int]]] = {}
     started = time.perf_counter()
+    # torchtitan's (fsdp, tp) mesh lays ranks out as megatron-core's dp × tp (TP ranks contiguous)
+    dp_rank = ParallelLayout(dp=divide_world(info.world, args.tp), tp=args.tp).coords(info.rank).dp
     for step in range(args.steps):
-        g = torch.Generator().manual_seed(1000 * step + info.rank // args.tp)  # one batch per DP rank
+        g = torch.Generator().manual_seed(1000 * step + dp_rank)  # one batch per DP rank
         tokens = torch.randint(0, get_transformer(args.model).vocab, (BATCH, args.seq + 1), generator=g)
         tokens = tokens.to(info.device)
         for m, (_, opt, loss_of) in list(runs.items()):

@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from canzona.layout import divide_world
 from canzona.models import get_model
 from canzona.plan.build import plan_model, stage_adamw
 from canzona.plan.comm import NCCL
@@ -167,7 +168,7 @@ def _layouts(model: str) -> list[tuple[int, int, int]]:
                 cfg.validate_layout(tp=tp, pp=pp)
             except ValueError:
                 continue
-            out.append((256 // (tp * pp), tp, pp))
+            out.append((divide_world(256, tp, pp), tp, pp))
     for dp, tp, pp in ODD_LAYOUTS:
         try:
             cfg.validate_layout(tp=tp, pp=pp)

@@ -28,6 +28,7 @@ from statistics import median
 from typing import Any
 
 from canzona.hardware import DEFAULT_GPU, load_profile
+from canzona.layout import divide_world
 from canzona.plan.build import plan_model
 from canzona.plan.choice import kept_step_ms
 from canzona.plan.readers.metrics import plan_metrics
@@ -39,7 +40,7 @@ NAMED = (
     ("mistral-nemo-12b", Layout(dp=8, tp=8)),
 )
 MIXTRAL = tuple(
-    ("mixtral-8x7b", Layout(dp=256 // (tp * pp), tp=tp, pp=pp, ep=ep))
+    ("mixtral-8x7b", Layout(dp=divide_world(256, tp, pp), tp=tp, pp=pp, ep=ep))
     for tp in (1, 2, 4, 8)
     for pp in (1, 2, 4)
     for ep in (1, 8)

@@ -97,27 +97,27 @@ def entry_spec(entry: str, args: argparse.Namespace) -> RunSpec:
 
 
 def _rank(info: Any, runs_by_entry: dict[str, RunSpec], steps: int, warmup: int) -> dict:
-    from canzona.runtime.experts import ExpertParallel, held_by
-    from canzona.runtime.launch import dp_tp_groups, expert_dp_group
+    from canzona.runtime.experts import held_by
+    from canzona.runtime.groups import ProcessGroups
     from canzona.runtime.optimizer import DistributedOptimizer
 
     entries = list(runs_by_entry)
     first = runs_by_entry[entries[0]]
-    dp, tp, ep = first.layout.dp, first.layout.tp, first.layout.ep
+    tp, ep = first.layout.tp, first.layout.ep
     # the model's matrices only: the step under test is the matrix optimizer's (AdamW's ZeRO-1
     # part is the same code for every strategy and is exercised by the harness)
     model = get_model(first.model)
     timeout = first.comm.collective_timeout_s
-    groups = dp_tp_groups(info.rank, dp, tp, timeout_s=timeout)
-    edp = expert_dp_group(info.rank, dp, tp, 1, ep, timeout_s=timeout) if ep > 1 else None
-    gen = torch.Generator().manual_seed(1234 + info.rank // tp)
+    layout = first.layout.parallel
+    groups = ProcessGroups.build(layout, info.rank, timeout_s=timeout)
+    dp_rank = layout.coords(info.rank).dp
+    gen = torch.Generator().manual_seed(1234 + dp_rank)
     runs = {}
     for entry, spec in runs_by_entry.items():
         dtype = PARAM_DTYPES[spec.machine.dtype]
         stage = [s for s in list_params(model, tp=tp, split=spec.splits) if s.route == "matrix"]  # an entry's views
         # under EP: every rank plans the stage's every expert and holds its own EP rank's
-        experts = ExpertParallel(ep, edp, tuple(stage)) if ep > 1 else None
-        specs = held_by(stage, ep, info.rank // tp)
+        specs = held_by(stage, ep, dp_rank)
         params = [
             (
                 s.name,
@@ -130,7 +130,7 @@ def _rank(info: Any, runs_by_entry: dict[str, RunSpec], steps: int, warmup: int)
             )
             for s in specs
         ]
-        opt = DistributedOptimizer(params, *groups, spec.dist_config(timers=True), experts=experts)
+        opt = DistributedOptimizer(params, config=spec.dist_config(timers=True), **groups.optimizer_groups(stage))
         runs[entry] = (opt, params)
     times: dict[str, list[dict[str, float]]] = {s: [] for s in entries}
     # Interleaved: each step times every strategy in turn on the same gradients, so drift in the

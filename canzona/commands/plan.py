@@ -17,6 +17,7 @@ from dataclasses import replace
 
 from canzona.argtypes import int_in, output_file, positive_float, readable_file
 from canzona.errors import ConfigError
+from canzona.layout import divide_world
 from canzona.plan.types import MAX_DP
 from canzona.spec.flags import MATRIX_OPTIMIZERS, NOT_PRICED, Derived, Knobs, Values, add_flags
 from canzona.spec.run import plan_config_of
@@ -127,9 +128,7 @@ def _layout(args: argparse.Namespace):
     if args.dp is None:
         if args.world is None:
             raise ConfigError("give --dp or --world (dp = world / (tp·pp))")
-        if args.world % (args.tp * args.pp):
-            raise ConfigError(f"--world {args.world} is not divisible by tp·pp = {args.tp * args.pp}")
-        args.dp = args.world // (args.tp * args.pp)
+        args.dp = divide_world(args.world, args.tp, args.pp)
     layout = get_engine(args.engine).planner_layout(args.dp, args.tp, args.pp, args.ep, args.shard_group)
     if args.first_stage_layers is not None or args.last_stage_layers is not None:
         layout = replace(layout, first_stage_layers=args.first_stage_layers, last_stage_layers=args.last_stage_layers)
@@ -373,9 +372,9 @@ def _run_fsdp2(args: argparse.Namespace) -> int:
     if given:
         raise ConfigError(f"--engine fsdp2 reports owners, not DP buckets or stages: drop {', '.join(given)}")
     if args.dp is None:
-        if args.world is None or args.world % args.tp:
+        if args.world is None:
             raise ConfigError("--engine fsdp2: give --dp (or --world divisible by --tp)")
-        args.dp = args.world // args.tp
+        args.dp = divide_world(args.world, args.tp)
     get_engine(args.engine).planner_layout(args.dp, args.tp, args.pp, args.ep, args.shard_group)  # its errors
     pc, profile = _config(args)
     out = compare(

@@ -38,6 +38,7 @@ from typing import Any
 
 from canzona.commands.plan_report import md_table
 from canzona.cost import matrix_optimizer_names
+from canzona.layout import divide_world
 
 MODELS = ("qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b")
 TPS = (1, 2, 4, 8)
@@ -202,7 +203,7 @@ def _grid(
     bound_rows: list[dict[str, Any]] = []
     # a bar of layouts planned on a terminal only (disable=None), so logs stay readable
     for model, tp, pp in tqdm(layouts, desc="plan-bench qwen3", unit="layout", disable=None, dynamic_ncols=True):
-        layout = Layout(dp=WORLD // (tp * pp), tp=tp, pp=pp)
+        layout = Layout(dp=divide_world(WORLD, tp, pp), tp=tp, pp=pp)
         rows = [b.record(model, layout, method, (), b.config(**kw)) for method, kw in _methods(alpha)]
         split = b.record(model, layout, "canzona-refine", SPLIT, b.config(alpha=alpha))
         eff_rows += [*rows, split]
@@ -212,7 +213,7 @@ def _grid(
                 **{k: fused[k] for k in ("model", "tp", "pp", "dp", "world")},
                 "matrices_fused": fused["matrices"],
                 "matrices_split": split["matrices"],
-                "gpus_per_stage": layout.dp * tp,
+                "gpus_per_stage": layout.parallel.stage_size,
                 "bound_fused": fused["lower_bound"],
                 "bound_split": split["lower_bound"],
                 "tight_bound_fused": fused["tight_lower_bound"],

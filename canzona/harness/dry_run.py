@@ -78,7 +78,7 @@ class OneRank(RankExchange):
 
 @dataclass(frozen=True)
 class Coordinates:
-    """Where world rank ``rank`` sits, in Megatron's order (rank = s·dp·tp + d·tp + t)."""
+    """Where world rank ``rank`` sits, in Megatron's order (``canzona.layout``)."""
 
     rank: int
     stage: int
@@ -93,8 +93,8 @@ class Coordinates:
                 f"--rank {rank} is outside the world of tp·pp·dp = {lay.tp}·{lay.pp}·{lay.dp} = {run.world} ranks; "
                 f"pick --rank in 0..{run.world - 1}"
             )
-        per_stage = lay.dp * lay.tp
-        return cls(rank, rank // per_stage, rank % per_stage // lay.tp, rank % lay.tp)
+        at = lay.parallel.coords(rank)
+        return cls(rank, at.pp, at.dp, at.tp)
 
 
 @dataclass(frozen=True)
@@ -177,17 +177,14 @@ def _measure(run: RunSpec, where: Coordinates) -> tuple[tuple[Phase, ...], dict[
     from canzona.models import get_transformer, list_params
     from canzona.runtime import DistributedOptimizer
     from canzona.runtime.buffers import DTYPES
-    from canzona.runtime.experts import ExpertParallel, held_by
-    from canzona.runtime.launch import expert_dp_group, stage_groups
+    from canzona.runtime.experts import held_by
+    from canzona.runtime.groups import ProcessGroups
 
     lay = run.layout
-    dp_group, tp_group, stage_group = stage_groups(where.rank, lay.dp, lay.tp, lay.pp)
+    groups = ProcessGroups.build(lay.parallel, where.rank)
     specs = list_params(get_transformer(run.model), tp=lay.tp, pp=run.pipeline, stage=where.stage, split=run.splits)
-    experts = None
-    if lay.ep > 1:
-        edp = expert_dp_group(where.rank, lay.dp, lay.tp, lay.pp, lay.ep)
-        experts = ExpertParallel(lay.ep, edp, tuple(specs))
-        specs = held_by(specs, lay.ep, where.dp_rank)
+    stage_specs = tuple(specs)
+    specs = held_by(specs, lay.ep, where.dp_rank)  # under EP: its dense parameters and its EP rank's experts
     partial = [s.name for s in specs if partial_grad(s, lay.tp, run.uses_sequence_parallel)]
     dtype = DTYPES[run.machine.dtype]
     tracker = LiveBytes()
@@ -197,13 +194,10 @@ def _measure(run: RunSpec, where: Coordinates) -> tuple[tuple[Phase, ...], dict[
         with tracker.phase("optimizer build"):
             opt = DistributedOptimizer(
                 named,
-                dp_group,
-                tp_group,
-                run.dist_config(),
-                stage_group=stage_group,
+                config=run.dist_config(),
                 tp_partial=partial,
-                experts=experts,
                 exchange=OneRank(),
+                **groups.optimizer_groups(stage_specs),
             )
         with tracker.phase("gradients"):  # each folded into its main grad by the hooks, then reduced
             torch.stack([p.sum() for _, _, p in named]).sum().backward()

@@ -31,14 +31,17 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from canzona.errors import ConfigError
 from canzona.harness.norm import SequenceParallelRMSNorm
 from canzona.harness.params import mark_grouped_experts, tp_shard
+from canzona.layout import ParallelLayout
 from canzona.models.qwen3 import Qwen3Config
 from canzona.models.spec import ParamSpec
 from canzona.models.stages import Pipeline, pipeline
+from canzona.runtime.groups import ProcessGroups
 
 ROPE_BASE = 1_000_000  # Qwen3's rope_theta
 NORM_EPS = 1e-6
@@ -367,3 +370,19 @@ def causal_mask(seq_len: int, device: torch.device) -> torch.Tensor:
     return torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool, device=device), diagonal=1).view(
         1, 1, seq_len, seq_len
     )
+
+
+def megatron_groups(layout: ParallelLayout) -> ProcessGroups:
+    """megatron-core's ``parallel_state`` groups of this rank as one ``ProcessGroups`` (the stage
+    group is its TP×DP group), checked against ``layout``: a megatron whose groups are laid out
+    otherwise than the plan assumes is refused before any gradient is reduced."""
+    from megatron.core import parallel_state as ps
+
+    return ProcessGroups(
+        layout,
+        dist.get_rank(),
+        dp=ps.get_data_parallel_group(),
+        tp=ps.get_tensor_model_parallel_group(),
+        stage=ps.get_tensor_and_data_parallel_group(),
+        edp=ps.get_expert_data_parallel_group() if layout.ep > 1 else None,
+    ).check_members()

@@ -112,28 +112,25 @@ def build_optimizer(
         from canzona.harness import peer_megatron
 
         return peer_megatron.build(run, model)
+    from canzona.harness.model import megatron_groups
     from canzona.runtime import DistributedOptimizer
-    from canzona.runtime.experts import ExpertParallel
 
     # timers on: a benchmark harness reads the phases once per iteration, outside the step
     cfg = run.dist_config(timers=True)
-    experts = None
+    stage_specs = []
     if run.layout.ep > 1:  # the stage's every expert is planned on every rank; this rank steps its own
         stage = ps.get_pipeline_model_parallel_rank()
         stage_specs = list_params(
             get_transformer(run.model), tp=run.layout.tp, pp=run.pipeline, stage=stage, split=run.splits
         )
-        experts = ExpertParallel(run.layout.ep, ps.get_expert_data_parallel_group(), tuple(stage_specs))
-    # stage_group = this PP stage's TP×DP ranks (stages hold different params, hence different
-    # plans); the norm and the non-finite verdict span every stage (the default group).
+    # stages hold different params, hence different plans: the plan is agreed over the stage group;
+    # the norm and the non-finite verdict span every stage (the default group)
+    groups = megatron_groups(run.layout.parallel)
     opt = DistributedOptimizer(
         named,
-        ps.get_data_parallel_group(),
-        ps.get_tensor_model_parallel_group(),
-        cfg,
-        stage_group=ps.get_tensor_and_data_parallel_group(),
+        config=cfg,
         tp_partial=tp_partial_names(named, run.layout.tp, sequence_parallel=run.uses_sequence_parallel),
-        experts=experts,
+        **groups.optimizer_groups(stage_specs),
     )
     if dist.get_rank() == 0:  # the plan attestation of stage 0, at build (every stage's goes into the record)
         print(opt.attestation.line(), flush=True)

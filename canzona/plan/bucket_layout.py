@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from canzona.errors import ConfigError
+from canzona.layout import edp_rank_of
 from canzona.plan.comm import NCCL, REQUESTABLE_MODES, CommModel, choose_mode, padded_width
 from canzona.plan.types import Bucket, Plan
 
@@ -60,7 +61,7 @@ class BucketLayout:
     regions: tuple[tuple[int, int], ...]
     mode: str
     ep_rank: int | None = None
-    ep: int = 1  # the layout's EP size: DP rank d is position d // ep of its expert-DP group
+    ep: int = 1  # the layout's EP size: DP rank d is position edp_rank_of(d, ep) of its expert-DP group
 
     @property
     def group(self) -> str:
@@ -69,7 +70,7 @@ class BucketLayout:
 
     def region(self, dp_rank: int) -> tuple[int, int]:
         """DP rank ``dp_rank``'s slice (a member of the bucket's group; regions must be non-empty)."""
-        return self.regions[dp_rank if self.ep_rank is None else dp_rank // self.ep]
+        return self.regions[dp_rank if self.ep_rank is None else edp_rank_of(dp_rank, self.ep)]
 
     @property
     def used(self) -> int:

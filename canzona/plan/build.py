@@ -31,6 +31,7 @@ from dataclasses import replace
 from canzona.cost import CostModel, cost_for, priced_on
 from canzona.errors import ConfigError
 from canzona.hardware import DEFAULT_GPU, Profile, load_profile
+from canzona.layout import expert_ep_rank
 from canzona.models import Model, ParamSpec, get_model, list_params
 from canzona.plan.buckets import build_buckets, matrix_chunks, packed_bucket, resolve_bucket_size
 from canzona.plan.choice import Candidate, choose, kept
@@ -118,7 +119,7 @@ def make_items(params: Sequence[ParamSpec], cost_model: CostModel, ep: int = 1) 
             continue
         if len(s.shape) != 2:
             raise ConfigError(f"{s.name}: routed to the matrix optimizer but has shape {s.shape}; route it to adamw")
-        ep_rank = s.expert // (experts // ep) if ep > 1 and s.expert is not None else None
+        ep_rank = expert_ep_rank(s.expert, experts, ep) if ep > 1 and s.expert is not None else None
         parts = s.split.shapes(s.shape[1]) if s.split is not None else ()
         cost = sum(float(cost_model(p)) for p in parts) if parts else float(cost_model(s.shape))
         items.append(PlanItem(s.name, (int(s.shape[0]), int(s.shape[1])), s.partition_dim, cost, ep_rank, parts))
@@ -150,7 +151,7 @@ def matrix_buckets(
     ep_of = {it.name: it.ep_rank for it in items}
     out: list[Bucket] = []
     for ep_rank in [None, *range(layout.ep)] if layout.ep > 1 else [None]:
-        group = layout.dp if ep_rank is None else layout.dp // layout.ep
+        group = layout.dp if ep_rank is None else layout.parallel.edp
         local = [(s.name, s.shard_numel(layout.tp)) for s in params if s.name in ep_of and ep_of[s.name] == ep_rank]
         if chunked:
             bks = [packed_bucket(0, c, group, ep_rank) for c in matrix_chunks(local, group, size)]

@@ -74,7 +74,7 @@ def coop_settings(profile: Profile, layout: Layout) -> CoopSettings:
     (``canzona.plan.engines``), where the inter-node link prices its Grams."""
     # a group has at most max(GROUP_SIZES) members strided over the TP group: across nodes, one a node
     link = profile_model(profile, layout.tp, "coop", members=min(layout.tp, max(GROUP_SIZES))).link_for("all_reduce")
-    dp = profile_model(profile, layout.tp * layout.dp, "dp", members=layout.dp)
+    dp = profile_model(profile, layout.parallel.stage_size, "dp", members=layout.dp)
     return CoopSettings(flops_rate=profile.flops_rate, link=link, dp=dp)
 
 

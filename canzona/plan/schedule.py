@@ -49,6 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from canzona.errors import ConfigError
+from canzona.layout import ep_rank_of
 from canzona.plan.bucket_layout import (
     BucketLayout,
     LowerSettings,
@@ -346,7 +347,7 @@ def lower(
     if not (0 <= dp_rank < dp and 0 <= tp_rank < tp):
         raise ConfigError(f"rank (dp {dp_rank}, tp {tp_rank}) outside the layout dp{dp}×tp{tp}")
     buf = stage if stage is not None else stage_buffers(plan, adamw, dp, settings)
-    e = dp_rank % len(buf.matrix)  # this rank's EP rank (rank order tp-ep-dp, Layout)
+    e = ep_rank_of(dp_rank, len(buf.matrix))  # this rank's EP rank (a matrix buffer set per EP rank)
     matrix, adam = buf.matrix[e], buf.adam
     key = (dp_rank, tp, settings.tp_partial, settings.pipelined)
     if key not in buf.per_dp:
@@ -358,7 +359,7 @@ def lower(
     check: list[CommOp] = []
     if partial:
         check.append(CommOp("tp_partial", "all_reduce", "tp", partial * settings.grad_bytes, "tp-partial"))
-    if settings.norm_check and (settings.global_world or dp * tp) > 1:
+    if settings.norm_check and (settings.global_world or lay.parallel.stage_size) > 1:
         check.append(CommOp("norm", "all_reduce", "global", 8, "norm"))
     if plan is not None and waved:  # each wave's calls as its bucket lands, the verdict after the last
         for w in waved:

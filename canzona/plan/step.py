@@ -100,7 +100,7 @@ def stage_bounds(plan: Plan) -> tuple[float, float, float]:
     if plan.dp.strategy == "zero":
         return fm, fm, fm
     b = max(fm, max(costs, default=0.0))
-    return fm, b, max(b, pigeonhole_bound(costs, plan.layout.dp * tp))
+    return fm, b, max(b, pigeonhole_bound(costs, plan.layout.parallel.stage_size))
 
 
 @dataclass(frozen=True)

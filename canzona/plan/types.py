@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from canzona.errors import ConfigError
+from canzona.layout import ParallelLayout
 from canzona.models.stages import Pipeline
 
 MAX_DP = 1 << 16  # DP groups beyond 65,536 ranks are typos, not clusters (and would take minutes to plan)
@@ -23,11 +24,11 @@ MAX_DP = 1 << 16  # DP groups beyond 65,536 ranks are typos, not clusters (and w
 
 @dataclass(frozen=True)
 class Layout:
-    """The parallel layout: world = dp · tp · pp.
-
-    ``ep`` (expert parallelism) is carved out of DP as in Megatron (rank order tp-ep-dp-pp, expert
-    TP = TP): DP rank d holds the experts of EP rank ``d % ep`` and shares them with the other
-    ``dp / ep`` DP ranks of that EP rank (its expert-DP group). Dense parameters see all of DP.
+    """The planner's view of the parallel layout: the sizes a plan records and hashes (so these
+    fields serialise as they always have) and the PP stage split. World size, rank order and group
+    members are the ``parallel`` layout's (``canzona.layout.ParallelLayout``): EP is carved out of
+    DP as in megatron-core, DP rank d holds EP rank ``parallel.ep_rank(d)``'s experts and shares
+    them with its expert-DP group (``group_ranks``). Dense parameters see all of DP.
 
     ``first_stage_layers`` / ``last_stage_layers``: Megatron's num_layers_in_first/last_pipeline_stage
     (None: even stages; canzona.models.stages.Pipeline).
@@ -41,15 +42,15 @@ class Layout:
     last_stage_layers: int | None = None
 
     def __post_init__(self) -> None:
-        for k in ("dp", "tp", "pp", "ep"):
-            v = getattr(self, k)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"{k} must be a positive integer, got {v!r}")
+        self.parallel  # noqa: B018 - its checks (positive sizes, EP | DP)
         if self.dp > MAX_DP:
             raise ConfigError(f"dp={self.dp} is more than {MAX_DP:,} ranks; check the DP size (or --world)")
-        if self.dp % self.ep:
-            raise ConfigError(f"EP={self.ep} must divide DP={self.dp} (experts are sharded inside DP); pick EP | DP")
         self.pipeline  # noqa: B018 - its checks (positive counts, PP > 1)
+
+    @property
+    def parallel(self) -> ParallelLayout:
+        """The sizes as the one parallel layout (no context parallelism: plans hash without it)."""
+        return ParallelLayout(dp=self.dp, tp=self.tp, pp=self.pp, ep=self.ep)
 
     @property
     def pipeline(self) -> Pipeline:
@@ -60,11 +61,11 @@ class Layout:
         """DP ranks of a buffer's reduce group: all of DP (dense) or EP rank ``ep_rank``'s expert-DP group."""
         if ep_rank is None:
             return tuple(range(self.dp))
-        return tuple(range(ep_rank, self.dp, self.ep))
+        return self.parallel.edp_positions(ep_rank)
 
     @property
     def world(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.parallel.world
 
     def check_world(self, world: int) -> None:
         if self.world != world:

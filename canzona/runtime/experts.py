@@ -7,12 +7,13 @@ balances a rank's dense matrices against its experts. So the caller passes the s
 inventory (every EP rank's experts, global expert indices, registration order) beside the local
 parameters; the plan is made from it, the runtime holds and steps the local part.
 
-Layout (Megatron's, expert TP = TP): DP rank d holds EP rank ``d % ep``'s experts, a contiguous
-block of each layer's experts; its expert-DP group is DP ranks ``d % ep``, ``d % ep + ep``, …
-(``canzona.runtime.launch.expert_dp_group``), over which its expert buckets are reduced and
-gathered. Dense parameters are reduced over all of DP as without EP. At TP > 1 an expert matrix is
-cut across the TP ranks as a dense one is (the same TP group), so the TP executors host and gather
-it as they do a dense matrix; only its DP-side group differs.
+Layout (megatron-core's, expert TP = TP; ``canzona.layout``): DP rank d holds the experts of EP rank
+``ep_rank_of(d, ep)``, a contiguous block of each layer's experts; its expert-DP group is that EP
+rank's DP ranks (``ParallelLayout.edp_positions``, built by ``canzona.runtime.groups``), over which
+its expert buckets are reduced and gathered. Dense parameters are reduced over all of DP as
+without EP. At TP > 1 an expert matrix is cut across the TP ranks as a dense one is (the same TP
+group), so the TP executors host and gather it as they do a dense matrix; only its DP-side group
+differs.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from canzona.errors import ConfigError
+from canzona.layout import ParallelLayout, expert_ep_rank
+from canzona.layout import ep_rank_of as layout_ep_rank
 from canzona.models.spec import ParamSpec
 
 
@@ -44,14 +47,14 @@ def experts_per_layer(specs: Sequence[ParamSpec]) -> int:
 
 def ep_rank_of(spec: ParamSpec, experts: int, ep: int) -> int | None:
     """The EP rank holding ``spec`` (contiguous blocks of each layer's experts), None if dense."""
-    return None if spec.expert is None else spec.expert // (experts // ep)
+    return None if spec.expert is None else expert_ep_rank(spec.expert, experts, ep)
 
 
 def held_by(stage_specs: Sequence[ParamSpec], ep: int, dp_rank: int) -> list[ParamSpec]:
     """The parameters DP rank ``dp_rank`` holds under EP = ``ep``: every dense one and its EP rank's
     experts, in the stage's order (a caller that builds its own matrices, as bench-step does)."""
     experts = experts_per_layer(stage_specs)
-    return [s for s in stage_specs if ep_rank_of(s, experts, ep) in (None, dp_rank % ep)]
+    return [s for s in stage_specs if ep_rank_of(s, experts, ep) in (None, layout_ep_rank(dp_rank, ep))]
 
 
 def check_expert_layout(
@@ -64,10 +67,10 @@ def check_expert_layout(
     are laid out otherwise (megatron-core's order tp-ep-dp is the one assumed)."""
     ep = ex.size
     dp, dp_rank = dist.get_world_size(dp_group), dist.get_rank(dp_group)
-    if ep < 1 or dp % ep:
-        raise ConfigError(f"EP={ep} must divide DP={dp} (experts are sharded inside DP); pick EP | DP")
-    e = dp_rank % ep
-    members = dist.get_process_group_ranks(dp_group)[e::ep]
+    layout = ParallelLayout(dp=dp, ep=ep)  # refuses an EP that does not divide DP
+    e = layout.ep_rank(dp_rank)
+    ranks = dist.get_process_group_ranks(dp_group)
+    members = [ranks[i] for i in layout.edp_positions(e)]
     held = dist.get_process_group_ranks(ex.group)
     if held != members:
         raise ConfigError(
@@ -85,7 +88,7 @@ def check_expert_layout(
     if got != want or any(stage[n] != local[n] for n in got):
         odd = sorted(got ^ want) or sorted(n for n in got if stage[n] != local[n])
         raise ConfigError(
-            f"DP rank {dp_rank} (EP rank {dp_rank % ep}) must hold the stage's dense parameters and its own experts, "
+            f"DP rank {dp_rank} (EP rank {e}) must hold the stage's dense parameters and its own experts, "
             f"as passed in stage_specs; differs at {', '.join(odd[:3])}"
         )
     bad = [s.name for s in ex.stage_specs if s.expert is not None and s.route != "matrix"]

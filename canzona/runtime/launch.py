@@ -27,6 +27,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from canzona.errors import ConfigError
+from canzona.layout import ParallelLayout
+from canzona.runtime.groups import ProcessGroups, new_group
 
 
 class RankError(RuntimeError):
@@ -119,60 +121,30 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> RankI
 def dp_tp_groups(
     rank: int, dp: int, tp: int, *, timeout_s: float | None = None
 ) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
-    """This rank's DP and TP groups of a dp × tp world in Megatron's order (TP ranks contiguous:
-    rank = d·tp + t). Every rank creates every group, as torch.distributed requires."""
-    dp_group, tp_group, _ = stage_groups(rank, dp, tp, 1, timeout_s=timeout_s)
-    return dp_group, tp_group
+    """This rank's DP and TP groups of a dp × tp world (``canzona.runtime.groups``). Every rank
+    creates every group, as torch.distributed requires."""
+    groups = ProcessGroups.build(ParallelLayout(dp=dp, tp=tp), rank, timeout_s=timeout_s)
+    return groups.dp, groups.tp
 
 
 def stage_groups(
     rank: int, dp: int, tp: int, pp: int, *, timeout_s: float | None = None
 ) -> tuple[dist.ProcessGroup, dist.ProcessGroup, dist.ProcessGroup]:
-    """(DP, TP, stage) groups of this rank in a dp × tp × pp world, Megatron's order
-    (rank = s·dp·tp + d·tp + t); the stage group is the TP×DP ranks of one PP stage.
-
-    ``timeout_s``: every group's timeout; pass the one the world was initialised with (``launch``'s),
-    since torch's default for a new group is its backend's (NCCL 10 min), not the world's. None:
-    that default (tests)."""
-    timeout = timedelta(seconds=timeout_s) if timeout_s is not None else None
-    dp_group = tp_group = stage_group = None
-    for s in range(pp):
-        base = s * dp * tp
-        for t in range(tp):
-            g = dist.new_group([base + d * tp + t for d in range(dp)], timeout=timeout)
-            dp_group = g if (rank // (dp * tp), rank % tp) == (s, t) else dp_group
-        for d in range(dp):
-            g = dist.new_group([base + d * tp + t for t in range(tp)], timeout=timeout)
-            tp_group = g if (rank // (dp * tp), rank % (dp * tp) // tp) == (s, d) else tp_group
-        g = dist.new_group(list(range(base, base + dp * tp)), timeout=timeout)
-        stage_group = g if rank // (dp * tp) == s else stage_group
-    if dp_group is None or tp_group is None or stage_group is None:
-        raise ValueError(f"rank {rank} is outside the dp {dp} × tp {tp} × pp {pp} world")
-    return dp_group, tp_group, stage_group
+    """(DP, TP, stage) groups of this rank in a dp × tp × pp world, megatron-core's order
+    (``canzona.layout``); the stage group is the TP×DP ranks of one PP stage. ``timeout_s``: as
+    ``canzona.runtime.groups``."""
+    groups = ProcessGroups.build(ParallelLayout(dp=dp, tp=tp, pp=pp), rank, timeout_s=timeout_s)
+    return groups.dp, groups.tp, groups.stage
 
 
 def expert_dp_group(
     rank: int, dp: int, tp: int, pp: int, ep: int, *, timeout_s: float | None = None
 ) -> dist.ProcessGroup:
-    """This rank's expert-data-parallel group, built as megatron-core's parallel_state builds
-    ``expert_data_parallel`` with expert TP = TP: in a stage, DP rank d = e + ep·j holds EP rank
-    e's experts (EP ranks contiguous inside DP, rank order tp-ep-dp-pp), and the group of (TP rank
-    t, EP rank e) is the dp / ep DP ranks e, e + ep, … of TP rank t. Every rank creates every
-    group, as torch.distributed requires; ``timeout_s`` as ``stage_groups``."""
-    if ep < 1 or dp % ep:
-        raise ConfigError(f"EP={ep} must divide DP={dp} (experts are sharded inside DP); pick EP | DP")
-    timeout = timedelta(seconds=timeout_s) if timeout_s is not None else None
-    mine = None
-    for s in range(pp):
-        base = s * dp * tp
-        for t in range(tp):
-            for e in range(ep):
-                ranks = [base + d * tp + t for d in range(e, dp, ep)]
-                g = dist.new_group(ranks, timeout=timeout)
-                mine = g if rank in ranks else mine
-    if mine is None:
-        raise ValueError(f"rank {rank} is outside the dp {dp} × tp {tp} × pp {pp} world")
-    return mine
+    """This rank's expert-data-parallel group, as megatron-core's parallel_state builds
+    ``expert_data_parallel`` with expert TP = TP (``canzona.layout``: in a stage, DP rank d holds EP
+    rank d % ep's experts and its group is the DP ranks of that EP rank and this TP rank). Every rank
+    creates every group, as torch.distributed requires; ``timeout_s`` as ``stage_groups``."""
+    return new_group(ParallelLayout(dp=dp, tp=tp, pp=pp, ep=ep), "edp", rank, timeout_s=timeout_s)
 
 
 def _child(

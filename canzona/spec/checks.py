@@ -11,6 +11,7 @@ same way.
 from __future__ import annotations
 
 from canzona.errors import ConfigError
+from canzona.layout import divide_world
 from canzona.spec.run import RunSpec, add_check
 from canzona.spec.sections import MAX_MICROBATCHES
 
@@ -19,6 +20,14 @@ NO_CUDA_FIX = (
     "--index-url https://download.pytorch.org/whl/cu128'`, or the profile's container image), "
     "or run the cell with --device cpu"
 )
+
+
+def dp_hint(world: int, tp: int, pp: int) -> int | None:
+    """The DP size that fills ``world`` at ``tp`` and ``pp``, for an error message's fix; None if none does."""
+    try:
+        return divide_world(world, tp, pp)
+    except ConfigError:
+        return None
 
 
 @add_check
@@ -83,8 +92,8 @@ def model_layout(spec: RunSpec, world: int | None, gpu: bool | None) -> None:
         raise ConfigError(f"{cfg.name}: TP={tp} must divide the q/kv projection widths ({q_dim}, {kv_dim})")
     if world is not None and world != spec.world:
         fix = f"launch {spec.world} processes"
-        if world % (tp * pp) == 0 and world >= tp * pp:
-            fix += f" or set --dp {world // (tp * pp)}"
+        if (dp_fit := dp_hint(world, tp, pp)) is not None:
+            fix += f" or set --dp {dp_fit}"
         raise ConfigError(f"world size {world} != tp·pp·dp = {tp}·{pp}·{dp} = {spec.world}; {fix}")
     per_step = spec.batch.micro_batch * dp
     if spec.batch.global_batch % per_step:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from canzona.argtypes import MAX_INT_FLAG
+from canzona.layout import ParallelLayout
 from canzona.models.transformer import MAX_LAYERS
 from canzona.optim.muon import DEFAULT_BATCH_BYTES
 from canzona.plan.comm import REQUESTABLE_MODES
@@ -92,6 +93,11 @@ class LayoutSpec:
         lo=1,
         hi=MAX_DP,
     )
+
+    @property
+    def parallel(self) -> ParallelLayout:
+        """The sizes as the one parallel layout (``canzona.layout``): world, coordinates, groups."""
+        return ParallelLayout(dp=self.dp, tp=self.tp, pp=self.pp, ep=self.ep)
 
 
 @dataclass(frozen=True)

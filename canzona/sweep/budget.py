@@ -22,6 +22,7 @@ from canzona.models import get_model, list_params
 from canzona.models.memory import activation_bytes, estimate_memory_gb
 from canzona.models.transformer import train_flops_per_token
 from canzona.spec import RunSpec
+from canzona.spec.checks import dp_hint
 from canzona.sweep.definition import Cell
 from canzona.sweep.profile import ClusterProfile
 
@@ -80,7 +81,8 @@ def check_fits(cells: list[Cell], profile: ClusterProfile) -> dict[str, float]:
             raise ConfigError(
                 f"cell {c.key} needs an estimated {est[c.key]:.1f} GB per GPU, more than the profile's "
                 f"hbm_gb = {profile.hbm_gb:g} ({profile.source}): raise TP in the {c.spec.model} [[layout]] "
-                f"(TP={min(8, 2 * lay.tp)}, DP={c.world // (2 * lay.tp * lay.pp)}) or lower micro_batch/seq_len"
+                f"(TP={min(8, 2 * lay.tp)}, DP={dp_hint(c.world, 2 * lay.tp, lay.pp) or '?'}) "
+                "or lower micro_batch/seq_len"
             )
     return est
 

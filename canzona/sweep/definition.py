@@ -25,9 +25,10 @@ from typing import Any
 
 from canzona.cost import optimizer_names
 from canzona.errors import ConfigError
+from canzona.layout import ParallelLayout
 from canzona.models import get_model
 from canzona.spec import RunSpec, get_method, leaves, method_names
-from canzona.spec.checks import expert_layout
+from canzona.spec.checks import dp_hint, expert_layout
 from canzona.spec.flags import to_argv
 from canzona.sweep.profile import read_toml
 
@@ -94,7 +95,7 @@ class Layout:
 
     @property
     def world(self) -> int:
-        return self.tp * self.pp * self.dp
+        return ParallelLayout(dp=self.dp, tp=self.tp, pp=self.pp).world
 
 
 @dataclass(frozen=True)
@@ -305,8 +306,7 @@ def _parse_layout(t: Any, w: str, s: dict[str, Any]) -> Layout:
     if not lay.reason:
         raise ConfigError(f"{w}: reason is empty; write down why this TP/PP/DP was chosen")
     if lay.world != s["world"]:
-        tp_pp = lay.tp * lay.pp
-        fix = s["world"] // tp_pp if s["world"] % tp_pp == 0 else "?"
+        fix = dp_hint(s["world"], lay.tp, lay.pp) or "?"
         raise ConfigError(
             f"{w}: tp*pp*dp = {lay.tp}*{lay.pp}*{lay.dp} = {lay.world}, but the sweep's world is "
             f"{s['world']}; change dp to {fix}"

@@ -40,8 +40,9 @@ def _group(layout: Layout, group: str) -> tuple[int, int]:
     then DP, then PP; an expert-DP group strides over its DP group's GPUs)."""
     if group not in GROUP_SIZES:
         raise ConfigError(f"unknown group {group!r}; known: {', '.join(GROUP_SIZES)}")
-    n = {"tp": layout.tp, "dp": layout.dp, "edp": layout.dp // layout.ep, "world": layout.world}[group]
-    span = {"tp": layout.tp, "dp": layout.tp * layout.dp, "edp": layout.tp * layout.dp, "world": layout.world}[group]
+    par = layout.parallel
+    n = {"tp": par.tp, "dp": par.dp, "edp": par.edp, "world": par.world}[group]
+    span = {"tp": par.tp, "dp": par.stage_size, "edp": par.stage_size, "world": par.world}[group]
     return n, span
 
 
@@ -79,7 +80,7 @@ def comm_model(profile: Profile, layout: Layout) -> plan_comm.CommModel:
     """The α–β model the schedule's DP mode choice uses (``LowerSettings.model``): the profile's
     DP group (``canzona.plan.comm.profile_model``), so the projected modes are the ones the
     runtime would pick on this hardware."""
-    return plan_comm.profile_model(profile, layout.tp * layout.dp, "dp", members=layout.dp)
+    return plan_comm.profile_model(profile, layout.parallel.stage_size, "dp", members=layout.dp)
 
 
 def _resolved_method(optimizer: str, shape: tuple[int, int], settings: CostSettings) -> str:

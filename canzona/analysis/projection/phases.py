@@ -46,6 +46,7 @@ from canzona.analysis.projection.stage import RankTimes, StageProjection, StageW
 from canzona.analysis.projection.timeline import Task, simulate
 from canzona.cost import CostModel, CostSettings, matrix_flops, priced_on
 from canzona.errors import ConfigError
+from canzona.layout import divide_world
 from canzona.models.spec import ParamSpec
 from canzona.plan.executors import ExecSpec
 from canzona.plan.readers.memory import window_bytes
@@ -74,7 +75,7 @@ def project_stage(
     ``sequence_parallel``: the run's; its norm weights' gradients are then TP-partial too.
     """
     lay = plan.layout
-    layout = Layout(lay.dp, lay.tp, (world or lay.world) // (lay.dp * lay.tp), lay.ep)  # EP: expert-DP groups
+    layout = Layout(lay.dp, lay.tp, divide_world(world or lay.world, lay.dp, lay.tp), lay.ep)  # EP: expert-DP groups
     cs = settings or CostSettings()
     lset = lower_settings(
         profile,
@@ -106,7 +107,7 @@ def charge_stage(
         for k, (phases, _) in simulate(tasks, profile.shared_cores).items():
             ranks[k].phases = phases
     total_flops = sum(ch.mat_flops.values())
-    lb = max(total_flops / (layout.dp * layout.tp), max(ch.mat_flops.values(), default=0.0))
+    lb = max(total_flops / layout.parallel.stage_size, max(ch.mat_flops.values(), default=0.0))
     grad, aligned, fixed = _bucket_ms(ranks)
     window = _window_parts(ch, ranks, len(grad))
     return StageProjection(stage, ranks, ops.modes, lb, total_flops, grad, aligned, fixed, tasks, window=window)
@@ -192,7 +193,7 @@ class _Charger:
         self._priced: dict[tuple[object, ...], float] = {}
         # Canzona's own AdamW at the same layout (``StageWindow.adamw_all``): every matrix ZeRO-sharded
         # over the stage's DP·TP ranks, beside each rank's AdamW slices
-        self.matrix_elems = sum(it.numel for it in ops.plan.items) / (layout.dp * layout.tp)
+        self.matrix_elems = sum(it.numel for it in ops.plan.items) / layout.parallel.stage_size
         # the same priced call by the object's id: the ranks of a stage share their DP calls' CommOp
         # objects (StageBuffers), which ``ops`` keeps alive as long as this charger
         self._by_id: dict[int, float] = {}

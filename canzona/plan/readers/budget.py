@@ -94,7 +94,7 @@ def stage_budget(
     rate, decompositions weighted by ``canzona.cost.priced_on``), ``grad_bytes`` the padding."""
     lay = plan.layout
     coop = max((g.k for g in plan.coop), default=1)
-    sizes = {"dp": lay.dp, "edp": lay.dp // lay.ep, "tp": lay.tp, "global": lay.world, "coop": coop}
+    sizes = {"dp": lay.dp, "edp": lay.parallel.edp, "tp": lay.tp, "global": lay.world, "coop": coop}
     worst = max(schedules, key=lambda s: (len(s.ops), sum(o.nbytes for o in s.ops)))
     counts = {g: dict(Counter(o.kind for o in worst.ops if o.group == g)) for g in GROUPS}
     matrix = [b for b in worst.buckets if b.kind == "matrix"]
@@ -123,9 +123,9 @@ def links(profile: Profile, plan: Plan) -> dict[str, CommModel]:
     as its DP group)."""
     lay = plan.layout
     k = max((g.k for g in plan.coop), default=1)
-    dp = lay.tp * lay.dp
+    dp = lay.parallel.stage_size  # a DP group strides over the stage's GPUs
     spans = {"dp": dp, "edp": dp, "global": lay.world, "tp": lay.tp, "coop": lay.tp if lay.tp > 1 else k}
-    members = {"dp": lay.dp, "edp": lay.dp // lay.ep, "global": lay.world, "tp": lay.tp, "coop": spans["coop"]}
+    members = {"dp": lay.dp, "edp": lay.parallel.edp, "global": lay.world, "tp": lay.tp, "coop": spans["coop"]}
     return {g: profile_model(profile, span, g, members=members[g]) for g, span in spans.items()}
 
 

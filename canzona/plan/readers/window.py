@@ -39,7 +39,7 @@ def window_inputs(plan: Plan, schedules: Sequence[RankSchedule], profile: Profil
     coop = {g.name: g.k for g in plan.coop}
     sizes = {
         "dp": lay.dp,
-        "edp": lay.dp // lay.ep,
+        "edp": lay.parallel.edp,
         "tp": lay.tp,
         "global": lay.world,
         "coop": max(coop.values(), default=1),

@@ -19,6 +19,7 @@ from canzona.analysis.projection.hardware import Comm, Profile, matrix_ms
 from canzona.analysis.projection.stage import RankTimes, StageProjection
 from canzona.cost import CostSettings, matrix_flops, priced_on
 from canzona.errors import ConfigError
+from canzona.layout import expert_ep_rank
 from canzona.models.routing import is_router
 from canzona.models.spec import ParamSpec
 from canzona.models.split import SPLITS
@@ -91,7 +92,7 @@ class Cell:
         d mod ep = e. At EP 1 one group: every DP rank."""
         lay = self.layout
         experts = 1 + max((p.expert for p in self.params if p.expert is not None), default=-1)
-        ep_rank = {i: p.expert // (experts // lay.ep) for i, p in enumerate(params) if p.expert is not None}
+        ep_rank = {i: expert_ep_rank(p.expert, experts, lay.ep) for i, p in enumerate(params) if p.expert is not None}
         return [(lay.group_ranks(e), [i for i, r in ep_rank.items() if r == e], e) for e in range(lay.ep)]
 
     def buffers(self, params: Sequence[ParamSpec]) -> list[tuple[str, tuple[int, ...], list[int], bool]]:
@@ -243,7 +244,7 @@ class StepBuilder:
         lay = self.cell.layout
         work = [self.cell.flops(s) for p in self.cell.matrices for s in self.cell.parts(p, p.shape)]
         total, atom = sum(work), max(work, default=0.0)
-        lb = max(total / (lay.dp * lay.tp), atom)  # the atomic lower bound, as Canzona's stages report it
+        lb = max(total / lay.parallel.stage_size, atom)  # the atomic lower bound, as Canzona's stages report it
         return StageProjection(
             self.cell.stage,
             self.ranks,

@@ -1,0 +1,84 @@
+"""This rank's process groups, built from one ``canzona.layout.ParallelLayout``: the one object the
+runtime's communicators come from (as torchtitan's ``ParallelDims`` and megatron-core's
+``ProcessGroupCollection`` hold theirs), so no caller lays ranks out or builds a group by hand.
+
+Every rank creates every group of each kind it asks for, in the layout's (megatron-core's) order,
+as torch.distributed's ``new_group`` requires; ``timeout_s`` is each group's timeout: pass the one
+the world was initialised with (``launch``'s), since torch's default for a new group is its
+backend's (NCCL 10 min), not the world's. None: that default (tests)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from canzona.errors import ConfigError
+from canzona.layout import GroupKind, ParallelLayout
+from canzona.models.spec import ParamSpec
+from canzona.runtime.experts import ExpertParallel
+
+
+def new_group(
+    layout: ParallelLayout, kind: GroupKind, rank: int, *, timeout_s: float | None = None
+) -> dist.ProcessGroup:
+    """Create every group of ``kind`` (every rank must call this alike) and return ``rank``'s."""
+    timeout = timedelta(seconds=timeout_s) if timeout_s is not None else None
+    mine = layout.group(kind, rank)  # also refuses a rank outside the layout's world
+    out = None
+    for members in layout.groups(kind):
+        g = dist.new_group(list(members), timeout=timeout)
+        out = g if members == mine else out
+    assert out is not None  # mine is one of the layout's groups (test_parallel_layout)
+    return out
+
+
+@dataclass(frozen=True)
+class ProcessGroups:
+    """``rank``'s groups under ``layout``: DP, TP, its PP stage's TP × DP ranks, the expert-DP group
+    (None without EP) and every rank of the model (None: WORLD)."""
+
+    layout: ParallelLayout
+    rank: int
+    dp: dist.ProcessGroup
+    tp: dist.ProcessGroup
+    stage: dist.ProcessGroup
+    edp: dist.ProcessGroup | None = None
+    world: dist.ProcessGroup | None = None
+
+    @classmethod
+    def build(cls, layout: ParallelLayout, rank: int, *, timeout_s: float | None = None) -> ProcessGroups:
+        """Create the groups of a ``layout`` world (every rank alike); CP is not run yet."""
+        layout.require_no_cp("the runtime")
+        dp, tp, stage = (new_group(layout, k, rank, timeout_s=timeout_s) for k in ("dp", "tp", "stage"))
+        edp = new_group(layout, "edp", rank, timeout_s=timeout_s) if layout.ep > 1 else None
+        return cls(layout, rank, dp, tp, stage, edp)
+
+    def check_members(self) -> ProcessGroups:
+        """Raise ConfigError unless every group holds the layout's members for this rank, in order:
+        groups another framework built (megatron-core's ``parallel_state``) must be laid out as the
+        plan assumes, or gradients would be reduced with ranks that hold other parameters."""
+        kinds: dict[GroupKind, dist.ProcessGroup | None] = {"dp": self.dp, "tp": self.tp, "stage": self.stage}
+        if self.layout.ep > 1:
+            kinds["edp"] = self.edp
+        for kind, group in kinds.items():
+            held, want = dist.get_process_group_ranks(group), list(self.layout.group(kind, self.rank))
+            if held != want:
+                raise ConfigError(
+                    f"rank {self.rank}'s {kind} group holds ranks {held[:8]}, but {self.layout} puts it with "
+                    f"{want[:8]} (megatron-core's order tp-cp-ep-dp-pp)"
+                )
+        return self
+
+    def optimizer_groups(self, stage_specs: Sequence[ParamSpec] = ()) -> dict[str, Any]:
+        """``DistributedOptimizer``'s group arguments from this one collection: DP, TP, stage and
+        world groups and, under EP, ``experts`` over the expert-DP group (``stage_specs``: the stage's
+        full inventory, every EP rank's experts), so a caller passes no group by hand."""
+        out: dict[str, Any] = {"dp_group": self.dp, "tp_group": self.tp, "stage_group": self.stage}
+        out["global_group"] = self.world
+        if self.layout.ep > 1:
+            out["experts"] = ExpertParallel(self.layout.ep, self.edp, tuple(stage_specs))
+        return out
