@@ -186,11 +186,13 @@ def authors_sensitivity(profile_name: str = "H800") -> list[dict[str, Any]]:
 
 
 # (lineage, baseline): Canzona against the paper's baseline (in its default TP mode and in the one
-# the paper's 5.8x needs), against Megatron main as merged, and against main + layer-sharded TP.
+# the paper's 5.8x needs), against Megatron main as merged in both its layouts, and against main +
+# layer-sharded TP.
 LINEAGES = (
     ("paper's baseline (TP blockwise, its default then)", "megatron-2602"),
     ("paper's baseline (TP duplicated, what 5.8x needs)", "megatron-2602+duplicated"),
     ("Megatron main", "megatron-main"),
+    ("Megatron main, classic layout (--no-use-layer-wise-param-layout)", "megatron-main+classic"),
     ("Megatron main + #6683", "megatron-main+6683"),
 )
 SETTINGS = (("paper-compatible", False), ("beyond the paper: cooperation", True))
