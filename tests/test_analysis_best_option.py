@@ -1,7 +1,8 @@
-"""Each lineage at its best shipped option (canzona/analysis/best_option.py) and the margin's
-attribution (canzona/analysis/attribution.py), on timings typed in: the fastest option computing
-Canzona's update is picked, blockwise never is, the columns reach table2.csv ahead of the
-per-option ratios, and the phase differences are the baseline's minus Canzona's."""
+"""Each lineage at its best shipped option (canzona/analysis/best_option.py), the margin's
+attribution (canzona/analysis/attribution.py) and the MoE rows' MFU range in the sensitivity study,
+on timings typed in: the fastest option computing Canzona's update is picked, blockwise never is,
+the columns reach table2.csv ahead of the per-option ratios, and the phase differences are the
+baseline's minus Canzona's."""
 
 from __future__ import annotations
 
@@ -91,3 +92,14 @@ def test_attribution_is_the_baseline_minus_canzona_per_phase(tmp_path: Path) -> 
     main = next(r for r in rows if r[2] == "megatron-main@best: megatron-main+classic")
     # iteration 150 / 100; step 30 − 10; compute 30 − 10; DP 4 − 1; TP 0; window 150 − 100
     assert main[3:] == ["1.50×", "+20.0", "+20.0", "+3.0", "+0.0", "+50.0"]
+
+
+def test_the_moe_row_carries_an_mfu_range_in_the_sensitivity_study() -> None:
+    from canzona.analysis.projection import load_profile
+    from canzona.analysis.projection.presets import MOE_LAYOUTS
+    from canzona.analysis.projection.studies import MOE_MFUS, PINNED_BY, _variants
+
+    moe = [(kw, prof.mfu) for _, varies, kw, prof in _variants(load_profile("H800")) if varies == "MoE MFU"]
+    assert [m for _, m in moe] == list(MOE_MFUS) and min(MOE_MFUS) < 0.47 == max(MOE_MFUS)
+    assert all(kw == {"model": MOE_LAYOUTS[0][0], "layout": MOE_LAYOUTS[0][1]} for kw, _ in moe)
+    assert PINNED_BY["MoE MFU"]

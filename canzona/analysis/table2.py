@@ -220,12 +220,13 @@ def sensitivity_markdown(sens: pd.DataFrame) -> str:
     ]
     return "\n".join(
         [
-            "## Projection sensitivity (Qwen3-32B, 256 GPUs)",
+            "## Projection sensitivity (Qwen3-32B, 256 GPUs; the MoE MFU range on Qwen3-30B-A3B)",
             "",
             "Canzona's projected speedup (paper-compatible: no cooperation, standard Newton–Schulz) over the "
             "paper's layer-wise baseline (TP duplicated), Megatron at the paper's date (`megatron-2602`, TP blockwise, "
             "its default then) and Megatron main (`megatron-main`, TP duplicated) "
-            "as single assumptions change; `pinned_by` names the measurement that would fix each one "
+            "as single assumptions change; `pinned_by` names the measurement that would fix each one; the rows "
+            "named after Qwen3-30B-A3B price its MoE row's fwd/bwd at MFU 0.2–0.47 (the dense 0.47 is an upper bound) "
             "(written by `canzona project --preset paper`, `projection_sensitivity.csv`).",
             "",
             markdown_table(header, rows),

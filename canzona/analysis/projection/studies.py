@@ -14,7 +14,7 @@ from typing import Any
 
 from canzona.analysis.projection.hardware import Profile, load_profile, with_profile_overrides
 from canzona.analysis.projection.overlap import Projection
-from canzona.analysis.projection.presets import AUTHORS, PAPER_GLOBAL_BATCH, PAPER_LAYOUTS, VIEWS
+from canzona.analysis.projection.presets import AUTHORS, MOE_LAYOUTS, PAPER_GLOBAL_BATCH, PAPER_LAYOUTS, VIEWS
 from canzona.analysis.projection.records import speedup
 from canzona.analysis.projection.scenario import Scenario, at_tokens, make_plans, plan_key, project
 from canzona.plan.types import Layout
@@ -49,7 +49,12 @@ PINNED_BY = {
     "Qwen3-32B shapes (the profile's matmul_efficiency = that rate / peak)",
     "IB bandwidth": "not by make gpu-check (one GPU): a multi-node nccl-tests all_reduce bus bandwidth",
     "MFU": "not by make gpu-check: a multi-node Megatron fwd/bwd timing",
+    "MoE MFU": "not by make gpu-check: a multi-node Megatron fwd/bwd timing of the MoE model at its layout",
 }
+# The MoE rows price fwd/bwd at the profile's dense MFU (0.47: canzona/hardware/profiles/H800.toml);
+# a MoE's token dispatch and smaller expert GEMMs run lower, by an amount nothing here measures, so
+# its rows carry a range down to 0.2 (issue #49): an assumption to bracket, not a measured figure.
+MOE_MFUS = (0.2, 0.3, 0.47)
 NS_EFFICIENCIES = (0.4, 0.527, 0.65, 0.797, 0.9)  # 0.527 · 989 TFLOP/s ≈ 521: the issue's break-even
 IB_BANDWIDTHS = (25e9, 50e9, 100e9, 200e9)  # bytes/s per GPU; H800's is 50 GB/s (400 Gb/s NIC)
 
@@ -79,6 +84,12 @@ def _variants(base_prof: Profile) -> list[tuple[str, str, dict[str, Any], Profil
         for bw in IB_BANDWIDTHS
     ]  # fmt: skip
     out += [(f"MFU {m}", "MFU", {}, with_profile_overrides(base_prof, mfu=m)) for m in (0.35, 0.55)]
+    model, lay = MOE_LAYOUTS[0]  # the 30B-A3B row (256 GPUs); the 235B rows' plans cost minutes more
+    moe = f"{model} dp{lay.dp}·tp{lay.tp}·pp{lay.pp}·ep{lay.ep}"
+    out += [
+        (f"{moe}: MFU {m}", "MoE MFU", {"model": model, "layout": lay}, with_profile_overrides(base_prof, mfu=m))
+        for m in MOE_MFUS
+    ]
     return out
 
 
@@ -86,7 +97,8 @@ def sensitivity(profile_name: str = "H800") -> list[dict[str, Any]]:
     """Qwen3-32B at 256 GPUs, paper-compatible Canzona (no cooperation, standard Newton–Schulz)
     against the paper's layer-wise baseline, Megatron at the paper's date (``megatron-2602``, TP
     blockwise) and Megatron main (``megatron-main``), as one
-    assumption changes at a time; ``pinned_by`` names the measurement that would fix it."""
+    assumption changes at a time; ``pinned_by`` names the measurement that would fix it. The last
+    rows are the MoE range: Qwen3-30B-A3B at its MoE row's layout, MFU ``MOE_MFUS``."""
     base_prof = load_profile(profile_name)
     lay = PAPER_LAYOUTS["qwen3-32b"]
     rows = []
