@@ -30,6 +30,7 @@ def test_the_lineages_and_their_options() -> None:
     lin = best.lineages()
     assert lin["megatron-main"] == ("megatron-main", "megatron-main+classic")
     assert lin["megatron-2602"] == ("megatron-2602", "megatron-2602+duplicated")
+    assert lin["megatron-main+6683"] == ("megatron-main+6683", "megatron-main+6683+classic")
 
 
 def test_best_picks_the_faster_option_of_the_lineage() -> None:

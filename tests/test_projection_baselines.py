@@ -143,6 +143,9 @@ def test_classic_is_an_option_of_main_in_main_s_default_tp_mode() -> None:
     classic, main = BASELINES["megatron-main+classic"], BASELINES["megatron-main"]
     assert classic.lineage == main.lineage == "megatron-main" and classic.tp_mode == main.tp_mode
     assert classic.option != main.option
+    on_6683 = BASELINES["megatron-main+6683+classic"]
+    assert on_6683.lineage == "megatron-main+6683" and on_6683.tp_mode == "layer-sharded"
+    assert on_6683.charge is classic.charge
 
 
 def test_only_blockwise_above_tp_1_computes_another_update() -> None:

@@ -400,9 +400,9 @@ def write_table2(
         f"Every measured row, and Qwen3-32B on 256 GPUs and the MoE models (expert parallel: EP in the condition) "
         f"projected on {headline_profile}. Cells: step / iteration "
         "ms (median over runs of each run's median); speedup = baseline ms / canzona ms (> 1: Canzona faster). "
-        "NS: the Newton–Schulz number format. `@best`: each lineage at its fastest shipped option computing "
-        "Canzona's update (named; canzona/analysis/best_option.py), before the per-option ratios; the last "
-        "column names the baselines computing another update. The long tables are below and in `table2.csv`.",
+        "NS: the Newton–Schulz number format. `@best`: each lineage at its fastest shipped option computing Canzona's "
+        "update (named; canzona/analysis/best_option.py), before the per-option ratios; the last column names the "
+        "baselines computing another update. The long tables are below and in `table2.csv`.",
         "",
         headline_markdown(table, headline_profile),
         "",
@@ -412,9 +412,7 @@ def write_table2(
     ]
     if batch is not None and not batch.empty:
         parts += _batch_section(batch)
-    structure = structure_markdown(cells, validation)
-    if structure:
-        parts.append(structure)
+    parts += [x for x in (structure_markdown(cells, validation),) if x]
     parts += table2_sections(table, headline_profile)
     parts += [m for m in (attribution_markdown(cells, headline_profile), metrics_markdown(cells)) if m]
     studies = ((sensitivity, sensitivity_markdown), (authors_sensitivity, authors_markdown), (beyond, beyond_markdown))

@@ -15,6 +15,9 @@ and the collective prices with Canzona, so the comparison differs only in what t
   megatron-main+classic     main with ``--no-use-layer-wise-param-layout``: ping-pong owners, DDP's
                             all-reduce, uneven per-bucket gathers overlapped (``megatron_classic``)
   megatron-main+6683        main with the layer-sharded TP Muon of the unmerged #6683
+  megatron-main+6683+classic  the same on main's classic layout: #6683 assigns its Newton–Schulz homes
+                            after ``shard_params`` whichever way it sharded (146840af9e
+                            layer_wise_optimizer.py 605 and 661–668; the flag, arguments.py 3183)
 
 Each baseline is one shipped option of a lineage (``lineage``: the name a table gives the lineage,
 ``option``: the option's name); a lineage with several options is compared at the fastest one that
@@ -110,7 +113,11 @@ BASELINES = {
                  "Megatron-LM main (d98e8a64dd) --no-use-layer-wise-param-layout --overlap-param-gather",
                  "classic layout"),
         Baseline("megatron-main+6683", megatron_6683.project, megatron_6683.DEFAULT_TP_MODE, "megatron-main+6683",
-                 "Megatron-LM main + #6683 layer-sharded Muon (146840af9e)", "TP layer-sharded"),
+                 "Megatron-LM main + #6683 layer-sharded Muon (146840af9e)", "layer-wise layout, TP layer-sharded"),
+        Baseline("megatron-main+6683+classic", megatron_classic.project, megatron_6683.DEFAULT_TP_MODE,
+                 "megatron-main+6683",
+                 "Megatron-LM main + #6683 (146840af9e) --no-use-layer-wise-param-layout --overlap-param-gather",
+                 "classic layout, TP layer-sharded"),
     )
 }  # fmt: skip
 TP_DESCRIPTIONS = {
