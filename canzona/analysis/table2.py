@@ -25,6 +25,7 @@ from canzona.analysis.markdown import LAYOUT_COL, fmt_ms, fmt_speedup, human_tok
 from canzona.analysis.measured_metrics import metrics_markdown
 from canzona.analysis.pairs import run_views_text
 from canzona.analysis.projection.baselines import BASELINES as MODELLED
+from canzona.analysis.projection.studies import MOE_MFUS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -226,7 +227,8 @@ def sensitivity_markdown(sens: pd.DataFrame) -> str:
             "paper's layer-wise baseline (TP duplicated), Megatron at the paper's date (`megatron-2602`, TP blockwise, "
             "its default then) and Megatron main (`megatron-main`, TP duplicated) "
             "as single assumptions change; `pinned_by` names the measurement that would fix each one; the rows "
-            "named after Qwen3-30B-A3B price its MoE row's fwd/bwd at MFU 0.2–0.47 (the dense 0.47 is an upper bound) "
+            f"named after Qwen3-30B-A3B price its MoE row's fwd/bwd at MFU {min(MOE_MFUS):g}–{max(MOE_MFUS):g} (the "
+            "dense figure is an upper bound) "
             "(written by `canzona project --preset paper`, `projection_sensitivity.csv`).",
             "",
             markdown_table(header, rows),
