@@ -104,3 +104,15 @@ def test_the_moe_row_carries_an_mfu_range_in_the_sensitivity_study() -> None:
     assert [m for _, m in moe] == list(MOE_MFUS) and min(MOE_MFUS) < 0.47 == max(MOE_MFUS)
     assert all(kw == {"model": MOE_LAYOUTS[0][0], "layout": MOE_LAYOUTS[0][1]} for kw, _ in moe)
     assert PINNED_BY["MoE MFU"]
+
+
+def test_the_small_models_carry_the_nccl_group_range_in_the_sensitivity_study() -> None:
+    from canzona.analysis.projection import load_profile
+    from canzona.analysis.projection.studies import GROUP_CHANNELS, GROUP_MODELS, _variants
+
+    rows = [
+        (kw["model"], prof.group_channels)
+        for _, v, kw, prof in _variants(load_profile("H800"))
+        if v == "NCCL group channels"
+    ]
+    assert rows == [(m, c) for m in GROUP_MODELS for c in GROUP_CHANNELS] and 0 in GROUP_CHANNELS

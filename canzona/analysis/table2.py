@@ -221,14 +221,16 @@ def sensitivity_markdown(sens: pd.DataFrame) -> str:
     ]
     return "\n".join(
         [
-            "## Projection sensitivity (Qwen3-32B, 256 GPUs; the MoE MFU range on Qwen3-30B-A3B)",
+            "## Projection sensitivity (Qwen3-32B, 256 GPUs; the MoE MFU and NCCL-group ranges)",
             "",
             "Canzona's projected speedup (paper-compatible: no cooperation, standard Newton–Schulz) over the "
             "paper's layer-wise baseline (TP duplicated), Megatron at the paper's date (`megatron-2602`, TP blockwise, "
             "its default then) and Megatron main (`megatron-main`, TP duplicated) "
             "as single assumptions change; `pinned_by` names the measurement that would fix each one; the rows "
             f"named after Qwen3-30B-A3B price its MoE row's fwd/bwd at MFU {min(MOE_MFUS):g}–{max(MOE_MFUS):g} (the "
-            "dense figure is an upper bound) "
+            "dense figure is an upper bound); the Qwen3-0.6B/1.7B/4B rows price each NCCL group of per-root or "
+            "uneven calls at one latency (the model) or in rounds of 32 / 16 calls at a time (plan/comm.py "
+            "`coalesced_us`), against main's classic layout too "
             "(written by `canzona project --preset paper`, `projection_sensitivity.csv`).",
             "",
             markdown_table(header, rows),

@@ -50,7 +50,15 @@ PINNED_BY = {
     "IB bandwidth": "not by make gpu-check (one GPU): a multi-node nccl-tests all_reduce bus bandwidth",
     "MFU": "not by make gpu-check: a multi-node Megatron fwd/bwd timing",
     "MoE MFU": "not by make gpu-check: a multi-node Megatron fwd/bwd timing of the MoE model at its layout",
+    "NCCL group channels": "not by make gpu-check: nccl-tests broadcasts of uneven sizes from every root in one "
+    "group, at DP 256",
 }
+# How many calls of one NCCL group progress at once (plan.comm.coalesced_us): 0, all of them (one
+# latency per group, the model's default), or rounds of 32 / 16 channels. Per-root buckets (Canzona)
+# and uneven gathers (megatron-2602, main's classic layout) are such groups of up to DP calls, and
+# at DP 256 they decide the small models' rows (issue #49: 13-27 ms a bucket rather than 1.7 ms).
+GROUP_CHANNELS = (0, 32, 16)
+GROUP_MODELS = ("qwen3-0.6b", "qwen3-1.7b", "qwen3-4b")
 # The MoE rows price fwd/bwd at the profile's dense MFU (0.47: canzona/hardware/profiles/H800.toml);
 # a MoE's token dispatch and smaller expert GEMMs run lower, by an amount nothing here measures, so
 # its rows carry a range down to 0.2 (issue #49): an assumption to bracket, not a measured figure.
@@ -90,6 +98,12 @@ def _variants(base_prof: Profile) -> list[tuple[str, str, dict[str, Any], Profil
         (f"{moe}: MFU {m}", "MoE MFU", {"model": model, "layout": lay}, with_profile_overrides(base_prof, mfu=m))
         for m in MOE_MFUS
     ]
+    out += [
+        (f"{name} dp{PAPER_LAYOUTS[name].dp}: NCCL groups " + (f"{c} calls at a time" if c else "at one latency"),
+         "NCCL group channels", {"model": name, "layout": PAPER_LAYOUTS[name]},
+         with_profile_overrides(base_prof, group_channels=c) if c else base_prof)
+        for name in GROUP_MODELS for c in GROUP_CHANNELS
+    ]  # fmt: skip
     return out
 
 
@@ -98,11 +112,13 @@ def sensitivity(profile_name: str = "H800") -> list[dict[str, Any]]:
     against the paper's layer-wise baseline, Megatron at the paper's date (``megatron-2602``, TP
     blockwise) and Megatron main (``megatron-main``), as one
     assumption changes at a time; ``pinned_by`` names the measurement that would fix it. The last
-    rows are the MoE range: Qwen3-30B-A3B at its MoE row's layout, MFU ``MOE_MFUS``."""
+    rows are the MoE range (Qwen3-30B-A3B at its MoE row's layout, MFU ``MOE_MFUS``) and the small
+    models at DP 256 with NCCL groups in rounds (``GROUP_CHANNELS``), each also against main's
+    classic layout (``megatron-main+classic``), main's faster option there."""
     base_prof = load_profile(profile_name)
     lay = PAPER_LAYOUTS["qwen3-32b"]
     rows = []
-    methods = ("layerwise", "megatron-2602", "megatron-main", "canzona")
+    methods = ("layerwise", "megatron-2602", "megatron-main", "megatron-main+classic", "canzona")
     for label, varies, kw, prof in _variants(base_prof):
         scen = [
             replace(Scenario("qwen3-32b", lay, m, overlap=ov, cooperative=False), **kw) for ov in VIEWS for m in methods
@@ -110,7 +126,7 @@ def sensitivity(profile_name: str = "H800") -> list[dict[str, Any]]:
         projs = {(p.scenario.overlap, p.scenario.method): p for p in project_grid(scen, [prof])}
         for ov in VIEWS:
             c, b = projs[(ov, "canzona")], projs[(ov, "layerwise")]
-            b26, bm = projs[(ov, "megatron-2602")], projs[(ov, "megatron-main")]
+            b26, bm, bc = (projs[(ov, m)] for m in ("megatron-2602", "megatron-main", "megatron-main+classic"))
             rows.append(
                 {
                     "profile": profile_name,
@@ -122,6 +138,7 @@ def sensitivity(profile_name: str = "H800") -> list[dict[str, Any]]:
                     "layerwise step ms": round(b.step_ms, 1),
                     "megatron-2602 step ms": round(b26.step_ms, 1),
                     "megatron-main step ms": round(bm.step_ms, 1),
+                    "megatron-main+classic step ms": round(bc.step_ms, 1),
                     "canzona iter ms": round(c.iteration_ms, 1),
                     "layerwise iter ms": round(b.iteration_ms, 1),
                     "speedup step": speedup(b.step_ms, c.step_ms),
@@ -130,9 +147,11 @@ def sensitivity(profile_name: str = "H800") -> list[dict[str, Any]]:
                     "speedup iteration vs megatron-2602": speedup(b26.iteration_ms, c.iteration_ms),
                     "speedup step vs megatron-main": speedup(bm.step_ms, c.step_ms),
                     "speedup iteration vs megatron-main": speedup(bm.iteration_ms, c.iteration_ms),
+                    "speedup step vs megatron-main+classic": speedup(bc.step_ms, c.step_ms),
+                    "speedup iteration vs megatron-main+classic": speedup(bc.iteration_ms, c.iteration_ms),
                     "pinned_by": PINNED_BY.get(varies, ""),
                     "configuration": "canzona coop off, NS standard, cost flops; layerwise TP duplicated; "
-                    "megatron-2602 TP blockwise; megatron-main TP duplicated; every method "
+                    "megatron-2602 TP blockwise; megatron-main and its classic layout TP duplicated; every method "
                     f"SP {'on' if c.scenario.uses_sequence_parallel else 'off'}, "
                     f"split {','.join(c.scenario.splits) or 'none'}",
                 }
