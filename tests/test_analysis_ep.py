@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 
 from canzona.analysis.aggregate import aggregate_cells
+from canzona.analysis.headline import headline_markdown
 from canzona.analysis.load import load_results
 from canzona.analysis.projection import load_profile, validate_against
 from canzona.analysis.projection.scenario import Scenario, project
 from canzona.analysis.projection.validate import _scenario_of
-from canzona.analysis.table2 import LAYOUT_COL, build_table2, headline_markdown, table2_sections
+from canzona.analysis.table2 import LAYOUT_COL, build_table2, table2_sections
 from canzona.plan.types import Layout
 from tests.analysis_records import make_record
 

@@ -233,3 +233,18 @@ def test_a_bom_is_read_and_an_input_of_nothing_is_an_error(tmp_path) -> None:
     for nothing in (empty, tmp_path / "none"):
         with pytest.raises(ResultsError, match="no results line in"):
             load_results(nothing)
+
+
+def test_only_a_chosen_serialized_step_is_a_method_of_its_own() -> None:
+    """A run with the pipelined step off, or its projection in the megatron view (no pipelined=on),
+    is 'canzona (serialized step)'; a projection that only priced the step serialized (the none view,
+    a window over its budget) is canzona, beside its row's baselines."""
+    from canzona.analysis.load import serialized_variant
+
+    off = {"pipelined_step": False}
+    run = make_record(method="canzona", extra_config=off)
+    proj = lambda detail: make_record(method="canzona", provenance="projected", detail=detail, extra_config=off)
+    assert serialized_variant(run) and serialized_variant(proj("profile=H800 overlap=megatron coop=off"))
+    assert not serialized_variant(proj("profile=H800 overlap=none coop=off"))
+    assert not serialized_variant(proj("profile=H800 overlap=megatron coop=off pipelined=on"))
+    assert not serialized_variant(make_record(method="canzona", extra_config={"pipelined_step": True}))

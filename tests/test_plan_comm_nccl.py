@@ -5,6 +5,8 @@ its own table (NVIDIA/nccl src/graph/tuning.cc at 5067397c: NVLink Ring/Simple 3
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from canzona.hardware import load_profile
@@ -61,6 +63,17 @@ def test_a_coalesced_group_pays_one_latency_and_every_bandwidth_term() -> None:
     assert coalesced_us(m, "broadcast", 4, sizes) == pytest.approx(16 + 6)
     assert sum(m.call_us("broadcast", 4, w) for w in sizes if w) == pytest.approx(3 * 16 + 6)
     assert coalesced_us(m, "broadcast", 1, sizes) == 0.0 and coalesced_us(m, "broadcast", 4, [0.0]) == 0.0
+
+
+def test_a_group_over_fewer_channels_than_calls_pays_a_latency_per_round() -> None:
+    # 3 live calls on 2 channels: 2 rounds of 16 µs, the same 6 µs of bandwidth; 4 channels: 1 round
+    two = CommModel("toy", Link(bus_bw=1e9, base_latency_us=10.0, hop_latency_us=2.0), group_channels=2)
+    assert coalesced_us(two, "broadcast", 4, [1e3, 2e3, 0.0, 3e3]) == pytest.approx(2 * 16 + 6)
+    four = dataclasses.replace(two, group_channels=4)
+    assert coalesced_us(four, "broadcast", 4, [1e3, 2e3, 0.0, 3e3]) == pytest.approx(16 + 6)
+    h800 = load_profile("H800")
+    assert profile_model(dataclasses.replace(h800, group_channels=16), 256, "dp").group_channels == 16
+    assert profile_model(h800, 256, "dp").group_channels == 0  # no shipped profile sets it
 
 
 def test_a_group_inside_one_node_moves_at_nvlink_whatever_its_size() -> None:

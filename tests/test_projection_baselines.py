@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from canzona.analysis.projection import load_profile
-from canzona.analysis.projection.baselines import BASELINES, megatron_2602, megatron_main
+from canzona.analysis.projection.baselines import BASELINES, megatron_2602, megatron_classic, megatron_main, same_update
 from canzona.analysis.projection.baselines.common import Cell, ddp_bucket_size, ddp_buckets, ns_cost
 from canzona.analysis.projection.baselines.tp_modes import homes
 from canzona.cost import CostSettings
@@ -118,3 +118,36 @@ def test_layer_sharded_runs_each_matrix_once_per_tp_group() -> None:
     st = BASELINES["megatron-main+6683"].charge(cell, "layer-sharded")
     per_group = [sum(st.ranks[(d, t)].matrices for t in range(2)) for d in range(2)]
     assert per_group == [1, 1] and st.calls_by_kind()["all_to_all"] == 2
+
+
+def test_classic_gathers_each_ddp_bucket_from_its_ping_pong_owners() -> None:
+    # numels 64, 32, 128, 16; ping-pong by numel: #3 -> 0, #1 -> 1, #0 -> 1, #2 -> 0. DDP buckets of
+    # 100 in backprop order: [#3, #2] (144 >= 100), then [#1, #0]; the next forward gathers [#1, #0]
+    # first: rank 1 holds both (96), rank 0 none; then [#3, #2]: rank 0 holds 144 unpadded elements
+    numels = [64, 32, 128, 16]
+    owner = megatron_2602.ping_pong_owners(numels, 2)
+    assert owner == [1, 1, 0, 0]
+    assert megatron_classic.gather_sizes(numels, owner, (0, 1), 100) == [[0, 96], [144, 0]]
+
+
+def test_classic_all_reduces_and_gathers_per_bucket_under_the_forward() -> None:
+    st = BASELINES["megatron-main+classic"].charge(_two_matrices(), "duplicated")
+    calls = st.calls_by_kind()
+    assert "reduce_scatter" not in calls and calls["all_reduce"] == 2  # one DDP bucket + the norm
+    assert calls["broadcast"] == 2  # the bucket's uneven all_gather: one broadcast per owning rank
+    assert st.param_fixed_ms == 0 and len(st.param_bucket_ms) == 1  # overlap_param_gather: under the forward
+    assert calls["all_gather"] == 1  # the owned matrix's TP gather (main's default TP duplicated)
+
+
+def test_classic_is_an_option_of_main_in_main_s_default_tp_mode() -> None:
+    classic, main = BASELINES["megatron-main+classic"], BASELINES["megatron-main"]
+    assert classic.lineage == main.lineage == "megatron-main" and classic.tp_mode == main.tp_mode
+    assert classic.option != main.option
+    on_6683 = BASELINES["megatron-main+6683+classic"]
+    assert on_6683.lineage == "megatron-main+6683" and on_6683.tp_mode == "layer-sharded"
+    assert on_6683.charge is classic.charge
+
+
+def test_only_blockwise_above_tp_1_computes_another_update() -> None:
+    assert not same_update("megatron-2602", 8) and same_update("megatron-2602", 1)
+    assert all(same_update(b, 8) for b in BASELINES if BASELINES[b].tp_mode != "blockwise")

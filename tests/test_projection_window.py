@@ -64,8 +64,9 @@ def test_table2_carries_the_window(ours, tmp_path) -> None:
     import json
 
     from canzona.analysis.aggregate import aggregate_cells
+    from canzona.analysis.headline import headline_markdown
     from canzona.analysis.load import load_results
-    from canzona.analysis.table2 import build_table2, headline_markdown, table2_markdown
+    from canzona.analysis.table2 import build_table2, table2_markdown
     from canzona.analysis.window_columns import ADAMW_COL, CLIPPING_COL, EXPOSED_COL, FLOOR_COL
 
     env = {"git_commit": "x", "hostname": "h", "timestamp": "t"}

@@ -43,7 +43,9 @@ def lineages_markdown(lin: pd.DataFrame) -> str:
             "",
             "Canzona against the paper's baseline as it shipped when the paper appeared (`megatron-2602`, in its "
             "default TP mode blockwise and in the duplicated mode the paper's 5.8× needs), against Megatron main as "
-            "merged (`megatron-main`) and against main with the layer-sharded TP Muon of the unmerged #6683. Each "
+            "merged (`megatron-main`, its default layer-wise layout, and `megatron-main+classic`, the classic layout "
+            "it keeps behind --no-use-layer-wise-param-layout) and against main with the layer-sharded TP Muon of "
+            "the unmerged #6683. Each "
             "baseline is an independent model of that code (canzona/analysis/projection/baselines/). Exposed share: "
             "(iteration − fwd/bwd) / iteration; NCCL calls: one rank's per step, by kind; load: per-GPU optimizer "
             "FLOPs, max / mean; memory: the layout's per-GPU estimate (canzona.models.memory, every method shards "

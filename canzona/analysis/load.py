@@ -135,6 +135,21 @@ def _timing(record: dict[str, Any], key: str) -> tuple[float | None, float | Non
     return med, p90, int(t["n"]) if t.get("n") is not None else 1
 
 
+def serialized_variant(record: dict[str, Any]) -> bool:
+    """Whether a line ran (or projects) the serialized step as a CHOICE: a run with the pipelined
+    step off (``pipelined_step`` false), or a projection of one, in the ``megatron`` view with the
+    knob off (its detail lacks ``pipelined=on``: canzona.analysis.projection.records). A projection
+    whose step was only PRICED serialized (the ``none`` view prices the runtime's step with nothing
+    overlapped; a window over its budget keeps the serialized step) projects the method as it runs,
+    so it keeps the method's name and its row's baselines."""
+    if record["config"].get("pipelined_step") is not False:
+        return False
+    if record.get("provenance") != "projected":
+        return True
+    detail = str(record.get("provenance_detail") or "")
+    return "overlap=megatron" in detail and "pipelined=on" not in detail
+
+
 def _row(record: dict[str, Any], file: str, line: int) -> dict[str, Any]:
     """One table row of a line the shared reader validated (every field it reads was checked there)."""
     cfg = record["config"]
@@ -162,7 +177,7 @@ def _row(record: dict[str, Any], file: str, line: int) -> dict[str, Any]:
     for k in ROW_CONFIG_FIELDS:
         row[k] = cfg.get(k)
     row["ep"] = cfg.get("ep") or 1  # no EP and a line from before the field are one layout (as in the cell key)
-    if cfg.get("pipelined_step") is False and row["method"] in strategies():
+    if serialized_variant(record) and row["method"] in strategies():
         row["method"] = f"{row['method']}{SERIALIZED}"  # a runtime strategy's serialized step: its own column
     row.update(plan_columns(record))
     row.update(metric_columns(record))

@@ -50,7 +50,7 @@ PAPER_BASELINES = ("megatron-muon", "layerwise")  # in order of preference (the 
 # peer, Megatron at the paper's date in its default TP mode (blockwise) and in the mode the paper's
 # numbers need (duplicated), and our runtime's layerwise strategy.
 PAPER_LINEAGE = ("megatron-muon", "megatron-2602", "megatron-2602+duplicated", "layerwise")
-MAIN_LINEAGE = ("megatron-main", "megatron-main+6683")  # what a Megatron user has today
+MAIN_LINEAGE = ("megatron-main", "megatron-main+classic", "megatron-main+6683")  # what a Megatron user has today
 PLANNER_METHODS = ("asc", "layerwise", "canzona-blend", "canzona-refine")  # the authors' rule and ours
 
 

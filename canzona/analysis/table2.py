@@ -15,33 +15,25 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from canzona.analysis import best_option as best
 from canzona.analysis import window_columns as wc
-from canzona.analysis.aggregate import (
-    BASELINES,
-    OURS,
-    PAPER_OPTIMIZER,
-    ROW_KEY,
-    aggregate_cells,
-    finite,
-    method_order,
-    speedups,
-)
+from canzona.analysis.aggregate import BASELINES, OURS, ROW_KEY, aggregate_cells, finite, method_order, speedups
+from canzona.analysis.attribution import attribution_markdown
+from canzona.analysis.headline import MEASURED_AT_COL, RUN_VIEWS_COL, headline_markdown, profile_of
 from canzona.analysis.lineages import authors_markdown, lineages_markdown
 from canzona.analysis.markdown import LAYOUT_COL, fmt_ms, fmt_speedup, human_tokens, layout_text, markdown_table
 from canzona.analysis.measured_metrics import metrics_markdown
-from canzona.analysis.pairs import config_text, run_views_text
+from canzona.analysis.pairs import run_views_text
 from canzona.analysis.projection.baselines import BASELINES as MODELLED
+from canzona.analysis.projection.studies import MOE_MFUS
 
 if TYPE_CHECKING:
     import pandas as pd
 
-MEASURED_AT_COL = "measured at (host @ commit)"
 # the plan Canzona's line ran: with alpha "auto" the only place a reader sees which α was chosen
 PLAN_COL = f"{OURS} plan (α · DP layout · groups · profile · hash)"
 # what Canzona's line attests ran (canzona.analysis.plans.attest_text): routes, owners, Newton–Schulz
 ATTEST_COL = f"{OURS} attestation"
-# sequence parallelism and split views of the row's lines (pairs.run_views_text), per method where they differ
-RUN_VIEWS_COL = "SP · split views"
 
 
 def _model_rank(name: Any) -> int:
@@ -95,6 +87,9 @@ def build_table2(cells: pd.DataFrame) -> pd.DataFrame:
         for c in ROW_KEY:
             match = match[(match[c] == k[c]) | (match[c].isna() & pd.isna(k[c]))]
         srow = match.iloc[0] if len(match) else None
+        # like for like first: each lineage at its best same-update option, and which baselines differ
+        row[best.UPDATE_COL] = best.update_text(list(by), k)
+        row.update(best.best_columns(by, int(k["tp"])))
         for b in bases:
             for t, label in (("iter", "iter"), ("step", "step")):
                 col = f"speedup_{t}_vs_{b}"
@@ -152,10 +147,6 @@ def table2_markdown(table: pd.DataFrame) -> str:
     return markdown_table(header, rows)
 
 
-def _profile_of(prov: str) -> str:
-    return prov.split("projected on ", 1)[1].split(" ", 1)[0] if prov.startswith("projected on ") else ""
-
-
 SPEEDUP_ONLY = ("model", LAYOUT_COL, "kind", "provenance")
 
 
@@ -166,8 +157,8 @@ def table2_sections(table: pd.DataFrame, headline_profile: str = "H800") -> list
         return ["## Table 2", "", "_No result lines were found._", ""]
     prov = table["provenance"].astype(str)
     measured = table[prov.str.startswith("measured")]
-    head = table[prov.map(_profile_of) == headline_profile]
-    other = table[prov.str.startswith("projected") & (prov.map(_profile_of) != headline_profile)]
+    head = table[prov.map(profile_of) == headline_profile]
+    other = table[prov.str.startswith("projected") & (prov.map(profile_of) != headline_profile)]
     note = (
         "Median over runs of each run's median (ms); speedup = baseline ms / canzona ms (> 1: Canzona faster). "
         "`kind` train: iteration and optimizer step; step: optimizer-step benchmark (no iteration time)."
@@ -196,61 +187,6 @@ def table2_sections(table: pd.DataFrame, headline_profile: str = "H800") -> list
     return out
 
 
-HEADLINE_MODEL = "qwen3-32b"
-
-
-def headline_rows(table: pd.DataFrame, profile: str = "H800") -> pd.DataFrame:
-    """The rows of the headline table: every measured row, and the projected Qwen3-32B and
-    expert-parallel (MoE) Muon rows on ``profile`` (both overlap views, ours and the authors' setting)."""
-    if table.empty:
-        return table
-    prov = table["provenance"].astype(str)
-    proj = (
-        (prov.map(_profile_of) == profile)
-        & ((table["model"] == HEADLINE_MODEL) | prov.str.contains(r"[ ,(]ep=", regex=True))
-        & (table["optimizer"] == PAPER_OPTIMIZER)
-    )
-    compared = table[[c for c in table.columns if f"{OURS} vs " in c]].notna().any(axis=1)
-    return table[prov.str.startswith("measured") | (proj & compared)]
-
-
-def _condition(prov: str) -> str:
-    if prov.startswith("measured on "):
-        rest = prov[len("measured on ") :]
-        backend = rest.rsplit("(", 1)[-1].rstrip(")") if rest.endswith(")") else ""
-        device = rest.split(":")[0].split(" (")[0]
-        return f"measured ({device}{', ' + backend if backend else ''})"
-    tok = dict(t.split("=", 1) for t in prov.replace("(", " ").replace(")", " ").replace(",", " ").split() if "=" in t)
-    setting = ", authors' setting" if tok.get("variant") == "authors" else ""
-    return f"projected on {_profile_of(prov)}, overlap={tok.get('overlap', '?')}{setting}, {config_text(tok)}"
-
-
-def headline_markdown(table: pd.DataFrame, profile: str = "H800") -> str:
-    """The compact table results/table2.md opens with: model and layout, condition, batch, per method
-    step / iteration ms, Canzona's speedup over each baseline (step / iteration), its window (``wc``)."""
-    rows = headline_rows(table, profile)
-    if rows.empty:
-        return "_No result lines were found._"
-    methods = [m for m in method_order() if f"{m} step ms" in rows and rows[f"{m} step ms"].notna().any()]
-    has = lambda col: col in rows and rows[col].notna().any()
-    bases = [m for m in methods if m != OURS and (has(f"{OURS} vs {m} (step)") or has(f"{OURS} vs {m} (iter)"))]
-    pair = lambda a, b, f: f"{f(a)} / {f(b)}"
-    out = []
-    for r in rows.to_dict("records"):
-        batch = f"{int(r['global_batch'])}×{int(r['seq_len'])}" if finite(r.get("global_batch")) else "–"
-        ns = r.get("ns_dtype") if isinstance(r.get("ns_dtype"), str) else "–"
-        cond = _condition(str(r["provenance"]))
-        if isinstance(r.get(MEASURED_AT_COL), str):
-            cond += f", {r[MEASURED_AT_COL]} · {r[RUN_VIEWS_COL]}"  # a projected row's names them in config_text
-        line = [r["model"], r[LAYOUT_COL].split(" =")[0], cond, r["kind"], batch, ns]
-        line += [pair(r.get(f"{m} step ms"), r.get(f"{m} iter ms"), fmt_ms) for m in methods]
-        line += [pair(r.get(f"{OURS} vs {b} (step)"), r.get(f"{OURS} vs {b} (iter)"), fmt_speedup) for b in bases]
-        out.append(line)
-    header = ["model", "dp·tp·pp", "condition", "kind", "batch (seq × len)", "NS"]
-    header += [f"{m} step / iter ms" for m in methods] + [f"{OURS} vs {b} step / iter" for b in bases]
-    return markdown_table(*wc.with_window(header, out, rows))
-
-
 def batch_markdown(batch: pd.DataFrame, target: float = 1.57) -> str:
     """Iteration speedup against tokens per iteration (``projection_batch.csv``): one column per
     profile and overlap view, bold where the claim is reached, and the largest batch reaching it."""
@@ -271,7 +207,8 @@ def batch_markdown(batch: pd.DataFrame, target: float = 1.57) -> str:
 
 def _drop_empty(df: pd.DataFrame) -> pd.DataFrame:
     """Drop method / speedup columns with no value in any row of this section."""
-    keep = [c for c in df.columns if not ((c.endswith(" ms") or " vs " in c or wc.listed(c)) and df[c].isna().all())]
+    droppable = lambda c: c.endswith(" ms") or " vs " in c or wc.listed(c) or best.shown(c)
+    keep = [c for c in df.columns if not (droppable(c) and df[c].isna().all())]
     return df[keep]
 
 
@@ -284,12 +221,16 @@ def sensitivity_markdown(sens: pd.DataFrame) -> str:
     ]
     return "\n".join(
         [
-            "## Projection sensitivity (Qwen3-32B, 256 GPUs)",
+            "## Projection sensitivity (Qwen3-32B, 256 GPUs; the MoE MFU and NCCL-group ranges)",
             "",
             "Canzona's projected speedup (paper-compatible: no cooperation, standard Newton–Schulz) over the "
             "paper's layer-wise baseline (TP duplicated), Megatron at the paper's date (`megatron-2602`, TP blockwise, "
             "its default then) and Megatron main (`megatron-main`, TP duplicated) "
-            "as single assumptions change; `pinned_by` names the measurement that would fix each one "
+            "as single assumptions change; `pinned_by` names the measurement that would fix each one; the rows "
+            f"named after Qwen3-30B-A3B price its MoE row's fwd/bwd at MFU {min(MOE_MFUS):g}–{max(MOE_MFUS):g} (the "
+            "dense figure is an upper bound); the Qwen3-0.6B/1.7B/4B rows price each NCCL group of per-root or "
+            "uneven calls at one latency (the model) or in rounds of 32 / 16 calls at a time (plan/comm.py "
+            "`coalesced_us`), against main's classic layout too "
             "(written by `canzona project --preset paper`, `projection_sensitivity.csv`).",
             "",
             markdown_table(header, rows),
@@ -463,7 +404,9 @@ def write_table2(
         f"Every measured row, and Qwen3-32B on 256 GPUs and the MoE models (expert parallel: EP in the condition) "
         f"projected on {headline_profile}. Cells: step / iteration "
         "ms (median over runs of each run's median); speedup = baseline ms / canzona ms (> 1: Canzona faster). "
-        "NS: the Newton–Schulz number format. The long tables are below and in `table2.csv`.",
+        "NS: the Newton–Schulz number format. `@best`: each lineage at its fastest shipped option computing Canzona's "
+        "update (named; canzona/analysis/best_option.py), before the per-option ratios; the last column names the "
+        "baselines computing another update. The long tables are below and in `table2.csv`.",
         "",
         headline_markdown(table, headline_profile),
         "",
@@ -473,11 +416,9 @@ def write_table2(
     ]
     if batch is not None and not batch.empty:
         parts += _batch_section(batch)
-    structure = structure_markdown(cells, validation)
-    if structure:
-        parts.append(structure)
+    parts += [x for x in (structure_markdown(cells, validation),) if x]
     parts += table2_sections(table, headline_profile)
-    parts += [m for m in (metrics_markdown(cells),) if m]
+    parts += [m for m in (attribution_markdown(cells, headline_profile), metrics_markdown(cells)) if m]
     studies = ((sensitivity, sensitivity_markdown), (authors_sensitivity, authors_markdown), (beyond, beyond_markdown))
     parts += [render(frame) for frame, render in studies if frame is not None and not frame.empty]
     parts.extend(extra_sections)

@@ -69,6 +69,9 @@ class Profile:
     collectives: dict[str, CollectiveFit] = field(default_factory=dict)
     measured_ms: dict[tuple[int, int], float] = field(default_factory=dict)  # direction() per full shape
     shared_cores: float | None = None  # ranks share this many cores (CPU); None: one device per rank
+    # calls of one NCCL group in flight at once (plan.comm.coalesced_us); 0: all, one latency per group.
+    # No shipped profile sets it: a sensitivity study's override (projection.studies.GROUP_CHANNELS)
+    group_channels: int = 0
     # [memory]: bytes per GPU beside the tensors (MEMORY_KEYS; canzona.plan.readers.memory.system_memory)
     memory: dict[str, float] = field(default_factory=dict)
     description: str = ""

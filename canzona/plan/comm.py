@@ -164,6 +164,9 @@ class CommModel:
     # of a list of unequal tensors and a ``reduce_scatter`` of unequal inputs, which ProcessGroupNCCL
     # runs as one coalesced group of broadcasts / of reduces (``coalesced_us``); gloo has neither
     uneven_rooted: bool = False
+    # how many calls of one NCCL group progress at once (0: all of them, the group pays one latency);
+    # see ``coalesced_us``
+    group_channels: int = 0
     _kinds: dict[str, Link] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -277,6 +280,7 @@ def profile_model(profile: Profile, span: int, name: str, members: int | None = 
         copy_launch_us=HOST_COPY_US,
         span=where,
         uneven_rooted=not profile.collectives,
+        group_channels=profile.group_channels,
     )
 
 
@@ -286,12 +290,19 @@ def coalesced_us(model: CommModel, kind: str, n: int, sizes: Sequence[float]) ->
     uneven tensors (a broadcast per root inside one coalesced group), the call Megatron's layer-wise
     optimizer issues, and with a ``reduce_scatter`` of uneven inputs (a reduce per root): Canzona's
     rooted gradient reductions and parameter gathers on NCCL (``mode_calls``). The calls' latencies
-    overlap, so the group pays one latency and every call's bandwidth term."""
+    overlap, so the group pays one latency and every call's bandwidth term. With
+    ``model.group_channels`` = C > 0 the calls share C channels and run ceil(calls / C) rounds, each
+    paying the latency: NCCL runs a group as one kernel, its operations in parallel up to what its
+    channels hold, "in multiple rounds if necessary" (NVIDIA/nccl#1028, sjeaugey; #559: with more
+    operations than channels "some operations will be serialized in the same channel"). How many
+    channels a group gets is not documented: the projection carries it as a range
+    (``canzona.analysis.projection.studies.GROUP_CHANNELS``), not a number."""
     live = [w for w in sizes if w > 0]
     if n <= 1 or not live:
         return 0.0
     latency = model.call_us(kind, n, 0.0)
-    return latency + sum(model.call_us(kind, n, w) - latency for w in live)
+    rounds = -(-len(live) // model.group_channels) if model.group_channels > 0 else 1
+    return rounds * latency + sum(model.call_us(kind, n, w) - latency for w in live)
 
 
 # ----------------------------------------------------------------------------- a DP bucket's mode

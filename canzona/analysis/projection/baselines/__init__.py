@@ -12,7 +12,16 @@ and the collective prices with Canzona, so the comparison differs only in what t
   megatron-2602+duplicated  the same with TP ``duplicated``: the mode the paper's 5.8× needs
   megatron-main             Megatron main as merged: RS/AG buckets balanced by max·min², overlapped
                             gathers, TP ``duplicated`` (its default since #6380)
+  megatron-main+classic     main with ``--no-use-layer-wise-param-layout``: ping-pong owners, DDP's
+                            all-reduce, uneven per-bucket gathers overlapped (``megatron_classic``)
   megatron-main+6683        main with the layer-sharded TP Muon of the unmerged #6683
+  megatron-main+6683+classic  the same on main's classic layout: #6683 assigns its Newton–Schulz homes
+                            after ``shard_params`` whichever way it sharded (146840af9e
+                            layer_wise_optimizer.py 605 and 661–668; the flag, arguments.py 3183)
+
+Each baseline is one shipped option of a lineage (``lineage``: the name a table gives the lineage,
+``option``: the option's name); a lineage with several options is compared at the fastest one that
+computes Canzona's update (``canzona.analysis.best_option``), and ``same_update`` says which do.
 
 Under expert parallelism each models Megatron's expert buffers (``Cell.buffers``: an EP rank's experts
 reduced and owned over its expert-DP group of dp / ep ranks, dense parameters over DP), each expert
@@ -24,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from canzona.analysis.projection.baselines import megatron_2602, megatron_6683, megatron_main
+from canzona.analysis.projection.baselines import megatron_2602, megatron_6683, megatron_classic, megatron_main
 from canzona.analysis.projection.baselines.common import Cell
 from canzona.analysis.projection.hardware import Profile
 from canzona.analysis.projection.stage import StageProjection
@@ -35,13 +44,15 @@ from canzona.plan.types import Layout
 @dataclass(frozen=True)
 class Baseline:
     """One modelled peer: how it charges a stage, its TP mode, which lineage a comparison with it
-    belongs to, and the code it models."""
+    belongs to (named as the lineage's default option is), the option of that lineage it is, and
+    the code it models."""
 
     name: str
     charge: Callable[[Cell, str], StageProjection]
     tp_mode: str
     lineage: str
     source: str
+    option: str
 
     def stages(
         self,
@@ -90,14 +101,23 @@ class Baseline:
 BASELINES = {
     b.name: b
     for b in (
-        Baseline("megatron-2602", megatron_2602.project, megatron_2602.DEFAULT_TP_MODE, "paper",
-                 "Megatron-LM #2241 (5548cdc57b) layer_wise_optimizer.py, muon_tp_mode default blockwise"),
-        Baseline("megatron-2602+duplicated", megatron_2602.project, "duplicated", "paper",
-                 "Megatron-LM #2241 (5548cdc57b) with --muon-tp-mode duplicated"),
-        Baseline("megatron-main", megatron_main.project, megatron_main.DEFAULT_TP_MODE, "main",
-                 "Megatron-LM main (d98e8a64dd) layer_wise_optimizer.py #5415/#6379, muon_tp_mode duplicated (#6380)"),
-        Baseline("megatron-main+6683", megatron_6683.project, megatron_6683.DEFAULT_TP_MODE, "main+6683",
-                 "Megatron-LM main + #6683 layer-sharded Muon (146840af9e)"),
+        Baseline("megatron-2602", megatron_2602.project, megatron_2602.DEFAULT_TP_MODE, "megatron-2602",
+                 "Megatron-LM #2241 (5548cdc57b) layer_wise_optimizer.py, muon_tp_mode default blockwise",
+                 "TP blockwise, default"),
+        Baseline("megatron-2602+duplicated", megatron_2602.project, "duplicated", "megatron-2602",
+                 "Megatron-LM #2241 (5548cdc57b) with --muon-tp-mode duplicated", "TP duplicated"),
+        Baseline("megatron-main", megatron_main.project, megatron_main.DEFAULT_TP_MODE, "megatron-main",
+                 "Megatron-LM main (d98e8a64dd) layer_wise_optimizer.py #5415/#6379, muon_tp_mode duplicated (#6380)",
+                 "layer-wise layout, default"),
+        Baseline("megatron-main+classic", megatron_classic.project, megatron_classic.DEFAULT_TP_MODE, "megatron-main",
+                 "Megatron-LM main (d98e8a64dd) --no-use-layer-wise-param-layout --overlap-param-gather",
+                 "classic layout"),
+        Baseline("megatron-main+6683", megatron_6683.project, megatron_6683.DEFAULT_TP_MODE, "megatron-main+6683",
+                 "Megatron-LM main + #6683 layer-sharded Muon (146840af9e)", "layer-wise layout, TP layer-sharded"),
+        Baseline("megatron-main+6683+classic", megatron_classic.project, megatron_6683.DEFAULT_TP_MODE,
+                 "megatron-main+6683",
+                 "Megatron-LM main + #6683 (146840af9e) --no-use-layer-wise-param-layout --overlap-param-gather",
+                 "classic layout, TP layer-sharded"),
     )
 }  # fmt: skip
 TP_DESCRIPTIONS = {
@@ -105,3 +125,11 @@ TP_DESCRIPTIONS = {
     "duplicated": "TP duplicated: all-gather, every TP rank computes",
     "layer-sharded": "TP layer-sharded: one home per matrix by all-to-all",
 }
+
+
+def same_update(name: str, tp: int) -> bool:
+    """Whether baseline ``name`` at TP ``tp`` computes the update Canzona computes: each matrix
+    orthogonalised whole. TP ``blockwise`` orthogonalises each TP shard on its own (tp_modes.py),
+    a different update wherever TP splits a matrix (tp > 1); every other mode is TP-invariant
+    (Megatron's own help, arguments.py 2650–2655 at d98e8a64dd)."""
+    return not (BASELINES[name].tp_mode == "blockwise" and tp > 1)

@@ -67,7 +67,11 @@ def owners(cell: Cell) -> list[int]:
     return out
 
 
-def project(cell: Cell, tp_mode: str = DEFAULT_TP_MODE) -> StageProjection:
+def ping_pong_step(cell: Cell, tp_mode: str) -> tuple[StepBuilder, list[int]]:
+    """Everything of a ping-pong step but the parameter gather: DDP's bucketed fp32 all-reduce of
+    the gradients, finalize_model_grads' TP sums, the norm, and each owner's updates in ``tp_mode``
+    (Muon's matrices) and AdamW (the rest). Returns the builder and each parameter's owner. Main's
+    classic path (``megatron_classic``) runs the same step and gathers per DDP bucket instead."""
     b = StepBuilder(cell)
     lay, prof = cell.layout, cell.profile
     numels = [p.shard_numel(lay.tp) for p in cell.params]
@@ -83,8 +87,14 @@ def project(cell: Cell, tp_mode: str = DEFAULT_TP_MODE) -> StageProjection:
         adamw = sum(numels[i] for i in owned[d] if cell.params[i].route != "matrix")
         for t in range(lay.tp):
             b.ranks[(d, t)].phases["compute"] += cell.adamw_ms(adamw)
+    return b, owner
+
+
+def project(cell: Cell, tp_mode: str = DEFAULT_TP_MODE) -> StageProjection:
+    b, owner = ping_pong_step(cell, tp_mode)
+    numels = [p.shard_numel(cell.layout.tp) for p in cell.params]
     for k, (ranks, idx) in enumerate(owner_loops(cell)[:2]):  # dense, then EP rank 0's experts for all
-        sizes = [sum(numels[i] for i in idx if owner[i] == d) * prof.param_bytes for d in ranks]
+        sizes = [sum(numels[i] for i in idx if owner[i] == d) * cell.profile.param_bytes for d in ranks]
         if any(sizes):
             b.count("broadcast", count=sum(1 for s in sizes if s))  # one coalesced group of broadcasts
             b.param_bucket(b.comm.coalesced("broadcast", "edp" if k else "dp", sizes), overlapped=False)
