@@ -1,7 +1,9 @@
-"""The figures a reader reads first, rendered and checked for what a program can check (issue #38):
-every series in the legend, no two texts overprinted (matplotlib's own boxes, at the default
-size), the paper's claims drawn only in the projected headline, only this machine's rows in the
-measured figure, and gpu_load.png's lines named for what they bound."""
+"""The figures a reader reads first, rendered and checked for what a program can check (issue #38,
+#49 item 4): the legend is the series, no two texts overprinted (matplotlib's own boxes, at the
+default size), the headline's two comparisons per model on linear axes with unrotated labels and
+the option each ran, every option of every lineage in lineages.png, the paper's claims drawn only
+in the projected headline, only this machine's rows in the measured figure, and gpu_load.png's
+lines named for what they bound."""
 
 from __future__ import annotations
 
@@ -36,33 +38,94 @@ def _check(fig) -> None:
         pyplot().close(fig)
 
 
-def test_headline_has_every_baseline_and_the_paper_lines(table) -> None:
-    from canzona.analysis.speedup_plots import baselines, family_rows, headline_figure
+FAMILY = ["0.6b", "1.7b", "4b", "8b", "14b", "32b", "30b-a3b", "235b-a22b"]  # the Qwen3 family at 256 GPUs
+
+
+def _bar_axes(fig) -> list:
+    return [ax for ax in fig.axes if ax.containers]
+
+
+def _unrotated(fig) -> None:
+    """No rotated tick or bar label (the y-axis titles are vertical by nature)."""
+    for ax in fig.axes:
+        texts = [*ax.get_xticklabels(), *ax.texts]
+        assert all(t.get_rotation() == 0 for t in texts), [t.get_text() for t in texts if t.get_rotation()]
+
+
+def test_headline_answers_two_comparisons_per_model(table) -> None:
+    """Per model, step and iteration, exactly two bars: main at its best option and the paper's
+    baseline at its best same-update option; the legend is those two and the paper's two claims."""
+    from canzona.analysis.headline_plot import headline_figure
 
     fig = headline_figure(table)
     labels = legend_labels(fig)
-    assert {f"vs {b}" for b in baselines(family_rows(table, "H800", "megatron"))} <= set(labels)
-    # a baseline measured here only (the Megatron peer) has no projected bar, so no legend entry either
-    assert not {
-        f"vs {b}" for b in set(baselines(table)) - set(baselines(family_rows(table, "H800", "megatron")))
-    } & set(labels)
-    assert {"vs sc", "vs layerwise", "vs asc"} <= set(labels)
-    assert any(lab.startswith("paper: 5.8×") for lab in labels)
-    assert any(lab.startswith("paper: 1.57×") for lab in labels)
-    ticks = {t.get_text().split("\n")[0] for ax in fig.axes for t in ax.get_xticklabels()}
-    assert {"1.7b", "4b", "8b", "14b", "32b"} <= ticks  # the Qwen3 family at 256 GPUs
+    assert sorted(labels) == sorted(_series(fig)) and len(labels) == 4  # legend = series, nothing else
+    assert [lab.split(":")[0] for lab in labels[:2]] == ["vs megatron-main@best", "vs megatron-2602@best"]
+    assert labels[2].startswith("paper: 5.8× optimizer step") and labels[3].startswith("paper: 1.57× iteration")
+    axes = _bar_axes(fig)
+    assert len(axes) == 2 and all(ax.get_yscale() == "linear" for ax in axes)
+    for ax in axes:
+        ticks = [t.get_text().split("\n") for t in ax.get_xticklabels()]
+        assert [t[0].split(" · ")[0] for t in ticks] == FAMILY
+        assert all(t[1].startswith("main: ") and t[2] == "2602: TP duplicated" for t in ticks)
+        assert [len(c) for c in ax.containers] == [len(FAMILY)] * 2  # both comparisons for every model
+    _unrotated(fig)
     _check(fig)
 
 
-def test_headline_is_generic_over_the_baselines_rows_carry(table) -> None:
-    """A baseline model the projection adds (any name) gets its own bars and legend entry."""
-    from canzona.analysis.speedup_plots import headline_figure
+def test_headline_names_the_option_each_bar_ran(table) -> None:
+    """Where main's classic layout is the faster option, the model's label says so."""
+    from canzona.analysis.headline_plot import headline_figure
+
+    t = table.copy()
+    small = t["model"].isin(["qwen3-0.6b", "qwen3-1.7b"])
+    t.loc[small, "megatron-main@best option"] = "classic layout (megatron-main+classic)"
+    fig = headline_figure(t)
+    ticks = {t.get_text().split("\n")[0].split(" · ")[0]: t.get_text() for t in fig.axes[0].get_xticklabels()}
+    assert "main: classic" in ticks["0.6b"] and "main: classic" in ticks["1.7b"]
+    assert "main: layer-wise" in ticks["32b"]
+    _check(fig)
+
+
+def test_lineages_has_every_option_and_marks_another_update(table) -> None:
+    """Each lineage's options the rows carry, one legend entry each; TP blockwise above TP 1 a
+    hatched series named "another update"; the paper's strategies in a row of their own."""
+    from canzona.analysis.lineage_plot import lineages_figure
+    from canzona.analysis.projection.baselines import BASELINES
+    from canzona.analysis.speedup_plots import baselines
+
+    fig = lineages_figure(table)
+    labels = legend_labels(fig)
+    assert sorted(labels) == sorted(_series(fig))
+    options = [b for b in baselines(table) if b in BASELINES]
+    assert {"megatron-2602", "megatron-2602+duplicated", "megatron-main", "megatron-main+6683"} <= set(options)
+    assert {f"vs {m}: {BASELINES[m].option}" for m in options} <= set(labels)
+    assert {"vs sc", "vs layerwise", "vs asc"} <= set(labels)
+    other = [lab for lab in labels if "another update" in lab]
+    assert len(other) == 1 and other[0].startswith("vs megatron-2602: TP blockwise")
+    assert not any("@best" in lab for lab in labels)  # a lineage at its best is one of its options
+    hatched = [p for ax in fig.axes for c in ax.containers if "another update" in c.get_label() for p in c]
+    assert hatched and all(p.get_hatch() == "//" for p in hatched)
+    assert all(ax.get_yscale() == "linear" for ax in _bar_axes(fig))
+    _unrotated(fig)
+    _check(fig)
+
+
+def test_figures_are_generic_over_the_options_and_baselines_rows_carry(table) -> None:
+    """An option the projection adds to a lineage (main's classic layout) and a baseline of no
+    lineage (any name) each get their own bars and legend entry in lineages.png, none in the headline."""
+    from canzona.analysis.headline_plot import headline_figure
+    from canzona.analysis.lineage_plot import lineages_figure
 
     t = table.copy()
     for timing in ("step", "iter"):
-        t[f"canzona vs megatron-main ({timing})"] = t[f"canzona vs layerwise ({timing})"] * 0.5
+        t[f"canzona vs megatron-main+classic ({timing})"] = t[f"canzona vs megatron-main ({timing})"] * 0.5
+        t[f"canzona vs megatron-future ({timing})"] = t[f"canzona vs layerwise ({timing})"] * 2
+    fig = lineages_figure(t)
+    assert {"vs megatron-main+classic: classic layout", "vs megatron-future"} <= set(legend_labels(fig))
+    _check(fig)
     fig = headline_figure(t)
-    assert "vs megatron-main" in legend_labels(fig)
+    assert len(legend_labels(fig)) == 4
     _check(fig)
 
 

@@ -26,7 +26,7 @@ def test_figures_written_and_non_empty(tmp_path: Path) -> None:
 
     cells = aggregate_cells(load_results(GOOD))
     files = write_figures(build_table2(cells), cells, tmp_path, model="qwen3-micro", dp=2, tp=2, pp=1, profile="H800")
-    assert set(files) == {"headline", "measured", "phases", "gpu_load", "alpha"}
+    assert set(files) == {"headline", "lineages", "measured", "phases", "gpu_load", "alpha"}
     for p in files.values():
         _png_ok(p)
 
@@ -142,7 +142,7 @@ def test_notebook_executes_from_analysis_and_from_the_root(tmp_path: Path, cwd: 
     assert not [o for o in outputs if o.get("output_type") == "error"]
     text = "\n".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
     assert "12 result lines -> 9 cells -> 4 table rows" in text
-    names = ("headline", "measured", "phases", "gpu_load", "alpha")
+    names = ("headline", "lineages", "measured", "phases", "gpu_load", "alpha")
     assert sum("image/png" in o.get("data", {}) for o in outputs) == len(names)  # each figure shown once
     for name in names:
         _png_ok(figs / f"{name}.png")

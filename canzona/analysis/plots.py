@@ -1,15 +1,21 @@
 """Figures for Table 2 (matplotlib, Agg backend, PNG): readable at a glance, titled with units.
 
-  headline.png     Canzona's speedup over each baseline, Qwen3 at 256 GPUs (canzona.analysis.speedup_plots)
-  measured.png     the same for this machine's measured cells only
+  headline.png     how much faster than the Megatron you can run: Canzona's step and iteration speedup
+                   over Megatron main at its best option and over the paper's baseline at its best
+                   same-update option, per Qwen3 model at 256 GPUs (canzona.analysis.headline_plot)
+  lineages.png     the same rows against every option of every lineage, another update hatched
+                   (canzona.analysis.lineage_plot)
+  measured.png     Canzona's speedup over each baseline in this machine's measured cells only
+                   (canzona.analysis.speedup_plots)
   phases.png       stacked step-time phases per method, one panel per table row
   gpu_load.png     per-GPU optimizer load of each method's plan, sorted, against what bounds it
   alpha.png        the α trade-off: compute imbalance vs communication imbalance vs α
 
-Why these four: they are the paper's argument in pictures -- where the step time goes, that
-the planner reaches the atomic lower bound, and what α buys. The last two come straight from
-the planner (``gpu_load_data``, ``canzona.analysis.projection.alpha_study``), the first two from
-aggregated result lines.
+Why these: one question each. The first three answer "how much faster", for the reader who runs
+Megatron today, for the lineage and option they run, and on this machine; the others are the paper's
+argument in pictures -- where the step time goes, that the planner reaches the atomic lower bound,
+and what α buys. gpu_load and alpha come straight from the planner (``gpu_load_data``,
+``canzona.analysis.projection.alpha_study``), the others from aggregated result lines.
 """
 
 from __future__ import annotations
@@ -19,9 +25,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from canzona.analysis.aggregate import PAPER_OPTIMIZER, finite, method_order
+from canzona.analysis.headline_plot import plot_headline
+from canzona.analysis.lineage_plot import plot_lineages
 from canzona.analysis.markdown import ep_text
 from canzona.analysis.projection.alpha_study import alpha_study, is_alpha_study_of
-from canzona.analysis.speedup_plots import machine_of, method_color, plot_headline, plot_measured
+from canzona.analysis.speedup_plots import machine_of, method_color, plot_measured
 from canzona.results.figures import pyplot, save_figure
 
 if TYPE_CHECKING:
@@ -262,7 +270,7 @@ def write_figures(
     batch: pd.DataFrame | None = None,
     alpha: pd.DataFrame | None = None,
 ) -> dict[str, Path]:
-    """The figures into ``out_dir``: headline, measured, phases, gpu_load, alpha, and batch when ``batch``
+    """The figures into ``out_dir``: headline, lineages, measured, phases, gpu_load, alpha, and batch when ``batch``
     (``projection_batch.csv``) is given; the planner figures use (model, dp, tp, pp). ``alpha`` is
     ``projection_alpha.csv`` (``canzona project --preset paper``), drawn when it is the α study of
     this (model, layout, profile); otherwise the study is computed here (33 plans: half a minute)."""
@@ -272,6 +280,7 @@ def write_figures(
         cells = cells.assign(_o=order).sort_values("_o", kind="stable").drop(columns="_o")
     files = {
         "headline": plot_headline(table, out / "headline.png", profile=profile or "H800"),
+        "lineages": plot_lineages(table, out / "lineages.png", profile=profile or "H800"),
         "measured": plot_measured(table, out / "measured.png", machine_of(table) or "no measured rows"),
         "phases": plot_phases(cells, out / "phases.png"),
     }

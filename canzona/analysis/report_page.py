@@ -102,11 +102,13 @@ def report_page(
         "",
         "## Headline (projected)",
         "",
-        "![Canzona's speedup over each baseline, Qwen3 at 256 GPUs](figures/headline.png)",
+        "![Canzona's speedup over Megatron main and the paper's baseline, Qwen3 at 256 GPUs](figures/headline.png)",
         "",
         f"Projected on the {profile} profile (canzona/hardware/profiles/{profile}.toml), overlap view "
-        "`megatron`; left the paper-compatible rows (no cooperation, standard Newton–Schulz), right ours. "
-        "Dotted: the paper's claims.",
+        "`megatron`, paper-compatible rows (no cooperation, standard Newton–Schulz): per model, Canzona against "
+        "Megatron main and against the paper's baseline (`megatron-2602`), each at its fastest option computing "
+        "Canzona's update, the option named under the model. Dotted: the paper's claims. Every option of every "
+        "lineage: [figures/lineages.png](figures/lineages.png).",
         "",
         f"## The paper's claims, Qwen3-32B at 256 GPUs (projected on {profile}, paper-compatible)",
         "",

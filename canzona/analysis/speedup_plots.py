@@ -1,16 +1,15 @@
-"""The two speedup figures a reader looks at first (issue #38), generic over the baselines the rows carry.
+"""What the speedup figures share, and measured.png (issue #38, #49 item 4).
 
-  headline.png   Canzona's step and iteration speedup over each baseline for the Qwen3 family at
-                 256 GPUs on one profile and overlap view: paper-compatible rows (no cooperation,
-                 standard Newton–Schulz) beside the beyond-the-paper rows, the paper's claims as
-                 reference lines;
-  measured.png   the same for this machine's measured cells only (one host, device and commit),
-                 never with another machine's numbers or a GPU claim as reference.
+  measured.png   Canzona's step and iteration speedup over each baseline for this machine's measured
+                 cells only (one host, device and commit), never with another machine's numbers or a
+                 GPU claim as reference;
+  headline.png   (``canzona.analysis.headline_plot``) and lineages.png
+                 (``canzona.analysis.lineage_plot``) draw the projected Qwen3 family at 256 GPUs
+                 (``family_rows``) from the helpers here.
 
-Why two: a projection and a CPU measurement answer different questions, and a panel that mixes
-them, or two machines, cannot be read at a glance. Bars are coloured per baseline by
-``method_color`` (the same colour in every figure); every bar carries its value, rotated so that
-neighbouring labels never overprint."""
+Why one figure per question: a projection and a CPU measurement answer different questions, and a
+panel that mixes them, or two machines, cannot be read at a glance. Bars are coloured per baseline by
+``method_color`` (the same colour in every figure)."""
 
 from __future__ import annotations
 
@@ -19,8 +18,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from canzona.analysis.aggregate import OURS, PAPER_OPTIMIZER, finite, method_order
+from canzona.analysis.best_option import OPTION_SUFFIX
 from canzona.analysis.markdown import LAYOUT_COL  # the column these figures read of Table 2's rows
 from canzona.analysis.pairs import is_beyond
+from canzona.analysis.projection.baselines import BASELINES
 from canzona.results.figures import pyplot, save_figure
 
 if TYPE_CHECKING:
@@ -73,90 +74,100 @@ def family_rows(table: pd.DataFrame, profile: str, overlap: str) -> pd.DataFrame
     return table[keep]
 
 
-def _beyond(row: dict[str, Any]) -> bool:
-    tok = _tokens(str(row["provenance"]))
-    return is_beyond({"source": " ".join(f"{k}={v}" for k, v in tok.items())})
+def paper_rows(table: pd.DataFrame, profile: str, overlap: str) -> list[dict[str, Any]]:
+    """``family_rows`` in the paper-compatible configuration only (no cooperation, standard
+    Newton–Schulz: ``pairs.is_beyond`` false), one per model, smallest first: the rows the paper's
+    claims are judged on, so the rows headline.png and lineages.png draw."""
+    family = family_rows(table, profile, overlap) if not table.empty else table
+    rows = family.to_dict("records") if not family.empty else []
+    source = lambda r: " ".join(f"{k}={v}" for k, v in _tokens(str(r["provenance"])).items())
+    return [r for r in rows if not is_beyond({"source": source(r)})]
 
 
-def _model_label(r: dict[str, Any]) -> str:
-    return f"{str(r['model']).replace('qwen3-', '')}\n{str(r[LAYOUT_COL]).split(' =')[0]}"
+def best_method(row: dict[str, Any], lineage: str) -> str | None:
+    """The baseline a row's ``<lineage>@best option`` cell names (``best_option.best_columns``
+    writes "option (method)"), or None where the row has no such option."""
+    cell = row.get(f"{lineage}{OPTION_SUFFIX}")
+    return cell.rsplit("(", 1)[-1].rstrip(")") if isinstance(cell, str) else None
+
+
+def short_option(method: str) -> str:
+    """A baseline's option in a few words for a tick label ("classic", "TP duplicated"): its
+    ``Baseline.option`` without the words every option of a lineage shares."""
+    return BASELINES[method].option.replace(", default", "").replace(" layout", "")
+
+
+def speedup_text(v: float) -> str:
+    """A ratio as a bar's label: three significant digits, never wider than five characters."""
+    return f"{v:.0f}" if v >= 100 else f"{v:.3g}"
+
+
+def slot(x: int, k: int, n: int) -> float:
+    """Where the k-th of n bars of group x stands (each group 0.8 wide, its bars side by side)."""
+    return x + (k - (n - 1) / 2) * 0.8 / n
+
+
+def group_axis(ax: Any, n: int) -> None:
+    """An x axis of ``n`` groups, one tick each, no space wasted at either end."""
+    ax.set_xticks(range(n))
+    ax.set_xlim(-0.6, max(n, 1) - 0.4)
+
+
+def gain_bars(ax: Any, pts: Sequence[tuple[float, float]], width: float, **style: Any) -> Any:
+    """Bars from 1× to each point's ratio ((x, ratio) pairs; see ``break_even``), ``style`` passed
+    to ``Axes.bar``; the bar container."""
+    return ax.bar([x for x, _ in pts], [v - 1.0 for _, v in pts], width, bottom=1.0, **style)
+
+
+def break_even(ax: Any) -> None:
+    """A linear speedup axis whose bars grow from 1× (drawn with ``bottom=1``): up where Canzona is
+    faster, down where it is slower, so a bar's length is the gain; the axis spans break-even and
+    leaves room above the tallest bar for its label."""
+    ax.axhline(1.0, color="black", lw=0.8)
+    lo, hi = ax.get_ylim()
+    lo, hi = min(lo, 1.0) - 0.04 * (hi - lo), hi + 0.06 * (hi - lo)
+    ticks = ax.get_yticks()
+    step = ticks[1] - ticks[0]  # break-even gets a tick; a tick closer to it than half a step would overprint it
+    ax.set_yticks([1.0, *(t for t in ticks if lo <= t <= hi and abs(t - 1.0) >= step / 2)])
+    ax.set_ylim(lo, hi)
+
+
+def model_label(r: dict[str, Any]) -> str:
+    """A projected row's model and layout, short: "32b · 32·8·1"."""
+    return f"{str(r['model']).replace('qwen3-', '')} · {str(r[LAYOUT_COL]).split(' =')[0]}"
 
 
 def _bars(ax: Any, rows: list[dict[str, Any]], bases: Sequence[str], timing: str) -> None:
-    """Grouped bars per row, one per baseline that has a value anywhere in ``rows``; log y."""
+    """Grouped bars per row, one per baseline that has a value anywhere in ``rows``; log y (the
+    measured ratios span 0.1× to 100×)."""
     present = [b for b in bases if any(finite(r.get(f"{OURS} vs {b} ({timing})")) for r in rows)]
     width = 0.8 / max(1, len(present))
     top = 1.0
     for k, b in enumerate(present):
-        pts = [
-            (x + (k - (len(present) - 1) / 2) * width, float(r[f"{OURS} vs {b} ({timing})"]))
-            for x, r in enumerate(rows)
-            if finite(r.get(f"{OURS} vs {b} ({timing})"))
-        ]
+        col = f"{OURS} vs {b} ({timing})"
+        pts = [(slot(x, k, len(present)), float(r[col])) for x, r in enumerate(rows) if finite(r.get(col))]
         bars = ax.bar([x for x, _ in pts], [v for _, v in pts], width, label=f"vs {b}", color=method_color(b))
         ax.bar_label(bars, labels=[f"{v:.3g}" for _, v in pts], fontsize=6, padding=2, rotation=90)
         top = max([top, *(v for _, v in pts)])
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_yscale("log")
     ax.set_ylim(min(0.5, ax.get_ylim()[0]), top * 4)
-    ax.set_xticks(range(len(rows)))
-    ax.set_xticklabels([_model_label(r) for r in rows], fontsize=7)
-    ax.set_xlim(-0.6, max(len(rows), 1) - 0.4)
+    group_axis(ax, len(rows))
     plain = pyplot().FuncFormatter(lambda v, _: f"{v:g}")
     ax.yaxis.set_major_formatter(plain)
     ax.yaxis.set_minor_formatter(pyplot().NullFormatter())
 
 
-def _legend(fig: Any, axes: Sequence[Any]) -> None:
+def figure_legend(fig: Any, axes: Sequence[Any], ncol: int = 4) -> None:
     """One legend for the figure with every series of every panel, once each: the bars first,
-    then the reference lines."""
+    then the paper's reference lines."""
     seen: dict[str, Any] = {}
     for ax in axes:
         for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
             seen.setdefault(lab, h)
     seen = dict(sorted(seen.items(), key=lambda kv: kv[0].startswith("paper")))
     if seen:
-        fig.legend(list(seen.values()), list(seen), loc="lower center", ncol=min(len(seen), 4), fontsize=7)
-
-
-def plot_headline(table: pd.DataFrame, path: str | Path, profile: str = "H800", overlap: str = "megatron") -> Path:
-    return save_figure(headline_figure(table, profile, overlap), path)
-
-
-def headline_figure(table: pd.DataFrame, profile: str = "H800", overlap: str = "megatron") -> Any:
-    """2 × 2 panels: step (top) and iteration (bottom); paper-compatible (left) and beyond the
-    paper (right); x = the Qwen3 models at 256 GPUs; the paper's claims as dotted lines."""
-    plt = pyplot()
-    family = family_rows(table, profile, overlap) if not table.empty else table
-    rows = family.to_dict("records") if not table.empty else []
-    bases = baselines(family) if not family.empty else []  # the projected ones: a measured-only peer has no bar
-    claims = paper_claims()
-    sides = (("paper-compatible: no cooperation, standard NS", False), ("beyond the paper: our additions", True))
-    # each model's group holds a bar per baseline, each labelled: the panels widen with the models
-    # so the rotated labels of neighbouring bars never overprint (tests/test_analysis_figures.py)
-    per_side = max((sum(_beyond(r) == beyond for r in rows) for _, beyond in sides), default=0)
-    fig, axes = plt.subplots(2, 2, figsize=(max(12.0, 2 * (0.14 * len(bases) * per_side + 1.2)), 7.5), squeeze=False)
-    for j, (side, beyond) in enumerate(sides):
-        mine = [r for r in rows if _beyond(r) == beyond]
-        for i, (timing, label) in enumerate(TIMINGS):
-            ax = axes[i][j]
-            if not mine:
-                ax.text(0.5, 0.5, f"no {side.split(':')[0]} rows", ha="center", transform=ax.transAxes)
-                ax.set_axis_off()
-                continue
-            _bars(ax, mine, bases, timing)
-            ref = claims[timing]
-            ax.axhline(ref, color="black", ls=":", lw=1.2, label=f"paper: {ref:g}× {label} (Qwen3-32B vs its baseline)")
-            ax.set_ylabel(f"{label} speedup (×, log)", fontsize=8)
-            ax.set_title(f"{side}\n{label}: baseline ms / canzona ms", fontsize=8)
-    fig.suptitle(
-        f"Canzona's speedup over each baseline, Qwen3 at 256 GPUs, projected on {profile} "
-        f"(overlap view {overlap}; > 1: Canzona faster)",
-        fontsize=10,
-    )
-    _legend(fig, list(axes.flat))
-    fig.tight_layout(rect=(0, 0.07, 1, 0.95))
-    return fig
+        fig.legend(list(seen.values()), list(seen), loc="lower center", ncol=min(len(seen), ncol), fontsize=7)
 
 
 def measured_rows(table: pd.DataFrame) -> pd.DataFrame:
@@ -191,7 +202,7 @@ def measured_figure(table: pd.DataFrame, machine: str, note: str = "") -> Any:
         ax.set_title(f"{label}: baseline ms / canzona ms", fontsize=8)
     title = f"Measured on this machine only: {machine}"
     fig.suptitle(title + (f"\n{note}" if note else ""), fontsize=9)
-    _legend(fig, list(axes.flat))
+    figure_legend(fig, list(axes.flat))
     fig.tight_layout(rect=(0, 0.07, 1, 0.93 if note else 0.95))
     return fig
 
