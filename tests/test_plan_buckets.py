@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -14,10 +15,12 @@ from canzona.plan.buckets import (
     bucket_divisor,
     buffer_padding,
     build_buckets,
+    grouped_bucket,
     matrix_chunks,
     megatron_bucket_size,
     padded_bucket,
 )
+from canzona.plan.types import _hashed_config
 
 
 def test_divisor_is_lcm_of_dp_and_128() -> None:
@@ -111,6 +114,41 @@ def test_matrix_chunks_rule_by_hand() -> None:
     assert len(matrix_chunks(five, 8, 150)) == 1
     # the bucket size rules when it is larger than the floor: ⌊500 / 250⌋ = 2
     assert len(matrix_chunks(five, 1, 250)) == 2
+
+
+def test_small_end_chunks_by_hand() -> None:
+    """``end_size``: the first chunk (backprop order) and the last reach it with the fewest
+    parameters; the rule cuts the rest as before; without room for a middle nothing changes."""
+    eight = [(n, 100) for n in "abcdefgh"]
+    chunks = matrix_chunks(eight, 2, 150, 150)
+    assert [[n for n, _ in c] for c in chunks] == [["h", "g"], ["f", "e"], ["d", "c"], ["b", "a"]]
+    names = [[n for n, _ in c] for c in matrix_chunks(eight, 2, 150, 100)]
+    assert names == [["h"], ["g", "f"], ["e", "d"], ["c", "b"], ["a"]]  # the middle: k = ⌊600 / 181⌋ = 3
+    assert matrix_chunks(eight, 2, 150, 400) == matrix_chunks(eight, 2, 150)  # the ends would meet
+
+
+def test_grouped_bucket_has_exact_slices_by_hand() -> None:
+    b = Bucket(0, (BucketEntry("a", 0, 100), BucketEntry("b", 128, 30), BucketEntry("c", 192, 64)), 384)
+    laid, cuts = grouped_bucket(b, {"a": 2, "b": 0, "c": 0}, 3)
+    # slot 0: b at 0, c at 64 → 128; slot 1 empty; slot 2: a (100) at 128 → 256: no slot padded to the widest
+    assert [(e.name, e.start) for e in laid.entries] == [("b", 0), ("c", 64), ("a", 128)]
+    assert cuts == (0, 128, 128, 256) and laid.size == 256
+
+
+def test_small_end_buckets_hash_only_when_set_and_move_their_own_bytes() -> None:
+    """Qwen3-32B at DP32·TP8 (padded): two small end buckets with exact (uneven) slices, the others
+    equal; the plan without the knob is the one it always was."""
+    cfg = PlanConfig(cooperative=False, dp_layout="padded")
+    (plain,) = plan_model("qwen3-32b", Layout(dp=32, tp=8), cfg)
+    (ends,) = plan_model("qwen3-32b", Layout(dp=32, tp=8), dataclasses.replace(cfg, end_bucket_size=100_000_000))
+    assert plain.input_hash == plan_model("qwen3-32b", Layout(dp=32, tp=8), cfg)[0].input_hash
+    assert "end_bucket_size" not in _hashed_config(cfg) and ends.input_hash != plain.input_hash
+    sizes = [b.used for b in ends.dp.buckets]
+    assert len(sizes) == len(plain.dp.buckets) + 1 and max(sizes[0], sizes[-1]) < min(sizes[1:-1]) / 5
+    for i, c in enumerate(ends.dp.cuts):
+        widths = {c[k + 1] - c[k] for k in range(len(c) - 1)}
+        assert (len(widths) > 1) == (i in (0, len(sizes) - 1))  # exact slices only at the ends
+        assert ends.dp.buckets[i].size <= (c[-1] if len(widths) > 1 else 32 * widths.pop())
 
 
 def test_padded_bucket_by_hand() -> None:
