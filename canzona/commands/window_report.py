@@ -6,12 +6,16 @@
 From Canzona train lines (``timings.pipelined_step_ran``, ``timings.window``; canzona.runtime.window):
   * the pipelined step beside the serialized one, per cell that ran both (iteration and step medians);
   * Muon's iteration over AdamW's (Canzona's own distributed AdamW at the same layout and buckets);
-  * the pipelined step's per-bucket timeline (medians over the measured iterations): when each matrix
-    bucket's reduction had landed and its update was done, from the start of the step, and how many
-    updates were done before the last bucket had landed;
+  * each step's per-bucket timeline, serialized and pipelined (medians over the measured iterations):
+    when each matrix bucket's reduction had landed and its update ran, from the start of the step
+    (every reduction launched), and how many updates were done before the last bucket had landed;
   * lines that differ only in the gradient reduce format (fp32 / bf16): the largest loss difference
     over the curve.
-``--plot``: that timeline as one bar per bucket (``timeline_figure``).
+``--plot``: the serialized step beside the pipelined one, one bar per bucket for its reduce-scatter,
+update and all-gather (``timeline_figure``): projected by the window model (``canzona.plan.window``)
+for ``canzona project`` with the ``--projected`` flags (default: Qwen3-32B at DP32·TP8 on H800,
+256×4096 tokens, cooperation off, as the README's window table), and as the Muon lines measured it
+(the gathers are not timed per bucket there).
 """
 
 from __future__ import annotations
