@@ -117,14 +117,15 @@ def test_matrix_chunks_rule_by_hand() -> None:
 
 
 def test_small_end_chunks_by_hand() -> None:
-    """``end_size``: the first chunk (backprop order) and the last reach it with the fewest
-    parameters; the rule cuts the rest as before; without room for a middle nothing changes."""
-    eight = [(n, 100) for n in "abcdefgh"]
-    chunks = matrix_chunks(eight, 2, 150, 150)
-    assert [[n for n, _ in c] for c in chunks] == [["h", "g"], ["f", "e"], ["d", "c"], ["b", "a"]]
-    names = [[n for n, _ in c] for c in matrix_chunks(eight, 2, 150, 100)]
-    assert names == [["h"], ["g", "f"], ["e", "d"], ["c", "b"], ["a"]]  # the middle: k = ⌊600 / 181⌋ = 3
-    assert matrix_chunks(eight, 2, 150, 400) == matrix_chunks(eight, 2, 150)  # the ends would meet
+    """``end_size``: from each end chunks of about end, 2·end, 4·end, … elements while a chunk stays
+    at most half the padded threshold T; the rule cuts the middle as before; ends that would meet
+    change nothing."""
+    params = [(f"p{i}", 100) for i in range(24)]  # T = max(1000, 0.9·2·100) = 1000
+    assert [len(c) for c in matrix_chunks(params, 2, 1000, 100)] == [1, 2, 4, 10, 4, 2, 1]  # 100, 200, 400
+    assert [len(c) for c in matrix_chunks(params, 2, 1000, 400)] == [4, 16, 4]  # 800 > T/2: one each
+    chunks = matrix_chunks(params, 2, 1000, 100)
+    assert chunks[0][0] == ("p23", 100) and chunks[-1] == [("p0", 100)]  # backprop order, as without ends
+    assert matrix_chunks(params[:4], 2, 1000, 300) == matrix_chunks(params[:4], 2, 1000)  # the ends would meet
 
 
 def test_grouped_bucket_has_exact_slices_by_hand() -> None:
@@ -136,19 +137,18 @@ def test_grouped_bucket_has_exact_slices_by_hand() -> None:
 
 
 def test_small_end_buckets_hash_only_when_set_and_move_their_own_bytes() -> None:
-    """Qwen3-32B at DP32·TP8 (padded): two small end buckets with exact (uneven) slices, the others
+    """Qwen3-32B at DP32·TP8 (padded): small end buckets with exact (uneven) slices, the middle ones
     equal; the plan without the knob is the one it always was."""
     cfg = PlanConfig(cooperative=False, dp_layout="padded")
     (plain,) = plan_model("qwen3-32b", Layout(dp=32, tp=8), cfg)
     (ends,) = plan_model("qwen3-32b", Layout(dp=32, tp=8), dataclasses.replace(cfg, end_bucket_size=100_000_000))
     assert plain.input_hash == plan_model("qwen3-32b", Layout(dp=32, tp=8), cfg)[0].input_hash
     assert "end_bucket_size" not in _hashed_config(cfg) and ends.input_hash != plain.input_hash
-    sizes = [b.used for b in ends.dp.buckets]
-    assert len(sizes) == len(plain.dp.buckets) + 1 and max(sizes[0], sizes[-1]) < min(sizes[1:-1]) / 5
-    for i, c in enumerate(ends.dp.cuts):
-        widths = {c[k + 1] - c[k] for k in range(len(c) - 1)}
-        assert (len(widths) > 1) == (i in (0, len(sizes) - 1))  # exact slices only at the ends
-        assert ends.dp.buckets[i].size <= (c[-1] if len(widths) > 1 else 32 * widths.pop())
+    exact = [len({c[k + 1] - c[k] for k in range(len(c) - 1)}) > 1 for c in ends.dp.cuts]
+    assert exact[0] and exact[-1] and not all(exact)  # exact slices at both ends, equal ones between
+    small = [b.used for b, x in zip(ends.dp.buckets, exact, strict=True) if x]
+    assert max(small) < min(b.used for b, x in zip(ends.dp.buckets, exact, strict=True) if not x)
+    assert min(small) < 2 * 100_000_000 and len(ends.dp.buckets) > len(plain.dp.buckets)
 
 
 def test_padded_bucket_by_hand() -> None:

@@ -112,13 +112,15 @@ def matrix_chunks(
     first ones reduce while backward still runs. Cutting into k EQUAL chunks, instead of closing
     at T and leaving the remainder, avoids a small last bucket that would again be mostly padding.
 
-    ``end_size`` (``PlanConfig.end_bucket_size``): the first chunk closes right after the parameter
-    that brings it to ``end_size`` elements, the last holds the fewest trailing parameters that reach
-    it, and the rule above cuts the rest. Why small ENDS help the pipelined step's window
-    (``canzona.plan.window``; results/window/end_buckets.md): the first-reduced bucket is ready after
-    its share of the last backward, so the DP link starts sooner, and, gathered last, it leaves the
-    next forward a short last segment after the last gather; the last-reduced bucket is the critical
-    update. Small ends are laid with exact slices (``grouped_bucket``), not padded ones.
+    ``end_size`` (``PlanConfig.end_bucket_size``): from EACH end, chunks of about end_size,
+    2·end_size, 4·end_size, … elements (each closes right after the parameter that reaches its size)
+    while a chunk stays at most T / 2; the rule above cuts the rest. Why small, GRADED ends help the
+    pipelined step's window (``canzona.plan.window``; results/window/end_buckets.md): the
+    first-reduced bucket is ready after its share of the last backward, so the DP link starts sooner,
+    and, gathered last, it leaves the next forward a short last segment after the last gather; the
+    last-reduced bucket is the critical update; growing sizes keep the link busy (one small bucket
+    followed by a T-sized one leaves it idle until the big one is ready). Ends are laid with exact
+    slices (``grouped_bucket``), not padded ones: under T a bucket would be mostly padding.
     """
     if not isinstance(bucket_size, int) or bucket_size <= 0:
         raise ConfigError(f"bucket size must be a positive number of elements, got {bucket_size!r}")
@@ -128,14 +130,14 @@ def matrix_chunks(
     for name, numel in order:
         if numel <= 0:
             raise ConfigError(f"parameter {name!r} has {numel} elements; every parameter needs at least one")
-    if end_size is not None:
-        head, tail = _prefix(order, end_size), len(order) - _prefix(order[::-1], end_size)
-        if 0 < head < tail < len(order):
-            middle = matrix_chunks(order[head:tail][::-1], group, bucket_size)
-            return [list(order[:head]), *middle, list(order[tail:])]
     total = sum(n for _, n in order)
     widest = max(n for _, n in order)
     threshold = max(bucket_size, math.ceil(PADDING_FLOOR * group * widest))
+    if end_size is not None:
+        head, tail = _graded(order, end_size, threshold), _graded(order[::-1], end_size, threshold)
+        if sum(head) + sum(tail) < len(order):
+            middle = matrix_chunks(order[sum(head) : len(order) - sum(tail)][::-1], group, bucket_size)
+            return [*_split(order, head), *middle, *reversed(_split(order[::-1], tail))]
     k = max(1, total // threshold)
     chunks: list[list[tuple[str, int]]] = [[]]
     cum = 0
@@ -145,6 +147,26 @@ def matrix_chunks(
         if len(chunks) < k and cum * k >= len(chunks) * total:
             chunks.append([])
     return [c for c in chunks if c]
+
+
+def _graded(order: Sequence[tuple[str, int]], size: int, threshold: int) -> list[int]:
+    """Parameters per end chunk from one end of ``order``: chunks of about size, 2·size, 4·size, …
+    while a chunk stays at most half the padded rule's ``threshold``."""
+    counts, pos = [], 0
+    while 2 * size <= threshold and pos < len(order):
+        k = _prefix(order[pos:], size)
+        counts.append(k)
+        pos, size = pos + k, 2 * size
+    return counts
+
+
+def _split(order: Sequence[tuple[str, int]], counts: Sequence[int]) -> list[list[tuple[str, int]]]:
+    """The first chunks of ``order`` holding ``counts`` parameters each (in ``order``'s order)."""
+    out, pos = [], 0
+    for k in counts:
+        out.append(list(order[pos : pos + k]))
+        pos += k
+    return out
 
 
 def _prefix(order: Sequence[tuple[str, int]], size: int) -> int:

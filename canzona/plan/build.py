@@ -32,7 +32,7 @@ from canzona.cost import CostModel, cost_for, priced_on
 from canzona.errors import ConfigError
 from canzona.hardware import DEFAULT_GPU, Profile, load_profile
 from canzona.models import Model, ParamSpec, get_model, list_params
-from canzona.plan.buckets import build_buckets, matrix_chunks, packed_bucket, resolve_bucket_size
+from canzona.plan.buckets import PADDING_FLOOR, build_buckets, matrix_chunks, packed_bucket, resolve_bucket_size
 from canzona.plan.choice import Candidate, choose, kept
 from canzona.plan.coop import CoopSettings, applies, candidates, check_ownership, coop_settings, plan_cooperative
 from canzona.plan.dp.problem import make_problem, padding_floor
@@ -163,14 +163,18 @@ def matrix_buckets(
     return tuple(out)
 
 
-def end_buckets(buckets: Sequence[Bucket], cfg: PlanConfig) -> frozenset[int]:
-    """The dense buffer's end buckets ``end_bucket_size`` cut small in the padded layout: laid with
-    exact slices (``buckets.grouped_bucket``), since padded to equal slices a bucket of a few
-    matrices would move about DP × its widest matrix, a whole bucket's bytes (``matrix_chunks``)."""
-    dense = [b.index for b in buckets if b.ep_rank is None]
+def end_buckets(buckets: Sequence[Bucket], layout: Layout, cfg: PlanConfig) -> frozenset[int]:
+    """The dense buffer's end buckets ``end_bucket_size`` cut small in the padded layout (those under
+    ``matrix_chunks``'s padding threshold): laid with exact slices (``buckets.grouped_bucket``), since
+    padded to equal slices a bucket of a few matrices would move about DP × its widest matrix, a
+    whole bucket's bytes."""
+    dense = [b for b in buckets if b.ep_rank is None]
     if cfg.end_bucket_size is None or cfg.dp_layout != "padded" or len(dense) < 3:
         return frozenset()
-    return frozenset((dense[0], dense[-1]))
+    widest = max(e.numel for b in dense for e in b.entries)
+    size = resolve_bucket_size(cfg.bucket_size, layout.dp)
+    threshold = max(size, math.ceil(PADDING_FLOOR * layout.dp * widest))
+    return frozenset(b.index for b in dense if b.used < threshold)
 
 
 def _layouts(params: Sequence[ParamSpec], items: Sequence[PlanItem], layout: Layout, cfg: PlanConfig) -> list[str]:
@@ -186,7 +190,7 @@ def _layouts(params: Sequence[ParamSpec], items: Sequence[PlanItem], layout: Lay
         return ["padded"]
     padded = replace(cfg, dp_layout="padded")
     chunks = matrix_buckets(params, items, layout, padded)
-    ends = end_buckets(chunks, padded)  # exact slices: no padding
+    ends = end_buckets(chunks, layout, padded)  # exact slices: no padding
     rest = [b for b in chunks if b.index not in ends]
     return ["padded", "exact"] if padding_floor(rest, layout) <= AUTO_PADDING_LIMIT else ["exact"]
 
@@ -332,7 +336,7 @@ def _plain_plan(
         cfg.tp_mode,
         layout=cfg.dp_layout,
         ep=layout.ep,
-        exact=end_buckets(buckets, cfg),
+        exact=end_buckets(buckets, layout, cfg),
     )
     dpp = strategy.planner(problem, items, cfg.dp_algo, cfg.resolved_alpha)
     tps = schedule_tp(

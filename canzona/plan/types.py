@@ -244,9 +244,10 @@ class PlanConfig:
     # micro-groups are sealed at bucket boundaries (the hosts the LPT chose stay), else a group
     # straddling two buckets waits for the later one
     bucket_waves: bool = False
-    # elements (TP-local) of each END bucket of the padded layout: the bucket reduced first (the last
-    # layers, gathered last) and the one reduced last (the first layers, gathered first), cut small
-    # and laid with exact slices (``buckets.matrix_chunks``, ``buckets.grouped_bucket``); None: off
+    # elements (TP-local) of the smallest END buckets of the padded layout: from the bucket reduced
+    # first (the last layers, gathered last) and from the one reduced last (the first layers, gathered
+    # first) inwards, buckets of this size, twice it, … laid with exact slices (``buckets.matrix_chunks``,
+    # ``buckets.grouped_bucket``); None: off
     end_bucket_size: int | None = None
     alpha_chosen: bool = False  # True: ``alpha`` was chosen by the planner ("auto"), not given
 

@@ -177,8 +177,8 @@ class PlanSpec:
     # this many elements with exact slices, for the pipelined step's window (results/window/end_buckets.md)
     end_bucket_size: int | None = knob(
         None,
-        "elements of each small end bucket (the first- and the last-reduced, exact slices) in the padded "
-        "layout (default: none)",
+        "elements of the smallest end buckets in the padded layout: from the first- and the last-reduced "
+        "bucket inwards, buckets of this size, twice it, ... with exact slices (default: none)",
         lo=1,
         hi=MAX_INT_FLAG,
         canzona=True,
