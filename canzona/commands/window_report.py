@@ -1,7 +1,11 @@
 """`canzona window-report`: the optimizer window as measured train lines show it.
 
     canzona sweep run slurm/sweeps/window.toml --results-dir results/window
-    canzona window-report results/window/window.jsonl --plot results/figures/window.png
+    canzona window-report results/window/window.jsonl
+
+    # the figure: lines recorded since both steps record their timeline (the Muon cells suffice)
+    canzona sweep run slurm/sweeps/window.toml --only optimizer=muon --results-dir results/window/timeline
+    canzona window-report results/window/timeline/window.jsonl --plot results/figures/window.png
 
 From Canzona train lines (``timings.pipelined_step_ran``, ``timings.window``; canzona.runtime.window):
   * the pipelined step beside the serialized one, per cell that ran both (iteration and step medians);
@@ -272,7 +276,7 @@ def plot_timeline(panels: Sequence[Panel], path: str | Path) -> Path:
 def timeline_figure(panels: Sequence[Panel]) -> Any:
     """Serialized beside pipelined, one row of panels per source (projected, measured): per bucket
     one bar each for its reduce-scatter, update and all-gather on the time axis; the dashed line is
-    each panel's mark. Panels of one row share their axes."""
+    each panel's mark."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -286,19 +290,20 @@ def timeline_figure(panels: Sequence[Panel]) -> Any:
         2,
         figsize=(13, 1.6 + 0.45 * sum(height) + 1.0 * nrows),
         squeeze=False,
-        sharey="row",
         gridspec_kw={"height_ratios": height},
     )
     marks: dict[str, str] = {}
-    for ax, panel in zip(axes.flat, panels, strict=False):
+    for k, (ax, panel) in enumerate(zip(axes.flat, panels, strict=False)):
         for i, (_, spans) in enumerate(panel.rows):
             for series, (a, b) in spans.items():
                 off = (list(SERIES).index(series) - 1) * 0.27
                 ax.barh(i + off, b - a, left=a, height=0.25, color=SERIES[series])
         ax.axvline(panel.mark[0], color="tab:red" if "measured" in panel.mark[1] else "black", linestyle="--")
         marks[panel.mark[1]] = "tab:red" if "measured" in panel.mark[1] else "black"
+        # each panel its own buckets (a rank's pipelined waves are the buckets it updates in), rows of a
+        # row of panels equally tall
         ax.set_yticks(range(len(panel.rows)), [tag for tag, _ in panel.rows], fontsize=8)
-        ax.invert_yaxis() if not ax.yaxis_inverted() else None
+        ax.set_ylim(height[k // 2] - 0.5, -0.5)
         ax.set_title(panel.title, fontsize=8)
         ax.set_xlabel("ms", fontsize=8)
         ax.tick_params(labelsize=8)

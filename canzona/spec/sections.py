@@ -173,8 +173,8 @@ class PlanSpec:
     bucket_size: int | None = knob(
         None, "gradient bucket size in elements (default: Megatron's max(40M, 1M·DP))", lo=1, hi=MAX_INT_FLAG
     )
-    # canzona.plan.buckets.matrix_chunks: the padded layout's first- and last-reduced buckets cut to
-    # this many elements with exact slices, for the pipelined step's window (results/window/end_buckets.md)
+    # canzona.plan.buckets.matrix_chunks: the padded layout's buckets from each end graded from this many
+    # elements (×2 each), with exact slices, for the pipelined step's window (results/window/end_buckets.md)
     end_bucket_size: int | None = knob(
         None,
         "elements of the smallest end buckets in the padded layout: from the first- and the last-reduced "
