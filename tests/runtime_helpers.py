@@ -65,7 +65,17 @@ def dist_config(strategy: str, optimizer: str, **kw) -> DistConfig:
     # preconditions only sides whose factor is full rank (max_precond_dim 64), since eigh's basis of
     # a null space is arbitrary and would differ between any two summation orders.
     opts = dict(OPTIONS.get(optimizer, {}))
-    plan_fields = ("alpha", "dp_algo", "tp_mode", "capacity_bytes", "cooperative", "coop_force", "profile", "replicate")
+    plan_fields = (
+        "alpha",
+        "dp_algo",
+        "tp_mode",
+        "capacity_bytes",
+        "cooperative",
+        "coop_force",
+        "profile",
+        "replicate",
+        "end_bucket_size",
+    )
     plan = {"bucket_size": 20_000, **{k: kw.pop(k) for k in (*plan_fields, "bucket_size", "dp_layout") if k in kw}}
     comm = {k: kw.pop(k) for k in ("collective_mode", "overlap_grad_sync", "overlap_param_sync") if k in kw}
     prec = {k: kw.pop(k) for k in ("grad_dtype",) if k in kw}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -14,10 +15,12 @@ from canzona.plan.buckets import (
     bucket_divisor,
     buffer_padding,
     build_buckets,
+    grouped_bucket,
     matrix_chunks,
     megatron_bucket_size,
     padded_bucket,
 )
+from canzona.plan.types import _hashed_config
 
 
 def test_divisor_is_lcm_of_dp_and_128() -> None:
@@ -111,6 +114,41 @@ def test_matrix_chunks_rule_by_hand() -> None:
     assert len(matrix_chunks(five, 8, 150)) == 1
     # the bucket size rules when it is larger than the floor: ⌊500 / 250⌋ = 2
     assert len(matrix_chunks(five, 1, 250)) == 2
+
+
+def test_small_end_chunks_by_hand() -> None:
+    """``end_size``: from each end chunks of about end, 2·end, 4·end, … elements while a chunk stays
+    at most half the padded threshold T; the rule cuts the middle as before; ends that would meet
+    change nothing."""
+    params = [(f"p{i}", 100) for i in range(24)]  # T = max(1000, 0.9·2·100) = 1000
+    assert [len(c) for c in matrix_chunks(params, 2, 1000, 100)] == [1, 2, 4, 10, 4, 2, 1]  # 100, 200, 400
+    assert [len(c) for c in matrix_chunks(params, 2, 1000, 400)] == [4, 16, 4]  # 800 > T/2: one each
+    chunks = matrix_chunks(params, 2, 1000, 100)
+    assert chunks[0][0] == ("p23", 100) and chunks[-1] == [("p0", 100)]  # backprop order, as without ends
+    assert matrix_chunks(params[:4], 2, 1000, 300) == matrix_chunks(params[:4], 2, 1000)  # the ends would meet
+
+
+def test_grouped_bucket_has_exact_slices_by_hand() -> None:
+    b = Bucket(0, (BucketEntry("a", 0, 100), BucketEntry("b", 128, 30), BucketEntry("c", 192, 64)), 384)
+    laid, cuts = grouped_bucket(b, {"a": 2, "b": 0, "c": 0}, 3)
+    # slot 0: b at 0, c at 64 → 128; slot 1 empty; slot 2: a (100) at 128 → 256: no slot padded to the widest
+    assert [(e.name, e.start) for e in laid.entries] == [("b", 0), ("c", 64), ("a", 128)]
+    assert cuts == (0, 128, 128, 256) and laid.size == 256
+
+
+def test_small_end_buckets_hash_only_when_set_and_move_their_own_bytes() -> None:
+    """Qwen3-32B at DP32·TP8 (padded): small end buckets with exact (uneven) slices, the middle ones
+    equal; the plan without the knob is the one it always was."""
+    cfg = PlanConfig(cooperative=False, dp_layout="padded")
+    (plain,) = plan_model("qwen3-32b", Layout(dp=32, tp=8), cfg)
+    (ends,) = plan_model("qwen3-32b", Layout(dp=32, tp=8), dataclasses.replace(cfg, end_bucket_size=100_000_000))
+    assert plain.input_hash == plan_model("qwen3-32b", Layout(dp=32, tp=8), cfg)[0].input_hash
+    assert "end_bucket_size" not in _hashed_config(cfg) and ends.input_hash != plain.input_hash
+    exact = [len({c[k + 1] - c[k] for k in range(len(c) - 1)}) > 1 for c in ends.dp.cuts]
+    assert exact[0] and exact[-1] and not all(exact)  # exact slices at both ends, equal ones between
+    small = [b.used for b, x in zip(ends.dp.buckets, exact, strict=True) if x]
+    assert max(small) < min(b.used for b, x in zip(ends.dp.buckets, exact, strict=True) if not x)
+    assert min(small) < 2 * 100_000_000 and len(ends.dp.buckets) > len(plain.dp.buckets)
 
 
 def test_padded_bucket_by_hand() -> None:

@@ -102,13 +102,19 @@ def test_the_pipelined_step_gives_the_serialized_parameters_in_every_branch() ->
             assert piped["infos"][1][2] < 1.0 and piped["infos"][0][2] == 1.0
             for name, p in serial["params"].items():
                 assert torch.equal(piped["params"][name], p), (rank, key, name)
-            # the timeline: one entry per speculative step, waves in plan order, the redo on the clip; the step
-            # after a clip runs serialized (no entry)
-            tl = piped["timeline"]
-            assert [s["redo"] for s in tl] == ([False, True, False, False] if matrices else []), (rank, key)
-            for s in tl:
-                buckets = [b["bucket"] for b in s["buckets"]]
-                assert buckets == sorted(buckets) and all(b["updated_ms"] >= b["landed_ms"] for b in s["buckets"])
+            # the timeline: one entry per step, waves in plan order, the redo on the clip; the step after a
+            # clip runs serialized (every bucket landed before any update starts), as every step of the
+            # serialized run does
+            tl, steps = piped["timeline"], ["pipelined", "pipelined", "serialized", "pipelined", "pipelined"]
+            assert [s["step"] for s in tl] == (steps if matrices else ["serialized"] * 5), (rank, key)
+            assert [s["redo"] for s in tl] == [False, matrices, False, False, False], (rank, key)
+            assert [s["step"] for s in serial["timeline"]] == ["serialized"] * 5, (rank, key)
+            for s in [*tl, *serial["timeline"]]:  # (a skipped serialized step updates nothing)
+                done = [b for b in s["buckets"] if b["updated_ms"] is not None]
+                assert [b["bucket"] for b in s["buckets"]] == sorted(b["bucket"] for b in s["buckets"])
+                assert all(b["updated_ms"] >= b["update_start_ms"] >= b["landed_ms"] for b in done), (rank, key)
+                if s["step"] == "serialized":
+                    assert all(b["update_start_ms"] >= s["all_landed_ms"] for b in done), (rank, key)
             # each wave waits for its own bucket's reduction before its update, in plan order (speculative
             # steps: all but the one after the clip)
             for step in (0, 1, 3, 4):

@@ -48,6 +48,7 @@ NON_DEFAULT = {
     "method": "canzona",
     "alpha": 1.0,
     "bucket_size": 1000,
+    "end_bucket_size": 500,
     "cost": "numel",
     "cooperative": False,
     "dp_algo": "lpt",

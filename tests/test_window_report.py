@@ -1,6 +1,7 @@
 """`canzona window-report` on measured train lines (tests/fixtures/window/window_micro.jsonl: qwen3-micro
 at DP2·TP2, 4 gloo ranks, Muon and AdamW, each with the pipelined and the serialized step, written by
-`canzona train ... --results`): its ratios are the lines' own medians, its figure is readable."""
+`canzona train ... --results`): its ratios are the lines' own medians, both steps record their
+per-bucket timeline, and its figure (serialized beside pipelined, projected and measured) is readable."""
 
 from __future__ import annotations
 
@@ -8,8 +9,14 @@ import json
 from pathlib import Path
 
 from canzona.commands.cli import main
-from canzona.commands.window_report import bucket_medians, timeline_figure
-from canzona.results.figures import overlapping_texts
+from canzona.commands.window_report import (
+    SERIES,
+    bucket_medians,
+    measured_panels,
+    projected_panels,
+    timeline_figure,
+)
+from canzona.results.figures import legend_labels, overlapping_texts, pyplot
 
 FIXTURE = Path(__file__).parent / "fixtures" / "window" / "window_micro.jsonl"
 
@@ -32,14 +39,34 @@ def test_the_report_reads_the_lines_medians(tmp_path: Path, capsys) -> None:
     assert f"({_it(serial) / _it(piped):.3f}x)" in out
     rows, last = bucket_medians(piped)
     assert len(rows) >= 2 and f"every bucket landed at {last:.1f} ms" in out
-    assert f"{sum(u < last for _, _, u in rows)} of {len(rows)} bucket updates done before it" in out
+    assert f"{sum(u < last for *_, u in rows)} of {len(rows)} bucket updates done before it" in out
     assert plot.stat().st_size > 0
 
 
-def test_the_timeline_figure_has_no_overprinted_labels() -> None:
-    piped = next(r for r in _lines() if r["timings"].get("window"))
-    fig = timeline_figure(piped)
-    assert not overlapping_texts(fig), overlapping_texts(fig)[:5]
+def test_the_serialized_step_records_its_timeline_too() -> None:
+    """Every bucket seen landed before the serialized step updates anything; the pipelined step's
+    updates start as their buckets land."""
+    serial = next(r for r in _lines() if r["config"]["optimizer"] == "muon" and not r["timings"]["pipelined_step_ran"])
+    rows, last = bucket_medians(serial, "serialized")
+    assert len(rows) >= 2 and all(a <= last <= s <= u for _, a, s, u in rows)
+    piped, _ = bucket_medians(next(r for r in _lines() if r["timings"]["pipelined_step_ran"]), "pipelined")
+    assert all(a <= s for _, a, s, _ in piped)
+
+
+def test_the_timeline_figure_sets_serialized_beside_pipelined_readably() -> None:
+    projected = projected_panels()
+    panels = [*projected, *measured_panels(_lines())]
+    assert [p.title.split(": ")[1].split(" step")[0] for p in panels] == ["serialized", "pipelined"] * 2
+    # the model's pipelined step exposes less than its serialized one (the README's 17.4% -> 15.4%)
+    share = [float(p.title.rsplit("exposed ", 1)[1].rstrip("%")) for p in projected]
+    assert share[1] < share[0]
+    assert all("update" in spans for tag, spans in projected[1].rows if tag.startswith("matrix"))
+    fig = timeline_figure(panels)
+    try:
+        assert set(SERIES) <= set(legend_labels(fig))
+        assert not overlapping_texts(fig), overlapping_texts(fig)[:5]
+    finally:
+        pyplot().close(fig)
 
 
 def test_no_canzona_train_line_names_the_command_that_writes_them(tmp_path: Path, capsys) -> None:

@@ -48,6 +48,7 @@ import argparse
 import dataclasses
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +165,14 @@ def _knobs(args: argparse.Namespace) -> dict[str, Any]:
         given |= {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp}
     spec = RunSpec().replace(**KNOBS.base()).replace(**{k: v for k, v in given.items() if k not in KNOBS.repeat})
     return {n: spec.flat()[n] for n in KNOBS.fields if n not in KNOBS.repeat}
+
+
+def knobs_of(flags: Sequence[str]) -> dict[str, Any]:
+    """The run knobs ``canzona project FLAGS`` projects (its defaults under the flags): how another
+    command (``canzona window-report``) names a projected scenario in this command's own words."""
+    p = argparse.ArgumentParser(prog="canzona project")
+    configure(p)
+    return _knobs(p.parse_args(list(flags)))
 
 
 def _speedups(res: dict[str, Any]) -> dict[str, dict[str, float]]:

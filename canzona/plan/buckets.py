@@ -88,7 +88,9 @@ def build_buckets(params: Sequence[tuple[str, int]], dp: int, bucket_size: int) 
     return tuple(buckets)
 
 
-def matrix_chunks(params: Sequence[tuple[str, int]], group: int, bucket_size: int) -> list[list[tuple[str, int]]]:
+def matrix_chunks(
+    params: Sequence[tuple[str, int]], group: int, bucket_size: int, end_size: int | None = None
+) -> list[list[tuple[str, int]]]:
     """Canzona's matrix buckets for the PADDED layout: contiguous backprop ranges of parameters.
 
     ``params`` are ``(name, tp_local_numel)`` in registration order; the chunks come back in
@@ -109,6 +111,16 @@ def matrix_chunks(params: Sequence[tuple[str, int]], group: int, bucket_size: in
     ``bucket_size`` (Megatron's max(40M, 1M·DP) by default) keeps several buckets per stage so the
     first ones reduce while backward still runs. Cutting into k EQUAL chunks, instead of closing
     at T and leaving the remainder, avoids a small last bucket that would again be mostly padding.
+
+    ``end_size`` (``PlanConfig.end_bucket_size``): from EACH end, chunks of about end_size,
+    2·end_size, 4·end_size, … elements (each closes right after the parameter that reaches its size)
+    while a chunk stays at most T / 2; the rule above cuts the rest. Why small, GRADED ends help the
+    pipelined step's window (``canzona.plan.window``; results/window/end_buckets.md): the
+    first-reduced bucket is ready after its share of the last backward, so the DP link starts sooner,
+    and, gathered last, it leaves the next forward a short last segment after the last gather; the
+    last-reduced bucket is the critical update; growing sizes keep the link busy (one small bucket
+    followed by a T-sized one leaves it idle until the big one is ready). Ends are laid with exact
+    slices (``grouped_bucket``), not padded ones: under T a bucket would be mostly padding.
     """
     if not isinstance(bucket_size, int) or bucket_size <= 0:
         raise ConfigError(f"bucket size must be a positive number of elements, got {bucket_size!r}")
@@ -121,6 +133,11 @@ def matrix_chunks(params: Sequence[tuple[str, int]], group: int, bucket_size: in
     total = sum(n for _, n in order)
     widest = max(n for _, n in order)
     threshold = max(bucket_size, math.ceil(PADDING_FLOOR * group * widest))
+    if end_size is not None:
+        head, tail = _graded(order, end_size, threshold), _graded(order[::-1], end_size, threshold)
+        if sum(head) + sum(tail) < len(order):
+            middle = matrix_chunks(order[sum(head) : len(order) - sum(tail)][::-1], group, bucket_size)
+            return [*_split(order, head), *middle, *reversed(_split(order[::-1], tail))]
     k = max(1, total // threshold)
     chunks: list[list[tuple[str, int]]] = [[]]
     cum = 0
@@ -130,6 +147,36 @@ def matrix_chunks(params: Sequence[tuple[str, int]], group: int, bucket_size: in
         if len(chunks) < k and cum * k >= len(chunks) * total:
             chunks.append([])
     return [c for c in chunks if c]
+
+
+def _graded(order: Sequence[tuple[str, int]], size: int, threshold: int) -> list[int]:
+    """Parameters per end chunk from one end of ``order``: chunks of about size, 2·size, 4·size, …
+    while a chunk stays at most half the padded rule's ``threshold``."""
+    counts, pos = [], 0
+    while 2 * size <= threshold and pos < len(order):
+        k = _prefix(order[pos:], size)
+        counts.append(k)
+        pos, size = pos + k, 2 * size
+    return counts
+
+
+def _split(order: Sequence[tuple[str, int]], counts: Sequence[int]) -> list[list[tuple[str, int]]]:
+    """The first chunks of ``order`` holding ``counts`` parameters each (in ``order``'s order)."""
+    out, pos = [], 0
+    for k in counts:
+        out.append(list(order[pos : pos + k]))
+        pos += k
+    return out
+
+
+def _prefix(order: Sequence[tuple[str, int]], size: int) -> int:
+    """How many of ``order``'s first parameters it takes to reach ``size`` elements."""
+    cum = 0
+    for k, (_, numel) in enumerate(order):
+        cum += numel
+        if cum >= size:
+            return k + 1
+    return len(order)
 
 
 def packed_bucket(index: int, chunk: Sequence[tuple[str, int]], group: int, ep_rank: int | None = None) -> Bucket:
@@ -170,6 +217,26 @@ def padded_bucket(bucket: Bucket, slot: dict[str, int], group: int) -> tuple[Buc
             pos += e.numel
     cuts = tuple(k * width for k in range(group + 1))
     return Bucket(bucket.index, tuple(entries), group * width, bucket.ep_rank), cuts
+
+
+def grouped_bucket(bucket: Bucket, slot: dict[str, int], group: int) -> tuple[Bucket, tuple[int, ...]]:
+    """``padded_bucket``'s owner-grouped layout with EXACT slices: slot k holds only its own entries
+    (64-aligned starts, the slice end rounded up to ``BUCKET_ALIGN_BASE``), so a bucket of fewer
+    matrices than ranks moves its own bytes, not group × its widest slot; the lowering then reduces
+    its uneven slices in the cheapest mode (``comm.choose_mode``). For the small end buckets
+    (``matrix_chunks``'s ``end_size``)."""
+    per: list[list[BucketEntry]] = [[] for _ in range(group)]
+    for e in bucket.entries:
+        per[slot[e.name]].append(e)
+    entries, cuts, pos = [], [0], 0
+    for es in per:
+        for e in es:
+            pos = _round_up(pos, PARAM_ALIGN)
+            entries.append(BucketEntry(e.name, pos, e.numel))
+            pos += e.numel
+        pos = _round_up(pos, BUCKET_ALIGN_BASE)
+        cuts.append(pos)
+    return Bucket(bucket.index, tuple(entries), pos, bucket.ep_rank), tuple(cuts)
 
 
 def buffer_padding(buckets: Sequence[Bucket]) -> int:

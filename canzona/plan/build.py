@@ -33,7 +33,7 @@ from canzona.errors import ConfigError
 from canzona.hardware import DEFAULT_GPU, Profile, load_profile
 from canzona.layout import expert_ep_rank
 from canzona.models import Model, ParamSpec, get_model, list_params
-from canzona.plan.buckets import build_buckets, matrix_chunks, packed_bucket, resolve_bucket_size
+from canzona.plan.buckets import PADDING_FLOOR, build_buckets, matrix_chunks, packed_bucket, resolve_bucket_size
 from canzona.plan.choice import Candidate, choose, kept
 from canzona.plan.coop import CoopSettings, applies, candidates, check_ownership, coop_settings, plan_cooperative
 from canzona.plan.dp.problem import make_problem, padding_floor
@@ -81,6 +81,8 @@ def resolve_config(config: PlanConfig) -> PlanConfig:
         raise ConfigError(
             f"bucket size must be a positive number of elements (or None for Megatron's), got {config.bucket_size!r}"
         )
+    if config.end_bucket_size is not None and not _positive_int(config.end_bucket_size):
+        raise ConfigError(f"end bucket size must be a positive number of elements, got {config.end_bucket_size!r}")
     if config.capacity_bytes is not None and not _positive_int(config.capacity_bytes):
         raise ConfigError(f"capacity must be a positive number of bytes, got {config.capacity_bytes!r}")
     if not _positive_int(config.grad_dtype_bytes):
@@ -154,11 +156,26 @@ def matrix_buckets(
         group = layout.dp if ep_rank is None else layout.parallel.edp
         local = [(s.name, s.shard_numel(layout.tp)) for s in params if s.name in ep_of and ep_of[s.name] == ep_rank]
         if chunked:
-            bks = [packed_bucket(0, c, group, ep_rank) for c in matrix_chunks(local, group, size)]
+            end = cfg.end_bucket_size if ep_rank is None else None  # the dense buffer's ends
+            bks = [packed_bucket(0, c, group, ep_rank) for c in matrix_chunks(local, group, size, end)]
         else:
             bks = [replace(b, ep_rank=ep_rank) for b in build_buckets(local, group, size)]
         out += [replace(b, index=len(out) + k) for k, b in enumerate(bks)]
     return tuple(out)
+
+
+def end_buckets(buckets: Sequence[Bucket], layout: Layout, cfg: PlanConfig) -> frozenset[int]:
+    """The dense buffer's end buckets ``end_bucket_size`` cut small in the padded layout (those under
+    ``matrix_chunks``'s padding threshold): laid with exact slices (``buckets.grouped_bucket``), since
+    padded to equal slices a bucket of a few matrices would move about DP × its widest matrix, a
+    whole bucket's bytes."""
+    dense = [b for b in buckets if b.ep_rank is None]
+    if cfg.end_bucket_size is None or cfg.dp_layout != "padded" or len(dense) < 3:
+        return frozenset()
+    widest = max(e.numel for b in dense for e in b.entries)
+    size = resolve_bucket_size(cfg.bucket_size, layout.dp)
+    threshold = max(size, math.ceil(PADDING_FLOOR * layout.dp * widest))
+    return frozenset(b.index for b in dense if b.used < threshold)
 
 
 def _layouts(params: Sequence[ParamSpec], items: Sequence[PlanItem], layout: Layout, cfg: PlanConfig) -> list[str]:
@@ -172,8 +189,11 @@ def _layouts(params: Sequence[ParamSpec], items: Sequence[PlanItem], layout: Lay
         return [cfg.dp_layout]
     if any(it.ep_rank is not None for it in items):
         return ["padded"]
-    chunks = matrix_buckets(params, items, layout, replace(cfg, dp_layout="padded"))
-    return ["padded", "exact"] if padding_floor(chunks, layout) <= AUTO_PADDING_LIMIT else ["exact"]
+    padded = replace(cfg, dp_layout="padded")
+    chunks = matrix_buckets(params, items, layout, padded)
+    ends = end_buckets(chunks, layout, padded)  # exact slices: no padding
+    rest = [b for b in chunks if b.index not in ends]
+    return ["padded", "exact"] if padding_floor(rest, layout) <= AUTO_PADDING_LIMIT else ["exact"]
 
 
 def make_plan(
@@ -309,7 +329,16 @@ def _plain_plan(
 ) -> Plan:
     """The stage's plan with one owner per matrix: the strategy's own DP planner and TP schedule."""
     strategy = STRATEGIES[cfg.strategy]
-    problem = make_problem(items, buckets, layout.dp, layout.tp, cfg.tp_mode, layout=cfg.dp_layout, ep=layout.ep)
+    problem = make_problem(
+        items,
+        buckets,
+        layout.dp,
+        layout.tp,
+        cfg.tp_mode,
+        layout=cfg.dp_layout,
+        ep=layout.ep,
+        exact=end_buckets(buckets, layout, cfg),
+    )
     dpp = strategy.planner(problem, items, cfg.dp_algo, cfg.resolved_alpha)
     tps = schedule_tp(
         items,

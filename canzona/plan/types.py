@@ -245,6 +245,11 @@ class PlanConfig:
     # micro-groups are sealed at bucket boundaries (the hosts the LPT chose stay), else a group
     # straddling two buckets waits for the later one
     bucket_waves: bool = False
+    # elements (TP-local) of the smallest END buckets of the padded layout: from the bucket reduced
+    # first (the last layers, gathered last) and from the one reduced last (the first layers, gathered
+    # first) inwards, buckets of this size, twice it, … laid with exact slices (``buckets.matrix_chunks``,
+    # ``buckets.grouped_bucket``); None: off
+    end_bucket_size: int | None = None
     alpha_chosen: bool = False  # True: ``alpha`` was chosen by the planner ("auto"), not given
 
     @property
@@ -389,10 +394,12 @@ _OLD_COOP_PROFILES = {"nvlink": "H800", "cpu": "cpu-local"}
 
 
 def _hashed_config(config: PlanConfig) -> dict[str, Any]:
-    """The config as the hashes see it: ``alpha_chosen`` and ``bucket_waves`` only when set and
-    ``replicate`` only when off, so a plan hashes as it did before the planner could choose α,
-    replicate buckets or seal micro-groups at bucket boundaries."""
+    """The config as the hashes see it: ``alpha_chosen``, ``bucket_waves`` and ``end_bucket_size``
+    only when set and ``replicate`` only when off, so a plan hashes as it did before the planner could
+    choose α, replicate buckets, seal micro-groups at bucket boundaries or cut small end buckets."""
     d = asdict(config)
+    if config.end_bucket_size is None:
+        del d["end_bucket_size"]
     if not config.alpha_chosen:
         del d["alpha_chosen"]
     if config.replicate:

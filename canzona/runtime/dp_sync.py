@@ -120,11 +120,6 @@ class DPSync:
     def hook_callbacks(self, kind: str, overlap: bool) -> tuple[Callable, Callable, Callable]:
         return (lambda b: self.on_ready(kind, b), lambda: overlap and self.sync_enabled, self.zero_if_needed)
 
-    def finish(self) -> None:
-        """Fold hand-set ``.grad``s, launch every bucket not launched, wait for all, sum TP partials."""
-        self.launch_all()
-        self.wait_all()
-
     def launch_all(self) -> None:
         """Fold hand-set ``.grad``s and launch every bucket not launched yet (in ``launch_order``)."""
         self.zero_if_needed()
@@ -143,10 +138,13 @@ class DPSync:
         if p is not None:
             p.wait()
 
-    def wait_all(self) -> None:
-        """Wait for every launched reduction not waited yet, then sum the TP partials; resets."""
-        for p in self.pending.values():
+    def wait_all(self, landed: Callable[[Key], None] | None = None) -> None:
+        """Wait for every launched reduction not waited yet (in launch order, ``landed`` told of each
+        as its wait returns: the optimizer's window timeline), then sum the TP partials; resets."""
+        for key, p in self.pending.items():
             p.wait()
+            if landed is not None:
+                landed(key)
         self.pending.clear()
         self.ready.clear()
         self.launched = 0

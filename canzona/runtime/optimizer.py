@@ -319,10 +319,9 @@ class DistributedOptimizer:
         read reduced gradients before the step, build with CommConfig(pipelined_step=False))."""
         with self.timer.phase("grad_sync"):
             self.dps.wait_params()
-            if self.pipelined:
-                self.dps.launch_all()
-            else:
-                self.dps.finish()
+            self.dps.launch_all()
+            if not self.pipelined:
+                self.timeline.serialized_wait(self.dps.wait_all)
         self._synced = True
 
     # ---------------------------------------------------------------- step
@@ -377,7 +376,7 @@ class DistributedOptimizer:
             speculate = self.pipelined and not self._clipped
             if self.pipelined and not speculate:
                 with self.timer.phase("grad_sync"):
-                    self.dps.wait_all()  # finish_grad_sync only launched them
+                    self.timeline.serialized_wait(self.dps.wait_all)  # finish_grad_sync only launched them
             info = self._pipelined_step() if speculate else self._serialized_step()
             self._clipped = not info.skipped and info.clip_coef < 1.0
             if not info.skipped:
@@ -399,8 +398,11 @@ class DistributedOptimizer:
             grad_norm.scale_(self.scaled_tensors, info.clip_coef)
             self.step_count += 1
             ctx = self._context(self._apply, self.step_count)
-            for executors in self.waves or [self.executors]:  # wave by wave where the plan has waves
-                run_executors(executors, ctx)
+            buckets = [w.bucket for w in self.schedule.waves] or [-1]  # -1: every bucket at once
+            for bucket, executors in zip(buckets, self.waves or [self.executors], strict=True):
+                with self.timeline.updating(bucket):  # wave by wave where the plan has waves
+                    run_executors(executors, ctx)
+        self.timeline.end(redo=False)
         return info
 
     def _pipelined_step(self) -> StepInfo:
@@ -413,12 +415,12 @@ class DistributedOptimizer:
         for wave, executors in zip(self.schedule.waves, self.waves, strict=True):
             with self.timer.phase("grad_sync"):
                 self.dps.wait(("matrix", wave.bucket))
-            landed = self.timeline.event()
-            spec.snapshot(self.states, (n for ex in executors for n in ex.names))
-            run_executors(executors, ctx)
-            self.timeline.wave(wave.bucket, landed, self.timeline.event())
+            self.timeline.land(("matrix", wave.bucket))
+            with self.timeline.updating(wave.bucket):
+                spec.snapshot(self.states, (n for ex in executors for n in ex.names))
+                run_executors(executors, ctx)
         with self.timer.phase("grad_sync"):
-            self.dps.wait_all()
+            self.dps.wait_all(self.timeline.land)
         self.timeline.landed()
         info = self._check(spec)
         self.attestation.digest.add(info.grad_norm, info.clip_coef, info.skipped)

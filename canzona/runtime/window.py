@@ -29,7 +29,8 @@ staged update (fp32, the piece the rank holds): ``canzona.plan.readers.memory`` 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -74,7 +75,9 @@ class Speculation:
 @dataclass
 class _StepEvents:
     start: TimingEvent
-    waves: list[tuple[int, TimingEvent, TimingEvent]] = field(default_factory=list)
+    pipelined: bool
+    landed: dict[int, TimingEvent] = field(default_factory=dict)
+    updates: list[tuple[int, TimingEvent, TimingEvent]] = field(default_factory=list)
     all_landed: TimingEvent | None = None
     verdict: TimingEvent | None = None
     redo: bool = False
@@ -82,27 +85,46 @@ class _StepEvents:
 
 @dataclass
 class WindowTimeline:
-    """When, within each step, each wave's bucket had landed and its update was done, on this rank:
+    """When, within each step, each matrix bucket had landed and its update ran, on this rank:
     timing events (CUDA events on a GPU, so recording never syncs), read after the timed loop.
     ``landed`` is when the step saw the bucket's reduction complete (its wait returned), an upper
-    bound on when it completed."""
+    bound on when it completed. Both steps record: the pipelined one per wave (an update starts when
+    its bucket has landed); the serialized one waits for the buckets in issue order, then updates
+    every matrix in one pass (its waves where the plan has them, else one update for all buckets),
+    so a figure can set the two side by side (``canzona window-report``). The serialized step's
+    timeline starts where the pipelined one's does: once every reduction has been launched."""
 
     device: torch.device
     enabled: bool = False
     steps: list[_StepEvents] = field(default_factory=list)
     current: _StepEvents | None = None
 
-    def begin(self) -> None:
+    def begin(self, pipelined: bool = True) -> None:
         if self.enabled:
-            self.current = _StepEvents(self._event())
+            self.current = _StepEvents(self._event(), pipelined)
 
     def event(self) -> TimingEvent | None:
         """A recorded event, or None when the timeline is off."""
         return self._event() if self.current is not None else None
 
-    def wave(self, bucket: int, landed: TimingEvent | None, updated: TimingEvent | None) -> None:
-        if self.current is not None and landed is not None and updated is not None:
-            self.current.waves.append((bucket, landed, updated))
+    def land(self, key: tuple[str, int]) -> None:
+        """DP bucket ``key`` was just seen landed (matrix buckets only are drawn)."""
+        if self.current is not None and key[0] == "matrix":
+            self.current.landed[key[1]] = self._event()
+
+    @contextmanager
+    def updating(self, bucket: int) -> Iterator[None]:
+        """Bucket ``bucket``'s update runs inside (-1: every bucket's, a serialized step without waves)."""
+        started = self.event()
+        yield
+        if self.current is not None and started is not None:
+            self.current.updates.append((bucket, started, self._event()))
+
+    def serialized_wait(self, wait_all: Callable[[Callable[[tuple[str, int]], None]], None]) -> None:
+        """The serialized step's wait for every bucket (``DPSync.wait_all``), each landing recorded."""
+        self.begin(pipelined=False)
+        wait_all(self.land)
+        self.landed()
 
     def landed(self) -> None:
         if self.current is not None:
@@ -120,7 +142,8 @@ class WindowTimeline:
         return e
 
     def collect(self) -> list[dict[str, object]]:
-        """Each step's timeline in ms from the step's start; synchronises once. Resets."""
+        """Each step's timeline in ms from the step's start; synchronises once. Resets. A serialized
+        step without waves gives every bucket the one update of all of them."""
         if self.steps and self.steps[-1].verdict is not None:
             self.steps[-1].verdict.synchronize()
         out: list[dict[str, object]] = []
@@ -129,9 +152,19 @@ class WindowTimeline:
             def ms(e: TimingEvent | None, t0: TimingEvent = s.start) -> float | None:
                 return None if e is None else round(t0.elapsed_time(e), 3)  # type: ignore[arg-type]
 
+            every = {b: (a, u) for b, a, u in s.updates if b == -1}.get(-1)
+            spans = {b: (a, u) for b, a, u in s.updates if b != -1}
+            buckets = list(spans) if spans else list(s.landed)  # update order, else landing order
+            rows = []
+            for b in buckets:
+                a, u = spans.get(b, every or (None, None))
+                rows.append(
+                    {"bucket": b, "landed_ms": ms(s.landed.get(b)), "update_start_ms": ms(a), "updated_ms": ms(u)}
+                )
             out.append(
                 {
-                    "buckets": [{"bucket": b, "landed_ms": ms(a), "updated_ms": ms(u)} for b, a, u in s.waves],
+                    "step": "pipelined" if s.pipelined else "serialized",
+                    "buckets": rows,
                     "all_landed_ms": ms(s.all_landed),
                     "verdict_ms": ms(s.verdict),
                     "redo": s.redo,

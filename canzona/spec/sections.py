@@ -179,6 +179,16 @@ class PlanSpec:
     bucket_size: int | None = knob(
         None, "gradient bucket size in elements (default: Megatron's max(40M, 1M·DP))", lo=1, hi=MAX_INT_FLAG
     )
+    # canzona.plan.buckets.matrix_chunks: the padded layout's buckets from each end graded from this many
+    # elements (×2 each), with exact slices, for the pipelined step's window (results/window/end_buckets.md)
+    end_bucket_size: int | None = knob(
+        None,
+        "elements of the smallest end buckets in the padded layout: from the first- and the last-reduced "
+        "bucket inwards, buckets of this size, twice it, ... with exact slices (default: none)",
+        lo=1,
+        hi=MAX_INT_FLAG,
+        canzona=True,
+    )
     cost: Cost = knob("flops", "what the planner balances", canzona=True)
     cooperative: bool = knob(True, "a group of GPUs for the matrices above the mean (canzona + Muon)", canzona=True)
     dp_algo: str | None = knob(None, "the strategy's DP algorithm (default: the strategy's own)", canzona=True)

@@ -83,6 +83,7 @@ def to_record(p: Projection, env: dict[str, Any]) -> dict[str, Any]:
         # measured fp32 rate on the CPU profile -- the same format as the parameters
         "ns_dtype": ns_dtype_for(s.optimizer, p.profile.ns_dtype),
         "bucket_size": resolve_bucket_size(s.bucket_size, s.layout.dp),  # concrete, as a run records it
+        "end_bucket_size": s.end_bucket_size,
         "warmup": 0,
         "iters": 0,
         "cost": s.cost,

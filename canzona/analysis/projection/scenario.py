@@ -88,6 +88,7 @@ class Scenario:
     grad_reduce_dtype: GradReduceDtype = CommSpec.grad_reduce_dtype
     pipelined_step: bool = CommSpec.pipelined_step
     window_mb: int = CommSpec.window_mb
+    end_bucket_size: int | None = PlanSpec.end_bucket_size  # Canzona's small end buckets (padded layout)
 
     def __post_init__(self) -> None:
         """The spec's choices for every string knob but the method (``make_plans`` checks it against

@@ -29,7 +29,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from canzona.plan.buckets import BUCKET_ALIGN_BASE, PARAM_ALIGN, padded_bucket
+from canzona.plan.buckets import BUCKET_ALIGN_BASE, PARAM_ALIGN, grouped_bucket, padded_bucket
 from canzona.plan.tp import slot_loads
 from canzona.plan.types import Bucket, DPPlan, Layout, PlanItem
 
@@ -53,6 +53,7 @@ class DPProblem:
     first: list[int] = field(default_factory=list)  # first flat index of each bucket, plus n
     layout: str = "exact"  # padded | exact (see the module docstring)
     groups: list[tuple[int, ...]] = field(default_factory=list)  # per bucket: its DP ranks, slice order
+    exact: frozenset[int] = frozenset()  # padded layout: buckets laid with exact slices (small end buckets)
     work: int = 0  # planner work items so far (candidate evaluations); deterministic, bounded by tests
 
     @property
@@ -131,10 +132,11 @@ def make_problem(
     *,
     layout: str = "exact",
     ep: int = 1,
+    exact: frozenset[int] = frozenset(),
 ) -> DPProblem:
     by_name = {it.name: it for it in items}
     reg = {it.name: k for k, it in enumerate(items)}
-    p = DPProblem(dp, tp, tp_mode, buckets, [], [], [], [], [], [], [], [], layout=layout)
+    p = DPProblem(dp, tp, tp_mode, buckets, [], [], [], [], [], [], [], [], layout=layout, exact=exact)
     grid = Layout(dp=dp, tp=tp, ep=ep)
     for b in buckets:
         p.first.append(p.n)
@@ -214,7 +216,7 @@ def owner_plan(
 
     Exact: the owners must be non-decreasing along every bucket; cuts fall at parameter starts.
     Padded: any owners within each bucket's group; every bucket is re-laid owner-grouped with
-    equal slices (``buckets.padded_bucket``).
+    equal slices (``buckets.padded_bucket``), or exact ones for the problem's ``exact`` buckets.
     """
     members = [set(g) for g in p.groups]
     for i, r in enumerate(owner):
@@ -225,11 +227,12 @@ def owner_plan(
         for bi, b in enumerate(p.buckets):
             pos = {r: k for k, r in enumerate(p.groups[bi])}
             slot = {p.names[i]: pos[owner[i]] for i in range(p.first[bi], p.first[bi + 1])}
-            nb, c = padded_bucket(b, slot, len(p.groups[bi]))
+            lay = grouped_bucket if b.index in p.exact else padded_bucket
+            nb, c = lay(b, slot, len(p.groups[bi]))
             buckets.append(nb)
             cuts.append(c)
         bks, cts = tuple(buckets), tuple(cuts)
-        if param_sync == "all-gather-v":  # equal slices: the uneven gather becomes the native one
+        if param_sync == "all-gather-v" and not p.exact:  # equal slices: the uneven gather becomes the native one
             param_sync = "all-gather"
     else:
         bks, cts = p.buckets, cuts_from_owners(p, owner)
