@@ -128,8 +128,8 @@ def _layout(args: argparse.Namespace):
     if args.dp is None:
         if args.world is None:
             raise ConfigError("give --dp or --world (dp = world / (tp·pp))")
-        args.dp = divide_world(args.world, args.tp, args.pp)
-    layout = get_engine(args.engine).planner_layout(args.dp, args.tp, args.pp, args.ep, args.shard_group)
+        args.dp = divide_world(args.world, args.tp, args.pp, args.cp)
+    layout = get_engine(args.engine).planner_layout(args.dp, args.tp, args.pp, args.ep, args.shard_group, args.cp)
     if args.first_stage_layers is not None or args.last_stage_layers is not None:
         layout = replace(layout, first_stage_layers=args.first_stage_layers, last_stage_layers=args.last_stage_layers)
     if args.world is not None:
@@ -375,7 +375,7 @@ def _run_fsdp2(args: argparse.Namespace) -> int:
         if args.world is None:
             raise ConfigError("--engine fsdp2: give --dp (or --world divisible by --tp)")
         args.dp = divide_world(args.world, args.tp)
-    get_engine(args.engine).planner_layout(args.dp, args.tp, args.pp, args.ep, args.shard_group)  # its errors
+    get_engine(args.engine).planner_layout(args.dp, args.tp, args.pp, args.ep, args.shard_group, args.cp)  # its errors
     pc, profile = _config(args)
     out = compare(
         get_model(args.model),

@@ -66,8 +66,18 @@ def under_launcher() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+# megatron-core runs context parallelism only in Transformer Engine's attention (its local
+# DotProductAttention asserts context_parallel_size == 1), and TE needs a GPU; this harness does not
+# yet split sequences over CP ranks on any path, so --cp > 1 stops here before megatron is imported.
+CP_REFUSAL = (
+    "canzona train (megatron-core runs CP only in Transformer Engine's attention, which needs a GPU; "
+    "the harness does not split sequences over CP ranks yet: plan, bench-step and project take --cp)"
+)
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
+    cfg.layout.parallel.require_no_cp(CP_REFUSAL)
     if under_launcher():
         world = int(os.environ["WORLD_SIZE"])
         local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))

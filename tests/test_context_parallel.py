@@ -1,0 +1,71 @@
+"""Context parallelism through the layout (issue #50, item 4): to the optimizer a CP rank is one more
+DP rank. Megatron's distributed optimizer reduces and shards gradients over the DP × CP group, so
+the plan at DP 8 · CP 2 is the plan at DP 16, labelled CP 2; plans without CP hash as before;
+`canzona train` refuses CP in one line (exit 2) instead of a run that ignores it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from canzona.commands.cli import main
+from canzona.layout import ParallelLayout
+from canzona.plan.build import plan_model
+from canzona.plan.engines import MEGATRON
+from canzona.plan.types import Layout, Plan, PlanConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_plan_at_dp8_cp2_is_the_plan_at_dp16_labelled_cp2() -> None:
+    """Same owners, buckets, cuts and TP schedule as DP 16; only the layout's label differs, so
+    its hash differs and a DP 16 plan is never taken for a CP one."""
+    cfg = PlanConfig(strategy="canzona")
+    cp_layout = MEGATRON.planner_layout(8, cp=2)
+    assert cp_layout == Layout(dp=16, cp=2) == Layout.for_layout(ParallelLayout(dp=8, cp=2))
+    assert cp_layout.parallel == ParallelLayout(dp=8, cp=2) and cp_layout.world == 16
+    (with_cp,) = plan_model("qwen3-micro", cp_layout, cfg)
+    (dp16,) = plan_model("qwen3-micro", Layout(dp=16), cfg)
+    assert with_cp.dp == dp16.dp and with_cp.tp == dp16.tp and with_cp.items == dp16.items
+    assert with_cp.layout.group_ranks(None) == tuple(range(16))  # reduced and owned over DP × CP
+    assert with_cp.layout == dataclasses.replace(dp16.layout, cp=2)
+    assert with_cp.plan_hash != dp16.plan_hash and with_cp.input_hash != dp16.input_hash
+    # CP is serialised only where it is run: a plan without it reads and hashes as before
+    assert "cp" not in dp16.to_dict()["layout"] and with_cp.to_dict()["layout"]["cp"] == 2
+    assert Plan.from_json(with_cp.to_json()) == with_cp
+    assert Plan.from_json(dp16.to_json()).plan_hash == dp16.plan_hash
+
+
+def test_plan_cli_takes_cp(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--model", "qwen3-micro", "--dp", "8", "--cp", "2", "--json"]) == 0
+    with_cp = json.loads(capsys.readouterr().out)
+    assert main(["plan", "--model", "qwen3-micro", "--dp", "16", "--json"]) == 0
+    dp16 = json.loads(capsys.readouterr().out)
+    assert with_cp["plan_hashes"] != dp16["plan_hashes"]
+    assert {k: v for k, v in with_cp.items() if k not in ("plan_hashes", "planner_seconds")} == {
+        k: v for k, v in dp16.items() if k not in ("plan_hashes", "planner_seconds")
+    }
+    assert main(["plan", "--model", "qwen3-micro", "--world", "16", "--cp", "2"]) == 0
+    assert "dp=16 (DP 8 · CP 2" in capsys.readouterr().out
+    assert main(["plan", "--model", "qwen3-micro", "--dp", "4", "--cp", "2", "--engine", "fsdp2"]) == 2
+    assert "cp=2" in capsys.readouterr().err
+
+
+@pytest.mark.multiproc
+def test_train_refuses_cp_in_one_line_without_megatron() -> None:
+    """megatron-core's local attention asserts CP = 1 and its CP attention is Transformer Engine's
+    (GPU only): `canzona train --cp 2` exits 2 with one line, before megatron is imported."""
+    code = (
+        "import sys; from canzona.commands.cli import main; "
+        "rc = main(['train', '--model', 'qwen3-micro', '--dp', '1', '--cp', '2']); "
+        "assert not any(m.startswith('megatron') for m in sys.modules), 'megatron imported'; sys.exit(rc)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "CP=2" in lines[0] and "Transformer Engine" in lines[0], out.stderr
