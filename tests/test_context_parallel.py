@@ -69,3 +69,37 @@ def test_train_refuses_cp_in_one_line_without_megatron() -> None:
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "CP=2" in lines[0] and "Transformer Engine" in lines[0], out.stderr
+
+
+def test_projection_prices_dp8_cp2_as_dp16() -> None:
+    """The DP collectives run over DP × CP = 16 ranks; fwd/bwd is the world's FLOPs (CP's attention
+    exchange is not priced); the pipeline's micro-batches are counted per DP rank."""
+    from canzona.analysis.projection.scenario import Scenario, microbatches, project
+    from canzona.hardware.profile import load_profile
+
+    profile = load_profile("H800")
+    knobs = {"model": "qwen3-0.6b", "tp": 1, "pp": 2, "global_batch": 64, "seq_len": 256}
+    with_cp, dp16, dp8 = (
+        project(Scenario.of(knobs | lay, method="canzona"), profile)
+        for lay in ({"dp": 8, "cp": 2}, {"dp": 16}, {"dp": 8})
+    )
+    assert with_cp.scenario.layout == Layout(dp=16, pp=2, cp=2)
+    assert with_cp.phase_ms() == dp16.phase_ms() and with_cp.phase_ms()["grad_sync"] != dp8.phase_ms()["grad_sync"]
+    assert microbatches(with_cp.scenario, 64 * 256) == microbatches(dp8.scenario, 64 * 256) == 8
+    # 16 GPUs' FLOPs as at DP 16, over DP 8's micro-batches: a smaller 1F1B bubble than DP 16's
+    assert dp8.fwd_bwd_ms / 2 == pytest.approx(with_cp.fwd_bwd_ms) and with_cp.fwd_bwd_ms < dp16.fwd_bwd_ms
+
+
+def test_sweep_layouts_take_cp() -> None:
+    from canzona.sweep.definition import parse_sweep
+
+    d = {
+        "sweep": {"name": "x", "world": 8, "seq_len": 64, "micro_batch": 1, "global_batch": 8, "warmup": 1, "iters": 2},
+        "layout": [{"model": "qwen3-micro", "tp": 2, "pp": 1, "dp": 2, "cp": 2, "reason": "long context"}],
+        "grid": [{"methods": ["sc"], "optimizers": ["muon"]}],
+    }
+    (cell,) = parse_sweep(d, "x.toml").cells()
+    assert cell.spec.layout.cp == 2 and cell.world == 8 and "|cp=2|" in cell.key
+    d["layout"][0] |= {"dp": 4, "cp": 1}
+    (plain,) = parse_sweep(d, "x.toml").cells()
+    assert "cp=" not in plain.key  # a run without CP keeps its key
