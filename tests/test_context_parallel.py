@@ -103,3 +103,11 @@ def test_sweep_layouts_take_cp() -> None:
     d["layout"][0] |= {"dp": 4, "cp": 1}
     (plain,) = parse_sweep(d, "x.toml").cells()
     assert "cp=" not in plain.key  # a run without CP keeps its key
+
+
+@pytest.mark.multiproc
+def test_bench_step_steps_over_dp_x_cp(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--model", "qwen3-micro", "--dp", "2", "--cp", "2", "--tp", "1", "--nproc", "4", "--strategies", "canzona"]
+    assert main(["bench-step", *argv, "--warmup", "1", "--steps", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["dp"], out["cp"], out["world"]) == (2, 2, 4)

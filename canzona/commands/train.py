@@ -77,7 +77,6 @@ CP_REFUSAL = (
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    cfg.layout.parallel.require_no_cp(CP_REFUSAL)
     if under_launcher():
         world = int(os.environ["WORLD_SIZE"])
         local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -85,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         world = args.nproc if args.nproc is not None else cfg.world
         local_ranks = world
     cfg.validate(world)  # types, sizes, layout (the results path at parse time): before torch is imported
+    cfg.layout.parallel.require_no_cp(CP_REFUSAL)
     if cfg.machine.device == "cpu":
         check_host_memory(cfg, local_ranks)
 
