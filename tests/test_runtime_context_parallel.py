@@ -3,8 +3,8 @@ owning over the DP × CP group (``ProcessGroups.build``), gives the single-proce
 parameters on the global per-token mean loss, to fp32 rounding.
 
 Why this proves CP and not a 4-way DP: each CP rank holds a different chunk of every sequence (the
-2·CP-chunk split megatron's ``get_batch_on_this_cp_rank`` makes: rank c takes chunks c and
-2·CP−1−c) and a loss mask leaves the chunks different token counts, so only megatron's CP loss
+2·CP-chunk split of ``get_batch_on_this_cp_rank`` in megatron/core/utils.py: rank c takes chunks c
+and 2·CP−1−c) and a loss mask leaves the chunks different token counts, so only megatron's CP loss
 scaling gives the reference gradient: a rank's loss is its chunk's token sum over its CP group's
 token count, times CP, and the DP × CP mean then is the mean over DP of each batch's per-token mean
 (``pretrain_gpt.py``'s ``loss_func`` and the distributed optimizer's 1 / |DP × CP| gradient scaling,
