@@ -54,6 +54,16 @@ def test_plan_cli_takes_cp(capsys: pytest.CaptureFixture[str]) -> None:
     assert "dp=16 (DP 8 · CP 2" in capsys.readouterr().out
     assert main(["plan", "--model", "qwen3-micro", "--dp", "4", "--cp", "2", "--engine", "fsdp2"]) == 2
     assert "cp=2" in capsys.readouterr().err
+    acts = []  # --memory: a CP rank holds 1/CP of each sequence's activations
+    for cp in ("1", "2"):
+        assert (
+            main(["plan", "--model", "qwen3-micro", "--dp", "8", "--cp", cp, "--memory", "--seq-len", "64", "--json"])
+            == 0
+        )
+        acts.append(json.loads(capsys.readouterr().out)["memory"]["activations"])
+    assert acts[0] == 2 * acts[1] > 0
+    assert main(["plan", "--model", "qwen3-micro", "--dp", "8", "--cp", "4", "--memory", "--seq-len", "12"]) == 2
+    assert "multiple of 2·CP = 8" in capsys.readouterr().err
 
 
 @pytest.mark.multiproc
@@ -111,3 +121,11 @@ def test_bench_step_steps_over_dp_x_cp(capsys: pytest.CaptureFixture[str]) -> No
     assert main(["bench-step", *argv, "--warmup", "1", "--steps", "1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert (out["dp"], out["cp"], out["world"]) == (2, 2, 4)
+
+
+def test_a_world_that_misses_cp_names_it() -> None:
+    from canzona.errors import ConfigError
+    from canzona.spec import RunSpec
+
+    with pytest.raises(ConfigError, match=r"tp·pp·cp·dp = 1·1·2·2 = 4; launch 4 processes or set --dp 3"):
+        RunSpec(model="qwen3-micro").replace(dp=2, cp=2, global_batch=2).validate(6)

@@ -309,7 +309,7 @@ def _parse_layout(t: Any, w: str, s: dict[str, Any]) -> Layout:
     if not lay.reason:
         raise ConfigError(f"{w}: reason is empty; write down why this TP/PP/DP was chosen")
     if lay.world != s["world"]:
-        fix = dp_hint(s["world"], lay.tp, lay.pp) or "?"
+        fix = dp_hint(s["world"], lay.tp, lay.pp, lay.cp) or "?"
         raise ConfigError(
             f"{w}: tp*pp*dp = {lay.tp}*{lay.pp}*{lay.dp} = {lay.world}, but the sweep's world is "
             f"{s['world']}; change dp to {fix}"
