@@ -99,6 +99,15 @@ class ParallelLayout:
             n *= self._axes()[axis][0]
         return n
 
+    @classmethod
+    def over_dp_cp(cls, dp_cp: int, *, cp: int = 1, tp: int = 1, pp: int = 1, ep: int = 1) -> ParallelLayout:
+        """The layout whose DP × CP group has ``dp_cp`` ranks, ``cp`` of them along CP: what the
+        distributed optimizer sees as its data-parallel ranks (megatron's
+        ``data_parallel_group_with_context_parallel``), read back into DP and CP."""
+        if cp < 1 or dp_cp % cp:
+            raise ConfigError(f"CP={cp} must divide the DP·CP reduction ranks ({dp_cp})")
+        return cls(dp=dp_cp // cp, tp=tp, pp=pp, ep=ep, cp=cp)
+
     def require_no_cp(self, where: str) -> None:
         """Raise ``NotSupportedError`` where ``where`` does not run context parallelism yet."""
         if self.cp > 1:

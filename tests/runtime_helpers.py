@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -111,22 +111,38 @@ def run_steps(opt: DistributedOptimizer, params: dict, rank: int, tp: int, steps
         opt.zero_grad()
 
 
-def reference(optimizer: str, dp: int | list[int], steps: range, seed: int, **options) -> dict[str, torch.Tensor]:
+GradsAt = Callable[[int, dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+
+
+def reference(
+    optimizer: str,
+    dp: int | list[int],
+    steps: range,
+    seed: int,
+    specs: Sequence[ParamSpec] = SPECS,
+    grads_at: GradsAt | None = None,
+    **options,
+) -> dict[str, torch.Tensor]:
     """The single-process optimizer on full matrices with the DP-mean gradient.
 
     ``dp`` may be a list (one DP size per step) to model a run resumed at another layout.
+    ``grads_at(step, params)``: the gradients of a model's loss at the current parameters, instead
+    of the seeded ``full_grad`` per DP rank (``specs``: that model's parameters).
     """
     dps = dp if isinstance(dp, list) else [dp] * len(steps)
-    params = {s.name: init_param(s, seed) for s in SPECS}
-    mats = [s for s in SPECS if s.route == "matrix" and optimizer != "adamw"]
-    rest = [s for s in SPECS if s not in mats]
+    params = {s.name: init_param(s, seed) for s in specs}
+    mats = [s for s in specs if s.route == "matrix" and optimizer != "adamw"]
+    rest = [s for s in specs if s not in mats]
     opts = {**OPTIONS.get(optimizer, {}), **options}
     math = make_matrix_optimizer(optimizer, lr=LR, weight_decay=WD, **opts) if mats else None
     states = {s.name: math.init_state(s.shape) for s in mats}
     leaves = {s.name: torch.nn.Parameter(params[s.name]) for s in rest}
     adamw = make_adamw(list(leaves.values()), AdamWConfig(lr=ADAMW_LR, betas=(0.9, 0.95), weight_decay=WD))
     for step_no, (s, n_dp) in enumerate(zip(steps, dps, strict=True), 1):
-        grads = {spec.name: sum(full_grad(spec, s, d, seed) for d in range(n_dp)) / n_dp for spec in SPECS}
+        if grads_at is not None:
+            grads = grads_at(s, {**params, **{n: p.detach() for n, p in leaves.items()}})
+        else:
+            grads = {spec.name: sum(full_grad(spec, s, d, seed) for d in range(n_dp)) / n_dp for spec in specs}
         for spec in mats:
             u = math.direction(grads[spec.name], states[spec.name], step_no)
             apply_update(params[spec.name], u, LR, WD)

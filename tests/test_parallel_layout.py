@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from canzona.errors import ConfigError, NotSupportedError
+from canzona.errors import ConfigError
 from canzona.layout import GROUP_KINDS, ParallelLayout, expert_ep_rank
 from tests.hypothesis_profiles import examples
 
@@ -91,9 +91,9 @@ def test_context_parallel_groups() -> None:
     assert lay.groups("dp") == ((0, 4), (1, 5), (2, 6), (3, 7))
     assert lay.groups("dp_cp") == ((0, 2, 4, 6), (1, 3, 5, 7))
     assert lay.edp == 2 and lay.groups("edp") == ((0, 4), (1, 5), (2, 6), (3, 7))
-    with pytest.raises(NotSupportedError, match="issue #50"):
-        lay.require_no_cp("the planner")
-    ParallelLayout(dp=2).require_no_cp("the planner")
+    assert ParallelLayout.over_dp_cp(4, cp=2, tp=2, ep=2) == lay
+    with pytest.raises(ConfigError, match="CP=3 must divide"):
+        ParallelLayout.over_dp_cp(4, cp=3)
 
 
 @pytest.mark.parametrize(

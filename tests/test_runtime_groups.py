@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
-from canzona.errors import ConfigError, NotSupportedError
+from canzona.errors import ConfigError
 from canzona.layout import ParallelLayout
 from canzona.runtime.groups import ProcessGroups
 from canzona.runtime.launch import RankInfo, expert_dp_group, launch, stage_groups
@@ -43,6 +43,13 @@ def test_groups_hold_the_layouts_members(layout: ParallelLayout) -> None:
             assert got["edp"] == got["launch_edp"] == list(layout.group("edp", rank))
 
 
-def test_context_parallelism_is_refused_before_any_group() -> None:
-    with pytest.raises(NotSupportedError, match="issue #50"):
-        ProcessGroups.build(ParallelLayout(dp=2, cp=2), 0)
+def _cp_members(info: RankInfo, layout: ParallelLayout) -> list[list[int]]:
+    g = ProcessGroups.build(layout, info.rank).check_members()
+    return [dist.get_process_group_ranks(x) for x in (g.dp, g.tp, g.stage)]
+
+
+def test_under_context_parallelism_the_optimizers_group_is_dp_x_cp() -> None:
+    """Megatron's distributed optimizer reduces over the DP × CP group: so does ``dp`` here."""
+    layout = ParallelLayout(dp=2, cp=2)
+    for rank, (dp, tp, stage) in enumerate(launch(_cp_members, layout.world, layout)):
+        assert dp == list(layout.group("dp_cp", rank)) == stage == [0, 1, 2, 3] and tp == [rank]

@@ -28,6 +28,7 @@ NON_DEFAULT = {
     "first_stage_layers": 1,  # qwen3-tiny's 4 layers at PP 2: 1 + 3
     "last_stage_layers": 3,
     "ep": 2,
+    "cp": 2,
     "seq_len": 64,
     "micro_batch": 2,
     "global_batch": 16,

@@ -110,7 +110,7 @@ def _rank(info: Any, runs_by_entry: dict[str, RunSpec], steps: int, warmup: int)
     timeout = first.comm.collective_timeout_s
     layout = first.layout.parallel
     groups = ProcessGroups.build(layout, info.rank, timeout_s=timeout)
-    dp_rank = layout.coords(info.rank).dp
+    dp_rank = dist.get_rank(groups.dp)  # the optimizer's DP rank: its place in DP × CP (under EP, which experts)
     gen = torch.Generator().manual_seed(1234 + dp_rank)
     runs = {}
     for entry, spec in runs_by_entry.items():
@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     first = runs[entries[0]]
     if first.world != args.nproc:
         lay = first.layout
-        raise ConfigError(f"dp·tp = {lay.dp}·{lay.tp} = {first.world} must equal --nproc {args.nproc}")
+        raise ConfigError(f"{lay.parallel} has {first.world} ranks; that must equal --nproc {args.nproc}")
     steps, warmup = first.loop.iters, first.loop.warmup
     timeout = first.comm.collective_timeout_s
     per_rank = launch(_rank, args.nproc, runs, steps, warmup, backend=args.backend, timeout_s=timeout)
@@ -187,6 +187,7 @@ def run(args: argparse.Namespace) -> int:
         "dp": first.layout.dp,
         "tp": first.layout.tp,
         "ep": first.layout.ep,
+        **({"cp": first.layout.cp} if first.layout.cp > 1 else {}),  # lines without CP read as before
         "model": first.model,
         "optimizer": first.optim.optimizer,
         "steps": steps,

@@ -128,8 +128,8 @@ def _layout(args: argparse.Namespace):
     if args.dp is None:
         if args.world is None:
             raise ConfigError("give --dp or --world (dp = world / (tp·pp))")
-        args.dp = divide_world(args.world, args.tp, args.pp)
-    layout = get_engine(args.engine).planner_layout(args.dp, args.tp, args.pp, args.ep, args.shard_group)
+        args.dp = divide_world(args.world, args.tp, args.pp, args.cp)
+    layout = get_engine(args.engine).planner_layout(args.dp, args.tp, args.pp, args.ep, args.shard_group, args.cp)
     if args.first_stage_layers is not None or args.last_stage_layers is not None:
         layout = replace(layout, first_stage_layers=args.first_stage_layers, last_stage_layers=args.last_stage_layers)
     if args.world is not None:
@@ -329,12 +329,16 @@ def _activations(model, plans, args: argparse.Namespace) -> tuple[list[int], dic
     )
     sequence_parallel(run, None, None)  # SP at TP 1, a sequence TP does not divide: one line naming the fix
     sp = run.uses_sequence_parallel
+    if args.seq_len % (2 * lay.cp):  # megatron cuts a sequence into 2·CP chunks, two per CP rank
+        raise ConfigError(f"--seq-len {args.seq_len} must be a multiple of 2·CP = {2 * lay.cp} under --cp {lay.cp}")
+    seq = args.seq_len // lay.cp if lay.cp > 1 else args.seq_len  # a CP rank holds 1/CP of each sequence
     acts = [
-        round(activation_bytes(args.model, lay.tp, lay.pipeline, s, args.seq_len, micro, sequence_parallel=sp))
+        round(activation_bytes(args.model, lay.tp, lay.pipeline, s, seq, micro, sequence_parallel=sp))
         for s in range(len(plans))
     ]
     what = (
-        f"seq {args.seq_len} × micro-batch {micro}, sequence parallelism {'on' if sp else 'off'}, 1F1B in flight "
+        f"seq {args.seq_len}{f' (CP {lay.cp}: {seq} per rank)' if lay.cp > 1 else ''} × micro-batch {micro}, "
+        f"sequence parallelism {'on' if sp else 'off'}, 1F1B in flight "
         "(Korthikanti et al. 2022, selective recompute: canzona.models.memory.activation_bytes)"
     )
     return acts, {"activations": what}
@@ -375,7 +379,7 @@ def _run_fsdp2(args: argparse.Namespace) -> int:
         if args.world is None:
             raise ConfigError("--engine fsdp2: give --dp (or --world divisible by --tp)")
         args.dp = divide_world(args.world, args.tp)
-    get_engine(args.engine).planner_layout(args.dp, args.tp, args.pp, args.ep, args.shard_group)  # its errors
+    get_engine(args.engine).planner_layout(args.dp, args.tp, args.pp, args.ep, args.shard_group, args.cp)  # its errors
     pc, profile = _config(args)
     out = compare(
         get_model(args.model),

@@ -66,6 +66,15 @@ def under_launcher() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+# megatron-core runs context parallelism only in Transformer Engine's attention (its local
+# DotProductAttention asserts context_parallel_size == 1), and TE needs a GPU; this harness does not
+# yet split sequences over CP ranks on any path, so --cp > 1 stops here before megatron is imported.
+CP_REFUSAL = (
+    "canzona train (megatron-core runs CP only in Transformer Engine's attention, which needs a GPU; "
+    "the harness does not split sequences over CP ranks yet: plan, bench-step and project take --cp)"
+)
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     if under_launcher():
@@ -75,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         world = args.nproc if args.nproc is not None else cfg.world
         local_ranks = world
     cfg.validate(world)  # types, sizes, layout (the results path at parse time): before torch is imported
+    cfg.layout.parallel.require_no_cp(CP_REFUSAL)
     if cfg.machine.device == "cpu":
         check_host_memory(cfg, local_ranks)
 

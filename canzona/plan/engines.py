@@ -8,7 +8,7 @@ entry's capability fields (``supports_tp``, ``cooperative``, ``strategies`` ...)
 comparing engine names, and the command lines take their ``--engine`` choices from ``ENGINES``.
 
 How an engine looks to the planner (``planner_layout``):
-  megatron  the layout itself: DP × TP × PP (× EP inside DP).
+  megatron  the layout itself: DP × TP × PP (× EP inside DP; under CP, DP × CP as the DP ranks).
   fsdp2     FSDP2 stores each matrix as a row slice per rank (``Shard(0)`` over the shard group),
             exactly a Megatron column-parallel TP shard, so a shard group of S ranks is planned as a
             TP group of S: ``Layout(dp=1, tp=S)``. Its hosts are the matrices' owners, its micro-groups
@@ -31,17 +31,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from canzona.errors import ConfigError
+from canzona.layout import ParallelLayout
 from canzona.plan.types import Layout
 
 NS_METHODS_ALL = ("standard", "gram", "auto")
 
 
-def _megatron_layout(dp: int, tp: int, pp: int, ep: int, shard: int | None) -> Layout:
-    return Layout(dp=dp, tp=tp, pp=pp, ep=ep)
+def _megatron_layout(dp: int, tp: int, pp: int, ep: int, shard: int | None, cp: int) -> Layout:
+    return Layout.for_layout(ParallelLayout(dp=dp, tp=tp, pp=pp, ep=ep, cp=cp))  # DP × CP: its reduction ranks
 
 
-def _fsdp2_layout(dp: int, tp: int, pp: int, ep: int, shard: int | None) -> Layout:
-    given = {name: v for name, v in (("pp", pp), ("ep", ep)) if v > 1}  # name only what the user set
+def _fsdp2_layout(dp: int, tp: int, pp: int, ep: int, shard: int | None, cp: int) -> Layout:
+    given = {name: v for name, v in (("pp", pp), ("ep", ep), ("cp", cp)) if v > 1}  # name only what the user set
     if given:
         raise ConfigError(
             f"the fsdp2 engine plans FSDP / HSDP (with TP); {', '.join(f'{k}={v}' for k, v in given.items())} "
@@ -63,7 +64,7 @@ class Engine:
     help: str
     param_layout: str  # where the parameters and gradients live
     dp_buckets: bool  # flat DP buckets owned by slices (ZeRO-1); False: every rank a Shard(0) row slice of each matrix
-    layout: Callable[[int, int, int, int, int | None], Layout]
+    layout: Callable[[int, int, int, int, int | None, int], Layout]
     strategies: tuple[str, ...] | None  # strategies with a form on this engine (None: every executable one)
     supports_tp: bool
     supports_pp: bool
@@ -74,15 +75,17 @@ class Engine:
     ns_methods: tuple[str, ...]
     checkpoint: str
 
-    def planner_layout(self, dp: int, tp: int = 1, pp: int = 1, ep: int = 1, shard: int | None = None) -> Layout:
-        """The layout the planner plans this engine's ``dp`` × ``tp`` × ``pp`` (× ``ep``) job on;
-        ``shard``: FSDP2's shard group (HSDP when smaller than ``dp``)."""
+    def planner_layout(
+        self, dp: int, tp: int = 1, pp: int = 1, ep: int = 1, shard: int | None = None, cp: int = 1
+    ) -> Layout:
+        """The layout the planner plans this engine's ``dp`` × ``tp`` × ``pp`` (× ``ep``, × ``cp``) job
+        on; ``shard``: FSDP2's shard group (HSDP when smaller than ``dp``)."""
         if shard is not None and not self.supports_hsdp:
             raise ConfigError(
                 f"a shard group (--shard-group) is an HSDP setting the {self.name} engine has not; drop it or "
                 f"choose {', '.join(e.name for e in ENGINES.values() if e.supports_hsdp)}"
             )
-        return self.layout(dp, tp, pp, ep, shard)
+        return self.layout(dp, tp, pp, ep, shard, cp)
 
     def cooperative_with(self, tp: int) -> bool:
         """Whether the runtime runs cooperative Newton–Schulz with TP ``tp`` in the mesh."""

@@ -32,6 +32,14 @@ class Layout:
 
     ``first_stage_layers`` / ``last_stage_layers``: Megatron's num_layers_in_first/last_pipeline_stage
     (None: even stages; canzona.models.stages.Pipeline).
+
+    Context parallelism: ``dp`` is the optimizer's data-parallel ranks, DP × CP, and ``cp`` how many
+    of them split each sequence. Megatron's distributed optimizer reduces and shards gradients over
+    the DP × CP group (``data_parallel_group_with_context_parallel``) and scales the loss so that its
+    mean over DP × CP is the global per-token mean, so to the optimizer a CP rank is one more DP rank:
+    the plan at DP 8 · CP 2 is the plan at DP 16, labelled ``cp=2`` (``for_layout`` builds it from
+    the DP and CP sizes). ``cp`` is serialised and hashed only when > 1, so plans without CP hash as
+    before it existed.
     """
 
     dp: int
@@ -40,6 +48,7 @@ class Layout:
     ep: int = 1
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
+    cp: int = 1
 
     def __post_init__(self) -> None:
         self.parallel  # noqa: B018 - its checks (positive sizes, EP | DP)
@@ -47,10 +56,22 @@ class Layout:
             raise ConfigError(f"dp={self.dp} is more than {MAX_DP:,} ranks; check the DP size (or --world)")
         self.pipeline  # noqa: B018 - its checks (positive counts, PP > 1)
 
+    @classmethod
+    def for_layout(cls, par: ParallelLayout, first: int | None = None, last: int | None = None) -> Layout:
+        """The planner's view of ``par``: its DP × CP group as the data-parallel ranks, labelled CP."""
+        return cls(par.size("dp_cp"), par.tp, par.pp, par.ep, first, last, par.cp)
+
     @property
     def parallel(self) -> ParallelLayout:
-        """The sizes as the one parallel layout (no context parallelism: plans hash without it)."""
-        return ParallelLayout(dp=self.dp, tp=self.tp, pp=self.pp, ep=self.ep)
+        """The sizes as the one parallel layout (``dp`` read back into DP and CP)."""
+        return ParallelLayout.over_dp_cp(self.dp, cp=self.cp, tp=self.tp, pp=self.pp, ep=self.ep)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields as plans serialise and hash them: ``cp`` only where CP > 1."""
+        d = asdict(self)
+        if self.cp == 1:
+            del d["cp"]
+        return d
 
     @property
     def pipeline(self) -> Pipeline:
@@ -299,6 +320,7 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d["layout"] = self.layout.as_dict()
         for it in d["items"]:  # an unsplit item serialises (and hashes) as before items had parts
             if not it["parts"]:
                 del it["parts"]
@@ -373,7 +395,7 @@ class Plan:
 
 def input_hash(layout: Layout, config: PlanConfig, items: tuple[PlanItem, ...]) -> str:
     """SHA-256 over every planning input, so ranks can check they hold the same plan."""
-    lay = {k: v for k, v in asdict(layout).items() if v is not None}  # even stages hash as before they had a name
+    lay = {k: v for k, v in layout.as_dict().items() if v is not None}  # even stages hash as before they had a name
     payload = json.dumps(
         {"layout": lay, "config": _hashed_config(config), "items": [_item_dict(i) for i in items]},
         sort_keys=True,

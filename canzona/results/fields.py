@@ -20,7 +20,7 @@ KINDS = ("train", "step")
 LAYOUT = ("tp", "pp", "dp", "world")
 LAYOUT_MAX = 2**31
 # counts a line may leave out (null): >= 0 and exact in a float, as pandas may hold them
-COUNTS = ("ep", "seq_len", "micro_batch", "global_batch", "bucket_size", "warmup", "iters", "num_microbatches")
+COUNTS = ("ep", "cp", "seq_len", "micro_batch", "global_batch", "bucket_size", "warmup", "iters", "num_microbatches")
 COUNT_MAX = 2**53
 NAMES = ("model", "method", "optimizer")
 # timings that are one number each (absent or null where not recorded)

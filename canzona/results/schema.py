@@ -166,8 +166,9 @@ def cell_key(config: dict[str, Any]) -> str:
     Only config fields, never the plan: a sweep computes the key of a cell before it runs it (to
     skip cells already done), and with ``alpha = "auto"`` the α is an outcome of the run. Lines of
     one cell that ran different plans are told apart by the analysis (``canzona.analysis.load``
-    compares their plan hashes), not by the key. An expert-parallel run's key ends in its EP size;
-    a run without EP keeps the key it had before EP existed (its records lack the field); so do
+    compares their plan hashes), not by the key. An expert-parallel run's key ends in its EP size
+    (a context-parallel one's then carries its CP size); a run without EP (CP) keeps the key it had
+    before EP (CP) existed (its records lack the field); so do
     uneven PP end stages (``first_stage_layers`` / ``last_stage_layers``, absent or None when even) and the window's
     knobs at their old behaviour (``WINDOW_FIELDS``)."""
     ep = config.get("ep")
@@ -178,6 +179,7 @@ def cell_key(config: dict[str, Any]) -> str:
     return (
         "|".join(f"{k}={config.get(k)}" for k in CELL_FIELDS)
         + (f"|ep={ep}" if ep not in (None, 1) else "")
+        + (f"|cp={config['cp']}" if config.get("cp") not in (None, 1) else "")
         + ends
         + levers
     )

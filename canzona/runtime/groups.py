@@ -21,6 +21,9 @@ from canzona.layout import GroupKind, ParallelLayout
 from canzona.models.spec import ParamSpec
 from canzona.runtime.experts import ExpertParallel
 
+# The optimizer's reduction group: DP × CP, the same members (and creation order) as DP at CP = 1.
+REDUCE: GroupKind = "dp_cp"
+
 
 def new_group(
     layout: ParallelLayout, kind: GroupKind, rank: int, *, timeout_s: float | None = None
@@ -38,8 +41,16 @@ def new_group(
 
 @dataclass(frozen=True)
 class ProcessGroups:
-    """``rank``'s groups under ``layout``: DP, TP, its PP stage's TP × DP ranks, the expert-DP group
-    (None without EP) and every rank of the model (None: WORLD)."""
+    """``rank``'s groups under ``layout``: ``dp``, the optimizer's data-parallel group, which is
+    DP × CP (the DP group itself at CP = 1), TP, its PP stage's TP × CP × DP ranks, the expert-DP
+    group (None without EP) and every rank of the model (None: WORLD).
+
+    Why DP × CP: megatron-core's distributed optimizer reduces and shards gradients over
+    ``data_parallel_group_with_context_parallel`` and scales them by 1 / its size, while the loss
+    of each CP rank is scaled so that this mean is the global per-token mean
+    (``megatron/core/distributed/distributed_data_parallel.py``, ``pretrain_gpt.py``'s ``loss_func``).
+    A CP rank holds every parameter whole, as a DP rank does, so it owns a share of the optimizer's
+    work like one; the plan is the plan of DP · CP ranks (``canzona.plan.types.Layout``)."""
 
     layout: ParallelLayout
     rank: int
@@ -51,9 +62,8 @@ class ProcessGroups:
 
     @classmethod
     def build(cls, layout: ParallelLayout, rank: int, *, timeout_s: float | None = None) -> ProcessGroups:
-        """Create the groups of a ``layout`` world (every rank alike); CP is not run yet."""
-        layout.require_no_cp("the runtime")
-        dp, tp, stage = (new_group(layout, k, rank, timeout_s=timeout_s) for k in ("dp", "tp", "stage"))
+        """Create the groups of a ``layout`` world (every rank alike)."""
+        dp, tp, stage = (new_group(layout, k, rank, timeout_s=timeout_s) for k in (REDUCE, "tp", "stage"))
         edp = new_group(layout, "edp", rank, timeout_s=timeout_s) if layout.ep > 1 else None
         return cls(layout, rank, dp, tp, stage, edp)
 
@@ -61,7 +71,7 @@ class ProcessGroups:
         """Raise ConfigError unless every group holds the layout's members for this rank, in order:
         groups another framework built (megatron-core's ``parallel_state``) must be laid out as the
         plan assumes, or gradients would be reduced with ranks that hold other parameters."""
-        kinds: dict[GroupKind, dist.ProcessGroup | None] = {"dp": self.dp, "tp": self.tp, "stage": self.stage}
+        kinds: dict[GroupKind, dist.ProcessGroup | None] = {REDUCE: self.dp, "tp": self.tp, "stage": self.stage}
         if self.layout.ep > 1:
             kinds["edp"] = self.edp
         for kind, group in kinds.items():

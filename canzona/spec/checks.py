@@ -22,10 +22,10 @@ NO_CUDA_FIX = (
 )
 
 
-def dp_hint(world: int, tp: int, pp: int) -> int | None:
-    """The DP size that fills ``world`` at ``tp`` and ``pp``, for an error message's fix; None if none does."""
+def dp_hint(world: int, tp: int, pp: int, cp: int = 1) -> int | None:
+    """The DP size that fills ``world`` at ``tp``, ``pp`` and ``cp``, for an error message's fix; None if none does."""
     try:
-        return divide_world(world, tp, pp)
+        return divide_world(world, tp, pp, cp)
     except ConfigError:
         return None
 
@@ -92,9 +92,11 @@ def model_layout(spec: RunSpec, world: int | None, gpu: bool | None) -> None:
         raise ConfigError(f"{cfg.name}: TP={tp} must divide the q/kv projection widths ({q_dim}, {kv_dim})")
     if world is not None and world != spec.world:
         fix = f"launch {spec.world} processes"
-        if (dp_fit := dp_hint(world, tp, pp)) is not None:
+        cp = spec.layout.cp
+        if (dp_fit := dp_hint(world, tp, pp, cp)) is not None:
             fix += f" or set --dp {dp_fit}"
-        raise ConfigError(f"world size {world} != tp·pp·dp = {tp}·{pp}·{dp} = {spec.world}; {fix}")
+        sizes = f"tp·pp·dp = {tp}·{pp}·{dp}" if cp == 1 else f"tp·pp·cp·dp = {tp}·{pp}·{cp}·{dp}"
+        raise ConfigError(f"world size {world} != {sizes} = {spec.world}; {fix}")
     per_step = spec.batch.micro_batch * dp
     if spec.batch.global_batch % per_step:
         raise ConfigError(

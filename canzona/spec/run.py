@@ -81,7 +81,7 @@ class RunSpec:
         """Every rank of the run (EP, carved out of DP, adds none; ``checks`` refuses a bad EP with
         its own message)."""
         lay = self.layout
-        return ParallelLayout(dp=lay.dp, tp=lay.tp, pp=lay.pp).world
+        return ParallelLayout(dp=lay.dp, tp=lay.tp, pp=lay.pp, cp=lay.cp).world
 
     @property
     def pipeline(self) -> Pipeline:

@@ -93,11 +93,18 @@ class LayoutSpec:
         lo=1,
         hi=MAX_DP,
     )
+    cp: int = knob(
+        1,
+        "context-parallel size: each sequence split over CP ranks (megatron's context_parallel_size); the "
+        "optimizer reduces and owns over the DP × CP group",
+        lo=1,
+        hi=MAX_DP,
+    )
 
     @property
     def parallel(self) -> ParallelLayout:
         """The sizes as the one parallel layout (``canzona.layout``): world, coordinates, groups."""
-        return ParallelLayout(dp=self.dp, tp=self.tp, pp=self.pp, ep=self.ep)
+        return ParallelLayout(dp=self.dp, tp=self.tp, pp=self.pp, ep=self.ep, cp=self.cp)
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,8 @@ SETTINGS: dict[str, tuple[type, ...]] = {
 class Layout:
     """One model's parallel layout; ``reason`` records why these TP/PP/DP sizes were chosen.
     ``ep``: expert parallelism inside DP (an MoE model's experts sharded over ``ep`` DP ranks);
-    ``first_stage_layers`` / ``last_stage_layers``: uneven PP end stages (None: even)."""
+    ``first_stage_layers`` / ``last_stage_layers``: uneven PP end stages (None: even); ``cp``: context
+    parallelism (each sequence over ``cp`` ranks; the optimizer reduces over DP × CP)."""
 
     model: str
     tp: int
@@ -86,16 +87,17 @@ class Layout:
     ep: int = 1
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
+    cp: int = 1
 
     @property
     def knobs(self) -> dict[str, Any]:
         """The run knobs this layout sets."""
         ends = {"first_stage_layers": self.first_stage_layers, "last_stage_layers": self.last_stage_layers}
-        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep, **ends}
+        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep, "cp": self.cp, **ends}
 
     @property
     def world(self) -> int:
-        return ParallelLayout(dp=self.dp, tp=self.tp, pp=self.pp).world
+        return ParallelLayout(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp).world
 
 
 @dataclass(frozen=True)
@@ -290,13 +292,14 @@ def _parse_layout(t: Any, w: str, s: dict[str, Any]) -> Layout:
             "ep": (int, False),
             "first_stage_layers": (int, False),
             "last_stage_layers": (int, False),
+            "cp": (int, False),
         },
     )
-    ep = v.get("ep", 1)
+    ep, cp = v.get("ep", 1), v.get("cp", 1)
     ends = {k: v.get(k) for k in ("first_stage_layers", "last_stage_layers")}
-    _positive(w, tp=v["tp"], pp=v["pp"], dp=v["dp"], ep=ep, time_min=v.get("time_min"), **ends)
+    _positive(w, tp=v["tp"], pp=v["pp"], dp=v["dp"], ep=ep, cp=cp, time_min=v.get("time_min"), **ends)
     model = get_model(v["model"]).name
-    lay = Layout(model, v["tp"], v["pp"], v["dp"], v["reason"].strip(), v.get("time_min"), ep, **ends)
+    lay = Layout(model, v["tp"], v["pp"], v["dp"], v["reason"].strip(), v.get("time_min"), ep, **ends, cp=cp)
     try:
         get_model(model).validate_layout(tp=v["tp"], pp=RunSpec(model=model).replace(**lay.knobs).pipeline)
     except ConfigError as exc:
@@ -306,7 +309,7 @@ def _parse_layout(t: Any, w: str, s: dict[str, Any]) -> Layout:
     if not lay.reason:
         raise ConfigError(f"{w}: reason is empty; write down why this TP/PP/DP was chosen")
     if lay.world != s["world"]:
-        fix = dp_hint(s["world"], lay.tp, lay.pp) or "?"
+        fix = dp_hint(s["world"], lay.tp, lay.pp, lay.cp) or "?"
         raise ConfigError(
             f"{w}: tp*pp*dp = {lay.tp}*{lay.pp}*{lay.dp} = {lay.world}, but the sweep's world is "
             f"{s['world']}; change dp to {fix}"

@@ -41,7 +41,8 @@ def _group(layout: Layout, group: str) -> tuple[int, int]:
     if group not in GROUP_SIZES:
         raise ConfigError(f"unknown group {group!r}; known: {', '.join(GROUP_SIZES)}")
     par = layout.parallel
-    n = {"tp": par.tp, "dp": par.dp, "edp": par.edp, "world": par.world}[group]
+    # DP: the optimizer's reduction group, DP × CP under context parallelism (plan.types.Layout)
+    n = {"tp": par.tp, "dp": par.size("dp_cp"), "edp": par.edp, "world": par.world}[group]
     span = {"tp": par.tp, "dp": par.stage_size, "edp": par.stage_size, "world": par.world}[group]
     return n, span
 

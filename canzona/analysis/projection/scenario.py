@@ -18,6 +18,7 @@ from canzona.analysis.projection.phases import project_stage
 from canzona.analysis.projection.stage import StageProjection
 from canzona.cost import CostModel, CostSettings, priced_on
 from canzona.errors import ConfigError
+from canzona.layout import ParallelLayout
 from canzona.plan.types import Layout, Plan, PlanConfig
 from canzona.spec import BatchSpec, OptimSpec, PlanSpec, get_method, method_names
 from canzona.spec.run import choices, leaves, plan_config_of
@@ -113,8 +114,9 @@ class Scenario:
         (default 1) carves expert-DP groups out of DP, ``first_stage_layers`` / ``last_stage_layers``
         (default even) make Megatron's uneven end stages (``Layout``)."""
         names = {f.name for f in dataclasses.fields(cls)}
-        ends = {k: knobs.get(k) for k in ("first_stage_layers", "last_stage_layers")}
-        layout = Layout(dp=knobs["dp"], tp=knobs["tp"], pp=knobs["pp"], ep=knobs.get("ep", 1), **ends)
+        sizes = {k: knobs.get(k, 1) for k in ("dp", "tp", "pp", "ep", "cp")}
+        par = ParallelLayout(**sizes)  # CP: the optimizer's DP ranks are DP × CP (plan.types.Layout)
+        layout = Layout.for_layout(par, knobs.get("first_stage_layers"), knobs.get("last_stage_layers"))
         return cls(layout=layout, **{k: v for k, v in knobs.items() if k in names and k != "method"}, **own)
 
     @property
@@ -270,10 +272,9 @@ def project(
         raise ConfigError(f"unknown overlap view {s.overlap!r}; choose from {', '.join(OVERLAPS)}")
     if s.overlap == "megatron" and profile.mfu is None:
         raise ConfigError(f"overlap view 'megatron' needs fwd/bwd time, but profile {profile.name} has no mfu")
-    if s.global_batch % (s.micro_batch * s.layout.dp):
-        raise ConfigError(
-            f"global_batch {s.global_batch} is not a multiple of micro_batch·dp = {s.micro_batch}·{s.layout.dp}"
-        )
+    dp = s.layout.parallel.dp  # DP, not DP × CP: a DP rank's CP ranks share its sequences
+    if s.global_batch % (s.micro_batch * dp):
+        raise ConfigError(f"global_batch {s.global_batch} is not a multiple of micro_batch·dp = {s.micro_batch}·{dp}")
     return _with_tokens(Projection(s, profile, tuple(stages), math.nan), s.global_batch * s.seq_len)
 
 
@@ -333,7 +334,7 @@ def microbatches(s: Scenario, tokens: float) -> float:
     """Micro-batches per DP rank at ``tokens`` per iteration with the scenario's sequence and
     micro-batch: tokens / (seq_len · micro_batch · dp), at least one (fewer tokens than one
     micro-batch per rank are counted as one, shorter, micro-batch)."""
-    return max(1.0, tokens / (s.seq_len * s.micro_batch * s.layout.dp))
+    return max(1.0, tokens / (s.seq_len * s.micro_batch * s.layout.parallel.dp))  # CP: a micro-batch per DP rank
 
 
 def at_tokens(p: Projection, tokens: float) -> Projection:
