@@ -196,18 +196,11 @@ def make_plans(s: Scenario, profile: Profile | None = None) -> list[Plan]:
     scenario's optimizer settings (``cost_settings_for``); none for a baseline, which is modelled
     from the peer's code (``baselines``), not planned. Inside ``shared_work``, once per request."""
     if _SHARED:
-        key = ("plans", dataclasses.replace(s, overlap="none"), _priced_on(profile))
+        key = ("plans", dataclasses.replace(s, overlap="none"), repr(profile))
         if key not in _SHARED[-1]:
             _SHARED[-1][key] = _make_plans(s, profile)
         return list(_SHARED[-1][key])
     return _make_plans(s, profile)
-
-
-def _priced_on(profile: Profile | None) -> str:
-    """The profile as plans and charged stages see it: every field but the MFU, which prices only
-    forward and backward (``overlap``), so an MFU range (the sensitivity study's) plans and charges
-    each scenario once."""
-    return repr(dataclasses.replace(profile, mfu=None) if profile is not None else None)
 
 
 def _make_plans(s: Scenario, profile: Profile | None = None) -> list[Plan]:
@@ -267,7 +260,7 @@ def project(
                 s.uses_sequence_parallel,
                 s.split_qkv,
                 s.split_gate_up,
-                _priced_on(profile),
+                repr(profile),
                 settings,
             )
             if key not in _SHARED[-1]:
