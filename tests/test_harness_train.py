@@ -157,18 +157,21 @@ def test_pipeline_parallel_matches_single_rank(tmp_path: Path) -> None:
 
 def test_sequence_parallel_matches_single_rank_and_sp_off(tmp_path: Path) -> None:
     """`canzona train --sequence-parallel` at TP 2 × DP 2 and TP 4 × DP 1 (qwen3-tiny: 4 KV heads)
-    gives the single-rank loss curve and SP off's: the norm weights' gradients, partial per TP rank
-    under SP, are summed across TP inside the optimizer's reduction (the replica check of
-    ``_train`` also holds every norm identical across TP). Each record says whether SP ran."""
+    gives the single-rank loss curve, and at TP 2 × DP 2 SP off's too: the norm weights' gradients,
+    partial per TP rank under SP, are summed across TP inside the optimizer's reduction (the replica
+    check of ``_train`` also holds every norm identical across TP). Each record says whether SP ran.
+    (SP off at TP 4 is left out for the suite's time: the single-rank curve already pins SP on there.)"""
     results = tmp_path / "sp.jsonl"
-    for model, tp, dp in (("qwen3-micro", 2, 2), ("qwen3-tiny", 4, 1)):
+    for model, tp, dp, with_off in (("qwen3-micro", 2, 2, True), ("qwen3-tiny", 4, 1, False)):
         pick = ("--model", model)
         ref = _train(results, tp=1, pp=1, dp=1, method="canzona", extra=pick)
         on = _train(results, tp=tp, pp=1, dp=dp, method="canzona", extra=(*pick, "--sequence-parallel"))
-        off = _train(results, tp=tp, pp=1, dp=dp, method="canzona", extra=(*pick, "--no-sequence-parallel"))
-        assert [r["config"]["sequence_parallel"] for r in (ref, on, off)] == [False, True, False]
+        assert [r["config"]["sequence_parallel"] for r in (ref, on)] == [False, True]
         _same_curve(on, ref)
-        _same_curve(on, off)
+        if with_off:
+            off = _train(results, tp=tp, pp=1, dp=dp, method="canzona", extra=(*pick, "--no-sequence-parallel"))
+            assert off["config"]["sequence_parallel"] is False
+            _same_curve(on, off)
 
 
 def test_adamw_everywhere_matches_single_rank(tmp_path: Path) -> None:
