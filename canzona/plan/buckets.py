@@ -132,7 +132,7 @@ def matrix_chunks(
             raise ConfigError(f"parameter {name!r} has {numel} elements; every parameter needs at least one")
     total = sum(n for _, n in order)
     widest = max(n for _, n in order)
-    threshold = max(bucket_size, math.ceil(PADDING_FLOOR * group * widest))
+    threshold = padded_threshold(bucket_size, group, widest)
     if end_size is not None:
         head, tail = _graded(order, end_size, threshold), _graded(order[::-1], end_size, threshold)
         if sum(head) + sum(tail) < len(order):
@@ -147,6 +147,12 @@ def matrix_chunks(
         if len(chunks) < k and cum * k >= len(chunks) * total:
             chunks.append([])
     return [c for c in chunks if c]
+
+
+def padded_threshold(bucket_size: int, group: int, widest: int) -> int:
+    """The size a padded chunk grows to before it closes (``matrix_chunks``' T): the bucket size, or
+    ``PADDING_FLOOR`` of the group times its widest (TP-local) matrix where that is larger."""
+    return max(bucket_size, math.ceil(PADDING_FLOOR * group * widest))
 
 
 def _graded(order: Sequence[tuple[str, int]], size: int, threshold: int) -> list[int]:

@@ -33,7 +33,7 @@ from canzona.errors import ConfigError
 from canzona.hardware import DEFAULT_GPU, Profile, load_profile
 from canzona.layout import expert_ep_rank
 from canzona.models import Model, ParamSpec, get_model, list_params
-from canzona.plan.buckets import PADDING_FLOOR, build_buckets, matrix_chunks, packed_bucket, resolve_bucket_size
+from canzona.plan.buckets import build_buckets, matrix_chunks, packed_bucket, padded_threshold, resolve_bucket_size
 from canzona.plan.choice import Candidate, choose, kept
 from canzona.plan.coop import CoopSettings, applies, candidates, check_ownership, coop_settings, plan_cooperative
 from canzona.plan.dp.problem import make_problem, padding_floor
@@ -174,7 +174,7 @@ def end_buckets(buckets: Sequence[Bucket], layout: Layout, cfg: PlanConfig) -> f
         return frozenset()
     widest = max(e.numel for b in dense for e in b.entries)
     size = resolve_bucket_size(cfg.bucket_size, layout.dp)
-    threshold = max(size, math.ceil(PADDING_FLOOR * layout.dp * widest))
+    threshold = padded_threshold(size, layout.dp, widest)
     return frozenset(b.index for b in dense if b.used < threshold)
 
 
