@@ -21,6 +21,7 @@ fastest (megatron's member order; e.g. the DP × CP group of a rank lists c + CP
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -94,10 +95,8 @@ class ParallelLayout:
 
     def size(self, kind: GroupKind) -> int:
         """Members of each group of ``kind``."""
-        n = 1
-        for axis in _VARIES[kind]:
-            n *= self._axes()[axis][0]
-        return n
+        axes = self._axes()
+        return math.prod(axes[axis][0] for axis in _VARIES[kind])
 
     @classmethod
     def over_dp_cp(cls, dp_cp: int, *, cp: int = 1, tp: int = 1, pp: int = 1, ep: int = 1) -> ParallelLayout:
@@ -188,9 +187,7 @@ class ParallelLayout:
 def divide_world(world: int, *sizes: int) -> int:
     """The size of the one dimension left once ``sizes`` are given: ``world`` over their product
     (DP from a world and TP, PP; PP from a world and DP, TP). ConfigError where it does not divide."""
-    per = 1
-    for n in sizes:
-        per *= n
+    per = math.prod(sizes)
     if per < 1 or world < per or world % per:
         raise ConfigError(f"a world of {world} ranks is not a multiple of {'·'.join(map(str, sizes))} = {per}")
     return world // per

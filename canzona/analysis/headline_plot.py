@@ -48,7 +48,7 @@ COMPARISONS = (
 )
 
 
-def claim_label(timing: str, label: str, value: float) -> str:
+def claim_label(label: str, value: float) -> str:
     return f"paper: {value:g}× {label} (Qwen3-32B vs its baseline)"
 
 
@@ -69,7 +69,7 @@ def _panel(ax: Any, rows: list[dict[str, Any]], timing: str, label: str) -> None
         ax.bar_label(bars, labels=[speedup_text(v) + "×" for _, v in pts], fontsize=7, padding=2,
                      bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.3})  # fmt: skip
     claim = paper_claims()[timing]
-    ax.axhline(claim, color="black", ls=":", lw=1.2, label=claim_label(timing, label, claim))
+    ax.axhline(claim, color="black", ls=":", lw=1.2, label=claim_label(label, claim))
     break_even(ax)
     group_axis(ax, len(rows))
     ax.set_xticklabels([_tick(r) for r in rows], fontsize=7)
