@@ -217,13 +217,12 @@ def attest(
 def check_plan_agreement(h: str, group: dist.ProcessGroup | None, device: torch.device, what: str) -> None:
     """Every rank of ``group`` must execute the same plan (``h``, its input hash); a mismatch would
     deadlock or corrupt. Once at set-up, on both engines: two MIN/MAX all-reduces of one int64,
-    whatever the group size, read back in one host read. ``what`` names what every rank must pass alike."""
+    whatever the group size. ``what`` names what every rank must pass alike."""
     v = torch.tensor([int(h, 16) & ((1 << 62) - 1)], dtype=torch.int64, device=device)
     lo, hi = v.clone(), v.clone()
     dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=group)
     dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=group)
-    low, high = torch.cat((lo, hi)).tolist()
-    if low != high:
+    if lo.item() != hi.item():
         raise ConfigError(f"plan hash differs across ranks (this rank: {h}); every rank must {what} and DistConfig")
 
 
