@@ -107,6 +107,17 @@ class ParallelLayout:
             raise ConfigError(f"CP={cp} must divide the DP·CP reduction ranks ({dp_cp})")
         return cls(dp=dp_cp // cp, tp=tp, pp=pp, ep=ep, cp=cp)
 
+    def local_seq_len(self, seq_len: int) -> int:
+        """The tokens of each sequence one CP rank holds: megatron cuts a sequence into 2·CP chunks,
+        two per CP rank (load-balanced causal attention), so ``seq_len`` must be a multiple of 2·CP."""
+        if self.cp == 1:
+            return seq_len
+        if seq_len % (2 * self.cp):
+            raise ConfigError(
+                f"seq len {seq_len} must be a multiple of 2·CP = {2 * self.cp} under CP {self.cp}: pick one"
+            )
+        return seq_len // self.cp
+
     def require_no_cp(self, where: str) -> None:
         """Raise ``NotSupportedError`` where ``where`` does not run context parallelism yet."""
         if self.cp > 1:

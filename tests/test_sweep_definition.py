@@ -10,8 +10,9 @@ import pytest
 
 from canzona.errors import ConfigError
 from canzona.results.schema import cell_key
-from canzona.sweep.budget import cell_timeout_min, check_fits, estimate_memory_gb, iteration_s
-from canzona.sweep.definition import load_sweep, parse_sweep
+from canzona.spec import RunSpec
+from canzona.sweep.budget import cell_memory_gb, cell_timeout_min, check_fits, estimate_memory_gb, iteration_s
+from canzona.sweep.definition import Cell, load_sweep, parse_sweep
 from canzona.sweep.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -321,3 +322,15 @@ def test_a_layout_takes_uneven_stages_into_its_cells():
     d["layout"][0]["last_stage_layers"] = 2
     with pytest.raises(ConfigError, match="do not add up to the 4 layers"):
         parse_sweep(d, "x.toml")
+
+
+def test_the_memory_estimate_plans_the_cells_own_ep_and_cp():
+    """A cell's estimate plans its own layout: under EP each rank's expert buffers hold its EP rank's
+    experts (smaller than at EP 1), and under CP the optimizer shards over DP × CP (the same plan as
+    DP 4) while each rank holds 1/CP of every sequence (smaller again). Both were ignored once."""
+    base = RunSpec(model="qwen3-moe-micro").replace(dp=4, seq_len=256)
+    dense = cell_memory_gb(Cell(base))
+    assert cell_memory_gb(Cell(base.replace(ep=2))) < dense
+    assert cell_memory_gb(Cell(base.replace(dp=2, cp=2))) < dense
+    with pytest.raises(ConfigError, match=r"multiple of 2·CP = 4"):
+        cell_memory_gb(Cell(base.replace(dp=2, cp=2, seq_len=250)))

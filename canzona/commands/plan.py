@@ -329,9 +329,7 @@ def _activations(model, plans, args: argparse.Namespace) -> tuple[list[int], dic
     )
     sequence_parallel(run, None, None)  # SP at TP 1, a sequence TP does not divide: one line naming the fix
     sp = run.uses_sequence_parallel
-    if args.seq_len % (2 * lay.cp):  # megatron cuts a sequence into 2·CP chunks, two per CP rank
-        raise ConfigError(f"--seq-len {args.seq_len} must be a multiple of 2·CP = {2 * lay.cp} under --cp {lay.cp}")
-    seq = args.seq_len // lay.cp if lay.cp > 1 else args.seq_len  # a CP rank holds 1/CP of each sequence
+    seq = lay.parallel.local_seq_len(args.seq_len)  # a CP rank holds 1/CP of each sequence
     acts = [
         round(activation_bytes(args.model, lay.tp, lay.pipeline, s, seq, micro, sequence_parallel=sp))
         for s in range(len(plans))

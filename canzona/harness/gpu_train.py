@@ -88,12 +88,8 @@ def predicted_memory(run: RunSpec) -> MemoryBreakdown:
     from canzona.plan.comm import MODELS
     from canzona.plan.readers.memory import MemoryPrecision, peak, stage_memory
     from canzona.plan.schedule import LowerSettings
-    from canzona.plan.types import Layout
 
     lay, machine = run.layout, run.machine
-    layout = Layout(
-        lay.dp, lay.tp, lay.pp, first_stage_layers=lay.first_stage_layers, last_stage_layers=lay.last_stage_layers
-    )
     param_bytes = 2 if machine.dtype == "bf16" else 4
     prec = MemoryPrecision(
         param_bytes=param_bytes,
@@ -103,7 +99,7 @@ def predicted_memory(run: RunSpec) -> MemoryBreakdown:
     )
     settings = LowerSettings(model=MODELS["nccl" if machine.device == "gpu" else "gloo"], param_bytes=param_bytes)
     worst = []
-    for stage, plan in enumerate(plan_model(run.model, layout, run.plan_config(), split=run.splits)):
+    for stage, plan in enumerate(plan_model(run.model, run.plan_layout(), run.plan_config(), split=run.splits)):
         specs = list_params(get_model(run.model), tp=lay.tp, pp=run.pipeline, stage=stage, split=run.splits)
         worst.append(peak(stage_memory(plan, specs, settings, prec)))
     return peak(worst)

@@ -32,7 +32,7 @@ from canzona.errors import ConfigError
 from canzona.layout import ParallelLayout
 from canzona.models.stages import Pipeline
 from canzona.plan.buckets import resolve_bucket_size
-from canzona.plan.types import PlanConfig
+from canzona.plan.types import Layout, PlanConfig
 from canzona.results.schema import cell_key
 from canzona.spec.sections import (
     BatchSpec,
@@ -119,6 +119,12 @@ class RunSpec:
         """The planner's config of this run (Canzona methods): the plan section and the optimizer
         (a profile of None: H800 offline, the runtime's choice for its backend at run time)."""
         return plan_config_of(self.flat())
+
+    def plan_layout(self) -> Layout:
+        """The planner's layout of this run: the DP × CP group as its reduction ranks (labelled CP),
+        EP's expert buffers and the PP stages, as the runtime plans them."""
+        lay = self.layout
+        return Layout.for_layout(lay.parallel, lay.first_stage_layers, lay.last_stage_layers)
 
     def dist_config(self, *, timers: bool = False) -> DistConfig:
         """The runtime config of this run (Canzona methods; "auto" formats resolved first by

@@ -36,10 +36,16 @@ def cell_memory_gb(cell: Cell) -> float:
     describes Canzona's runtime)."""
     run = cell.spec
     if run.is_peer or run.optim.optimizer not in matrix_optimizer_names():
-        lay, b = run.layout, run.batch
+        par, b = run.layout.parallel, run.batch
         sp = run.uses_sequence_parallel
         return estimate_memory_gb(
-            run.model, lay.tp, run.pipeline, lay.dp, b.seq_len, b.micro_batch, sequence_parallel=sp
+            run.model,
+            par.tp,
+            run.pipeline,
+            par.size("dp_cp"),  # the distributed optimizer shards over DP × CP
+            par.local_seq_len(b.seq_len),
+            b.micro_batch,
+            sequence_parallel=sp,
         )
     return _canzona_memory_gb(run)
 
@@ -50,12 +56,10 @@ def _canzona_memory_gb(run: RunSpec) -> float:
     from canzona.plan.build import plan_model
     from canzona.plan.readers.memory import MemoryPrecision, peak, pipelines, stage_memory
     from canzona.plan.schedule import LowerSettings
-    from canzona.plan.types import Layout
 
-    model, (tp, pp, dp) = run.model, (run.layout.tp, run.pipeline, run.layout.dp)
-    seq_len, micro_batch, sp = run.batch.seq_len, run.batch.micro_batch, run.uses_sequence_parallel
-    layout = Layout(dp, tp, pp.pp, first_stage_layers=pp.first, last_stage_layers=pp.last)
-    plans = plan_model(model, layout, run.plan_config(), split=run.splits)
+    model, (tp, pp), par = run.model, (run.layout.tp, run.pipeline), run.layout.parallel
+    seq_len, micro_batch, sp = par.local_seq_len(run.batch.seq_len), run.batch.micro_batch, run.uses_sequence_parallel
+    plans = plan_model(model, run.plan_layout(), run.plan_config(), split=run.splits)
     param_bytes = 2 if run.machine.dtype == "bf16" else 4
     ns_bytes = 2 if run.optim.ns_dtype == "bf16" else 4
     prec = MemoryPrecision(param_bytes=param_bytes, ns_bytes=ns_bytes, ns_batch_bytes=run.optim.ns_batch_mb << 20)
