@@ -41,9 +41,13 @@ def test_peak_is_the_memory_models_within_the_tolerance(layout: str, capsys: pyt
 
 
 def test_the_text_report_names_each_phase_and_the_ratio(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["dry-run", "--model", "qwen3-micro", "--dp", "2", "--dtype", "bf16"]) == 0
+    """At CP 2 (each sequence over two ranks) the header names CP and the rank's place in DP × CP,
+    the optimizer's data-parallel group, where its share of the plan is."""
+    argv = ["dry-run", "--model", "qwen3-micro", "--cp", "2", "--rank", "1", "--dtype", "bf16"]
+    assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "rank 0 of 2" in out and "optimizer build" in out and "tp_staging" in out
+    assert "dp=1 cp=2" in out and "rank 1 of 2 (stage 0, dp×cp rank 1, tp rank 0)" in out
+    assert "optimizer build" in out and "tp_staging" in out
     assert "vs the model's optimizer terms" in out and "within ±10%" in out
 
 

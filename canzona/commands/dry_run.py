@@ -91,9 +91,12 @@ def report(d: dict) -> str:
     unit, scale = ("GB", 1e9) if d["measured"]["peak_bytes"] >= 1e9 else ("MB", 1e6)
     gb = lambda n: f"{n / scale:9.3f} {unit}"
     lay, where = d["layout"], d["rank"]
+    cp = f" cp={lay['cp']}" if "cp" in lay else ""
+    dp_rank = "dp×cp rank" if cp else "dp rank"  # the optimizer's data-parallel rank
     lines = [
-        f"{d['model_name']} tp={lay['tp']} pp={lay['pp']} dp={lay['dp']} ep={lay['ep']} {d['method']}/{d['optimizer']} "
-        f"{d['dtype']}: rank {where['rank']} of {lay['world']} (stage {where['stage']}, dp rank {where['dp_rank']}, "
+        f"{d['model_name']} tp={lay['tp']} pp={lay['pp']} dp={lay['dp']}{cp} ep={lay['ep']} "
+        f"{d['method']}/{d['optimizer']} "
+        f"{d['dtype']}: rank {where['rank']} of {lay['world']} (stage {where['stage']}, {dp_rank} {where['dp_rank']}, "
         f"tp rank {where['tp_rank']}), fake tensors on a fake process group, {d['seconds']:.1f} s",
         "live tensor bytes per phase: peak, at its end",
     ]

@@ -78,7 +78,8 @@ class OneRank(RankExchange):
 
 @dataclass(frozen=True)
 class Coordinates:
-    """Where world rank ``rank`` sits, in Megatron's order (``canzona.layout``)."""
+    """Where world rank ``rank`` sits, in Megatron's order (``canzona.layout``). ``dp_rank``: its
+    place in the optimizer's data-parallel group, DP × CP (its DP rank without CP)."""
 
     rank: int
     stage: int
@@ -87,14 +88,18 @@ class Coordinates:
 
     @classmethod
     def of(cls, run: RunSpec, rank: int) -> Coordinates:
-        lay = run.layout
+        par = run.layout.parallel
         if not 0 <= rank < run.world:
-            raise ConfigError(
-                f"--rank {rank} is outside the world of tp·pp·dp = {lay.tp}·{lay.pp}·{lay.dp} = {run.world} ranks; "
-                f"pick --rank in 0..{run.world - 1}"
+            sizes = (
+                f"tp·pp·dp = {par.tp}·{par.pp}·{par.dp}"
+                if par.cp == 1
+                else f"tp·pp·cp·dp = {par.tp}·{par.pp}·{par.cp}·{par.dp}"
             )
-        at = lay.parallel.coords(rank)
-        return cls(rank, at.pp, at.dp, at.tp)
+            raise ConfigError(
+                f"--rank {rank} is outside the world of {sizes} = {run.world} ranks; pick --rank in 0..{run.world - 1}"
+            )
+        at = par.coords(rank)
+        return cls(rank, at.pp, par.group("dp_cp", rank).index(rank), at.tp)
 
 
 @dataclass(frozen=True)
@@ -130,7 +135,8 @@ class DryRun:
         lay = self.run.layout
         return {
             "model_name": self.run.model,
-            "layout": {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "ep": lay.ep, "world": self.run.world},
+            "layout": {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "ep": lay.ep, "world": self.run.world}
+            | ({"cp": lay.cp} if lay.cp > 1 else {}),  # reports without CP read as before
             "method": self.run.plan.method,
             "optimizer": self.run.optim.optimizer,
             "dtype": self.run.machine.dtype,
