@@ -22,7 +22,17 @@ from canzona.analysis.projection.phases import _pipelined
 from canzona.cost import matrix_flops
 from canzona.errors import ConfigError
 from canzona.plan.comm import Link as plan_link
-from canzona.plan.types import Bucket, BucketEntry, DPPlan, MicroGroup, Plan, PlanConfig, PlanItem, TPSchedule
+from canzona.plan.types import (
+    Bucket,
+    BucketEntry,
+    DPPlan,
+    MicroGroup,
+    Plan,
+    PlanConfig,
+    PlanItem,
+    TPSchedule,
+    decision_held_by,
+)
 from tests.registry_cases import executable_names
 
 TOY = """
@@ -93,7 +103,8 @@ def _plan(strategy: str, owners, grad_sync: str, param_sync: str, cuts, tp_mode:
     bucket = Bucket(0, (BucketEntry("a", 0, 1024), BucketEntry("b", 1024, 1024)), 2048)
     dp = DPPlan(strategy, "hand", (bucket,), cuts, owners, grad_sync, param_sync)
     tp = TPSchedule(tp_mode, None, groups)
-    return Plan(Layout(dp=2, tp=2), PlanConfig(strategy=strategy), (A, B), dp, tp, "toy")
+    cfg = PlanConfig(strategy=strategy)
+    return Plan(Layout(dp=2, tp=2), cfg, decision_held_by(cfg), (A, B), dp, tp, "toy")
 
 
 def test_flops_by_hand() -> None:

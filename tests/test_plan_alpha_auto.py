@@ -24,7 +24,7 @@ from canzona.errors import ConfigError
 from canzona.hardware import load_profile
 from canzona.models.spec import ParamSpec
 from canzona.plan import Layout, PlanConfig, make_plan
-from canzona.plan.build import resolve_config
+from canzona.plan.build import resolve_request
 from canzona.plan.coop import coop_settings
 from canzona.plan.readers.metrics import gpu_loads
 from canzona.plan.step import step_seconds
@@ -66,7 +66,7 @@ def test_the_two_plans_alpha_moves_between() -> None:
 
 def test_slow_compute_keeps_the_compute_balanced_plan_at_the_lowest_alpha_giving_it() -> None:
     plan = _auto(SLOW)
-    assert plan.config.alpha == 0.75 and plan.config.alpha_chosen
+    assert plan.config.alpha == 0.75 and plan.decision.alpha_chosen
     own = _owners(plan)
     assert own["b"] == own["c"] == own["d"] != own["a"]
     # every α weighed, one kept, and it has the shortest modelled step
@@ -81,7 +81,7 @@ def test_slow_compute_keeps_the_compute_balanced_plan_at_the_lowest_alpha_giving
 def test_fast_compute_keeps_equal_slices_and_the_default_alpha_on_a_tie() -> None:
     plan = _auto(FAST)
     fixed = make_plan(PARAMS, LAYOUT, CONFIG, profile=FAST)
-    assert plan.config.alpha == DEFAULT_ALPHA and plan.config.alpha_chosen
+    assert plan.config.alpha == DEFAULT_ALPHA and plan.decision.alpha_chosen
     assert plan.dp == fixed.dp and plan.tp == fixed.tp  # the default's plan, recorded as chosen
     steps = {a.alpha: a.step_ms for a in plan.alternatives}
     assert steps[0.0] == steps[0.25] == steps[0.5] < steps[0.75] == steps[1.0]
@@ -91,7 +91,7 @@ def test_the_plan_records_its_alpha_and_hashes_deterministically() -> None:
     one, two = _auto(SLOW), _auto(SLOW)
     assert one.plan_hash == two.plan_hash and one.input_hash == two.input_hash
     given = make_plan(PARAMS, LAYOUT, replace(CONFIG, alpha=0.75), profile=SLOW)
-    assert given.dp == one.dp and not given.config.alpha_chosen
+    assert given.dp == one.dp and not given.decision.alpha_chosen
     assert given.plan_hash != one.plan_hash  # chosen or given is part of what the plan says
     back = Plan.from_json(one.to_json())
     assert back == one and back.plan_hash == one.plan_hash and back.alternatives == one.alternatives
@@ -99,7 +99,7 @@ def test_the_plan_records_its_alpha_and_hashes_deterministically() -> None:
 
 def test_auto_is_resolved_by_make_plan_only_and_bad_values_are_named() -> None:
     with pytest.raises(ConfigError, match="chosen by make_plan"):
-        resolve_config(replace(CONFIG, alpha="auto"))
+        resolve_request(replace(CONFIG, alpha="auto"))
     for bad in ("fast", 1.5, float("nan"), True):
         with pytest.raises(ConfigError, match=r"alpha must be in \[0, 1\]"):
             make_plan(PARAMS, LAYOUT, replace(CONFIG, alpha=bad), profile=H800)

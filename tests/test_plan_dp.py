@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from canzona.cost import CostModel
 from canzona.errors import ConfigError
 from canzona.models import ParamSpec
-from canzona.plan import Layout, Plan, PlanConfig, gpu_loads, make_plan, plan_metrics, resolve_config
+from canzona.plan import Layout, Plan, PlanConfig, gpu_loads, make_plan, plan_metrics, resolve_request
 from canzona.plan.buckets import build_buckets
 from canzona.plan.build import make_items
 from canzona.plan.dp.canzona import exact_contiguous
@@ -315,12 +315,12 @@ def test_planner_slot_estimate_matches_schedule(prob: tuple, mode: str) -> None:
 
 
 def test_strategy_defaults_and_invalid_combinations() -> None:
-    assert resolve_config(PlanConfig(strategy="layerwise")).dp_algo == "lpt"
-    assert resolve_config(PlanConfig(strategy="layerwise")).tp_mode == "sc"
-    assert resolve_config(PlanConfig(strategy="asc")).tp_mode == "no"
-    assert resolve_config(PlanConfig(strategy="zero")).tp_mode == "shard"
-    assert resolve_config(PlanConfig(strategy="sc")).tp_mode == "sc"
-    assert resolve_config(PlanConfig(strategy="canzona", tp_mode="no")).tp_mode == "no"
+    assert resolve_request(PlanConfig(strategy="layerwise")).dp_algo == "lpt"
+    assert resolve_request(PlanConfig(strategy="layerwise")).tp_mode == "sc"
+    assert resolve_request(PlanConfig(strategy="asc")).tp_mode == "no"
+    assert resolve_request(PlanConfig(strategy="zero")).tp_mode == "shard"
+    assert resolve_request(PlanConfig(strategy="sc")).tp_mode == "sc"
+    assert resolve_request(PlanConfig(strategy="canzona", tp_mode="no")).tp_mode == "no"
     bad = [
         dict(alpha=1.5),
         dict(alpha=-0.1),
@@ -337,7 +337,7 @@ def test_strategy_defaults_and_invalid_combinations() -> None:
     ]
     for kw in bad:
         with pytest.raises(ConfigError):
-            resolve_config(PlanConfig(**kw))
+            resolve_request(PlanConfig(**kw))
 
 
 def test_unknown_optimizer_and_cost_kind() -> None:

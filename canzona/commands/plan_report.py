@@ -268,6 +268,6 @@ def format_report(
 
 def _alpha(plans: Sequence[Plan]) -> str:
     """The α the plans used: one value, or one per stage where the planner chose each ("auto")."""
-    alphas = [p.config.alpha for p in plans]
+    alphas = [p.decision.alpha for p in plans]
     text = f"{alphas[0]:g}" if len(set(alphas)) == 1 else "/".join(f"{a:g}" for a in alphas) + " by stage"
-    return text + (" (chosen by modelled step)" if plans[0].config.alpha_chosen else "")
+    return text + (" (chosen by modelled step)" if plans[0].decision.alpha_chosen else "")

@@ -7,7 +7,8 @@ Public API (what the runtime and the analysis call):
   plan_metrics(plans, *, model=None) -> dict                        THE metrics function
   lower(plan, adamw_buckets, dp_rank, tp_rank, settings) -> RankSchedule   one rank's step, lowered
   stage_schedules(plan, adamw_buckets, settings) -> list[RankSchedule]      every rank of a stage
-The data model lives in ``canzona.plan.types`` (Plan, DPPlan, TPSchedule, ...); the lowered schedule's
+The data model lives in ``canzona.plan.types`` (Plan, DPPlan, TPSchedule, ...; a Plan keeps the caller's
+request, a PlanConfig, apart from the planner's ``Decision``); the lowered schedule's
 in ``canzona.plan.schedule`` (RankSchedule, BucketLayout, ExecSpec, CommOp, LowerSettings).
 
 Folders: ``dp/`` the DP partitioners, ``readers/`` what reads plans and schedules (metrics, memory,
@@ -22,8 +23,9 @@ from canzona.plan.build import (
     plan_model,
     plans_from_json,
     plans_to_json,
-    resolve_config,
+    resolve_request,
 )
+from canzona.plan.decision import Decision
 from canzona.plan.readers.metrics import GpuLoads, gpu_loads, plan_metrics
 from canzona.plan.schedule import (
     BucketLayout,
@@ -57,6 +59,7 @@ __all__ = [
     "BucketLayout",
     "CommOp",
     "DPPlan",
+    "Decision",
     "ExecSpec",
     "GpuLoads",
     "Layout",
@@ -80,6 +83,6 @@ __all__ = [
     "plans_from_json",
     "plans_to_json",
     "register_strategy",
-    "resolve_config",
+    "resolve_request",
     "stage_schedules",
 ]

@@ -1,4 +1,9 @@
-"""make_plan: parameters of one PP stage + layout + config -> a Plan (buckets, DP plan, TP schedule).
+"""make_plan: parameters of one PP stage + layout + request -> a Plan (buckets, DP plan, TP schedule).
+
+One way: the request (``PlanConfig``) is never rewritten. ``resolve_request`` turns it into a
+``Decision`` (strategy defaults filled in); each candidate of ``stage_candidates`` is planned from
+the request and its own Decision (α, DP layout); ``choice.kept`` keeps one, and the Plan holds the
+request as given and the decision apart (``Plan.config`` is the two together).
 
 The strategies, their dp algorithms, default TP modes and DP sync kinds are registered in
 ``canzona.plan.strategies`` (the table is in its docstring). ``PlanConfig`` carries canzona's
@@ -7,7 +12,7 @@ left at that default means "this strategy's default". Valid overrides: any regis
 the strategy; tp_mode sc|no|sorted|global with every strategy except zero, whose only mode is
 ``shard`` (which no other strategy may use). So e.g. zero-atomic + global TP is ``canzona`` with
 dp_algo ``first-element``; canzona DP with the ASC TP schedule is ``canzona`` with tp_mode ``no``.
-The Plan stores the RESOLVED config and hashes it.
+The plan's decision holds the resolved values; the plan hashes the request with them.
 
 Bucket geometry and buffer layout. Every strategy lays its matrix gradients out as Megatron's DDP
 buffer does, with Megatron's bucket size max(40M, 1M·DP) unless ``bucket_size`` is given
@@ -36,6 +41,7 @@ from canzona.models import Model, ParamSpec, get_model, list_params
 from canzona.plan.buckets import build_buckets, matrix_chunks, packed_bucket, padded_threshold, resolve_bucket_size
 from canzona.plan.choice import Candidate, choose, kept
 from canzona.plan.coop import CoopSettings, applies, candidates, check_ownership, coop_settings, plan_cooperative
+from canzona.plan.decision import Decision
 from canzona.plan.dp.problem import make_problem, padding_floor
 from canzona.plan.dp.replicate import replicate, replication_choices
 from canzona.plan.step import step_price
@@ -69,40 +75,44 @@ def check_alpha(a: object) -> None:
         )
 
 
-def resolve_config(config: PlanConfig) -> PlanConfig:
-    """Validate ``config`` and fill strategy defaults; raises ConfigError naming the fix. α must be
-    a number here: "auto" is resolved by ``make_plan``, which plans each α of ALPHA_GRID."""
-    strategy = get_strategy(config.strategy)
-    a = config.alpha
-    check_alpha(a)
+def resolve_request(request: PlanConfig, alpha: float | None = None, profile: str | None = None) -> Decision:
+    """Validate ``request`` and resolve what it leaves to defaults (the strategy's DP algorithm and
+    TP mode, whether cooperation applies, the profile: ``profile``, else the request's, else H800)
+    into a Decision; raises ConfigError naming the fix. The request is never rewritten.
+    ``alpha``: the planner's pick for a request whose α is "auto" (``make_plan`` plans each α of
+    ALPHA_GRID); without one, "auto" cannot be resolved here. The DP layout stays the request's
+    (``_layouts`` lists the candidates of "auto")."""
+    strategy = get_strategy(request.strategy)
+    check_alpha(request.alpha)
+    a = request.alpha if alpha is None else alpha
     if a == ALPHA_AUTO:
         raise ConfigError("alpha 'auto' is chosen by make_plan / plan_model; plan one α here (a number in [0, 1])")
-    if config.bucket_size is not None and not _positive_int(config.bucket_size):
+    if request.bucket_size is not None and not _positive_int(request.bucket_size):
         raise ConfigError(
-            f"bucket size must be a positive number of elements (or None for Megatron's), got {config.bucket_size!r}"
+            f"bucket size must be a positive number of elements (or None for Megatron's), got {request.bucket_size!r}"
         )
-    if config.end_bucket_size is not None and not _positive_int(config.end_bucket_size):
-        raise ConfigError(f"end bucket size must be a positive number of elements, got {config.end_bucket_size!r}")
-    if config.capacity_bytes is not None and not _positive_int(config.capacity_bytes):
-        raise ConfigError(f"capacity must be a positive number of bytes, got {config.capacity_bytes!r}")
-    if not _positive_int(config.grad_dtype_bytes):
-        raise ConfigError(f"grad_dtype_bytes must be a positive integer, got {config.grad_dtype_bytes!r}")
-    if config.dp_layout not in DP_LAYOUTS:
-        raise ConfigError(f"unknown DP buffer layout {config.dp_layout!r}; known: {', '.join(DP_LAYOUTS)}")
-    algo = resolve_algo(config.strategy, config.dp_algo)
-    mode = check_tp_mode(config.tp_mode)
-    if config.strategy != "canzona" and mode == PlanConfig.tp_mode:
+    if request.end_bucket_size is not None and not _positive_int(request.end_bucket_size):
+        raise ConfigError(f"end bucket size must be a positive number of elements, got {request.end_bucket_size!r}")
+    if request.capacity_bytes is not None and not _positive_int(request.capacity_bytes):
+        raise ConfigError(f"capacity must be a positive number of bytes, got {request.capacity_bytes!r}")
+    if not _positive_int(request.grad_dtype_bytes):
+        raise ConfigError(f"grad_dtype_bytes must be a positive integer, got {request.grad_dtype_bytes!r}")
+    if request.dp_layout not in DP_LAYOUTS:
+        raise ConfigError(f"unknown DP buffer layout {request.dp_layout!r}; known: {', '.join(DP_LAYOUTS)}")
+    algo = resolve_algo(request.strategy, request.dp_algo)
+    mode = check_tp_mode(request.tp_mode)
+    if request.strategy != "canzona" and mode == PlanConfig.tp_mode:
         mode = strategy.tp_mode
     if (mode == "shard") != (strategy.tp_mode == "shard"):
         raise ConfigError(
-            f"tp mode {mode!r} does not go with strategy {config.strategy!r}: 'shard' is zero's element-wise "
+            f"tp mode {mode!r} does not go with strategy {request.strategy!r}: 'shard' is zero's element-wise "
             f"reference and zero has no other; choose from {', '.join(m for m in TP_MODES if m != 'shard')}"
         )
-    coop = applies(config.strategy, config.optimizer, config.cost, config.cooperative) and mode == "global"
-    if config.coop_force and not coop:
+    coop = applies(request.strategy, request.optimizer, request.cost, request.cooperative) and mode == "global"
+    if request.coop_force and not coop:
         raise ConfigError("coop_force needs cooperation: strategy canzona, optimizer muon, cost flops, TP mode global")
-    profile = config.profile or DEFAULT_GPU
-    return replace(config, alpha=float(a), dp_algo=algo, tp_mode=mode, cooperative=coop, profile=profile)
+    hw = profile or request.profile or DEFAULT_GPU
+    return Decision(float(a), algo, mode, coop, request.dp_layout, hw, alpha_chosen=alpha is not None)
 
 
 def make_items(params: Sequence[ParamSpec], cost_model: CostModel, ep: int = 1) -> tuple[PlanItem, ...]:
@@ -141,22 +151,23 @@ def stage_adamw(model: Model, plan: Plan, stage: int) -> tuple[Bucket, ...]:
     """The AdamW buffer of PP stage ``stage`` of ``model`` under ``plan``'s layout and bucket size:
     what the lowering (``canzona.plan.schedule.stage_schedules``) needs beside the plan."""
     lay = plan.layout
-    return adamw_buckets(list_params(model, tp=lay.tp, pp=lay.pipeline, stage=stage), lay, plan.config.bucket_size)
+    return adamw_buckets(list_params(model, tp=lay.tp, pp=lay.pipeline, stage=stage), lay, plan.request.bucket_size)
 
 
 def matrix_buckets(
-    params: Sequence[ParamSpec], items: Sequence[PlanItem], layout: Layout, cfg: PlanConfig
+    params: Sequence[ParamSpec], items: Sequence[PlanItem], layout: Layout, request: PlanConfig, decision: Decision
 ) -> tuple[Bucket, ...]:
-    """The stage's matrix buffers (dense, then one per EP rank) under the config's geometry rule."""
-    size = resolve_bucket_size(cfg.bucket_size, layout.dp)
-    chunked = cfg.dp_layout == "padded" and cfg.dp_algo in get_strategy(cfg.strategy).chunked_algos
+    """The stage's matrix buffers (dense, then one per EP rank) under the geometry rule of the
+    request's sizes and the decision's DP algorithm and layout."""
+    size = resolve_bucket_size(request.bucket_size, layout.dp)
+    chunked = decision.dp_layout == "padded" and decision.dp_algo in get_strategy(request.strategy).chunked_algos
     ep_of = {it.name: it.ep_rank for it in items}
     out: list[Bucket] = []
     for ep_rank in [None, *range(layout.ep)] if layout.ep > 1 else [None]:
         group = layout.dp if ep_rank is None else layout.parallel.edp
         local = [(s.name, s.shard_numel(layout.tp)) for s in params if s.name in ep_of and ep_of[s.name] == ep_rank]
         if chunked:
-            end = cfg.end_bucket_size if ep_rank is None else None  # the dense buffer's ends
+            end = request.end_bucket_size if ep_rank is None else None  # the dense buffer's ends
             bks = [packed_bucket(0, c, group, ep_rank) for c in matrix_chunks(local, group, size, end)]
         else:
             bks = [replace(b, ep_rank=ep_rank) for b in build_buckets(local, group, size)]
@@ -164,34 +175,35 @@ def matrix_buckets(
     return tuple(out)
 
 
-def end_buckets(buckets: Sequence[Bucket], layout: Layout, cfg: PlanConfig) -> frozenset[int]:
+def end_buckets(buckets: Sequence[Bucket], layout: Layout, request: PlanConfig, dp_layout: str) -> frozenset[int]:
     """The dense buffer's end buckets ``end_bucket_size`` cut small in the padded layout (those under
     ``matrix_chunks``'s padding threshold): laid with exact slices (``buckets.grouped_bucket``), since
     padded to equal slices a bucket of a few matrices would move about DP × its widest matrix, a
     whole bucket's bytes."""
     dense = [b for b in buckets if b.ep_rank is None]
-    if cfg.end_bucket_size is None or cfg.dp_layout != "padded" or len(dense) < 3:
+    if request.end_bucket_size is None or dp_layout != "padded" or len(dense) < 3:
         return frozenset()
     widest = max(e.numel for b in dense for e in b.entries)
-    size = resolve_bucket_size(cfg.bucket_size, layout.dp)
+    size = resolve_bucket_size(request.bucket_size, layout.dp)
     threshold = padded_threshold(size, layout.dp, widest)
     return frozenset(b.index for b in dense if b.used < threshold)
 
 
-def _layouts(params: Sequence[ParamSpec], items: Sequence[PlanItem], layout: Layout, cfg: PlanConfig) -> list[str]:
+def _layouts(
+    params: Sequence[ParamSpec], items: Sequence[PlanItem], layout: Layout, request: PlanConfig, decision: Decision
+) -> list[str]:
     """The DP buffer layouts a plan may use. Only the algorithms that plan the padded layout
     themselves (``chunked_algos``) are padded; ``auto`` weighs padded (unless its padding floor
     exceeds AUTO_PADDING_LIMIT) and exact by modelled step (``stage_candidates``); experts are
     planned in the padded layout only."""
-    if cfg.dp_algo not in get_strategy(cfg.strategy).chunked_algos:
+    if decision.dp_algo not in get_strategy(request.strategy).chunked_algos:
         return ["exact"]  # contiguous algorithms and baselines: exact cuts, the runtime picks each mode
-    if cfg.dp_layout != "auto":
-        return [cfg.dp_layout]
+    if decision.dp_layout != "auto":
+        return [decision.dp_layout]
     if any(it.ep_rank is not None for it in items):
         return ["padded"]
-    padded = replace(cfg, dp_layout="padded")
-    chunks = matrix_buckets(params, items, layout, padded)
-    ends = end_buckets(chunks, layout, padded)  # exact slices: no padding
+    chunks = matrix_buckets(params, items, layout, request, replace(decision, dp_layout="padded"))
+    ends = end_buckets(chunks, layout, request, "padded")  # exact slices: no padding
     rest = [b for b in chunks if b.index not in ends]
     return ["padded", "exact"] if padding_floor(rest, layout) <= AUTO_PADDING_LIMIT else ["exact"]
 
@@ -246,28 +258,31 @@ def stage_candidates(
 
     Each is priced by the step model (``canzona.plan.step``) on ``profile`` (``hardware_for``)."""
     hw = hardware_for(config, profile)
-    if config.alpha != ALPHA_AUTO:
-        return _alpha_candidates(params, layout, config, cost_model, hw)
+    alphas = ALPHA_GRID if config.alpha == ALPHA_AUTO else (None,)  # None: the request's α
     return tuple(
         c
-        for a in ALPHA_GRID
-        for c in _alpha_candidates(params, layout, replace(config, alpha=a, alpha_chosen=True), cost_model, hw)
+        for a in alphas
+        for c in _alpha_candidates(params, layout, config, resolve_request(config, a, hw.name), hw, cost_model)
     )
 
 
 def _alpha_candidates(
-    params: Sequence[ParamSpec], layout: Layout, config: PlanConfig, cost_model: CostModel | None, hw: Profile
+    params: Sequence[ParamSpec],
+    layout: Layout,
+    request: PlanConfig,
+    decision: Decision,
+    hw: Profile,
+    cost_model: CostModel | None,
 ) -> tuple[Candidate, ...]:
-    """The candidates of ``stage_candidates`` at the config's α."""
+    """The candidates of ``stage_candidates`` for ``request`` at the decision's α."""
     t0 = time.perf_counter()
-    cfg = replace(resolve_config(config), profile=hw.name)
-    strategy = STRATEGIES[cfg.strategy]
+    strategy = STRATEGIES[request.strategy]
     if cost_model is None:
-        cost_model = CostModel(cfg.optimizer, cfg.cost)  # type: ignore[arg-type]
-    elif cost_model.optimizer != cfg.optimizer or cost_model.kind != cfg.cost:
+        cost_model = CostModel(request.optimizer, request.cost)  # type: ignore[arg-type]
+    elif cost_model.optimizer != request.optimizer or cost_model.kind != request.cost:
         raise ConfigError(
-            f"cost model is {cost_model.optimizer}/{cost_model.kind} but the config says {cfg.optimizer}/{cfg.cost}; "
-            "make them agree"
+            f"cost model is {cost_model.optimizer}/{cost_model.kind} but the config says "
+            f"{request.optimizer}/{request.cost}; make them agree"
         )
     # decompositions (Shampoo's eigh, SOAP's QR) weigh their time on the machine the plan is priced on
     cost_model = replace(cost_model, settings=priced_on(hw, cost_model.settings))
@@ -281,79 +296,83 @@ def _alpha_candidates(
         )
     items = make_items(params, cost_model, layout.ep)
     coop = coop_settings(hw, layout)
-    chunked = cfg.dp_algo in strategy.chunked_algos
+    chunked = decision.dp_algo in strategy.chunked_algos
     if any(it.ep_rank is not None for it in items) and (
-        cfg.dp_algo not in strategy.ep_algos or (chunked and cfg.dp_layout not in ("padded", "auto"))
+        decision.dp_algo not in strategy.ep_algos or (chunked and decision.dp_layout not in ("padded", "auto"))
     ):
         ok = ", ".join(f"{s.name} {'/'.join(s.ep_algos)}" for s in STRATEGIES.values() if s.ep_algos)
         raise ConfigError(
-            f"EP > 1 is planned by {ok} (canzona's in the padded layout); got {cfg.strategy} / {cfg.dp_algo} / "
-            f"{cfg.dp_layout}"
+            f"EP > 1 is planned by {ok} (canzona's in the padded layout); got {request.strategy} / "
+            f"{decision.dp_algo} / {decision.dp_layout}"
         )
-    if layout.ep > 1 and cfg.coop_force:
+    if layout.ep > 1 and request.coop_force:
         raise ConfigError(
             "cooperative groups are not planned under EP > 1 (their DP sub-groups ignore expert-DP groups); "
             "drop coop_force"
         )
     plain = []
-    for name in _layouts(params, items, layout, cfg):
-        c = replace(cfg, dp_layout=name)
-        buckets = matrix_buckets(params, items, layout, c)
-        plain.append((_candidate(_plain_plan(items, buckets, layout, c, t0), coop), buckets))
+    for name in _layouts(params, items, layout, request, decision):
+        knobs = replace(decision, dp_layout=name)
+        buckets = matrix_buckets(params, items, layout, request, knobs)
+        plain.append((_candidate(_plain_plan(items, buckets, layout, request, knobs, t0), coop), buckets))
     base, buckets = plain[choose([c for c, _ in plain])]
     # replication trades compute for calls, which only a FLOPs cost can weigh against each other
     replicating = (
         strategy.replicates
-        and cfg.replicate
-        and cfg.cost == "flops"
-        and cost_for(cfg.optimizer).replicable
-        and not cfg.coop_force
+        and request.replicate
+        and request.cost == "flops"
+        and cost_for(request.optimizer).replicable
+        and not request.coop_force
     )
     shared = replication_choices(base.plan, coop.dp, coop.flops_rate) if replicating else []
     replicated = [_candidate(replicate(base.plan, r), coop) for r in shared]
     coops = [
         _candidate(p, coop)
-        for p in _cooperative_plans(params, items, buckets, layout, base.plan.config, cost_model, coop, t0)
+        for p in _cooperative_plans(params, items, buckets, layout, request, base.plan.decision, cost_model, coop, t0)
     ]
-    if coops and cfg.coop_force:
+    if coops and request.coop_force:
         return (coops[0],)
     return (*(c for c, _ in plain), *replicated, *coops)
 
 
 def _candidate(plan: Plan, coop: CoopSettings) -> Candidate:
-    return Candidate(plan, float(plan.config.alpha), plan.config.dp_layout, bool(plan.coop), step_price(plan, coop))
+    return Candidate(plan, step_price(plan, coop))
 
 
 def _plain_plan(
-    items: tuple[PlanItem, ...], buckets: tuple[Bucket, ...], layout: Layout, cfg: PlanConfig, t0: float
+    items: tuple[PlanItem, ...],
+    buckets: tuple[Bucket, ...],
+    layout: Layout,
+    request: PlanConfig,
+    decision: Decision,
+    t0: float,
 ) -> Plan:
     """The stage's plan with one owner per matrix: the strategy's own DP planner and TP schedule."""
-    strategy = STRATEGIES[cfg.strategy]
+    strategy = STRATEGIES[request.strategy]
     problem = make_problem(
         items,
         buckets,
         layout.dp,
         layout.tp,
-        cfg.tp_mode,
-        layout=cfg.dp_layout,
+        decision.tp_mode,
+        layout=decision.dp_layout,
         ep=layout.ep,
-        exact=end_buckets(buckets, layout, cfg),
+        exact=end_buckets(buckets, layout, request, decision.dp_layout),
     )
-    dpp = strategy.planner(problem, items, cfg.dp_algo, cfg.resolved_alpha)
+    dpp = strategy.planner(problem, items, decision.dp_algo, decision.alpha)
     tps = schedule_tp(
         items,
         dpp.owner_map(),
         layout.dp,
         layout.tp,
-        cfg.tp_mode,
-        cfg.capacity_bytes,
-        cfg.grad_dtype_bytes,
-        all_owned=cfg.strategy == "sc",
-        bucket_of=bucket_waves(dpp, cfg),
+        decision.tp_mode,
+        request.capacity_bytes,
+        request.grad_dtype_bytes,
+        all_owned=request.strategy == "sc",
+        bucket_of=bucket_waves(dpp, request.bucket_waves),
     )
-    return Plan(
-        layout, cfg, items, dpp, tps, input_hash(layout, cfg, items), time.perf_counter() - t0, work=problem.work
-    )
+    h = input_hash(layout, request, decision, items)
+    return Plan(layout, request, decision, items, dpp, tps, h, time.perf_counter() - t0, work=problem.work)
 
 
 def _cooperative_plans(
@@ -361,7 +380,8 @@ def _cooperative_plans(
     items: tuple[PlanItem, ...],
     buckets: tuple[Bucket, ...],
     layout: Layout,
-    cfg: PlanConfig,
+    request: PlanConfig,
+    decision: Decision,
     cost_model: CostModel,
     coop: CoopSettings,
     t0: float,
@@ -371,25 +391,26 @@ def _cooperative_plans(
     block boundaries into contiguous slices, which needs the exact layout's buckets; at TP > 1 a
     cooperative matrix is planned as one item in either layout. None under EP > 1: a group's DP
     sub-group would ignore the expert-DP groups (its cuts do not fit an expert bucket's group)."""
-    if not cfg.cooperative or layout.ep > 1:
+    if not decision.cooperative or layout.ep > 1:
         return []
-    if layout.tp == 1 and cfg.dp_layout != "exact":
-        cfg = replace(cfg, dp_layout="exact")
-        buckets = matrix_buckets(params, items, layout, cfg)
+    if layout.tp == 1 and decision.dp_layout != "exact":
+        decision = replace(decision, dp_layout="exact")
+        buckets = matrix_buckets(params, items, layout, request, decision)
     out = []
     # At TP > 1 the DP planners see a cooperative matrix through a proxy (a replicated item, its
     # group's work spread over the TP group) and refine can tune the proxy's max at the real one's
     # expense (Qwen3-8B at DP32×TP8 was such a case), so largest-first's
     # packing is planned too and the lower real max is kept (``DPPlan.algo`` says which).
-    algos = (cfg.dp_algo, "lpt") if layout.tp > 1 and cfg.dp_algo == "refine" else (cfg.dp_algo,)
-    h = input_hash(layout, cfg, items)
-    for chosen in candidates(items, layout.dp, layout.tp, cost_model.settings, coop, cfg.coop_force):
+    own = decision.dp_algo
+    algos = (own, "lpt") if layout.tp > 1 and own == "refine" else (own,)
+    h = input_hash(layout, request, decision, items)
+    for chosen in candidates(items, layout.dp, layout.tp, cost_model.settings, coop, request.coop_force):
         for algo in algos:
-            together = plan_cooperative(items, buckets, layout, cfg, chosen, algo)
+            together = plan_cooperative(items, buckets, layout, request, decision, chosen, algo)
             if together is None:
                 continue
             dpp, tps, total, groups = together
-            plan = Plan(layout, cfg, total, dpp, tps, h, time.perf_counter() - t0, coop=groups)
+            plan = Plan(layout, request, decision, total, dpp, tps, h, time.perf_counter() - t0, coop=groups)
             check_ownership(plan)
             out.append(plan)
     return out

@@ -1,8 +1,8 @@
 """The chooser: which of a stage's candidate plans ``make_plan`` keeps, by ONE rule.
 
-A candidate (``Candidate``) is a plan with the settings that produced it (α, DP layout, whether it
-groups matrices cooperatively) and its price under the step model (``canzona.plan.step``);
-``build.stage_candidates`` lists them. The rule:
+A candidate (``Candidate``) is a plan, which carries the knobs that produced it (its ``decision``:
+α, DP layout) and whether it groups matrices cooperatively, and its price under the step model
+(``canzona.plan.step``); ``build.stage_candidates`` lists them. The rule:
 
   1. the plain candidates (one owner per matrix) are ordered by modelled step, ties to the default
      α, then to the lower α, then to the candidate listed first (padded before exact);
@@ -33,13 +33,19 @@ COOP_MIN_SAVING = 0.02
 
 @dataclass(frozen=True)
 class Candidate:
-    """One plan a stage may use, the knob settings that produced it, and its modelled step."""
+    """One plan a stage may use (its knobs are its ``decision``) and its modelled step."""
 
     plan: Plan
-    alpha: float
-    layout: str  # the DP buffer layout (padded | exact)
-    cooperative: bool  # True: the plan groups matrices (canzona.plan.coop)
     price: StepPrice
+
+    @property
+    def alpha(self) -> float:
+        return self.plan.decision.alpha
+
+    @property
+    def cooperative(self) -> bool:
+        """True: the plan groups matrices (canzona.plan.coop)."""
+        return bool(self.plan.coop)
 
     def alternative(self, chosen: bool) -> Alternative:
         return Alternative(label(self.plan), self.alpha, self.price.seconds * 1e3, self.price.efficiency, chosen)
@@ -53,7 +59,7 @@ def label(plan: Plan) -> str:
     coop = f"cooperative: {groups}" if groups else "one owner per matrix"
     replicated = sum(1 for c in plan.dp.cuts if not c) if plan.dp.cuts else 0
     shared = f", {replicated} bucket(s) replicated" if replicated else ""
-    return f"{plan.config.dp_layout} {plan.dp.algo}, {coop}{shared}"
+    return f"{plan.decision.dp_layout} {plan.dp.algo}, {coop}{shared}"
 
 
 def _best(cands: Sequence[Candidate], among: Sequence[int]) -> int | None:

@@ -46,6 +46,7 @@ from canzona.cost import CostSettings, ns_member_flops
 from canzona.errors import ConfigError
 from canzona.hardware import Profile
 from canzona.plan.comm import CommModel, Link, profile_model
+from canzona.plan.decision import Decision
 from canzona.plan.types import Bucket, CoopGroup, DPPlan, Layout, Plan, PlanConfig, PlanItem, TPSchedule
 
 GROUP_SIZES = (2, 4, 8)  # aligned DP sub-groups at TP = 1, TP sub-groups at TP > 1; 8 = one node of 8 GPUs
@@ -382,13 +383,14 @@ def plan_cooperative(
     items: Sequence[PlanItem],
     buckets: tuple[Bucket, ...],
     layout: Layout,
-    cfg: PlanConfig,
+    request: PlanConfig,
+    decision: Decision,
     chosen: dict[str, tuple[int, float, str]],
     dp_algo: str | None = None,
 ) -> tuple[DPPlan, TPSchedule, tuple[PlanItem, ...], tuple[CoopGroup, ...]] | None:
     """The DP plan, TP schedule, items (cooperative ones carrying their total work k·member) and
     groups of a stage with the groups ``chosen`` (``choose_groups``); None when none can be held.
-    ``dp_algo``: the DP algorithm at TP > 1 (default the config's).
+    ``dp_algo``: the DP algorithm at TP > 1 (default the decision's).
 
     TP > 1: for the DP planners a cooperative matrix is a replicated one costing its group's work
     spread over the TP group (k·member / TP on every TP rank of its owner), so Canzona's own DP
@@ -411,20 +413,20 @@ def plan_cooperative(
             buckets,
             dp,
             tp,
-            cfg.strategy,
-            dp_algo or cfg.dp_algo,
-            cfg.resolved_alpha,
-            cfg.tp_mode,
-            layout=cfg.dp_layout,
+            request.strategy,
+            dp_algo or decision.dp_algo,
+            decision.alpha,
+            decision.tp_mode,
+            layout=decision.dp_layout,
             ep=layout.ep,
         )
         placing = tuple(dataclasses.replace(it, cost=chosen[it.name][1]) if it.name in chosen else it for it in items)
         spans: dict[str, int] | None = {n: k for n, (k, _, _) in chosen.items()}
     else:
-        chosen = fit_buckets(chosen, buckets, dp, forced=bool(cfg.coop_force), items=items)
+        chosen = fit_buckets(chosen, buckets, dp, forced=bool(request.coop_force), items=items)
         if not chosen:
             return None
-        dpp = plan_dp_coop(items, buckets, dp, {n: (k, c) for n, (k, c, _) in chosen.items()}, cfg.resolved_alpha)
+        dpp = plan_dp_coop(items, buckets, dp, {n: (k, c) for n, (k, c, _) in chosen.items()}, decision.alpha)
         placing, spans = tuple(items), None
     owners = dpp.owner_map()
     tps = schedule_tp(
@@ -432,11 +434,11 @@ def plan_cooperative(
         owners,
         dp,
         tp,
-        cfg.tp_mode,
-        cfg.capacity_bytes,
-        cfg.grad_dtype_bytes,
+        decision.tp_mode,
+        request.capacity_bytes,
+        request.grad_dtype_bytes,
         spans=spans,
-        bucket_of=bucket_waves(dpp, cfg),
+        bucket_of=bucket_waves(dpp, request.bucket_waves),
     )
     slots = coop_slots(placing, owners, dp, tp, spans) if spans is not None else {}
     total = tuple(

@@ -13,7 +13,7 @@ A strategy is a planner function plus one ``register_strategy`` call. The regist
     canzona.plan.dp.replicate),
   * which of its algorithms plan expert buckets over their expert-DP groups under EP
     (``ep_algos``; canzona's padded ones, and every baseline's).
-CLI choices, config validation (``build.resolve_config``) and the comparison table derive from
+CLI choices, config validation (``build.resolve_request``) and the comparison table derive from
 this table; docs/adding-a-strategy.md walks through adding one.
 
 Built-in strategies:

@@ -35,15 +35,16 @@ import warnings
 from collections.abc import Sequence
 
 from canzona.errors import ConfigError
-from canzona.plan.types import DPPlan, MicroGroup, PlanConfig, PlanItem, TPSchedule
+from canzona.plan.types import DPPlan, MicroGroup, PlanItem, TPSchedule
 
 TP_MODES = ("sc", "no", "sorted", "global", "shard")
 DEFAULT_CAPACITY_DEPTH = 4  # the default C aims at >= this many groups per slot (pipelining depth)
 
 
-def bucket_waves(dpp: DPPlan, cfg: PlanConfig) -> dict[str, int] | None:
-    """name -> DP bucket where the plan is for the pipelined step (``PlanConfig.bucket_waves``)."""
-    if not cfg.bucket_waves:
+def bucket_waves(dpp: DPPlan, waves: bool) -> dict[str, int] | None:
+    """name -> DP bucket where the plan is for the pipelined step (``waves``: the request's
+    ``PlanConfig.bucket_waves``)."""
+    if not waves:
         return None
     return {e.name: i for i, b in enumerate(dpp.buckets) for e in b.entries}
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from canzona.errors import ConfigError
 from canzona.layout import ParallelLayout
 from canzona.models.stages import Pipeline
+from canzona.plan.decision import Decision
 
 MAX_DP = 1 << 16  # DP groups beyond 65,536 ranks are typos, not clusters (and would take minutes to plan)
 
@@ -229,7 +231,10 @@ AUTO_PADDING_LIMIT = 0.25  # auto: the padded layout while its padding floor sta
 
 @dataclass(frozen=True)
 class PlanConfig:
-    """Every input choice that shapes a plan (hashed together with the items and layout).
+    """The REQUEST: every input choice the caller makes that shapes a plan. The planner never
+    rewrites it: what it resolves (strategy defaults) or chooses (α, DP layout) is the plan's
+    ``Decision``, and ``Plan.config`` is the request with the decision's values, hashed together
+    with the items and layout.
 
     bucket_size  elements per DP bucket; None = Megatron's rule max(40M, 1M·DP) (``buckets``).
     dp_layout    "padded": NCCL-native equal slices (one reduce-scatter + one all-gather per bucket);
@@ -238,15 +243,15 @@ class PlanConfig:
                  buckets keeps the padding at or below ``AUTO_PADDING_LIMIT`` of the bucket bytes,
                  which happens when DP ranks outnumber the matrices (Qwen3-8B at DP128: the padding
                  floor ``canzona plan --model qwen3-8b --tp 2 --dp 128`` prints),
-                 where padding would also multiply the gradient and parameter buffers. The Plan
-                 stores the layout chosen.
+                 where padding would also multiply the gradient and parameter buffers. The plan's
+                 decision holds the layout chosen.
     """
 
     strategy: str = "canzona"
     optimizer: str = "muon"
     cost: str = "flops"
     # a number in [0, 1], or "auto": the planner weighs ALPHA_GRID by modelled step (build.make_plan);
-    # the Plan then stores the α it used and ``alpha_chosen`` True
+    # the plan's decision then holds the α it used and ``alpha_chosen`` True
     alpha: float | str = DEFAULT_ALPHA
     dp_algo: str = "refine"
     tp_mode: str = "global"
@@ -271,14 +276,20 @@ class PlanConfig:
     # first) inwards, buckets of this size, twice it, … laid with exact slices (``buckets.matrix_chunks``,
     # ``buckets.grouped_bucket``); None: off
     end_bucket_size: int | None = None
-    alpha_chosen: bool = False  # True: ``alpha`` was chosen by the planner ("auto"), not given
 
     @property
     def resolved_alpha(self) -> float:
-        """α as the DP planners read it: a number ("auto" is resolved by build.make_plan first)."""
+        """α as a number, as a plan's effective config holds it ("auto" is chosen by build.make_plan)."""
         if isinstance(self.alpha, str):
             raise ConfigError(f"alpha {self.alpha!r} is resolved by make_plan before a DP planner reads it")
         return float(self.alpha)
+
+
+def decision_held_by(config: PlanConfig, alpha_chosen: bool = False) -> Decision:
+    """The decision an effective config holds: a plan saved before the two were kept apart, or one
+    built by hand."""
+    c = config
+    return Decision(c.resolved_alpha, c.dp_algo, c.tp_mode, c.cooperative, c.dp_layout, c.profile, alpha_chosen)
 
 
 @dataclass(frozen=True)
@@ -297,8 +308,14 @@ class Alternative:
 
 @dataclass(frozen=True)
 class Plan:
+    """One stage's plan: the caller's ``request`` exactly as given, the planner's ``decision`` and
+    what they planned. ``config`` is the two together, as plans are serialised and hashed. The
+    request is left out of ``==``: a plan asked for with dp_layout "auto" that took padded is the
+    padded plan, and the rest of the request is in ``input_hash``."""
+
     layout: Layout
-    config: PlanConfig
+    request: PlanConfig = field(compare=False)
+    decision: Decision
     items: tuple[PlanItem, ...]
     dp: DPPlan
     tp: TPSchedule
@@ -318,9 +335,18 @@ class Plan:
     def __iter__(self) -> Iterator[PlanItem]:
         return iter(self.items)
 
+    @cached_property
+    def config(self) -> PlanConfig:
+        """The effective config: the request with the decision's values (the readers' view)."""
+        return replace(self.request, **self.decision.config_fields())
+
     def to_dict(self) -> dict[str, Any]:
+        """``config``: the effective config with ``alpha_chosen``, as plans have always been saved;
+        ``request``: the request, so that a plan loads back equal to itself."""
         d = asdict(self)
         d["layout"] = self.layout.as_dict()
+        del d["decision"]
+        d["config"] = _effective(self.request, self.decision)
         for it in d["items"]:  # an unsplit item serialises (and hashes) as before items had parts
             if not it["parts"]:
                 del it["parts"]
@@ -337,7 +363,8 @@ class Plan:
         d.pop("planner_seconds")
         d.pop("work")
         d.pop("alternatives")
-        d["config"] = _hashed_config(self.config)
+        d.pop("request")
+        d["config"] = _hashed_config(self.request, self.decision)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_json(self, indent: int | None = None) -> str:
@@ -350,9 +377,14 @@ class Plan:
 
         dp = d["dp"]
         tp = d["tp"]
+        saved = _config_fields(d["config"])
+        chosen = saved.pop("alpha_chosen", False)
+        effective = PlanConfig(**saved)
         return cls(
             layout=Layout(**d["layout"]),
-            config=PlanConfig(**_config_fields(d["config"])),
+            # plans saved before the request was kept apart load with the effective config as theirs
+            request=PlanConfig(**_config_fields(d["request"])) if "request" in d else effective,
+            decision=decision_held_by(effective, chosen),
             items=tuple(
                 PlanItem(
                     i["name"], tup(i["shape"]), i["partition_dim"], i["cost"], i.get("ep_rank"), tup(i.get("parts", []))
@@ -393,11 +425,12 @@ class Plan:
         return cls.from_dict(json.loads(text))
 
 
-def input_hash(layout: Layout, config: PlanConfig, items: tuple[PlanItem, ...]) -> str:
-    """SHA-256 over every planning input, so ranks can check they hold the same plan."""
+def input_hash(layout: Layout, request: PlanConfig, decision: Decision, items: tuple[PlanItem, ...]) -> str:
+    """SHA-256 over every planning input (the request with the planner's decision), so ranks can
+    check they hold the same plan."""
     lay = {k: v for k, v in layout.as_dict().items() if v is not None}  # even stages hash as before they had a name
     payload = json.dumps(
-        {"layout": lay, "config": _hashed_config(config), "items": [_item_dict(i) for i in items]},
+        {"layout": lay, "config": _hashed_config(request, decision), "items": [_item_dict(i) for i in items]},
         sort_keys=True,
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
@@ -415,18 +448,25 @@ def _item_dict(i: PlanItem) -> dict[str, Any]:
 _OLD_COOP_PROFILES = {"nvlink": "H800", "cpu": "cpu-local"}
 
 
-def _hashed_config(config: PlanConfig) -> dict[str, Any]:
-    """The config as the hashes see it: ``alpha_chosen``, ``bucket_waves`` and ``end_bucket_size``
-    only when set and ``replicate`` only when off, so a plan hashes as it did before the planner could
-    choose α, replicate buckets, seal micro-groups at bucket boundaries or cut small end buckets."""
-    d = asdict(config)
-    if config.end_bucket_size is None:
+def _effective(request: PlanConfig, decision: Decision) -> dict[str, Any]:
+    """The effective config's fields and ``alpha_chosen``, as plans serialise them (built from the
+    two parts: the planner constructs no PlanConfig)."""
+    return asdict(request) | decision.config_fields() | {"alpha_chosen": decision.alpha_chosen}
+
+
+def _hashed_config(request: PlanConfig, decision: Decision) -> dict[str, Any]:
+    """The effective config as the hashes see it: ``alpha_chosen``, ``bucket_waves`` and
+    ``end_bucket_size`` only when set and ``replicate`` only when off, so a plan hashes as it did
+    before the planner could choose α, replicate buckets, seal micro-groups at bucket boundaries or
+    cut small end buckets."""
+    d = _effective(request, decision)
+    if request.end_bucket_size is None:
         del d["end_bucket_size"]
-    if not config.alpha_chosen:
+    if not decision.alpha_chosen:
         del d["alpha_chosen"]
-    if config.replicate:
+    if request.replicate:
         del d["replicate"]
-    if not config.bucket_waves:
+    if not request.bucket_waves:
         del d["bucket_waves"]
     return d
 
