@@ -74,3 +74,50 @@ def test_a_plan_saved_before_the_request_was_kept_apart_loads() -> None:
     back = Plan.from_dict(old)
     assert back.request == back.config and back.decision.alpha_chosen and back.decision.profile == "H800"
     assert (back.dp, back.tp, back.input_hash) == (plan.dp, plan.tp, plan.input_hash)
+
+
+def _walk_returns(request: PlanConfig) -> tuple[int, list[str]]:
+    """The walk of ``request`` through ``make_plan``: the canzona functions that receive it or what
+    carries it (a Decision, a Plan, a Candidate), each in the order it is first called, as the
+    files they live in; and how many times that walk comes back to a file it had left."""
+    import sys
+
+    import canzona
+    from canzona.plan.choice import Candidate
+
+    root, carriers = canzona.__path__[0], (PlanConfig, Decision, Plan, Candidate)
+    seen: set[tuple[str, int]] = set()
+    files: list[str] = []
+
+    def receives(value: object) -> bool:
+        return isinstance(value, carriers) or (
+            isinstance(value, (list, tuple)) and bool(value) and isinstance(value[0], carriers)
+        )
+
+    def profile(frame: Any, event: str, _: object) -> None:
+        code = frame.f_code
+        if event != "call" or not code.co_filename.startswith(root):
+            return
+        names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+        if any(receives(frame.f_locals.get(n)) for n in names) and (code.co_filename, code.co_firstlineno) not in seen:
+            seen.add((code.co_filename, code.co_firstlineno))
+            if not files or files[-1] != code.co_filename:
+                files.append(code.co_filename)
+
+    sys.setprofile(profile)
+    try:
+        make_plan(PARAMS, LAYOUT, request)
+    finally:
+        sys.setprofile(None)
+    returns = sum(f in files[: i - 1] for i, f in enumerate(files) if i > 0)
+    return returns, [f[len(root) + 1 :] for f in files]
+
+
+def test_the_request_walks_through_make_plan_without_coming_back_often() -> None:
+    """Issue #50 bounds how often the request's walk through make_plan returns to a file it had left
+    at 10. By this walk (``_walk_returns``) it was 5 at eb3e88c, before the planner kept its decision
+    apart (build -> types -> tp -> types -> build -> step -> schedule -> step -> choice -> replicate ->
+    build -> choice), and is 4 since; a planner that bounces between modules again fails here."""
+    returns, walk = _walk_returns(PlanConfig(alpha="auto", dp_layout="auto"))
+    assert walk[0] == "plan/build.py" and "plan/choice.py" in walk
+    assert returns <= 4, walk
