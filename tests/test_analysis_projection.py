@@ -283,7 +283,7 @@ def test_paper_layouts_match_the_cluster_sweep() -> None:
     from canzona.sweep.definition import load_sweep
 
     d = load_sweep(Path(__file__).resolve().parents[1] / "slurm" / "sweeps" / "table2.toml")
-    assert {lay.model: Layout(lay.dp, lay.tp, lay.pp) for lay in d.layouts} == PAPER_LAYOUTS
+    assert {lay.model: Layout(lay.sizes.dp, lay.sizes.tp, lay.sizes.pp) for lay in d.layouts} == PAPER_LAYOUTS
     assert (d.setting("seq_len"), d.setting("global_batch")) == (PAPER_SEQ_LEN, PAPER_GLOBAL_BATCH)
 
 

@@ -117,7 +117,7 @@ def test_table2_layouts_follow_the_stated_rule():
     sequence parallelism wherever TP > 1 (the sweep leaves it at its default)."""
     d = load_sweep(ROOT / "slurm/sweeps/table2.toml")
     for lay in d.layouts:
-        assert lay.pp == 1 and len(lay.reason) > 40
+        assert lay.sizes.pp == 1 and len(lay.reason) > 40
         fits = [
             tp
             for tp in (1, 2, 4, 8)
@@ -126,7 +126,7 @@ def test_table2_layouts_follow_the_stated_rule():
             )
             <= BUDGET_GB
         ]
-        assert lay.tp == fits[0], (lay.model, fits)
+        assert lay.sizes.tp == fits[0], (lay.model, fits)
 
 
 def test_memory_estimate_moves_the_right_way():

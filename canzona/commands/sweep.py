@@ -13,9 +13,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from canzona.argtypes import nonneg_int, output_dir, positive_float, positive_int, readable_file
+
+if TYPE_CHECKING:
+    from canzona.spec.sections import LayoutSpec
 
 # what each output folder receives (per-sweep run folders, the collected <sweep>.jsonl, the dry run's
 # scripts): the CLI refuses an input among them before any work
@@ -93,9 +96,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     common(q)
 
 
-def _ep(ep: int) -> str:
-    """A layout's EP beside its TP/PP/DP in `show`, only where it has one (a dense layout's line is unchanged)."""
-    return f" EP={ep}" if ep > 1 else ""
+def _ep_cp(sizes: LayoutSpec) -> str:
+    """A layout's EP and CP beside its TP/PP/DP in `show`, only where it has them (a layout without
+    either prints as before)."""
+    return "".join(f" {k.upper()}={v}" for k, v in (("ep", sizes.ep), ("cp", sizes.cp)) if v > 1)
 
 
 def _on(flag: bool) -> str:
@@ -128,11 +132,12 @@ def run(args: argparse.Namespace) -> int:
             print(defn.description.strip())
         for lay in defn.layouts:
             seq_len, micro_batch = defn.setting("seq_len"), defn.setting("micro_batch")
-            run = RunSpec(model=lay.model).replace(tp=lay.tp, sequence_parallel=defn.setting("sequence_parallel"))
+            z = lay.sizes
+            run = RunSpec(model=lay.model).replace(tp=z.tp, sequence_parallel=defn.setting("sequence_parallel"))
             sp = run.uses_sequence_parallel
-            est = estimate_memory_gb(lay.model, lay.tp, lay.pp, lay.dp, seq_len, micro_batch, sequence_parallel=sp)
+            est = estimate_memory_gb(lay.model, z.tp, z.pp, z.dp, seq_len, micro_batch, sequence_parallel=sp)
             nodes = f", {profile.nodes_for(lay.world)} nodes" if profile else ""
-            head = f"{lay.model}: TP={lay.tp} PP={lay.pp} DP={lay.dp}{_ep(lay.ep)}{nodes}, SP {_on(sp)}"
+            head = f"{lay.model}: TP={z.tp} PP={z.pp} DP={z.dp}{_ep_cp(z)}{nodes}, SP {_on(sp)}"
             print(f"\n{head}, est. {est:.1f} GB/GPU\n  {lay.reason}")
         print()
         if profile is not None and defn.device == "gpu":

@@ -14,13 +14,13 @@ executor, and resume/status.
     state         per-cell result files, collection into results/<sweep>.jsonl, job book, status
 """
 
-from canzona.sweep.definition import Cell, Layout, SweepDefinition, load_sweep, parse_sweep
+from canzona.sweep.definition import Cell, LayoutEntry, SweepDefinition, load_sweep, parse_sweep
 from canzona.sweep.profile import ClusterProfile, load_profile, parse_profile
 
 __all__ = [
     "Cell",
     "ClusterProfile",
-    "Layout",
+    "LayoutEntry",
     "SweepDefinition",
     "load_profile",
     "load_sweep",

@@ -15,6 +15,7 @@ keys included) because a typo in a sweep file would otherwise cost a queue slot 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 import typing
@@ -25,11 +26,11 @@ from typing import Any
 
 from canzona.cost import optimizer_names
 from canzona.errors import ConfigError
-from canzona.layout import ParallelLayout
 from canzona.models import get_model
 from canzona.spec import RunSpec, get_method, leaves, method_names
 from canzona.spec.checks import dp_hint, expert_layout
 from canzona.spec.flags import to_argv
+from canzona.spec.sections import LayoutSpec
 from canzona.sweep.profile import read_toml
 
 DEVICES = ("gpu", "cpu")
@@ -72,32 +73,24 @@ SETTINGS: dict[str, tuple[type, ...]] = {
 
 
 @dataclass(frozen=True)
-class Layout:
-    """One model's parallel layout; ``reason`` records why these TP/PP/DP sizes were chosen.
-    ``ep``: expert parallelism inside DP (an MoE model's experts sharded over ``ep`` DP ranks);
-    ``first_stage_layers`` / ``last_stage_layers``: uneven PP end stages (None: even); ``cp``: context
-    parallelism (each sequence over ``cp`` ranks; the optimizer reduces over DP × CP)."""
+class LayoutEntry:
+    """One [[layout]] table: a model, its sizes as the run spec's own layout section (TP, PP, DP, EP,
+    CP and uneven PP end stages; world, coordinates and groups are ``sizes.parallel``'s) and
+    ``reason``, why these sizes were chosen."""
 
     model: str
-    tp: int
-    pp: int
-    dp: int
+    sizes: LayoutSpec
     reason: str
     time_min: int | None = None
-    ep: int = 1
-    first_stage_layers: int | None = None
-    last_stage_layers: int | None = None
-    cp: int = 1
 
     @property
     def knobs(self) -> dict[str, Any]:
-        """The run knobs this layout sets."""
-        ends = {"first_stage_layers": self.first_stage_layers, "last_stage_layers": self.last_stage_layers}
-        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep, "cp": self.cp, **ends}
+        """The run knobs this entry sets: every size the table gives (sequence parallelism is a grid's)."""
+        return {k: v for k, v in dataclasses.asdict(self.sizes).items() if k != "sequence_parallel"}
 
     @property
     def world(self) -> int:
-        return ParallelLayout(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp).world
+        return self.sizes.parallel.world
 
 
 @dataclass(frozen=True)
@@ -167,7 +160,7 @@ class SweepDefinition:
     name: str
     description: str
     world: int
-    layouts: tuple[Layout, ...]
+    layouts: tuple[LayoutEntry, ...]
     grids: tuple[Grid, ...]
     settings_: tuple[tuple[str, Any], ...]  # the [sweep] table's run settings (SETTINGS), sorted
     device: str = "gpu"
@@ -278,7 +271,7 @@ def _check_settings(where: str, v: dict[str, Any]) -> None:
         raise ConfigError(f"{where}: {exc}") from None
 
 
-def _parse_layout(t: Any, w: str, s: dict[str, Any]) -> Layout:
+def _parse_layout(t: Any, w: str, s: dict[str, Any]) -> LayoutEntry:
     v = _take(
         t,
         w,
@@ -299,7 +292,8 @@ def _parse_layout(t: Any, w: str, s: dict[str, Any]) -> Layout:
     ends = {k: v.get(k) for k in ("first_stage_layers", "last_stage_layers")}
     _positive(w, tp=v["tp"], pp=v["pp"], dp=v["dp"], ep=ep, cp=cp, time_min=v.get("time_min"), **ends)
     model = get_model(v["model"]).name
-    lay = Layout(model, v["tp"], v["pp"], v["dp"], v["reason"].strip(), v.get("time_min"), ep, **ends, cp=cp)
+    sizes = LayoutSpec(tp=v["tp"], pp=v["pp"], dp=v["dp"], ep=ep, cp=cp, **ends)
+    lay = LayoutEntry(model, sizes, v["reason"].strip(), v.get("time_min"))
     try:
         get_model(model).validate_layout(tp=v["tp"], pp=RunSpec(model=model).replace(**lay.knobs).pipeline)
     except ConfigError as exc:
@@ -309,9 +303,9 @@ def _parse_layout(t: Any, w: str, s: dict[str, Any]) -> Layout:
     if not lay.reason:
         raise ConfigError(f"{w}: reason is empty; write down why this TP/PP/DP was chosen")
     if lay.world != s["world"]:
-        fix = dp_hint(s["world"], lay.tp, lay.pp, lay.cp) or "?"
+        fix = dp_hint(s["world"], sizes.tp, sizes.pp, sizes.cp) or "?"
         raise ConfigError(
-            f"{w}: tp*pp*dp = {lay.tp}*{lay.pp}*{lay.dp} = {lay.world}, but the sweep's world is "
+            f"{w}: tp*pp*dp = {sizes.tp}*{sizes.pp}*{sizes.dp} = {lay.world}, but the sweep's world is "
             f"{s['world']}; change dp to {fix}"
         )
     return lay
@@ -325,15 +319,16 @@ def _check_experts(where: str, run: RunSpec) -> None:
         raise ConfigError(f"{where}: {exc}") from None
 
 
-def _check_batch(w: str, lay: Layout, global_batch: int, micro_batch: int) -> None:
-    if global_batch % (micro_batch * lay.dp):
+def _check_batch(w: str, lay: LayoutEntry, global_batch: int, micro_batch: int) -> None:
+    dp = lay.sizes.dp
+    if global_batch % (micro_batch * dp):
         raise ConfigError(
             f"{w}: global_batch {global_batch} is not a multiple of micro_batch*dp = "
-            f"{micro_batch * lay.dp} ({lay.model}, DP={lay.dp}); every DP rank needs a whole number of micro-batches"
+            f"{micro_batch * dp} ({lay.model}, DP={dp}); every DP rank needs a whole number of micro-batches"
         )
 
 
-def _parse_grid(t: Any, w: str, i: int, defaults: dict[str, Any], layouts: list[Layout]) -> Grid:
+def _parse_grid(t: Any, w: str, i: int, defaults: dict[str, Any], layouts: list[LayoutEntry]) -> Grid:
     spec: dict[str, tuple[type | tuple[type, ...], bool]] = {
         "label": (str, False),
         "methods": (list, True),
@@ -409,13 +404,14 @@ def parse_sweep(data: dict[str, Any], source: str = "<sweep>") -> SweepDefinitio
     raw_layouts = data.get("layout", [])
     if not isinstance(raw_layouts, list) or not raw_layouts:
         raise ConfigError(f"{source}: at least one [[layout]] table is required")
-    layouts: list[Layout] = []
+    layouts: list[LayoutEntry] = []
     for i, t in enumerate(raw_layouts):
         w = f"{source} [[layout]] #{i + 1}"
         lay = _parse_layout(t, w, s)
         _check_batch(w, lay, s["global_batch"], s["micro_batch"])
         if any((o.model, o.knobs) == (lay.model, lay.knobs) for o in layouts):
-            raise ConfigError(f"{w}: {lay.model} TP={lay.tp} PP={lay.pp} DP={lay.dp} EP={lay.ep} is listed twice")
+            z = lay.sizes
+            raise ConfigError(f"{w}: {lay.model} TP={z.tp} PP={z.pp} DP={z.dp} EP={z.ep} is listed twice")
         layouts.append(lay)
 
     raw_grids = data.get("grid", [])
