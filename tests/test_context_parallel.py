@@ -26,7 +26,7 @@ def test_the_plan_at_dp8_cp2_is_the_plan_at_dp16_labelled_cp2() -> None:
     """Same owners, buckets, cuts and TP schedule as DP 16; only the layout's label differs, so
     its hash differs and a DP 16 plan is never taken for a CP one."""
     cfg = PlanConfig(strategy="canzona")
-    cp_layout = MEGATRON.planner_layout(8, cp=2)
+    cp_layout = MEGATRON.layout_for(ParallelLayout(dp=8, cp=2))
     assert cp_layout == Layout(dp=16, cp=2) == Layout.for_layout(ParallelLayout(dp=8, cp=2))
     assert cp_layout.parallel == ParallelLayout(dp=8, cp=2) and cp_layout.world == 16
     (with_cp,) = plan_model("qwen3-micro", cp_layout, cfg)
