@@ -22,7 +22,7 @@ fastest (megatron's member order; e.g. the DP × CP group of a rank lists c + CP
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal, get_args
 
 from canzona.errors import ConfigError, NotSupportedError
@@ -42,6 +42,11 @@ _VARIES: dict[GroupKind, tuple[str, ...]] = {
     "world": ("tp", "cp", "dp", "pp"),
 }
 _EXPERT_AXES = frozenset({"etp", "ep", "edp"})
+# The axes every layout names: records, cell keys and messages always carried them. Every other axis
+# (``OPTIONAL_AXES``) is named only where > 1, so a layout without it reads and keys as before it existed.
+BASE_AXES = ("tp", "pp", "dp")
+# The axes that multiply into the world, as messages list them: TP, PP, the others, DP last.
+_WORLD_AXES = ("tp", "pp", *(a for a in _VARIES["world"] if a not in BASE_AXES), "dp")
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,7 @@ class ParallelLayout:
     cp: int = 1
 
     def __post_init__(self) -> None:
-        for k in ("dp", "tp", "pp", "ep", "cp"):
+        for k in AXES:
             v = getattr(self, k)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{k} must be a positive integer, got {v!r}")
@@ -76,6 +81,12 @@ class ParallelLayout:
             raise ConfigError(f"EP={self.ep} must divide DP={self.dp} (experts are sharded inside DP); pick EP | DP")
         if self.dp * self.cp % self.ep:
             raise ConfigError(f"EP={self.ep} must divide DP·CP={self.dp}·{self.cp} (experts are sharded inside DP×CP)")
+
+    @classmethod
+    def of(cls, sizes: object, **over: int) -> ParallelLayout:
+        """The layout of the sizes ``sizes`` holds as attributes named as the axes (parsed flags, a
+        spec section), ``over`` replacing some: a holder hands itself over instead of naming each axis."""
+        return cls(**{**{a: getattr(sizes, a) for a in AXES}, **over})
 
     # ---- sizes ---------------------------------------------------------------------------
     @property
@@ -117,6 +128,47 @@ class ParallelLayout:
                 f"seq len {seq_len} must be a multiple of 2·CP = {2 * self.cp} under CP {self.cp}: pick one"
             )
         return seq_len // self.cp
+
+    def dp_to_fill(self, world: int) -> int:
+        """The DP size that fills ``world`` at this layout's other sizes (its own DP ignored): what
+        ``--world`` instead of ``--dp`` means. ConfigError naming the sizes where none does."""
+        return divide_world(world, *(getattr(self, a) for a in _WORLD_AXES if a != "dp"))
+
+    def dp_hint(self, world: int) -> int | None:
+        """``dp_to_fill`` for an error message's fix: None where no DP fills ``world``."""
+        try:
+            return self.dp_to_fill(world)
+        except ConfigError:
+            return None
+
+    # ---- text ----------------------------------------------------------------------------
+    # How reports and messages spell the sizes, so an axis shows up in each of them where it is set
+    # without their code naming it.
+    def factors(self) -> str:
+        """The world as its factors, "tp·pp·dp = 2·1·4"; an axis beyond TP, PP and DP only where > 1
+        ("tp·pp·cp·dp = 1·1·2·2")."""
+        shown = [a for a in _WORLD_AXES if a in BASE_AXES or getattr(self, a) > 1]
+        return f"{'·'.join(shown)} = {'·'.join(str(getattr(self, a)) for a in shown)}"
+
+    def sizes_text(self) -> str:
+        """Every size a layout sets, "TP=1 PP=1 DP=4 EP=2": TP, PP, DP, and another axis only where > 1."""
+        shown = [*BASE_AXES, *(a for a in OPTIONAL_AXES if getattr(self, a) > 1)]
+        return " ".join(f"{a.upper()}={getattr(self, a)}" for a in shown)
+
+    def dp_ranks_text(self) -> str:
+        """How the optimizer's data-parallel ranks (the DP × CP group) factor, where they are more
+        than DP: " (DP 8 · CP 2: the optimizer's DP × CP ranks)", else "" (a plan records them as one
+        number)."""
+        if self.size("dp_cp") == self.dp:
+            return ""
+        return f" (DP {self.dp} · CP {self.cp}: the optimizer's DP × CP ranks)"
+
+    def seq_text(self, seq_len: int) -> str:
+        """A sequence of ``seq_len`` tokens as reports name it, with what one rank holds of it where
+        CP cuts it: "seq 4096", "seq 4096 (CP 2: 2048 per rank)"."""
+        if self.cp == 1:
+            return f"seq {seq_len}"
+        return f"seq {seq_len} (CP {self.cp}: {self.local_seq_len(seq_len)} per rank)"
 
     def require_no_cp(self, where: str) -> None:
         """Raise ``NotSupportedError`` where ``where`` does not run context parallelism yet."""
@@ -193,6 +245,11 @@ class ParallelLayout:
         if not 0 <= ep_rank < self.ep:
             raise ConfigError(f"EP rank {ep_rank} is outside EP={self.ep}")
         return tuple(range(ep_rank, self.dp * self.cp, self.ep))
+
+
+# ParallelLayout's axes, its fields in order; and those beyond ``BASE_AXES``, each named only where > 1.
+AXES: tuple[str, ...] = tuple(f.name for f in fields(ParallelLayout))
+OPTIONAL_AXES: tuple[str, ...] = tuple(a for a in AXES if a not in BASE_AXES)
 
 
 def divide_world(world: int, *sizes: int) -> int:

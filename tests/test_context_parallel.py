@@ -26,7 +26,7 @@ def test_the_plan_at_dp8_cp2_is_the_plan_at_dp16_labelled_cp2() -> None:
     """Same owners, buckets, cuts and TP schedule as DP 16; only the layout's label differs, so
     its hash differs and a DP 16 plan is never taken for a CP one."""
     cfg = PlanConfig(strategy="canzona")
-    cp_layout = MEGATRON.planner_layout(8, cp=2)
+    cp_layout = MEGATRON.layout_for(ParallelLayout(dp=8, cp=2))
     assert cp_layout == Layout(dp=16, cp=2) == Layout.for_layout(ParallelLayout(dp=8, cp=2))
     assert cp_layout.parallel == ParallelLayout(dp=8, cp=2) and cp_layout.world == 16
     (with_cp,) = plan_model("qwen3-micro", cp_layout, cfg)
@@ -101,6 +101,10 @@ def test_projection_prices_dp8_cp2_as_dp16() -> None:
 
 
 def test_sweep_layouts_take_cp() -> None:
+    """cp is a [[layout]] key (as every LayoutSpec size), not a [sweep] setting; a CP cell's key and
+    slug carry it (two cells apart only in CP once shared a per-cell results file), and a layout
+    that misses the world names CP among its factors."""
+    from canzona.errors import ConfigError
     from canzona.sweep.definition import parse_sweep
 
     d = {
@@ -110,9 +114,17 @@ def test_sweep_layouts_take_cp() -> None:
     }
     (cell,) = parse_sweep(d, "x.toml").cells()
     assert cell.spec.layout.cp == 2 and cell.world == 8 and "|cp=2|" in cell.key
+    assert cell.slug.startswith("qwen3-micro_tp2_pp1_dp2_cp2_sc_muon")
     d["layout"][0] |= {"dp": 4, "cp": 1}
     (plain,) = parse_sweep(d, "x.toml").cells()
-    assert "cp=" not in plain.key  # a run without CP keeps its key
+    assert "cp=" not in plain.key and "_cp" not in plain.slug  # a run without CP keeps its key and slug
+    d["layout"][0] |= {"dp": 1, "cp": 2}
+    with pytest.raises(ConfigError, match=r"tp·pp·cp·dp = 2·1·2·1 = 4, but the sweep's world is 8; change dp to 2"):
+        parse_sweep(d, "x.toml")
+    d["layout"][0] |= {"dp": 2}
+    d["sweep"]["cp"] = 2
+    with pytest.raises(ConfigError, match=r"\[sweep\]: unknown key\(s\) cp"):
+        parse_sweep(d, "x.toml")
 
 
 @pytest.mark.multiproc

@@ -10,6 +10,7 @@ import pytest
 from canzona.cost import CostModel
 from canzona.errors import ConfigError
 from canzona.hardware import load_profile
+from canzona.layout import ParallelLayout
 from canzona.models import get_model
 from canzona.models.spec import ParamSpec
 from canzona.plan import Layout, PlanConfig, make_plan
@@ -111,11 +112,17 @@ def test_hsdp_and_tp_layouts() -> None:
 
 @pytest.mark.parametrize(
     ("kw", "msg"),
-    [({"dp": 8, "shard": 3}, "must divide dp=8"), ({"dp": 4, "pp": 2}, "pp=2"), ({"dp": 4, "ep": 2}, "ep=2")],
+    [
+        ({"dp": 8, "shard": 3}, "must divide dp=8"),
+        ({"dp": 4, "pp": 2}, "pp=2 is a Megatron layout: drop --pp"),
+        ({"dp": 4, "ep": 2}, "ep=2 is a Megatron layout: drop --ep"),
+        ({"dp": 4, "pp": 2, "cp": 2}, "pp=2, cp=2 are Megatron layouts: drop --pp / --cp"),
+    ],
 )
 def test_fsdp2_layout_errors_name_the_fix(kw: dict, msg: str) -> None:
+    sizes = {k: v for k, v in kw.items() if k != "shard"}
     with pytest.raises(ConfigError, match=msg):
-        FSDP2.planner_layout(**kw)
+        FSDP2.layout_for(ParallelLayout(**sizes), kw.get("shard"))
     with pytest.raises(ConfigError, match="an HSDP setting the megatron engine has not; drop it or choose fsdp2"):
         MEGATRON.planner_layout(8, shard=2)
 

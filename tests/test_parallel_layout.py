@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from canzona.errors import ConfigError
-from canzona.layout import GROUP_KINDS, ParallelLayout, expert_ep_rank
+from canzona.layout import AXES, GROUP_KINDS, OPTIONAL_AXES, ParallelLayout, expert_ep_rank
 from tests.hypothesis_profiles import examples
 
 
@@ -140,3 +140,25 @@ def test_experts_go_to_ep_ranks_in_contiguous_blocks() -> None:
     """megatron-core's local experts: EP rank e holds a layer's experts e·E/EP … (e + 1)·E/EP − 1."""
     assert [expert_ep_rank(x, 8, 4) for x in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
     assert {expert_ep_rank(x, 128, 1) for x in range(128)} == {0}
+
+
+def test_the_layout_spells_its_sizes_naming_an_axis_beyond_tp_pp_dp_only_where_set() -> None:
+    """The texts reports and messages print (``factors``, ``sizes_text``, ``dp_ranks_text``,
+    ``seq_text``): a layout without EP or CP reads as before they existed; EP multiplies no world."""
+    plain, moe, cp = ParallelLayout(dp=4, tp=2), ParallelLayout(dp=4, ep=2), ParallelLayout(dp=2, cp=2, ep=2)
+    assert (plain.factors(), moe.factors()) == ("tp·pp·dp = 2·1·4", "tp·pp·dp = 1·1·4")
+    assert cp.factors() == "tp·pp·cp·dp = 1·1·2·2"
+    assert (plain.sizes_text(), cp.sizes_text()) == ("TP=2 PP=1 DP=4", "TP=1 PP=1 DP=2 EP=2 CP=2")
+    assert plain.dp_ranks_text() == "" and cp.dp_ranks_text() == " (DP 2 · CP 2: the optimizer's DP × CP ranks)"
+    assert (plain.seq_text(128), cp.seq_text(128)) == ("seq 128", "seq 128 (CP 2: 64 per rank)")
+
+
+def test_the_dp_that_fills_a_world_is_at_the_other_sizes() -> None:
+    """``dp_to_fill``: world / (tp·pp·cp), whatever the layout's own DP and EP; ``dp_hint`` None where
+    none does; ``of`` reads the sizes off any holder of them."""
+    lay = ParallelLayout(dp=1, tp=2, cp=2)
+    assert lay.dp_to_fill(16) == 4 and lay.dp_hint(6) is None
+    with pytest.raises(ConfigError, match=r"a world of 6 ranks is not a multiple of 2·1·2 = 4"):
+        lay.dp_to_fill(6)
+    assert ParallelLayout.of(lay, dp=4, ep=2) == ParallelLayout(dp=4, tp=2, cp=2, ep=2)
+    assert AXES == ("dp", "tp", "pp", "ep", "cp") and OPTIONAL_AXES == ("ep", "cp")

@@ -218,6 +218,10 @@ def mutate(path: str, value):
         ("layout.tp", 3, "TP=3 does not divide"),
         ("layout.reason", "  ", "reason is empty"),
         ("layout.reason", None, "reason"),
+        ("layout.dp", None, "missing required key 'dp'"),
+        ("layout.cp", "2", "cp must be int, got '2'"),
+        ("layout.first_stage_layers", 0, "first_stage_layers must be >= 1, got 0"),
+        ("layout.sequence_parallel", True, "unknown key.*sequence_parallel"),
         ("layout.model", "qwen3-999b", "unknown model"),
         ("grid.methods", ["sc", "zero3"], "unknown value.*zero3"),
         ("grid.optimizers", ["lion"], "lion"),
@@ -237,6 +241,20 @@ def mutate(path: str, value):
 def test_bad_definitions_are_clear_errors(path, value, match):
     with pytest.raises(ConfigError, match=match):
         parse_sweep(mutate(path, value), "bad.toml")
+
+
+def test_a_layout_table_takes_every_layout_spec_size():
+    """[[layout]]'s keys are the run spec's LayoutSpec fields (sequence parallelism aside, a grid's
+    setting), so a new size needs no sweep code; TP, PP and DP are required, the others default."""
+    from dataclasses import fields
+
+    from canzona.spec.sections import LayoutSpec
+    from canzona.sweep.definition import LAYOUT_TABLE, NOT_SETTINGS, SETTINGS
+
+    sizes = {f.name for f in fields(LayoutSpec)} - {"sequence_parallel"}
+    assert set(LAYOUT_TABLE) == sizes | {"model", "reason", "time_min"}
+    assert {k for k, (_, required) in LAYOUT_TABLE.items() if required} == {"model", "tp", "pp", "dp", "reason"}
+    assert sizes <= set(NOT_SETTINGS) and not sizes & set(SETTINGS)  # a size is a [[layout]]'s, not a [sweep]'s
 
 
 def test_megatron_muon_only_with_muon():

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from canzona.argtypes import int_in, output_file, positive_float, readable_file
 from canzona.errors import ConfigError
-from canzona.layout import divide_world
+from canzona.layout import ParallelLayout, divide_world
 from canzona.plan.types import MAX_DP
 from canzona.spec.flags import MATRIX_OPTIMIZERS, NOT_PRICED, Derived, Knobs, Values, add_flags
 from canzona.spec.run import plan_config_of
@@ -128,8 +128,8 @@ def _layout(args: argparse.Namespace):
     if args.dp is None:
         if args.world is None:
             raise ConfigError("give --dp or --world (dp = world / (tp·pp))")
-        args.dp = divide_world(args.world, args.tp, args.pp, args.cp)
-    layout = get_engine(args.engine).planner_layout(args.dp, args.tp, args.pp, args.ep, args.shard_group, args.cp)
+        args.dp = ParallelLayout.of(args, dp=1, ep=1).dp_to_fill(args.world)  # at the flags' other sizes
+    layout = get_engine(args.engine).layout_for(ParallelLayout.of(args), args.shard_group)
     if args.first_stage_layers is not None or args.last_stage_layers is not None:
         layout = replace(layout, first_stage_layers=args.first_stage_layers, last_stage_layers=args.last_stage_layers)
     if args.world is not None:
@@ -335,7 +335,7 @@ def _activations(model, plans, args: argparse.Namespace) -> tuple[list[int], dic
         for s in range(len(plans))
     ]
     what = (
-        f"seq {args.seq_len}{f' (CP {lay.cp}: {seq} per rank)' if lay.cp > 1 else ''} × micro-batch {micro}, "
+        f"{lay.parallel.seq_text(args.seq_len)} × micro-batch {micro}, "
         f"sequence parallelism {'on' if sp else 'off'}, 1F1B in flight "
         "(Korthikanti et al. 2022, selective recompute: canzona.models.memory.activation_bytes)"
     )
@@ -377,7 +377,7 @@ def _run_fsdp2(args: argparse.Namespace) -> int:
         if args.world is None:
             raise ConfigError("--engine fsdp2: give --dp (or --world divisible by --tp)")
         args.dp = divide_world(args.world, args.tp)
-    get_engine(args.engine).planner_layout(args.dp, args.tp, args.pp, args.ep, args.shard_group, args.cp)  # its errors
+    get_engine(args.engine).layout_for(ParallelLayout.of(args), args.shard_group)  # its errors
     pc, profile = _config(args)
     out = compare(
         get_model(args.model),

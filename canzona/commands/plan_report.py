@@ -215,9 +215,9 @@ def format_report(
     p0 = plans[0]
     L = p0.layout
     cfg = p0.config
-    cp = f" (DP {L.parallel.dp} · CP {L.cp}: the optimizer's DP × CP ranks)" if L.cp > 1 else ""
     lines = [
-        f"model {model or '?'}  layout dp={L.dp}{cp} tp={L.tp} pp={L.pp} ep={L.ep} (world {L.world})  "
+        f"model {model or '?'}  layout dp={L.dp}{L.parallel.dp_ranks_text()} tp={L.tp} pp={L.pp} ep={L.ep} "
+        f"(world {L.world})  "
         f"optimizer {cfg.optimizer}  "
         f"cost {cfg.cost}",
         f"strategy {cfg.strategy}  dp algo {p0.dp.algo}  tp mode {p0.tp.mode}  alpha {_alpha(plans)}  "

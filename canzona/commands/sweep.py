@@ -13,12 +13,9 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from canzona.argtypes import nonneg_int, output_dir, positive_float, positive_int, readable_file
-
-if TYPE_CHECKING:
-    from canzona.spec.sections import LayoutSpec
 
 # what each output folder receives (per-sweep run folders, the collected <sweep>.jsonl, the dry run's
 # scripts): the CLI refuses an input among them before any work
@@ -96,12 +93,6 @@ def configure(p: argparse.ArgumentParser) -> None:
     common(q)
 
 
-def _ep_cp(sizes: LayoutSpec) -> str:
-    """A layout's EP and CP beside its TP/PP/DP in `show`, only where it has them (a layout without
-    either prints as before)."""
-    return "".join(f" {k.upper()}={v}" for k, v in (("ep", sizes.ep), ("cp", sizes.cp)) if v > 1)
-
-
 def _on(flag: bool) -> str:
     return "on" if flag else "off"
 
@@ -109,11 +100,8 @@ def _on(flag: bool) -> str:
 def run(args: argparse.Namespace) -> int:
     """Dispatch; run returns 1 when a local cell failed so scripts can tell, else 0."""
     from canzona.errors import ConfigError
-    from canzona.spec import RunSpec
-    from canzona.sweep.budget import cell_memory_gb, cell_timeout_min, check_fits, estimate_memory_gb
     from canzona.sweep.definition import load_sweep
     from canzona.sweep.local import run_local, select_cells
-    from canzona.sweep.profile import load_profile
     from canzona.sweep.state import SweepPaths, collect, format_status, sweep_status
 
     defn = load_sweep(args.sweep)
@@ -122,32 +110,7 @@ def run(args: argparse.Namespace) -> int:
     action = args.sweep_command
 
     if action == "show":
-        profile = load_profile(args.profile) if args.profile else None
-        shown = ("seq_len", "micro_batch", "global_batch", "warmup", "iters")
-        print(
-            f"sweep {defn.name}: {len(cells)} cells, world {defn.world}, device {defn.device}, "
-            + ", ".join(f"{k} {defn.setting(k)}" for k in shown)
-        )
-        if defn.description:
-            print(defn.description.strip())
-        for lay in defn.layouts:
-            seq_len, micro_batch = defn.setting("seq_len"), defn.setting("micro_batch")
-            z = lay.sizes
-            run = RunSpec(model=lay.model).replace(tp=z.tp, sequence_parallel=defn.setting("sequence_parallel"))
-            sp = run.uses_sequence_parallel
-            est = estimate_memory_gb(lay.model, z.tp, z.pp, z.dp, seq_len, micro_batch, sequence_parallel=sp)
-            nodes = f", {profile.nodes_for(lay.world)} nodes" if profile else ""
-            head = f"{lay.model}: TP={z.tp} PP={z.pp} DP={z.dp}{_ep_cp(z)}{nodes}, SP {_on(sp)}"
-            print(f"\n{head}, est. {est:.1f} GB/GPU\n  {lay.reason}")
-        print()
-        if profile is not None and defn.device == "gpu":
-            check_fits(cells, profile)  # exit 2 naming the fix when a cell cannot fit
-        for c in cells:
-            t = cell_timeout_min(c, profile) if profile is not None or c.time_min is not None else None
-            timing = f", timeout {t} min" if t is not None else ""
-            on = _on(c.spec.uses_sequence_parallel)
-            print(f"[{c.grid}] {c.key}  (SP {on}, est. {cell_memory_gb(c):.1f} GB/GPU{timing})")
-        return 0
+        return _show(args, defn, cells)
 
     if action == "collect":
         rep = collect(paths)
@@ -187,6 +150,41 @@ def run(args: argparse.Namespace) -> int:
     for key, why in ran.failed:
         print(f"  failed: {key}: {why}")
     return 0 if ran.success else 1
+
+
+def _show(args: argparse.Namespace, defn: Any, cells: list[Any]) -> int:
+    """`sweep show`: the sweep, each layout with its reason and memory estimate, each cell with its own
+    (apart from ``run``, which only dispatches)."""
+    from canzona.spec import RunSpec
+    from canzona.sweep.budget import cell_memory_gb, cell_timeout_min, check_fits, estimate_memory_gb
+    from canzona.sweep.profile import load_profile
+
+    profile = load_profile(args.profile) if args.profile else None
+    shown = ("seq_len", "micro_batch", "global_batch", "warmup", "iters")
+    print(
+        f"sweep {defn.name}: {len(cells)} cells, world {defn.world}, device {defn.device}, "
+        + ", ".join(f"{k} {defn.setting(k)}" for k in shown)
+    )
+    if defn.description:
+        print(defn.description.strip())
+    for lay in defn.layouts:
+        seq_len, micro_batch = defn.setting("seq_len"), defn.setting("micro_batch")
+        z = lay.sizes
+        spec = RunSpec(model=lay.model).replace(tp=z.tp, sequence_parallel=defn.setting("sequence_parallel"))
+        sp = spec.uses_sequence_parallel
+        est = estimate_memory_gb(lay.model, z.tp, z.pp, z.dp, seq_len, micro_batch, sequence_parallel=sp)
+        nodes = f", {profile.nodes_for(lay.world)} nodes" if profile else ""
+        head = f"{lay.model}: {z.parallel.sizes_text()}{nodes}, SP {_on(sp)}"
+        print(f"\n{head}, est. {est:.1f} GB/GPU\n  {lay.reason}")
+    print()
+    if profile is not None and defn.device == "gpu":
+        check_fits(cells, profile)  # exit 2 naming the fix when a cell cannot fit
+    for c in cells:
+        t = cell_timeout_min(c, profile) if profile is not None or c.time_min is not None else None
+        timing = f", timeout {t} min" if t is not None else ""
+        on = _on(c.spec.uses_sequence_parallel)
+        print(f"[{c.grid}] {c.key}  (SP {on}, est. {cell_memory_gb(c):.1f} GB/GPU{timing})")
+    return 0
 
 
 def _run_slurm(args: argparse.Namespace, defn: Any, paths: Any, cells: list[Any]) -> int:

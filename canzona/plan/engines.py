@@ -7,7 +7,7 @@ optimizer math; they differ in where shards live and in what the runtime support
 entry's capability fields (``supports_tp``, ``cooperative``, ``strategies`` ...) rather than
 comparing engine names, and the command lines take their ``--engine`` choices from ``ENGINES``.
 
-How an engine looks to the planner (``planner_layout``):
+How an engine looks to the planner (``layout_for``):
   megatron  the layout itself: DP × TP × PP (× EP inside DP; under CP, DP × CP as the DP ranks).
   fsdp2     FSDP2 stores each matrix as a row slice per rank (``Shard(0)`` over the shard group),
             exactly a Megatron column-parallel TP shard, so a shard group of S ranks is planned as a
@@ -31,40 +31,45 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from canzona.errors import ConfigError
-from canzona.layout import ParallelLayout
+from canzona.layout import AXES, ParallelLayout
 from canzona.plan.types import Layout
 
 NS_METHODS_ALL = ("standard", "gram", "auto")
 
 
-def _megatron_layout(dp: int, tp: int, pp: int, ep: int, shard: int | None, cp: int) -> Layout:
-    return Layout.for_layout(ParallelLayout(dp=dp, tp=tp, pp=pp, ep=ep, cp=cp))  # DP × CP: its reduction ranks
+def _megatron_layout(par: ParallelLayout, shard: int | None) -> Layout:
+    return Layout.for_layout(par)  # DP × CP: its reduction ranks
 
 
-def _fsdp2_layout(dp: int, tp: int, pp: int, ep: int, shard: int | None, cp: int) -> Layout:
-    given = {name: v for name, v in (("pp", pp), ("ep", ep), ("cp", cp)) if v > 1}  # name only what the user set
+# The axes the fsdp2 engine plans (FSDP / HSDP over DP, with TP); every other one is a Megatron layout.
+_FSDP2_AXES = ("dp", "tp")
+
+
+def _fsdp2_layout(par: ParallelLayout, shard: int | None) -> Layout:
+    # name only what the user set
+    given = {a: getattr(par, a) for a in AXES if a not in _FSDP2_AXES and getattr(par, a) > 1}
     if given:
         raise ConfigError(
             f"the fsdp2 engine plans FSDP / HSDP (with TP); {', '.join(f'{k}={v}' for k, v in given.items())} "
             f"{'is a Megatron layout' if len(given) == 1 else 'are Megatron layouts'}: drop "
             f"{' / '.join('--' + k for k in given)} or choose the megatron engine"
         )
-    s = dp if shard is None else shard
-    if s < 1 or dp % s:
-        raise ConfigError(f"the shard group ({s}) must divide dp={dp} (HSDP: dp = shard group x replicas)")
-    return Layout(dp=1, tp=s * tp)
+    s = par.dp if shard is None else shard
+    if s < 1 or par.dp % s:
+        raise ConfigError(f"the shard group ({s}) must divide dp={par.dp} (HSDP: dp = shard group x replicas)")
+    return Layout(dp=1, tp=s * par.tp)
 
 
 @dataclass(frozen=True)
 class Engine:
     """One registered engine (module docstring). Capability fields say what its RUNTIME executes;
-    ``planner_layout`` what the planner sees, which may be planned beyond them (a projection)."""
+    ``layout_for`` what the planner sees, which may be planned beyond them (a projection)."""
 
     name: str
     help: str
     param_layout: str  # where the parameters and gradients live
     dp_buckets: bool  # flat DP buckets owned by slices (ZeRO-1); False: every rank a Shard(0) row slice of each matrix
-    layout: Callable[[int, int, int, int, int | None, int], Layout]
+    layout: Callable[[ParallelLayout, int | None], Layout]
     strategies: tuple[str, ...] | None  # strategies with a form on this engine (None: every executable one)
     supports_tp: bool
     supports_pp: bool
@@ -75,17 +80,19 @@ class Engine:
     ns_methods: tuple[str, ...]
     checkpoint: str
 
-    def planner_layout(
-        self, dp: int, tp: int = 1, pp: int = 1, ep: int = 1, shard: int | None = None, cp: int = 1
-    ) -> Layout:
-        """The layout the planner plans this engine's ``dp`` × ``tp`` × ``pp`` (× ``ep``, × ``cp``) job
-        on; ``shard``: FSDP2's shard group (HSDP when smaller than ``dp``)."""
+    def layout_for(self, par: ParallelLayout, shard: int | None = None) -> Layout:
+        """The layout the planner plans this engine's job of ``par``'s sizes on; ``shard``: FSDP2's
+        shard group (HSDP when smaller than DP)."""
         if shard is not None and not self.supports_hsdp:
             raise ConfigError(
                 f"a shard group (--shard-group) is an HSDP setting the {self.name} engine has not; drop it or "
                 f"choose {', '.join(e.name for e in ENGINES.values() if e.supports_hsdp)}"
             )
-        return self.layout(dp, tp, pp, ep, shard, cp)
+        return self.layout(par, shard)
+
+    def planner_layout(self, dp: int, tp: int = 1, shard: int | None = None) -> Layout:
+        """``layout_for`` a DP × TP job: the FSDP2 runtime's and reader's mesh, which has no other axis."""
+        return self.layout_for(ParallelLayout(dp=dp, tp=tp), shard)
 
     def cooperative_with(self, tp: int) -> bool:
         """Whether the runtime runs cooperative Newton–Schulz with TP ``tp`` in the mesh."""

@@ -15,12 +15,24 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from canzona.layout import BASE_AXES, OPTIONAL_AXES
+
 KINDS = ("train", "step")
 # the layout sizes: >= 1 and small enough for any integer column (no cluster reaches 2**31 GPUs)
-LAYOUT = ("tp", "pp", "dp", "world")
+LAYOUT = (*BASE_AXES, "world")
 LAYOUT_MAX = 2**31
-# counts a line may leave out (null): >= 0 and exact in a float, as pandas may hold them
-COUNTS = ("ep", "cp", "seq_len", "micro_batch", "global_batch", "bucket_size", "warmup", "iters", "num_microbatches")
+# counts a line may leave out (null): >= 0 and exact in a float, as pandas may hold them; the
+# optional parallel axes among them (a line from before an axis existed lacks it)
+COUNTS = (
+    *OPTIONAL_AXES,
+    "seq_len",
+    "micro_batch",
+    "global_batch",
+    "bucket_size",
+    "warmup",
+    "iters",
+    "num_microbatches",
+)
 COUNT_MAX = 2**53
 NAMES = ("model", "method", "optimizer")
 # timings that are one number each (absent or null where not recorded)

@@ -87,6 +87,7 @@ from typing import Any
 
 from canzona.cost import runs_newton_schulz
 from canzona.errors import ConfigError
+from canzona.layout import OPTIONAL_AXES
 from canzona.results.fields import FieldError, check_fields, check_shape, is_finite, shown
 from canzona.results.fields import is_int as _is_int
 
@@ -166,23 +167,17 @@ def cell_key(config: dict[str, Any]) -> str:
     Only config fields, never the plan: a sweep computes the key of a cell before it runs it (to
     skip cells already done), and with ``alpha = "auto"`` the α is an outcome of the run. Lines of
     one cell that ran different plans are told apart by the analysis (``canzona.analysis.load``
-    compares their plan hashes), not by the key. An expert-parallel run's key ends in its EP size
-    (a context-parallel one's then carries its CP size); a run without EP (CP) keeps the key it had
-    before EP (CP) existed (its records lack the field); so do
+    compares their plan hashes), not by the key. A run with a parallel axis beyond TP, PP and DP
+    (``OPTIONAL_AXES``: EP, then CP) carries its size after those fields; a run without one keeps
+    the key it had before the axis existed (its records lack the field); so do
     uneven PP end stages (``first_stage_layers`` / ``last_stage_layers``, absent or None when even) and the window's
     knobs at their old behaviour (``WINDOW_FIELDS``)."""
-    ep = config.get("ep")
+    axes = "".join(f"|{a}={config[a]}" for a in OPTIONAL_AXES if config.get(a) not in (None, 1))
     ends = "".join(
         f"|{k}={config[k]}" for k in ("first_stage_layers", "last_stage_layers") if config.get(k) is not None
     )
     levers = "".join(f"|{k}={config[k]}" for k, before in WINDOW_FIELDS.items() if config.get(k) not in before)
-    return (
-        "|".join(f"{k}={config.get(k)}" for k in CELL_FIELDS)
-        + (f"|ep={ep}" if ep not in (None, 1) else "")
-        + (f"|cp={config['cp']}" if config.get("cp") not in (None, 1) else "")
-        + ends
-        + levers
-    )
+    return "|".join(f"{k}={config.get(k)}" for k in CELL_FIELDS) + axes + ends + levers
 
 
 def ns_dtype_for(optimizer: str, ns_dtype: str | None) -> str | None:

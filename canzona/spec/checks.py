@@ -11,7 +11,6 @@ same way.
 from __future__ import annotations
 
 from canzona.errors import ConfigError
-from canzona.layout import divide_world
 from canzona.spec.run import RunSpec, add_check
 from canzona.spec.sections import MAX_MICROBATCHES
 
@@ -20,14 +19,6 @@ NO_CUDA_FIX = (
     "--index-url https://download.pytorch.org/whl/cu128'`, or the profile's container image), "
     "or run the cell with --device cpu"
 )
-
-
-def dp_hint(world: int, tp: int, pp: int, cp: int = 1) -> int | None:
-    """The DP size that fills ``world`` at ``tp``, ``pp`` and ``cp``, for an error message's fix; None if none does."""
-    try:
-        return divide_world(world, tp, pp, cp)
-    except ConfigError:
-        return None
 
 
 @add_check
@@ -92,11 +83,10 @@ def model_layout(spec: RunSpec, world: int | None, gpu: bool | None) -> None:
         raise ConfigError(f"{cfg.name}: TP={tp} must divide the q/kv projection widths ({q_dim}, {kv_dim})")
     if world is not None and world != spec.world:
         fix = f"launch {spec.world} processes"
-        cp = spec.layout.cp
-        if (dp_fit := dp_hint(world, tp, pp, cp)) is not None:
+        sizes = spec.layout.dense  # EP's own check comes later, with its own message
+        if (dp_fit := sizes.dp_hint(world)) is not None:
             fix += f" or set --dp {dp_fit}"
-        sizes = f"tp·pp·dp = {tp}·{pp}·{dp}" if cp == 1 else f"tp·pp·cp·dp = {tp}·{pp}·{cp}·{dp}"
-        raise ConfigError(f"world size {world} != {sizes} = {spec.world}; {fix}")
+        raise ConfigError(f"world size {world} != {sizes.factors()} = {spec.world}; {fix}")
     per_step = spec.batch.micro_batch * dp
     if spec.batch.global_batch % per_step:
         raise ConfigError(

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any, Literal
 from canzona.argtypes import MAX_INT_FLAG
 from canzona.cost import optimizer_names, runs_newton_schulz
 from canzona.errors import ConfigError
-from canzona.layout import ParallelLayout
 from canzona.models.stages import Pipeline
 from canzona.plan.buckets import resolve_bucket_size
 from canzona.plan.types import Layout, PlanConfig
@@ -80,8 +79,7 @@ class RunSpec:
     def world(self) -> int:
         """Every rank of the run (EP, carved out of DP, adds none; ``checks`` refuses a bad EP with
         its own message)."""
-        lay = self.layout
-        return ParallelLayout(dp=lay.dp, tp=lay.tp, pp=lay.pp, cp=lay.cp).world
+        return self.layout.dense.world
 
     @property
     def pipeline(self) -> Pipeline:

@@ -104,7 +104,14 @@ class LayoutSpec:
     @property
     def parallel(self) -> ParallelLayout:
         """The sizes as the one parallel layout (``canzona.layout``): world, coordinates, groups."""
-        return ParallelLayout(dp=self.dp, tp=self.tp, pp=self.pp, ep=self.ep, cp=self.cp)
+        return ParallelLayout.of(self)
+
+    @property
+    def dense(self) -> ParallelLayout:
+        """The sizes with EP at 1, for the world, the DP that fills one and their text (EP, carved out
+        of DP × CP, changes none of them): readable before ``checks`` refuses a bad EP with its own
+        message."""
+        return ParallelLayout.of(self, ep=1)
 
 
 @dataclass(frozen=True)

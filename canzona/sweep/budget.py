@@ -13,6 +13,7 @@ Newton-Schulz rate well under peak, the slowest method's step) times a margin.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -22,7 +23,6 @@ from canzona.models import get_model, list_params
 from canzona.models.memory import activation_bytes, estimate_memory_gb
 from canzona.models.transformer import train_flops_per_token
 from canzona.spec import RunSpec
-from canzona.spec.checks import dp_hint
 from canzona.sweep.definition import Cell
 from canzona.sweep.profile import ClusterProfile
 
@@ -81,11 +81,11 @@ def check_fits(cells: list[Cell], profile: ClusterProfile) -> dict[str, float]:
     est = {c.key: cell_memory_gb(c) for c in cells}
     for c in cells:
         if est[c.key] > profile.hbm_gb:
-            lay = c.spec.layout
+            wider = dataclasses.replace(c.spec.layout.dense, tp=min(8, 2 * c.spec.layout.tp))
             raise ConfigError(
                 f"cell {c.key} needs an estimated {est[c.key]:.1f} GB per GPU, more than the profile's "
                 f"hbm_gb = {profile.hbm_gb:g} ({profile.source}): raise TP in the {c.spec.model} [[layout]] "
-                f"(TP={min(8, 2 * lay.tp)}, DP={dp_hint(c.world, 2 * lay.tp, lay.pp) or '?'}) "
+                f"(TP={wider.tp}, DP={wider.dp_hint(c.world) or '?'}) "
                 "or lower micro_batch/seq_len"
             )
     return est

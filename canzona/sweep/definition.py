@@ -26,35 +26,26 @@ from typing import Any
 
 from canzona.cost import optimizer_names
 from canzona.errors import ConfigError
+from canzona.layout import BASE_AXES, OPTIONAL_AXES
 from canzona.models import get_model
 from canzona.spec import RunSpec, get_method, leaves, method_names
-from canzona.spec.checks import dp_hint, expert_layout
+from canzona.spec.checks import expert_layout
 from canzona.spec.flags import to_argv
 from canzona.spec.sections import LayoutSpec
 from canzona.sweep.profile import read_toml
 
 DEVICES = ("gpu", "cpu")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-# Spec fields a sweep or grid does NOT set as a run setting: the layout and the label (from
-# [[layout]], EP included, / the grid's variant), what a grid crosses (methods, optimizers,
-# ns_dtypes), the sweep-wide device, and the named configuration.
+# A [[layout]] table's sizes: the run spec's layout section but sequence parallelism (a grid's
+# setting), so a new LayoutSpec field is a [[layout]] key. The axes every layout names (TP, PP, DP)
+# are required; the others default as the spec does.
+LAYOUT_KEYS = tuple(f.name for f in dataclasses.fields(LayoutSpec) if f.name != "sequence_parallel")
 NS_FORMATS = ("fp32", "bf16")  # a sweep names concrete formats: "auto" would differ between nodes
 REQUIRED_SETTINGS = ("seq_len", "micro_batch", "global_batch", "warmup", "iters")  # no silent defaults
-NOT_SETTINGS = (
-    "model",
-    "tp",
-    "pp",
-    "dp",
-    "ep",
-    "first_stage_layers",
-    "last_stage_layers",
-    "method",
-    "optimizer",
-    "ns_dtype",
-    "device",
-    "variant",
-    "name",
-)
+# Spec fields a sweep or grid does NOT set as a run setting: the layout and the label (from
+# [[layout]] / the grid's variant), what a grid crosses (methods, optimizers, ns_dtypes), the
+# sweep-wide device, and the named configuration.
+NOT_SETTINGS = ("model", *LAYOUT_KEYS, "method", "optimizer", "ns_dtype", "device", "variant", "name")
 
 
 def _toml_types(t: Any) -> tuple[type, ...]:
@@ -69,6 +60,13 @@ def _toml_types(t: Any) -> tuple[type, ...]:
 # Run settings [sweep] and a [[grid]] may set: every other spec field, typed from the spec.
 SETTINGS: dict[str, tuple[type, ...]] = {
     n: _toml_types(t) for n, (_, _, t) in leaves().items() if n not in NOT_SETTINGS
+}
+# A [[layout]] table's keys: {key: (TOML types, required)}.
+LAYOUT_TABLE: dict[str, tuple[type | tuple[type, ...], bool]] = {
+    "model": (str, True),
+    **{k: (_toml_types(leaves()[k][2]), k in BASE_AXES) for k in LAYOUT_KEYS},
+    "reason": (str, True),
+    "time_min": (int, False),
 }
 
 
@@ -86,7 +84,7 @@ class LayoutEntry:
     @property
     def knobs(self) -> dict[str, Any]:
         """The run knobs this entry sets: every size the table gives (sequence parallelism is a grid's)."""
-        return {k: v for k, v in dataclasses.asdict(self.sizes).items() if k != "sequence_parallel"}
+        return {k: getattr(self.sizes, k) for k in LAYOUT_KEYS}
 
     @property
     def world(self) -> int:
@@ -124,9 +122,10 @@ class Cell:
         """File-system-safe, human-readable, unique per key (used for per-cell result files)."""
         r = self.spec.record_config()
         ns = f"_ns{r['ns_dtype']}" if r["ns_dtype"] else ""
-        ep = f"_ep{r['ep']}" if r["ep"] != 1 else ""  # a run without EP keeps its slug, as its key
+        # an axis beyond TP, PP and DP only where > 1: a run without it keeps its slug, as its key
+        more = "".join(f"_{a}{r[a]}" for a in OPTIONAL_AXES if r.get(a) not in (None, 1))
         return (
-            f"{r['model']}_tp{r['tp']}_pp{r['pp']}_dp{r['dp']}{ep}_{r['method']}_{r['optimizer']}"
+            f"{r['model']}_tp{r['tp']}_pp{r['pp']}_dp{r['dp']}{more}_{r['method']}_{r['optimizer']}"
             f"_s{r['seq_len']}_gb{r['global_batch']}_{r['dtype']}{ns}"
         )
 
@@ -272,30 +271,13 @@ def _check_settings(where: str, v: dict[str, Any]) -> None:
 
 
 def _parse_layout(t: Any, w: str, s: dict[str, Any]) -> LayoutEntry:
-    v = _take(
-        t,
-        w,
-        {
-            "model": (str, True),
-            "tp": (int, True),
-            "pp": (int, True),
-            "dp": (int, True),
-            "reason": (str, True),
-            "time_min": (int, False),
-            "ep": (int, False),
-            "first_stage_layers": (int, False),
-            "last_stage_layers": (int, False),
-            "cp": (int, False),
-        },
-    )
-    ep, cp = v.get("ep", 1), v.get("cp", 1)
-    ends = {k: v.get(k) for k in ("first_stage_layers", "last_stage_layers")}
-    _positive(w, tp=v["tp"], pp=v["pp"], dp=v["dp"], ep=ep, cp=cp, time_min=v.get("time_min"), **ends)
+    v = _take(t, w, LAYOUT_TABLE)
+    _positive(w, **{k: v.get(k) for k in LAYOUT_KEYS}, time_min=v.get("time_min"))
     model = get_model(v["model"]).name
-    sizes = LayoutSpec(tp=v["tp"], pp=v["pp"], dp=v["dp"], ep=ep, cp=cp, **ends)
+    sizes = LayoutSpec(**{k: v[k] for k in LAYOUT_KEYS if k in v})
     lay = LayoutEntry(model, sizes, v["reason"].strip(), v.get("time_min"))
     try:
-        get_model(model).validate_layout(tp=v["tp"], pp=RunSpec(model=model).replace(**lay.knobs).pipeline)
+        get_model(model).validate_layout(tp=sizes.tp, pp=RunSpec(model=model).replace(**lay.knobs).pipeline)
     except ConfigError as exc:
         raise ConfigError(f"{w}: {exc}") from None
     # EP dividing the experts and DP: `canzona train --ep`'s own check (a grid without SP at TP > 1: cells())
@@ -303,10 +285,10 @@ def _parse_layout(t: Any, w: str, s: dict[str, Any]) -> LayoutEntry:
     if not lay.reason:
         raise ConfigError(f"{w}: reason is empty; write down why this TP/PP/DP was chosen")
     if lay.world != s["world"]:
-        fix = dp_hint(s["world"], sizes.tp, sizes.pp, sizes.cp) or "?"
+        par = sizes.parallel
         raise ConfigError(
-            f"{w}: tp*pp*dp = {sizes.tp}*{sizes.pp}*{sizes.dp} = {lay.world}, but the sweep's world is "
-            f"{s['world']}; change dp to {fix}"
+            f"{w}: {par.factors()} = {lay.world}, but the sweep's world is {s['world']}; change dp to "
+            f"{par.dp_hint(s['world']) or '?'}"
         )
     return lay
 

@@ -18,7 +18,7 @@ from canzona.analysis.projection.phases import project_stage
 from canzona.analysis.projection.stage import StageProjection
 from canzona.cost import CostModel, CostSettings, priced_on
 from canzona.errors import ConfigError
-from canzona.layout import ParallelLayout
+from canzona.layout import AXES, ParallelLayout
 from canzona.plan.types import Layout, Plan, PlanConfig
 from canzona.spec import BatchSpec, OptimSpec, PlanSpec, get_method, method_names
 from canzona.spec.run import choices, leaves, plan_config_of
@@ -114,8 +114,7 @@ class Scenario:
         (default 1) carves expert-DP groups out of DP, ``first_stage_layers`` / ``last_stage_layers``
         (default even) make Megatron's uneven end stages (``Layout``)."""
         names = {f.name for f in dataclasses.fields(cls)}
-        sizes = {k: knobs.get(k, 1) for k in ("dp", "tp", "pp", "ep", "cp")}
-        par = ParallelLayout(**sizes)  # CP: the optimizer's DP ranks are DP × CP (plan.types.Layout)
+        par = ParallelLayout(**{a: knobs.get(a, 1) for a in AXES})  # CP: DP × CP optimizer ranks (plan.types.Layout)
         layout = Layout.for_layout(par, knobs.get("first_stage_layers"), knobs.get("last_stage_layers"))
         return cls(layout=layout, **{k: v for k, v in knobs.items() if k in names and k != "method"}, **own)
 

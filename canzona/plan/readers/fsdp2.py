@@ -256,7 +256,7 @@ def compare(
         "shard_group": group // tp,
         "replicas": dp // (group // tp),
         "owner_group": group,
-        "planner_layout": layout.as_dict(),  # as plans serialise it (cp only under CP)
+        "planner_layout": layout.as_dict(),  # as plans serialise and hash it
         "optimizer": optimizer,
         "cost": cm.kind,
         "unit": cm.unit,
