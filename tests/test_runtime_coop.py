@@ -11,12 +11,14 @@ import pytest
 import torch
 
 from canzona.errors import ConfigError
+from canzona.layout import ParallelLayout
 from canzona.models import get_model, list_params
 from canzona.plan import make_plan
 from canzona.plan.coop import check_ownership
 from canzona.plan.executors import coop_comm_key
 from canzona.plan.types import Layout, PlanConfig
 from canzona.runtime import checkpoint
+from canzona.runtime.groups import ProcessGroups
 from canzona.runtime.launch import dp_tp_groups, launch
 from tests.runtime_helpers import SPECS, assemble, build, dist_config, recorded, reference, run_steps
 
@@ -41,11 +43,11 @@ CASES = [
 
 
 def _rank(info, dp: int, tp: int, force: tuple, method: str) -> dict:
-    groups = dp_tp_groups(info.rank, dp, tp)
+    groups = ProcessGroups.build(ParallelLayout(dp=dp, tp=tp), info.rank)
     cfg = dist_config("canzona", "muon", coop_force=force, optimizer_options={"ns_method": method})
     opt, params = build(info.rank, dp, tp, cfg, SEED, groups)
     assert len(opt.plan.coop) == len(force)
-    names = {"dp": opt.dp_group, "tp": opt.tp_group, "global": None}
+    names = {"dp": opt.groups.dp, "tp": opt.groups.tp, "global": None}
     with recorded(names) as first:
         run_steps(opt, params, info.rank, tp, range(1), SEED)
     run_steps(opt, params, info.rank, tp, range(1, STEPS), SEED)
@@ -79,7 +81,7 @@ def test_cooperative_update_equals_single_device_muon(dp: int, tp: int, force: t
 
 
 def _save(info, dp: int, tp: int, force: tuple, path) -> dict:
-    groups = dp_tp_groups(info.rank, dp, tp)
+    groups = ProcessGroups.build(ParallelLayout(dp=dp, tp=tp), info.rank)
     opt, params = build(info.rank, dp, tp, dist_config("canzona", "muon", coop_force=force), SEED, groups)
     run_steps(opt, params, info.rank, tp, range(3), SEED)
     checkpoint.save(opt, path)
@@ -87,7 +89,7 @@ def _save(info, dp: int, tp: int, force: tuple, path) -> dict:
 
 
 def _load(info, dp: int, tp: int, path, full) -> dict:
-    groups = dp_tp_groups(info.rank, dp, tp)
+    groups = ProcessGroups.build(ParallelLayout(dp=dp, tp=tp), info.rank)
     opt, params = build(info.rank, dp, tp, dist_config("canzona", "muon", cooperative=False), SEED, groups)
     with torch.no_grad():
         for s in SPECS:
