@@ -19,7 +19,7 @@ from canzona.plan.executors import coop_comm_key
 from canzona.plan.types import Layout, PlanConfig
 from canzona.runtime import checkpoint
 from canzona.runtime.groups import ProcessGroups
-from canzona.runtime.launch import dp_tp_groups, launch
+from canzona.runtime.launch import launch
 from tests.runtime_helpers import SPECS, assemble, build, dist_config, recorded, reference, run_steps
 
 STEPS, SEED = 5, 21
@@ -173,9 +173,9 @@ def _split_groups_rank(info, dp: int, tp: int, split: bool, used: dict[int, tupl
 
     dist.new_group = new_group
     try:
-        dp_group, tp_group = dp_tp_groups(info.rank, dp, tp)
+        groups = ProcessGroups.build(ParallelLayout(dp=dp, tp=tp), info.rank)
         keys = ALL_KEYS[(dp, tp)] if used is None else used.get(info.rank, ())
-        comms = coop_comms(dp_group, tp_group, dp, tp, timeout_s=120.0, used=frozenset(keys))
+        comms = coop_comms(groups.dp, groups.tp, dp, tp, timeout_s=120.0, used=frozenset(keys))
     finally:
         dist.new_group = real
     sums = {}
@@ -216,7 +216,7 @@ def test_only_the_sub_groups_some_plan_uses_are_created_by_every_rank() -> None:
     makes that one group (of each parent) and no other, instead of all three."""
     outs = launch(_split_groups_rank, 4, 4, 1, False, {0: ("dp0+2",)}, timeout_s=30)
     assert all(o["calls"] == outs[0]["calls"] for o in outs)
-    # dp_tp_groups makes the world, DP and TP groups; coop_comms one pair, not also 2-3 and 0-3
+    # ProcessGroups.build makes the DP, TP and stage groups; coop_comms one pair, not also 2-3 and 0-3
     assert [c for c in outs[0]["calls"] if len(c[0]) == 2] == [([0, 1], False)]
     assert outs[0]["calls"][-1] == ([0, 1], False)
     assert [sorted(o["groups"]) for o in outs] == [["dp0+2"], ["dp0+2"], [], []]
