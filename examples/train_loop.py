@@ -24,10 +24,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from canzona.layout import ParallelLayout
 from canzona.models.spec import ParamSpec
 from canzona.plan import PlanConfig
 from canzona.runtime import CommConfig, DistConfig, DistributedOptimizer, checkpoint, optimizer_config
-from canzona.runtime.launch import RankInfo, dp_tp_groups, launch
+from canzona.runtime.groups import ProcessGroups
+from canzona.runtime.launch import RankInfo, launch
 
 
 class MLP(torch.nn.Module):
@@ -67,14 +69,14 @@ def train(
     weights."""
     torch.manual_seed(0)  # every rank starts from the same weights
     model = MLP(width).to(torch.bfloat16)
-    dp_group, tp_group = dp_tp_groups(info.rank, info.world, 1)
+    groups = ProcessGroups.build(ParallelLayout(dp=info.world), info.rank)  # every rank one DP rank
     config = DistConfig(
         optimizer=optimizer_config("muon", lr=0.02, weight_decay=0.01),
         plan=PlanConfig(strategy="canzona"),
         comm=CommConfig(overlap_param_sync=True),
         max_grad_norm=0.3,
     )
-    opt = DistributedOptimizer(named_params(model), dp_group, tp_group, config)
+    opt = DistributedOptimizer(named_params(model), groups, config)
     opt.attach(model)  # each module waits for its own parameters' all-gather before its forward
     last = checkpoint.latest(ckpt) if ckpt else None
     if last is not None:  # a restarted job: masters, moments and step count; parameters all-gathered
@@ -88,7 +90,7 @@ def train(
         loss.backward()  # hooks accumulate fp32 main grads and launch each bucket's reduce-scatter
         info_ = opt.step()  # grad sync finished, clip, update owned matrices, all-gathers in flight
         mean = loss.detach().clone()
-        dist.all_reduce(mean, group=dp_group)  # logging only
+        dist.all_reduce(mean, group=groups.dp)  # logging only
         losses.append(mean.item() / info.world)
         clips.append(info_.clip_coef)
         if info.rank == 0:

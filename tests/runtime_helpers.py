@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from canzona.harness.params import partial_grad
+from canzona.layout import ParallelLayout
 from canzona.models import get_model, list_params
 from canzona.models.spec import ParamSpec
 from canzona.optim import make_matrix_optimizer
@@ -17,7 +18,8 @@ from canzona.optim.adamw import AdamWConfig, make_adamw
 from canzona.optim.base import apply_update
 from canzona.plan.types import PlanConfig
 from canzona.runtime import CommConfig, DistConfig, DistributedOptimizer, PrecisionConfig, optimizer_config
-from canzona.runtime.launch import dp_tp_groups, launch
+from canzona.runtime.groups import ProcessGroups
+from canzona.runtime.launch import launch
 
 SPECS: list[ParamSpec] = list_params(get_model("qwen3-micro"))
 
@@ -92,10 +94,12 @@ def dist_config(strategy: str, optimizer: str, **kw) -> DistConfig:
     )
 
 
-def build(rank: int, dp: int, tp: int, cfg: DistConfig, seed: int, groups, **kw) -> tuple[DistributedOptimizer, dict]:
+def build(
+    rank: int, dp: int, tp: int, cfg: DistConfig, seed: int, groups: ProcessGroups, **kw
+) -> tuple[DistributedOptimizer, dict]:
     t = rank % tp
     params = {s.name: torch.nn.Parameter(shard(init_param(s, seed), s, tp, t).clone()) for s in SPECS}
-    opt = DistributedOptimizer([(s.name, s, params[s.name]) for s in SPECS], groups[0], groups[1], cfg, **kw)
+    opt = DistributedOptimizer([(s.name, s, params[s.name]) for s in SPECS], groups, cfg, **kw)
     return opt, params
 
 
@@ -212,7 +216,7 @@ def recorded(groups: dict[str, object]) -> Iterator[list[tuple]]:
 def exactness_rank(info, dp: int, tp: int, runs: list[tuple[str, str, str]], steps: range, seed: int) -> dict:
     """One forked rank of the fp32 exactness check: each (optimizer, strategy, collective mode) of
     ``runs`` stepped ``steps`` times; its parameter shards and the collective modes that ran."""
-    groups = dp_tp_groups(info.rank, dp, tp)
+    groups = ProcessGroups.build(ParallelLayout(dp=dp, tp=tp), info.rank)
     out = {}
     for opt_name, strategy, mode in runs:
         opt, params = build(info.rank, dp, tp, dist_config(strategy, opt_name, collective_mode=mode), seed, groups)
@@ -257,12 +261,12 @@ def issued_rank(info, dp: int, tp: int, runs: list[tuple[str, str, tuple]]) -> d
     from tests.registry_cases import ns_optimizer
 
     optimizer = ns_optimizer()
-    groups = dp_tp_groups(info.rank, dp, tp)
+    groups = ProcessGroups.build(ParallelLayout(dp=dp, tp=tp), info.rank)
     out = {}
     for strategy, mode, force in runs:
         cfg = dist_config(strategy, optimizer, collective_mode=mode, coop_force=force)
         opt, params = build(info.rank, dp, tp, cfg, BUDGET_SEED, groups, tp_partial=sp_partial(tp))
-        names = {"dp": opt.dp_group, "tp": opt.tp_group, "global": None}
+        names = {"dp": opt.groups.dp, "tp": opt.groups.tp, "global": None}
         budget_grads(params, info.rank, tp, 0)
         with recorded(names) as calls:
             opt.finish_grad_sync()
@@ -293,7 +297,7 @@ def host_reads_rank(info, dp: int, tp: int, optimizers: list[str], strategies: l
     """Per (optimizer, strategy, step): the host reads of three steps (HostReadCounter's names)."""
     from canzona.harness.step_probe import HostReadCounter
 
-    groups = dp_tp_groups(info.rank, dp, tp)
+    groups = ProcessGroups.build(ParallelLayout(dp=dp, tp=tp), info.rank)
     out = {}
     for optimizer in optimizers:
         for strategy in strategies:

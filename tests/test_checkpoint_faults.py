@@ -20,13 +20,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from canzona.layout import ParallelLayout
 from canzona.models.spec import ParamSpec
 from canzona.runtime import DistributedOptimizer
 from canzona.runtime import checkpoint as mcheckpoint
 from canzona.runtime.checkpoint import COMMIT, SavePlanner
 from canzona.runtime.fsdp2 import FSDP2Optimizer
 from canzona.runtime.fsdp2 import checkpoint as fcheckpoint
-from canzona.runtime.launch import RankError, dp_tp_groups, launch
+from canzona.runtime.groups import ProcessGroups
+from canzona.runtime.launch import RankError, launch
 from tests.fsdp2_helpers import batch, fsdp2_config, make_net, shard_net
 from tests.runtime_helpers import SPECS, dist_config, full_grad, init_param
 
@@ -39,9 +41,9 @@ FC2_SHAPE = next(s.shape for s in SPECS if s.name == FC2)
 def _megatron(info, specs=SPECS, optimizer: str = "muon"):
     """2 DP ranks of the runtime on qwen3-micro's inventory, bf16 (so masters are checkpointed)."""
     params = {s.name: torch.nn.Parameter(init_param(s, 0).bfloat16()) for s in specs}
-    dp_group, tp_group = dp_tp_groups(info.rank, 2, 1)
+    groups = ProcessGroups.build(ParallelLayout(dp=2), info.rank)
     named = [(s.name, s, params[s.name]) for s in specs]
-    return DistributedOptimizer(named, dp_group, tp_group, dist_config("canzona", optimizer)), params, mcheckpoint
+    return DistributedOptimizer(named, groups, dist_config("canzona", optimizer)), params, mcheckpoint
 
 
 def _fsdp2(info, optimizer: str = "muon"):

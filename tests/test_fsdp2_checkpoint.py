@@ -9,13 +9,15 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
+from canzona.layout import ParallelLayout
 from canzona.models.spec import ParamSpec
 from canzona.runtime import DistributedOptimizer
 from canzona.runtime import checkpoint as runtime_checkpoint
 from canzona.runtime.checkpoint import Chunks
 from canzona.runtime.fsdp2 import FSDP2Optimizer, checkpoint
 from canzona.runtime.fsdp2.layout import default_route
-from canzona.runtime.launch import dp_tp_groups, launch
+from canzona.runtime.groups import ProcessGroups
+from canzona.runtime.launch import launch
 from tests.fsdp2_helpers import batch, fsdp2_config, held_state, make_net, shard_net
 from tests.runtime_helpers import full_grad, shard
 
@@ -99,7 +101,7 @@ def _megatron_specs() -> list[ParamSpec]:
 def _megatron(rank: int, precision: str):
     """The Megatron path's optimizer over the net's weights (TP shards; bf16 ones for ``bf16``)."""
     dp, tp = MEGATRON
-    groups = dp_tp_groups(rank, dp, tp)
+    groups = ProcessGroups.build(ParallelLayout(dp=dp, tp=tp), rank)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     weights = dict(make_net(SEED).named_parameters())
     params = {
@@ -107,7 +109,7 @@ def _megatron(rank: int, precision: str):
         for s in _megatron_specs()
     }
     named = [(s.name, s, params[s.name]) for s in _megatron_specs()]
-    return DistributedOptimizer(named, *groups, fsdp2_config("canzona", "muon")), params
+    return DistributedOptimizer(named, groups, fsdp2_config("canzona", "muon")), params
 
 
 def _pieces(tree: dict) -> dict[str, tuple[tuple[int, ...], list]]:

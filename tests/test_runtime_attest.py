@@ -21,13 +21,15 @@ from canzona.analysis.table2 import ATTEST_COL, build_table2
 from canzona.errors import ConfigError
 from canzona.harness.record import attestation_section, build_record, plan_section, stage_entry
 from canzona.harness.timing import RunTimings
+from canzona.layout import ParallelLayout
 from canzona.models.spec import ParamSpec
 from canzona.optim.muon import Muon
 from canzona.runtime import grad_norm
 from canzona.runtime.attest import check_ownership
 from canzona.runtime.executors import tp as tp_executors
 from canzona.runtime.fsdp2 import FSDP2Optimizer
-from canzona.runtime.launch import RankError, dp_tp_groups, launch
+from canzona.runtime.groups import ProcessGroups
+from canzona.runtime.launch import RankError, launch
 from canzona.spec import RunSpec
 from tests.fsdp2_helpers import batch, fsdp2_config, make_net, shard_net
 from tests.runtime_helpers import SPECS, build, dist_config, full_grad, shard
@@ -43,7 +45,14 @@ def _megatron(info, dp: int, tp: int, strategy: str, steps: int, kw: dict[str, A
     rh.SPECS = [
         ParamSpec(s.name, s.shape, s.partition_dim, "adamw", s.layer) if s.name in adamw_too else s for s in SPECS
     ]
-    opt, params = build(info.rank, dp, tp, dist_config(strategy, "muon", **kw), 0, dp_tp_groups(info.rank, dp, tp))
+    opt, params = build(
+        info.rank,
+        dp,
+        tp,
+        dist_config(strategy, "muon", **kw),
+        0,
+        ProcessGroups.build(ParallelLayout(dp=dp, tp=tp), info.rank),
+    )
     for step in range(steps):
         for s in rh.SPECS:
             params[s.name].grad = shard(full_grad(s, step, info.rank // tp, 0), s, tp, info.rank % tp).clone()
@@ -161,8 +170,8 @@ def _added_after_attach(info):
 def build_opt(named, info):
     from canzona.runtime import DistributedOptimizer
 
-    dp_group, tp_group = dp_tp_groups(info.rank, info.world, 1)
-    return DistributedOptimizer(named, dp_group, tp_group, dist_config("canzona", "muon"))
+    groups = ProcessGroups.build(ParallelLayout(dp=info.world), info.rank)
+    return DistributedOptimizer(named, groups, dist_config("canzona", "muon"))
 
 
 def _unfrozen(info):

@@ -8,17 +8,19 @@ import time
 import pytest
 import torch
 
+from canzona.layout import ParallelLayout
 from canzona.models.spec import ParamSpec
 from canzona.runtime import DistributedOptimizer, checkpoint
 from canzona.runtime.checkpoint import Chunks
-from canzona.runtime.launch import RankError, dp_tp_groups, launch
+from canzona.runtime.groups import ProcessGroups
+from canzona.runtime.launch import RankError, launch
 from tests.runtime_helpers import SPECS, assemble, build, dist_config, init_param, reference, run_steps, shard
 
 SEED = 11
 
 
 def _train_and_save(info, dp, tp, strategy, steps, path) -> dict:
-    groups = dp_tp_groups(info.rank, dp, tp)
+    groups = ProcessGroups.build(ParallelLayout(dp=dp, tp=tp), info.rank)
     opt, params = build(info.rank, dp, tp, dist_config(strategy, "soap"), SEED, groups)
     run_steps(opt, params, info.rank, tp, range(steps), SEED)
     checkpoint.save(opt, path)
@@ -26,7 +28,7 @@ def _train_and_save(info, dp, tp, strategy, steps, path) -> dict:
 
 
 def _load_and_continue(info, dp, tp, strategy, path, full_params, steps) -> dict:
-    groups = dp_tp_groups(info.rank, dp, tp)
+    groups = ProcessGroups.build(ParallelLayout(dp=dp, tp=tp), info.rank)
     opt, params = build(info.rank, dp, tp, dist_config(strategy, "soap"), SEED, groups)
     with torch.no_grad():
         for s in SPECS:
@@ -55,7 +57,7 @@ def test_reshard_checkpoint_continues_identically(tmp_path, dp: int, tp: int, st
 def _nan_rank(info, policy, dp, tp, bad: float = float("nan")) -> tuple[bool, int]:
     """NaN (or ``bad``) in one rank's gradient shard; at TP=2 in the shard of the TP rank that does
     NOT host the matrix, so only that rank can see it before the gather."""
-    groups = dp_tp_groups(info.rank, dp, tp)
+    groups = ProcessGroups.build(ParallelLayout(dp=dp, tp=tp), info.rank)
     opt, params = build(info.rank, dp, tp, dist_config("canzona", "muon", nonfinite=policy), SEED, groups)
     before = {n: p.detach().clone() for n, p in params.items()}
     name = next(s.name for s in SPECS if s.name.endswith("linear_qkv.weight"))
@@ -95,7 +97,7 @@ def test_nan_gradient_raise_names_the_problem() -> None:
 
 
 def _stuck(info) -> None:
-    groups = dp_tp_groups(info.rank, 2, 1)
+    groups = ProcessGroups.build(ParallelLayout(dp=2), info.rank)
     opt, _params = build(info.rank, 2, 1, dist_config("canzona", "muon"), SEED, groups)
     opt.finish_grad_sync()
     if info.rank == 0:
@@ -111,7 +113,7 @@ def test_failed_rank_does_not_hang_peers() -> None:
 
 def _phase_named(info) -> str:
     """Rank 1 skips the step: rank 0's collectives time out, and the error names the phase."""
-    groups = dp_tp_groups(info.rank, 2, 1)
+    groups = ProcessGroups.build(ParallelLayout(dp=2), info.rank)
     opt, _params = build(info.rank, 2, 1, dist_config("canzona", "muon"), SEED, groups)
     opt.finish_grad_sync()
     if info.rank == 1:
@@ -130,10 +132,10 @@ def test_collective_timeout_names_phase() -> None:
 
 
 def _bad_partition(info) -> None:
-    groups = dp_tp_groups(info.rank, 1, 2)
+    groups = ProcessGroups.build(ParallelLayout(dp=1, tp=2), info.rank)
     spec = ParamSpec("decoder.layers.0.mlp.linear_fc1.weight", (8, 4), None, "matrix", 0)
     DistributedOptimizer(
-        [(spec.name, spec, torch.nn.Parameter(torch.zeros(4, 4)))], *groups, dist_config("canzona", "muon")
+        [(spec.name, spec, torch.nn.Parameter(torch.zeros(4, 4)))], groups, dist_config("canzona", "muon")
     )
 
 
@@ -144,7 +146,7 @@ def test_tp_param_without_partition_metadata_is_rejected() -> None:
 
 
 def _hash_mismatch(info) -> None:
-    groups = dp_tp_groups(info.rank, 2, 1)
+    groups = ProcessGroups.build(ParallelLayout(dp=2), info.rank)
     cfg = dist_config("canzona", "muon", alpha=0.5 if info.rank else 1.0)
     build(info.rank, 2, 1, cfg, SEED, groups)
 
@@ -177,7 +179,7 @@ def _train(info, overlap_grad: bool, overlap_param: bool, mode: str, slow_rank: 
     rank). The NEXT forward runs right after step(), before zero_grad and before finish_grad_sync:
     with overlap_param_sync the all-gathers are still in flight then, and a slow rank makes them
     land late, so a module that did not wait for its own bucket computes on stale parameters."""
-    groups = dp_tp_groups(info.rank, 2, 1)
+    groups = ProcessGroups.build(ParallelLayout(dp=2), info.rank)
     model = _TwoLayer()
     cfg = dist_config(
         "canzona", "muon", collective_mode=mode, overlap_grad_sync=overlap_grad, overlap_param_sync=overlap_param
@@ -187,7 +189,7 @@ def _train(info, overlap_grad: bool, overlap_param: bool, mode: str, slow_rank: 
     plan = type(cfg.plan)(**{**cfg.plan.__dict__, "bucket_size": 500, "dp_algo": "greedy"})
     cfg = type(cfg)(**{**cfg.__dict__, "plan": plan})
     opt = DistributedOptimizer(
-        [(SPECS2[0].name, SPECS2[0], model.fc1.weight), (SPECS2[1].name, SPECS2[1], model.fc2.weight)], *groups, cfg
+        [(SPECS2[0].name, SPECS2[0], model.fc1.weight), (SPECS2[1].name, SPECS2[1], model.fc2.weight)], groups, cfg
     )
     opt.attach(model)
     gen = torch.Generator().manual_seed(info.rank)
@@ -246,12 +248,12 @@ def _storages(opt: DistributedOptimizer) -> set[int]:
 
 
 def _state_is_views(info, dtype: str) -> tuple[int, int, int]:
-    groups = dp_tp_groups(info.rank, 2, 2)
+    groups = ProcessGroups.build(ParallelLayout(dp=2, tp=2), info.rank)
     t = info.rank % 2
     params = {
         s.name: torch.nn.Parameter(shard(init_param(s, SEED), s, 2, t).to(getattr(torch, dtype)).clone()) for s in SPECS
     }
-    opt = DistributedOptimizer([(s.name, s, params[s.name]) for s in SPECS], *groups, dist_config("canzona", "muon"))
+    opt = DistributedOptimizer([(s.name, s, params[s.name]) for s in SPECS], groups, dist_config("canzona", "muon"))
     run_steps(opt, params, info.rank, 2, range(1), SEED)
     own = _storages(opt)
     pieces = [

@@ -14,13 +14,15 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from canzona.errors import NonFiniteGradientError
+from canzona.layout import ParallelLayout
 from canzona.models import get_model, list_params
 from canzona.optim import make_matrix_optimizer
 from canzona.optim.adamw import AdamWConfig, make_adamw
 from canzona.optim.base import apply_update
 from canzona.runtime import DistributedOptimizer
 from canzona.runtime.grad_norm import clip_coefficient, sum_of_squares
-from canzona.runtime.launch import RankError, launch, stage_groups
+from canzona.runtime.groups import ProcessGroups
+from canzona.runtime.launch import RankError, launch
 from tests.runtime_helpers import ADAMW_LR, LR, OPTIONS, WD, dist_config, full_grad, init_param, shard
 
 SEED = 3
@@ -43,14 +45,12 @@ def _grad(spec, step: int, d: int, t: int, tp: int) -> torch.Tensor:
 
 def _rank(info, dp: int, tp: int, pp: int, max_norm: float | None, steps: int, nan_stage: int | None, policy: str):
     s, d, t = _coords(info.rank, dp, tp)
-    dp_g, tp_g, stage_g = stage_groups(info.rank, dp, tp, pp)
+    groups = ProcessGroups.build(ParallelLayout(dp=dp, tp=tp, pp=pp), info.rank)
     specs = list_params(MODEL, pp=pp, stage=s)
     params = {sp.name: torch.nn.Parameter(shard(init_param(sp, SEED), sp, tp, t).clone()) for sp in specs}
     cfg = dist_config("canzona", "muon", max_grad_norm=max_norm, nonfinite=policy)
     partial = [n for n in PARTIAL if n in params]
-    opt = DistributedOptimizer(
-        [(sp.name, sp, params[sp.name]) for sp in specs], dp_g, tp_g, cfg, stage_group=stage_g, tp_partial=partial
-    )
+    opt = DistributedOptimizer([(sp.name, sp, params[sp.name]) for sp in specs], groups, cfg, tp_partial=partial)
     norms, skipped = [], []
     for step in range(steps):
         for sp in specs:

@@ -79,7 +79,7 @@ def cp_rank(info) -> dict:
         params = {s.name: torch.nn.Parameter(init_param(s, SEED)) for s in SPECS}
         cfg = dist_config(strategy, optimizer, bucket_size=512)
         named = [(s.name, s, params[s.name]) for s in SPECS]
-        opt = DistributedOptimizer(named, config=cfg, **groups.optimizer_groups())
+        opt = DistributedOptimizer(named, groups, cfg)
         for step in range(STEPS):
             x, y, mask = batch(step, at.dp)
             tokens = mask.sum()  # what megatron's all-reduce of the token counts over the CP group gives

@@ -11,13 +11,15 @@ import pytest
 import torch
 
 from canzona.errors import ConfigError
+from canzona.layout import ParallelLayout
 from canzona.models import get_model, list_params
 from canzona.plan import make_plan
 from canzona.plan.coop import check_ownership
 from canzona.plan.executors import coop_comm_key
 from canzona.plan.types import Layout, PlanConfig
 from canzona.runtime import checkpoint
-from canzona.runtime.launch import dp_tp_groups, launch
+from canzona.runtime.groups import ProcessGroups
+from canzona.runtime.launch import launch
 from tests.runtime_helpers import SPECS, assemble, build, dist_config, recorded, reference, run_steps
 
 STEPS, SEED = 5, 21
@@ -41,11 +43,11 @@ CASES = [
 
 
 def _rank(info, dp: int, tp: int, force: tuple, method: str) -> dict:
-    groups = dp_tp_groups(info.rank, dp, tp)
+    groups = ProcessGroups.build(ParallelLayout(dp=dp, tp=tp), info.rank)
     cfg = dist_config("canzona", "muon", coop_force=force, optimizer_options={"ns_method": method})
     opt, params = build(info.rank, dp, tp, cfg, SEED, groups)
     assert len(opt.plan.coop) == len(force)
-    names = {"dp": opt.dp_group, "tp": opt.tp_group, "global": None}
+    names = {"dp": opt.groups.dp, "tp": opt.groups.tp, "global": None}
     with recorded(names) as first:
         run_steps(opt, params, info.rank, tp, range(1), SEED)
     run_steps(opt, params, info.rank, tp, range(1, STEPS), SEED)
@@ -79,7 +81,7 @@ def test_cooperative_update_equals_single_device_muon(dp: int, tp: int, force: t
 
 
 def _save(info, dp: int, tp: int, force: tuple, path) -> dict:
-    groups = dp_tp_groups(info.rank, dp, tp)
+    groups = ProcessGroups.build(ParallelLayout(dp=dp, tp=tp), info.rank)
     opt, params = build(info.rank, dp, tp, dist_config("canzona", "muon", coop_force=force), SEED, groups)
     run_steps(opt, params, info.rank, tp, range(3), SEED)
     checkpoint.save(opt, path)
@@ -87,7 +89,7 @@ def _save(info, dp: int, tp: int, force: tuple, path) -> dict:
 
 
 def _load(info, dp: int, tp: int, path, full) -> dict:
-    groups = dp_tp_groups(info.rank, dp, tp)
+    groups = ProcessGroups.build(ParallelLayout(dp=dp, tp=tp), info.rank)
     opt, params = build(info.rank, dp, tp, dist_config("canzona", "muon", cooperative=False), SEED, groups)
     with torch.no_grad():
         for s in SPECS:
@@ -171,9 +173,9 @@ def _split_groups_rank(info, dp: int, tp: int, split: bool, used: dict[int, tupl
 
     dist.new_group = new_group
     try:
-        dp_group, tp_group = dp_tp_groups(info.rank, dp, tp)
+        groups = ProcessGroups.build(ParallelLayout(dp=dp, tp=tp), info.rank)
         keys = ALL_KEYS[(dp, tp)] if used is None else used.get(info.rank, ())
-        comms = coop_comms(dp_group, tp_group, dp, tp, timeout_s=120.0, used=frozenset(keys))
+        comms = coop_comms(groups.dp, groups.tp, dp, tp, timeout_s=120.0, used=frozenset(keys))
     finally:
         dist.new_group = real
     sums = {}
@@ -214,7 +216,7 @@ def test_only_the_sub_groups_some_plan_uses_are_created_by_every_rank() -> None:
     makes that one group (of each parent) and no other, instead of all three."""
     outs = launch(_split_groups_rank, 4, 4, 1, False, {0: ("dp0+2",)}, timeout_s=30)
     assert all(o["calls"] == outs[0]["calls"] for o in outs)
-    # dp_tp_groups makes the world, DP and TP groups; coop_comms one pair, not also 2-3 and 0-3
+    # ProcessGroups.build makes the DP, TP and stage groups; coop_comms one pair, not also 2-3 and 0-3
     assert [c for c in outs[0]["calls"] if len(c[0]) == 2] == [([0, 1], False)]
     assert outs[0]["calls"][-1] == ([0, 1], False)
     assert [sorted(o["groups"]) for o in outs] == [["dp0+2"], ["dp0+2"], [], []]

@@ -9,7 +9,9 @@ import dataclasses
 
 import pytest
 
-from canzona.runtime.launch import dp_tp_groups, launch
+from canzona.layout import ParallelLayout
+from canzona.runtime.groups import ProcessGroups
+from canzona.runtime.launch import launch
 from tests.runtime_helpers import assemble, build, dist_config, reference, run_steps
 
 DP, TP, SEED, STEPS = 2, 2, 3, range(3)
@@ -19,7 +21,7 @@ PLAN = {"end_bucket_size": 2000, "bucket_size": 10_000, "dp_layout": "padded", "
 
 
 def _rank(info) -> dict:
-    groups = dp_tp_groups(info.rank, DP, TP)
+    groups = ProcessGroups.build(ParallelLayout(dp=DP, tp=TP), info.rank)
     out = {}
     for pipelined in (False, True):
         cfg = dist_config("canzona", "muon", **PLAN)

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from canzona.errors import ConfigError
 from canzona.harness.params import partial_grad
+from canzona.layout import ParallelLayout
 from canzona.models import list_params
 from canzona.models.spec import ParamSpec
 from canzona.models.transformer import TransformerConfig
@@ -24,8 +25,9 @@ from canzona.optim.adamw import AdamWConfig, make_adamw
 from canzona.optim.base import apply_update
 from canzona.optim.muon import Muon
 from canzona.runtime import DistributedOptimizer, checkpoint
-from canzona.runtime.experts import ExpertParallel, ep_rank_of, experts_per_layer
-from canzona.runtime.launch import dp_tp_groups, expert_dp_group, launch
+from canzona.runtime.experts import ep_rank_of, experts_per_layer
+from canzona.runtime.groups import ProcessGroups
+from canzona.runtime.launch import launch
 from tests.runtime_helpers import ADAMW_LR, LR, OPTIONS, WD, dist_config, full_grad, init_param, recorded, shard
 
 MOE = TransformerConfig("moe-test", 2, 32, 64, 4, 2, head_dim=8, vocab=128, experts=4, expert_ffn=32)
@@ -51,19 +53,17 @@ def _build(
     """This rank's optimizer over its TP shards (rank = d·tp + t, Megatron's order) of what DP rank
     d holds; at TP > 1 the sequence-parallel partial parameters registered as the harness does."""
     d, t = rank // tp, rank % tp
-    dp_group, tp_group = dp_tp_groups(rank, dp, tp)
-    edp = expert_dp_group(rank, dp, tp, 1, ep)
+    groups = ProcessGroups.build(ParallelLayout(dp=dp, tp=tp, ep=ep), rank)
     mine = [s for s in STAGE if d in holders(s, dp, ep)]
     params = {s.name: torch.nn.Parameter(shard(init_param(s, SEED), s, tp, t).to(dtype)) for s in mine}
     opt = DistributedOptimizer(
         [(s.name, s, params[s.name]) for s in mine],
-        dp_group,
-        tp_group,
+        groups,
         cfg,
+        stage_specs=STAGE,
         tp_partial=[s.name for s in mine if partial_grad(s, tp, sequence_parallel=True)],
-        experts=ExpertParallel(ep, edp, STAGE),
     )
-    return opt, params, {"dp": dp_group, "edp": edp, "tp": tp_group, "global": None}
+    return opt, params, {"dp": groups.dp, "edp": groups.edp, "tp": groups.tp, "global": None}
 
 
 def _part(s: ParamSpec, step: int, d: int, t: int, tp: int) -> torch.Tensor:
@@ -199,18 +199,18 @@ def test_ep_step_issues_the_lowered_schedule_with_expert_dp_calls() -> None:
 
 
 def _wrong_group_rank(info) -> list[str]:
-    """The DP group passed as the expert-DP group (other EP ranks' experts in it), and contiguous
-    pairs of DP ranks: the right size and this rank's right position, the wrong members."""
-    dp_group, tp_group = dp_tp_groups(info.rank, DP, 1)
+    """Groups built by hand: the DP group passed as the expert-DP group (other EP ranks' experts in
+    it; the wrong size), and contiguous pairs of DP ranks: the right size and this rank's right
+    position, the wrong members."""
+    dense = ProcessGroups.build(ParallelLayout(dp=DP), info.rank)
     pairs = [dist.new_group([2 * i, 2 * i + 1]) for i in range(DP // 2)]
     mine = [s for s in STAGE if info.rank in holders(s)]
     params = [(s.name, s, torch.nn.Parameter(init_param(s, SEED))) for s in mine]
     out = []
-    for group in (dp_group, pairs[info.rank // 2]):
+    for group in (dense.dp, pairs[info.rank // 2]):
+        groups = ProcessGroups(ParallelLayout(dp=DP, ep=EP), info.rank, dense.dp, dense.tp, dense.stage, edp=group)
         try:
-            DistributedOptimizer(
-                params, dp_group, tp_group, dist_config("canzona", "muon"), experts=ExpertParallel(EP, group, STAGE)
-            )
+            DistributedOptimizer(params, groups, dist_config("canzona", "muon"), stage_specs=STAGE)
             out.append("")
         except ConfigError as e:
             out.append(str(e))
@@ -220,7 +220,7 @@ def _wrong_group_rank(info) -> list[str]:
 @pytest.mark.multiproc
 def test_a_wrong_expert_group_is_refused_naming_the_builder() -> None:
     for msgs in launch(_wrong_group_rank, DP):
-        assert len(msgs) == 2 and all("expert_dp_group" in m for m in msgs), msgs
+        assert len(msgs) == 2 and all("ProcessGroups.build" in m for m in msgs), msgs
 
 
 def test_the_local_executor_runs_one_newton_schulz_per_shape() -> None:

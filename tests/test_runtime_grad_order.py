@@ -14,11 +14,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from canzona.layout import ParallelLayout
 from canzona.models.spec import ParamSpec
 from canzona.optim import make_matrix_optimizer
 from canzona.optim.base import apply_update
 from canzona.runtime import DistributedOptimizer
-from canzona.runtime.launch import dp_tp_groups, launch
+from canzona.runtime.groups import ProcessGroups
+from canzona.runtime.launch import launch
 from tests.registry_cases import executable_names
 from tests.runtime_helpers import LR, WD, dist_config
 
@@ -45,14 +47,14 @@ def _batch(rank: int, step: int) -> torch.Tensor:
 
 
 def _rank(info) -> dict:
-    groups = dp_tp_groups(info.rank, 2, 1)
+    groups = ProcessGroups.build(ParallelLayout(dp=2), info.rank)
     out = {}
     for strategy in executable_names():
         model = _Net()
         tensors = list(model.layers.parameters())
         named = list(zip([s.name for s in SPECS], SPECS, tensors, strict=True))
         # one matrix per bucket, so that the bucket order is what the hooks decide
-        opt = DistributedOptimizer(named, *groups, dist_config(strategy, "muon", bucket_size=1024))
+        opt = DistributedOptimizer(named, groups, dist_config(strategy, "muon", bucket_size=1024))
         for step in range(STEPS):
             model.zero_grad(set_to_none=True)
             model(_batch(info.rank, step), skip_middle=info.rank == 1).pow(2).mean().backward()

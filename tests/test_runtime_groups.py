@@ -1,6 +1,6 @@
 """``canzona.runtime.groups.ProcessGroups``: on gloo ranks, the groups it creates hold exactly the
-members ``canzona.layout`` lists for each rank, and the launch helpers that wrap it return the same;
-CP is refused before any group is created."""
+members ``canzona.layout`` lists for each rank (under CP the optimizer's group is DP × CP), and
+``check_members`` refuses groups that do not."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch.distributed as dist
 from canzona.errors import ConfigError
 from canzona.layout import ParallelLayout
 from canzona.runtime.groups import ProcessGroups
-from canzona.runtime.launch import RankInfo, expert_dp_group, launch, stage_groups
+from canzona.runtime.launch import RankInfo, launch
 
 pytestmark = pytest.mark.multiproc
 
@@ -23,11 +23,6 @@ def _members(info: RankInfo, layout: ParallelLayout) -> dict[str, list[int]]:
     out = {k: dist.get_process_group_ranks(getattr(g, k)) for k in ("dp", "tp", "stage")}
     if g.edp is not None:
         out["edp"] = dist.get_process_group_ranks(g.edp)
-        out["launch_edp"] = dist.get_process_group_ranks(
-            expert_dp_group(info.rank, layout.dp, layout.tp, layout.pp, layout.ep)
-        )
-    wrapped = stage_groups(info.rank, layout.dp, layout.tp, layout.pp)
-    out["launch"] = [dist.get_process_group_ranks(x) for x in wrapped]
     return out
 
 
@@ -38,9 +33,8 @@ def test_groups_hold_the_layouts_members(layout: ParallelLayout) -> None:
     for rank, got in enumerate(launch(_members, layout.world, layout)):
         want = {k: list(layout.group(k, rank)) for k in ("dp", "tp", "stage")}
         assert {k: got[k] for k in want} == want
-        assert got["launch"] == [want["dp"], want["tp"], want["stage"]]
         if layout.ep > 1:
-            assert got["edp"] == got["launch_edp"] == list(layout.group("edp", rank))
+            assert got["edp"] == list(layout.group("edp", rank))
 
 
 def _cp_members(info: RankInfo, layout: ParallelLayout) -> list[list[int]]:

@@ -13,12 +13,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from canzona.layout import ParallelLayout
 from canzona.models.spec import ParamSpec
 from canzona.optim import make_matrix_optimizer
 from canzona.optim.adamw import AdamWConfig, make_adamw
 from canzona.optim.base import apply_update
 from canzona.runtime import DistributedOptimizer
-from canzona.runtime.launch import dp_tp_groups, launch
+from canzona.runtime.groups import ProcessGroups
+from canzona.runtime.launch import launch
 from tests.registry_cases import executable_names
 from tests.runtime_helpers import (
     ADAMW_LR,
@@ -36,7 +38,7 @@ SEED, STEPS = 13, 3
 
 
 def _bf16_rank(info, dp: int, tp: int, ns_dtype: str, strategies: list[str]) -> dict:
-    groups = dp_tp_groups(info.rank, dp, tp)
+    groups = ProcessGroups.build(ParallelLayout(dp=dp, tp=tp), info.rank)
     d, t = info.rank // tp, info.rank % tp
     out = {}
     for strategy in strategies:
@@ -44,7 +46,7 @@ def _bf16_rank(info, dp: int, tp: int, ns_dtype: str, strategies: list[str]) -> 
         params = {
             s.name: torch.nn.Parameter(shard(init_param(s, SEED), s, tp, t).to(torch.bfloat16).clone()) for s in SPECS
         }
-        opt = DistributedOptimizer([(s.name, s, params[s.name]) for s in SPECS], *groups, cfg)
+        opt = DistributedOptimizer([(s.name, s, params[s.name]) for s in SPECS], groups, cfg)
         for step in range(STEPS):
             for s in SPECS:  # what backward produces in a bf16 model: bf16 gradients
                 params[s.name].grad = shard(full_grad(s, step, d, SEED), s, tp, t).to(torch.bfloat16)
@@ -124,11 +126,11 @@ def _batch(rank: int, step: int) -> torch.Tensor:
 
 
 def _loop_rank(info, strategy: str, how: str) -> dict:
-    groups = dp_tp_groups(info.rank, 2, 1)
+    groups = ProcessGroups.build(ParallelLayout(dp=2), info.rank)
     model = _Net()
     tensors = [model.fc1.weight, model.fc2.weight, model.fc2.bias]
     opt = DistributedOptimizer(
-        list(zip([s.name for s in NET], NET, tensors, strict=True)), *groups, dist_config(strategy, "muon")
+        list(zip([s.name for s in NET], NET, tensors, strict=True)), groups, dist_config(strategy, "muon")
     )
     for step in range(STEPS):
         model.zero_grad(set_to_none=True)  # what torch's optimizers and most loops do

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import pytest
 
+from canzona.layout import ParallelLayout
 from canzona.plan.comm import DP_MODES
+from canzona.runtime.groups import ProcessGroups
 from canzona.runtime.launch import launch
 from tests.runtime_helpers import (
     BUDGET_SEED,
@@ -21,7 +23,6 @@ from tests.runtime_helpers import (
     budget_grads,
     build,
     dist_config,
-    dp_tp_groups,
     recorded,
     reference,
     run_steps,
@@ -32,13 +33,13 @@ PLAN = {"bucket_size": 50_000, "dp_layout": "exact", "profile": "H800"}  # the r
 
 
 def _rank(info) -> dict:
-    groups = dp_tp_groups(info.rank, DP, 1)
+    groups = ProcessGroups.build(ParallelLayout(dp=DP), info.rank)
     out = {}
     for mode in DP_MODES:
         cfg = dist_config("canzona", "muon", collective_mode=mode, **PLAN)
         opt, params = build(info.rank, DP, 1, cfg, BUDGET_SEED, groups)
         budget_grads(params, info.rank, 1, 0)
-        with recorded({"dp": opt.dp_group, "tp": opt.tp_group, "global": None}) as calls:
+        with recorded({"dp": opt.groups.dp, "tp": opt.groups.tp, "global": None}) as calls:
             opt.finish_grad_sync()
             opt.step()
         want = [(o.kind, o.group, o.nbytes, o.root) for o in opt.schedule.ops]

@@ -16,6 +16,7 @@ import torch
 from canzona.errors import ConfigError
 from canzona.harness.params import tp_shard
 from canzona.harness.step_probe import HostReadCounter
+from canzona.layout import ParallelLayout
 from canzona.models import get_model, list_params
 from canzona.models.spec import ParamSpec
 from canzona.models.split import attach_splits
@@ -24,7 +25,8 @@ from canzona.optim.adamw import AdamWConfig, make_adamw
 from canzona.optim.base import apply_update
 from canzona.optim.split import init_split_state, split_direction
 from canzona.runtime import DistributedOptimizer
-from canzona.runtime.launch import dp_tp_groups, launch
+from canzona.runtime.groups import ProcessGroups
+from canzona.runtime.launch import launch
 from tests.runtime_helpers import ADAMW_LR, LR, OPTIONS, WD, dist_config, full_grad, init_param, recorded
 
 MODEL = get_model("qwen3-micro")
@@ -42,7 +44,7 @@ def _local(t: torch.Tensor, spec: ParamSpec, tp: int, r: int) -> torch.Tensor:
 
 
 def _rank(info, dp: int, tp: int, optimizer: str, dtype: str) -> dict:
-    groups = dp_tp_groups(info.rank, dp, tp)
+    groups = ProcessGroups.build(ParallelLayout(dp=dp, tp=tp), info.rank)
     d, t = info.rank // tp, info.rank % tp
     specs = list_params(MODEL, tp=tp, split=SPLIT)
     cast = torch.bfloat16 if dtype == "bf16" else torch.float32
@@ -51,8 +53,8 @@ def _rank(info, dp: int, tp: int, optimizer: str, dtype: str) -> dict:
         ns = {"compute_dtype": "fp32"} if optimizer == "muon" else {}
         cfg = dist_config(strategy, optimizer, optimizer_options=ns)
         params = {s.name: torch.nn.Parameter(_local(init_param(s, SEED), s, tp, t).to(cast).clone()) for s in specs}
-        opt = DistributedOptimizer([(s.name, s, params[s.name]) for s in specs], *groups, cfg)
-        names = {"dp": opt.dp_group, "tp": opt.tp_group, "global": None}
+        opt = DistributedOptimizer([(s.name, s, params[s.name]) for s in specs], groups, cfg)
+        names = {"dp": opt.groups.dp, "tp": opt.groups.tp, "global": None}
         issued, reads = [], []
         for step in range(STEPS):
             for s in specs:

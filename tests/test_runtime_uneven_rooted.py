@@ -18,7 +18,9 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
+from canzona.layout import ParallelLayout
 from canzona.runtime import collectives
+from canzona.runtime.groups import ProcessGroups
 from canzona.runtime.launch import launch
 from tests.runtime_helpers import (
     BUDGET_SEED,
@@ -26,7 +28,6 @@ from tests.runtime_helpers import (
     budget_grads,
     build,
     dist_config,
-    dp_tp_groups,
     recorded,
     reference,
     run_steps,
@@ -92,13 +93,13 @@ def _rank(info) -> dict:
     # the forked rank's own module state
     dist.all_gather = _nccl_uneven_all_gather(dist.broadcast)
     dist.reduce_scatter = _nccl_uneven_reduce_scatter(dist.reduce)
-    groups = dp_tp_groups(info.rank, DP, 1)
+    groups = ProcessGroups.build(ParallelLayout(dp=DP), info.rank)
     out = {}
     for strategy, mode in RUNS:
         cfg = dist_config(strategy, "muon", collective_mode=mode, **PLAN)
         opt, params = build(info.rank, DP, 1, cfg, BUDGET_SEED, groups)
         budget_grads(params, info.rank, 1, 0)
-        with recorded({"dp": opt.dp_group, "tp": opt.tp_group, "global": None}) as calls:
+        with recorded({"dp": opt.groups.dp, "tp": opt.groups.tp, "global": None}) as calls:
             opt.finish_grad_sync()
             opt.step()
         want = [(o.kind, o.group, o.nbytes, o.root) for o in opt.schedule.ops]

@@ -16,8 +16,10 @@ import dataclasses
 import pytest
 import torch
 
+from canzona.layout import ParallelLayout
 from canzona.runtime import DistributedOptimizer
-from canzona.runtime.launch import dp_tp_groups, launch
+from canzona.runtime.groups import ProcessGroups
+from canzona.runtime.launch import launch
 from tests.runtime_helpers import SPECS, dist_config, full_grad, init_param, recorded, shard
 
 SEED = 11
@@ -34,13 +36,13 @@ def _build(rank: int, optimizer: str, dtype: str, pipelined: bool, groups) -> tu
     t = rank % TP
     dt = torch.float32 if dtype == "fp32" else torch.bfloat16
     params = {s.name: torch.nn.Parameter(shard(init_param(s, SEED), s, TP, t).to(dt)) for s in SPECS}
-    return DistributedOptimizer([(s.name, s, params[s.name]) for s in SPECS], groups[0], groups[1], cfg), params
+    return DistributedOptimizer([(s.name, s, params[s.name]) for s in SPECS], groups, cfg), params
 
 
 def _steps(opt: DistributedOptimizer, params: dict, rank: int) -> tuple[list, list, list]:
     d, t = rank // TP, rank % TP
     infos, calls, waits = [], [], []
-    names = {"dp": opt.dp_group, "tp": opt.tp_group, "global": None}
+    names = {"dp": opt.groups.dp, "tp": opt.groups.tp, "global": None}
     wait = opt.dps.wait
 
     def logged_wait(key) -> None:  # the buckets a step waits for one by one, in order
@@ -63,7 +65,7 @@ def _steps(opt: DistributedOptimizer, params: dict, rank: int) -> tuple[list, li
 
 
 def _rank(info) -> dict:
-    groups = dp_tp_groups(info.rank, DP, TP)
+    groups = ProcessGroups.build(ParallelLayout(dp=DP, tp=TP), info.rank)
     out = {}
     for optimizer, dtype in CASES:
         ran = {}
@@ -137,15 +139,15 @@ def test_the_pipelined_step_gives_the_serialized_parameters_in_every_branch() ->
 
 def _micro_rank(info, pipelined: bool) -> dict:
     """Three micro-batches through a real backward (hooks launch the reductions): what each issued."""
-    groups = dp_tp_groups(info.rank, DP, 1)
+    groups = ProcessGroups.build(ParallelLayout(dp=DP), info.rank)
     cfg = dist_config("canzona", "muon", max_grad_norm=1.0)
     cfg = dataclasses.replace(cfg, comm=dataclasses.replace(cfg.comm, pipelined_step=pipelined))
     params = {s.name: torch.nn.Parameter(init_param(s, SEED)) for s in SPECS}
-    opt = DistributedOptimizer([(s.name, s, params[s.name]) for s in SPECS], groups[0], groups[1], cfg)
+    opt = DistributedOptimizer([(s.name, s, params[s.name]) for s in SPECS], groups, cfg)
     per_micro = []
     for m in range(3):
         loss = sum((p * full_grad(s, m, info.rank, SEED)).sum() for s, p in zip(SPECS, params.values(), strict=True))
-        with recorded({"dp": opt.dp_group, "tp": opt.tp_group, "global": None}) as issued:
+        with recorded({"dp": opt.groups.dp, "tp": opt.groups.tp, "global": None}) as issued:
             if m < 2:
                 with opt.no_sync():
                     loss.backward()
@@ -156,7 +158,7 @@ def _micro_rank(info, pipelined: bool) -> dict:
         per_micro.append(issued)
     # a speculation over the window budget: the plan's busiest GPU would hold more, so the step stays serialized
     tight = dataclasses.replace(cfg, comm=dataclasses.replace(cfg.comm, window_bytes=1))
-    over = DistributedOptimizer([(s.name, s, params[s.name]) for s in SPECS], groups[0], groups[1], tight)
+    over = DistributedOptimizer([(s.name, s, params[s.name]) for s in SPECS], groups, tight)
     return {
         "calls": per_micro,
         "params": {n: p.detach().clone() for n, p in params.items()},

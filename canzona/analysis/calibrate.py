@@ -69,7 +69,7 @@ def _rank(info: Any, model: str, optimizer: str, dp: int, tp: int, sizes: Sequen
     import torch.distributed as dist
 
     from canzona.optim import make_matrix_optimizer
-    from canzona.runtime.launch import dp_tp_groups
+    from canzona.runtime.groups import ProcessGroups
 
     out: dict[str, Any] = {"compute": {}, "solo": {}, "mem": 0.0, "mem_solo": 0.0, "coll": {}}
     # fp32 Newton–Schulz: the profile declares fp32 (param_bytes 4, Profile.ns_dtype), so its times must
@@ -113,7 +113,7 @@ def _rank(info: Any, model: str, optimizer: str, dp: int, tp: int, sizes: Sequen
     out["mem"] = 2 * src.numel() * 4 / shared_t
     out["mem_solo"] = 2 * src.numel() * 4 / solo_t if solo_t else 0.0
     # DP groups of a dp x tp layout, as bench-step builds them (rank = d*tp + t)
-    mine, _ = dp_tp_groups(info.rank, dp, tp)
+    mine = ProcessGroups.build(ParallelLayout(dp=dp, tp=tp), info.rank).dp
     n = dp
     for kind in COLLECTIVES:
         for nbytes in sizes:

@@ -130,7 +130,7 @@ def _rank(info: Any, runs_by_entry: dict[str, RunSpec], steps: int, warmup: int)
             )
             for s in specs
         ]
-        opt = DistributedOptimizer(params, config=spec.dist_config(timers=True), **groups.optimizer_groups(stage))
+        opt = DistributedOptimizer(params, groups, spec.dist_config(timers=True), stage_specs=stage)
         runs[entry] = (opt, params)
     times: dict[str, list[dict[str, float]]] = {s: [] for s in entries}
     # Interleaved: each step times every strategy in turn on the same gradients, so drift in the

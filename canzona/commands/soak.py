@@ -38,6 +38,7 @@ from torch.distributed.fsdp import fully_shard
 
 from canzona.argtypes import output_file, positive_int
 from canzona.commands.bench_fsdp2 import BATCH, Qwen3Like
+from canzona.layout import ParallelLayout
 from canzona.models import get_transformer
 from canzona.models.spec import ParamSpec
 from canzona.plan.types import PlanConfig
@@ -46,7 +47,8 @@ from canzona.results.schema import write_atomic
 from canzona.runtime.config import DistConfig, optimizer_config
 from canzona.runtime.fsdp2 import FSDP2Optimizer
 from canzona.runtime.fsdp2.layout import default_route
-from canzona.runtime.launch import dp_tp_groups, launch
+from canzona.runtime.groups import ProcessGroups
+from canzona.runtime.launch import launch
 from canzona.runtime.optimizer import DistributedOptimizer
 
 ENGINES = ("megatron", "fsdp2")
@@ -97,8 +99,7 @@ def _megatron(world: int, rank: int) -> tuple[torch.nn.Module, Any]:
         m = _LAYER.search(n)
         spec = ParamSpec(n, tuple(p.shape), None, default_route(n, tuple(p.shape)), int(m.group(2)) if m else None)
         named.append((n, spec, p))
-    dp_group, tp_group = dp_tp_groups(rank, world, 1)
-    return net, DistributedOptimizer(named, dp_group, tp_group, _config())
+    return net, DistributedOptimizer(named, ProcessGroups.build(ParallelLayout(dp=world), rank), _config())
 
 
 def _fsdp2(world: int, rank: int) -> tuple[torch.nn.Module, Any]:

@@ -199,11 +199,7 @@ def _measure(run: RunSpec, where: Coordinates) -> tuple[tuple[Phase, ...], dict[
             named = [(s.name, s, torch.nn.Parameter(torch.empty(s.shard_shape(lay.tp), dtype=dtype))) for s in specs]
         with tracker.phase("optimizer build"):
             opt = DistributedOptimizer(
-                named,
-                config=run.dist_config(),
-                tp_partial=partial,
-                exchange=OneRank(),
-                **groups.optimizer_groups(stage_specs),
+                named, groups, run.dist_config(), stage_specs=stage_specs, tp_partial=partial, exchange=OneRank()
             )
         with tracker.phase("gradients"):  # each folded into its main grad by the hooks, then reduced
             torch.stack([p.sum() for _, _, p in named]).sum().backward()

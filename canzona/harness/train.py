@@ -20,9 +20,9 @@ How the pieces fit megatron:
   all-reduce, as megatron's finalize_model_grads does.
 * MoE (``--ep``): megatron's MoE layer with the all-to-all dispatcher over the EP ranks, expert
   TP = TP (with sequence parallelism at TP > 1, where the routers' grads are TP-partial like the
-  norms'); the optimizer gets the stage's full inventory and the expert-DP group
-  (``ExpertParallel``), reduces each expert over that group and every dense parameter over DP
-  (canzona.runtime.experts).
+  norms'); the optimizer gets the stage's full inventory (``stage_specs``) and, in its
+  ``ProcessGroups``, the expert-DP group; it reduces each expert over that group and every dense
+  parameter over DP (canzona.runtime.experts).
 * Tied embeddings with PP>1 are rejected by config validation (their cross-stage gradient
   all-reduce is not implemented); PP otherwise runs through megatron's own schedules.
 * The megatron-muon peer swaps in megatron's DDP + Muon (``peer_megatron.py``) behind the same
@@ -117,7 +117,7 @@ def build_optimizer(
 
     # timers on: a benchmark harness reads the phases once per iteration, outside the step
     cfg = run.dist_config(timers=True)
-    stage_specs = []
+    stage_specs = None
     if run.layout.ep > 1:  # the stage's every expert is planned on every rank; this rank steps its own
         stage = ps.get_pipeline_model_parallel_rank()
         stage_specs = list_params(
@@ -128,9 +128,10 @@ def build_optimizer(
     groups = megatron_groups(run.layout.parallel)
     opt = DistributedOptimizer(
         named,
-        config=cfg,
+        groups,
+        cfg,
+        stage_specs=stage_specs,
         tp_partial=tp_partial_names(named, run.layout.tp, sequence_parallel=run.uses_sequence_parallel),
-        **groups.optimizer_groups(stage_specs),
     )
     if dist.get_rank() == 0:  # the plan attestation of stage 0, at build (every stage's goes into the record)
         print(opt.attestation.line(), flush=True)

@@ -119,7 +119,7 @@ class DistConfig:
     plan            strategy (sc | layerwise | asc | canzona), α, buckets, TP capacity: canzona.plan
     comm            collective modes and overlap
     precision       main-grad dtype (master weights follow the parameters' dtype)
-    nonfinite       raise | skip: agreed across every rank of ``global_group``, PP included
+    nonfinite       raise | skip: agreed across every rank of the model (``ProcessGroups.world``), PP included
     max_grad_norm   global grad-norm clipping (None: off), norm counted once per parameter
     timers          per-phase timers (bench-step); off in training: reading them syncs the host
     """

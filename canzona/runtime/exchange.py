@@ -1,7 +1,7 @@
 """The runtime's reads of values the other ranks contribute: the places where a collective's result
 comes back to the host, in one object a caller can replace.
 
-Why one object: the Megatron engine (``canzona.runtime.optimizer``) reads other ranks' values on
+Why one object: the Megatron engine (``canzona.runtime.build`` and ``.optimizer``) reads other ranks' values on
 the host at exactly three places, two at set-up and one in the step:
 
   objects    the cooperative sub-groups' layout: every rank's parent group and the keys its plan

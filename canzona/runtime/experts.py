@@ -4,8 +4,9 @@ that the caller's groups and parameters are the layout the plan assumes.
 Why a stage inventory: under EP a rank holds only its EP rank's experts, but every rank of the
 stage must plan the same problem (the plan hash is compared across the stage), and the planner
 balances a rank's dense matrices against its experts. So the caller passes the stage's full
-inventory (every EP rank's experts, global expert indices, registration order) beside the local
-parameters; the plan is made from it, the runtime holds and steps the local part.
+inventory (``DistributedOptimizer``'s ``stage_specs``: every EP rank's experts, global expert
+indices, registration order) beside the local parameters; the plan is made from it, the runtime
+holds and steps the local part.
 
 Layout (megatron-core's, expert TP = TP; ``canzona.layout``): DP rank d holds the experts of EP rank
 ``ep_rank_of(d, ep)``, a contiguous block of each layer's experts; its expert-DP group is that EP
@@ -19,7 +20,7 @@ differs.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
@@ -28,16 +29,8 @@ from canzona.layout import ParallelLayout, expert_ep_rank
 from canzona.layout import ep_rank_of as layout_ep_rank
 from canzona.models.spec import ParamSpec
 
-
-@dataclass(frozen=True)
-class ExpertParallel:
-    """``size``: EP; ``group``: this rank's expert-DP group (``launch.expert_dp_group``);
-    ``stage_specs``: every parameter of the PP stage in registration order, every EP rank's
-    experts included (names carry global expert indices)."""
-
-    size: int
-    group: dist.ProcessGroup | None
-    stage_specs: tuple[ParamSpec, ...]
+if TYPE_CHECKING:
+    from canzona.runtime.groups import ProcessGroups
 
 
 def experts_per_layer(specs: Sequence[ParamSpec]) -> int:
@@ -58,32 +51,32 @@ def held_by(stage_specs: Sequence[ParamSpec], ep: int, dp_rank: int) -> list[Par
 
 
 def check_expert_layout(
-    ex: ExpertParallel, local: Mapping[str, ParamSpec], dp_group: dist.ProcessGroup | None, matrix_optimizer: bool
+    groups: ProcessGroups, stage_specs: Sequence[ParamSpec], local: Mapping[str, ParamSpec], matrix_optimizer: bool
 ) -> None:
-    """Raise ConfigError unless ``local`` is exactly this DP rank's part of ``ex.stage_specs`` under
-    EP = ``ex.size`` and ``ex.group`` is its expert-DP group: the DP group's ranks e, e + ep, … (e
+    """Raise ConfigError unless ``local`` is exactly this DP rank's part of ``stage_specs`` under the
+    layout's EP and ``groups.edp`` is its expert-DP group: the DP group's ranks e, e + ep, … (e
     this rank's EP rank), in that order. A wrong group would reduce expert gradients with ranks that
     hold other experts; checking members, not only the size, catches a framework whose expert groups
     are laid out otherwise (megatron-core's order tp-ep-dp is the one assumed)."""
-    ep = ex.size
-    dp, dp_rank = dist.get_world_size(dp_group), dist.get_rank(dp_group)
+    ep = groups.layout.ep
+    dp, dp_rank = dist.get_world_size(groups.dp), dist.get_rank(groups.dp)
     layout = ParallelLayout(dp=dp, ep=ep)  # refuses an EP that does not divide DP
     e = layout.ep_rank(dp_rank)
-    ranks = dist.get_process_group_ranks(dp_group)
+    ranks = dist.get_process_group_ranks(groups.dp)
     members = [ranks[i] for i in layout.edp_positions(e)]
-    held = dist.get_process_group_ranks(ex.group)
+    held = dist.get_process_group_ranks(groups.edp)
     if held != members:
         raise ConfigError(
             f"the expert-DP group holds ranks {held[:8]}; at EP={ep} of DP={dp} it must hold the DP group's "
-            f"positions {e}, {e + ep}, … (ranks {members[:8]}): build it with canzona.runtime.launch.expert_dp_group"
+            f"positions {e}, {e + ep}, … (ranks {members[:8]}): build the groups with ProcessGroups.build"
         )
     if not matrix_optimizer:
         raise ConfigError("EP > 1 shards expert matrices for a matrix optimizer; choose muon, shampoo or soap")
-    stage = {s.name: s for s in ex.stage_specs}
-    experts = experts_per_layer(ex.stage_specs)
+    stage = {s.name: s for s in stage_specs}
+    experts = experts_per_layer(stage_specs)
     if ep > 1 and (not experts or experts % ep):
         raise ConfigError(f"EP={ep} must divide the {experts} routed experts per layer; pick EP dividing {experts}")
-    want = {s.name for s in held_by(ex.stage_specs, ep, dp_rank)}
+    want = {s.name for s in held_by(stage_specs, ep, dp_rank)}
     got = set(local)
     if got != want or any(stage[n] != local[n] for n in got):
         odd = sorted(got ^ want) or sorted(n for n in got if stage[n] != local[n])
@@ -91,7 +84,7 @@ def check_expert_layout(
             f"DP rank {dp_rank} (EP rank {e}) must hold the stage's dense parameters and its own experts, "
             f"as passed in stage_specs; differs at {', '.join(odd[:3])}"
         )
-    bad = [s.name for s in ex.stage_specs if s.expert is not None and s.route != "matrix"]
+    bad = [s.name for s in stage_specs if s.expert is not None and s.route != "matrix"]
     if bad:
         raise ConfigError(
             f"expert parameter {bad[0]} is routed to AdamW; under EP route expert weights to the matrix optimizer"

@@ -3,7 +3,7 @@
 Why one reduction: the norm (for clipping) and the non-finite verdict (for raise / skip) both need
 every rank's view, and each extra reduction or host read is a stall on GPUs. A NaN or Inf anywhere
 makes the sum of squares non-finite, so the flag rides in the norm: ONE all-reduce of one float64
-over ``global_group`` (every DP, TP and PP rank) and ONE host read per step.
+over the world group (``ProcessGroups.world``: every DP, TP and PP rank) and ONE host read per step.
 
 Counting each parameter exactly once: a rank contributes only gradients it is the canonical holder
 of after the DP reduction — its region of every reduce-scattered bucket, or, for buckets reduced

@@ -9,17 +9,13 @@ backend's (NCCL 10 min), not the world's. None: that default (tests)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 import torch.distributed as dist
 
 from canzona.errors import ConfigError
 from canzona.layout import GroupKind, ParallelLayout
-from canzona.models.spec import ParamSpec
-from canzona.runtime.experts import ExpertParallel
 
 # The optimizer's reduction group: DP × CP, the same members (and creation order) as DP at CP = 1.
 REDUCE: GroupKind = "dp_cp"
@@ -50,7 +46,11 @@ class ProcessGroups:
     of each CP rank is scaled so that this mean is the global per-token mean
     (``megatron/core/distributed/distributed_data_parallel.py``, ``pretrain_gpt.py``'s ``loss_func``).
     A CP rank holds every parameter whole, as a DP rank does, so it owns a share of the optimizer's
-    work like one; the plan is the plan of DP · CP ranks (``canzona.plan.types.Layout``)."""
+    work like one; the plan is the plan of DP · CP ranks (``canzona.plan.types.Layout``).
+
+    ``DistributedOptimizer`` takes this one value for all its groups. Groups a caller already holds
+    (megatron-core's, a test's own) go in through the constructor; the runtime checks their sizes
+    against the layout (``check_sizes``), ``check_members`` their members."""
 
     layout: ParallelLayout
     rank: int
@@ -67,14 +67,41 @@ class ProcessGroups:
         edp = new_group(layout, "edp", rank, timeout_s=timeout_s) if layout.ep > 1 else None
         return cls(layout, rank, dp, tp, stage, edp)
 
+    @property
+    def backend(self) -> str:
+        """The backend of the reduction group (gloo, nccl; fake in the dry run): what the planner
+        prices and the lowering issues calls for."""
+        return str(dist.get_backend(self.dp))
+
+    def _kinds(self) -> dict[GroupKind, dist.ProcessGroup | None]:
+        """Each group this collection holds, by the layout's kind (the expert-DP group under EP)."""
+        kinds: dict[GroupKind, dist.ProcessGroup | None] = {REDUCE: self.dp, "tp": self.tp, "stage": self.stage}
+        if self.layout.ep > 1:
+            kinds["edp"] = self.edp
+        return kinds
+
+    def check_sizes(self) -> ProcessGroups:
+        """Raise ConfigError unless every group has the layout's size (and, under EP, there is an
+        expert-DP group): the runtime plans with the layout's sizes and reduces over the groups, so
+        groups a caller built by hand must agree with it. Cheap (no collective); the runtime calls
+        it on every collection it is given, ``check_members`` is the stronger check."""
+        kinds = {**self._kinds(), "world": self.world}
+        for kind, group in kinds.items():
+            if kind == "edp" and group is None:
+                raise ConfigError(f"{self.layout} has EP={self.layout.ep} but no expert-DP group: pass edp")
+            held, want = dist.get_world_size(group), self.layout.size(kind)
+            if held != want:
+                raise ConfigError(
+                    f"rank {self.rank}'s {kind} group has {held} ranks, but {self.layout} makes it {want}: "
+                    "build the groups with ProcessGroups.build"
+                )
+        return self
+
     def check_members(self) -> ProcessGroups:
         """Raise ConfigError unless every group holds the layout's members for this rank, in order:
         groups another framework built (megatron-core's ``parallel_state``) must be laid out as the
         plan assumes, or gradients would be reduced with ranks that hold other parameters."""
-        kinds: dict[GroupKind, dist.ProcessGroup | None] = {REDUCE: self.dp, "tp": self.tp, "stage": self.stage}
-        if self.layout.ep > 1:
-            kinds["edp"] = self.edp
-        for kind, group in kinds.items():
+        for kind, group in self._kinds().items():
             held, want = dist.get_process_group_ranks(group), list(self.layout.group(kind, self.rank))
             if held != want:
                 raise ConfigError(
@@ -82,13 +109,3 @@ class ProcessGroups:
                     f"{want[:8]} (megatron-core's order tp-cp-ep-dp-pp)"
                 )
         return self
-
-    def optimizer_groups(self, stage_specs: Sequence[ParamSpec] = ()) -> dict[str, Any]:
-        """``DistributedOptimizer``'s group arguments from this one collection: DP, TP, stage and
-        world groups and, under EP, ``experts`` over the expert-DP group (``stage_specs``: the stage's
-        full inventory, every EP rank's experts), so a caller passes no group by hand."""
-        out: dict[str, Any] = {"dp_group": self.dp, "tp_group": self.tp, "stage_group": self.stage}
-        out["global_group"] = self.world
-        if self.layout.ep > 1:
-            out["experts"] = ExpertParallel(self.layout.ep, self.edp, tuple(stage_specs))
-        return out

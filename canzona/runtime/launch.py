@@ -27,8 +27,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from canzona.errors import ConfigError
-from canzona.layout import ParallelLayout
-from canzona.runtime.groups import ProcessGroups, new_group
 
 
 class RankError(RuntimeError):
@@ -116,35 +114,6 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> RankI
     device = _device_for(local, backend)
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
     return RankInfo(rank, world, local, device)
-
-
-def dp_tp_groups(
-    rank: int, dp: int, tp: int, *, timeout_s: float | None = None
-) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
-    """This rank's DP and TP groups of a dp × tp world (``canzona.runtime.groups``). Every rank
-    creates every group, as torch.distributed requires."""
-    groups = ProcessGroups.build(ParallelLayout(dp=dp, tp=tp), rank, timeout_s=timeout_s)
-    return groups.dp, groups.tp
-
-
-def stage_groups(
-    rank: int, dp: int, tp: int, pp: int, *, timeout_s: float | None = None
-) -> tuple[dist.ProcessGroup, dist.ProcessGroup, dist.ProcessGroup]:
-    """(DP, TP, stage) groups of this rank in a dp × tp × pp world, megatron-core's order
-    (``canzona.layout``); the stage group is the TP×DP ranks of one PP stage. ``timeout_s``: as
-    ``canzona.runtime.groups``."""
-    groups = ProcessGroups.build(ParallelLayout(dp=dp, tp=tp, pp=pp), rank, timeout_s=timeout_s)
-    return groups.dp, groups.tp, groups.stage
-
-
-def expert_dp_group(
-    rank: int, dp: int, tp: int, pp: int, ep: int, *, timeout_s: float | None = None
-) -> dist.ProcessGroup:
-    """This rank's expert-data-parallel group, as megatron-core's parallel_state builds
-    ``expert_data_parallel`` with expert TP = TP (``canzona.layout``: in a stage, DP rank d holds EP
-    rank d % ep's experts and its group is the DP ranks of that EP rank and this TP rank). Every rank
-    creates every group, as torch.distributed requires; ``timeout_s`` as ``stage_groups``."""
-    return new_group(ParallelLayout(dp=dp, tp=tp, pp=pp, ep=ep), "edp", rank, timeout_s=timeout_s)
 
 
 def _child(

@@ -150,7 +150,7 @@ def expert_layout(spec: RunSpec, world: int | None, gpu: bool | None) -> None:
     """EP divides the routed experts and DP, and the run is one the harness trains under EP: a
     Canzona method with a matrix optimizer, sequence parallelism at TP > 1 (megatron-core's MoE
     layer refuses to train at expert TP > 1 without it; expert TP is TP). Any PP the model's
-    layers take: each stage's experts form their own expert-DP groups (``expert_dp_group``)."""
+    layers take: each stage's experts form their own expert-DP groups (``ProcessGroups.edp``)."""
     ep, tp, dp = spec.layout.ep, spec.layout.tp, spec.layout.dp
     if ep == 1:
         return

@@ -7,7 +7,7 @@ charges exactly that schedule, so it holds no copy of any strategy decision: thi
 builds the ``LowerSettings`` the runtime would build on the profiled hardware and lowers every
 rank of a stage; ``phases`` charges the result.
 
-The settings mirror ``canzona.runtime.optimizer.DistributedOptimizer._lower``: ``collective_mode``
+The settings mirror ``canzona.runtime.build.lower_stage``: ``collective_mode``
 auto with the α–β model built from the profile's DP link (``hardware.comm_model``), main-grad and
 parameter element sizes from the profile, the norm weights whose gradients are partial sums per
 TP rank (``tp_partial``: the QK norms, and every norm under sequence parallelism, as the harness
