@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from canzona.layout import ParallelLayout
 from canzona.runtime import checkpoint
-from canzona.runtime.launch import dp_tp_groups, launch
+from canzona.runtime.groups import ProcessGroups
+from canzona.runtime.launch import launch
 from tests.runtime_helpers import SPECS, assemble, build, dist_config, reference, run_steps, shard
 
 FIXTURE = Path(__file__).parent / "fixtures" / "checkpoints" / "eb3e88c-dp2tp2-canzona-soap"
@@ -23,7 +25,7 @@ SEED, DP, TP = 11, 2, 2
 
 
 def _resume(info, path: Path, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    groups = dp_tp_groups(info.rank, DP, TP)
+    groups = ProcessGroups.build(ParallelLayout(dp=DP, tp=TP), info.rank)
     opt, params = build(info.rank, DP, TP, dist_config("canzona", "soap"), SEED, groups)
     with torch.no_grad():
         for s in SPECS:
