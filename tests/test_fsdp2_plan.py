@@ -36,7 +36,7 @@ def test_round_robin_is_index_mod_n_and_asc_plans_it() -> None:
     FSDP2 layout hosts them exactly there; the loads and the whole-matrix bound by hand."""
     shapes = [(64, 32), (32, 32), (128, 32), (32, 32), (64, 32)]
     specs = [ParamSpec(f"m{i}", s, 0, "matrix") for i, s in enumerate(shapes)]
-    layout = FSDP2.planner_layout(2)
+    layout = FSDP2.layout_for(ParallelLayout(dp=2))
     assert (layout.dp, layout.tp) == (1, 2)
     cm = CostModel("muon", "numel")
     plan = make_plan(specs, layout, PlanConfig(strategy="asc", cost="numel"), cost_model=cm, profile=H800)
@@ -124,7 +124,7 @@ def test_fsdp2_layout_errors_name_the_fix(kw: dict, msg: str) -> None:
     with pytest.raises(ConfigError, match=msg):
         FSDP2.layout_for(ParallelLayout(**sizes), kw.get("shard"))
     with pytest.raises(ConfigError, match="an HSDP setting the megatron engine has not; drop it or choose fsdp2"):
-        MEGATRON.planner_layout(8, shard=2)
+        MEGATRON.layout_for(ParallelLayout(dp=8), shard=2)
 
 
 def test_cli_reports_owners_beside_round_robin_and_the_bound(capsys: pytest.CaptureFixture[str]) -> None:
@@ -166,7 +166,7 @@ def test_cooperative_groups_are_priced_on_the_link_their_ranks_span() -> None:
 
     assert coop_settings(H800, Layout(32, 8)).link.bus_bw == H800.intra.bus_bw
     assert coop_settings(H800, Layout(256, 1)).link.bus_bw == H800.intra.bus_bw
-    assert coop_settings(H800, FSDP2.planner_layout(256)).link.bus_bw == H800.inter.bus_bw
+    assert coop_settings(H800, FSDP2.layout_for(ParallelLayout(dp=256))).link.bus_bw == H800.inter.bus_bw
     out = compare(get_model("qwen3-8b"), 256, profile=H800)
     assert _rows(out)["canzona"]["cooperative_groups"] == 0
 

@@ -44,6 +44,7 @@ import torch.distributed as dist
 
 from canzona.errors import ConfigError
 from canzona.harness.live_bytes import LiveBytes, Phase
+from canzona.layout import OPTIONAL_AXES
 from canzona.plan.readers.memory import TENSORS, MemoryBreakdown
 from canzona.runtime.exchange import RankExchange
 from canzona.runtime.zero_adamw import MOMENTS
@@ -90,13 +91,9 @@ class Coordinates:
     def of(cls, run: RunSpec, rank: int) -> Coordinates:
         par = run.layout.parallel
         if not 0 <= rank < run.world:
-            sizes = (
-                f"tp·pp·dp = {par.tp}·{par.pp}·{par.dp}"
-                if par.cp == 1
-                else f"tp·pp·cp·dp = {par.tp}·{par.pp}·{par.cp}·{par.dp}"
-            )
             raise ConfigError(
-                f"--rank {rank} is outside the world of {sizes} = {run.world} ranks; pick --rank in 0..{run.world - 1}"
+                f"--rank {rank} is outside the world of {par.factors()} = {run.world} ranks; "
+                f"pick --rank in 0..{run.world - 1}"
             )
         at = par.coords(rank)
         return cls(rank, at.pp, par.group("dp_cp", rank).index(rank), at.tp)
@@ -136,7 +133,7 @@ class DryRun:
         return {
             "model_name": self.run.model,
             "layout": {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "ep": lay.ep, "world": self.run.world}
-            | ({"cp": lay.cp} if lay.cp > 1 else {}),  # reports without CP read as before
+            | {a: getattr(lay, a) for a in OPTIONAL_AXES if getattr(lay, a) > 1},  # named where set: as before
             "method": self.run.plan.method,
             "optimizer": self.run.optim.optimizer,
             "dtype": self.run.machine.dtype,

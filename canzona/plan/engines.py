@@ -90,10 +90,6 @@ class Engine:
             )
         return self.layout(par, shard)
 
-    def planner_layout(self, dp: int, tp: int = 1, shard: int | None = None) -> Layout:
-        """``layout_for`` a DP × TP job: the FSDP2 runtime's and reader's mesh, which has no other axis."""
-        return self.layout_for(ParallelLayout(dp=dp, tp=tp), shard)
-
     def cooperative_with(self, tp: int) -> bool:
         """Whether the runtime runs cooperative Newton–Schulz with TP ``tp`` in the mesh."""
         return self.cooperative and (tp == 1 or self.cooperative_tp)

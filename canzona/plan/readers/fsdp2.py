@@ -35,6 +35,7 @@ from typing import Any
 
 from canzona.cost import CostModel, priced_on
 from canzona.hardware import Profile
+from canzona.layout import ParallelLayout
 from canzona.models.spec import ParamSpec
 from canzona.models.transformer import Model, list_params
 from canzona.plan.build import make_plan
@@ -196,7 +197,7 @@ def fsdp2_plans(
     """The two planned rows' plans of ``model`` under FSDP2 (canzona, round-robin), the matrices
     they plan (``fsdp2_specs``) and their cost model: what ``compare`` reads and what the projection
     charges (``canzona.analysis.projection.fsdp2``)."""
-    layout = FSDP2.planner_layout(dp, tp, shard=shard)
+    layout = FSDP2.layout_for(ParallelLayout(dp=dp, tp=tp), shard=shard)
     specs = fsdp2_specs(model, layout.tp // tp, tp)
     base = config or PlanConfig(optimizer=optimizer)
     base = dataclasses.replace(

@@ -47,6 +47,7 @@ import torch.distributed as dist
 
 from canzona.errors import ConfigError
 from canzona.hardware import DEFAULT_CPU, DEFAULT_GPU
+from canzona.layout import ParallelLayout
 from canzona.models.spec import Route as SpecRoute
 from canzona.optim.adamw import make_adamw
 from canzona.optim.base import apply_update, matrix_shape
@@ -99,8 +100,8 @@ class FSDP2Optimizer:
         specs, self.tiles = param_specs(named, self.mesh, route)  # bad placements raise here, before any group
         self.group = self.mesh.group()
         self.owners, self.rank = self.mesh.owners, self.mesh.owner_rank  # the owner group: shard × tp
-        self.layout = FSDP2.planner_layout(
-            self.mesh.shards * self.mesh.replicas, tp=self.mesh.tp, shard=self.mesh.shards
+        self.layout = FSDP2.layout_for(
+            ParallelLayout(dp=self.mesh.shards * self.mesh.replicas, tp=self.mesh.tp), shard=self.mesh.shards
         )  # HSDP and TP checked by the engine entry
         self.counted = {n: self.mesh.counted(as_dtensor(p)) for n, p in named}
         self.all_specs = {s.name: s for s in specs}
