@@ -70,6 +70,8 @@ def test_groups_of_another_size_than_the_layouts_are_refused() -> None:
         swapped = ProcessGroups(g.layout, 0, dp=g.tp, tp=g.tp, stage=g.stage)
         with pytest.raises(ConfigError, match=r"dp_cp group has 1 ranks, but .* makes it 4"):
             swapped.check_sizes()
+        with pytest.raises(ConfigError, match=r"dp_cp group has 1 ranks"):  # the runtime checks before it plans
+            stage_params(_named(SPECS), swapped, dist_config("canzona", "muon"))
         no_edp = ProcessGroups(ParallelLayout(dp=WORLD, ep=2), 0, dp=g.dp, tp=g.tp, stage=g.stage)
         with pytest.raises(ConfigError, match="no expert-DP group"):
             no_edp.check_sizes()
