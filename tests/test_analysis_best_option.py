@@ -16,7 +16,7 @@ from canzona.analysis import best_option as best
 from canzona.analysis.aggregate import aggregate_cells
 from canzona.analysis.attribution import attribution_rows
 from canzona.analysis.load import load_results
-from canzona.analysis.table2 import build_table2
+from canzona.analysis.table2 import build_table2, table2_markdown
 from tests.analysis_records import make_record
 
 
@@ -88,6 +88,18 @@ def test_table2_carries_each_lineage_at_its_best_before_the_options(tmp_path: Pa
     assert row[best.UPDATE_COL].startswith("megatron-2602: TP blockwise")
     cols = list(row)
     assert cols.index("canzona vs megatron-main@best (iter)") < cols.index("canzona vs megatron-main (iter)")
+
+
+def test_the_row_keeps_its_tp_for_the_figures_not_the_markdown(tmp_path: Path) -> None:
+    """``TP_COL``: what lineages.png asks ``same_update`` with, so it hatches blockwise exactly where
+    ``UPDATE_COL``'s text names it, without reading that text; the Markdown leaves it to the layout."""
+    from canzona.analysis.lineage_plot import another_update
+
+    table = build_table2(aggregate_cells(load_results(_lines(tmp_path))))
+    (row,) = table.to_dict("records")
+    assert row[best.TP_COL] == 2 and best.TP_COL not in table2_markdown(table).splitlines()[0].split(" | ")
+    assert [m for m in best.lineages()["megatron-2602"] if another_update(row, m)] == ["megatron-2602"]
+    assert not another_update({**row, best.TP_COL: 1}, "megatron-2602") and not another_update(row, "canzona")
 
 
 def test_attribution_is_the_baseline_minus_canzona_per_phase(tmp_path: Path) -> None:
