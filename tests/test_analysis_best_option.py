@@ -16,7 +16,7 @@ from canzona.analysis import best_option as best
 from canzona.analysis.aggregate import aggregate_cells
 from canzona.analysis.attribution import attribution_rows
 from canzona.analysis.load import load_results
-from canzona.analysis.table2 import build_table2
+from canzona.analysis.table2 import build_table2, table2_markdown
 from tests.analysis_records import make_record
 
 
@@ -60,15 +60,17 @@ def test_update_text_names_blockwise_above_tp_1_only() -> None:
 
 
 def _lines(tmp_path: Path) -> Path:
-    """One projected row: Canzona and main's two options and the paper's two TP modes, at TP 2."""
+    """One projected row: Canzona and main's two options and the paper's two TP modes, at TP 2; the
+    view and cooperation in the config as well as the detail, as a projection records them."""
     detail = "model=canzona-projection-v1 profile=H800 overlap=megatron coop=off"
+    view = {"overlap": "megatron", "cooperative": False}
     times = {"canzona": (10.0, 100.0), "megatron-main": (10.0, 200.0), "megatron-main+classic": (30.0, 150.0),
              "megatron-2602": (5.0, 110.0), "megatron-2602+duplicated": (40.0, 160.0)}  # fmt: skip
     phases = {"canzona": 1.0, "megatron-main": 3.0, "megatron-main+classic": 4.0}
     recs = [
         make_record(model="qwen3-32b", method=m, dp=2, tp=2, provenance="projected", detail=detail,
                     device="H800", backend="projection", step=(s, s, 0), iteration=(i, i, 0),
-                    phases={"compute": s, "grad_sync": phases.get(m, 0.0)})
+                    phases={"compute": s, "grad_sync": phases.get(m, 0.0)}, extra_config=view)
         for m, (s, i) in times.items()
     ]  # fmt: skip
     f = tmp_path / "lines.jsonl"
@@ -88,11 +90,33 @@ def test_table2_carries_each_lineage_at_its_best_before_the_options(tmp_path: Pa
     assert cols.index("canzona vs megatron-main@best (iter)") < cols.index("canzona vs megatron-main (iter)")
 
 
+def test_the_row_keeps_its_tp_for_the_figures_not_the_markdown(tmp_path: Path) -> None:
+    """``TP_COL``: what lineages.png asks ``same_update`` with, so it hatches blockwise exactly where
+    ``UPDATE_COL``'s text names it, without reading that text; the Markdown leaves it to the layout."""
+    from canzona.analysis.lineage_plot import another_update
+
+    table = build_table2(aggregate_cells(load_results(_lines(tmp_path))))
+    (row,) = table.to_dict("records")
+    assert row[best.TP_COL] == 2 and best.TP_COL not in table2_markdown(table).splitlines()[0].split(" | ")
+    assert [m for m in best.lineages()["megatron-2602"] if another_update(row, m)] == ["megatron-2602"]
+    assert not another_update({**row, best.TP_COL: 1}, "megatron-2602") and not another_update(row, "canzona")
+
+
 def test_attribution_is_the_baseline_minus_canzona_per_phase(tmp_path: Path) -> None:
     rows: list[list[Any]] = attribution_rows(aggregate_cells(load_results(_lines(tmp_path))))
     main = next(r for r in rows if r[2] == "megatron-main@best: megatron-main+classic")
     # iteration 150 / 100; step 30 − 10; compute 30 − 10; DP 4 − 1; TP 0; window 150 − 100
     assert main[3:] == ["1.50×", "+20.0", "+20.0", "+3.0", "+0.0", "+50.0"]
+
+
+def test_attribution_covers_the_recorded_view_and_profile_only(tmp_path: Path) -> None:
+    """The section's cells by the fields a projection records: the megatron view, cooperation off,
+    no variant, and the profile its detail names."""
+    cells = aggregate_cells(load_results(_lines(tmp_path)))
+    assert attribution_rows(cells)
+    for other in ({"overlap": "none"}, {"cooperative": True}, {"variant": "authors"}):
+        assert attribution_rows(cells.assign(**other)) == []
+    assert attribution_rows(cells, "H100") == []
 
 
 def test_the_moe_row_carries_an_mfu_range_in_the_sensitivity_study() -> None:

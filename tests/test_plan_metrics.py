@@ -6,6 +6,8 @@ import pytest
 
 from canzona.models import ParamSpec
 from canzona.plan import Layout, PlanConfig, gpu_loads, make_plan, plan_metrics, plan_model
+from canzona.plan.build import end_buckets
+from canzona.plan.readers.bucket_metrics import exact_sliced
 from canzona.plan.readers.metrics import pigeonhole_bound
 
 # registration order a, b, c, d; buffer order d, c, b, a at 0, 512, 768, 896 (numel 512, 256, 128, 128)
@@ -134,3 +136,22 @@ def test_multi_stage_aggregate_and_keys() -> None:
     assert m["model"] == "qwen3-micro" and m["pp"] == 2 and m["stages"] == 2
     assert 0 < m["efficiency"] <= 1 + 1e-12 and m["lower_bound"] >= 1
     assert m["planner_seconds"] == pytest.approx(sum(p.planner_seconds for p in plans))
+
+
+def test_exact_sliced_end_buckets_count_their_own_bytes() -> None:
+    """qwen3-micro at DP2·TP2, 10k-element buckets, ``end_bucket_size`` 2000: the padded plan's end
+    buckets are laid with exact slices (bucket 0: ``(0, 4096, 4096)``, all on one rank), so each moves
+    its own 4096 elements, not 2 × its widest slice; counted padded, the report read 1.5x padded
+    collectives, a worst bucket of 2x and a padding floor of 33% over a padding of 0%. The buckets the
+    cuts mark are the planner's own end buckets (``build.end_buckets``)."""
+    cfg = PlanConfig(cooperative=False, dp_layout="padded", bucket_size=10_000, end_bucket_size=2000)
+    (plan,) = plan_model("qwen3-micro", Layout(dp=2, tp=2), cfg)
+    exact = exact_sliced(plan)
+    assert {i for i, x in enumerate(exact) if x} == end_buckets(plan.dp.buckets, plan.layout, plan.config, "padded")
+    assert exact[0] and not all(exact) and plan.dp.cuts[0] == (0, 4096, 4096)
+    used, size = sum(b.used for b in plan.dp.buckets), sum(b.size for b in plan.dp.buckets)
+    m = plan_metrics([plan])
+    assert m["bucket_comm_balance"] == pytest.approx(size / used)
+    assert m["bucket_comm_balance_worst"] == pytest.approx(max(b.size / b.used for b in plan.dp.buckets))
+    assert m["padding_bytes"] == (size - used) * plan.config.grad_dtype_bytes
+    assert 0 <= m["padding_floor"] <= m["padding_fraction"] == pytest.approx((size - used) / size)

@@ -45,15 +45,16 @@ def _sum(r: Mapping[str, Any], phases: tuple[str, ...]) -> float:
 
 
 def _attributed(cells: pd.DataFrame, profile: str) -> pd.DataFrame:
-    """The cells the section covers: projected on ``profile``, ``megatron`` view, Muon, our setting,
-    cooperation off."""
-    det = cells["provenance_detail"].astype(str)
+    """The cells the section covers: projected on ``profile``, ``megatron`` view, Muon, our setting
+    (no ``variant``), cooperation off: the config fields a projection records. The profile is the one
+    token read from ``provenance_detail``: a projection records it nowhere else a cell keeps (its
+    ``env.device``, not its ``config``, whose ``profile`` is the planner's knob and left unset)."""
     keep = (
         (cells["provenance"] == "projected")
-        & det.str.contains(f"profile={profile} ", regex=False)
-        & det.str.contains("overlap=megatron", regex=False)
-        & det.str.contains("coop=off", regex=False)
-        & ~det.str.contains("variant=", regex=False)
+        & cells["provenance_detail"].astype(str).str.contains(f"profile={profile} ", regex=False)
+        & (cells["overlap"] == "megatron")
+        & cells["cooperative"].eq(False)
+        & cells["variant"].isna()
         & (cells["optimizer"] == PAPER_OPTIMIZER)
     )
     return cells[keep]

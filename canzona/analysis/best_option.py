@@ -26,6 +26,9 @@ BEST = "@best"
 OPTION_SUFFIX = f"{BEST} option"
 # per row: the baselines present that compute another update than Canzona, and why
 UPDATE_COL = "baselines with another update"
+# per row: its TP size, what ``same_update`` is asked with (the figures' key; table2.csv holds it, the
+# Markdown tables leave it to the layout column)
+TP_COL = "tp"
 
 
 def lineages() -> dict[str, tuple[str, ...]]:

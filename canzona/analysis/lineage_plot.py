@@ -6,8 +6,9 @@ paper-compatible: ``speedup_plots.paper_rows``): one row of panels per Megatron 
 baselines of no lineage (the paper's strategies run by Canzona's runtime), each with the step (left)
 and iteration (right) ratio against each of its options. An option computing another update than
 Canzona (TP blockwise above TP 1: each shard orthogonalised on its own, fewer FLOPs) is a hatched
-series of its own, named so in the legend, as the row's ``best_option.UPDATE_COL`` says; the
-lineage's best same-update option (the one headline.png draws) has its value in bold.
+series of its own, named so in the legend (``baselines.same_update`` at the row's TP, which the
+row's ``best_option.UPDATE_COL`` text is written from); the lineage's best same-update option (the
+one headline.png draws) has its value in bold.
 
 Why per lineage: each lineage is one codebase a user could run, its options the flags it ships, so
 a reader compares options within a row and lineages down the column. Every panel has its own linear
@@ -20,8 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from canzona.analysis.aggregate import OURS, finite
-from canzona.analysis.best_option import BEST, UPDATE_COL, lineages
-from canzona.analysis.projection.baselines import BASELINES
+from canzona.analysis.best_option import BEST, TP_COL, lineages
+from canzona.analysis.projection.baselines import BASELINES, same_update
 from canzona.analysis.speedup_plots import (
     TIMINGS,
     baselines,
@@ -64,9 +65,9 @@ def groups(bases: list[str]) -> list[tuple[str, list[str]]]:
 
 
 def another_update(r: dict[str, Any], method: str) -> bool:
-    """Whether the row says ``method`` computes another update than Canzona (``UPDATE_COL``)."""
-    text = r.get(UPDATE_COL)
-    return isinstance(text, str) and any(part.startswith(f"{method}: ") for part in text.split("; "))
+    """Whether ``method`` computes another update than Canzona at the row's TP: the registry's
+    ``same_update``, which the row's ``UPDATE_COL`` text is written from, not that text re-read."""
+    return method in BASELINES and not same_update(method, int(r[TP_COL]))
 
 
 def _series(method: str, other: bool) -> str:

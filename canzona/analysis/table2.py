@@ -98,6 +98,7 @@ def build_table2(cells: pd.DataFrame) -> pd.DataFrame:
         row[PLAN_COL] = ours.get("plan") if ours is not None else None
         row[ATTEST_COL] = ours.get("attest") if ours is not None else None
         row["runs (min)"] = int(g["runs"].min())
+        row[best.TP_COL] = int(k["tp"])
         row["provenance"] = first["provenance_label"]
         row[MEASURED_AT_COL] = k["measured_at"] or math.nan
         row["_sort"] = (
@@ -124,10 +125,11 @@ def _run_views(by: dict[str, dict[str, Any]]) -> str:
 
 
 def table2_markdown(table: pd.DataFrame) -> str:
-    """Format the Table-2 frame: ms with 3 significant digits, speedups as ``1.57×``."""
+    """Format the Table-2 frame: ms with 3 significant digits, speedups as ``1.57×``; ``TP_COL`` is
+    left to the layout column, which shows it."""
     if table.empty:
         return "_No result lines were found._"
-    header = list(table.columns)
+    header = [c for c in table.columns if c != best.TP_COL]
     rows = []
     for rec in table.to_dict("records"):
         out: list[Any] = []

@@ -4,13 +4,16 @@ Definitions (per PP stage; ``plan_metrics`` reports the worst stage):
   slices              per bucket with cuts: its group's DP ranks and each one's slice length
   padded elements     Σ_b G_b · W_b, W_b the widest slice rounded to 128 elements unless all are equal
                       (``comm.padded_width``): what the native collectives move; equal to the
-                      bucket sizes in the padded layout, where the padding is in the plan itself
+                      bucket sizes in the padded layout, where the padding is in the plan itself.
+                      A padded plan's exact-sliced end buckets (``exact_sliced``) count their own
+                      size: the planner lays them to move their own bytes, not G × their widest slice
   padding_fraction    (bucket elements − gradient elements) / bucket elements of the layout the plan
                       uses: padded → Σ size, exact → Σ size too (its slices are sent unpadded, so
                       only Megatron's alignment counts); plans without cuts: alignment only
   padding_floor       the padding fraction no owner-grouped split can beat in the padded layout: slices at
                       least L_b = max(⌈Σ widths / G⌉, widest, pigeonhole), over the plan's own buckets
-                      when it is padded, else over the buckets Canzona's padded layout would cut
+                      when it is padded (an exact-sliced end bucket at its own size), else over the
+                      buckets Canzona's padded layout would cut
                       (``buckets.matrix_chunks``): what ``dp_layout = "auto"`` compares with 25%
   bucket_comm_balance padded elements / gradient elements: the padded collectives against an even
                       split of the content (1 = no padding at all)
@@ -37,6 +40,16 @@ def bucket_slices(plan: Plan) -> list[tuple[tuple[int, ...], list[int]]]:
     for b, c in zip(plan.dp.buckets, plan.dp.cuts, strict=True):
         out.append((plan.layout.group_ranks(b.ep_rank), [c[k + 1] - c[k] for k in range(len(c) - 1)]))
     return out
+
+
+def exact_sliced(plan: Plan) -> list[bool]:
+    """Per bucket: a padded plan's bucket laid with exact, uneven slices (the small end buckets,
+    ``buckets.grouped_bucket``). Read from the cuts, as the lowering reads them
+    (``bucket_layout.layout_with_cuts``), rather than from ``build.end_buckets``, since the plan is
+    what runs: cooperative plans lay their end buckets with equal slices."""
+    if plan.dp.layout != "padded":
+        return [False] * len(plan.dp.buckets)
+    return [len({c[k + 1] - c[k] for k in range(len(c) - 1)}) > 1 for c in plan.dp.cuts]
 
 
 def padded_buckets(plan: Plan) -> list[Bucket]:
@@ -81,13 +94,16 @@ def bucket_stats(plan: Plan) -> BucketStats:
     if not plan.dp.cuts:
         return BucketStats(used, size, size, size, size / used if used else 1.0, 1.0, per_gpu)
     slices = bucket_slices(plan)
-    # a replicated bucket (dp.replicate, no slices) is reduced whole: its buffer is the bucket
-    padded = sum(len(r) * padded_width(w) if w else b.size for (r, w), b in zip(slices, bks, strict=True))
-    worst = max(
-        (len(r) * padded_width(w) / b.used for (r, w), b in zip(slices, bks, strict=True) if b.used), default=1.0
-    )
+    exact = exact_sliced(plan)
+    # a replicated bucket (dp.replicate, no slices) is reduced whole and an exact-sliced one moves its
+    # own slices: either buffer is the bucket; the worst bucket is one cut into slices
+    moved = [
+        b.size if x or not w else len(r) * padded_width(w) for (r, w), b, x in zip(slices, bks, exact, strict=True)
+    ]
+    padded = sum(moved)
+    worst = max((m / b.used for m, b, (_, w) in zip(moved, bks, slices, strict=True) if b.used and w), default=1.0)
     floors = [slice_floor(b, len(r)) for (r, _), b in zip(slices, bks, strict=True)]
-    floor = sum(len(r) * f for (r, _), f in zip(slices, floors, strict=True))
+    floor = sum(b.size if x else len(r) * f for (r, _), f, b, x in zip(slices, floors, bks, exact, strict=True))
     if plan.dp.layout != "padded":
         chunks = padded_buckets(plan)
         floor = sum(
