@@ -2,7 +2,7 @@
 place that derives from them the world size, a rank's coordinates and every process group's members.
 
 Why one value: the planner, the runtime, the harness and the sweep each used to multiply the sizes
-and lay out ranks on their own, so a new dimension (context parallelism, issue #50) touched every
+and lay out ranks on their own, so a new dimension (context parallelism) touched every
 one of them. Here a dimension is one more axis.
 
 Rank order: megatron-core's, so a group built from this layout is the group megatron-core's
@@ -173,7 +173,9 @@ class ParallelLayout:
     def require_no_cp(self, where: str) -> None:
         """Raise ``NotSupportedError`` where ``where`` does not run context parallelism yet."""
         if self.cp > 1:
-            raise NotSupportedError(f"{where} does not support context parallelism yet (CP={self.cp}; issue #50)")
+            raise NotSupportedError(
+                f"{where} does not support context parallelism yet (CP={self.cp}; docs/not-there-yet.md)"
+            )
 
     # ---- ranks ---------------------------------------------------------------------------
     def _axes(self) -> dict[str, tuple[int, int]]:
