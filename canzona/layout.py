@@ -150,9 +150,14 @@ class ParallelLayout:
         shown = [a for a in _WORLD_AXES if a in BASE_AXES or getattr(self, a) > 1]
         return f"{'·'.join(shown)} = {'·'.join(str(getattr(self, a)) for a in shown)}"
 
+    def set_axes(self) -> dict[str, int]:
+        """The axes beyond TP, PP and DP (``OPTIONAL_AXES``) this layout sets (> 1), by name: what a
+        record or a text names beside TP, PP and DP."""
+        return {a: getattr(self, a) for a in OPTIONAL_AXES if getattr(self, a) > 1}
+
     def sizes_text(self) -> str:
         """Every size a layout sets, "TP=1 PP=1 DP=4 EP=2": TP, PP, DP, and another axis only where > 1."""
-        shown = [*BASE_AXES, *(a for a in OPTIONAL_AXES if getattr(self, a) > 1)]
+        shown = [*BASE_AXES, *self.set_axes()]
         return " ".join(f"{a.upper()}={getattr(self, a)}" for a in shown)
 
     def dp_ranks_text(self) -> str:

@@ -162,7 +162,6 @@ def _rank(info: Any, runs_by_entry: dict[str, RunSpec], steps: int, warmup: int)
 
 
 def run(args: argparse.Namespace) -> int:
-    from canzona.layout import OPTIONAL_AXES
     from canzona.results.env import environment
     from canzona.runtime.launch import launch
 
@@ -188,8 +187,7 @@ def run(args: argparse.Namespace) -> int:
         "dp": first.layout.dp,
         "tp": first.layout.tp,
         "ep": first.layout.ep,
-        # every other axis only where set (a line without CP reads as before CP existed)
-        **{a: getattr(first.layout, a) for a in OPTIONAL_AXES if a != "ep" and getattr(first.layout, a) > 1},
+        **first.layout.parallel.set_axes(),  # every other axis only where set: a line without CP reads as before
         "model": first.model,
         "optimizer": first.optim.optimizer,
         "steps": steps,

@@ -44,7 +44,6 @@ import torch.distributed as dist
 
 from canzona.errors import ConfigError
 from canzona.harness.live_bytes import LiveBytes, Phase
-from canzona.layout import OPTIONAL_AXES
 from canzona.plan.readers.memory import TENSORS, MemoryBreakdown
 from canzona.runtime.exchange import RankExchange
 from canzona.runtime.zero_adamw import MOMENTS
@@ -133,7 +132,7 @@ class DryRun:
         return {
             "model_name": self.run.model,
             "layout": {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "ep": lay.ep, "world": self.run.world}
-            | {a: getattr(lay, a) for a in OPTIONAL_AXES if getattr(lay, a) > 1},  # named where set: as before
+            | lay.parallel.set_axes(),  # an axis beyond these only where set: reports without CP read as before
             "method": self.run.plan.method,
             "optimizer": self.run.optim.optimizer,
             "dtype": self.run.machine.dtype,

@@ -194,10 +194,10 @@ def lower_stage(
         pipelined=pipelined(plan, config, math),
         **ns_rounds(plan, math, params.device),
     )
-    dp, tp = groups.layout.size("dp_cp"), groups.layout.tp
-    size = resolve_bucket_size(config.plan.bucket_size, dp)
-    adamw = build_buckets([(n, params.params[n].numel()) for n in params.adamw_names], dp, size)
-    return lower(plan, adamw, dist.get_rank(groups.dp), dist.get_rank(groups.tp), settings, Layout(dp, tp, 1))
+    stage = planner_layout(groups.layout)  # the lowering reads its DP (DP × CP) and TP
+    size = resolve_bucket_size(config.plan.bucket_size, stage.dp)
+    adamw = build_buckets([(n, params.params[n].numel()) for n in params.adamw_names], stage.dp, size)
+    return lower(plan, adamw, dist.get_rank(groups.dp), dist.get_rank(groups.tp), settings, stage)
 
 
 @dataclass(frozen=True)
