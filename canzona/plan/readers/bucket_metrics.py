@@ -42,14 +42,15 @@ def bucket_slices(plan: Plan) -> list[tuple[tuple[int, ...], list[int]]]:
     return out
 
 
-def exact_sliced(plan: Plan) -> list[bool]:
+def exact_sliced(plan: Plan, slices: list[tuple[tuple[int, ...], list[int]]] | None = None) -> list[bool]:
     """Per bucket: a padded plan's bucket laid with exact, uneven slices (the small end buckets,
-    ``buckets.grouped_bucket``). Read from the cuts, as the lowering reads them
-    (``bucket_layout.layout_with_cuts``), rather than from ``build.end_buckets``, since the plan is
-    what runs: cooperative plans lay their end buckets with equal slices."""
-    if plan.dp.layout != "padded":
+    ``buckets.grouped_bucket``). Read from the slices (``bucket_slices``, or ``slices`` where the
+    caller has them), as the lowering reads the cuts (``bucket_layout.layout_with_cuts``), rather
+    than from ``build.end_buckets``, since the plan is what runs: cooperative plans lay their end
+    buckets with equal slices."""
+    if plan.dp.layout != "padded" or not plan.dp.cuts:  # no cuts: every bucket reduced whole
         return [False] * len(plan.dp.buckets)
-    return [len({c[k + 1] - c[k] for k in range(len(c) - 1)}) > 1 for c in plan.dp.cuts]
+    return [len(set(w)) > 1 for _, w in (bucket_slices(plan) if slices is None else slices)]
 
 
 def padded_buckets(plan: Plan) -> list[Bucket]:
@@ -94,7 +95,7 @@ def bucket_stats(plan: Plan) -> BucketStats:
     if not plan.dp.cuts:
         return BucketStats(used, size, size, size, size / used if used else 1.0, 1.0, per_gpu)
     slices = bucket_slices(plan)
-    exact = exact_sliced(plan)
+    exact = exact_sliced(plan, slices)
     # a replicated bucket (dp.replicate, no slices) is reduced whole and an exact-sliced one moves its
     # own slices: either buffer is the bucket; the worst bucket is one cut into slices
     moved = [
