@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 import torch.distributed as dist
 
 from canzona.errors import ConfigError
-from canzona.layout import ParallelLayout, expert_ep_rank
 from canzona.layout import ep_rank_of as layout_ep_rank
+from canzona.layout import expert_ep_rank
 from canzona.models.spec import ParamSpec
 
 if TYPE_CHECKING:
@@ -58,9 +58,8 @@ def check_expert_layout(
     this rank's EP rank), in that order. A wrong group would reduce expert gradients with ranks that
     hold other experts; checking members, not only the size, catches a framework whose expert groups
     are laid out otherwise (megatron-core's order tp-ep-dp is the one assumed)."""
-    ep = groups.layout.ep
-    dp, dp_rank = dist.get_world_size(groups.dp), dist.get_rank(groups.dp)
-    layout = ParallelLayout(dp=dp, ep=ep)  # refuses an EP that does not divide DP
+    layout = groups.layout  # its group sizes checked by ``ProcessGroups.check_sizes`` first
+    ep, dp, dp_rank = layout.ep, layout.size("dp_cp"), dist.get_rank(groups.dp)
     e = layout.ep_rank(dp_rank)
     ranks = dist.get_process_group_ranks(groups.dp)
     members = [ranks[i] for i in layout.edp_positions(e)]
